@@ -1,0 +1,70 @@
+// Package envelope defines the one envelope every message travels in: the
+// identity and tracing metadata that accompany a protobuf body from the outbox
+// row, through the broker, to the consumer's inbox.
+//
+// On the wire the metadata lives in AMQP properties and headers (see the
+// Header* constants); the body is protobuf binary. In PostgreSQL it lives in
+// the outbox row's columns.
+package envelope
+
+import "time"
+
+// AMQP header names. They are part of the wire contract: never rename one.
+const (
+	HeaderSagaID        = "x-saga-id"
+	HeaderSagaType      = "x-saga-type"
+	HeaderCausationID   = "x-causation-id"
+	HeaderSchemaVersion = "x-schema-version"
+	HeaderTraceparent   = "traceparent"
+	HeaderTracestate    = "tracestate"
+	HeaderIdempotency   = "x-idempotency-key"
+	// HeaderAttempt counts deliveries through the retry tiers (1 = first).
+	HeaderAttempt = "x-attempt"
+	// Parking-lot headers: why a message was parked and where it came from.
+	HeaderParkReason     = "x-park-reason"
+	HeaderParkClass      = "x-park-class"
+	HeaderOrigExchange   = "x-original-exchange"
+	HeaderOrigRoutingKey = "x-original-routing-key"
+	HeaderOrigQueue      = "x-original-queue"
+	HeaderFirstFailureAt = "x-first-failure-at"
+)
+
+// ContentType is the AMQP content type of every body.
+const ContentType = "application/x-protobuf"
+
+// Envelope is one message with its metadata. Message type and schema version
+// travel in AMQP's Type property and HeaderSchemaVersion; MessageID,
+// CorrelationID and Timestamp in the AMQP properties of the same name.
+type Envelope struct {
+	// MessageID is unique per message (a UUID). A republish keeps it, so
+	// consumers dedupe on it.
+	MessageID string
+	// CorrelationID ties every message of one business operation together;
+	// for saga traffic it is the saga id.
+	CorrelationID string
+	// CausationID is the MessageID of the message that caused this one
+	// (empty for a message started by an API call). A reply's CausationID is
+	// its command's MessageID.
+	CausationID string
+	// SagaID and SagaType name the saga instance this message belongs to.
+	SagaID   string
+	SagaType string
+	// MessageType is the proto full name of the body.
+	MessageType string
+	// SchemaVersion is the contract version of the body's type.
+	SchemaVersion int32
+	// IdempotencyKey is the business key participants dedupe effects on.
+	IdempotencyKey string
+	// OccurredAt is when the cause happened (the transaction's clock).
+	OccurredAt time.Time
+	// Traceparent and Tracestate are the W3C trace context.
+	Traceparent string
+	Tracestate  string
+	// Exchange and RoutingKey say where the message is published.
+	Exchange   string
+	RoutingKey string
+	// Headers holds any further headers (retry and park metadata).
+	Headers map[string]any
+	// Body is the protobuf binary encoding of the message.
+	Body []byte
+}

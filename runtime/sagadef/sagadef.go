@@ -1,0 +1,291 @@
+// Package sagadef holds the definition of a saga type — its steps, their
+// roles and policies — and the pure state machine that interprets it.
+//
+// Generated code builds one [Definition] per saga declared in a contract; the
+// engine in package saga persists instances and calls [Definition.Apply] inside
+// one transaction. Nothing here touches a database or a broker, so a saga can
+// be driven through any script of replies, timeouts and duplicates in memory.
+//
+// The generator imports this package too (to compute the transition table it
+// prints into generated code and docs), so the table in the docs, the table in
+// the generated code and the behaviour at run time are one table.
+package sagadef
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/protosaga/saga/runtime/message"
+)
+
+// Role is the structural role of a step (Garcia-Molina & Salem; Richardson 4.1).
+type Role int
+
+// Step roles.
+const (
+	RoleUnspecified Role = iota
+	// RoleCompensatable steps commit effects a later failure must undo; they
+	// declare a compensating command and its reply.
+	RoleCompensatable
+	// RolePivot is the point of no return: once it succeeds, the saga runs to
+	// completion. At most one step is the pivot.
+	RolePivot
+	// RoleRetriable steps follow the pivot and are retried until they succeed.
+	RoleRetriable
+)
+
+// TimeoutAction says what a step's timeout does.
+type TimeoutAction int
+
+// Timeout actions.
+const (
+	TimeoutUnspecified TimeoutAction = iota
+	// TimeoutCompensate treats the timeout as a business failure of the step.
+	TimeoutCompensate
+	// TimeoutRetry resends the step's command (same idempotency key) until
+	// the step's attempt budget is spent, then goes to manual review.
+	TimeoutRetry
+	// TimeoutManualReview parks the saga in MANUAL_REVIEW for an operator.
+	TimeoutManualReview
+)
+
+// LatePolicy says what a reply that arrives after its step stopped waiting
+// for it (by timeout, retry or operator action) does.
+type LatePolicy int
+
+// Late-reply policies.
+const (
+	LateUnspecified LatePolicy = iota
+	// LateIgnore acknowledges the reply, records it in the audit trail and
+	// changes nothing.
+	LateIgnore
+	// LateManualReview sends the saga to MANUAL_REVIEW.
+	LateManualReview
+	// LateApplyIfWaiting applies the reply when the saga still waits on the
+	// same step (e.g. a reply to an earlier attempt of a retried command);
+	// otherwise it is ignored and audited.
+	LateApplyIfWaiting
+)
+
+// Step is one step of a saga, in contract order.
+type Step struct {
+	// Name is the step's stable name (CamelCase, unique within the saga).
+	// State names derive from it and are stored in the database: renaming a
+	// step is a breaking change.
+	Name string
+	Role Role
+	// Command is the full name of the command the step sends. Empty for a
+	// step that waits for an external event (see External).
+	Command string
+	// External marks a step that sends nothing and waits for one of
+	// SuccessReplies/FailureReplies as an event (e.g. a human approval).
+	External bool
+	// SuccessReplies complete the step; FailureReplies are business failures.
+	SuccessReplies []string
+	FailureReplies []string
+	// Compensation and CompensationReply are set for compensatable steps.
+	// CompensationFailureReplies, when received, send the saga to manual
+	// review (a compensation that cannot be applied needs a human).
+	Compensation               string
+	CompensationReply          string
+	CompensationFailureReplies []string
+	// Timeout bounds the wait for a reply; OnTimeout says what happens then.
+	Timeout   time.Duration
+	OnTimeout TimeoutAction
+	// MaxAttempts bounds how many times the command (or its compensation) is
+	// sent, the first time included. 0 means 1.
+	MaxAttempts int
+	// Late says what a late reply does.
+	Late LatePolicy
+}
+
+// Definition is one saga type. Generated code builds it; call [Compile] once
+// before use.
+type Definition struct {
+	// Name is the saga type's full name (e.g. "shop.order.v1.PlaceOrder").
+	Name string
+	// Table is the PostgreSQL table holding its instances.
+	Table string
+	// StartMessage is the full name of the message that starts an instance.
+	StartMessage string
+	// DataMessage is the full name of the saga data message (stored as
+	// protobuf bytes).
+	DataMessage string
+	// Deadline bounds the whole saga; 0 means none. Past it, a waiting saga
+	// goes to MANUAL_REVIEW.
+	Deadline time.Duration
+	// Steps in contract order.
+	Steps []Step
+	// States and Transitions are the complete state set and transition
+	// table; [Compile] fills them from Steps.
+	States      []State
+	Transitions []Transition
+}
+
+// Terminal and holding states every saga has. Step states are derived from
+// step names: "RESERVE_INVENTORY" waits for the step's reply,
+// "COMPENSATING_RESERVE_INVENTORY" waits for its compensation's reply.
+const (
+	StateCompleted    = "COMPLETED"
+	StateFailed       = "FAILED" // ended by a business failure, compensations done
+	StateCancelled    = "CANCELLED"
+	StateManualReview = "MANUAL_REVIEW"
+)
+
+// StateKind classifies states.
+type StateKind int
+
+// State kinds.
+const (
+	StateKindUnspecified  StateKind = iota
+	StateKindStep                   // waiting for a step's reply or event
+	StateKindCompensating           // waiting for a compensation's reply
+	StateKindManualReview
+	StateKindTerminal
+)
+
+// State is one state of a saga type.
+type State struct {
+	Name string
+	Kind StateKind
+	// Step is the step this state belongs to (empty for terminal/manual review).
+	Step string
+}
+
+// Trigger kinds for transitions.
+const (
+	TriggerStart    = "start"
+	TriggerTimeout  = "timeout"
+	TriggerDeadline = "deadline"
+	// Operator triggers (audited with who and why).
+	TriggerOperatorRetry      = "operator.retry"
+	TriggerOperatorCompensate = "operator.compensate"
+	TriggerOperatorResolve    = "operator.resolve"
+	TriggerOperatorCancel     = "operator.cancel"
+)
+
+// Transition is one row of the transition table. Trigger is a message full
+// name or one of the Trigger* constants.
+type Transition struct {
+	From    string
+	Trigger string
+	To      string
+	// Emits lists the full names of messages the transition sends.
+	Emits []string
+}
+
+// Class is the classification of an incoming trigger against an instance.
+type Class int
+
+// Classes.
+const (
+	ClassUnspecified Class = iota
+	// ClassNew is expected in the current state and is applied.
+	ClassNew
+	// ClassDuplicate repeats an outcome already applied; no effect.
+	ClassDuplicate
+	// ClassLate answers a wait that already ended; the step's LatePolicy applies.
+	ClassLate
+	// ClassConflicting contradicts an outcome already applied; the saga goes
+	// to manual review, never transitions blindly.
+	ClassConflicting
+	// ClassInvalid is not part of this saga's conversation in any state it
+	// has been in; audited, no effect.
+	ClassInvalid
+)
+
+// Instance is the persisted state of one saga instance, as the machine sees it.
+type Instance struct {
+	ID          string
+	Type        string
+	BusinessKey string
+	State       string
+	Version     int64
+	// Data is the decoded saga data message.
+	Data proto.Message
+	// Attempt is the number of times the current step's command (or
+	// compensation) has been sent.
+	Attempt int
+	// PendingMessageID is the MessageID of the command the saga waits on.
+	PendingMessageID string
+	// Progress records per-step outcomes; it is persisted as JSON.
+	Progress   Progress
+	TimeoutAt  time.Time // zero: no timeout armed
+	DeadlineAt time.Time // zero: no deadline
+	LastError  string
+	// ReviewReason says why the saga is in MANUAL_REVIEW.
+	ReviewReason string
+}
+
+// Progress is the per-step memory that classification needs.
+type Progress struct {
+	// Completed lists steps that succeeded, in order.
+	Completed []string `json:"completed,omitempty"`
+	// Compensated lists steps whose compensation succeeded, in order.
+	Compensated []string `json:"compensated,omitempty"`
+	// Outcomes maps step name to the full name of the reply that settled it.
+	Outcomes map[string]string `json:"outcomes,omitempty"`
+	// Sent maps command MessageIDs the saga sent to their step name, so a
+	// reply's causation id identifies the attempt it answers.
+	Sent map[string]string `json:"sent,omitempty"`
+	// Stopped lists steps whose wait ended without a reply (timeout etc.).
+	Stopped []string `json:"stopped,omitempty"`
+}
+
+// Trigger is what happens to an instance: a message, a timeout, an operator.
+type Trigger struct {
+	// Kind is a message full name or one of the Trigger* constants.
+	Kind string
+	// Message is the decoded message for message triggers.
+	Message message.Message
+	// MessageID and CausationID come from the envelope.
+	MessageID   string
+	CausationID string
+	// Operator and Reason are set for operator triggers.
+	Operator string
+	Reason   string
+	// ResolveTo is the target state for TriggerOperatorResolve.
+	ResolveTo string
+}
+
+// Hooks are the business decisions the user implements (through a typed,
+// generated interface): start data, commands built from saga data, and
+// replies folded into saga data.
+type Hooks interface {
+	// Start builds the saga data and business key from the start message.
+	Start(ctx context.Context, start message.Message) (data proto.Message, businessKey string, err error)
+	// Build returns the command of the given full name for the saga data.
+	Build(ctx context.Context, command string, data proto.Message) (message.Message, error)
+	// Apply folds a reply or event into the saga data.
+	Apply(ctx context.Context, data proto.Message, msg message.Message) error
+}
+
+// Result is what [Definition.Apply] decided.
+type Result struct {
+	Class Class
+	From  string
+	To    string
+	// Instance is the instance after the transition (unchanged fields kept).
+	Instance Instance
+	// Emit lists the messages to write to the outbox, in order. Their
+	// MessageIDs are already recorded in Instance.Progress.Sent.
+	Emit []Outgoing
+	// Note is a one-line human explanation for the audit trail.
+	Note string
+}
+
+// Outgoing is one message a transition sends.
+type Outgoing struct {
+	MessageID string
+	Message   message.Message
+}
+
+// Env is what [Definition.Apply] needs from outside: the clock, an id source
+// and the user's hooks. Tests inject a fixed clock and sequential ids.
+type Env struct {
+	Now   time.Time
+	NewID func() string
+	Hooks Hooks
+}
