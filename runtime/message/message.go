@@ -123,3 +123,8 @@ func (r *Registry) Decode(fullName string, body []byte) (Message, error) {
 	}
 	return m, nil
 }
+
+// SupportPackageIsVersion1 is referenced by generated code to assert at
+// compile time that the runtime it imports is new enough. A runtime that
+// breaks generated code drops the old constant and adds the next one.
+const SupportPackageIsVersion1 = true
