@@ -1,0 +1,169 @@
+// Package failure classifies the errors a message handler returns, so the
+// consumer knows what to do with the delivery that caused them.
+//
+// There are three classes:
+//
+//   - [ClassTransient]: the same message may well succeed later (a
+//     serialization failure, a deadlock, a lock timeout, a lost or refused
+//     database connection, a deadline). The consumer retries it after a delay
+//     through the retry tiers, up to the policy's attempt budget, then parks
+//     it.
+//   - [ClassPermanent]: the message can never succeed as it is (an
+//     undecodable body, an unknown type, a schema mismatch, a validation or
+//     constraint error). The consumer parks it at once: retrying only burns
+//     capacity and delays the operator.
+//   - [ClassUnknown]: everything else, including panics. The consumer treats it
+//     like a transient failure with the same bounded budget, so a bug cannot
+//     loop forever and a flaky dependency is not parked on its first hiccup.
+//
+// Handlers state what they know by wrapping: [Permanent] and [Transient] mark
+// an error, and the outermost mark in the error chain wins, so a caller can
+// reclassify an error a callee already marked. Unmarked errors are classified
+// by what they are ([ClassOf] documents the rules). Marking never hides the
+// wrapped error: errors.Is and errors.As see through it.
+package failure
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Class is how a failure is handled.
+type Class int
+
+// Failure classes. The zero value is ClassUnknown.
+const (
+	// ClassUnknown is a failure nobody classified: retried with a bounded
+	// budget, then parked.
+	ClassUnknown Class = iota
+	// ClassTransient is a failure that may go away: retried after a delay,
+	// then parked when the attempt budget is spent.
+	ClassTransient
+	// ClassPermanent is a failure that cannot go away: parked at once.
+	ClassPermanent
+)
+
+// String returns the lower-case name of the class: "unknown", "transient" or
+// "permanent". These names are stored and sent in headers; never change them.
+func (c Class) String() string {
+	switch c {
+	case ClassTransient:
+		return "transient"
+	case ClassPermanent:
+		return "permanent"
+	default:
+		return "unknown"
+	}
+}
+
+// classified marks an error with a class.
+type classified struct {
+	class Class
+	err   error
+}
+
+func (e *classified) Error() string { return e.class.String() + ": " + e.err.Error() }
+
+func (e *classified) Unwrap() error { return e.err }
+
+// Permanent marks err as permanent: the message that caused it is parked
+// without retries. It returns nil when err is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{class: ClassPermanent, err: err}
+}
+
+// Transient marks err as transient: the message that caused it is retried
+// after a delay, within the retry policy's budget. It returns nil when err is
+// nil.
+func Transient(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{class: ClassTransient, err: err}
+}
+
+// ClassOf returns the class of err. The rules, first match wins:
+//
+//  1. nil is ClassUnknown (there is no failure to route; callers check nil
+//     first).
+//  2. The outermost [Permanent] or [Transient] mark in err's chain.
+//  3. context.DeadlineExceeded and context.Canceled are transient.
+//  4. A PostgreSQL error by SQLSTATE: 40001 serialization failure, 40P01
+//     deadlock, 55P03 lock not available, 57014 query canceled (statement
+//     timeout), 57P01..57P03 shutdown/cannot connect now, class 08
+//     connection exceptions and class 53 insufficient resources are
+//     transient; class 23 integrity constraint violations and class 22 data
+//     exceptions are permanent (the same input violates them again); any
+//     other SQLSTATE is unknown.
+//  5. Connection failures are transient: a failed connect
+//     (*pgconn.ConnectError), an error pgconn reports as safe to retry or as
+//     a timeout, a closed connection, a network error, an unexpected EOF,
+//     connection reset/refused/aborted and broken pipe.
+//  6. Anything else is ClassUnknown.
+func ClassOf(err error) Class {
+	if err == nil {
+		return ClassUnknown
+	}
+	var c *classified
+	if errors.As(err, &c) {
+		return c.class
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return ClassTransient
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return classOfSQLState(pgErr.Code)
+	}
+	if isConnectionError(err) {
+		return ClassTransient
+	}
+	return ClassUnknown
+}
+
+// classOfSQLState maps a SQLSTATE code to a class.
+func classOfSQLState(code string) Class {
+	switch code {
+	case "40001", "40P01", "55P03", "57014", "57P01", "57P02", "57P03":
+		return ClassTransient
+	}
+	switch {
+	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"):
+		return ClassTransient
+	case strings.HasPrefix(code, "23"), strings.HasPrefix(code, "22"):
+		return ClassPermanent
+	}
+	return ClassUnknown
+}
+
+// isConnectionError reports whether err says the connection to a server
+// failed or went away.
+func isConnectionError(err error) bool {
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return true
+	}
+	if errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return true
+	}
+	for _, errno := range []syscall.Errno{syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.ECONNABORTED, syscall.EPIPE} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr)
+}
