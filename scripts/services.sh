@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# services.sh — start and stop a private PostgreSQL and RabbitMQ for tests and the demo.
+#
+#   scripts/services.sh start DIR   install if missing, start both on loopback, write DIR/env.sh
+#   scripts/services.sh stop DIR    stop both and leave DIR for inspection
+#   scripts/services.sh status DIR  print what runs
+#
+# Everything lives under DIR: data directories, sockets, logs, the Erlang cookie. Ports are
+# chosen free at start. No systemd, no Docker: the servers run as plain processes (PostgreSQL as
+# the `postgres` user, because initdb refuses root). DIR/env.sh exports:
+#   SAGA_TEST_PG_URL     postgres://postgres@127.0.0.1:PORT/saga?sslmode=disable
+#   SAGA_TEST_AMQP_URL   amqp://guest:guest@127.0.0.1:PORT/
+#   SAGA_TEST_RABBIT_API http://guest:guest@127.0.0.1:PORT/api
+set -euo pipefail
+
+die() { echo "services: $*" >&2; exit 1; }
+log() { echo "services: $*" >&2; }
+
+PG_VERSION=15
+PG_BIN=/usr/lib/postgresql/$PG_VERSION/bin
+RMQ_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
+RMQ_CTL=/usr/lib/rabbitmq/bin/rabbitmqctl
+
+as_root() {
+	if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+		die "need root to run: $* (install the packages by hand or run as root)"
+	fi
+}
+
+apt_updated=
+apt_install() {
+	if [ -z "$apt_updated" ]; then
+		log "apt-get update"
+		as_root apt-get update -qq >/dev/null || die "apt-get update failed"
+		apt_updated=1
+	fi
+	log "installing $*"
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null ||
+		die "apt-get install $* failed"
+}
+
+ensure_installed() {
+	[ -x "$PG_BIN/postgres" ] || apt_install postgresql-$PG_VERSION
+	[ -x "$RMQ_SERVER" ] || apt_install rabbitmq-server
+	[ -x "$PG_BIN/postgres" ] || die "PostgreSQL $PG_VERSION not found at $PG_BIN after install"
+	[ -x "$RMQ_SERVER" ] || die "rabbitmq-server not found at $RMQ_SERVER after install"
+}
+
+# port_free PORT: nothing listens on 127.0.0.1:PORT.
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# free_port: a free port in 20000–39999 whose +20000 (Erlang distribution) is free too.
+free_port() {
+	local p i
+	for i in $(seq 1 200); do
+		p=$((20000 + RANDOM % 20000))
+		if port_free "$p" && port_free $((p + 20000)); then echo "$p"; return; fi
+	done
+	die "no free port found"
+}
+
+rmq_env() {
+	local dir=$1
+	export HOME="$dir/rabbit/home"
+	export RABBITMQ_NODENAME="saga$(cat "$dir/rabbit/port")@localhost"
+	export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+	export RABBITMQ_NODE_PORT="$(cat "$dir/rabbit/port")"
+	export RABBITMQ_DIST_PORT=$((RABBITMQ_NODE_PORT + 20000))
+	export RABBITMQ_MNESIA_BASE="$dir/rabbit/mnesia"
+	export RABBITMQ_LOG_BASE="$dir/rabbit/log"
+	export RABBITMQ_PID_FILE="$dir/rabbit/rabbit.pid"
+	export RABBITMQ_CONFIG_FILE="$dir/rabbit/rabbitmq"
+	export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/rabbit/enabled_plugins"
+	export RABBITMQ_CONF_ENV_FILE="$dir/rabbit/empty-env"
+	export ERL_EPMD_ADDRESS=127.0.0.1
+	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+}
+
+start_pg() {
+	local dir=$1 port
+	port=$(free_port)
+	mkdir -p "$dir/pg"
+	echo "$port" >"$dir/pg/port"
+	chown -R postgres:postgres "$dir/pg" 2>/dev/null || true
+	chmod 700 "$dir/pg"
+	local run=(runuser -u postgres --)
+	[ "$(id -u)" -eq 0 ] || run=()
+	"${run[@]}" "$PG_BIN/initdb" -D "$dir/pg/data" -U postgres --auth=trust -E UTF8 --no-sync >"$dir/pg/initdb.log" 2>&1 ||
+		{ cat "$dir/pg/initdb.log" >&2; die "initdb failed (log: $dir/pg/initdb.log)"; }
+	cat >>"$dir/pg/data/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir/pg'
+max_connections = 300
+shared_buffers = 128MB
+fsync = on
+synchronous_commit = on
+log_min_messages = warning
+EOF
+	"${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" -w -t 60 start >/dev/null ||
+		{ tail -20 "$dir/pg/postgres.log" >&2; die "PostgreSQL did not start (log: $dir/pg/postgres.log)"; }
+	"${run[@]}" psql -h 127.0.0.1 -p "$port" -U postgres -qc 'CREATE DATABASE saga' >/dev/null ||
+		die "create database failed"
+	log "PostgreSQL on 127.0.0.1:$port"
+}
+
+start_rabbit() {
+	local dir=$1 port mport
+	port=$(free_port)
+	mport=$(free_port)
+	mkdir -p "$dir/rabbit/home" "$dir/rabbit/mnesia" "$dir/rabbit/log"
+	echo "$port" >"$dir/rabbit/port"
+	echo "$mport" >"$dir/rabbit/mgmt-port"
+	: >"$dir/rabbit/empty-env"
+	echo '[rabbitmq_management].' >"$dir/rabbit/enabled_plugins"
+	cat >"$dir/rabbit/rabbitmq.conf" <<EOF
+listeners.tcp.default = 127.0.0.1:$port
+management.tcp.ip = 127.0.0.1
+management.tcp.port = $mport
+management.rates_mode = none
+collect_statistics_interval = 1000
+disk_free_limit.absolute = 50MB
+loopback_users = none
+log.console = false
+log.file.level = warning
+EOF
+	(
+		rmq_env "$dir"
+		setsid "$RMQ_SERVER" >"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
+	)
+	# await_startup fails at once while the node is not yet reachable: retry until it answers.
+	local i ok=
+	for i in $(seq 1 90); do
+		if (rmq_env "$dir" && "$RMQ_CTL" -q await_startup --timeout 60 >/dev/null 2>&1); then ok=1; break; fi
+		sleep 1
+	done
+	if [ -z "$ok" ]; then
+		tail -30 "$dir/rabbit/log/stdout.log" >&2 || true
+		die "RabbitMQ did not start within 90 s (logs: $dir/rabbit/log)"
+	fi
+	for i in $(seq 1 60); do
+		if curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null 2>&1; then break; fi
+		sleep 0.5
+	done
+	curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null ||
+		die "RabbitMQ management API did not answer on 127.0.0.1:$mport"
+	log "RabbitMQ on 127.0.0.1:$port (management :$mport)"
+}
+
+cmd_start() {
+	local dir=${1:?usage: services.sh start DIR}
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	chmod 755 "$dir"
+	ensure_installed
+	command -v curl >/dev/null || apt_install curl
+	start_pg "$dir"
+	start_rabbit "$dir"
+	cat >"$dir/env.sh" <<EOF
+export SAGA_SERVICES_DIR='$dir'
+export SAGA_TEST_PG_URL='postgres://postgres@127.0.0.1:$(cat "$dir/pg/port")/saga?sslmode=disable'
+export SAGA_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$(cat "$dir/rabbit/port")/'
+export SAGA_TEST_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/rabbit/mgmt-port")/api'
+EOF
+	log "ready: source $dir/env.sh"
+}
+
+cmd_stop() {
+	local dir=${1:?usage: services.sh stop DIR}
+	[ -d "$dir" ] || return 0
+	dir=$(cd "$dir" && pwd)
+	if [ -f "$dir/rabbit/port" ]; then
+		(
+			rmq_env "$dir"
+			if [ -f "$RABBITMQ_PID_FILE" ]; then
+				timeout 30 "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 ||
+					kill "$(cat "$RABBITMQ_PID_FILE")" 2>/dev/null || true
+			fi
+		)
+		# epmd outlives the node; kill it only when no node is left on it.
+		if command -v epmd >/dev/null && ! ERL_EPMD_ADDRESS=127.0.0.1 epmd -names 2>/dev/null | grep -q '^name '; then
+			ERL_EPMD_ADDRESS=127.0.0.1 epmd -kill >/dev/null 2>&1 || true
+		fi
+	fi
+	if [ -f "$dir/pg/data/postmaster.pid" ]; then
+		local run=(runuser -u postgres --)
+		[ "$(id -u)" -eq 0 ] || run=()
+		"${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+	fi
+	log "stopped services in $dir"
+}
+
+cmd_status() {
+	local dir=${1:?usage: services.sh status DIR}
+	[ -f "$dir/env.sh" ] || { echo "no services in $dir"; return 1; }
+	cat "$dir/env.sh"
+}
+
+case "${1:-}" in
+start) shift; cmd_start "$@" ;;
+stop) shift; cmd_stop "$@" ;;
+status) shift; cmd_status "$@" ;;
+*) die "usage: services.sh start|stop|status DIR" ;;
+esac
