@@ -1,0 +1,66 @@
+# protoc-gen-saga — every target works on a fresh Debian 12 machine with Go installed.
+# `make demo` and `make test` install and start their own PostgreSQL and RabbitMQ
+# (scripts/services.sh) and stop them afterwards.
+
+GO        ?= go
+CACHE     := $(CURDIR)/.cache
+BIN       := $(CACHE)/bin
+TESTFLAGS ?= -count=1 -timeout 15m
+PKGS      ?= ./...
+
+.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench buf-generate services-start services-stop clean
+
+all: build
+
+## build: compile every package and the plugin.
+build:
+	$(GO) build ./...
+
+## plugin: build protoc-gen-saga into .cache/bin.
+plugin:
+	GOBIN=$(BIN) $(GO) install ./cmd/protoc-gen-saga
+
+## generate: regenerate every generated file in the repository (in-process; no buf needed).
+generate:
+	$(GO) run ./internal/gen/cmd/regen
+
+## check-generated: fail when committed generated files differ from a fresh generation.
+check-generated: generate
+	@git diff --exit-code --stat -- options examples testdata || \
+		{ echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; }
+	@test -z "$$(git status --porcelain -- options examples testdata)" || \
+		{ git status --porcelain -- options examples testdata; echo "untracked generated files: run 'make generate' and commit them" >&2; exit 1; }
+
+## buf-generate: the same generation through `buf generate` (builds buf once into .cache/bin; ~5 min the first time).
+buf-generate: plugin
+	cd tools && GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go
+	PATH=$(BIN):$$PATH $(BIN)/buf generate
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }
+
+vet:
+	$(GO) vet ./...
+
+## test: every test — unit, golden and integration against a real PostgreSQL and RabbitMQ.
+test: fmt-check vet
+	scripts/with-services.sh $(GO) test $(TESTFLAGS) $(PKGS)
+
+## test-unit: only the tests that need no services (integration tests skip, or fail under CI=true).
+test-unit:
+	$(GO) test $(TESTFLAGS) $(PKGS)
+
+## demo: build the plugin, regenerate the examples, start the services, run the Place Order fleet.
+demo: plugin generate
+	scripts/with-services.sh $(GO) run ./examples/placeorder/cmd/demo
+
+## services-start / services-stop: long-lived services for development in /tmp/saga-services.
+services-start:
+	scripts/services.sh start /tmp/saga-services
+	@echo "now: source /tmp/saga-services/env.sh"
+
+services-stop:
+	scripts/services.sh stop /tmp/saga-services
+
+clean:
+	rm -rf $(CACHE)
