@@ -1,0 +1,88 @@
+// Package inbox makes message handling idempotent: every consumed message is
+// claimed in the saga_inbox table inside the same transaction as the
+// handler's effects, keyed by (consumer, message id).
+//
+// # Invariants
+//
+//   - A claim and the effects of handling the message commit or roll back
+//     together. So a message whose claim is committed has had its effects
+//     exactly once, and a message whose transaction rolled back left no
+//     claim behind and will be handled again when it is redelivered.
+//   - A redelivery (the broker redelivers after a lost ack, the relay
+//     republishes after a crash between publish and mark, an operator
+//     replays a parked message) finds the claim and is acknowledged with no
+//     second effect.
+//   - Two deliveries of one message handled at the same time serialize on
+//     the primary key: the second INSERT waits for the first transaction and
+//     then either sees the committed claim (duplicate) or, if the first
+//     rolled back, takes the claim itself. Neither transaction ever fails
+//     with a unique violation.
+//   - The consumer name is part of the key, so several consumers (a saga and
+//     a projection, say) can each handle the same message once.
+//
+// Claims are needed only as long as a duplicate can still arrive. [Prune]
+// deletes old claims; run it with a horizon far beyond the longest
+// redelivery window (retry tiers, relay lease timeout, parked-message
+// replays), e.g. days, never minutes.
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pruneBatch bounds how many rows one DELETE statement of [Prune] removes, so
+// pruning never holds many row locks or one long transaction.
+const pruneBatch = 5000
+
+// Claim records that consumer handles messageID within tx. It reports first
+// = true when this is the first claim, in which case the caller runs the
+// handler in the same tx; first = false means the message was already
+// handled (and committed) by this consumer, so the caller commits and acks
+// without calling the handler.
+//
+// If another transaction holds an uncommitted claim for the same key, Claim
+// waits for it to finish.
+func Claim(ctx context.Context, tx pgx.Tx, consumer, messageID string) (first bool, err error) {
+	if consumer == "" {
+		return false, fmt.Errorf("inbox claim message %q: empty consumer name", messageID)
+	}
+	if messageID == "" {
+		return false, fmt.Errorf("inbox claim for consumer %q: empty message id", consumer)
+	}
+	tag, err := tx.Exec(ctx,
+		`INSERT INTO saga_inbox (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		consumer, messageID)
+	if err != nil {
+		return false, fmt.Errorf("inbox claim message %q for consumer %q: %w", messageID, consumer, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Prune deletes claims received before olderThan, in batches, and returns how
+// many it deleted. A message redelivered after its claim was pruned would be
+// handled again, so olderThan must lie well before any possible redelivery.
+func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Time) (int64, error) {
+	var total int64
+	for {
+		tag, err := pool.Exec(ctx, `
+DELETE FROM saga_inbox
+WHERE (consumer, message_id) IN (
+  SELECT consumer, message_id FROM saga_inbox
+  WHERE received_at < $1
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+)`, olderThan, pruneBatch)
+		if err != nil {
+			return total, fmt.Errorf("prune inbox claims before %s: %w", olderThan.Format(time.RFC3339), err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < pruneBatch {
+			return total, nil
+		}
+	}
+}
