@@ -1,0 +1,76 @@
+// Package regen lists every generated artifact committed to this repository
+// and produces it in-process. The regen command writes the files; tests
+// compare them with what is committed, so a stale generated file fails CI.
+package regen
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+
+	"github.com/protosaga/saga/internal/gen/protoc"
+)
+
+// Module is the Go module path of this repository; generated Go files are
+// written relative to it (the module= plugin option).
+const Module = "github.com/protosaga/saga"
+
+// Target is one set of .proto files compiled together.
+type Target struct {
+	// Name identifies the target in errors.
+	Name string
+	// Root is the import root relative to the repository root; generated
+	// files are written relative to the repository root (module=).
+	Root string
+	// Files are the files to generate, relative to Root.
+	Files []string
+	// Saga says whether protoc-gen-saga runs too (protoc-gen-go always runs).
+	Saga bool
+}
+
+// Targets are the committed generated artifacts.
+func Targets() []Target {
+	return []Target{
+		{Name: "options", Root: "options", Files: []string{"saga/v1/saga.proto"}},
+	}
+}
+
+// Generate returns the generated files of t, keyed by path relative to the
+// repository root.
+func Generate(ctx context.Context, repo string, t Target) (map[string][]byte, error) {
+	req, err := protoc.Request(ctx, protoc.Options{
+		ImportPaths: []string{filepath.Join(repo, t.Root), filepath.Join(repo, "options")},
+		Parameter:   "module=" + Module,
+	}, t.Files...)
+	if err != nil {
+		return nil, fmt.Errorf("target %s: %w", t.Name, err)
+	}
+	resp, err := protoc.ProtocGenGo(req)
+	if err != nil {
+		return nil, fmt.Errorf("target %s: %w", t.Name, err)
+	}
+	out := protoc.Files(resp)
+	if t.Saga {
+		files, err := sagaFiles(req)
+		if err != nil {
+			return nil, fmt.Errorf("target %s: %w", t.Name, err)
+		}
+		maps.Copy(out, files)
+	}
+	return out, nil
+}
+
+// All regenerates every target under repo.
+func All(ctx context.Context, repo string) error {
+	for _, t := range Targets() {
+		files, err := Generate(ctx, repo, t)
+		if err != nil {
+			return err
+		}
+		if err := protoc.Write(repo, files); err != nil {
+			return fmt.Errorf("target %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
