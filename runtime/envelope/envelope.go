@@ -5,6 +5,16 @@
 // On the wire the metadata lives in AMQP properties and headers (see the
 // Header* constants); the body is protobuf binary. In PostgreSQL it lives in
 // the outbox row's columns.
+//
+// Invariants: [New] always produces a complete envelope (a UUIDv7 message id,
+// a correlation id, type and schema version from the generated
+// message.Info, a deterministic protobuf body), so every published message
+// carries the metadata consumers need. [FromDelivery] is the mirror image:
+// it refuses a delivery whose message id, type or schema version is missing
+// or malformed with an error matching [ErrInvalidMetadata], which consumers
+// treat as permanent (park at once, never retry). Header readers
+// ([HeaderInt], [HeaderString], [HeaderTime]) accept every encoding other
+// clients and the broker use for the same value and never panic.
 package envelope
 
 import "time"
