@@ -1,0 +1,96 @@
+package participant
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/message"
+)
+
+// Once records that service applied the effect keyed by idempotencyKey, in
+// the caller's transaction, and reports whether this is the first time.
+// Apply the effect only when first is true. Because the record is written in
+// the same transaction as the effect, a rollback forgets both; a concurrent
+// transaction with the same key waits for this one and then sees first=false.
+//
+// The consumer's inbox already drops redeliveries of one message; Once
+// catches the same command resent as a new message (a step retried after a
+// timeout keeps its idempotency key but gets a new message id).
+//
+// Once needs the saga_participant_once table ([Migrations]).
+func Once(ctx context.Context, tx pgx.Tx, service, idempotencyKey string) (first bool, err error) {
+	if service == "" || idempotencyKey == "" {
+		return false, failure.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
+VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, idempotencyKey)
+	if err != nil {
+		return false, fmt.Errorf("participant once %s %q: %w", service, idempotencyKey, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Idempotent wraps fn so that it runs once per command idempotency key for
+// service, and a command resent with the same key gets the first reply
+// again (decoded through reg) instead of a second effect. The first reply is
+// stored in the same transaction as the effect. Commands without an
+// idempotency key are refused as permanent failures: the contract must name
+// one for every command.
+func Idempotent(service string, reg *message.Registry, fn Func) Func {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+		key := cmd.IdempotencyKey()
+		if key == "" {
+			return nil, failure.Permanent(fmt.Errorf("participant %s: command %s has no idempotency key",
+				service, cmd.SagaMessageInfo().FullName))
+		}
+		first, err := Once(ctx, tx, service, key)
+		if err != nil {
+			return nil, err
+		}
+		if !first {
+			return storedReply(ctx, tx, service, key, reg)
+		}
+		reply, err := fn(ctx, tx, cmd)
+		if err != nil || reply == nil {
+			return reply, err
+		}
+		body, err := proto.MarshalOptions{Deterministic: true}.Marshal(reply)
+		if err != nil {
+			return nil, fmt.Errorf("participant %s: encode reply for key %q: %w", service, key, err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE saga_participant_once SET reply_type = $3, reply_body = $4
+WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInfo().FullName, body); err != nil {
+			return nil, fmt.Errorf("participant %s: store reply for key %q: %w", service, key, err)
+		}
+		return reply, nil
+	}
+}
+
+func storedReply(ctx context.Context, tx pgx.Tx, service, key string, reg *message.Registry) (message.Message, error) {
+	var typ string
+	var body []byte
+	err := tx.QueryRow(ctx, `SELECT reply_type, reply_body FROM saga_participant_once
+WHERE service = $1 AND idempotency_key = $2`, service, key).Scan(&typ, &body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("participant %s: once record for key %q vanished", service, key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("participant %s: load reply for key %q: %w", service, key, err)
+	}
+	if typ == "" {
+		return nil, nil // the first execution sent no reply
+	}
+	if reg == nil {
+		return nil, failure.Permanent(fmt.Errorf("participant %s: cannot replay reply %s for key %q without a registry", service, typ, key))
+	}
+	reply, err := reg.Decode(typ, body)
+	if err != nil {
+		return nil, failure.Permanent(fmt.Errorf("participant %s: replay reply for key %q: %w", service, key, err))
+	}
+	return reply, nil
+}

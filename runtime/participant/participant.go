@@ -1,0 +1,100 @@
+// Package participant is the glue between a consumer and the code of a
+// service that executes saga commands (a participant).
+//
+// A participant receives a command, applies its business effect and answers
+// with a reply. [Handler] turns a [Func] into a [consumer.HandlerFunc] that
+// does all of it in the consumer's transaction:
+//
+//	tx{ inbox claim (consumer) → Func(cmd) → outbox.Enqueue(reply) } → commit → ack
+//
+// so the business effect and the reply commit together: there is no window in
+// which the effect is applied but the reply is lost, or the reply is sent for
+// an effect that rolled back.
+//
+// Business failures (out of stock, card declined) are replies, not errors: a
+// Func returns the failure reply with a nil error, and the saga compensates.
+// A returned error means "this command could not be processed now": the
+// transaction rolls back and the consumer's failure routing (retry tiers,
+// parking lot) takes over.
+//
+// The consumer's inbox dedupes deliveries by message id. A saga that resends a
+// command (a step retried after a timeout) sends a new message id with the
+// same idempotency key, so effects that must happen once per business
+// operation are guarded with [Once] (or [Idempotent], which also replays the
+// first reply), keyed by the command's IdempotencyKey.
+package participant
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
+)
+
+// Func executes one command in the consumer's transaction and returns its
+// reply. Business failures are replies (returned with a nil error). A nil
+// reply with a nil error sends nothing (for commands that expect no answer).
+type Func func(ctx context.Context, tx pgx.Tx, cmd message.Message) (reply message.Message, err error)
+
+// Handler returns a consumer handler that calls fn for each delivered command
+// and writes its reply to the outbox in the same transaction. The reply's
+// envelope continues the command's conversation: CausationID is the
+// command's MessageID; CorrelationID, SagaID, SagaType and the trace context
+// are copied from the command's envelope. Its exchange and routing key come
+// from the reply type's generated Info.
+func Handler(fn Func) consumer.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+		if d == nil || d.Message == nil {
+			return failure.Permanent(errors.New("participant: delivery without a decoded message"))
+		}
+		cmd := &d.Envelope
+		reply, err := fn(ctx, tx, d.Message)
+		if err != nil {
+			return fmt.Errorf("participant: handle %s %s (saga %s): %w", cmd.MessageType, cmd.MessageID, cmd.SagaID, err)
+		}
+		if reply == nil {
+			return nil
+		}
+		env, err := ReplyEnvelope(cmd, reply)
+		if err != nil {
+			return err
+		}
+		if err := outbox.Enqueue(ctx, tx, env); err != nil {
+			return fmt.Errorf("participant: enqueue reply %s to %s %s: %w",
+				env.MessageType, cmd.MessageType, cmd.MessageID, err)
+		}
+		return nil
+	}
+}
+
+// ReplyEnvelope builds the envelope of reply answering the command in cmd:
+// a new message id, causation = the command's message id, and the command's
+// correlation id, saga id, saga type and trace context. Handler uses it; it
+// is exported for participants that answer later, outside the command's
+// delivery (store the command's envelope, reply in another transaction).
+func ReplyEnvelope(cmd *envelope.Envelope, reply message.Message) (envelope.Envelope, error) {
+	env, err := envelope.New(reply, envelope.Meta{
+		CorrelationID: cmd.CorrelationID,
+		CausationID:   cmd.MessageID,
+		SagaID:        cmd.SagaID,
+		SagaType:      cmd.SagaType,
+		Traceparent:   cmd.Traceparent,
+		Tracestate:    cmd.Tracestate,
+	})
+	if err != nil {
+		name := "<nil info>"
+		if in := reply.SagaMessageInfo(); in != nil {
+			name = in.FullName
+		}
+		return envelope.Envelope{}, fmt.Errorf("participant: envelope for reply %s to %s %s: %w",
+			name, cmd.MessageType, cmd.MessageID, err)
+	}
+	return env, nil
+}

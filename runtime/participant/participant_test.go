@@ -1,0 +1,280 @@
+package participant_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+// testMsg is a message.Message over a well-known type; the value is the
+// order id.
+type testMsg struct {
+	*wrapperspb.StringValue
+	info *message.Info
+}
+
+func (m testMsg) SagaMessageInfo() *message.Info { return m.info }
+func (m testMsg) IdempotencyKey() string         { return m.info.FullName + ":" + m.GetValue() }
+func (m testMsg) CorrelationKey() string         { return m.GetValue() }
+
+func newInfo(name string, kind message.Kind, exchange, key string) *message.Info {
+	in := &message.Info{FullName: "test.inventory.v1." + name, Kind: kind, Exchange: exchange, RoutingKey: key, SchemaVersion: 1}
+	in.New = func() message.Message { return testMsg{StringValue: &wrapperspb.StringValue{}, info: in} }
+	return in
+}
+
+var (
+	reserveInfo  = newInfo("ReserveInventory", message.KindCommand, "test.commands", "inventory.reserve")
+	reservedInfo = newInfo("InventoryReserved", message.KindReply, "test.replies", "order.inventory-reserved")
+	failedInfo   = newInfo("InventoryFailed", message.KindReply, "test.replies", "order.inventory-failed")
+)
+
+func registry(t *testing.T) *message.Registry {
+	t.Helper()
+	reg, err := message.NewRegistry(reserveInfo, reservedInfo, failedInfo)
+	require.NoError(t, err)
+	return reg
+}
+
+func msg(in *message.Info, order string) testMsg {
+	return testMsg{StringValue: wrapperspb.String(order), info: in}
+}
+
+func setup(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(context.Background(), pool, participant.Migrations))
+	return pool
+}
+
+// command returns a delivery of a ReserveInventory command sent by a saga.
+func command(t *testing.T, order string) *consumer.Delivery {
+	t.Helper()
+	sagaID := uuid.NewString()
+	m := msg(reserveInfo, order)
+	env, err := envelope.New(m, envelope.Meta{
+		SagaID: sagaID, SagaType: "test.order.v1.PlaceOrder", CorrelationID: sagaID,
+		CausationID: uuid.NewString(),
+		Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Tracestate: "vendor=x",
+	})
+	require.NoError(t, err)
+	return &consumer.Delivery{Envelope: env, Message: m, Queue: "inventory.commands", Attempt: 1}
+}
+
+func run(ctx context.Context, pool *pgxpool.Pool, h consumer.HandlerFunc, d *consumer.Delivery) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h(ctx, tx, d) })
+}
+
+type outboxRow struct {
+	MessageID, MessageType, Exchange, RoutingKey, CorrelationID, CausationID, SagaID, SagaType, Traceparent, Tracestate string
+	Body                                                                                                                []byte
+}
+
+func outbox(t *testing.T, pool *pgxpool.Pool) []outboxRow {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT message_id, message_type, exchange, routing_key, correlation_id,
+	causation_id, saga_id, saga_type, traceparent, tracestate, body FROM saga_outbox ORDER BY id`)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxRow])
+	require.NoError(t, err)
+	return out
+}
+
+func TestHandlerWritesReplyInSameTransaction(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+
+	// The business effect: a row in the participant's own table.
+	_, err := pool.Exec(ctx, `CREATE TABLE reservations (order_id text PRIMARY KEY)`)
+	require.NoError(t, err)
+	h := participant.Handler(func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+		order := cmd.(testMsg).GetValue()
+		if order == "sold-out" {
+			return msg(failedInfo, order), nil // a business failure is a reply
+		}
+		if order == "broken" {
+			return nil, errors.New("inventory database on fire")
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO reservations VALUES ($1)`, order); err != nil {
+			return nil, err
+		}
+		return msg(reservedInfo, order), nil
+	})
+
+	d := command(t, "order-1")
+	require.NoError(t, run(ctx, pool, h, d))
+	rows := outbox(t, pool)
+	require.Len(t, rows, 1)
+	r := rows[0]
+	require.Equal(t, reservedInfo.FullName, r.MessageType)
+	require.Equal(t, "test.replies", r.Exchange)
+	require.Equal(t, "order.inventory-reserved", r.RoutingKey)
+	require.Equal(t, d.Envelope.MessageID, r.CausationID, "a reply is caused by its command")
+	require.Equal(t, d.Envelope.SagaID, r.SagaID)
+	require.Equal(t, d.Envelope.CorrelationID, r.CorrelationID)
+	require.Equal(t, d.Envelope.SagaType, r.SagaType)
+	require.Equal(t, d.Envelope.Traceparent, r.Traceparent)
+	require.Equal(t, d.Envelope.Tracestate, r.Tracestate)
+	require.NotEqual(t, d.Envelope.MessageID, r.MessageID)
+	got, err := registry(t).Decode(r.MessageType, r.Body)
+	require.NoError(t, err)
+	require.Equal(t, "order-1", got.CorrelationKey())
+
+	// A business failure is a reply, not an error.
+	d = command(t, "sold-out")
+	require.NoError(t, run(ctx, pool, h, d))
+	rows = outbox(t, pool)
+	require.Len(t, rows, 2)
+	require.Equal(t, failedInfo.FullName, rows[1].MessageType)
+	require.Equal(t, d.Envelope.MessageID, rows[1].CausationID)
+
+	// An error rolls back: no effect, no reply; the consumer routes the
+	// failure.
+	err = run(ctx, pool, h, command(t, "broken"))
+	require.ErrorContains(t, err, "inventory database on fire")
+	require.Len(t, outbox(t, pool), 2)
+
+	// A reply that cannot be enveloped fails the delivery, and the effect
+	// rolls back with it.
+	bad := participant.Handler(func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+		if _, err := tx.Exec(ctx, `INSERT INTO reservations VALUES ('bad-reply')`); err != nil {
+			return nil, err
+		}
+		return testMsg{StringValue: wrapperspb.String("x"), info: &message.Info{FullName: "test.NoVersion"}}, nil
+	})
+	require.Error(t, run(ctx, pool, bad, command(t, "bad-reply")))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM reservations WHERE order_id = 'bad-reply'`).Scan(&n))
+	require.Zero(t, n)
+
+	// No reply, no row.
+	none := participant.Handler(func(context.Context, pgx.Tx, message.Message) (message.Message, error) { return nil, nil })
+	require.NoError(t, run(ctx, pool, none, command(t, "order-2")))
+	require.Len(t, outbox(t, pool), 2)
+
+	require.Equal(t, failure.ClassPermanent, failure.ClassOf(run(ctx, pool, h, &consumer.Delivery{})))
+}
+
+func TestOnce(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+
+	once := func(key string) (bool, error) {
+		var first bool
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			first, err = participant.Once(ctx, tx, "inventory", key)
+			return err
+		})
+		return first, err
+	}
+	first, err := once("k1")
+	require.NoError(t, err)
+	require.True(t, first)
+	first, err = once("k1")
+	require.NoError(t, err)
+	require.False(t, first)
+
+	// Keys are per service.
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		first, err := participant.Once(ctx, tx, "payments", "k1")
+		require.True(t, first)
+		return err
+	}))
+
+	// A rolled-back transaction forgets the key along with the effect.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		first, err := participant.Once(ctx, tx, "inventory", "k2")
+		require.NoError(t, err)
+		require.True(t, first)
+		return errors.New("effect failed")
+	})
+	require.Error(t, err)
+	first, err = once("k2")
+	require.NoError(t, err)
+	require.True(t, first)
+
+	// Concurrent transactions with one key: exactly one is first.
+	const n = 8
+	var firsts atomic.Int32
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			f, err := once("k3")
+			errs[i] = err
+			if f {
+				firsts.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, int32(1), firsts.Load())
+
+	_, err = once("")
+	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+}
+
+// TestIdempotentResentCommand resends one command with a new message id (a
+// saga retrying a step after a timeout): the effect happens once and both
+// deliveries get the same reply, each caused by its own command.
+func TestIdempotentResentCommand(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	reg := registry(t)
+
+	var calls atomic.Int32
+	h := participant.Handler(participant.Idempotent("inventory", reg,
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			calls.Add(1)
+			order := cmd.(testMsg).GetValue()
+			if strings.HasPrefix(order, "fail") {
+				return nil, fmt.Errorf("transient trouble for %s", order)
+			}
+			return msg(reservedInfo, order), nil
+		}))
+
+	first := command(t, "order-1")
+	second := command(t, "order-1") // same idempotency key, new message id
+	require.Equal(t, first.Envelope.IdempotencyKey, second.Envelope.IdempotencyKey)
+	require.NotEqual(t, first.Envelope.MessageID, second.Envelope.MessageID)
+	require.NoError(t, run(ctx, pool, h, first))
+	require.NoError(t, run(ctx, pool, h, second))
+	require.Equal(t, int32(1), calls.Load(), "the effect ran once")
+
+	rows := outbox(t, pool)
+	require.Len(t, rows, 2)
+	require.Equal(t, first.Envelope.MessageID, rows[0].CausationID)
+	require.Equal(t, second.Envelope.MessageID, rows[1].CausationID)
+	require.Equal(t, rows[0].MessageType, rows[1].MessageType)
+	require.Equal(t, rows[0].Body, rows[1].Body, "the first reply is replayed")
+
+	// A failed first attempt leaves no record: the retry runs the effect.
+	require.Error(t, run(ctx, pool, h, command(t, "fail-1")))
+	require.Error(t, run(ctx, pool, h, command(t, "fail-1")))
+	require.Equal(t, int32(3), calls.Load())
+}

@@ -1,0 +1,65 @@
+// Package saga is the saga engine: it persists the instances of one saga type
+// in PostgreSQL and drives them through the pure state machine of package
+// sagadef.
+//
+// # One transaction per step
+//
+// Everything that happens to an instance happens in one database
+// transaction, in this order:
+//
+//	load    SELECT ... FOR UPDATE the instance row (by saga id, or by business key)
+//	classify/transition   sagadef.Definition.Apply: new, duplicate, late, conflicting, invalid
+//	persist UPDATE ... WHERE id = $1 AND version = $2 (only if something changed)
+//	outbox  outbox.Enqueue the commands the transition emits
+//	audit   INSERT INTO saga_audit: from, to, trigger, class, message and causation ids, operator, note
+//
+// For a reply, the consumer opens that transaction and has already claimed
+// the delivery in the inbox ([Engine.Handle] is a consumer.HandlerFunc); the
+// consumer acknowledges the delivery only after the commit. For a start it is
+// the caller's transaction ([Engine.StartTx]) or one of its own
+// ([Engine.Start]); timeouts and operator actions open their own.
+//
+// # Invariants
+//
+//   - A state change and the messages it causes commit together or not at
+//     all: emitted commands are outbox rows in the transition's transaction.
+//   - Concurrent messages for one instance serialize on its row lock. The
+//     version guard on the update is a second line: a writer that did not
+//     hold the lock can never overwrite a newer version (it fails instead).
+//   - The version increases by exactly one per persisted change; a
+//     duplicate, an ignored late reply or an invalid message changes nothing
+//     and keeps the version, but is still audited.
+//   - Every outcome — transitions, duplicates, late, conflicting and invalid
+//     messages, timeouts, repeated starts and operator actions — writes one
+//     audit row naming its cause (message id and causation id, or operator
+//     and reason).
+//   - Starting is idempotent on the business key (a unique column): a second
+//     start returns the first instance's id and sends nothing.
+//   - Timeouts live in the database (timeout_at, deadline_at), not in broker
+//     TTLs. Scanners claim due rows with FOR UPDATE SKIP LOCKED, so any number
+//     of them may run; a claimed row is re-checked against its newest
+//     version, so a timeout that raced a reply which already moved the
+//     instance on does not fire. A reply that arrives after the timeout fired
+//     is classified late and follows the step's late-reply policy.
+//   - Operator actions name the version they decided on; if anything moved
+//     the instance since, they fail with [ErrVersionConflict] and change
+//     nothing. Each records who and why.
+//   - Rows are never deleted by the engine, so a late or duplicate message
+//     always finds its instance; a message for an unknown instance is a
+//     permanent failure (parked with the reason).
+//
+// # Saga ids and message ids
+//
+// Saga ids and the ids of emitted commands come from Config.NewID (UUIDv7 by
+// default); the machine records the id of every command it sends in the
+// instance's progress, so a reply's causation id tells which attempt of which
+// step it answers. Emitted envelopes carry CorrelationID = SagaID = the saga
+// id, SagaType = the definition's name, and CausationID = the message that
+// triggered the transition (empty for timeouts and operator actions).
+//
+// # Tables
+//
+// The instance table is generated per saga (see docs/architecture.md): the
+// engine reads and writes exactly its documented columns. saga_outbox and
+// saga_audit come from package schema.
+package saga

@@ -1,0 +1,196 @@
+package saga
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// Config configures an [Engine]. Pool, Definition and Hooks are required; the
+// rest have defaults (see the field docs).
+type Config struct {
+	// Pool is the database the saga instance table and the runtime tables
+	// (saga_outbox, saga_audit) live in. Methods that take a pgx.Tx use the
+	// caller's transaction instead.
+	Pool *pgxpool.Pool
+	// Definition is the compiled saga type (see [sagadef.Compile]). Its
+	// Table names the instance table.
+	Definition *sagadef.Definition
+	// Hooks are the user's business decisions.
+	Hooks sagadef.Hooks
+	// Registry resolves message types. Optional: when set, Handle refuses
+	// (as a permanent failure) messages whose type it does not know.
+	Registry *message.Registry
+	// NewData returns an empty saga data message to decode stored data into.
+	// Default: the type named by Definition.DataMessage in the global proto
+	// registry.
+	NewData func() proto.Message
+	// Now is the clock. Default: time.Now. Tests inject a fixed clock to
+	// drive timeouts.
+	Now func() time.Time
+	// NewID returns a new saga or message id; it must return a UUID string.
+	// Default: UUID v7.
+	NewID func() string
+	// Logger receives operational logs. Default: slog.Default().
+	Logger *slog.Logger
+	// TimeoutBatch is how many due instances one FireTimeouts call of
+	// RunTimeouts claims at most. Default: 100.
+	TimeoutBatch int
+	// FailureBackoff is how long the scanner leaves an instance alone after
+	// its timeout transition failed (a hook error), so one broken instance
+	// cannot make the scanner spin. Default: 30 s.
+	FailureBackoff time.Duration
+}
+
+var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+func (c *Config) setDefaults() {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.NewID == nil {
+		c.NewID = newUUIDv7
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TimeoutBatch <= 0 {
+		c.TimeoutBatch = 100
+	}
+	if c.FailureBackoff <= 0 {
+		c.FailureBackoff = 30 * time.Second
+	}
+	if c.NewData == nil && c.Definition != nil && c.Definition.DataMessage != "" {
+		mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(c.Definition.DataMessage))
+		if err == nil {
+			c.NewData = func() proto.Message { return mt.New().Interface() }
+		}
+	}
+}
+
+// Validate reports whether the configuration is usable. [New] calls it after
+// applying defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("Pool is required"))
+	}
+	if c.Hooks == nil {
+		errs = append(errs, errors.New("Hooks is required"))
+	}
+	if c.Definition == nil {
+		errs = append(errs, errors.New("Definition is required"))
+	} else {
+		if c.Definition.Name == "" {
+			errs = append(errs, errors.New("Definition.Name is empty"))
+		}
+		if _, err := tableIdentifier(c.Definition.Table); err != nil {
+			errs = append(errs, err)
+		}
+		if len(c.Definition.States) == 0 {
+			errs = append(errs, fmt.Errorf("definition %s has no states: call Definition.Compile first", c.Definition.Name))
+		}
+		if c.NewData == nil {
+			errs = append(errs, fmt.Errorf("NewData is required: data message %q is not in the global proto registry", c.Definition.DataMessage))
+		}
+	}
+	if c.TimeoutBatch < 0 {
+		errs = append(errs, errors.New("TimeoutBatch must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("saga config: %w", err)
+	}
+	return nil
+}
+
+// tableIdentifier validates a table name ("table" or "schema.table") and
+// returns it as a pgx identifier.
+func tableIdentifier(name string) (pgx.Identifier, error) {
+	if name == "" {
+		return nil, errors.New("Definition.Table is empty")
+	}
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("Definition.Table %q: want table or schema.table", name)
+	}
+	for _, p := range parts {
+		if !identPart.MatchString(p) {
+			return nil, fmt.Errorf("Definition.Table %q: %q is not a plain SQL identifier", name, p)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+func newUUIDv7() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		// NewV7 fails only when the system's random source fails; a v4 id
+		// is as unique and keeps the engine going.
+		return uuid.NewString()
+	}
+	return id.String()
+}
+
+// Engine runs the instances of one saga type. It is safe for concurrent use
+// by many goroutines and many processes: the database serializes work on
+// each instance. See the package documentation for the design.
+type Engine struct {
+	cfg       Config
+	def       *sagadef.Definition
+	table     string // quoted identifier
+	terminal  []string
+	holding   []string // states no clock acts on: terminal states and manual review
+	stateKind map[string]sagadef.StateKind
+	q         queries
+}
+
+// New returns an engine for cfg.Definition.
+func New(cfg Config) (*Engine, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ident, _ := tableIdentifier(cfg.Definition.Table)
+	e := &Engine{
+		cfg:       cfg,
+		def:       cfg.Definition,
+		table:     ident.Sanitize(),
+		stateKind: make(map[string]sagadef.StateKind, len(cfg.Definition.States)),
+	}
+	for _, s := range cfg.Definition.States {
+		e.stateKind[s.Name] = s.Kind
+		switch s.Kind {
+		case sagadef.StateKindTerminal:
+			e.terminal = append(e.terminal, s.Name)
+			e.holding = append(e.holding, s.Name)
+		case sagadef.StateKindManualReview:
+			e.holding = append(e.holding, s.Name)
+		}
+	}
+	e.q = newQueries(e.table)
+	return e, nil
+}
+
+// Definition returns the saga type the engine runs.
+func (e *Engine) Definition() *sagadef.Definition { return e.def }
+
+func (e *Engine) env() sagadef.Env {
+	return sagadef.Env{Now: e.cfg.Now(), NewID: e.cfg.NewID, Hooks: e.cfg.Hooks}
+}
+
+func (e *Engine) isTerminal(state string) bool {
+	return e.stateKind[state] == sagadef.StateKindTerminal
+}

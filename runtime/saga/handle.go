@@ -1,0 +1,120 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// Handle applies one delivered reply or event to its saga instance in the
+// caller's transaction. It has the signature of a [consumer.HandlerFunc], so
+// an engine is registered directly as the handler of its saga's reply queue.
+//
+// The instance is found by the envelope's SagaID, or, for an external event
+// that carries none, by the message's CorrelationKey as business key. Its row
+// is locked (SELECT ... FOR UPDATE), which serializes concurrent messages for
+// one saga; the machine classifies and applies the message; the new state is
+// written with a version guard; emitted messages go to the outbox; one audit
+// row records the outcome. Duplicates, late, invalid and conflicting messages
+// are audited and acknowledged (nil error); a conflicting message sends the
+// saga to manual review if the definition says so.
+//
+// Errors: a message for a saga that does not exist, for another saga type, or
+// without any way to find its saga is marked [failure.Permanent] (the consumer
+// parks it with the reason). Hook errors and database errors are returned as
+// they are, classified by the consumer.
+func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+	if d == nil || d.Message == nil {
+		return failure.Permanent(errors.New("saga handle: delivery without a decoded message"))
+	}
+	env := &d.Envelope
+	kind := env.MessageType
+	if info := d.Message.SagaMessageInfo(); info != nil {
+		if kind == "" {
+			kind = info.FullName
+		} else if info.FullName != kind {
+			return failure.Permanent(fmt.Errorf("saga handle: message %s: envelope type %s does not match decoded type %s",
+				env.MessageID, kind, info.FullName))
+		}
+	}
+	if e.cfg.Registry != nil {
+		if _, ok := e.cfg.Registry.Lookup(kind); !ok {
+			return failure.Permanent(fmt.Errorf("saga handle: message %s: unknown message type %s", env.MessageID, kind))
+		}
+	}
+	if env.SagaType != "" && env.SagaType != e.def.Name {
+		return failure.Permanent(fmt.Errorf("saga handle: message %s (%s) belongs to saga type %s, this engine runs %s",
+			env.MessageID, kind, env.SagaType, e.def.Name))
+	}
+	w, err := e.lockFor(ctx, tx, env.SagaID, d)
+	if err != nil {
+		return err
+	}
+	out, err := e.transition(ctx, tx, w, sagadef.Trigger{
+		Kind:        kind,
+		Message:     d.Message,
+		MessageID:   env.MessageID,
+		CausationID: env.CausationID,
+	}, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate})
+	if err != nil {
+		return err
+	}
+	res := out.Result
+	level := e.cfg.Logger.DebugContext
+	if res.Class != sagadef.ClassNew {
+		level = e.cfg.Logger.InfoContext
+	}
+	level(ctx, "saga message handled", "saga_type", e.def.Name, "saga_id", w.ID,
+		"message_id", env.MessageID, "message_type", kind, "causation_id", env.CausationID,
+		"class", res.Class.String(), "from", w.State, "to", res.Instance.State, "version", out.Version)
+	return nil
+}
+
+// lockFor finds and locks the instance a delivery belongs to.
+func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consumer.Delivery) (row, error) {
+	if sagaID != "" {
+		if _, err := uuid.Parse(sagaID); err != nil {
+			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga id %q is not a UUID", d.Envelope.MessageID, sagaID))
+		}
+		w, err := loadRow(ctx, tx, e.q.lockByID, sagaID)
+		if errors.Is(err, ErrNotFound) {
+			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga %s %s: %w",
+				d.Envelope.MessageID, e.def.Name, sagaID, ErrNotFound))
+		}
+		if err != nil {
+			return row{}, fmt.Errorf("lock saga %s: %w", sagaID, err)
+		}
+		return w, nil
+	}
+	key := d.Message.CorrelationKey()
+	if key == "" {
+		return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s (%s) has neither a saga id nor a correlation key",
+			d.Envelope.MessageID, d.Envelope.MessageType))
+	}
+	w, err := loadRow(ctx, tx, e.q.lockByKey, key)
+	if errors.Is(err, ErrNotFound) {
+		// A contract may correlate on the saga id rather than the
+		// business key.
+		if _, perr := uuid.Parse(key); perr == nil {
+			w, err = loadRow(ctx, tx, e.q.lockByID, key)
+		}
+	}
+	if errors.Is(err, ErrNotFound) {
+		return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: no saga %s with business key %q: %w",
+			d.Envelope.MessageID, e.def.Name, key, ErrNotFound))
+	}
+	if err != nil {
+		return row{}, fmt.Errorf("lock saga by business key %q: %w", key, err)
+	}
+	return w, nil
+}
+
+// HandlerFunc returns e.Handle as a consumer.HandlerFunc.
+func (e *Engine) HandlerFunc() consumer.HandlerFunc { return e.Handle }

@@ -1,0 +1,355 @@
+package saga_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+// testMsg is a message.Message over a well-known type: the value is the order
+// id, which is the saga's business key.
+type testMsg struct {
+	*wrapperspb.StringValue
+	info *message.Info
+}
+
+func (m testMsg) SagaMessageInfo() *message.Info { return m.info }
+func (m testMsg) IdempotencyKey() string         { return m.info.FullName + ":" + m.GetValue() }
+func (m testMsg) CorrelationKey() string         { return m.GetValue() }
+
+const pkg = "test.order.v1."
+
+// Message types of the test contract.
+var (
+	msgPlaceOrder         = newInfo("PlaceOrder", message.KindCommand)
+	msgReserveInventory   = newInfo("ReserveInventory", message.KindCommand)
+	msgInventoryReserved  = newInfo("InventoryReserved", message.KindReply)
+	msgInventoryFailed    = newInfo("InventoryFailed", message.KindReply)
+	msgReleaseInventory   = newInfo("ReleaseInventory", message.KindCommand)
+	msgInventoryReleased  = newInfo("InventoryReleased", message.KindReply)
+	msgAuthorizePayment   = newInfo("AuthorizePayment", message.KindCommand)
+	msgPaymentAuthorized  = newInfo("PaymentAuthorized", message.KindReply)
+	msgPaymentDeclined    = newInfo("PaymentDeclined", message.KindReply)
+	msgScheduleShipping   = newInfo("ScheduleShipping", message.KindCommand)
+	msgShippingScheduled  = newInfo("ShippingScheduled", message.KindReply)
+	msgUnrelatedEvent     = newInfo("SomethingElse", message.KindEvent)
+	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgUnrelatedEvent}
+	testRegistry, errReg  = message.NewRegistry(allInfos...)
+	stepTimeout           = 10 * time.Second
+	sagaDeadline          = time.Hour
+	baseTime              = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	sagaTypeName          = pkg + "PlaceOrder"
+	sagaDataMessage       = "google.protobuf.Struct"
+	defaultLatePolicy     = sagadef.LateIgnore
+	defaultReserveTimeout = sagadef.TimeoutCompensate
+)
+
+func newInfo(name string, kind message.Kind) *message.Info {
+	in := &message.Info{
+		FullName:      pkg + name,
+		Kind:          kind,
+		Exchange:      "test." + kind.String() + "s",
+		RoutingKey:    "test." + strings.ToLower(name),
+		SchemaVersion: 1,
+	}
+	in.New = func() message.Message { return testMsg{StringValue: &wrapperspb.StringValue{}, info: in} }
+	return in
+}
+
+func msg(in *message.Info, order string) testMsg {
+	return testMsg{StringValue: wrapperspb.String(order), info: in}
+}
+
+// hooks implements sagadef.Hooks for the test contract. The saga data is a
+// Struct holding the order id and the list of messages applied to it, so
+// tests can see that a duplicate is never applied twice.
+type hooks struct{}
+
+func (hooks) Start(_ context.Context, start message.Message) (proto.Message, string, error) {
+	order := start.(testMsg).GetValue()
+	if order == "" {
+		return nil, "", fmt.Errorf("start: empty order id")
+	}
+	data, err := structpb.NewStruct(map[string]any{"order": order, "applied": []any{}})
+	if err != nil {
+		return nil, "", err
+	}
+	return data, order, nil
+}
+
+func (hooks) Build(_ context.Context, command string, data proto.Message) (message.Message, error) {
+	in, ok := testRegistry.Lookup(command)
+	if !ok {
+		return nil, fmt.Errorf("build: unknown command %s", command)
+	}
+	m := in.New().(testMsg)
+	m.Value = data.(*structpb.Struct).Fields["order"].GetStringValue()
+	return m, nil
+}
+
+func (hooks) Apply(_ context.Context, data proto.Message, m message.Message) error {
+	s := data.(*structpb.Struct)
+	list := s.Fields["applied"].GetListValue()
+	if list == nil {
+		list = &structpb.ListValue{}
+	}
+	list.Values = append(list.Values, structpb.NewStringValue(strings.TrimPrefix(m.SagaMessageInfo().FullName, pkg)))
+	s.Fields["applied"] = structpb.NewListValue(list)
+	return nil
+}
+
+func applied(t *testing.T, st saga.Status) []string {
+	t.Helper()
+	var out []string
+	for _, v := range st.Data.(*structpb.Struct).Fields["applied"].GetListValue().GetValues() {
+		out = append(out, v.GetStringValue())
+	}
+	return out
+}
+
+// defOptions vary the test definition.
+type defOptions struct {
+	late           sagadef.LatePolicy
+	reserveTimeout sagadef.TimeoutAction
+	reserveMax     int
+	shippingMax    int
+	deadline       time.Duration
+}
+
+// placeOrder returns the compiled test definition: reserve inventory
+// (compensatable), authorize payment (pivot), schedule shipping (retriable).
+func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
+	t.Helper()
+	if o.late == sagadef.LateUnspecified {
+		o.late = defaultLatePolicy
+	}
+	if o.reserveTimeout == sagadef.TimeoutUnspecified {
+		o.reserveTimeout = defaultReserveTimeout
+	}
+	if o.reserveMax == 0 {
+		o.reserveMax = 1
+	}
+	if o.shippingMax == 0 {
+		o.shippingMax = 3
+	}
+	if o.deadline == 0 {
+		o.deadline = sagaDeadline
+	}
+	def := &sagadef.Definition{
+		Name:         sagaTypeName,
+		Table:        table,
+		StartMessage: msgPlaceOrder.FullName,
+		DataMessage:  sagaDataMessage,
+		Deadline:     o.deadline,
+		Steps: []sagadef.Step{
+			{
+				Name: "ReserveInventory", Role: sagadef.RoleCompensatable,
+				Command:                    msgReserveInventory.FullName,
+				SuccessReplies:             []string{msgInventoryReserved.FullName},
+				FailureReplies:             []string{msgInventoryFailed.FullName},
+				Compensation:               msgReleaseInventory.FullName,
+				CompensationReply:          msgInventoryReleased.FullName,
+				Timeout:                    stepTimeout,
+				OnTimeout:                  o.reserveTimeout,
+				MaxAttempts:                o.reserveMax,
+				Late:                       o.late,
+			},
+			{
+				Name: "AuthorizePayment", Role: sagadef.RolePivot,
+				Command:        msgAuthorizePayment.FullName,
+				SuccessReplies: []string{msgPaymentAuthorized.FullName},
+				FailureReplies: []string{msgPaymentDeclined.FullName},
+				Timeout:        stepTimeout,
+				OnTimeout:      sagadef.TimeoutCompensate,
+				MaxAttempts:    1,
+				Late:           o.late,
+			},
+			{
+				Name: "ScheduleShipping", Role: sagadef.RoleRetriable,
+				Command:        msgScheduleShipping.FullName,
+				SuccessReplies: []string{msgShippingScheduled.FullName},
+				Timeout:        stepTimeout,
+				OnTimeout:      sagadef.TimeoutRetry,
+				MaxAttempts:    o.shippingMax,
+				Late:           o.late,
+			},
+		},
+	}
+	require.NoError(t, def.Compile())
+	return def
+}
+
+// clock is an injectable clock tests move by hand.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	engine *saga.Engine
+	clock  *clock
+	def    *sagadef.Definition
+}
+
+// setup gives each test its own schema with the runtime tables and the saga
+// table of the test definition, and an engine on it.
+func setup(t *testing.T, o defOptions) *testBundle {
+	t.Helper()
+	require.NoError(t, errReg)
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool))
+	def := placeOrder(t, "saga_place_order", o)
+	createTable(t, pool, def)
+	clk := &clock{now: baseTime}
+	eng, err := saga.New(saga.Config{
+		Pool:       pool,
+		Definition: def,
+		Hooks:      hooks{},
+		Registry:   testRegistry,
+		Now:        clk.Now,
+	})
+	require.NoError(t, err)
+	return &testBundle{pool: pool, engine: eng, clock: clk, def: def}
+}
+
+// createTable creates the instance table the generator would emit.
+func createTable(t *testing.T, pool *pgxpool.Pool, def *sagadef.Definition) {
+	t.Helper()
+	states := make([]string, 0, len(def.States))
+	for _, s := range def.States {
+		states = append(states, "'"+s.Name+"'")
+	}
+	table := pgx.Identifier{def.Table}.Sanitize()
+	_, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (
+  id            uuid PRIMARY KEY,
+  business_key  text NOT NULL UNIQUE,
+  state         text NOT NULL CHECK (state IN (`+strings.Join(states, ", ")+`)),
+  version       bigint NOT NULL DEFAULT 1,
+  data          bytea NOT NULL,
+  attempt       integer NOT NULL DEFAULT 0,
+  pending_message_id uuid,
+  progress      jsonb NOT NULL DEFAULT '{}',
+  timeout_at    timestamptz,
+  deadline_at   timestamptz,
+  last_error    text,
+  review_reason text,
+  created_at    timestamptz NOT NULL DEFAULT now(),
+  updated_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ON `+table+` (state);
+CREATE INDEX ON `+table+` (timeout_at) WHERE timeout_at IS NOT NULL;
+CREATE INDEX ON `+table+` (updated_at);`)
+	require.NoError(t, err)
+}
+
+// start starts a saga for order and returns its id.
+func (b *testBundle) start(t *testing.T, order string) string {
+	t.Helper()
+	id, created, err := b.engine.Start(context.Background(), msg(msgPlaceOrder, order), envelope.Meta{MessageID: newID()})
+	require.NoError(t, err)
+	require.True(t, created)
+	return id
+}
+
+// reply delivers m to the saga in its own transaction, as the consumer
+// would, with causation = the given command id. It returns the reply's
+// message id and Handle's error.
+func (b *testBundle) reply(t *testing.T, sagaID string, m testMsg, causation string) (string, error) {
+	t.Helper()
+	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: b.def.Name, CausationID: causation})
+	require.NoError(t, err)
+	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}
+	return env.MessageID, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		return b.engine.Handle(context.Background(), tx, d)
+	})
+}
+
+// mustReply delivers m in answer to the saga's pending command.
+func (b *testBundle) mustReply(t *testing.T, sagaID string, in *message.Info) saga.Status {
+	t.Helper()
+	st := b.status(t, sagaID)
+	_, err := b.reply(t, sagaID, msg(in, st.BusinessKey), st.PendingMessageID)
+	require.NoError(t, err)
+	return b.status(t, sagaID)
+}
+
+func (b *testBundle) status(t *testing.T, sagaID string) saga.Status {
+	t.Helper()
+	st, err := b.engine.Status(context.Background(), sagaID)
+	require.NoError(t, err)
+	return st
+}
+
+func (b *testBundle) history(t *testing.T, sagaID string) []saga.AuditRecord {
+	t.Helper()
+	h, err := b.engine.History(context.Background(), sagaID)
+	require.NoError(t, err)
+	return h
+}
+
+// outboxRow is the part of a saga_outbox row the tests look at.
+type outboxRow struct {
+	MessageID, MessageType, CorrelationID, CausationID, SagaID, SagaType, IdempotencyKey string
+}
+
+func (b *testBundle) outbox(t *testing.T, sagaID string) []outboxRow {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT message_id, message_type, correlation_id, causation_id,
+	saga_id, saga_type, idempotency_key FROM saga_outbox WHERE saga_id = $1 ORDER BY id`, sagaID)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxRow])
+	require.NoError(t, err)
+	return out
+}
+
+func outboxTypes(rows []outboxRow) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = strings.TrimPrefix(r.MessageType, pkg)
+	}
+	return out
+}
+
+// trail summarizes audit rows as "trigger:class:from>to".
+func trail(h []saga.AuditRecord) []string {
+	out := make([]string, len(h))
+	for i, a := range h {
+		out[i] = fmt.Sprintf("%s:%s:%s>%s", strings.TrimPrefix(a.Trigger, pkg), a.Class, a.From, a.To)
+	}
+	return out
+}
+
+func newID() string { return uuid.Must(uuid.NewV7()).String() }

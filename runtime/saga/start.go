@@ -1,0 +1,114 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// StartTx starts an instance for start in the caller's transaction: it
+// inserts the instance row, writes the first commands to the outbox and
+// audits the start, so all of it commits or none of it does.
+//
+// Starting is idempotent on the business key the Hooks derive from start:
+// when an instance with that key exists (or is being inserted by a concurrent
+// transaction that then commits), StartTx returns its id with created=false,
+// sends nothing, and records the repeated start in the audit trail as a
+// duplicate.
+//
+// meta carries the start message's identity: its MessageID becomes the
+// causation id of the first commands, its trace context continues in them.
+// Its SagaID, SagaType and CorrelationID are ignored (the engine assigns them).
+func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+	if start == nil {
+		return "", false, failure.Permanent(errors.New("start saga: start message is nil"))
+	}
+	if name := start.SagaMessageInfo().FullName; e.def.StartMessage != "" && name != e.def.StartMessage {
+		return "", false, failure.Permanent(fmt.Errorf("start saga %s: message %s is not its start message %s",
+			e.def.Name, name, e.def.StartMessage))
+	}
+	id := e.cfg.NewID()
+	res, err := e.def.Begin(ctx, e.env(), id, start)
+	if err != nil {
+		return "", false, fmt.Errorf("begin saga %s: %w", e.def.Name, err)
+	}
+	inst := res.Instance
+	inst.ID = id
+	if inst.BusinessKey == "" {
+		return "", false, failure.Permanent(fmt.Errorf("start saga %s: hooks returned an empty business key", e.def.Name))
+	}
+	enc, err := encode(inst)
+	if err != nil {
+		return "", false, err
+	}
+	now := e.cfg.Now()
+	var got string
+	err = tx.QueryRow(ctx, e.q.insert, id, inst.BusinessKey, inst.State, int64(1), enc.Data, inst.Attempt,
+		inst.PendingMessageID, string(enc.Progress), enc.TimeoutAt, enc.DeadlineAt,
+		inst.LastError, inst.ReviewReason, now).Scan(&got)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return e.startExisting(ctx, tx, inst.BusinessKey, meta)
+	case err != nil:
+		return "", false, fmt.Errorf("insert saga %s (business key %q): %w", e.def.Name, inst.BusinessKey, err)
+	}
+	if err := e.emit(ctx, tx, id, res.Emit, meta.MessageID, origin{Traceparent: meta.Traceparent, Tracestate: meta.Tracestate}); err != nil {
+		return "", false, err
+	}
+	from := res.From
+	to := res.To
+	if to == "" {
+		to = inst.State
+	}
+	if err := e.audit(ctx, tx, auditEntry{
+		SagaID: id, From: from, To: to, Trigger: sagadef.TriggerStart, Class: sagadef.ClassNew.String(),
+		MessageID: meta.MessageID, CausationID: meta.CausationID, Note: res.Note, Version: 1,
+	}); err != nil {
+		return "", false, err
+	}
+	e.cfg.Logger.DebugContext(ctx, "saga started", "saga_type", e.def.Name, "saga_id", id,
+		"business_key", inst.BusinessKey, "state", to, "message_id", meta.MessageID)
+	return id, true, nil
+}
+
+// startExisting handles a start whose business key is taken.
+func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta envelope.Meta) (string, bool, error) {
+	w, err := loadRow(ctx, tx, e.q.existingByKey, key)
+	if errors.Is(err, ErrNotFound) {
+		// The conflicting row exists but this transaction cannot see it:
+		// it runs at REPEATABLE READ or stricter with an older snapshot.
+		// A retry in a new transaction sees it.
+		return "", false, failure.Transient(fmt.Errorf("start saga %s: business key %q is taken by a row this transaction cannot see", e.def.Name, key))
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("load saga %s by business key %q: %w", e.def.Name, key, err)
+	}
+	if err := e.audit(ctx, tx, auditEntry{
+		SagaID: w.ID, From: w.State, To: w.State, Trigger: sagadef.TriggerStart, Class: sagadef.ClassDuplicate.String(),
+		MessageID: meta.MessageID, CausationID: meta.CausationID,
+		Note: "start repeated for an existing business key; nothing sent", Version: w.Version,
+	}); err != nil {
+		return "", false, err
+	}
+	return w.ID, false, nil
+}
+
+// Start is [Engine.StartTx] in a transaction of its own.
+func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+	err = pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		sagaID, created, err = e.StartTx(ctx, tx, start, meta)
+		return err
+	})
+	if err != nil {
+		return "", false, err
+	}
+	return sagaID, created, nil
+}

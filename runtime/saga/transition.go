@@ -1,0 +1,162 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// origin is what the engine knows about the cause of a transition beyond the
+// trigger itself: the trace context to continue in emitted messages.
+type origin struct {
+	Traceparent string
+	Tracestate  string
+}
+
+// outcome is a transition as persisted.
+type outcome struct {
+	Result  sagadef.Result
+	Version int64 // version after the transition
+	Changed bool
+}
+
+// transition applies trig to the locked row w and persists the result, its
+// messages and its audit row in tx. The caller holds the row lock (or has
+// just inserted the row).
+func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.Trigger, o origin) (outcome, error) {
+	inst, err := e.instance(w)
+	if err != nil {
+		return outcome{}, err
+	}
+	res, err := e.def.Apply(ctx, e.env(), inst, trig)
+	if err != nil {
+		err = fmt.Errorf("apply %s to saga %s in state %s: %w", trig.Kind, w.ID, w.State, err)
+		if errors.Is(err, sagadef.ErrInvalidTrigger) || errors.Is(err, sagadef.ErrUnknownState) ||
+			errors.Is(err, sagadef.ErrNotCompiled) {
+			// No retry can change the outcome: park the message.
+			err = failure.Permanent(err)
+		}
+		return outcome{}, err
+	}
+	return e.persist(ctx, tx, w, res, trig, o)
+}
+
+// persist writes a machine result: the instance update (version-guarded, only
+// when something changed), the emitted messages and one audit row.
+func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Result, trig sagadef.Trigger, o origin) (outcome, error) {
+	after := res.Instance
+	after.ID = w.ID
+	enc, err := encode(after)
+	if err != nil {
+		return outcome{}, err
+	}
+	out := outcome{Result: res, Version: w.Version}
+	if changed(w, after, enc) {
+		out.Changed = true
+		out.Version = w.Version + 1
+		tag, err := tx.Exec(ctx, e.q.update, w.ID, w.Version, after.State, out.Version, enc.Data, after.Attempt,
+			after.PendingMessageID, string(enc.Progress), enc.TimeoutAt, enc.DeadlineAt,
+			after.LastError, after.ReviewReason, e.cfg.Now())
+		if err != nil {
+			return outcome{}, fmt.Errorf("update saga %s to %s: %w", w.ID, after.State, err)
+		}
+		if tag.RowsAffected() != 1 {
+			// Only possible when a caller did not lock the row: the
+			// guard refuses to overwrite a concurrent transition.
+			return outcome{}, fmt.Errorf("update saga %s: %w", w.ID,
+				&VersionConflictError{SagaID: w.ID, Expected: w.Version, State: w.State})
+		}
+	}
+	if err := e.emit(ctx, tx, w.ID, res.Emit, trig.MessageID, o); err != nil {
+		return outcome{}, err
+	}
+	from, to := res.From, res.To
+	if from == "" {
+		from = w.State
+	}
+	if to == "" {
+		to = after.State
+	}
+	if err := e.audit(ctx, tx, auditEntry{
+		SagaID: w.ID, From: from, To: to, Trigger: trig.Kind, Class: res.Class.String(),
+		MessageID: trig.MessageID, CausationID: trig.CausationID, Operator: trig.Operator,
+		Note: note(trig.Reason, res.Note), Version: out.Version,
+	}); err != nil {
+		return outcome{}, err
+	}
+	return out, nil
+}
+
+// emit writes the transition's messages to the outbox in order. Each carries
+// the saga's identity; its causation is the message that triggered the
+// transition (empty for timeouts and operator actions).
+func (e *Engine) emit(ctx context.Context, tx pgx.Tx, sagaID string, msgs []sagadef.Outgoing, causation string, o origin) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	now := e.cfg.Now()
+	envs := make([]envelope.Envelope, 0, len(msgs))
+	for _, m := range msgs {
+		if m.Message == nil {
+			return fmt.Errorf("saga %s: transition emitted a nil message", sagaID)
+		}
+		env, err := envelope.New(m.Message, envelope.Meta{
+			MessageID:     m.MessageID,
+			CorrelationID: sagaID,
+			CausationID:   causation,
+			SagaID:        sagaID,
+			SagaType:      e.def.Name,
+			Traceparent:   o.Traceparent,
+			Tracestate:    o.Tracestate,
+			OccurredAt:    now,
+		})
+		if err != nil {
+			return fmt.Errorf("saga %s: envelope for %s: %w", sagaID, m.Message.SagaMessageInfo().FullName, err)
+		}
+		envs = append(envs, env)
+	}
+	if err := outbox.Enqueue(ctx, tx, envs...); err != nil {
+		return fmt.Errorf("saga %s: enqueue %d messages: %w", sagaID, len(envs), err)
+	}
+	return nil
+}
+
+// auditEntry is one saga_audit row.
+type auditEntry struct {
+	SagaID      string
+	From, To    string
+	Trigger     string
+	Class       string
+	MessageID   string
+	CausationID string
+	Operator    string
+	Note        string
+	Version     int64
+}
+
+func (e *Engine) audit(ctx context.Context, tx pgx.Tx, a auditEntry) error {
+	_, err := tx.Exec(ctx, e.q.insertAudit, a.SagaID, e.def.Name, a.From, a.To, a.Trigger, a.Class,
+		a.MessageID, a.CausationID, a.Operator, a.Note, a.Version, e.cfg.Now())
+	if err != nil {
+		return fmt.Errorf("audit saga %s %s (%s): %w", a.SagaID, a.Trigger, a.Class, err)
+	}
+	return nil
+}
+
+func note(reason, machine string) string {
+	switch {
+	case reason == "":
+		return machine
+	case machine == "":
+		return "reason: " + reason
+	default:
+		return "reason: " + reason + "; " + machine
+	}
+}
