@@ -1,0 +1,307 @@
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrClosed is returned by Conn methods after Close.
+var ErrClosed = errors.New("broker connection closed")
+
+// ConnConfig tunes a Conn. The zero value is usable.
+type ConnConfig struct {
+	// TLS configures amqps:// connections. Nil uses the system roots and
+	// the URL's host as server name.
+	TLS *tls.Config
+	// Name is advertised as the connection_name client property, so the
+	// management UI shows which process a connection belongs to.
+	Name string
+	// Heartbeat is the AMQP heartbeat interval; 0 means 10 s. Heartbeats are
+	// how a silently dead TCP connection is detected.
+	Heartbeat time.Duration
+	// MinBackoff and MaxBackoff bound the exponential, jittered wait between
+	// connection attempts; 0 means 100 ms and 30 s.
+	MinBackoff, MaxBackoff time.Duration
+	// Logger receives connection loss and reconnect events (URLs redacted).
+	// Nil discards them.
+	Logger *slog.Logger
+}
+
+func (c *ConnConfig) setDefaults() {
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = 10 * time.Second
+	}
+	if c.MinBackoff <= 0 {
+		c.MinBackoff = 100 * time.Millisecond
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 30 * time.Second
+	}
+	if c.MaxBackoff < c.MinBackoff {
+		c.MaxBackoff = c.MinBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Conn is an AMQP connection that reconnects itself. After the broker closes
+// the connection or the network drops it, Conn dials again with exponential
+// backoff and jitter until it succeeds or Close is called. Channels belong
+// to one underlying connection and die with it: callers notice through the
+// channel's NotifyClose (or a failing operation) and ask Channel for a new
+// one, which waits for the next live connection. Conn is safe for concurrent
+// use.
+type Conn struct {
+	url      string
+	redacted string
+	cfg      ConnConfig
+
+	mu    sync.Mutex
+	cur   *generation   // nil while reconnecting
+	ready chan struct{} // closed when cur is set
+
+	closed    chan struct{}
+	closeOnce sync.Once
+	done      chan struct{} // the supervisor has exited
+}
+
+// generation is one underlying connection.
+type generation struct {
+	conn *amqp.Connection
+	lost chan struct{} // closed when conn is gone
+}
+
+// Dial connects to the broker at url (amqp:// or amqps://) and keeps the
+// connection alive until Close. The first connection is retried with
+// backoff until ctx ends, so processes may start before the broker; refused
+// credentials or vhost, a malformed URL and certificate errors fail at once.
+// Errors and logs never contain the URL's password.
+func Dial(ctx context.Context, url string, cfg ConnConfig) (*Conn, error) {
+	cfg.setDefaults()
+	redacted := Redact(url)
+	if _, err := amqp.ParseURI(url); err != nil {
+		return nil, fmt.Errorf("dial %s: %w", redacted, err)
+	}
+	c := &Conn{
+		url:      url,
+		redacted: redacted,
+		cfg:      cfg,
+		ready:    make(chan struct{}),
+		closed:   make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	conn, err := c.connect(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	c.setCurrent(conn)
+	go c.supervise()
+	return c, nil
+}
+
+// Channel opens a channel on the current connection, waiting for a
+// reconnect when there is none. It returns ctx's error when ctx ends first
+// and ErrClosed after Close.
+func (c *Conn) Channel(ctx context.Context) (*amqp.Channel, error) {
+	for {
+		c.mu.Lock()
+		g, ready := c.cur, c.ready
+		c.mu.Unlock()
+		if g == nil {
+			select {
+			case <-ready:
+				continue
+			case <-c.closed:
+				return nil, ErrClosed
+			case <-ctx.Done():
+				return nil, fmt.Errorf("open channel on %s: waiting for a connection: %w", c.redacted, ctx.Err())
+			}
+		}
+		ch, err := g.conn.Channel()
+		if err == nil {
+			return ch, nil
+		}
+		if !g.conn.IsClosed() {
+			return nil, fmt.Errorf("open channel on %s: %w", c.redacted, err)
+		}
+		// The connection died under us: wait for the supervisor to notice.
+		select {
+		case <-g.lost:
+		case <-c.closed:
+			return nil, ErrClosed
+		case <-ctx.Done():
+			return nil, fmt.Errorf("open channel on %s: waiting for a connection: %w", c.redacted, ctx.Err())
+		}
+	}
+}
+
+// Close closes the connection and stops reconnecting. Channels opened from
+// it are closed too. Close is idempotent.
+func (c *Conn) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
+	<-c.done
+	return nil
+}
+
+// String returns the redacted URL.
+func (c *Conn) String() string { return c.redacted }
+
+func (c *Conn) setCurrent(conn *amqp.Connection) *generation {
+	g := &generation{conn: conn, lost: make(chan struct{})}
+	c.mu.Lock()
+	c.cur = g
+	close(c.ready)
+	c.mu.Unlock()
+	return g
+}
+
+// supervise watches the current connection and replaces it when it is lost.
+func (c *Conn) supervise() {
+	defer close(c.done)
+	for {
+		c.mu.Lock()
+		g := c.cur
+		c.mu.Unlock()
+		lost := g.conn.NotifyClose(make(chan *amqp.Error, 1))
+		select {
+		case <-c.closed:
+			_ = g.conn.Close()
+			c.dropCurrent(g)
+			return
+		case reason := <-lost:
+			c.dropCurrent(g)
+			c.cfg.Logger.Warn("broker connection lost; reconnecting", "url", c.redacted, "reason", errString(reason))
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-c.closed:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		conn, err := c.connect(ctx, false)
+		cancel()
+		if err != nil {
+			// Only Close ends a reconnect loop (permanent errors are retried
+			// too: credentials may be fixed while we wait).
+			return
+		}
+		c.setCurrent(conn)
+		c.cfg.Logger.Info("broker connection restored", "url", c.redacted)
+	}
+}
+
+func (c *Conn) dropCurrent(g *generation) {
+	c.mu.Lock()
+	if c.cur == g {
+		c.cur = nil
+		c.ready = make(chan struct{})
+	}
+	c.mu.Unlock()
+	close(g.lost)
+}
+
+// connect dials until it succeeds or ctx ends. During the first Dial,
+// permanent errors end it at once; when reconnecting they are retried.
+func (c *Conn) connect(ctx context.Context, first bool) (*amqp.Connection, error) {
+	for attempt := 0; ; attempt++ {
+		props := amqp.NewConnectionProperties()
+		if c.cfg.Name != "" {
+			props.SetClientConnectionName(c.cfg.Name)
+		}
+		conn, err := amqp.DialConfig(c.url, amqp.Config{
+			Heartbeat:       c.cfg.Heartbeat,
+			TLSClientConfig: c.cfg.TLS,
+			Properties:      props,
+			Locale:          "en_US",
+		})
+		if err == nil {
+			return conn, nil
+		}
+		err = fmt.Errorf("dial %s: %w", c.redacted, err)
+		if first && permanent(err) {
+			return nil, err
+		}
+		c.cfg.Logger.Debug("broker dial failed", "url", c.redacted, "attempt", attempt+1, "error", err)
+		t := time.NewTimer(Backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
+		case <-c.closed:
+			t.Stop()
+			return nil, ErrClosed
+		case <-t.C:
+		}
+	}
+}
+
+// permanent reports dial errors that retrying cannot fix.
+func permanent(err error) bool {
+	var certErr *tls.CertificateVerificationError
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	return errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost) || errors.Is(err, amqp.ErrSASL) ||
+		errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr)
+}
+
+// Backoff returns the wait before retry attempt (0-based): min doubled per
+// attempt, capped at max, with "equal jitter" (a uniformly random value in
+// [d/2, d]) so that many clients losing the broker at once do not return in
+// lockstep.
+func Backoff(attempt int, min, max time.Duration) time.Duration {
+	d := min
+	for i := 0; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	if d > max || d <= 0 {
+		d = max
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// Redact returns url with its password replaced by "xxxxx". A string that
+// does not parse as a URL is replaced entirely, since it may contain a
+// secret anywhere.
+func Redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "<unparseable URL>"
+	}
+	return u.Redacted()
+}
+
+// URLFromEnv returns the broker URL in environment variable name, checked
+// to be an amqp:// or amqps:// URL. Errors never contain the value.
+func URLFromEnv(name string) (string, error) {
+	v := strings.TrimSpace(os.Getenv(name))
+	if v == "" {
+		return "", fmt.Errorf("broker URL: environment variable %s is empty or unset", name)
+	}
+	if _, err := amqp.ParseURI(v); err != nil {
+		return "", fmt.Errorf("broker URL in %s (%s): %w", name, Redact(v), err)
+	}
+	return v, nil
+}
+
+func errString(err *amqp.Error) string {
+	if err == nil {
+		return "closed"
+	}
+	return err.Error()
+}

@@ -1,0 +1,305 @@
+package broker
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/protosaga/saga/runtime/retry"
+)
+
+// QueueType is RabbitMQ's x-queue-type.
+type QueueType string
+
+// Queue types. Quorum queues are replicated and the default; classic queues
+// suit single-node development brokers.
+const (
+	QueueQuorum  QueueType = "quorum"
+	QueueClassic QueueType = "classic"
+)
+
+// Queue and exchange arguments the topology sets.
+const (
+	ArgQueueType            = "x-queue-type"
+	ArgMessageTTL           = "x-message-ttl"
+	ArgDeadLetterExchange   = "x-dead-letter-exchange"
+	ArgDeadLetterRoutingKey = "x-dead-letter-routing-key"
+	ArgDeadLetterStrategy   = "x-dead-letter-strategy"
+	ArgOverflow             = "x-overflow"
+)
+
+// Exchange is a durable exchange. Kind is "topic" when empty.
+type Exchange struct{ Name, Kind string }
+
+// Queue is a durable queue. Type is QueueQuorum when empty; Args are extra
+// x-arguments (Type wins over an x-queue-type in Args).
+type Queue struct {
+	Name string
+	Type QueueType
+	Args amqp.Table
+}
+
+// Binding routes messages published to Exchange with a matching RoutingKey
+// (a topic pattern for topic exchanges) into Queue.
+type Binding struct{ Queue, Exchange, RoutingKey string }
+
+// Topology is a set of exchanges, queues and bindings to declare together.
+type Topology struct {
+	Exchanges []Exchange
+	Queues    []Queue
+	Bindings  []Binding
+}
+
+// TierQueue names the retry tier of queue whose messages wait ttl:
+// "<queue>.retry.<ttl>", with ttl written in its largest whole unit (h, m,
+// s, or ms), e.g. "orders.retry.10s", "orders.retry.1500ms".
+func TierQueue(queue string, ttl time.Duration) string {
+	return queue + ".retry." + formatTTL(ttl)
+}
+
+// ParkingQueue names the parking lot of queue: "<queue>.parking".
+func ParkingQueue(queue string) string { return queue + ".parking" }
+
+func formatTTL(d time.Duration) string {
+	switch {
+	case d > 0 && d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d > 0 && d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d > 0 && d%time.Second == 0:
+		return fmt.Sprintf("%ds", d/time.Second)
+	default:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	}
+}
+
+// WorkQueue returns a work queue with its retry machinery: the queue itself,
+// one tier queue per distinct delay p can ask for (see TierQueue), and its
+// parking lot (see ParkingQueue), all of type qt. A zero policy means
+// retry.Default().
+//
+// A tier queue has no consumer. A consumer that wants to retry a delivery
+// publishes it to the tier through the default exchange (routing key = the
+// tier queue's name) and acks the original; when the message's TTL
+// (x-message-ttl) expires the broker dead-letters it through the default
+// exchange (x-dead-letter-exchange "") with routing key = the work queue
+// (x-dead-letter-routing-key), so it is delivered again. Each tier holds
+// one TTL, so no message waits behind a longer-lived one. Quorum tier
+// queues dead-letter at-least-once (x-dead-letter-strategy), so an expiring
+// message cannot be lost on its way back.
+func WorkQueue(name string, qt QueueType, p retry.Policy) []Queue {
+	if p.IsZero() {
+		p = retry.Default()
+	}
+	qt = orQuorum(qt)
+	var ttls []time.Duration
+	for attempt := 1; ; attempt++ {
+		d, ok := p.TierFor(attempt)
+		if !ok {
+			break
+		}
+		if !slices.Contains(ttls, d) {
+			ttls = append(ttls, d)
+		}
+		if d == p.Tiers[len(p.Tiers)-1] {
+			break // the last tier is reused from here on
+		}
+	}
+	slices.Sort(ttls)
+	qs := []Queue{{Name: name, Type: qt}}
+	for _, d := range ttls {
+		args := amqp.Table{
+			ArgMessageTTL:           d.Milliseconds(),
+			ArgDeadLetterExchange:   "",
+			ArgDeadLetterRoutingKey: name,
+		}
+		if qt == QueueQuorum {
+			args[ArgDeadLetterStrategy] = "at-least-once"
+			args[ArgOverflow] = "reject-publish" // required by at-least-once
+		}
+		qs = append(qs, Queue{Name: TierQueue(name, d), Type: qt, Args: args})
+	}
+	return append(qs, Queue{Name: ParkingQueue(name), Type: qt})
+}
+
+func orQuorum(qt QueueType) QueueType {
+	if qt == "" {
+		return QueueQuorum
+	}
+	return qt
+}
+
+func (e Exchange) kind() string { return cmp.Or(e.Kind, "topic") }
+
+// args returns the queue's arguments as declared, x-queue-type included.
+func (q Queue) args() amqp.Table {
+	a := make(amqp.Table, len(q.Args)+1)
+	maps.Copy(a, q.Args)
+	a[ArgQueueType] = string(orQuorum(q.Type))
+	return a
+}
+
+// Merge returns t followed by the entries of o that t lacks. Identical
+// entries appear once; conflicting ones (one name, two definitions) are
+// kept, so Validate and Declare report them.
+func (t Topology) Merge(o Topology) Topology {
+	return Topology{
+		Exchanges: appendNew(slices.Clone(t.Exchanges), o.Exchanges),
+		Queues:    appendNew(slices.Clone(t.Queues), o.Queues),
+		Bindings:  appendNew(slices.Clone(t.Bindings), o.Bindings),
+	}
+}
+
+func appendNew[T any](dst, src []T) []T {
+	for _, v := range src {
+		if !slices.ContainsFunc(dst, func(d T) bool { return reflect.DeepEqual(d, v) }) {
+			dst = append(dst, v)
+		}
+	}
+	return dst
+}
+
+// Validate reports every problem Declare would run into: empty or reserved
+// names, unknown exchange kinds or queue types, a name defined twice
+// differently, and bindings to the default exchange.
+func (t Topology) Validate() error {
+	var errs []error
+	exchanges := map[string]Exchange{}
+	for _, e := range t.Exchanges {
+		switch {
+		case e.Name == "" || strings.HasPrefix(e.Name, "amq."):
+			errs = append(errs, fmt.Errorf("exchange %q: name is empty or reserved", e.Name))
+		case !slices.Contains([]string{"direct", "topic", "fanout", "headers"}, e.kind()):
+			errs = append(errs, fmt.Errorf("exchange %q: unknown kind %q", e.Name, e.Kind))
+		}
+		if prev, ok := exchanges[e.Name]; ok && prev.kind() != e.kind() {
+			errs = append(errs, fmt.Errorf("exchange %q defined twice: kinds %q and %q", e.Name, prev.kind(), e.kind()))
+		}
+		exchanges[e.Name] = e
+	}
+	queues := map[string]Queue{}
+	for _, q := range t.Queues {
+		switch {
+		case q.Name == "" || strings.HasPrefix(q.Name, "amq."):
+			errs = append(errs, fmt.Errorf("queue %q: name is empty or reserved", q.Name))
+		case orQuorum(q.Type) != QueueQuorum && q.Type != QueueClassic:
+			errs = append(errs, fmt.Errorf("queue %q: unknown type %q", q.Name, q.Type))
+		}
+		if err := q.args().Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("queue %q: arguments: %w", q.Name, err))
+		}
+		if prev, ok := queues[q.Name]; ok && !reflect.DeepEqual(prev.args(), q.args()) {
+			errs = append(errs, fmt.Errorf("queue %q defined twice with different types or arguments", q.Name))
+		}
+		queues[q.Name] = q
+	}
+	for _, b := range t.Bindings {
+		if b.Exchange == "" || b.Queue == "" {
+			errs = append(errs, fmt.Errorf("binding %q -> %q (%q): exchange and queue are required (the default exchange cannot be bound)", b.Exchange, b.Queue, b.RoutingKey))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Declare declares t on ch: exchanges, then queues, then bindings, all
+// durable. Declaring is idempotent; a queue or exchange that exists with
+// other arguments makes the broker close ch with PRECONDITION_FAILED, which
+// is returned naming the entity. ctx is checked between declarations.
+func Declare(ctx context.Context, ch *amqp.Channel, t Topology) error {
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("declare topology: %w", err)
+	}
+	for _, e := range t.Exchanges {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("declare topology: %w", err)
+		}
+		if err := ch.ExchangeDeclare(e.Name, e.kind(), true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %q: %w", e.Name, err)
+		}
+	}
+	for _, q := range t.Queues {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("declare topology: %w", err)
+		}
+		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, q.args()); err != nil {
+			return fmt.Errorf("declare queue %q: %w", q.Name, err)
+		}
+	}
+	for _, b := range t.Bindings {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("declare topology: %w", err)
+		}
+		if err := ch.QueueBind(b.Queue, b.RoutingKey, b.Exchange, false, nil); err != nil {
+			return fmt.Errorf("bind queue %q to exchange %q with %q: %w", b.Queue, b.Exchange, b.RoutingKey, err)
+		}
+	}
+	return nil
+}
+
+// DefinitionsJSON renders t in RabbitMQ's definitions format, for review and
+// for import into one vhost (management UI "Import definitions" with a
+// vhost selected, or POST /api/definitions/<vhost>). Entries carry no vhost
+// field for that reason. Output is deterministic: entries sorted by name
+// (bindings by exchange, queue, routing key), duplicates removed, keys
+// sorted, indented.
+func (t Topology) DefinitionsJSON() ([]byte, error) {
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("topology definitions: %w", err)
+	}
+	type exchange struct {
+		Name       string         `json:"name"`
+		Type       string         `json:"type"`
+		Durable    bool           `json:"durable"`
+		AutoDelete bool           `json:"auto_delete"`
+		Internal   bool           `json:"internal"`
+		Arguments  map[string]any `json:"arguments"`
+	}
+	type queue struct {
+		Name       string         `json:"name"`
+		Durable    bool           `json:"durable"`
+		AutoDelete bool           `json:"auto_delete"`
+		Arguments  map[string]any `json:"arguments"`
+	}
+	type binding struct {
+		Source          string         `json:"source"`
+		Destination     string         `json:"destination"`
+		DestinationType string         `json:"destination_type"`
+		RoutingKey      string         `json:"routing_key"`
+		Arguments       map[string]any `json:"arguments"`
+	}
+	var defs struct {
+		Exchanges []exchange `json:"exchanges"`
+		Queues    []queue    `json:"queues"`
+		Bindings  []binding  `json:"bindings"`
+	}
+	defs.Exchanges, defs.Queues, defs.Bindings = []exchange{}, []queue{}, []binding{}
+	t = Topology{}.Merge(t) // drop duplicates
+	for _, e := range t.Exchanges {
+		defs.Exchanges = append(defs.Exchanges, exchange{Name: e.Name, Type: e.kind(), Durable: true, Arguments: map[string]any{}})
+	}
+	for _, q := range t.Queues {
+		defs.Queues = append(defs.Queues, queue{Name: q.Name, Durable: true, Arguments: q.args()})
+	}
+	for _, b := range t.Bindings {
+		defs.Bindings = append(defs.Bindings, binding{Source: b.Exchange, Destination: b.Queue, DestinationType: "queue", RoutingKey: b.RoutingKey, Arguments: map[string]any{}})
+	}
+	slices.SortFunc(defs.Exchanges, func(a, b exchange) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(defs.Queues, func(a, b queue) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(defs.Bindings, func(a, b binding) int {
+		return cmp.Or(strings.Compare(a.Source, b.Source), strings.Compare(a.Destination, b.Destination), strings.Compare(a.RoutingKey, b.RoutingKey))
+	})
+	out, err := json.MarshalIndent(defs, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("topology definitions: %w", err)
+	}
+	return append(out, '\n'), nil
+}
