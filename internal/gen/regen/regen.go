@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 
 	"github.com/protosaga/saga/internal/gen/protoc"
@@ -33,6 +34,13 @@ type Target struct {
 func Targets() []Target {
 	return []Target{
 		{Name: "options", Root: "options", Files: []string{"saga/v1/saga.proto"}},
+		{Name: "placeorder", Root: "examples/placeorder", Saga: true, Files: []string{
+			"shop/common/v1/common.proto",
+			"shop/inventory/v1/inventory.proto",
+			"shop/order/v1/order.proto",
+			"shop/payment/v1/payment.proto",
+			"shop/shipping/v1/shipping.proto",
+		}},
 	}
 }
 
@@ -52,7 +60,7 @@ func Generate(ctx context.Context, repo string, t Target) (map[string][]byte, er
 	}
 	out := protoc.Files(resp)
 	if t.Saga {
-		files, err := sagaFiles(req)
+		files, err := sagaFiles(req, os.Stderr)
 		if err != nil {
 			return nil, fmt.Errorf("target %s: %w", t.Name, err)
 		}

@@ -1,0 +1,114 @@
+// Package gen is protoc-gen-saga: it reads a plugin request into one
+// reviewed model (package model) and renders every artifact from it (Go
+// through package golang, SQL and Markdown through package text).
+//
+// Nothing is written unless the whole design review passes: [Run] returns
+// every finding at once, and protogen then sends an error response with no
+// files.
+package gen
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"path"
+
+	"google.golang.org/protobuf/compiler/protogen"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/pluginpb"
+
+	"github.com/protosaga/saga/internal/gen/golang"
+	"github.com/protosaga/saga/internal/gen/model"
+	"github.com/protosaga/saga/internal/gen/text"
+)
+
+// Params are the plugin parameters protoc-gen-saga accepts (besides
+// protogen's own paths=, module= and M...).
+type Params struct {
+	// Warnings is "error" to promote design-review warnings to errors.
+	Warnings string
+}
+
+// Flags returns a flag set binding p, for protogen.Options.ParamFunc.
+func (p *Params) Flags() *flag.FlagSet {
+	fs := flag.NewFlagSet("protoc-gen-saga", flag.ContinueOnError)
+	fs.StringVar(&p.Warnings, "warnings", "", `"error" promotes design-review warnings to errors`)
+	return fs
+}
+
+// Configure declares the plugin's supported features on gen.
+func Configure(gen *protogen.Plugin) {
+	gen.SupportedFeatures = uint64(pluginpb.CodeGeneratorResponse_FEATURE_PROTO3_OPTIONAL |
+		pluginpb.CodeGeneratorResponse_FEATURE_SUPPORTS_EDITIONS)
+	gen.SupportedEditionsMinimum = descriptorpb.Edition_EDITION_PROTO2
+	gen.SupportedEditionsMaximum = descriptorpb.Edition_EDITION_2023
+}
+
+// Run generates every artifact for gen's request. Warnings are written to
+// warn (protoc and buf show a plugin's stderr).
+func Run(gen *protogen.Plugin, p Params, warn io.Writer) error {
+	Configure(gen)
+	switch p.Warnings {
+	case "", "warn", "error":
+	default:
+		return fmt.Errorf("protoc-gen-saga: parameter warnings=%q: want \"error\" or \"warn\"", p.Warnings)
+	}
+	m, err := model.Build(gen, model.Options{WarningsAsErrors: p.Warnings == "error"})
+	if err != nil {
+		return err
+	}
+	for _, w := range m.Warnings {
+		fmt.Fprintln(warn, w.Error())
+	}
+	r, err := text.New()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, f := range m.Files {
+		dir := path.Dir(f.Proto.GeneratedFilenamePrefix)
+		migrations := map[*model.Saga][]string{}
+		for _, s := range f.Sagas {
+			files, err := r.Migrations(s)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, tf := range files {
+				migrations[s] = append(migrations[s], tf.Name)
+				write(gen, path.Join(dir, tf.Name), tf.Content)
+			}
+			doc, err := r.Doc(s)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			write(gen, path.Join(dir, s.Snake+".saga.md"), doc)
+		}
+		golang.File(gen, f, migrations)
+	}
+	return errors.Join(errs...)
+}
+
+func write(gen *protogen.Plugin, name string, content []byte) {
+	g := gen.NewGeneratedFile(name, "")
+	_, _ = g.Write(content)
+}
+
+// Response runs the plugin on req in-process, exactly as the
+// protoc-gen-saga binary does with a request on stdin, and returns the
+// response (its Error set when generation failed).
+func Response(req *pluginpb.CodeGeneratorRequest, warn io.Writer) *pluginpb.CodeGeneratorResponse {
+	var params Params
+	flags := params.Flags()
+	plugin, err := protogen.Options{ParamFunc: flags.Set}.New(req)
+	if err != nil {
+		return &pluginpb.CodeGeneratorResponse{Error: proto.String(err.Error())}
+	}
+	if err := Run(plugin, params, warn); err != nil {
+		plugin.Error(err)
+	}
+	return plugin.Response()
+}

@@ -1,0 +1,381 @@
+package golang
+
+import (
+	"path"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/compiler/protogen"
+
+	"github.com/protosaga/saga/internal/gen/model"
+)
+
+func messageNames(ms []*model.Message) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.FullName
+	}
+	return out
+}
+
+func genSaga(g *protogen.GeneratedFile, s *model.Saga, migrations []string) {
+	genDefinition(g, s)
+	genDecider(g, s)
+	genHooks(g, s)
+	genWrapper(g, s)
+	genMigrations(g, s, migrations)
+}
+
+func genDefinition(g *protogen.GeneratedFile, s *model.Saga) {
+	d := s.Definition
+	g.P("// States of saga ", s.FullName, ", as stored in ", s.Table, ".state.")
+	g.P("const (")
+	for _, st := range d.States {
+		g.P(s.StateConst(st.Name), " = ", strconv.Quote(st.Name))
+	}
+	g.P(")")
+	g.P()
+	fn := s.DefinitionFunc()
+	g.P("// ", fn, " returns the definition of saga ", s.FullName, ".")
+	g.P("//")
+	g.P("// States and Transitions are the table sagadef.Compile computed when this")
+	g.P("// file was generated; New", s.Name, " compiles the definition again and refuses")
+	g.P("// to run when the runtime computes a different table (regenerate then).")
+	g.P("func ", fn, "() *", sagadefPkg.Ident("Definition"), " {")
+	g.P("return &", sagadefPkg.Ident("Definition"), "{")
+	g.P("Name: ", strconv.Quote(d.Name), ",")
+	g.P("Table: ", strconv.Quote(d.Table), ",")
+	g.P("StartMessage: ", strconv.Quote(d.StartMessage), ",")
+	g.P("DataMessage: ", strconv.Quote(d.DataMessage), ",")
+	if d.Deadline > 0 {
+		g.P("Deadline: ", goDuration(g, d.Deadline), ",")
+	}
+	g.P("Steps: []", sagadefPkg.Ident("Step"), "{")
+	for _, st := range d.Steps {
+		g.P("{")
+		g.P("Name: ", strconv.Quote(st.Name), ",")
+		g.P("Role: ", sdIdent(g, roleNames, st.Role), ",")
+		if st.Command != "" {
+			g.P("Command: ", strconv.Quote(st.Command), ",")
+		}
+		if st.External {
+			g.P("External: true,")
+		}
+		g.P("SuccessReplies: ", stringSlice(st.SuccessReplies), ",")
+		if len(st.FailureReplies) > 0 {
+			g.P("FailureReplies: ", stringSlice(st.FailureReplies), ",")
+		}
+		if st.Compensation != "" {
+			g.P("Compensation: ", strconv.Quote(st.Compensation), ",")
+			g.P("CompensationReply: ", strconv.Quote(st.CompensationReply), ",")
+		}
+		if len(st.CompensationFailureReplies) > 0 {
+			g.P("CompensationFailureReplies: ", stringSlice(st.CompensationFailureReplies), ",")
+		}
+		g.P("Timeout: ", goDuration(g, st.Timeout), ",")
+		g.P("OnTimeout: ", sdIdent(g, timeoutNames, st.OnTimeout), ",")
+		g.P("MaxAttempts: ", st.MaxAttempts, ",")
+		g.P("Late: ", sdIdent(g, lateNames, st.Late), ",")
+		g.P("},")
+	}
+	g.P("},")
+	g.P("States: []", sagadefPkg.Ident("State"), "{")
+	for _, st := range d.States {
+		step := ""
+		if st.Step != "" {
+			step = ", Step: " + strconv.Quote(st.Step)
+		}
+		g.P("{Name: ", s.StateConst(st.Name), ", Kind: ", sdIdent(g, stateKindNames, st.Kind), step, "},")
+	}
+	g.P("},")
+	g.P("Transitions: []", sagadefPkg.Ident("Transition"), "{")
+	for _, t := range d.Transitions {
+		emits := ""
+		if t.Emits != nil {
+			emits = ", Emits: " + stringSlice(t.Emits)
+			if len(t.Emits) == 0 {
+				emits = ", Emits: []string{}"
+			}
+		}
+		g.P("{From: ", stateRef(s, t.From), ", Trigger: ", strconv.Quote(t.Trigger), ", To: ", stateRef(s, t.To), emits, "},")
+	}
+	g.P("},")
+	g.P("}")
+	g.P("}")
+	g.P()
+}
+
+func stateRef(s *model.Saga, name string) string {
+	for _, st := range s.Definition.States {
+		if st.Name == name {
+			return s.StateConst(name)
+		}
+	}
+	return strconv.Quote(name)
+}
+
+// decider methods
+
+func buildMethod(m *model.Message) string { return "Build" + m.Proto.GoIdent.GoName }
+func foldMethod(m *model.Message) string  { return "On" + m.Proto.GoIdent.GoName }
+
+func genDecider(g *protogen.GeneratedFile, s *model.Saga) {
+	data := s.Data.GoIdent
+	typ := s.DeciderType()
+	g.P("// ", typ, " holds the business decisions of saga ", s.FullName, ":")
+	g.P("// the saga data a start message begins with, each command built from the")
+	g.P("// saga data, and (optionally) replies folded into the saga data. Sequencing,")
+	g.P("// timeouts, retries and compensation are the runtime's. Embed ", s.NoopFoldsType())
+	g.P("// to implement only the On methods you need.")
+	g.P("type ", typ, " interface {")
+	g.P("// Start returns the saga data for a new instance.")
+	g.P("Start(ctx ", contextPkg.Ident("Context"), ", start *", s.Start.Proto.GoIdent, ") (*", data, ", error)")
+	for _, c := range s.Commands {
+		g.P("// ", buildMethod(c), " builds the command ", c.FullName, " from the saga data.")
+		g.P(buildMethod(c), "(ctx ", contextPkg.Ident("Context"), ", data *", data, ") (*", c.Proto.GoIdent, ", error)")
+	}
+	for _, r := range s.Handles {
+		g.P("// ", foldMethod(r), " folds ", r.FullName, " into the saga data before the transition.")
+		g.P(foldMethod(r), "(ctx ", contextPkg.Ident("Context"), ", data *", data, ", msg *", r.Proto.GoIdent, ") error")
+	}
+	g.P("}")
+	g.P()
+	noop := s.NoopFoldsType()
+	g.P("// ", noop, " implements every On method of ", typ, " as a no-op.")
+	g.P("type ", noop, " struct{}")
+	g.P()
+	for _, r := range s.Handles {
+		g.P("// ", foldMethod(r), " does nothing.")
+		g.P("func (", noop, ") ", foldMethod(r), "(", contextPkg.Ident("Context"), ", *", data, ", *", r.Proto.GoIdent, ") error { return nil }")
+		g.P()
+	}
+}
+
+func genHooks(g *protogen.GeneratedFile, s *model.Saga) {
+	h := s.HooksType()
+	data := s.Data.GoIdent
+	errf := func(format string, args ...string) string {
+		return g.QualifiedGoIdent(fmtPkg.Ident("Errorf")) + "(" + strconv.Quote("saga "+s.FullName+": "+format) + joinArgs(args) + ")"
+	}
+	g.P("// ", h, " adapts a ", s.DeciderType(), " to sagadef.Hooks.")
+	g.P("type ", h, " struct{ d ", s.DeciderType(), " }")
+	g.P()
+	g.P("func (h ", h, ") Start(ctx ", contextPkg.Ident("Context"), ", start ", messagePkg.Ident("Message"), ") (", protoPkg.Ident("Message"), ", string, error) {")
+	g.P("m, ok := start.(*", s.Start.Proto.GoIdent, ")")
+	g.P("if !ok {")
+	g.P(`return nil, "", `, errf("start message is %T, want *"+s.Start.Proto.GoIdent.GoName, "start"))
+	g.P("}")
+	g.P("data, err := h.d.Start(ctx, m)")
+	g.P("if err != nil {")
+	g.P(`return nil, "", err`)
+	g.P("}")
+	g.P("if data == nil {")
+	g.P(`return nil, "", `, errf("Start returned no saga data"))
+	g.P("}")
+	g.P("return data, ", keyExpr(g, "m", s.BusinessKey, false), ", nil")
+	g.P("}")
+	g.P()
+	g.P("func (h ", h, ") Build(ctx ", contextPkg.Ident("Context"), ", command string, data ", protoPkg.Ident("Message"), ") (", messagePkg.Ident("Message"), ", error) {")
+	g.P("d, ok := data.(*", data, ")")
+	g.P("if !ok {")
+	g.P("return nil, ", errf("saga data is %T, want *"+data.GoName, "data"))
+	g.P("}")
+	g.P("switch command {")
+	for _, c := range s.Commands {
+		g.P("case ", strconv.Quote(c.FullName), ":")
+		g.P("c, err := h.d.", buildMethod(c), "(ctx, d)")
+		g.P("if err != nil {")
+		g.P("return nil, err")
+		g.P("}")
+		g.P("if c == nil {")
+		g.P("return nil, ", errf(buildMethod(c)+" returned no command"))
+		g.P("}")
+		g.P("return c, nil")
+	}
+	g.P("}")
+	g.P("return nil, ", errf("no command %s in this saga", "command"))
+	g.P("}")
+	g.P()
+	g.P("func (h ", h, ") Apply(ctx ", contextPkg.Ident("Context"), ", data ", protoPkg.Ident("Message"), ", msg ", messagePkg.Ident("Message"), ") error {")
+	g.P("d, ok := data.(*", data, ")")
+	g.P("if !ok {")
+	g.P("return ", errf("saga data is %T, want *"+data.GoName, "data"))
+	g.P("}")
+	g.P("switch m := msg.(type) {")
+	for _, r := range s.Handles {
+		g.P("case *", r.Proto.GoIdent, ":")
+		g.P("return h.d.", foldMethod(r), "(ctx, d, m)")
+	}
+	g.P("}")
+	g.P("return nil")
+	g.P("}")
+	g.P()
+}
+
+func joinArgs(args []string) string {
+	if len(args) == 0 {
+		return ""
+	}
+	return ", " + strings.Join(args, ", ")
+}
+
+func genWrapper(g *protogen.GeneratedFile, s *model.Saga) {
+	typ := s.GoName()
+	start := s.Start.Proto.GoIdent
+	g.P("// ", typ, " runs saga ", s.FullName, " on a *saga.Engine with typed methods.")
+	g.P("// Its queue is ", strconv.Quote(s.Queue), "; register ", typ, ".Handler() as that queue's consumer handler.")
+	g.P("type ", typ, " struct {")
+	g.P("engine *", sagaPkg.Ident("Engine"))
+	g.P("}")
+	g.P()
+	g.P("// ", s.NewFunc(), " returns the saga over cfg with decider d. It sets cfg.Definition")
+	g.P("// and cfg.Hooks, and cfg.Registry and cfg.NewData when they are nil.")
+	g.P("func ", s.NewFunc(), "(cfg ", sagaPkg.Ident("Config"), ", d ", s.DeciderType(), ") (*", typ, ", error) {")
+	g.P("if d == nil {")
+	g.P("return nil, ", errorsPkg.Ident("New"), "(", strconv.Quote("saga "+s.FullName+": decider is nil"), ")")
+	g.P("}")
+	g.P("def := ", s.DefinitionFunc(), "()")
+	g.P("states, transitions := def.States, def.Transitions")
+	g.P("if err := def.Compile(); err != nil {")
+	g.P("return nil, ", fmtPkg.Ident("Errorf"), "(", strconv.Quote("saga "+s.FullName+": %w"), ", err)")
+	g.P("}")
+	g.P("if !", reflectPkg.Ident("DeepEqual"), "(states, def.States) || !", reflectPkg.Ident("DeepEqual"), "(transitions, def.Transitions) {")
+	g.P("return nil, ", errorsPkg.Ident("New"), "(", strconv.Quote("saga "+s.FullName+": the runtime computes a different transition table than the generated one; regenerate the contract with this runtime"), ")")
+	g.P("}")
+	g.P("cfg.Definition = def")
+	g.P("cfg.Hooks = ", s.HooksType(), "{d: d}")
+	g.P("if cfg.Registry == nil {")
+	infos := []string{g.QualifiedGoIdent(infoIdent(s.Start))}
+	for _, m := range msgUnion(s.Commands, s.Handles) {
+		if m != s.Start {
+			infos = append(infos, g.QualifiedGoIdent(infoIdent(m)))
+		}
+	}
+	g.P("reg, err := ", messagePkg.Ident("NewRegistry"), "(", strings.Join(infos, ", "), ")")
+	g.P("if err != nil {")
+	g.P("return nil, ", fmtPkg.Ident("Errorf"), "(", strconv.Quote("saga "+s.FullName+": %w"), ", err)")
+	g.P("}")
+	g.P("cfg.Registry = reg")
+	g.P("}")
+	g.P("if cfg.NewData == nil {")
+	g.P("cfg.NewData = func() ", protoPkg.Ident("Message"), " { return new(", s.Data.GoIdent, ") }")
+	g.P("}")
+	g.P("e, err := ", sagaPkg.Ident("New"), "(cfg)")
+	g.P("if err != nil {")
+	g.P("return nil, err")
+	g.P("}")
+	g.P("return &", typ, "{engine: e}, nil")
+	g.P("}")
+	g.P()
+	g.P("// Engine returns the underlying engine (timeouts, operator actions).")
+	g.P("func (s *", typ, ") Engine() *", sagaPkg.Ident("Engine"), " { return s.engine }")
+	g.P()
+	g.P("// Queue returns the queue the saga consumes its replies and events from.")
+	g.P("func (s *", typ, ") Queue() string { return ", strconv.Quote(s.Queue), " }")
+	g.P()
+	g.P("// Handler returns the consumer handler of the saga's queue.")
+	g.P("func (s *", typ, ") Handler() ", consumerPkg.Ident("HandlerFunc"), " { return s.engine.Handle }")
+	g.P()
+	g.P("// StartTx starts an instance in the caller's transaction. It is idempotent on")
+	g.P("// the business key ", s.BusinessKey.Path, ": a second start returns the same saga id with created=false.")
+	g.P("func (s *", typ, ") StartTx(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", start *", start,
+		", meta ", envelopePkg.Ident("Meta"), ") (sagaID string, created bool, err error) {")
+	g.P("return s.engine.StartTx(ctx, tx, start, meta)")
+	g.P("}")
+	g.P()
+	g.P("// Start is StartTx in a transaction of its own.")
+	g.P("func (s *", typ, ") Start(ctx ", contextPkg.Ident("Context"), ", start *", start,
+		", meta ", envelopePkg.Ident("Meta"), ") (sagaID string, created bool, err error) {")
+	g.P("return s.engine.Start(ctx, start, meta)")
+	g.P("}")
+	g.P()
+	g.P("// Status returns a snapshot of instance sagaID.")
+	g.P("func (s *", typ, ") Status(ctx ", contextPkg.Ident("Context"), ", sagaID string) (", sagaPkg.Ident("Status"), ", error) {")
+	g.P("return s.engine.Status(ctx, sagaID)")
+	g.P("}")
+	g.P()
+	g.P("// HTTPHandler returns a handler that starts the saga from a POSTed JSON")
+	g.P("// (protojson) ", start.GoName, " and answers 202 Accepted with the saga id and")
+	g.P("// statusURL(sagaID), without waiting for any step. The W3C trace context of")
+	g.P("// the request continues in the saga's messages.")
+	g.P("func (s *", typ, ") HTTPHandler(statusURL func(sagaID string) string) ", httpPkg.Ident("Handler"), " {")
+	g.P("return ", httpPkg.Ident("HandlerFunc"), "(func(w ", httpPkg.Ident("ResponseWriter"), ", r *", httpPkg.Ident("Request"), ") {")
+	g.P("if r.Method != ", httpPkg.Ident("MethodPost"), " {")
+	g.P(`w.Header().Set("Allow", `, httpPkg.Ident("MethodPost"), ")")
+	g.P(httpPkg.Ident("Error"), `(w, "method not allowed", `, httpPkg.Ident("StatusMethodNotAllowed"), ")")
+	g.P("return")
+	g.P("}")
+	g.P("body, err := ", ioPkg.Ident("ReadAll"), "(", httpPkg.Ident("MaxBytesReader"), "(w, r.Body, 1<<20))")
+	g.P("if err != nil {")
+	g.P(httpPkg.Ident("Error"), `(w, "read request: "+err.Error(), `, httpPkg.Ident("StatusBadRequest"), ")")
+	g.P("return")
+	g.P("}")
+	g.P("start := new(", start, ")")
+	g.P("if err := ", protojsonPkg.Ident("Unmarshal"), "(body, start); err != nil {")
+	g.P(httpPkg.Ident("Error"), "(w, ", strconv.Quote("decode "+start.GoName+": "), "+err.Error(), ", httpPkg.Ident("StatusBadRequest"), ")")
+	g.P("return")
+	g.P("}")
+	g.P("id, created, err := s.Start(r.Context(), start, ", envelopePkg.Ident("Meta"), `{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})`)
+	g.P("if err != nil {")
+	g.P("code := ", httpPkg.Ident("StatusInternalServerError"))
+	g.P("if ", failurePkg.Ident("ClassOf"), "(err) == ", failurePkg.Ident("ClassPermanent"), " {")
+	g.P("code = ", httpPkg.Ident("StatusUnprocessableEntity"))
+	g.P("}")
+	g.P(httpPkg.Ident("Error"), `(w, "start saga: "+err.Error(), code)`)
+	g.P("return")
+	g.P("}")
+	g.P("url := statusURL(id)")
+	g.P(`w.Header().Set("Content-Type", "application/json")`)
+	g.P(`w.Header().Set("Location", url)`)
+	g.P("w.WriteHeader(", httpPkg.Ident("StatusAccepted"), ")")
+	g.P("_ = ", jsonPkg.Ident("NewEncoder"), "(w).Encode(struct {")
+	g.P("SagaID string `json:\"sagaId\"`")
+	g.P("CorrelationID string `json:\"correlationId\"`")
+	g.P("Status string `json:\"status\"`")
+	g.P("StatusURL string `json:\"statusUrl\"`")
+	g.P("Created bool `json:\"created\"`")
+	g.P("}{id, ", keyExpr(g, "start", s.BusinessKey, false), `, "ACCEPTED", url, created})`)
+	g.P("})")
+	g.P("}")
+	g.P()
+}
+
+func infoIdent(m *model.Message) protogen.GoIdent {
+	return m.Proto.GoIdent.GoImportPath.Ident(model.InfoVar(m))
+}
+
+func msgUnion(lists ...[]*model.Message) []*model.Message {
+	var all []*model.Message
+	for _, l := range lists {
+		all = append(all, l...)
+	}
+	out := all[:0:0]
+	seen := map[*model.Message]bool{}
+	for _, m := range all {
+		if !seen[m] {
+			seen[m] = true
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func genMigrations(g *protogen.GeneratedFile, s *model.Saga, files []string) {
+	if len(files) == 0 {
+		return
+	}
+	v := s.MigrationsVar()
+	dir := path.Dir(files[0])
+	g.P("//go:embed ", strings.Join(files, " "))
+	g.P("var ", v, " ", embedPkg.Ident("FS"))
+	g.P()
+	fn := s.MigrationsFunc()
+	g.P("// ", fn, " returns the migrations of table ", s.Table, " as a schema source")
+	g.P("// (schema.Migrate applies them in file-name order, each once).")
+	g.P("func ", fn, "() ", schemaPkg.Ident("Source"), " {")
+	g.P("// The directory is a constant that exists in the embedded tree, so Sub cannot fail.")
+	g.P("sub, _ := ", fsPkg.Ident("Sub"), "(", v, ", ", strconv.Quote(dir), ")")
+	g.P("return ", schemaPkg.Ident("Source"), "{Name: ", strconv.Quote(s.Table), ", FS: sub}")
+	g.P("}")
+	g.P()
+}

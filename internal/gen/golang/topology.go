@@ -1,0 +1,96 @@
+package golang
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+
+	"google.golang.org/protobuf/compiler/protogen"
+
+	"github.com/protosaga/saga/internal/gen/model"
+)
+
+// Binding is one queue binding of a package's topology.
+type Binding struct{ Queue, Exchange, RoutingKey string }
+
+// PackageTopology is what a Go package declares on the broker: the
+// exchanges its messages are published to (and those its queues bind to),
+// the work queues of its participants and sagas, and their bindings.
+type PackageTopology struct {
+	Exchanges []string
+	Queues    []string
+	Bindings  []Binding
+}
+
+// Topology computes the topology of p, sorted.
+func Topology(p *model.Package) PackageTopology {
+	var t PackageTopology
+	exchanges := map[string]bool{}
+	for _, f := range p.Files {
+		for _, m := range f.Messages {
+			exchanges[m.Exchange] = true
+		}
+	}
+	bind := func(queue string, m *model.Message) {
+		exchanges[m.Exchange] = true
+		t.Bindings = append(t.Bindings, Binding{Queue: queue, Exchange: m.Exchange, RoutingKey: m.RoutingKey})
+	}
+	for _, pt := range p.Participants {
+		t.Queues = append(t.Queues, pt.Queue)
+		for _, c := range pt.Commands {
+			bind(pt.Queue, c)
+		}
+	}
+	for _, f := range p.Files {
+		for _, s := range f.Sagas {
+			t.Queues = append(t.Queues, s.Queue)
+			for _, m := range s.Handles {
+				bind(s.Queue, m)
+			}
+		}
+	}
+	for e := range exchanges {
+		t.Exchanges = append(t.Exchanges, e)
+	}
+	slices.Sort(t.Exchanges)
+	slices.Sort(t.Queues)
+	t.Queues = slices.Compact(t.Queues)
+	slices.SortFunc(t.Bindings, func(a, b Binding) int {
+		return cmp.Or(cmp.Compare(a.Queue, b.Queue), cmp.Compare(a.Exchange, b.Exchange), cmp.Compare(a.RoutingKey, b.RoutingKey))
+	})
+	t.Bindings = slices.Compact(t.Bindings)
+	return t
+}
+
+func genTopology(g *protogen.GeneratedFile, p *model.Package) {
+	t := Topology(p)
+	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
+	g.P("// its topic exchanges, the work queues of its participants and sagas (each with")
+	g.P("// its retry tier queues and parking lot, see broker.WorkQueue) and their")
+	g.P("// bindings. Merge the topologies of every package a process uses and declare")
+	g.P("// the result with broker.Declare.")
+	g.P("func ", model.TopologyFunc, "() ", brokerPkg.Ident("Topology"), " {")
+	g.P("return ", brokerPkg.Ident("Topology"), "{")
+	g.P("Exchanges: []", brokerPkg.Ident("Exchange"), "{")
+	for _, e := range t.Exchanges {
+		g.P("{Name: ", strconv.Quote(e), `, Kind: "topic"},`)
+	}
+	g.P("},")
+	if len(t.Queues) > 0 {
+		g.P("Queues: ", slicesPkg.Ident("Concat"), "(")
+		for _, q := range t.Queues {
+			g.P(brokerPkg.Ident("WorkQueue"), "(", strconv.Quote(q), ", ", brokerPkg.Ident("QueueType"), `("quorum"), `, retryPkg.Ident("Default"), "()),")
+		}
+		g.P("),")
+	}
+	if len(t.Bindings) > 0 {
+		g.P("Bindings: []", brokerPkg.Ident("Binding"), "{")
+		for _, b := range t.Bindings {
+			g.P("{Queue: ", strconv.Quote(b.Queue), ", Exchange: ", strconv.Quote(b.Exchange), ", RoutingKey: ", strconv.Quote(b.RoutingKey), "},")
+		}
+		g.P("},")
+	}
+	g.P("}")
+	g.P("}")
+	g.P()
+}

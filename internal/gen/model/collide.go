@@ -1,0 +1,200 @@
+package model
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/compiler/protogen"
+
+	sagav1 "github.com/protosaga/saga/options/saga/v1"
+)
+
+// Names derives every Go identifier the generator declares. Renderers use
+// these functions, never their own string concatenation, so the collision
+// review covers exactly what is generated.
+
+// InfoVar is the message's *message.Info variable.
+func InfoVar(m *Message) string { return m.Proto.GoIdent.GoName + "Info" }
+
+// PublishFunc is the message's typed outbox publisher.
+func PublishFunc(m *Message) string { return "Publish" + m.Proto.GoIdent.GoName }
+
+// ResultType is a command's sealed result interface.
+func ResultType(m *Message) string { return m.Proto.GoIdent.GoName + "Result" }
+
+// ResultMarker is the unexported marker method of ResultType.
+func ResultMarker(m *Message) string { return "is" + m.Proto.GoIdent.GoName + "Result" }
+
+// ParticipantType is a service's participant interface.
+func ParticipantType(p *Participant) string { return p.GoName + "Participant" }
+
+// RegisterFunc registers a participant's handler.
+func RegisterFunc(p *Participant) string { return "Register" + p.GoName + "Participant" }
+
+// Saga-level identifiers.
+func (s *Saga) GoName() string         { return s.Name }
+func (s *Saga) NewFunc() string        { return "New" + s.Name }
+func (s *Saga) DefinitionFunc() string { return s.Name + "Definition" }
+func (s *Saga) DeciderType() string    { return s.Name + "Decider" }
+func (s *Saga) NoopFoldsType() string  { return s.Name + "NoopFolds" }
+func (s *Saga) HooksType() string      { return Lower(s.Name) + "Hooks" }
+func (s *Saga) TestType() string       { return s.Name + "Test" }
+func (s *Saga) NewTestFunc() string    { return "New" + s.Name + "Test" }
+func (s *Saga) MigrationsFunc() string { return s.Name + "Migrations" }
+func (s *Saga) MigrationsVar() string  { return Lower(s.Name) + "MigrationsFS" }
+func (s *Saga) StateConst(state string) string {
+	return s.Name + "State" + Camel(Snake(state))
+}
+
+// Package-level identifiers.
+const (
+	TopologyFunc = "Topology"
+)
+
+// Lower returns s with its first letter lower-cased.
+func Lower(s string) string {
+	if s == "" {
+		return s
+	}
+	return string(s[0]|0x20) + s[1:]
+}
+
+// messageMethods are the methods generated on every annotated message.
+var messageMethods = []string{"SagaMessageInfo", "IdempotencyKey", "CorrelationKey"}
+
+// collisions reports generated identifiers that clash with each other or
+// with protoc-gen-go's in the same Go package.
+func (b *builder) collisions() {
+	byPkg := map[protogen.GoImportPath]map[string]string{}
+	scope := func(ip protogen.GoImportPath) map[string]string {
+		if byPkg[ip] == nil {
+			byPkg[ip] = map[string]string{}
+		}
+		return byPkg[ip]
+	}
+	// protoc-gen-go's identifiers.
+	for _, f := range b.gen.Files {
+		if !f.Generate {
+			continue
+		}
+		sc := scope(f.GoImportPath)
+		sc["File_"+f.GoDescriptorIdent.GoName] = "protoc-gen-go"
+		sc[f.GoDescriptorIdent.GoName] = "protoc-gen-go file descriptor"
+		for _, e := range f.Enums {
+			addEnum(sc, e)
+		}
+		for _, x := range f.Extensions {
+			sc[x.GoIdent.GoName] = "extension " + string(x.Desc.FullName())
+		}
+		walkMessages(f.Messages, func(m *protogen.Message) {
+			sc[m.GoIdent.GoName] = "message " + string(m.Desc.FullName())
+			for _, e := range m.Enums {
+				addEnum(sc, e)
+			}
+			for _, x := range m.Extensions {
+				sc[x.GoIdent.GoName] = "extension " + string(x.Desc.FullName())
+			}
+			for _, o := range m.Oneofs {
+				for _, fld := range o.Fields {
+					sc[fld.GoIdent.GoName] = "oneof wrapper of field " + string(fld.Desc.FullName())
+				}
+			}
+		})
+	}
+	claim := func(f *protogen.File, p []int32, name, what string) {
+		sc := scope(f.GoImportPath)
+		if prev, ok := sc[name]; ok {
+			b.errorf(f, p, "name-collision", "rename the message, saga or service, or move it to another Go package",
+				"generated Go identifier %s for %s collides with %s", name, what, prev)
+			return
+		}
+		sc[name] = what
+	}
+	for _, m := range b.sortedMessages() {
+		if !m.Generate {
+			continue
+		}
+		p := path(m.Proto.Location.Path, fieldMessageOptions, extMessage)
+		claim(m.File, p, InfoVar(m), "message "+m.FullName)
+		claim(m.File, p, PublishFunc(m), "message "+m.FullName)
+		if m.Kind == sagav1.Kind_KIND_COMMAND && m.Owner != "" {
+			claim(m.File, p, ResultType(m), "command "+m.FullName)
+		}
+		for _, fld := range m.Proto.Fields {
+			for _, meth := range messageMethods {
+				if fld.GoName == meth {
+					b.errorf(m.File, path(m.Proto.Location.Path, 2, int32(fld.Desc.Index())), "name-collision",
+						"rename the field; the generated method "+meth+"() implements runtime/message.Message",
+						"field %s becomes Go field %s, which collides with the generated method %s()", fld.Desc.FullName(), fld.GoName, meth)
+				}
+			}
+		}
+		for _, o := range m.Proto.Oneofs {
+			for _, meth := range messageMethods {
+				if o.GoName == meth {
+					b.errorf(m.File, m.Proto.Location.Path, "name-collision", "rename the oneof",
+						"oneof %s becomes Go field %s, which collides with the generated method %s()", o.Desc.FullName(), o.GoName, meth)
+				}
+			}
+		}
+	}
+	owners := map[protogen.GoImportPath]map[string]bool{}
+	for _, m := range b.sortedMessages() {
+		if !m.Generate || m.Kind != sagav1.Kind_KIND_COMMAND || m.Owner == "" {
+			continue
+		}
+		ip := m.File.GoImportPath
+		if owners[ip] == nil {
+			owners[ip] = map[string]bool{}
+		}
+		if owners[ip][m.Owner] {
+			continue
+		}
+		owners[ip][m.Owner] = true
+		pt := &Participant{GoName: Camel(m.Owner)}
+		p := path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgOwner)
+		claim(m.File, p, ParticipantType(pt), "service "+m.Owner)
+		claim(m.File, p, RegisterFunc(pt), "service "+m.Owner)
+	}
+	for _, d := range b.sagas {
+		if !d.file.Generate {
+			continue
+		}
+		s := d.saga
+		for _, n := range []string{s.GoName(), s.NewFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
+			s.HooksType(), s.TestType(), s.NewTestFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
+			claim(d.file, path(d.base, sagaName), n, "saga "+s.FullName)
+		}
+	}
+	claimed := map[protogen.GoImportPath]bool{}
+	for _, f := range b.gen.Files {
+		if f.Generate && !claimed[f.GoImportPath] && b.annotated(f) {
+			claimed[f.GoImportPath] = true
+			claim(f, nil, TopologyFunc, "the package topology")
+		}
+	}
+}
+
+// annotated reports whether f declares annotated messages or sagas.
+func (b *builder) annotated(f *protogen.File) bool {
+	for _, m := range b.messages {
+		if m.File == f {
+			return true
+		}
+	}
+	for _, d := range b.sagas {
+		if d.file == f {
+			return true
+		}
+	}
+	return false
+}
+
+func addEnum(sc map[string]string, e *protogen.Enum) {
+	what := fmt.Sprintf("enum %s", e.Desc.FullName())
+	sc[e.GoIdent.GoName] = what
+	sc[e.GoIdent.GoName+"_name"] = what
+	sc[e.GoIdent.GoName+"_value"] = what
+	for _, v := range e.Values {
+		sc[v.GoIdent.GoName] = "enum value " + string(v.Desc.FullName())
+	}
+}

@@ -1,0 +1,201 @@
+// Package model turns a protoc plugin request into one validated, sorted
+// model of every annotated message and saga, running the design review on
+// the way.
+//
+// Invariants:
+//   - Every name and reference is resolved here; renderers read only the
+//     model and never look at options.
+//   - Collections are sorted (files by path, messages and sagas by full
+//     name), so rendering the model is deterministic.
+//   - Every finding is collected, none stops the review; [Build] returns all
+//     of them at once (errors.Join), sorted by position. Nothing is
+//     rendered from a model that has errors.
+//   - Findings are reported only for files being generated; dependencies
+//     are read for reference but reviewed when they are generated.
+package model
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/compiler/protogen"
+
+	sagav1 "github.com/protosaga/saga/options/saga/v1"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// Model is the whole request, resolved and reviewed.
+type Model struct {
+	// Files are the generated files that declare annotated messages or
+	// sagas, sorted by path.
+	Files []*File
+	// Messages holds every annotated message of the request (generated files
+	// and dependencies), by full name.
+	Messages map[string]*Message
+	// Packages are the Go packages that receive generated code, sorted by
+	// import path.
+	Packages []*Package
+	// Warnings are findings that did not fail generation.
+	Warnings []Diagnostic
+}
+
+// Package is one Go package receiving generated code.
+type Package struct {
+	ImportPath protogen.GoImportPath
+	// Files are this package's generated files, sorted by path. The first one
+	// carries the package-level code (participants, topology, migrations).
+	Files []*File
+	// Participants are the command-owning services whose commands are
+	// declared in this package, sorted by owner.
+	Participants []*Participant
+}
+
+// File is one generated .proto file with annotated content.
+type File struct {
+	Proto    *protogen.File
+	Package  *Package
+	Messages []*Message
+	Sagas    []*Saga
+}
+
+// Message is one annotated command, event or reply.
+type Message struct {
+	Proto    *protogen.Message
+	File     *protogen.File
+	FullName string
+	Kind     sagav1.Kind
+	// Exchange and RoutingKey are resolved (defaults applied).
+	Exchange   string
+	RoutingKey string
+	// IdempotencyKey and Correlation are resolved field paths (scalars).
+	IdempotencyKey []*FieldPath
+	Correlation    *FieldPath
+	// Sensitive lists field paths as written.
+	Sensitive     []string
+	SchemaVersion int32
+	// Owner is the service consuming a command.
+	Owner string
+	// Answers is the command a reply declares it answers (may be nil).
+	Answers *Message
+	// Results lists, for a command, the replies that answer it (success and
+	// failure), sorted by full name. Filled from sagas and Answers.
+	Results []*Message
+	// ResultOf lists, for a reply, the commands it answers, sorted.
+	ResultOf []*Message
+	// Generate is true when the message's file is being generated.
+	Generate bool
+}
+
+// FieldPath is a resolved dot-separated path of proto field names.
+type FieldPath struct {
+	Path   string
+	Fields []*protogen.Field
+}
+
+// Leaf returns the last field of the path.
+func (p *FieldPath) Leaf() *protogen.Field { return p.Fields[len(p.Fields)-1] }
+
+// Participant is a service owning commands, within one Go package.
+type Participant struct {
+	Owner string
+	// GoName is the service's CamelCase name ("inventory" → "Inventory").
+	GoName string
+	// Queue is the service's command queue.
+	Queue    string
+	Commands []*Message
+}
+
+// Saga is one declared saga.
+type Saga struct {
+	// Name is the CamelCase saga name; FullName is "<package>.<Name>".
+	Name     string
+	FullName string
+	// Snake is the snake_case name used for table, queue and file names.
+	Snake string
+	Table string
+	Queue string
+	// Service is the orchestrating service.
+	Service     string
+	Data        *protogen.Message
+	File        *protogen.File
+	Start       *Message
+	BusinessKey *FieldPath
+	Deadline    time.Duration
+	Steps       []*Step
+	// Definition is the compiled runtime definition (states and the
+	// transition table included).
+	Definition *sagadef.Definition
+	// Handles lists every message the saga consumes from its queue (replies
+	// and events), sorted by full name.
+	Handles []*Message
+	// Commands lists every command the saga sends (steps and
+	// compensations), sorted by full name.
+	Commands []*Message
+	Generate bool
+}
+
+// Step is one saga step.
+type Step struct {
+	Name                string
+	Role                sagav1.Role
+	Command             *Message
+	External            bool
+	Success             []*Message
+	Failure             []*Message
+	Compensation        *Message
+	CompensationReply   *Message
+	CompensationFailure []*Message
+	Timeout             time.Duration
+	OnTimeout           sagav1.TimeoutAction
+	MaxAttempts         int
+	Late                sagav1.LateReply
+}
+
+// Options configure [Build].
+type Options struct {
+	// WarningsAsErrors promotes warnings to errors.
+	WarningsAsErrors bool
+}
+
+// Build resolves and reviews the request. It returns every error finding
+// joined (each a [Diagnostic]); the model is nil then.
+func Build(gen *protogen.Plugin, opts Options) (*Model, error) {
+	b := &builder{
+		gen:      gen,
+		messages: map[string]*Message{},
+		model:    &Model{Messages: map[string]*Message{}},
+	}
+	b.collect()
+	b.resolveSagas()
+	b.crossChecks()
+	b.collisions()
+	var errs []Diagnostic
+	for _, d := range b.diags {
+		if d.Warning && !opts.WarningsAsErrors {
+			b.model.Warnings = append(b.model.Warnings, d)
+			continue
+		}
+		errs = append(errs, d)
+	}
+	sortDiagnostics(errs)
+	sortDiagnostics(b.model.Warnings)
+	if len(errs) > 0 {
+		joined := make([]error, len(errs))
+		for i, d := range errs {
+			joined[i] = d
+		}
+		return nil, errors.Join(joined...)
+	}
+	b.finish()
+	return b.model, nil
+}
+
+func byFullName(a, b *Message) int { return cmp.Compare(a.FullName, b.FullName) }
+
+func sortMessages(ms []*Message) []*Message {
+	ms = slices.Clone(ms)
+	slices.SortFunc(ms, byFullName)
+	return slices.CompactFunc(ms, func(a, b *Message) bool { return a == b })
+}

@@ -1,0 +1,540 @@
+package model
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/compiler/protogen"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	sagav1 "github.com/protosaga/saga/options/saga/v1"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+func (b *builder) resolveSagas() {
+	for _, d := range b.sagas {
+		before := len(b.diags)
+		d.saga = b.saga(d)
+		if len(b.diags) > before || !d.file.Generate {
+			continue
+		}
+		// The runtime's own compiler is the last reviewer: the table it
+		// computes is the one generated code and docs print.
+		def := d.saga.definition()
+		if err := sagadef.Compile(def); err != nil {
+			b.errorf(d.file, d.base, "saga-definition", "fix the saga declaration; the runtime cannot compile it",
+				"saga %s: %v", d.saga.FullName, err)
+			continue
+		}
+		d.saga.Definition = def
+	}
+}
+
+func (b *builder) saga(d *sagaDecl) *Saga {
+	f, o, base := d.file, d.opts, d.base
+	pkg := d.msg.Desc.ParentFile().Package()
+	s := &Saga{Data: d.msg, File: f, Name: o.GetName(), Generate: f.Generate}
+	if s.Name == "" {
+		s.Name = strings.TrimSuffix(string(d.msg.Desc.Name()), "Data")
+		if s.Name == "" {
+			s.Name = string(d.msg.Desc.Name())
+		}
+	} else if !camelRE.MatchString(s.Name) {
+		b.errorf(f, path(base, sagaName), "saga-name", "use a CamelCase name such as \"PlaceOrder\"",
+			"invalid saga name %q", s.Name)
+	}
+	s.FullName = s.Name
+	if pkg != "" {
+		s.FullName = string(pkg) + "." + s.Name
+	}
+	s.Snake = Snake(s.Name)
+	s.Table = "saga_" + s.Snake
+	s.Service = o.GetService()
+	if s.Service == "" {
+		s.Service = s.Snake
+	} else if !serviceRE.MatchString(s.Service) {
+		b.errorf(f, path(base, sagaService), "routing-key", "service names are lower-case words separated by '-', '_' or '.'",
+			"saga %s: invalid service name %q", s.FullName, s.Service)
+	}
+	s.Queue = s.Service + ".saga." + s.Snake
+	if o.GetStart() == "" {
+		b.errorf(f, base, "saga-start", "add start: \"<message that starts the saga>\"",
+			"saga %s declares no start message", s.FullName)
+	} else if st := b.ref(f, path(base, sagaStart), pkg, o.GetStart(), sagav1.Kind_KIND_UNSPECIFIED, "start"); st != nil {
+		if st.Kind == sagav1.Kind_KIND_REPLY {
+			b.errorf(f, path(base, sagaStart), "saga-start", "start a saga from a command or an event",
+				"saga %s: start message %s is a reply", s.FullName, st.FullName)
+		} else {
+			s.Start = st
+		}
+	}
+	switch {
+	case o.GetBusinessKey() == "":
+		b.errorf(f, base, "saga-business-key", "add business_key: \"<field of the start message>\"; starting twice with one key returns the same saga",
+			"saga %s declares no business key", s.FullName)
+	case s.Start != nil:
+		s.BusinessKey = b.fieldPath(f, path(base, sagaBusinessKey), s.Start.Proto, o.GetBusinessKey(), true)
+	}
+	if o.GetDeadline() != "" {
+		s.Deadline = b.duration(f, path(base, sagaDeadline), o.GetDeadline(), "saga deadline")
+	}
+	if len(o.GetSteps()) == 0 {
+		b.errorf(f, base, "saga-steps", "declare at least one step", "saga %s has no steps", s.FullName)
+	}
+	for i, so := range o.GetSteps() {
+		s.Steps = append(s.Steps, b.step(f, path(base, sagaSteps, int32(i)), pkg, s, so))
+	}
+	b.stepOrder(f, base, s)
+	b.conversation(f, base, s, o)
+	return s
+}
+
+func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName, s *Saga, o *sagav1.Step) *Step {
+	st := &Step{
+		Name: o.GetName(), Role: o.GetRole(), External: o.GetExternal(),
+		OnTimeout: o.GetOnTimeout(), MaxAttempts: int(o.GetMaxAttempts()), Late: o.GetLateReply(),
+	}
+	replyKind := sagav1.Kind_KIND_REPLY
+	if st.External {
+		replyKind = sagav1.Kind_KIND_EVENT
+		if o.GetCommand() != "" {
+			b.errorf(f, path(base, stepCommand), "step-external", "an external step waits for an event; remove command or external",
+				"saga %s: external step sends command %q", s.FullName, o.GetCommand())
+		}
+	} else if o.GetCommand() == "" {
+		b.errorf(f, base, "step-external", "add command: \"<command the step sends>\", or external: true for a step that waits for an event",
+			"saga %s: step %d sends no command", s.FullName, len(s.Steps)+1)
+	} else {
+		st.Command = b.ref(f, path(base, stepCommand), pkg, o.GetCommand(), sagav1.Kind_KIND_COMMAND, "command")
+	}
+	refs := func(field int32, names []string, kind sagav1.Kind, what string) []*Message {
+		var out []*Message
+		for i, n := range names {
+			if m := b.ref(f, path(base, field, int32(i)), pkg, n, kind, what); m != nil {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	st.Success = refs(stepSuccess, o.GetSuccess(), replyKind, "success")
+	st.Failure = refs(stepFailure, o.GetFailure(), replyKind, "failure")
+	if st.Name == "" {
+		switch {
+		case st.Command != nil:
+			st.Name = string(st.Command.Proto.Desc.Name())
+		case len(st.Success) > 0:
+			st.Name = string(st.Success[0].Proto.Desc.Name())
+		}
+	} else if !camelRE.MatchString(st.Name) {
+		b.errorf(f, path(base, stepName), "step-name", "use a CamelCase name such as \"ReserveInventory\"",
+			"saga %s: invalid step name %q", s.FullName, st.Name)
+	}
+	label := st.Name
+	if label == "" {
+		label = fmt.Sprintf("#%d", len(s.Steps)+1)
+	}
+	for _, prev := range s.Steps {
+		if prev.Name == st.Name && st.Name != "" {
+			b.errorf(f, base, "step-name", "give each step a unique name (name: \"...\")",
+				"saga %s: duplicate step name %q", s.FullName, st.Name)
+		}
+	}
+	if len(o.GetSuccess()) == 0 {
+		b.errorf(f, base, "step-replies", "list the replies (events, for external steps) that complete the step in success",
+			"saga %s: step %s has no success reply", s.FullName, label)
+	}
+	if st.Role == sagav1.Role_ROLE_UNSPECIFIED {
+		b.errorf(f, base, "step-role", "set role: ROLE_COMPENSATABLE, ROLE_PIVOT or ROLE_RETRIABLE",
+			"saga %s: step %s declares no role", s.FullName, label)
+	}
+	hasComp := o.GetCompensation() != "" || o.GetCompensationReply() != "" || len(o.GetCompensationFailure()) > 0
+	switch {
+	case st.Role == sagav1.Role_ROLE_COMPENSATABLE:
+		if o.GetCompensation() == "" || o.GetCompensationReply() == "" {
+			b.errorf(f, base, "step-compensation", "add compensation and compensation_reply, or make the step the pivot",
+				"saga %s: compensatable step %s has no compensation", s.FullName, label)
+		}
+	case hasComp && st.Role != sagav1.Role_ROLE_UNSPECIFIED:
+		b.errorf(f, path(base, stepCompensation), "step-compensation", "only compensatable steps are compensated; make the step compensatable or remove the compensation",
+			"saga %s: %s step %s declares a compensation", s.FullName, roleName(st.Role), label)
+	}
+	if o.GetCompensation() != "" {
+		st.Compensation = b.ref(f, path(base, stepCompensation), pkg, o.GetCompensation(), sagav1.Kind_KIND_COMMAND, "compensation")
+	}
+	if o.GetCompensationReply() != "" {
+		st.CompensationReply = b.ref(f, path(base, stepCompensationReply), pkg, o.GetCompensationReply(), sagav1.Kind_KIND_REPLY, "compensation_reply")
+	}
+	st.CompensationFailure = refs(stepCompensationFailure, o.GetCompensationFailure(), sagav1.Kind_KIND_REPLY, "compensation_failure")
+
+	if o.GetTimeout() == "" {
+		b.errorf(f, base, "step-timeout", "add timeout: \"30s\" (Go duration); every wait needs an end",
+			"saga %s: step %s has no timeout", s.FullName, label)
+	} else {
+		st.Timeout = b.duration(f, path(base, stepTimeout), o.GetTimeout(), "step timeout")
+	}
+	if st.Late == sagav1.LateReply_LATE_REPLY_UNSPECIFIED {
+		b.errorf(f, base, "step-late-reply", "add late_reply: LATE_REPLY_IGNORE, LATE_REPLY_MANUAL_REVIEW or LATE_REPLY_APPLY_IF_WAITING",
+			"saga %s: step %s has no late-reply policy", s.FullName, label)
+	}
+	if st.OnTimeout == sagav1.TimeoutAction_TIMEOUT_ACTION_UNSPECIFIED {
+		st.OnTimeout = sagav1.TimeoutAction_TIMEOUT_ACTION_COMPENSATE
+		if st.Role == sagav1.Role_ROLE_RETRIABLE {
+			st.OnTimeout = sagav1.TimeoutAction_TIMEOUT_ACTION_RETRY
+		}
+	} else if st.Role == sagav1.Role_ROLE_RETRIABLE && st.OnTimeout == sagav1.TimeoutAction_TIMEOUT_ACTION_COMPENSATE {
+		b.errorf(f, path(base, stepOnTimeout), "step-timeout", "a retriable step runs after the pivot and cannot compensate; use TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW",
+			"saga %s: retriable step %s compensates on timeout", s.FullName, label)
+	}
+	if st.MaxAttempts < 0 {
+		b.errorf(f, path(base, stepMaxAttempts), "retry-budget", "use a positive max_attempts",
+			"saga %s: step %s: max_attempts %d is negative", s.FullName, label, st.MaxAttempts)
+	}
+	if st.MaxAttempts == 0 {
+		st.MaxAttempts = 1
+	}
+	if st.OnTimeout == sagav1.TimeoutAction_TIMEOUT_ACTION_RETRY {
+		switch {
+		case st.External:
+			b.errorf(f, path(base, stepOnTimeout), "retry-budget", "an external step sends nothing to retry; use TIMEOUT_ACTION_COMPENSATE or TIMEOUT_ACTION_MANUAL_REVIEW",
+				"saga %s: external step %s retries on timeout", s.FullName, label)
+		case st.MaxAttempts < 2:
+			b.errorf(f, path(base, stepMaxAttempts), "retry-budget", "set max_attempts to 2 or more, or choose another on_timeout",
+				"saga %s: step %s retries on timeout but its budget is %d attempt(s), so it never retries", s.FullName, label, st.MaxAttempts)
+		}
+	}
+	if s.Deadline > 0 && st.Timeout > 0 && st.MaxAttempts > 0 {
+		if worst := st.Timeout * time.Duration(st.MaxAttempts); worst > s.Deadline {
+			b.errorf(f, path(base, stepTimeout), "retry-budget", "lower max_attempts or timeout, or raise the saga deadline",
+				"saga %s: step %s can wait %s (max_attempts %d × timeout %s), longer than the saga deadline %s",
+				s.FullName, label, worst, st.MaxAttempts, st.Timeout, s.Deadline)
+		}
+	}
+	return st
+}
+
+func roleName(r sagav1.Role) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+}
+
+// stepOrder checks the structure compensatable* pivot? retriable*.
+func (b *builder) stepOrder(f *protogen.File, base []int32, s *Saga) {
+	pivot, retriable := "", ""
+	for i, st := range s.Steps {
+		p := path(base, sagaSteps, int32(i), stepRole)
+		switch st.Role {
+		case sagav1.Role_ROLE_COMPENSATABLE:
+			switch {
+			case pivot != "":
+				b.errorf(f, p, "compensatable-after-pivot", "move the step before the pivot; nothing after the point of no return is undone",
+					"saga %s: compensatable step %s follows the pivot %s", s.FullName, st.Name, pivot)
+			case retriable != "":
+				b.errorf(f, p, "compensatable-after-pivot", "move the step before retriable steps; they cannot be undone if it fails",
+					"saga %s: compensatable step %s follows retriable step %s", s.FullName, st.Name, retriable)
+			}
+		case sagav1.Role_ROLE_PIVOT:
+			switch {
+			case pivot != "":
+				b.errorf(f, p, "non-retriable-after-pivot", "a saga has at most one pivot; make the later steps retriable",
+					"saga %s: step %s is a second pivot after %s", s.FullName, st.Name, pivot)
+			case retriable != "":
+				b.errorf(f, p, "non-retriable-after-pivot", "move the pivot before the retriable steps",
+					"saga %s: pivot %s follows retriable step %s", s.FullName, st.Name, retriable)
+			default:
+				pivot = st.Name
+			}
+		case sagav1.Role_ROLE_RETRIABLE:
+			if retriable == "" {
+				retriable = st.Name
+			}
+		}
+		if pivot != "" && pivot != st.Name && st.Role != sagav1.Role_ROLE_RETRIABLE && st.Role != sagav1.Role_ROLE_COMPENSATABLE && st.Role != sagav1.Role_ROLE_PIVOT {
+			b.errorf(f, p, "non-retriable-after-pivot", "steps after the pivot must be retriable",
+				"saga %s: step %s after the pivot %s is not retriable", s.FullName, st.Name, pivot)
+		}
+	}
+}
+
+// conversation checks that every message plays one part in the saga and that
+// replies answer the command of their step.
+func (b *builder) conversation(f *protogen.File, base []int32, s *Saga, o *sagav1.Saga) {
+	seen := map[*Message]string{}
+	use := func(m *Message, p []int32, part string) {
+		if m == nil {
+			return
+		}
+		if prev, ok := seen[m]; ok {
+			b.errorf(f, p, "saga-ambiguous", "use a distinct message type for each command and reply of a saga",
+				"saga %s: %s is used as %s and as %s; the saga could not tell which step it belongs to", s.FullName, m.FullName, prev, part)
+			return
+		}
+		seen[m] = part
+	}
+	if s.Start != nil {
+		seen[s.Start] = "start message"
+	}
+	for i, st := range s.Steps {
+		sp := path(base, sagaSteps, int32(i))
+		use(st.Command, path(sp, stepCommand), "command of step "+st.Name)
+		answers := func(field int32, list []*Message, cmd *Message, what string) {
+			for j, r := range list {
+				use(r, path(sp, field, int32(j)), what+" of step "+st.Name)
+				if r.Answers != nil && cmd != nil && r.Answers != cmd {
+					b.errorf(f, path(sp, field, int32(j)), "reply-answers", "list the reply under the step whose command it answers, or fix its answers option",
+						"saga %s: step %s waits for %s, which answers %s, not %s", s.FullName, st.Name, r.FullName, r.Answers.FullName, cmd.FullName)
+				}
+			}
+		}
+		answers(stepSuccess, st.Success, st.Command, "success reply")
+		answers(stepFailure, st.Failure, st.Command, "failure reply")
+		use(st.Compensation, path(sp, stepCompensation), "compensation of step "+st.Name)
+		if st.CompensationReply != nil {
+			answers(stepCompensationReply, []*Message{st.CompensationReply}, st.Compensation, "compensation reply")
+		}
+		answers(stepCompensationFailure, st.CompensationFailure, st.Compensation, "compensation failure")
+	}
+}
+
+// crossChecks runs the rules that need every saga and message: consumers,
+// waited-for replies, duplicate routing keys.
+func (b *builder) crossChecks() {
+	consumers := map[*Message][]string{}
+	waited := map[*Message]bool{}
+	for _, d := range b.sagas {
+		s := d.saga
+		if s.Start != nil {
+			consumers[s.Start] = append(consumers[s.Start], "saga "+s.FullName+" (start, service "+s.Service+")")
+		}
+		for _, st := range s.Steps {
+			for _, r := range slices.Concat(st.Success, st.Failure, st.CompensationFailure, []*Message{st.CompensationReply}) {
+				if r != nil {
+					waited[r] = true
+				}
+			}
+		}
+	}
+	msgs := b.sortedMessages()
+	for _, m := range msgs {
+		if m.Kind != sagav1.Kind_KIND_COMMAND {
+			continue
+		}
+		cs := consumers[m]
+		owners := 0
+		if m.Owner != "" {
+			owners = 1
+			var others []string
+			for _, d := range b.sagas {
+				if d.saga.Start == m && d.saga.Service != m.Owner {
+					others = append(others, "saga "+d.saga.FullName+" (start, service "+d.saga.Service+")")
+				}
+			}
+			cs = others
+		}
+		base := path(m.Proto.Location.Path, fieldMessageOptions, extMessage)
+		switch n := owners + len(cs); {
+		case n == 0:
+			b.errorf(m.File, base, "command-consumer", "set owner: \"<service that handles it>\"",
+				"command %s has no consumer", m.FullName)
+		case n > 1:
+			who := cs
+			if m.Owner != "" {
+				who = append([]string{"owner " + m.Owner}, cs...)
+			}
+			b.errorf(m.File, base, "command-consumer", "a command has exactly one consumer; set the saga's service to the owner, or publish an event instead",
+				"command %s has %d consumers: %s", m.FullName, n, strings.Join(who, ", "))
+		}
+	}
+	for _, m := range msgs {
+		if m.Kind == sagav1.Kind_KIND_REPLY && !waited[m] {
+			b.report(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage), true, "reply-unused",
+				"list it in a saga step's success, failure or compensation replies, or remove it",
+				"reply %s is not awaited by any saga step", m.FullName)
+		}
+	}
+	type route struct{ exchange, key string }
+	routes := map[route]*Message{}
+	for _, m := range msgs {
+		r := route{m.Exchange, m.RoutingKey}
+		if prev, ok := routes[r]; ok {
+			b.errorf(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgRoutingKey), "routing-key",
+				"give each message its own routing key; consumers would receive both types",
+				"%s and %s share routing key %q on exchange %q", prev.FullName, m.FullName, m.RoutingKey, m.Exchange)
+			continue
+		}
+		routes[r] = m
+	}
+	// Results: which replies answer which command.
+	for _, d := range b.sagas {
+		for _, st := range d.saga.Steps {
+			link := func(cmd *Message, rs []*Message) {
+				if cmd == nil {
+					return
+				}
+				for _, r := range rs {
+					if r != nil {
+						cmd.Results = append(cmd.Results, r)
+						r.ResultOf = append(r.ResultOf, cmd)
+					}
+				}
+			}
+			link(st.Command, slices.Concat(st.Success, st.Failure))
+			link(st.Compensation, slices.Concat([]*Message{st.CompensationReply}, st.CompensationFailure))
+		}
+	}
+	for _, m := range msgs {
+		if m.Answers != nil {
+			m.Answers.Results = append(m.Answers.Results, m)
+			m.ResultOf = append(m.ResultOf, m.Answers)
+		}
+	}
+	for _, m := range msgs {
+		m.Results = sortMessages(m.Results)
+		m.ResultOf = sortMessages(m.ResultOf)
+		for _, c := range m.ResultOf {
+			if c.Owner != "" && c.File.GoImportPath != m.File.GoImportPath {
+				b.errorf(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage), "reply-package",
+					"declare replies in the Go package of the command they answer (the participant's contract)",
+					"reply %s answers %s but is in Go package %s, not %s; the typed participant result cannot include it",
+					m.FullName, c.FullName, m.File.GoImportPath, c.File.GoImportPath)
+			}
+		}
+	}
+	// Saga table and queue names must be unique across the request.
+	tables := map[string]*Saga{}
+	for _, d := range b.sagas {
+		s := d.saga
+		if prev, ok := tables[s.Table]; ok {
+			b.errorf(d.file, path(d.base, sagaName), "name-collision", "rename one saga (name: \"...\")",
+				"sagas %s and %s both use table %s", prev.FullName, s.FullName, s.Table)
+			continue
+		}
+		tables[s.Table] = s
+	}
+}
+
+func (b *builder) sortedMessages() []*Message {
+	out := make([]*Message, 0, len(b.messages))
+	for _, m := range b.messages {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, byFullName)
+	return out
+}
+
+// finish assembles files, packages and participants and compiles the saga
+// definitions. It runs only on an error-free review.
+func (b *builder) finish() {
+	files := map[*protogen.File]*File{}
+	pkgs := map[protogen.GoImportPath]*Package{}
+	fileOf := func(pf *protogen.File) *File {
+		if f, ok := files[pf]; ok {
+			return f
+		}
+		p := pkgs[pf.GoImportPath]
+		if p == nil {
+			p = &Package{ImportPath: pf.GoImportPath}
+			pkgs[pf.GoImportPath] = p
+		}
+		f := &File{Proto: pf, Package: p}
+		files[pf] = f
+		p.Files = append(p.Files, f)
+		return f
+	}
+	for _, m := range b.sortedMessages() {
+		if m.Generate {
+			f := fileOf(m.File)
+			f.Messages = append(f.Messages, m)
+		}
+	}
+	for _, d := range b.sagas {
+		if d.saga.Generate {
+			f := fileOf(d.file)
+			f.Sagas = append(f.Sagas, d.saga)
+			d.saga.finish()
+		}
+	}
+	for _, f := range files {
+		slices.SortFunc(f.Sagas, func(x, y *Saga) int { return cmp.Compare(x.FullName, y.FullName) })
+		b.model.Files = append(b.model.Files, f)
+	}
+	slices.SortFunc(b.model.Files, func(x, y *File) int { return cmp.Compare(x.Proto.Desc.Path(), y.Proto.Desc.Path()) })
+	for _, p := range pkgs {
+		slices.SortFunc(p.Files, func(x, y *File) int { return cmp.Compare(x.Proto.Desc.Path(), y.Proto.Desc.Path()) })
+		byOwner := map[string]*Participant{}
+		for _, f := range p.Files {
+			for _, m := range f.Messages {
+				if m.Kind != sagav1.Kind_KIND_COMMAND || m.Owner == "" {
+					continue
+				}
+				pt := byOwner[m.Owner]
+				if pt == nil {
+					pt = &Participant{Owner: m.Owner, GoName: Camel(m.Owner), Queue: m.Owner + ".commands"}
+					byOwner[m.Owner] = pt
+					p.Participants = append(p.Participants, pt)
+				}
+				pt.Commands = append(pt.Commands, m)
+			}
+		}
+		slices.SortFunc(p.Participants, func(x, y *Participant) int { return cmp.Compare(x.Owner, y.Owner) })
+		b.model.Packages = append(b.model.Packages, p)
+	}
+	slices.SortFunc(b.model.Packages, func(x, y *Package) int { return cmp.Compare(x.ImportPath, y.ImportPath) })
+}
+
+func (s *Saga) finish() {
+	var handles, commands []*Message
+	for _, st := range s.Steps {
+		handles = append(handles, st.Success...)
+		handles = append(handles, st.Failure...)
+		handles = append(handles, st.CompensationFailure...)
+		if st.CompensationReply != nil {
+			handles = append(handles, st.CompensationReply)
+		}
+		if st.Command != nil {
+			commands = append(commands, st.Command)
+		}
+		if st.Compensation != nil {
+			commands = append(commands, st.Compensation)
+		}
+	}
+	s.Handles = sortMessages(handles)
+	s.Commands = sortMessages(commands)
+}
+
+func (s *Saga) definition() *sagadef.Definition {
+	d := &sagadef.Definition{
+		Name: s.FullName, Table: s.Table, DataMessage: string(s.Data.Desc.FullName()), Deadline: s.Deadline,
+	}
+	if s.Start != nil {
+		d.StartMessage = s.Start.FullName
+	}
+	names := func(ms []*Message) []string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.FullName)
+		}
+		return out
+	}
+	for _, st := range s.Steps {
+		ds := sagadef.Step{
+			Name: st.Name, Role: sagadef.Role(st.Role), External: st.External,
+			SuccessReplies: names(st.Success), FailureReplies: names(st.Failure),
+			CompensationFailureReplies: names(st.CompensationFailure),
+			Timeout:                    st.Timeout, OnTimeout: sagadef.TimeoutAction(st.OnTimeout),
+			MaxAttempts: st.MaxAttempts, Late: sagadef.LatePolicy(st.Late),
+		}
+		if st.Command != nil {
+			ds.Command = st.Command.FullName
+		}
+		if st.Compensation != nil {
+			ds.Compensation = st.Compensation.FullName
+		}
+		if st.CompensationReply != nil {
+			ds.CompensationReply = st.CompensationReply.FullName
+		}
+		d.Steps = append(d.Steps, ds)
+	}
+	return d
+}

@@ -1,0 +1,205 @@
+// Package text renders the non-Go artifacts of a contract from the
+// templates in /templates: per saga, its SQL migrations and its Markdown
+// page with a Mermaid state diagram.
+package text
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"text/template"
+
+	"github.com/protosaga/saga/internal/gen/model"
+	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/templates"
+)
+
+// Renderer holds the parsed templates.
+type Renderer struct {
+	t *template.Template
+}
+
+// New parses the templates.
+func New() (*Renderer, error) {
+	t, err := templates.Parse(template.FuncMap{
+		"sqlList": sqlList,
+		"inc":     func(i int) int { return i + 1 },
+		"codes":   codes,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("parse templates: %w", err)
+	}
+	return &Renderer{t: t}, nil
+}
+
+// File is one rendered file; Name is relative to the saga's Go package
+// directory.
+type File struct {
+	Name    string
+	Content []byte
+}
+
+func (r *Renderer) exec(name string, data any) ([]byte, error) {
+	var b bytes.Buffer
+	if err := r.t.ExecuteTemplate(&b, name, data); err != nil {
+		return nil, fmt.Errorf("render %s: %w", name, err)
+	}
+	return b.Bytes(), nil
+}
+
+type sqlData struct {
+	FullName string
+	Table    string
+	States   []string
+}
+
+// Migrations renders the saga's migration files: the table (never
+// rewritten) and its state constraint, whose file name carries a hash of
+// the state set so a changed set is a new file.
+func (r *Renderer) Migrations(s *model.Saga) ([]File, error) {
+	d := sqlData{FullName: s.FullName, Table: s.Table}
+	for _, st := range s.Definition.States {
+		d.States = append(d.States, st.Name)
+	}
+	create, err := r.exec("saga_create.sql.tmpl", d)
+	if err != nil {
+		return nil, err
+	}
+	states, err := r.exec("saga_states.sql.tmpl", d)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256([]byte(strings.Join(d.States, "\n")))
+	dir := "migrations/" + s.Table + "/"
+	return []File{
+		{Name: dir + "0001_create_" + s.Table + ".sql", Content: create},
+		{Name: dir + "0002_states_" + hex.EncodeToString(sum[:4]) + ".sql", Content: states},
+	}, nil
+}
+
+func sqlList(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	}
+	return strings.Join(q, ", ")
+}
+
+func codes(ss []string) string {
+	if len(ss) == 0 {
+		return "—"
+	}
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = "`" + s + "`"
+	}
+	return strings.Join(q, ", ")
+}
+
+type docStep struct {
+	Name, Role, Command      string
+	External                 bool
+	Success, Failure         []string
+	Compensation             string
+	CompensationReplies      []string
+	CompensationFailure      []string
+	Timeout, OnTimeout, Late string
+	MaxAttempts              int
+}
+
+type docMessage struct {
+	FullName, Kind, Exchange, RoutingKey string
+	IdempotencyKey, Correlation          string
+	SchemaVersion                        int32
+}
+
+type docData struct {
+	FullName, Source, Start, BusinessKey, Data, Deadline, Table, Queue, Service string
+	Steps                                                                       []docStep
+	Messages                                                                    []docMessage
+	States                                                                      []sagadef.State
+	Transitions                                                                 []sagadef.Transition
+	Diagram                                                                     []string
+}
+
+// Doc renders the saga's Markdown page.
+func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
+	d := docData{
+		FullName: s.FullName, Source: s.File.Desc.Path(), Start: s.Start.FullName, BusinessKey: s.BusinessKey.Path,
+		Data: string(s.Data.Desc.FullName()), Table: s.Table, Queue: s.Queue, Service: s.Service,
+		States: s.Definition.States, Transitions: s.Definition.Transitions,
+	}
+	if s.Deadline > 0 {
+		d.Deadline = s.Deadline.String()
+	}
+	for _, st := range s.Definition.Steps {
+		ds := docStep{
+			Name: st.Name, Role: st.Role.String(), Command: st.Command, External: st.External,
+			Success: st.SuccessReplies, Failure: st.FailureReplies, Compensation: st.Compensation,
+			CompensationFailure: st.CompensationFailureReplies,
+			Timeout:             st.Timeout.String(), OnTimeout: st.OnTimeout.String(), Late: st.Late.String(),
+			MaxAttempts: st.MaxAttempts,
+		}
+		if st.CompensationReply != "" {
+			ds.CompensationReplies = []string{st.CompensationReply}
+		}
+		d.Steps = append(d.Steps, ds)
+	}
+	msgs := []*model.Message{s.Start}
+	for _, m := range append(append([]*model.Message(nil), s.Commands...), s.Handles...) {
+		if m != s.Start {
+			msgs = append(msgs, m)
+		}
+	}
+	for _, m := range msgs {
+		dm := docMessage{
+			FullName: m.FullName, Kind: strings.ToLower(strings.TrimPrefix(m.Kind.String(), "KIND_")),
+			Exchange: m.Exchange, RoutingKey: m.RoutingKey, SchemaVersion: m.SchemaVersion,
+		}
+		var keys []string
+		for _, k := range m.IdempotencyKey {
+			keys = append(keys, k.Path)
+		}
+		dm.IdempotencyKey = strings.Join(keys, ", ")
+		if m.Correlation != nil {
+			dm.Correlation = m.Correlation.Path
+		}
+		d.Messages = append(d.Messages, dm)
+	}
+	d.Diagram = diagram(s.Definition)
+	return r.exec("saga.md.tmpl", d)
+}
+
+// diagram returns the lines of a Mermaid stateDiagram-v2 of def's
+// transitions (operator triggers are left out to keep it readable; the
+// transition table lists them).
+func diagram(def *sagadef.Definition) []string {
+	var lines []string
+	seen := map[string]bool{}
+	for _, t := range def.Transitions {
+		if strings.HasPrefix(t.Trigger, "operator.") {
+			continue
+		}
+		from := t.From
+		if from == "" {
+			from = "[*]"
+		}
+		label := t.Trigger
+		if i := strings.LastIndexByte(label, '.'); i >= 0 && !strings.HasPrefix(label, "operator.") {
+			label = label[i+1:]
+		}
+		line := fmt.Sprintf("%s --> %s: %s", from, t.To, label)
+		if !seen[line] && from != t.To {
+			seen[line] = true
+			lines = append(lines, line)
+		}
+	}
+	for _, s := range def.States {
+		if s.Kind == sagadef.StateKindTerminal {
+			lines = append(lines, s.Name+" --> [*]")
+		}
+	}
+	return lines
+}
