@@ -1,0 +1,165 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
+)
+
+// Delivery is one decoded message handed to a [HandlerFunc].
+type Delivery struct {
+	// Envelope is the message's metadata and raw body.
+	Envelope envelope.Envelope
+	// Message is the body decoded through the registry.
+	Message message.Message
+	// Queue is the work queue the message was consumed from.
+	Queue string
+	// Attempt is the delivery attempt through the retry tiers, 1 for the
+	// first. A broker redelivery (after a lost ack) does not count.
+	Attempt int
+}
+
+// HandlerFunc handles one delivery inside tx. Everything it does to the
+// database must go through tx: it commits together with the inbox claim, and
+// the message is acknowledged only after that commit. With batching, tx is a
+// savepoint inside a transaction shared with other deliveries; the handler
+// must neither commit nor roll it back.
+//
+// A nil error commits the handler's effects. An error rolls them back and is
+// routed by its class (see runtime/failure): permanent errors park the
+// message, transient and unclassified ones retry it through the tiers until
+// the policy's budget is spent, then park it. A panic counts as an
+// unclassified error.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, d *Delivery) error
+
+// Config configures a [Consumer].
+type Config struct {
+	// Name identifies the consumer in the inbox. It must be stable across
+	// restarts and deploys: renaming it forgets which messages were handled.
+	Name string
+	// Queue is the work queue to consume. Its tier queues and parking lot
+	// (broker.WorkQueue with the same Retry policy) must be declared.
+	Queue string
+	// Pool is the database the handlers work in.
+	Pool *pgxpool.Pool
+	// Conn is the consuming connection. Give the consumer a connection of
+	// its own, not the one the outbox relay publishes on: a broker that
+	// blocks a publishing connection under a resource alarm also stalls
+	// the acknowledgements sent on it.
+	Conn *broker.Conn
+	// PublishConn carries the consumer's own publishes (retry copies and
+	// parked messages). Defaults to Conn. Setting it to the application's
+	// publishing connection keeps acks flowing while publishing is blocked.
+	PublishConn *broker.Conn
+	// Registry decodes bodies by message type.
+	Registry *message.Registry
+	// Handler handles each delivery.
+	Handler HandlerFunc
+	// Prefetch is the channel's QoS prefetch count: how many unacknowledged
+	// deliveries the broker sends ahead. Defaults to 2×Concurrency×BatchSize.
+	Prefetch int
+	// Concurrency is the number of workers, each running its own
+	// transaction. Defaults to 4.
+	Concurrency int
+	// BatchSize is the most deliveries one worker applies in one
+	// transaction (one commit, one fsync), each in its own savepoint.
+	// Only deliveries that are already waiting are batched, so a quiet
+	// consumer never waits to fill a batch. Defaults to 16; 1 disables
+	// batching.
+	BatchSize int
+	// Retry is the retry policy. It must match the tier queues declared for
+	// Queue. Defaults to retry.Default().
+	Retry retry.Policy
+	// DrainTimeout bounds how long a graceful shutdown waits for in-flight
+	// deliveries; after it their contexts are cancelled and they are left
+	// unacknowledged for redelivery. Defaults to 30s.
+	DrainTimeout time.Duration
+	// Logger receives the consumer's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults.
+const (
+	defaultConcurrency  = 4
+	defaultBatchSize    = 16
+	defaultDrainTimeout = 30 * time.Second
+	maxPrefetch         = 65535 // AMQP's prefetch-count is a short
+)
+
+// setDefaults fills the zero fields of c with their defaults.
+func (c *Config) setDefaults() {
+	if c.PublishConn == nil {
+		c.PublishConn = c.Conn
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = defaultConcurrency
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = defaultBatchSize
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = min(2*c.Concurrency*c.BatchSize, maxPrefetch)
+	}
+	if c.Retry.IsZero() {
+		c.Retry = retry.Default()
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = defaultDrainTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate reports every problem with c (after defaults are applied).
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Name == "" {
+		bad("Name is empty")
+	}
+	if c.Queue == "" {
+		bad("Queue is empty")
+	}
+	if c.Pool == nil {
+		bad("Pool is nil")
+	}
+	if c.Conn == nil {
+		bad("Conn is nil")
+	}
+	if c.Registry == nil {
+		bad("Registry is nil")
+	}
+	if c.Handler == nil {
+		bad("Handler is nil")
+	}
+	if c.Concurrency < 1 {
+		bad("Concurrency is %d, want at least 1", c.Concurrency)
+	}
+	if c.BatchSize < 1 {
+		bad("BatchSize is %d, want at least 1", c.BatchSize)
+	}
+	if c.Prefetch < 1 || c.Prefetch > maxPrefetch {
+		bad("Prefetch is %d, want 1..%d", c.Prefetch, maxPrefetch)
+	}
+	if c.DrainTimeout < 0 {
+		bad("DrainTimeout is %v, want a positive duration", c.DrainTimeout)
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("consumer %q config: %w", c.Name, err)
+	}
+	return nil
+}

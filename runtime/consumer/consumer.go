@@ -1,0 +1,362 @@
+package consumer
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/protosaga/saga/runtime/broker"
+)
+
+// Backoff bounds between sessions that ended in a failure.
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 10 * time.Second
+)
+
+// publishTimeout bounds the confirmed publish of one batch's retry copies
+// and parked messages.
+const publishTimeout = 30 * time.Second
+
+// Consumer consumes one work queue. Create it with [New]; run it with
+// [Consumer.Run].
+type Consumer struct {
+	cfg Config
+	log *slog.Logger
+	now func() time.Time
+	pub *broker.Publisher // retry copies and parked messages
+
+	// afterCommit, when set (by tests), runs after a batch's transaction
+	// committed and before anything is acknowledged or routed. A non-nil
+	// error simulates a crash at that point: nothing of the batch is
+	// acknowledged, the session's channels are closed at once, and Run
+	// returns the error.
+	afterCommit func(messageIDs []string) error
+	// onSettle, when set (by tests), is told about every delivery after it
+	// was acknowledged, with its outcome's name.
+	onSettle func(messageID, outcome string)
+}
+
+// New validates cfg (after filling in defaults) and returns a consumer.
+func New(cfg Config) (*Consumer, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		cfg: cfg,
+		log: cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
+		now: time.Now,
+		pub: broker.NewPublisher(cfg.PublishConn, broker.PublisherConfig{}),
+	}, nil
+}
+
+// crashError is returned by Run when the afterCommit test hook simulated a
+// crash.
+type crashError struct{ err error }
+
+func (e *crashError) Error() string { return "consumer crashed: " + e.err.Error() }
+func (e *crashError) Unwrap() error { return e.err }
+
+// topologyError reports a queue the consumer needs that does not exist.
+type topologyError struct{ queue string }
+
+func (e *topologyError) Error() string {
+	return fmt.Sprintf("queue %q does not exist: declare broker.WorkQueue for the consumer's queue with the consumer's retry policy", e.queue)
+}
+
+// Run consumes until ctx is cancelled, then stops consuming, drains the
+// deliveries in flight (up to DrainTimeout), closes its channels and returns
+// nil. Lost channels, connections and database outages do not end Run: it
+// backs off and starts a new session. Run returns an error only when the
+// queues it needs are not declared when it starts.
+func (c *Consumer) Run(ctx context.Context) error {
+	defer func() { _ = c.pub.Close() }()
+	backoff := minBackoff
+	for {
+		err := c.checkTopology(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		var te *topologyError
+		if errors.As(err, &te) {
+			return fmt.Errorf("consumer %q: %w", c.cfg.Name, err)
+		}
+		c.log.Warn("consumer cannot check its queues; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = nextBackoff(backoff)
+	}
+
+	backoff = minBackoff
+	for {
+		progress, err := c.session(ctx)
+		if ctx.Err() != nil {
+			if err != nil && !errors.Is(err, context.Canceled) {
+				c.log.Info("consumer stopped", slog.Any("last_error", err))
+			}
+			return nil
+		}
+		var ce *crashError
+		if errors.As(err, &ce) {
+			return err
+		}
+		if progress {
+			backoff = minBackoff
+		}
+		c.log.Warn("consumer session ended; starting a new one", slog.Any("error", err), slog.Duration("backoff", backoff))
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = nextBackoff(backoff)
+	}
+}
+
+// checkTopology verifies that the work queue, the parking lot and every tier
+// the retry policy can use exist.
+func (c *Consumer) checkTopology(ctx context.Context) error {
+	queues := []string{c.cfg.Queue, broker.ParkingQueue(c.cfg.Queue)}
+	seen := map[time.Duration]bool{}
+	for attempt := 1; attempt < c.cfg.Retry.MaxAttempts; attempt++ {
+		ttl, ok := c.cfg.Retry.TierFor(attempt)
+		if !ok || seen[ttl] {
+			continue
+		}
+		seen[ttl] = true
+		queues = append(queues, broker.TierQueue(c.cfg.Queue, ttl))
+	}
+	ch, err := c.cfg.Conn.Channel(ctx)
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	for _, q := range queues {
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
+			var amqpErr *amqp.Error
+			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+				return &topologyError{queue: q}
+			}
+			return fmt.Errorf("check queue %q: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// session is one consuming channel's lifetime.
+type session struct {
+	c        *Consumer
+	ch       *amqp.Channel
+	acker    *acker
+	work     chan amqp.Delivery
+	stop     chan struct{}
+	failed   chan error
+	progress atomic.Bool
+}
+
+// session consumes on a new channel until ctx is cancelled, the channel or
+// the publishing channel closes, or a worker meets a failure that leaves
+// deliveries unacknowledged (database or publish failure). progress reports
+// whether any delivery was acknowledged.
+func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
+	if err := c.cfg.Pool.Ping(ctx); err != nil {
+		return false, fmt.Errorf("database unavailable: %w", err)
+	}
+	ch, err := c.cfg.Conn.Channel(ctx)
+	if err != nil {
+		return false, fmt.Errorf("open consuming channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return false, fmt.Errorf("set prefetch %d: %w", c.cfg.Prefetch, err)
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	tag := c.consumerTag()
+	deliveries, err := ch.Consume(c.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("consume queue %q: %w", c.cfg.Queue, err)
+	}
+
+	s := &session{
+		c:      c,
+		ch:     ch,
+		acker:  newAcker(ch),
+		work:   make(chan amqp.Delivery, c.cfg.Prefetch),
+		stop:   make(chan struct{}),
+		failed: make(chan error, 1),
+	}
+	// In-flight work outlives ctx: shutdown drains it. Cancelled only when
+	// the drain times out or the session crashes.
+	procCtx, procCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer procCancel()
+
+	dispatched := make(chan struct{})
+	go s.dispatch(deliveries, dispatched)
+	var wg sync.WaitGroup
+	for range c.cfg.Concurrency {
+		wg.Go(func() { s.worker(procCtx) })
+	}
+	c.log.Debug("consumer session started", slog.String("consumer_tag", tag))
+
+	var reason error
+	select {
+	case <-ctx.Done():
+		reason = ctx.Err()
+	case e := <-closed:
+		reason = fmt.Errorf("consuming channel closed: %w", amqpCloseError(e))
+	case <-dispatched:
+		reason = errors.New("the broker cancelled the consumer")
+	case err := <-s.failed:
+		reason = err
+	}
+	close(s.stop)
+
+	var crash *crashError
+	if errors.As(reason, &crash) {
+		// Simulated crash: acknowledge nothing more, drop the channel.
+		s.acker.close()
+		procCancel()
+		_ = ch.Close()
+		wg.Wait()
+		return s.progress.Load(), reason
+	}
+
+	// Stop consuming, then drain: workers finish their current batch and
+	// acknowledge it; prefetched deliveries nobody started are returned to
+	// the queue when the channel closes.
+	if !ch.IsClosed() {
+		_ = ch.Cancel(tag, false)
+	}
+	drained := make(chan struct{})
+	go func() { wg.Wait(); close(drained) }()
+	timer := time.NewTimer(c.cfg.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-drained:
+	case <-timer.C:
+		c.log.Warn("drain timed out; cancelling in-flight deliveries", slog.Duration("drain_timeout", c.cfg.DrainTimeout))
+		procCancel()
+		<-drained
+	}
+	s.acker.close()
+	return s.progress.Load(), reason
+}
+
+// amqpCloseError turns a close notification into an error (nil means a
+// graceful close).
+func amqpCloseError(e *amqp.Error) error {
+	if e == nil {
+		return amqp.ErrClosed
+	}
+	return e
+}
+
+// dispatch moves deliveries to the workers, registering each tag with the
+// acker before any worker can see it. It closes done when the delivery
+// stream ends (channel closed or consumer cancelled by the broker).
+func (s *session) dispatch(deliveries <-chan amqp.Delivery, done chan<- struct{}) {
+	defer close(done)
+	for {
+		select {
+		case <-s.stop:
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			s.acker.add(d.DeliveryTag)
+			select {
+			case s.work <- d:
+			case <-s.stop:
+				return
+			}
+		}
+	}
+}
+
+// worker handles batches until the session stops or a batch fails in a way
+// that needs a new session.
+func (s *session) worker(ctx context.Context) {
+	for {
+		batch := s.next()
+		if batch == nil {
+			return
+		}
+		if err := s.handle(ctx, batch); err != nil {
+			select {
+			case s.failed <- err:
+			default:
+			}
+			return
+		}
+	}
+}
+
+// next waits for a delivery and adds the ones already waiting, up to
+// BatchSize. It returns nil when the session stops.
+func (s *session) next() []amqp.Delivery {
+	var first amqp.Delivery
+	select {
+	case <-s.stop:
+		return nil
+	case first = <-s.work:
+	}
+	select {
+	case <-s.stop:
+		return nil // left unacknowledged: requeued when the channel closes
+	default:
+	}
+	batch := []amqp.Delivery{first}
+	for len(batch) < s.c.cfg.BatchSize {
+		select {
+		case d := <-s.work:
+			batch = append(batch, d)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// consumerTag returns a tag unique to this consumer session.
+func (c *Consumer) consumerTag() string {
+	var b [6]byte
+	_, _ = crand.Read(b[:])
+	return c.cfg.Name + "." + hex.EncodeToString(b[:])
+}
+
+// sleep waits d, or until ctx is done; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// nextBackoff doubles d up to maxBackoff, with ±25% jitter so that many
+// consumers do not reconnect in lockstep.
+func nextBackoff(d time.Duration) time.Duration {
+	d *= 2
+	if d > maxBackoff {
+		d = maxBackoff
+	}
+	jitter := time.Duration(rand.Int64N(int64(d) / 2))
+	return d - d/4 + jitter
+}

@@ -1,0 +1,792 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+// note is the test message: a StringValue whose text tells the handler
+// what to do.
+type note struct{ *wrapperspb.StringValue }
+
+var noteInfo = &message.Info{
+	FullName:      "sagatest.v1.Note",
+	Kind:          message.KindEvent,
+	Exchange:      "events",
+	RoutingKey:    "note.created",
+	SchemaVersion: 2,
+	New:           func() message.Message { return &note{&wrapperspb.StringValue{}} },
+}
+
+func (n *note) SagaMessageInfo() *message.Info { return noteInfo }
+func (n *note) IdempotencyKey() string         { return "" }
+func (n *note) CorrelationKey() string         { return "" }
+
+// Handler behaviours, chosen by the note's text.
+const (
+	doOK            = "ok"
+	doPermanent     = "permanent"      // effect, then a permanent error
+	doTransientOnce = "transient-once" // effect, then a transient error on attempt 1
+	doTransient     = "transient"      // effect, then always a transient error
+	doPanic         = "panic"          // effect, then panic
+	doDeferred      = "deferred"       // violates a deferred unique constraint: fails at commit
+	doBlock         = "block"          // waits for release on its first call
+)
+
+const (
+	testTimeout = 30 * time.Second
+	poll        = 10 * time.Millisecond
+)
+
+type call struct {
+	attempt int
+	headers map[string]any
+}
+
+type settlement struct{ id, outcome string }
+
+type testBundle struct {
+	t       *testing.T
+	ctx     context.Context
+	pool    *pgxpool.Pool
+	amqpURL string
+	conn    *broker.Conn // the consumers' connection
+	pubConn *broker.Conn // the consumers' publishing connection
+	testPub *broker.Publisher
+	queue   string
+	policy  retry.Policy
+	reg     *message.Registry
+
+	entered chan string   // a doBlock handler started waiting
+	release chan struct{} // closed to let doBlock handlers continue
+
+	mu      sync.Mutex
+	calls   map[string][]call
+	settled []settlement
+	batches [][]string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool))
+	_, err := pool.Exec(ctx, `
+CREATE TABLE effects (message_id text NOT NULL, attempt int NOT NULL);
+CREATE TABLE uniq (k text UNIQUE DEFERRABLE INITIALLY DEFERRED);
+INSERT INTO uniq VALUES ('taken');`)
+	require.NoError(t, err)
+
+	amqpURL := testenv.AMQP(t)
+	dial := func(name string) *broker.Conn {
+		c, err := broker.Dial(ctx, amqpURL, broker.ConnConfig{Name: name, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	reg, err := message.NewRegistry(noteInfo)
+	require.NoError(t, err)
+	b := &testBundle{
+		t:       t,
+		ctx:     ctx,
+		pool:    pool,
+		amqpURL: amqpURL,
+		conn:    dial("consumer"),
+		pubConn: dial("publisher"),
+		queue:   "notes",
+		policy:  retry.Policy{Tiers: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, MaxAttempts: 3},
+		reg:     reg,
+		entered: make(chan string, 16),
+		release: make(chan struct{}),
+		calls:   map[string][]call{},
+	}
+	b.testPub = broker.NewPublisher(b.pubConn, broker.PublisherConfig{})
+	t.Cleanup(func() { _ = b.testPub.Close() })
+
+	ch, err := b.conn.Channel(ctx)
+	require.NoError(t, err)
+	defer func() { _ = ch.Close() }()
+	require.NoError(t, broker.Declare(ctx, ch, broker.Topology{
+		Exchanges: []broker.Exchange{{Name: "events"}},
+		Queues:    broker.WorkQueue(b.queue, broker.QueueQuorum, b.policy),
+		Bindings:  []broker.Binding{{Queue: b.queue, Exchange: "events", RoutingKey: "note.#"}},
+	}))
+	return b
+}
+
+// handle is the test handler: it records the call, writes an effect row in
+// tx, then behaves as the note's text says.
+func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+	id := d.Envelope.MessageID
+	b.mu.Lock()
+	b.calls[id] = append(b.calls[id], call{attempt: d.Attempt, headers: d.Envelope.Headers})
+	first := len(b.calls[id]) == 1
+	b.mu.Unlock()
+	if d.Queue != b.queue {
+		return failure.Permanent(errors.New("wrong queue in delivery"))
+	}
+	text := d.Message.(*note).GetValue()
+	if text == doBlock && first {
+		b.entered <- id
+		<-b.release
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO effects (message_id, attempt) VALUES ($1, $2)`, id, d.Attempt); err != nil {
+		return err
+	}
+	switch text {
+	case doPermanent:
+		return failure.Permanent(errors.New("order rejected"))
+	case doTransientOnce:
+		if d.Attempt == 1 {
+			return failure.Transient(errors.New("flaky dependency"))
+		}
+	case doTransient:
+		return failure.Transient(errors.New("flaky dependency"))
+	case doPanic:
+		panic("boom")
+	case doDeferred:
+		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type running struct {
+	c      *consumer.Consumer
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start runs a consumer; edit adjusts its config. It is stopped at cleanup.
+func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) error) *running {
+	b.t.Helper()
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("SAGA_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	cfg := consumer.Config{
+		Name:        "notes-consumer",
+		Queue:       b.queue,
+		Pool:        b.pool,
+		Conn:        b.conn,
+		PublishConn: b.pubConn,
+		Registry:    b.reg,
+		Handler:     b.handle,
+		Concurrency: 2,
+		BatchSize:   4,
+		Retry:       b.policy,
+		Logger:      logger,
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	c, err := consumer.New(cfg)
+	require.NoError(b.t, err)
+	consumer.SetOnSettle(c, func(id, outcome string) {
+		b.mu.Lock()
+		b.settled = append(b.settled, settlement{id, outcome})
+		b.mu.Unlock()
+	})
+	consumer.SetAfterCommit(c, func(ids []string) error {
+		b.mu.Lock()
+		b.batches = append(b.batches, ids)
+		b.mu.Unlock()
+		if hook != nil {
+			return hook(ids)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(b.ctx)
+	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	b.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(testTimeout):
+			b.t.Errorf("consumer did not stop")
+		}
+	})
+	return r
+}
+
+// stop cancels the consumer and waits for Run, which must return nil.
+func (b *testBundle) stop(r *running) {
+	b.t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		require.NoError(b.t, err)
+	case <-time.After(testTimeout):
+		b.t.Fatal("consumer did not stop")
+	}
+	r.done <- nil // for the cleanup
+}
+
+// envelopeFor builds the envelope of a note.
+func (b *testBundle) envelopeFor(id, text string) envelope.Envelope {
+	b.t.Helper()
+	env, err := envelope.New(&note{wrapperspb.String(text)}, envelope.Meta{MessageID: id, SagaID: "saga-" + id})
+	require.NoError(b.t, err)
+	return env
+}
+
+// send publishes a note through the "events" exchange; edit may change the
+// publishing first.
+func (b *testBundle) send(id, text string, edit func(*amqp.Publishing)) {
+	b.t.Helper()
+	env := b.envelopeFor(id, text)
+	p := env.Publishing()
+	if edit != nil {
+		edit(&p)
+	}
+	b.publish(broker.Outgoing{Exchange: "events", RoutingKey: "note.created", Publishing: p})
+}
+
+// publish publishes raw messages, retrying while the connection recovers.
+func (b *testBundle) publish(msgs ...broker.Outgoing) {
+	b.t.Helper()
+	for i, m := range msgs {
+		if m.Publishing.MessageId == "" {
+			// The test publisher needs an id to match returns; publish such a
+			// message on a plain confirmed channel instead.
+			ch, err := b.pubConn.Channel(b.ctx)
+			require.NoError(b.t, err)
+			require.NoError(b.t, ch.Confirm(false))
+			dc, err := ch.PublishWithDeferredConfirmWithContext(b.ctx, m.Exchange, m.RoutingKey, true, false, m.Publishing)
+			require.NoError(b.t, err)
+			require.True(b.t, dc.Wait())
+			require.NoError(b.t, ch.Close())
+			continue
+		}
+		require.Eventually(b.t, func() bool {
+			return b.testPub.Publish(b.ctx, msgs[i:i+1])[0] == nil
+		}, testTimeout, poll, "publish %s", m.Publishing.MessageId)
+	}
+}
+
+// ready returns the number of ready messages in queue.
+func (b *testBundle) ready(queue string) int {
+	b.t.Helper()
+	ch, err := b.pubConn.Channel(b.ctx)
+	require.NoError(b.t, err)
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(b.t, err)
+	return q.Messages
+}
+
+// drain takes every message out of queue.
+func (b *testBundle) drain(queue string) []amqp.Delivery {
+	b.t.Helper()
+	ch, err := b.pubConn.Channel(b.ctx)
+	require.NoError(b.t, err)
+	defer func() { _ = ch.Close() }()
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		require.NoError(b.t, err)
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+// waitSettled waits until id was acknowledged with outcome.
+func (b *testBundle) waitSettled(id, outcome string) {
+	b.t.Helper()
+	require.Eventually(b.t, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return slices.Contains(b.settled, settlement{id, outcome})
+	}, testTimeout, poll, "message %s never settled as %s", id, outcome)
+}
+
+// settledCount returns how many deliveries were acknowledged.
+func (b *testBundle) settledCount() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.settled)
+}
+
+func (b *testBundle) callsOf(id string) []call {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.calls[id])
+}
+
+func (b *testBundle) attemptsOf(id string) []int {
+	var out []int
+	for _, c := range b.callsOf(id) {
+		out = append(out, c.attempt)
+	}
+	return out
+}
+
+// effects returns the committed effect rows of id (their attempts).
+func (b *testBundle) effects(id string) []int {
+	b.t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT attempt FROM effects WHERE message_id = $1 ORDER BY attempt`, id)
+	require.NoError(b.t, err)
+	attempts, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(b.t, err)
+	return attempts
+}
+
+type parkedRow struct {
+	MessageID, Queue, MessageType, SagaID, CorrelationID, Class, Reason, Exchange, RoutingKey string
+	Attempts                                                                                  int
+	Body                                                                                      []byte
+	Headers                                                                                   map[string]any
+}
+
+func (b *testBundle) parked() map[string]parkedRow {
+	b.t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT message_id, queue, message_type, saga_id, correlation_id, class, reason,
+		exchange, routing_key, attempts, body, headers FROM saga_parked ORDER BY id`)
+	require.NoError(b.t, err)
+	out := map[string]parkedRow{}
+	for rows.Next() {
+		var r parkedRow
+		require.NoError(b.t, rows.Scan(&r.MessageID, &r.Queue, &r.MessageType, &r.SagaID, &r.CorrelationID, &r.Class,
+			&r.Reason, &r.Exchange, &r.RoutingKey, &r.Attempts, &r.Body, &r.Headers))
+		_, dup := out[r.MessageID]
+		require.False(b.t, dup, "message %q parked twice", r.MessageID)
+		out[r.MessageID] = r
+	}
+	require.NoError(b.t, rows.Err())
+	return out
+}
+
+func header(t *testing.T, h amqp.Table, key string) string {
+	t.Helper()
+	s, ok, err := envelope.HeaderString(h, key)
+	require.NoError(t, err)
+	require.True(t, ok, "header %s missing in %v", key, h)
+	return s
+}
+
+func TestConsumer(t *testing.T) {
+	t.Parallel()
+
+	t.Run("HandlesEachMessageOnceAndAcksAfterCommit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		ids := make([]string, 40)
+		for i := range ids {
+			ids[i] = "m" + string(rune('a'+i/26)) + string(rune('a'+i%26))
+			b.send(ids[i], doOK, nil)
+		}
+		for _, id := range ids {
+			b.waitSettled(id, "done")
+		}
+		b.stop(r)
+		for _, id := range ids {
+			require.Equal(t, []int{1}, b.effects(id), "message %s", id)
+			require.Equal(t, []int{1}, b.attemptsOf(id))
+		}
+		require.Zero(t, b.ready(b.queue))
+		require.Empty(t, b.parked())
+	})
+
+	t.Run("CrashAfterCommitBeforeAck", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		crash := errors.New("killed after commit")
+		r := b.start(func(c *consumer.Config) { c.BatchSize = 1; c.Concurrency = 1 },
+			func([]string) error { return crash })
+		b.send("m1", doOK, nil)
+		select {
+		case err := <-r.done:
+			require.ErrorIs(t, err, crash)
+			r.done <- nil
+		case <-time.After(testTimeout):
+			t.Fatal("consumer did not crash")
+		}
+		// The effect committed, but the message was not acknowledged: the
+		// broker has it again.
+		require.Equal(t, []int{1}, b.effects("m1"))
+		require.Eventually(t, func() bool { return b.ready(b.queue) == 1 }, testTimeout, poll)
+
+		// A fresh consumer gets the redelivery; the inbox recognizes it.
+		r2 := b.start(nil, nil)
+		b.waitSettled("m1", "duplicate")
+		b.stop(r2)
+		require.Len(t, b.callsOf("m1"), 1, "handler must not run for the redelivery")
+		require.Equal(t, []int{1}, b.effects("m1"))
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("DuplicateMessageIDHandledOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		b.send("dup", doOK, nil)
+		b.send("dup", doOK, nil)
+		b.waitSettled("dup", "done")
+		b.waitSettled("dup", "duplicate")
+		b.stop(r)
+		require.Len(t, b.callsOf("dup"), 1)
+		require.Equal(t, []int{1}, b.effects("dup"))
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("TransientFailureRetriesThroughTier", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		b.send("t1", doTransientOnce, nil)
+		b.waitSettled("t1", "retry")
+		b.waitSettled("t1", "done")
+		b.stop(r)
+
+		calls := b.callsOf("t1")
+		require.Len(t, calls, 2)
+		require.Equal(t, 1, calls[0].attempt)
+		require.Equal(t, 2, calls[1].attempt)
+		second := amqp.Table(calls[1].headers)
+		require.Contains(t, header(t, second, consumer.HeaderLastError), "flaky dependency")
+		require.Equal(t, "events", header(t, second, envelope.HeaderOrigExchange))
+		require.Equal(t, "note.created", header(t, second, envelope.HeaderOrigRoutingKey))
+		_, ok, err := envelope.HeaderTime(second, envelope.HeaderFirstFailureAt)
+		require.NoError(t, err)
+		require.True(t, ok)
+		// The failed attempt's effect was rolled back; the second committed.
+		require.Equal(t, []int{2}, b.effects("t1"))
+		require.Empty(t, b.parked())
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("AlwaysTransientIsParkedAfterMaxAttempts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		b.send("t2", doTransient, nil)
+		b.waitSettled("t2", "park")
+		b.send("after", doOK, nil)
+		b.waitSettled("after", "done")
+		b.stop(r)
+
+		require.Equal(t, []int{1, 2, 3}, b.attemptsOf("t2"))
+		require.Empty(t, b.effects("t2"))
+		row := b.parked()["t2"]
+		require.Equal(t, "exhausted", row.Class)
+		require.Equal(t, 3, row.Attempts)
+		require.Contains(t, row.Reason, "flaky dependency")
+		require.Equal(t, b.queue, row.Queue)
+		require.Equal(t, "events", row.Exchange)
+		require.Equal(t, "note.created", row.RoutingKey)
+		require.Equal(t, "saga-t2", row.SagaID)
+		require.Equal(t, noteInfo.FullName, row.MessageType)
+		require.Equal(t, b.envelopeFor("t2", doTransient).Body, row.Body)
+
+		parked := b.drain(broker.ParkingQueue(b.queue))
+		require.Len(t, parked, 1)
+		p := parked[0]
+		require.Equal(t, "t2", p.MessageId)
+		require.Equal(t, "exhausted", header(t, p.Headers, envelope.HeaderParkClass))
+		require.Contains(t, header(t, p.Headers, envelope.HeaderParkReason), "flaky dependency")
+		require.Equal(t, b.queue, header(t, p.Headers, envelope.HeaderOrigQueue))
+		require.Equal(t, "events", header(t, p.Headers, envelope.HeaderOrigExchange))
+		require.Equal(t, "note.created", header(t, p.Headers, envelope.HeaderOrigRoutingKey))
+		attempt, _, err := envelope.HeaderInt(p.Headers, envelope.HeaderAttempt)
+		require.NoError(t, err)
+		require.EqualValues(t, 3, attempt)
+		// The parked copy is still a valid envelope: it can be replayed.
+		env, err := envelope.FromDelivery(&p)
+		require.NoError(t, err)
+		require.Equal(t, "saga-t2", env.SagaID)
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("PermanentFailuresAreParkedAtOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+
+		b.send("perm", doPermanent, nil)
+		b.send("undecodable", doOK, func(p *amqp.Publishing) { p.Body = []byte{0x0a, 0x05, 'a'} })
+		b.send("unknown-type", doOK, func(p *amqp.Publishing) { p.Type = "sagatest.v1.Nope" })
+		b.send("newer-schema", doOK, func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = int32(3) })
+		b.send("older-schema", doOK, func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = int32(1) })
+		// Hostile metadata: a message id and header PostgreSQL text cannot hold.
+		hostile := "bad\x00id\xff"
+		b.send(hostile, doOK, func(p *amqp.Publishing) {
+			p.Type = "sagatest.v1.Nope"
+			p.Headers["x-junk"] = "nul\x00"
+		})
+		// No message id at all: the envelope is invalid.
+		b.send("no-id", doOK, func(p *amqp.Publishing) { p.MessageId = ""; p.CorrelationId = "corr-no-id" })
+
+		for _, id := range []string{"perm", "undecodable", "unknown-type", "newer-schema", hostile, ""} {
+			b.waitSettled(id, "park")
+		}
+		b.waitSettled("older-schema", "done")
+		// The consumer keeps running.
+		b.send("after", doOK, nil)
+		b.waitSettled("after", "done")
+		b.stop(r)
+
+		require.Len(t, b.callsOf("perm"), 1, "a permanent failure is never retried")
+		require.Empty(t, b.effects("perm"), "the failed handler's effect is rolled back")
+		for _, id := range []string{"undecodable", "unknown-type", "newer-schema", hostile} {
+			require.Empty(t, b.callsOf(id), "handler called for %q", id)
+		}
+		require.Equal(t, []int{1}, b.effects("older-schema"))
+
+		rows := b.parked()
+		require.Len(t, rows, 6)
+		wantReason := map[string]string{
+			"perm":              "order rejected",
+			"undecodable":       "undecodable body",
+			"unknown-type":      `unknown message type "sagatest.v1.Nope"`,
+			"newer-schema":      "schema version mismatch",
+			"bad\uFFFDid\uFFFD": `unknown message type`,
+		}
+		for id, reason := range wantReason {
+			row, ok := rows[id]
+			require.True(t, ok, "no saga_parked row for %q", id)
+			require.Equal(t, "permanent", row.Class, id)
+			require.Equal(t, 1, row.Attempts, id)
+			require.Contains(t, row.Reason, reason, id)
+		}
+		var noID parkedRow
+		for _, row := range rows {
+			if row.CorrelationID == "corr-no-id" {
+				noID = row
+			}
+		}
+		require.NotEmpty(t, noID.MessageID, "a message without id is parked under a generated one")
+		require.Contains(t, noID.Reason, "invalid envelope")
+		require.Equal(t, "nul\uFFFD", rows["bad\uFFFDid\uFFFD"].Headers["x-junk"])
+
+		// Exactly one parked copy per message: no loop.
+		parked := b.drain(broker.ParkingQueue(b.queue))
+		require.Len(t, parked, 6)
+		for _, p := range parked {
+			require.Equal(t, "permanent", header(t, p.Headers, envelope.HeaderParkClass))
+			require.NotEmpty(t, header(t, p.Headers, envelope.HeaderParkReason))
+			require.Equal(t, b.queue, header(t, p.Headers, envelope.HeaderOrigQueue))
+			if p.CorrelationId == "corr-no-id" {
+				require.Equal(t, noID.MessageID, p.MessageId)
+			}
+		}
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("PanicIsRetriedThenParked", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		b.send("p1", doPanic, nil)
+		b.waitSettled("p1", "park")
+		b.send("after", doOK, nil)
+		b.waitSettled("after", "done")
+		b.stop(r)
+		require.Equal(t, []int{1, 2, 3}, b.attemptsOf("p1"))
+		require.Empty(t, b.effects("p1"))
+		row := b.parked()["p1"]
+		require.Equal(t, "exhausted", row.Class)
+		require.Contains(t, row.Reason, "panic: boom")
+	})
+
+	t.Run("BatchIsolatesFailingDeliveries", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		// Hold the only worker so the next deliveries queue up and form one batch.
+		b.send("gate", doBlock, nil)
+		require.Equal(t, "gate", <-b.entered)
+		batch := map[string]string{"ok1": doOK, "bad": doPermanent, "ok2": doOK, "flaky": doTransientOnce, "ok3": doOK}
+		for _, id := range []string{"ok1", "bad", "ok2", "flaky", "ok3"} {
+			b.send(id, batch[id], nil)
+		}
+		require.Eventually(t, func() bool { return b.ready(b.queue) == 0 }, testTimeout, poll) // all prefetched
+		time.Sleep(100 * time.Millisecond)                                                     // let the dispatcher hand them over
+		close(b.release)
+
+		for _, id := range []string{"ok1", "ok2", "ok3"} {
+			b.waitSettled(id, "done")
+		}
+		b.waitSettled("bad", "park")
+		b.waitSettled("flaky", "done")
+		b.stop(r)
+
+		b.mu.Lock()
+		var shared []string
+		for _, ids := range b.batches {
+			if slices.Contains(ids, "bad") {
+				shared = ids
+			}
+		}
+		b.mu.Unlock()
+		require.Greater(t, len(shared), 1, "the failing delivery must have shared a batch: %v", shared)
+
+		for _, id := range []string{"gate", "ok1", "ok2", "ok3"} {
+			require.Equal(t, []int{1}, b.effects(id), id)
+		}
+		require.Empty(t, b.effects("bad"), "the failing delivery's savepoint is rolled back")
+		require.Equal(t, []int{2}, b.effects("flaky"))
+		require.Equal(t, "permanent", b.parked()["bad"].Class)
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("RejectedBatchCommitIsAppliedOneByOne", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		b.send("gate", doBlock, nil)
+		require.Equal(t, "gate", <-b.entered)
+		for _, id := range []string{"ok1", "ok2"} {
+			b.send(id, doOK, nil)
+		}
+		b.send("violates", doDeferred, nil)
+		b.send("ok3", doOK, nil)
+		require.Eventually(t, func() bool { return b.ready(b.queue) == 0 }, testTimeout, poll)
+		time.Sleep(100 * time.Millisecond)
+		close(b.release)
+
+		for _, id := range []string{"ok1", "ok2", "ok3"} {
+			b.waitSettled(id, "done")
+		}
+		b.waitSettled("violates", "park")
+		b.stop(r)
+
+		for _, id := range []string{"gate", "ok1", "ok2", "ok3"} {
+			require.Equal(t, []int{1}, b.effects(id), id)
+		}
+		require.Empty(t, b.effects("violates"))
+		row := b.parked()["violates"]
+		require.Equal(t, "permanent", row.Class)
+		require.Contains(t, row.Reason, "23505")
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("SurvivesBrokerConnectionLoss", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		var ids []string
+		for i := range 60 {
+			id := "k" + string(rune('a'+i/26)) + string(rune('a'+i%26))
+			ids = append(ids, id)
+			b.send(id, doOK, nil)
+		}
+		require.Eventually(t, func() bool { return b.settledCount() >= 5 }, testTimeout, poll)
+		require.Positive(t, testenv.KillAMQPConnections(t, b.amqpURL))
+		for i := range 40 {
+			id := "l" + string(rune('a'+i/26)) + string(rune('a'+i%26))
+			ids = append(ids, id)
+			b.send(id, doOK, nil)
+		}
+		for _, id := range ids {
+			b.waitSettled(id, "done")
+		}
+		b.stop(r)
+		for _, id := range ids {
+			require.Equal(t, []int{1}, b.effects(id), "message %s", id)
+		}
+		require.Zero(t, b.ready(b.queue))
+		require.Empty(t, b.parked())
+	})
+
+	t.Run("SurvivesDatabaseLossWithoutSpendingAttempts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 1 }, nil)
+		b.send("gate", doBlock, nil)
+		require.Equal(t, "gate", <-b.entered)
+		// The handler holds an open transaction; the database goes away.
+		require.Positive(t, testenv.KillPostgresConnections(t, b.pool))
+		close(b.release)
+		b.send("after", doOK, nil)
+		b.waitSettled("gate", "done")
+		b.waitSettled("after", "done")
+		b.stop(r)
+
+		calls := b.attemptsOf("gate")
+		require.GreaterOrEqual(t, len(calls), 2, "the message must come back after the failed transaction")
+		for _, a := range calls {
+			require.Equal(t, 1, a, "a database outage must not spend retry attempts")
+		}
+		require.Equal(t, []int{1}, b.effects("gate"))
+		require.Equal(t, []int{1}, b.effects("after"))
+		require.Empty(t, b.parked())
+		require.Zero(t, b.ready(b.queue))
+		require.Zero(t, b.ready(broker.TierQueue(b.queue, 100*time.Millisecond)))
+	})
+
+	t.Run("GracefulShutdownDrainsInFlightWork", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 1 }, nil)
+		b.send("slow", doBlock, nil)
+		require.Equal(t, "slow", <-b.entered)
+		r.cancel()
+		close(b.release)
+		select {
+		case err := <-r.done:
+			require.NoError(t, err)
+			r.done <- nil
+		case <-time.After(testTimeout):
+			t.Fatal("consumer did not stop")
+		}
+		b.waitSettled("slow", "done")
+		require.Equal(t, []int{1}, b.effects("slow"))
+		require.Zero(t, b.ready(b.queue), "the in-flight message was acknowledged before the channel closed")
+	})
+
+	t.Run("MissingTopologyFailsAtStart", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c, err := consumer.New(consumer.Config{
+			Name: "x", Queue: "undeclared", Pool: b.pool, Conn: b.conn, Registry: b.reg, Handler: b.handle,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(b.ctx, testTimeout)
+		defer cancel()
+		err = c.Run(ctx)
+		require.ErrorContains(t, err, `queue "undeclared" does not exist`)
+	})
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+
+	_, err := consumer.New(consumer.Config{})
+	require.Error(t, err)
+	for _, want := range []string{"Name is empty", "Queue is empty", "Pool is nil", "Conn is nil", "Registry is nil", "Handler is nil"} {
+		require.ErrorContains(t, err, want)
+	}
+
+	_, err = consumer.New(consumer.Config{Name: "n", Prefetch: 70000, Retry: retry.Policy{MaxAttempts: 3}})
+	require.ErrorContains(t, err, "Prefetch is 70000")
+	require.ErrorContains(t, err, "needs at least one tier")
+	require.True(t, strings.HasPrefix(err.Error(), `consumer "n" config:`))
+}

@@ -1,0 +1,100 @@
+// Package consumer consumes a RabbitMQ work queue into PostgreSQL with
+// exactly-once effects: every delivery is decoded, claimed in the inbox and
+// handled in one database transaction, and acknowledged only after that
+// transaction committed. Failures are classified and routed — delayed retry
+// through TTL tier queues, or the parking lot — so that no message is ever
+// lost and none loops hot.
+//
+// # One delivery's path
+//
+//  1. Decode: envelope.FromDelivery, registry lookup of the message type,
+//     schema version check (a version newer than the registered
+//     message.Info.SchemaVersion is not understood), protobuf decode. Any
+//     failure here is permanent: the message is parked at once, without
+//     calling the handler.
+//  2. Transaction: inbox.Claim(Config.Name, message id). A message already
+//     claimed is a duplicate: committed and acknowledged without calling
+//     the handler. Otherwise the handler runs in the same transaction.
+//  3. Commit, then acknowledge.
+//
+// # Batches share commits
+//
+// A commit costs an fsync, the scarce resource. With BatchSize > 1 a worker
+// takes the deliveries already waiting (never waiting for more) and applies
+// them in one transaction, each in its own savepoint: a failing delivery
+// rolls back only its savepoint and is routed, while the others commit
+// together and are acknowledged after the one commit — with a single
+// multiple-ack when no other worker holds a lower delivery tag on the
+// channel, individually otherwise. If the server rejects the shared commit
+// itself (a deferred constraint, a serialization failure), the batch is
+// applied again one delivery per transaction, which isolates the culprit; a
+// single delivery whose commit is rejected is routed by the commit error's
+// class.
+//
+// # Failure routing
+//
+// A handler error is classified with runtime/failure:
+//
+//   - permanent: parked at once;
+//   - transient or unknown (including a recovered panic): republished to
+//     the tier queue of its attempt (broker.TierQueue, through the default
+//     exchange) with HeaderAttempt + 1, HeaderFirstFailureAt,
+//     HeaderLastError and the original exchange and routing key; the tier
+//     queue dead-letters it back to the work queue when its TTL expires.
+//     When retry.Policy.TierFor says the budget is spent, it is parked.
+//
+// Parking inserts a saga_parked row (reason, class "permanent" or
+// "exhausted", attempts, original exchange/routing key/queue, headers,
+// body, saga id) in the batch's transaction and, after the commit,
+// publishes the message to broker.ParkingQueue with the reason and origin
+// in the envelope.HeaderPark*/HeaderOrig* headers. Retry copies and parked
+// messages are published with mandatory publisher confirms
+// (broker.Publisher); only when the broker confirmed and routed the copy is
+// the original acknowledged.
+//
+// # Never drop, never spin
+//
+// The consumer never nacks. Nack with requeue=false drops the message (or
+// dead-letters it somewhere the consumer does not control); nack with
+// requeue=true hands it straight back, which is a hot loop. When a
+// delivery cannot be settled — the database is unreachable, the commit
+// failed, a retry or parking publish was not confirmed — it is simply not
+// acknowledged: the worker reports the failure, the session stops
+// consuming, lets the other workers finish and acknowledge their batches,
+// closes the channel (the broker requeues every unacknowledged delivery)
+// and the consumer starts a new session after an exponential, jittered
+// backoff, once the database answers a ping again. Redelivery after a
+// committed-but-unacknowledged batch is harmless: the inbox recognizes the
+// messages. Infrastructure failures do not spend a message's retry
+// attempts; only failures of the message itself do.
+//
+// # Connections and shutdown
+//
+// Give the consumer a connection of its own (Config.Conn) and, ideally,
+// publish its retry and parking copies on the application's publishing
+// connection (Config.PublishConn). A session consumes on one channel with
+// QoS prefetch Config.Prefetch and Config.Concurrency workers. Delivery tags
+// belong to their channel, so every acknowledgement goes through the
+// session's acker, which refuses to acknowledge once the session has begun
+// to close its channel: a delivery from a dead channel is never acknowledged
+// on a new one, and nothing is acknowledged after close. When the channel
+// or connection is lost, the session ends and a new one waits for
+// broker.Conn to reconnect, then subscribes again.
+//
+// Cancelling Run's context shuts down gracefully: the consumer cancels its
+// subscription, lets the in-flight batches finish (their handlers keep an
+// uncancelled context for up to Config.DrainTimeout), acknowledges them,
+// then closes the channel; prefetched deliveries nobody started return to
+// the queue.
+//
+// # Invariants
+//
+//   - A delivery is acknowledged only after the transaction holding its
+//     inbox claim and its handler's effects committed, or after its retry
+//     copy or parked copy was confirmed by the broker (and, when parked,
+//     its saga_parked row committed).
+//   - Every message is handled with effect at most once per consumer name
+//     (inbox) and, while the broker and database recover, at least once.
+//   - A poison message is delivered at most Retry.MaxAttempts times through
+//     the tiers (once if permanent) before it is parked.
+package consumer

@@ -1,0 +1,345 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/inbox"
+	"github.com/protosaga/saga/runtime/retry"
+)
+
+// outcome is what happens to one delivery of a batch.
+type outcome int
+
+const (
+	// outcomePending: decoded, not handled yet.
+	outcomePending outcome = iota
+	// outcomeDone: handled; its effects commit with the batch. Ack.
+	outcomeDone
+	// outcomeDuplicate: already handled before (inbox). Ack.
+	outcomeDuplicate
+	// outcomeRetry: failed; republish to a tier queue, then ack.
+	outcomeRetry
+	// outcomePark: failed for good; record and publish to the parking lot,
+	// then ack.
+	outcomePark
+)
+
+// String returns the outcome's name, as tests and logs see it.
+func (o outcome) String() string {
+	switch o {
+	case outcomeDone:
+		return "done"
+	case outcomeDuplicate:
+		return "duplicate"
+	case outcomeRetry:
+		return "retry"
+	case outcomePark:
+		return "park"
+	default:
+		return "pending"
+	}
+}
+
+// item is one delivery on its way through a batch.
+type item struct {
+	raw     *amqp.Delivery
+	d       *Delivery // nil when the delivery could not be decoded
+	attempt int
+	outcome outcome
+	err     error         // the failure being routed (outcomeRetry, outcomePark)
+	class   failure.Class // err's class
+	tier    time.Duration // the retry delay (outcomeRetry)
+	parkID  string        // the parked copy's message id (outcomePark)
+}
+
+// messageID returns the delivery's message id (possibly empty).
+func (it *item) messageID() string { return it.raw.MessageId }
+
+// fail routes it by the class of err: permanent failures park; the others
+// retry while the policy allows, then park.
+func (it *item) fail(err error, p retry.Policy) {
+	it.err = err
+	it.class = failure.ClassOf(err)
+	if it.class != failure.ClassPermanent {
+		if ttl, ok := p.TierFor(it.attempt); ok {
+			it.outcome, it.tier = outcomeRetry, ttl
+			return
+		}
+	}
+	it.outcome = outcomePark
+}
+
+// parkClass is the saga_parked.class and HeaderParkClass value.
+func (it *item) parkClass() string {
+	if it.class == failure.ClassPermanent {
+		return "permanent"
+	}
+	return "exhausted"
+}
+
+// decode reads the envelope, checks type and schema version, and decodes the
+// body. Every failure here is permanent: the same bytes never decode later.
+func (c *Consumer) decode(raw *amqp.Delivery) *item {
+	it := &item{raw: raw, attempt: attemptOf(raw.Headers)}
+	env, err := envelope.FromDelivery(raw)
+	if err != nil {
+		it.fail(failure.Permanent(fmt.Errorf("invalid envelope: %w", err)), c.cfg.Retry)
+		return it
+	}
+	info, ok := c.cfg.Registry.Lookup(env.MessageType)
+	if !ok {
+		it.fail(failure.Permanent(fmt.Errorf("unknown message type %q", env.MessageType)), c.cfg.Retry)
+		return it
+	}
+	if env.SchemaVersion > info.SchemaVersion {
+		it.fail(failure.Permanent(fmt.Errorf("schema version mismatch: %s version %d is newer than this consumer's version %d",
+			env.MessageType, env.SchemaVersion, info.SchemaVersion)), c.cfg.Retry)
+		return it
+	}
+	msg, err := c.cfg.Registry.Decode(env.MessageType, env.Body)
+	if err != nil {
+		it.fail(failure.Permanent(fmt.Errorf("undecodable body: %w", err)), c.cfg.Retry)
+		return it
+	}
+	it.d = &Delivery{Envelope: env, Message: msg, Queue: c.cfg.Queue, Attempt: it.attempt}
+	return it
+}
+
+// attemptOf reads HeaderAttempt; absent or malformed means the first.
+func attemptOf(h amqp.Table) int {
+	v, ok, err := envelope.HeaderInt(h, envelope.HeaderAttempt)
+	if !ok || err != nil || v < 1 {
+		return 1
+	}
+	return int(min(v, 1<<31-1))
+}
+
+// commitError reports a failed COMMIT.
+type commitError struct{ err error }
+
+func (e *commitError) Error() string { return "commit: " + e.err.Error() }
+func (e *commitError) Unwrap() error { return e.err }
+
+// serverRejected reports whether the server answered the commit with an
+// error while the connection stays usable: the failure belongs to the
+// batch's content (a deferred constraint, a serialization failure), not to
+// the database's availability.
+func (e *commitError) serverRejected() bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(e.err, &pgErr) {
+		return false
+	}
+	code := pgErr.Code
+	return !strings.HasPrefix(code, "08") && !strings.HasPrefix(code, "57P")
+}
+
+// handle takes a batch from decoding to acknowledgement. A non-nil error
+// means some deliveries were left unacknowledged and the session must end
+// so that they are redelivered.
+func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
+	c := s.c
+	items := make([]*item, len(batch))
+	for i := range batch {
+		items[i] = c.decode(&batch[i])
+	}
+	err := c.transact(ctx, items)
+	var ce *commitError
+	if errors.As(err, &ce) && ce.serverRejected() {
+		if len(items) > 1 {
+			// One delivery's effects made the shared commit fail; find it by
+			// applying them one by one.
+			c.log.Warn("batch commit rejected; applying its deliveries one by one",
+				slog.Int("batch", len(items)), slog.Any("error", err))
+			for i := range batch {
+				if err := s.handle(ctx, batch[i:i+1]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		it := items[0]
+		if it.outcome != outcomeDone {
+			return fmt.Errorf("message %q: %w", it.messageID(), err)
+		}
+		// The commit failure belongs to this delivery's handler.
+		it.fail(fmt.Errorf("commit handler effects: %w", ce.err), c.cfg.Retry)
+		err = c.transact(ctx, items)
+	}
+	if err != nil {
+		return err
+	}
+	if c.afterCommit != nil {
+		ids := make([]string, len(items))
+		for i, it := range items {
+			ids[i] = it.messageID()
+		}
+		if err := c.afterCommit(ids); err != nil {
+			return &crashError{err: err}
+		}
+	}
+	return s.finish(ctx, items)
+}
+
+// transact runs, in one transaction, the inbox claim and handler of every
+// pending item (each in its own savepoint) and the saga_parked row of every
+// item to park, then commits. An error means nothing committed.
+func (c *Consumer) transact(ctx context.Context, items []*item) error {
+	need := false
+	for _, it := range items {
+		need = need || it.outcome == outcomePending || it.outcome == outcomePark
+	}
+	if !need {
+		return nil
+	}
+	tx, err := c.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for _, it := range items {
+		if it.outcome != outcomePending {
+			continue
+		}
+		if err := c.apply(ctx, tx, it); err != nil {
+			return fmt.Errorf("message %q: %w", it.messageID(), err)
+		}
+	}
+	for _, it := range items {
+		if it.outcome != outcomePark {
+			continue
+		}
+		if err := c.insertParked(ctx, tx, it); err != nil {
+			return fmt.Errorf("message %q: %w", it.messageID(), err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return &commitError{err: err}
+	}
+	return nil
+}
+
+// apply claims the item in the inbox and runs the handler, in a savepoint
+// of tx. A handler error rolls the savepoint back and routes the item; an
+// error returned by apply means tx itself is unusable.
+func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin savepoint: %w", err)
+	}
+	first, err := inbox.Claim(ctx, sp, c.cfg.Name, it.d.Envelope.MessageID)
+	if err != nil {
+		return err
+	}
+	if !first {
+		if err := sp.Commit(ctx); err != nil {
+			return fmt.Errorf("release savepoint: %w", err)
+		}
+		it.outcome = outcomeDuplicate
+		c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
+		return nil
+	}
+	herr := c.callHandler(ctx, sp, it.d)
+	if herr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return fmt.Errorf("release savepoint: %w", err)
+		}
+		it.outcome = outcomeDone
+		return nil
+	}
+	if ctx.Err() != nil {
+		// Shutdown gave up on this delivery: leave it for redelivery
+		// rather than spend one of its attempts.
+		return fmt.Errorf("handler interrupted: %w", herr)
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return fmt.Errorf("roll back savepoint after handler error (%v): %w", herr, err)
+	}
+	it.fail(fmt.Errorf("handler: %w", herr), c.cfg.Retry)
+	return nil
+}
+
+// callHandler runs the handler, turning a panic into an unclassified error.
+func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, d *Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("handler panicked", slog.String("message_id", d.Envelope.MessageID),
+				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return c.cfg.Handler(ctx, tx, d)
+}
+
+// finish routes failed items to their tier or the parking lot and
+// acknowledges every item that is settled. An item whose publish failed is
+// not acknowledged; the error makes the session end so it is redelivered.
+func (s *session) finish(ctx context.Context, items []*item) error {
+	c := s.c
+	var tags []uint64
+	var settled []*item
+	var routed []*item
+	var out []broker.Outgoing
+	for _, it := range items {
+		switch it.outcome {
+		case outcomeDone, outcomeDuplicate:
+			tags = append(tags, it.raw.DeliveryTag)
+			settled = append(settled, it)
+		case outcomeRetry:
+			routed = append(routed, it)
+			out = append(out, broker.Outgoing{RoutingKey: broker.TierQueue(c.cfg.Queue, it.tier), Publishing: c.retryPublishing(it)})
+		case outcomePark:
+			routed = append(routed, it)
+			out = append(out, broker.Outgoing{RoutingKey: broker.ParkingQueue(c.cfg.Queue), Publishing: c.parkPublishing(it)})
+		}
+	}
+	var routeErr error
+	if len(out) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		errs := c.pub.Publish(pctx, out)
+		cancel()
+		for i, it := range routed {
+			if errs[i] != nil {
+				routeErr = errors.Join(routeErr, fmt.Errorf("message %q: publish to %q: %w", it.messageID(), out[i].RoutingKey, errs[i]))
+				continue
+			}
+			tags = append(tags, it.raw.DeliveryTag)
+			settled = append(settled, it)
+			if it.outcome == outcomeRetry {
+				c.log.Warn("message failed; retrying after a delay",
+					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
+					slog.String("class", it.class.String()), slog.Duration("delay", it.tier), slog.Any("error", it.err))
+			} else {
+				c.log.Error("message parked",
+					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
+					slog.String("class", it.parkClass()), slog.Any("error", it.err))
+			}
+		}
+	}
+	if err := s.acker.ack(tags); err != nil {
+		// The channel is gone: the session ends through its close
+		// notification and the deliveries come back; the inbox makes
+		// their second handling a no-op.
+		c.log.Warn("acknowledgement failed; deliveries will be redelivered", slog.Any("error", err))
+	} else if len(tags) > 0 {
+		s.progress.Store(true)
+		if c.onSettle != nil {
+			for _, it := range settled {
+				c.onSettle(it.messageID(), it.outcome.String())
+			}
+		}
+	}
+	return routeErr
+}

@@ -1,0 +1,224 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/protosaga/saga/runtime/envelope"
+)
+
+// HeaderLastError carries the error of the failed attempt on a retry copy,
+// so the next attempt's logs and an operator looking at a tier queue can see
+// why the message is waiting.
+const HeaderLastError = "x-last-error"
+
+// Limits on the failure text carried in headers (AMQP frames are small) and
+// stored in saga_parked.reason.
+const (
+	maxHeaderReason = 1024
+	maxStoredReason = 8192
+)
+
+// routing returns the original exchange and routing key of a delivery: the
+// ones recorded on its first retry, or the delivery's own (a message back
+// from a tier queue arrives through the default exchange).
+func routing(raw *amqp.Delivery) (exchange, routingKey string) {
+	exchange, routingKey = raw.Exchange, raw.RoutingKey
+	if s, ok, err := envelope.HeaderString(raw.Headers, envelope.HeaderOrigExchange); ok && err == nil {
+		exchange = s
+	}
+	if s, ok, err := envelope.HeaderString(raw.Headers, envelope.HeaderOrigRoutingKey); ok && err == nil {
+		routingKey = s
+	}
+	return exchange, routingKey
+}
+
+// firstFailureAt returns the time of the delivery's first failure: the one
+// recorded on its first retry, or now.
+func (c *Consumer) firstFailureAt(raw *amqp.Delivery) time.Time {
+	if t, ok, err := envelope.HeaderTime(raw.Headers, envelope.HeaderFirstFailureAt); ok && err == nil {
+		return t
+	}
+	return c.now().UTC()
+}
+
+// copyPublishing returns raw as a new publishing with headers h: every
+// property is kept except the per-message expiration (the tier queue sets
+// the delay) and the user id (the broker checks it against the publishing
+// connection's user). The message is persistent.
+func copyPublishing(raw *amqp.Delivery, h amqp.Table) amqp.Publishing {
+	return amqp.Publishing{
+		Headers:         h,
+		ContentType:     raw.ContentType,
+		ContentEncoding: raw.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        raw.Priority,
+		CorrelationId:   raw.CorrelationId,
+		ReplyTo:         raw.ReplyTo,
+		MessageId:       raw.MessageId,
+		Timestamp:       raw.Timestamp,
+		Type:            raw.Type,
+		AppId:           raw.AppId,
+		Body:            raw.Body,
+	}
+}
+
+// retryPublishing is the copy of it sent to its tier queue: attempt + 1, the
+// first failure's time, the last error, and the original routing.
+func (c *Consumer) retryPublishing(it *item) amqp.Publishing {
+	h := maps.Clone(it.raw.Headers)
+	if h == nil {
+		h = amqp.Table{}
+	}
+	exchange, routingKey := routing(it.raw)
+	h[envelope.HeaderAttempt] = int32(min(it.attempt+1, 1<<31-1))
+	h[envelope.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
+	h[envelope.HeaderOrigExchange] = exchange
+	h[envelope.HeaderOrigRoutingKey] = routingKey
+	h[HeaderLastError] = truncate(it.class.String()+": "+it.err.Error(), maxHeaderReason)
+	return copyPublishing(it.raw, h)
+}
+
+// parkPublishing is the copy of it sent to the parking lot, with the reason
+// and origin in headers. A message without an id (an invalid envelope) gets
+// one here, so the parked copy and its saga_parked row can be matched.
+func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
+	h := maps.Clone(it.raw.Headers)
+	if h == nil {
+		h = amqp.Table{}
+	}
+	exchange, routingKey := routing(it.raw)
+	h[envelope.HeaderAttempt] = int32(it.attempt)
+	h[envelope.HeaderParkReason] = truncate(it.err.Error(), maxHeaderReason)
+	h[envelope.HeaderParkClass] = it.parkClass()
+	h[envelope.HeaderOrigExchange] = exchange
+	h[envelope.HeaderOrigRoutingKey] = routingKey
+	h[envelope.HeaderOrigQueue] = c.cfg.Queue
+	h[envelope.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
+	delete(h, HeaderLastError)
+	p := copyPublishing(it.raw, h)
+	p.MessageId = it.parkID
+	return p
+}
+
+// insertParked records it in saga_parked within tx. A message already
+// parked from this queue and not replayed since is not recorded twice, so a
+// redelivery after a lost ack (or a failed parking-lot publish) keeps one
+// row. Text is made storable: PostgreSQL text cannot hold NUL bytes or
+// invalid UTF-8, and a malformed message must still be parkable.
+func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error {
+	if it.parkID == "" {
+		it.parkID = it.raw.MessageId
+		if it.parkID == "" {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return fmt.Errorf("generate id for a parked message without one: %w", err)
+			}
+			it.parkID = id.String()
+		}
+	}
+	raw := it.raw
+	var sagaID, sagaType string
+	if it.d != nil {
+		sagaID, sagaType = it.d.Envelope.SagaID, it.d.Envelope.SagaType
+	} else {
+		sagaID, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaID)
+		sagaType, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaType)
+	}
+	headers, err := json.Marshal(jsonValue(map[string]any(raw.Headers)))
+	if err != nil {
+		return fmt.Errorf("encode headers of parked message: %w", err)
+	}
+	exchange, routingKey := routing(raw)
+	body := raw.Body
+	if body == nil {
+		body = []byte{}
+	}
+	_, err = tx.Exec(ctx, `
+INSERT INTO saga_parked (message_id, queue, message_type, saga_id, saga_type, correlation_id,
+  class, reason, attempts, exchange, routing_key, headers, body, first_failure_at)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
+WHERE NOT EXISTS (
+  SELECT 1 FROM saga_parked WHERE message_id = $1 AND queue = $2 AND replayed_at IS NULL
+)`,
+		text(it.parkID), text(c.cfg.Queue), text(raw.Type), text(sagaID), text(sagaType), text(raw.CorrelationId),
+		it.parkClass(), text(truncate(it.err.Error(), maxStoredReason)), it.attempt,
+		text(exchange), text(routingKey), headers, body, c.firstFailureAt(raw))
+	if err != nil {
+		return fmt.Errorf("record parked message: %w", err)
+	}
+	return nil
+}
+
+// text makes s storable in a PostgreSQL text column.
+func text(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+// truncate shortens s to at most n bytes on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// jsonValue converts an AMQP header value into one encoding/json encodes
+// and jsonb accepts: tables become objects, timestamps RFC 3339 strings,
+// decimals strings, byte slices strings when they are valid UTF-8 (base64
+// otherwise), and every string is made storable.
+func jsonValue(v any) any {
+	switch x := v.(type) {
+	case nil, bool, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+		return x
+	case float32:
+		return jsonValue(float64(x))
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return fmt.Sprint(x)
+		}
+		return x
+	case string:
+		return text(x)
+	case []byte:
+		if utf8.Valid(x) {
+			return text(string(x))
+		}
+		return x
+	case time.Time:
+		return x.UTC().Format(time.RFC3339Nano)
+	case amqp.Decimal:
+		return fmt.Sprintf("%de-%d", x.Value, x.Scale)
+	case amqp.Table:
+		return jsonValue(map[string]any(x))
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[text(k)] = jsonValue(e)
+		}
+		return m
+	case []any:
+		a := make([]any, len(x))
+		for i, e := range x {
+			a[i] = jsonValue(e)
+		}
+		return a
+	default:
+		return text(fmt.Sprint(x))
+	}
+}
