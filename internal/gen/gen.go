@@ -88,6 +88,14 @@ func Run(gen *protogen.Plugin, p Params, warn io.Writer) error {
 			write(gen, path.Join(dir, s.Snake+".saga.md"), doc)
 		}
 		golang.File(gen, f, migrations)
+		if f.Package.Files[0] == f {
+			js, err := golang.Topology(f.Package).Broker().DefinitionsJSON()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("topology of %s: %w", f.Package.ImportPath, err))
+				continue
+			}
+			write(gen, path.Join(dir, "topology.saga.json"), append(js, '\n'))
+		}
 	}
 	return errors.Join(errs...)
 }

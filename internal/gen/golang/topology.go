@@ -8,6 +8,8 @@ import (
 	"google.golang.org/protobuf/compiler/protogen"
 
 	"github.com/protosaga/saga/internal/gen/model"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Binding is one queue binding of a package's topology.
@@ -62,6 +64,24 @@ func Topology(p *model.Package) PackageTopology {
 	return t
 }
 
+// Broker returns t as the broker.Topology the generated Topology function
+// builds (same queues, tiers and parking lots), so the definitions JSON for
+// review is rendered by the runtime's own code and cannot drift from what
+// broker.Declare declares.
+func (t PackageTopology) Broker() broker.Topology {
+	var bt broker.Topology
+	for _, e := range t.Exchanges {
+		bt.Exchanges = append(bt.Exchanges, broker.Exchange{Name: e, Kind: "topic"})
+	}
+	for _, q := range t.Queues {
+		bt.Queues = append(bt.Queues, broker.WorkQueue(q, broker.QueueQuorum, retry.Default())...)
+	}
+	for _, b := range t.Bindings {
+		bt.Bindings = append(bt.Bindings, broker.Binding{Queue: b.Queue, Exchange: b.Exchange, RoutingKey: b.RoutingKey})
+	}
+	return bt
+}
+
 func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	t := Topology(p)
 	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
@@ -79,7 +99,7 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	if len(t.Queues) > 0 {
 		g.P("Queues: ", slicesPkg.Ident("Concat"), "(")
 		for _, q := range t.Queues {
-			g.P(brokerPkg.Ident("WorkQueue"), "(", strconv.Quote(q), ", ", brokerPkg.Ident("QueueType"), `("quorum"), `, retryPkg.Ident("Default"), "()),")
+			g.P(brokerPkg.Ident("WorkQueue"), "(", strconv.Quote(q), ", ", brokerPkg.Ident("QueueQuorum"), ", ", retryPkg.Ident("Default"), "()),")
 		}
 		g.P("),")
 	}

@@ -41,6 +41,11 @@ func Targets() []Target {
 			"shop/payment/v1/payment.proto",
 			"shop/shipping/v1/shipping.proto",
 		}},
+		{Name: "quoteapproval", Root: "examples/quoteapproval", Saga: true, Files: []string{
+			"approval/v1/approval.proto",
+			"pricing/v1/pricing.proto",
+			"quote/v1/quote.proto",
+		}},
 	}
 }
 

@@ -233,7 +233,7 @@ func Topology() broker.Topology {
 			{Name: "shop.inventory.v1.replies", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("inventory.commands", broker.QueueType("quorum"), retry.Default()),
+			broker.WorkQueue("inventory.commands", broker.QueueQuorum, retry.Default()),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.release-inventory"},

@@ -176,8 +176,8 @@ func Topology() broker.Topology {
 			{Name: "shop.shipping.v1.replies", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("order.commands", broker.QueueType("quorum"), retry.Default()),
-			broker.WorkQueue("order.saga.place_order", broker.QueueType("quorum"), retry.Default()),
+			broker.WorkQueue("order.commands", broker.QueueQuorum, retry.Default()),
+			broker.WorkQueue("order.saga.place_order", broker.QueueQuorum, retry.Default()),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "order.commands", Exchange: "shop.order.v1.commands", RoutingKey: "command.shop.order.v1.approve-order"},

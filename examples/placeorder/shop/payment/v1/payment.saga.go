@@ -160,7 +160,7 @@ func Topology() broker.Topology {
 			{Name: "shop.payment.v1.replies", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("payment.commands", broker.QueueType("quorum"), retry.Default()),
+			broker.WorkQueue("payment.commands", broker.QueueQuorum, retry.Default()),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "payment.commands", Exchange: "shop.payment.v1.commands", RoutingKey: "command.shop.payment.v1.authorize-payment"},

@@ -130,7 +130,7 @@ func Topology() broker.Topology {
 			{Name: "shop.shipping.v1.replies", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("shipping.commands", broker.QueueType("quorum"), retry.Default()),
+			broker.WorkQueue("shipping.commands", broker.QueueQuorum, retry.Default()),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "shipping.commands", Exchange: "shop.shipping.v1.commands", RoutingKey: "command.shop.shipping.v1.schedule-shipping"},
