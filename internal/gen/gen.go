@@ -88,6 +88,7 @@ func Run(gen *protogen.Plugin, p Params, warn io.Writer) error {
 			write(gen, path.Join(dir, s.Snake+".saga.md"), doc)
 		}
 		golang.File(gen, f, migrations)
+		golang.TestHelpers(gen, f)
 		if f.Package.Files[0] == f {
 			js, err := golang.Topology(f.Package).Broker().DefinitionsJSON()
 			if err != nil {

@@ -157,6 +157,10 @@ func genHooks(g *protogen.GeneratedFile, s *model.Saga) {
 	errf := func(format string, args ...string) string {
 		return g.QualifiedGoIdent(fmtPkg.Ident("Errorf")) + "(" + strconv.Quote("saga "+s.FullName+": "+format) + joinArgs(args) + ")"
 	}
+	g.P("// ", s.HooksFunc(), " adapts d to the runtime's sagadef.Hooks (", s.NewFunc(), " does this for")
+	g.P("// you; use it to drive the definition directly, e.g. with runtime/sagatest).")
+	g.P("func ", s.HooksFunc(), "(d ", s.DeciderType(), ") ", sagadefPkg.Ident("Hooks"), " { return ", h, "{d: d} }")
+	g.P()
 	g.P("// ", h, " adapts a ", s.DeciderType(), " to sagadef.Hooks.")
 	g.P("type ", h, " struct{ d ", s.DeciderType(), " }")
 	g.P()
@@ -176,26 +180,13 @@ func genHooks(g *protogen.GeneratedFile, s *model.Saga) {
 	g.P("}")
 	g.P()
 	g.P("func (h ", h, ") Build(ctx ", contextPkg.Ident("Context"), ", command string, data ", protoPkg.Ident("Message"), ") (", messagePkg.Ident("Message"), ", error) {")
-	g.P("d, ok := data.(*", data, ")")
-	g.P("if !ok {")
-	g.P("return nil, ", errf("saga data is %T, want *"+data.GoName, "data"))
-	g.P("}")
-	g.P("switch command {")
-	for _, c := range s.Commands {
-		g.P("case ", strconv.Quote(c.FullName), ":")
-		g.P("c, err := h.d.", buildMethod(c), "(ctx, d)")
-		g.P("if err != nil {")
-		g.P("return nil, err")
+	if len(s.Commands) == 0 {
+		g.P("return nil, ", errf("no command %s in this saga (it sends none)", "command"))
 		g.P("}")
-		g.P("if c == nil {")
-		g.P("return nil, ", errf(buildMethod(c)+" returned no command"))
-		g.P("}")
-		g.P("return c, nil")
+		g.P()
+	} else {
+		genBuild(g, s, errf)
 	}
-	g.P("}")
-	g.P("return nil, ", errf("no command %s in this saga", "command"))
-	g.P("}")
-	g.P()
 	g.P("func (h ", h, ") Apply(ctx ", contextPkg.Ident("Context"), ", data ", protoPkg.Ident("Message"), ", msg ", messagePkg.Ident("Message"), ") error {")
 	g.P("d, ok := data.(*", data, ")")
 	g.P("if !ok {")
@@ -376,6 +367,30 @@ func genMigrations(g *protogen.GeneratedFile, s *model.Saga, files []string) {
 	g.P("// The directory is a constant that exists in the embedded tree, so Sub cannot fail.")
 	g.P("sub, _ := ", fsPkg.Ident("Sub"), "(", v, ", ", strconv.Quote(dir), ")")
 	g.P("return ", schemaPkg.Ident("Source"), "{Name: ", strconv.Quote(s.Table), ", FS: sub}")
+	g.P("}")
+	g.P()
+}
+
+func genBuild(g *protogen.GeneratedFile, s *model.Saga, errf func(string, ...string) string) {
+	data := s.Data.GoIdent
+	g.P("d, ok := data.(*", data, ")")
+	g.P("if !ok {")
+	g.P("return nil, ", errf("saga data is %T, want *"+data.GoName, "data"))
+	g.P("}")
+	g.P("switch command {")
+	for _, c := range s.Commands {
+		g.P("case ", strconv.Quote(c.FullName), ":")
+		g.P("c, err := h.d.", buildMethod(c), "(ctx, d)")
+		g.P("if err != nil {")
+		g.P("return nil, err")
+		g.P("}")
+		g.P("if c == nil {")
+		g.P("return nil, ", errf(buildMethod(c)+" returned no command"))
+		g.P("}")
+		g.P("return c, nil")
+	}
+	g.P("}")
+	g.P("return nil, ", errf("no command %s in this saga", "command"))
 	g.P("}")
 	g.P()
 }

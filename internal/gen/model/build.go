@@ -137,7 +137,7 @@ func (b *builder) collect() {
 				p := path(m.Location.Path, fieldMessageOptions, extMessage, msgAnswers)
 				if msg.Kind != sagav1.Kind_KIND_REPLY {
 					b.errorf(f, p, "option-misuse", "remove answers or make the message a reply",
-						"%s is a %s; only replies declare the command they answer", msg.FullName, kindName(msg.Kind))
+						"%s is %s; only replies declare the command they answer", msg.FullName, article(kindName(msg.Kind)))
 					return
 				}
 				if cmdMsg := b.ref(f, p, m.Desc.ParentFile().Package(), ref, sagav1.Kind_KIND_COMMAND, "answers"); cmdMsg != nil {
@@ -233,7 +233,7 @@ func (b *builder) message(f *protogen.File, m *protogen.Message, mo *sagav1.Mess
 		p := path(base, msgOwner)
 		if msg.Kind != sagav1.Kind_KIND_COMMAND {
 			b.errorf(f, p, "option-misuse", "remove owner; events have subscribers and replies go back to the saga",
-				"%s is a %s; only commands have an owner", full, kind)
+				"%s is %s; only commands have an owner", full, article(kind))
 		} else if !serviceRE.MatchString(msg.Owner) {
 			b.errorf(f, p, "routing-key", "service names are lower-case words separated by '-', '_' or '.'",
 				"%s: invalid owner service name %q", full, msg.Owner)
@@ -336,8 +336,8 @@ func (b *builder) ref(f *protogen.File, p []int32, pkg protoreflect.FullName, na
 	for _, c := range candidates {
 		if msg := b.messages[c]; msg != nil {
 			if want != sagav1.Kind_KIND_UNSPECIFIED && msg.Kind != want {
-				b.errorf(f, p, "saga-reference", fmt.Sprintf("%s must name a %s", what, kindName(want)),
-					"%s %q is a %s, want a %s", what, name, kindName(msg.Kind), kindName(want))
+				b.errorf(f, p, "saga-reference", fmt.Sprintf("%s must name %s", what, article(kindName(want))),
+					"%s %q is %s, want %s", what, name, article(kindName(msg.Kind)), article(kindName(want)))
 				return nil
 			}
 			return msg
@@ -369,4 +369,12 @@ func plural(kind string) string {
 		return "replies"
 	}
 	return kind + "s"
+}
+
+// article prefixes a kind name with "a" or "an".
+func article(kind string) string {
+	if strings.HasPrefix(kind, "e") {
+		return "an " + kind
+	}
+	return "a " + kind
 }

@@ -37,8 +37,7 @@ func (s *Saga) DefinitionFunc() string { return s.Name + "Definition" }
 func (s *Saga) DeciderType() string    { return s.Name + "Decider" }
 func (s *Saga) NoopFoldsType() string  { return s.Name + "NoopFolds" }
 func (s *Saga) HooksType() string      { return Lower(s.Name) + "Hooks" }
-func (s *Saga) TestType() string       { return s.Name + "Test" }
-func (s *Saga) NewTestFunc() string    { return "New" + s.Name + "Test" }
+func (s *Saga) HooksFunc() string      { return s.Name + "Hooks" }
 func (s *Saga) MigrationsFunc() string { return s.Name + "Migrations" }
 func (s *Saga) MigrationsVar() string  { return Lower(s.Name) + "MigrationsFS" }
 func (s *Saga) StateConst(state string) string {
@@ -161,7 +160,7 @@ func (b *builder) collisions() {
 		}
 		s := d.saga
 		for _, n := range []string{s.GoName(), s.NewFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
-			s.HooksType(), s.TestType(), s.NewTestFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
+			s.HooksType(), s.HooksFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
 			claim(d.file, path(d.base, sagaName), n, "saga "+s.FullName)
 		}
 	}

@@ -46,6 +46,11 @@ func Targets() []Target {
 			"pricing/v1/pricing.proto",
 			"quote/v1/quote.proto",
 		}},
+		// Golden cases of the generator's tests (testdata/golden/<case>).
+		{Name: "golden/proto2", Root: "testdata/golden/proto2", Saga: true, Files: []string{"legacy/v1/legacy.proto"}},
+		{Name: "golden/editions", Root: "testdata/golden/editions", Saga: true, Files: []string{"ed/v1/ed.proto"}},
+		{Name: "golden/collide", Root: "testdata/golden/collide", Saga: true, Files: []string{"message/message.proto"}},
+		{Name: "golden/noopts", Root: "testdata/golden/noopts", Saga: true, Files: []string{"plain/v1/plain.proto"}},
 	}
 }
 

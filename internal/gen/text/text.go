@@ -121,7 +121,7 @@ type docData struct {
 	Messages                                                                    []docMessage
 	States                                                                      []sagadef.State
 	Transitions                                                                 []sagadef.Transition
-	Diagram                                                                     []string
+	Diagram                                                                     string
 }
 
 // Doc renders the saga's Markdown page.
@@ -168,38 +168,6 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 		}
 		d.Messages = append(d.Messages, dm)
 	}
-	d.Diagram = diagram(s.Definition)
+	d.Diagram = strings.TrimRight(s.Definition.Mermaid(), "\n")
 	return r.exec("saga.md.tmpl", d)
-}
-
-// diagram returns the lines of a Mermaid stateDiagram-v2 of def's
-// transitions (operator triggers are left out to keep it readable; the
-// transition table lists them).
-func diagram(def *sagadef.Definition) []string {
-	var lines []string
-	seen := map[string]bool{}
-	for _, t := range def.Transitions {
-		if strings.HasPrefix(t.Trigger, "operator.") {
-			continue
-		}
-		from := t.From
-		if from == "" {
-			from = "[*]"
-		}
-		label := t.Trigger
-		if i := strings.LastIndexByte(label, '.'); i >= 0 && !strings.HasPrefix(label, "operator.") {
-			label = label[i+1:]
-		}
-		line := fmt.Sprintf("%s --> %s: %s", from, t.To, label)
-		if !seen[line] && from != t.To {
-			seen[line] = true
-			lines = append(lines, line)
-		}
-	}
-	for _, s := range def.States {
-		if s.Kind == sagadef.StateKindTerminal {
-			lines = append(lines, s.Name+" --> [*]")
-		}
-	}
-	return lines
 }

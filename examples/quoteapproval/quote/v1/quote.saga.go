@@ -289,7 +289,6 @@ func QuoteApprovalDefinition() *sagadef.Definition {
 			{From: QuoteApprovalStateSubmitOrder, Trigger: "operator.cancel", To: QuoteApprovalStateCancelled},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateManualReview},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateManualReview},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateFailed},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleaseFailed", To: QuoteApprovalStateManualReview},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateManualReview},
@@ -406,6 +405,10 @@ func (QuoteApprovalNoopFolds) OnQuotePricingFailed(context.Context, *QuoteApprov
 func (QuoteApprovalNoopFolds) OnOrderSubmitted(context.Context, *QuoteApprovalData, *OrderSubmitted) error {
 	return nil
 }
+
+// QuoteApprovalHooks adapts d to the runtime's sagadef.Hooks (NewQuoteApproval does this for
+// you; use it to drive the definition directly, e.g. with runtime/sagatest).
+func QuoteApprovalHooks(d QuoteApprovalDecider) sagadef.Hooks { return quoteApprovalHooks{d: d} }
 
 // quoteApprovalHooks adapts a QuoteApprovalDecider to sagadef.Hooks.
 type quoteApprovalHooks struct{ d QuoteApprovalDecider }

@@ -341,17 +341,14 @@ func PlaceOrderDefinition() *sagadef.Definition {
 			{From: PlaceOrderStateManualReview, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
 			{From: PlaceOrderStateCompleted, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCompleted, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompleted, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCompleted, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCompleted, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateFailed, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateFailed, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateFailed, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateFailed, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateFailed, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCancelled, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCancelled, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCancelled, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCancelled, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCancelled, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
 		},
@@ -429,6 +426,10 @@ func (PlaceOrderNoopFolds) OnPaymentAuthorized(context.Context, *PlaceOrderData,
 func (PlaceOrderNoopFolds) OnShippingScheduled(context.Context, *PlaceOrderData, *v12.ShippingScheduled) error {
 	return nil
 }
+
+// PlaceOrderHooks adapts d to the runtime's sagadef.Hooks (NewPlaceOrder does this for
+// you; use it to drive the definition directly, e.g. with runtime/sagatest).
+func PlaceOrderHooks(d PlaceOrderDecider) sagadef.Hooks { return placeOrderHooks{d: d} }
 
 // placeOrderHooks adapts a PlaceOrderDecider to sagadef.Hooks.
 type placeOrderHooks struct{ d PlaceOrderDecider }

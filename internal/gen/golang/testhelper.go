@@ -1,0 +1,86 @@
+package golang
+
+import (
+	"path"
+	"strconv"
+
+	"google.golang.org/protobuf/compiler/protogen"
+
+	"github.com/protosaga/saga/internal/gen/model"
+)
+
+const (
+	sagatestPkg = protogen.GoImportPath(runtimeRoot + "sagatest")
+	testingPkg  = protogen.GoImportPath("testing")
+)
+
+// TestPackage returns the import path and name of the package holding the
+// in-memory test helpers of f's Go package: "<import path>/<name>test". The
+// helpers live apart so production code importing the contract package
+// does not link package testing.
+func TestPackage(f *model.File) (protogen.GoImportPath, protogen.GoPackageName) {
+	name := f.Proto.GoPackageName + "test"
+	return protogen.GoImportPath(path.Join(string(f.Proto.GoImportPath), string(name))), name
+}
+
+// TestHelpers renders the typed sagatest harness of every saga in f, or
+// nothing when f declares no saga.
+func TestHelpers(gen *protogen.Plugin, f *model.File) {
+	if len(f.Sagas) == 0 {
+		return
+	}
+	ip, name := TestPackage(f)
+	prefix := f.Proto.GeneratedFilenamePrefix
+	filename := path.Join(path.Dir(prefix), string(name), path.Base(prefix)+".sagatest.go")
+	g := gen.NewGeneratedFile(filename, ip)
+	g.P(Header)
+	g.P("// source: ", f.Proto.Desc.Path())
+	g.P()
+	g.P("// Package ", name, " drives the sagas of package ", f.Proto.GoPackageName, " in memory, without")
+	g.P("// a database or a broker, through scripted replies, timeouts and duplicates.")
+	g.P("package ", name)
+	g.P()
+	g.P("// This file needs a runtime that supports generated code version 1.")
+	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion1"))
+	g.P()
+	for _, s := range f.Sagas {
+		genTestHelper(g, s)
+	}
+}
+
+func genTestHelper(g *protogen.GeneratedFile, s *model.Saga) {
+	pkg := s.Data.GoIdent.GoImportPath
+	typ := s.Name
+	g.P("// ", typ, " drives one instance of saga ", s.FullName, " in memory. The")
+	g.P("// embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires")
+	g.P("// timeouts and the deadline, applies operator actions and asserts states")
+	g.P("// and sent messages.")
+	g.P("type ", typ, " struct {")
+	g.P("*", sagatestPkg.Ident("Harness"))
+	g.P("}")
+	g.P()
+	g.P("// New", typ, " returns a harness for the saga with decider d.")
+	g.P("func New", typ, "(t ", testingPkg.Ident("TB"), ", d ", pkg.Ident(s.DeciderType()), ") *", typ, " {")
+	g.P("t.Helper()")
+	g.P("return &", typ, "{Harness: ", sagatestPkg.Ident("New"), "(t, ", pkg.Ident(s.DefinitionFunc()), "(), ", pkg.Ident(s.HooksFunc()), "(d))}")
+	g.P("}")
+	g.P()
+	g.P("// Begin starts the instance from a typed start message.")
+	g.P("func (h *", typ, ") Begin(start *", s.Start.Proto.GoIdent, ") ", sagadefPkg.Ident("Result"), " { return h.Start(start) }")
+	g.P()
+	g.P("// Data returns the instance's saga data.")
+	g.P("func (h *", typ, ") Data() *", s.Data.GoIdent, " {")
+	g.P("d, _ := h.Instance().Data.(*", s.Data.GoIdent, ")")
+	g.P("return d")
+	g.P("}")
+	g.P()
+	for _, c := range s.Commands {
+		name := "Sent" + c.Proto.GoIdent.GoName
+		g.P("// ", name, " returns the last ", c.FullName, " the saga sent; it fails the test when none was sent.")
+		g.P("func (h *", typ, ") ", name, "() *", c.Proto.GoIdent, " {")
+		g.P("m, _ := h.LastSent(", strconv.Quote(c.FullName), ").Message.(*", c.Proto.GoIdent, ")")
+		g.P("return m")
+		g.P("}")
+		g.P()
+	}
+}

@@ -1,0 +1,46 @@
+package model
+
+// Rule describes one design-review rule; docs/design-review.md explains
+// each and testdata/review holds a failing contract for each.
+type Rule struct {
+	ID string
+	// Warning rules do not fail generation unless warnings=error.
+	Warning bool
+	// Defensive rules guard against states the other rules already
+	// prevent; they have no failing contract of their own.
+	Defensive bool
+}
+
+// Rules lists every rule id the review can report.
+var Rules = []Rule{
+	{ID: "message-kind"},
+	{ID: "command-idempotency"},
+	{ID: "reply-correlation"},
+	{ID: "field-path"},
+	{ID: "routing-key"},
+	{ID: "schema-version"},
+	{ID: "option-misuse"},
+	{ID: "command-consumer"},
+	{ID: "reply-unused", Warning: true},
+	{ID: "reply-answers"},
+	{ID: "reply-package"},
+	{ID: "saga-reference"},
+	{ID: "saga-name"},
+	{ID: "saga-start"},
+	{ID: "saga-business-key"},
+	{ID: "saga-steps"},
+	{ID: "saga-ambiguous"},
+	{ID: "duration"},
+	{ID: "step-name"},
+	{ID: "step-role"},
+	{ID: "step-replies"},
+	{ID: "step-external"},
+	{ID: "step-compensation"},
+	{ID: "step-timeout"},
+	{ID: "step-late-reply"},
+	{ID: "retry-budget"},
+	{ID: "compensatable-after-pivot"},
+	{ID: "non-retriable-after-pivot"},
+	{ID: "name-collision"},
+	{ID: "saga-definition", Defensive: true},
+}

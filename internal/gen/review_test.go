@@ -1,0 +1,139 @@
+package gen_test
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/pluginpb"
+
+	"github.com/protosaga/saga/internal/gen"
+	"github.com/protosaga/saga/internal/gen/model"
+	"github.com/protosaga/saga/internal/gen/protoc"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files and committed generated code")
+
+// repoRoot is the repository root relative to this package.
+const repoRoot = "../.."
+
+func compile(t *testing.T, root string, param string, files ...string) *pluginpb.CodeGeneratorRequest {
+	t.Helper()
+	req, err := protoc.Request(context.Background(), protoc.Options{
+		ImportPaths: []string{root, filepath.Join(repoRoot, "options")},
+		Parameter:   param,
+	}, files...)
+	require.NoError(t, err)
+	return req
+}
+
+// outcome is what a review case produces: the error response, or the
+// warnings of a successful run.
+func outcome(req *pluginpb.CodeGeneratorRequest) (string, *pluginpb.CodeGeneratorResponse) {
+	var warn bytes.Buffer
+	resp := gen.Response(req, &warn)
+	if resp.Error != nil {
+		return resp.GetError() + "\n", resp
+	}
+	return warn.String(), resp
+}
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		require.NoError(t, os.WriteFile(path, got, 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "missing golden file; run go test ./internal/gen -update")
+	require.Equal(t, string(want), string(got), "golden %s differs; rerun with -update if intended", path)
+}
+
+// TestReview runs every design-review case in testdata/review and asserts
+// the exact findings ("file:line:col: rule-id: message (hint: ...)").
+func TestReview(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(repoRoot, "testdata", "review")
+	protos, err := filepath.Glob(filepath.Join(root, "*.proto"))
+	require.NoError(t, err)
+	require.NotEmpty(t, protos)
+	for _, p := range protos {
+		name := strings.TrimSuffix(filepath.Base(p), ".proto")
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			// A case may span files: x.proto plus every x/*.proto.
+			files := []string{filepath.Base(p)}
+			more, err := filepath.Glob(filepath.Join(root, name, "*.proto"))
+			require.NoError(t, err)
+			for _, m := range more {
+				files = append(files, name+"/"+filepath.Base(m))
+			}
+			got, resp := outcome(compile(t, root, "", files...))
+			golden(t, filepath.Join(root, name+".err"), []byte(got))
+			if resp.Error != nil {
+				require.Empty(t, resp.File, "nothing may be written when the review fails")
+			}
+		})
+	}
+}
+
+// TestReviewWarningsAsErrors promotes the reply-unused warning to an error.
+func TestReviewWarningsAsErrors(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(repoRoot, "testdata", "review")
+	warned, resp := outcome(compile(t, root, "", "reply_unused.proto"))
+	require.Nil(t, resp.Error)
+	require.NotEmpty(t, resp.File)
+	require.Contains(t, warned, "reply-unused: warning: ")
+
+	failed, resp := outcome(compile(t, root, "warnings=error", "reply_unused.proto"))
+	require.NotNil(t, resp.Error)
+	require.Empty(t, resp.File)
+	require.Equal(t, strings.Replace(warned, "warning: ", "", 1), failed)
+
+	_, resp = outcome(compile(t, root, "warnings=loud", "reply_unused.proto"))
+	require.Contains(t, resp.GetError(), `warnings="loud"`)
+}
+
+var ruleRE = regexp.MustCompile(`(?m)^[^:\n]+:\d+:\d+: ([a-z-]+): `)
+
+// TestEveryRuleHasACase asserts that every rule id is exercised by a case
+// and documented in docs/design-review.md.
+func TestEveryRuleHasACase(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	errs, err := filepath.Glob(filepath.Join(repoRoot, "testdata", "review", "*.err"))
+	require.NoError(t, err)
+	for _, e := range errs {
+		b, err := os.ReadFile(e)
+		require.NoError(t, err)
+		for _, m := range ruleRE.FindAllStringSubmatch(string(b), -1) {
+			seen[m[1]] = true
+		}
+	}
+	doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "design-review.md"))
+	require.NoError(t, err)
+	var missing []string
+	for _, r := range model.Rules {
+		if !seen[r.ID] && !r.Defensive {
+			missing = append(missing, r.ID+" (no case)")
+		}
+		if !strings.Contains(string(doc), "### `"+r.ID+"`") {
+			missing = append(missing, r.ID+" (undocumented)")
+		}
+	}
+	for id := range seen {
+		if !slices.ContainsFunc(model.Rules, func(r model.Rule) bool { return r.ID == id }) {
+			missing = append(missing, id+" (not in model.Rules)")
+		}
+	}
+	slices.Sort(missing)
+	require.Empty(t, missing)
+}
