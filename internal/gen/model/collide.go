@@ -159,6 +159,9 @@ func (b *builder) collisions() {
 			continue
 		}
 		s := d.saga
+		if !camelRE.MatchString(s.Name) {
+			continue // reported as saga-name
+		}
 		for _, n := range []string{s.GoName(), s.NewFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
 			s.HooksType(), s.HooksFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
 			claim(d.file, path(d.base, sagaName), n, "saga "+s.FullName)

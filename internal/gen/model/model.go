@@ -177,6 +177,7 @@ func Build(gen *protogen.Plugin, opts Options) (*Model, error) {
 			b.model.Warnings = append(b.model.Warnings, d)
 			continue
 		}
+		d.Warning = false
 		errs = append(errs, d)
 	}
 	sortDiagnostics(errs)
