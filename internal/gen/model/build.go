@@ -348,7 +348,7 @@ func (b *builder) ref(f *protogen.File, p []int32, pkg protoreflect.FullName, na
 			return nil
 		}
 	}
-	b.errorf(f, p, "saga-reference", "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\"",
+	b.errorf(f, p, "saga-reference", "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\", and import its file",
 		"%s %q: unknown message", what, name)
 	return nil
 }

@@ -15,6 +15,8 @@
 package quotev1
 
 import (
+	_ "github.com/protosaga/saga/examples/quoteapproval/approval/v1"
+	_ "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
 	_ "github.com/protosaga/saga/options/saga/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -326,7 +328,7 @@ var File_quote_v1_quote_proto protoreflect.FileDescriptor
 
 const file_quote_v1_quote_proto_rawDesc = "" +
 	"\n" +
-	"\x14quote/v1/quote.proto\x12\bquote.v1\x1a\x12saga/v1/saga.proto\"\xf4\x01\n" +
+	"\x14quote/v1/quote.proto\x12\bquote.v1\x1a\x12saga/v1/saga.proto\x1a\x1aapproval/v1/approval.proto\x1a\x18pricing/v1/pricing.proto\"\xf4\x01\n" +
 	"\vSubmitQuote\x12\x19\n" +
 	"\bquote_id\x18\x01 \x01(\tR\aquoteId\x12\x1f\n" +
 	"\vcustomer_id\x18\x02 \x01(\tR\n" +

@@ -289,6 +289,7 @@ func QuoteApprovalDefinition() *sagadef.Definition {
 			{From: QuoteApprovalStateSubmitOrder, Trigger: "operator.cancel", To: QuoteApprovalStateCancelled},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateManualReview},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
+			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateManualReview},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateFailed},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleaseFailed", To: QuoteApprovalStateManualReview},
 			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateManualReview},

@@ -11,6 +11,9 @@ package orderv1
 
 import (
 	v1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
+	_ "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
+	_ "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
+	_ "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	_ "github.com/protosaga/saga/options/saga/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
@@ -314,7 +317,7 @@ var File_shop_order_v1_order_proto protoreflect.FileDescriptor
 
 const file_shop_order_v1_order_proto_rawDesc = "" +
 	"\n" +
-	"\x19shop/order/v1/order.proto\x12\rshop.order.v1\x1a\x12saga/v1/saga.proto\x1a\x1bshop/common/v1/common.proto\"\xcc\x02\n" +
+	"\x19shop/order/v1/order.proto\x12\rshop.order.v1\x1a\x12saga/v1/saga.proto\x1a\x1bshop/common/v1/common.proto\x1a!shop/inventory/v1/inventory.proto\x1a\x1dshop/payment/v1/payment.proto\x1a\x1fshop/shipping/v1/shipping.proto\"\xcc\x02\n" +
 	"\x11PlaceOrderRequest\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x1f\n" +
 	"\vcustomer_id\x18\x02 \x01(\tR\n" +
