@@ -25,11 +25,16 @@ var ErrRejected = errors.New("saga operation rejected")
 type VersionConflictError struct {
 	SagaID   string
 	Expected int64
-	Actual   int64
-	State    string
+	// Actual is the instance's current version; 0 when unknown (the guard
+	// of an update found the row changed).
+	Actual int64
+	State  string
 }
 
 func (e *VersionConflictError) Error() string {
+	if e.Actual == 0 {
+		return fmt.Sprintf("saga %s: instance moved past version %d (state %s) concurrently", e.SagaID, e.Expected, e.State)
+	}
 	return fmt.Sprintf("saga %s: expected version %d, instance is at version %d (state %s)",
 		e.SagaID, e.Expected, e.Actual, e.State)
 }

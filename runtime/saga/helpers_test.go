@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,7 +83,9 @@ func msg(in *message.Info, order string) testMsg {
 // hooks implements sagadef.Hooks for the test contract. The saga data is a
 // Struct holding the order id and the list of messages applied to it, so
 // tests can see that a duplicate is never applied twice.
-type hooks struct{}
+type hooks struct {
+	builds *atomic.Int64 // Build calls, to see work done twice
+}
 
 func (hooks) Start(_ context.Context, start message.Message) (proto.Message, string, error) {
 	order := start.(testMsg).GetValue()
@@ -96,7 +99,8 @@ func (hooks) Start(_ context.Context, start message.Message) (proto.Message, str
 	return data, order, nil
 }
 
-func (hooks) Build(_ context.Context, command string, data proto.Message) (message.Message, error) {
+func (h hooks) Build(_ context.Context, command string, data proto.Message) (message.Message, error) {
+	h.builds.Add(1)
 	in, ok := testRegistry.Lookup(command)
 	if !ok {
 		return nil, fmt.Errorf("build: unknown command %s", command)
@@ -217,6 +221,7 @@ func (c *clock) Advance(d time.Duration) {
 }
 
 type testBundle struct {
+	builds *atomic.Int64
 	pool   *pgxpool.Pool
 	engine *saga.Engine
 	clock  *clock
@@ -234,15 +239,16 @@ func setup(t *testing.T, o defOptions) *testBundle {
 	def := placeOrder(t, "saga_place_order", o)
 	createTable(t, pool, def)
 	clk := &clock{now: baseTime}
+	builds := &atomic.Int64{}
 	eng, err := saga.New(saga.Config{
 		Pool:       pool,
 		Definition: def,
-		Hooks:      hooks{},
+		Hooks:      hooks{builds: builds},
 		Registry:   testRegistry,
 		Now:        clk.Now,
 	})
 	require.NoError(t, err)
-	return &testBundle{pool: pool, engine: eng, clock: clk, def: def}
+	return &testBundle{builds: builds, pool: pool, engine: eng, clock: clk, def: def}
 }
 
 // createTable creates the instance table the generator would emit.

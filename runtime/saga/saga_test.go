@@ -336,3 +336,31 @@ func TestConcurrentRepliesSerialize(t *testing.T) {
 	require.Equal(t, []string{"InventoryReserved", "PaymentAuthorized", "ShippingScheduled"}, applied(t, st))
 	require.Len(t, b.history(t, id), 1+3*n)
 }
+
+// TestVersionGuardRefusesStaleWrite bypasses the row lock: a transition
+// computed from a row read before another transition committed must fail
+// rather than overwrite the newer version.
+func TestVersionGuardRefusesStaleWrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	ctx := context.Background()
+	id := b.start(t, "order-1")
+	cmd := b.status(t, id).PendingMessageID
+	stale, err := b.engine.SnapshotForTest(ctx, id)
+	require.NoError(t, err)
+
+	b.mustReply(t, id, msgInventoryReserved)
+
+	m := msg(msgInventoryReserved, "order-1")
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		return b.engine.TransitionForTest(ctx, tx, stale, sagadef.Trigger{
+			Kind: m.info.FullName, Message: m, MessageID: newID(), CausationID: cmd,
+		})
+	})
+	require.ErrorIs(t, err, saga.ErrVersionConflict)
+	require.Equal(t, failure.ClassTransient, failure.ClassOf(err), "a retry reloads and classifies again")
+	st := b.status(t, id)
+	require.Equal(t, int64(2), st.Version)
+	require.Equal(t, []string{"InventoryReserved"}, applied(t, st))
+	require.Equal(t, []string{"ReserveInventory", "AuthorizePayment"}, outboxTypes(b.outbox(t, id)))
+}

@@ -63,8 +63,8 @@ func (e *Engine) status(w row) (Status, error) {
 		DeadlineAt:       inst.DeadlineAt,
 		LastError:        w.LastError,
 		ReviewReason:     w.ReviewReason,
-		CreatedAt:        w.CreatedAt,
-		UpdatedAt:        w.UpdatedAt,
+		CreatedAt:        w.CreatedAt.UTC(),
+		UpdatedAt:        w.UpdatedAt.UTC(),
 	}, nil
 }
 

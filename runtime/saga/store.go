@@ -133,10 +133,10 @@ func (e *Engine) instance(w row) (sagadef.Instance, error) {
 		ReviewReason:     w.ReviewReason,
 	}
 	if w.TimeoutAt != nil {
-		inst.TimeoutAt = *w.TimeoutAt
+		inst.TimeoutAt = w.TimeoutAt.UTC()
 	}
 	if w.DeadlineAt != nil {
-		inst.DeadlineAt = *w.DeadlineAt
+		inst.DeadlineAt = w.DeadlineAt.UTC()
 	}
 	return inst, nil
 }

@@ -88,6 +88,12 @@ func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, w row, now time.Time) (
 		if ctx.Err() != nil {
 			return false, terr
 		}
+		if errors.Is(terr, ErrVersionConflict) {
+			// Someone else moved the instance on: nothing is wrong with
+			// it, and whatever is due now is the next scan's business.
+			e.cfg.Logger.DebugContext(ctx, "saga "+kind+" skipped: instance moved on", "saga_type", e.def.Name, "saga_id", w.ID)
+			return false, nil
+		}
 		return false, e.deferDue(ctx, tx, w, kind, terr, now)
 	}
 	if err := sp.Commit(ctx); err != nil {

@@ -116,6 +116,7 @@ func TestScannersNeverDoubleFire(t *testing.T) {
 		ids[i] = b.start(t, fmt.Sprintf("order-%d", i))
 	}
 	b.clock.Advance(stepTimeout)
+	buildsBefore := b.builds.Load()
 
 	counts := make([]int, scanners)
 	errs := make([]error, scanners)
@@ -142,8 +143,10 @@ func TestScannersNeverDoubleFire(t *testing.T) {
 		total += counts[s]
 	}
 	require.Equal(t, sagas, total)
+	require.Equal(t, int64(sagas), b.builds.Load()-buildsBefore, "no instance's timeout was even computed twice")
 	for _, id := range ids {
 		st := b.status(t, id)
+		require.Empty(t, st.LastError)
 		require.Equal(t, 2, st.Attempt, "saga %s", id)
 		require.Equal(t, int64(2), st.Version)
 		n := 0

@@ -70,8 +70,9 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 		if tag.RowsAffected() != 1 {
 			// Only possible when a caller did not lock the row: the
 			// guard refuses to overwrite a concurrent transition.
-			return outcome{}, fmt.Errorf("update saga %s: %w", w.ID,
-				&VersionConflictError{SagaID: w.ID, Expected: w.Version, State: w.State})
+			// Transient: a retry reloads the row and classifies again.
+			return outcome{}, failure.Transient(fmt.Errorf("update saga %s: %w", w.ID,
+				&VersionConflictError{SagaID: w.ID, Expected: w.Version, State: w.State}))
 		}
 	}
 	if err := e.emit(ctx, tx, w.ID, res.Emit, trig.MessageID, o); err != nil {

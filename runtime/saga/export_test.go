@@ -1,0 +1,24 @@
+package saga
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// Snapshot is an instance row read without a lock, for tests that bypass
+// the row lock to prove the version guard.
+type Snapshot = row
+
+// SnapshotForTest reads the instance row without locking it.
+func (e *Engine) SnapshotForTest(ctx context.Context, sagaID string) (Snapshot, error) {
+	return loadRow(ctx, e.cfg.Pool, e.q.selectByID, sagaID)
+}
+
+// TransitionForTest applies trig to a row the caller did not lock.
+func (e *Engine) TransitionForTest(ctx context.Context, tx pgx.Tx, w Snapshot, trig sagadef.Trigger) error {
+	_, err := e.transition(ctx, tx, w, trig, origin{})
+	return err
+}
