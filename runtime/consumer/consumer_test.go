@@ -476,6 +476,16 @@ func TestConsumer(t *testing.T) {
 		_, ok, err := envelope.HeaderTime(second, envelope.HeaderFirstFailureAt)
 		require.NoError(t, err)
 		require.True(t, ok)
+		// The copy waited in the first tier queue and expired back.
+		deaths, ok := second["x-death"].([]any)
+		require.True(t, ok, "x-death header missing: %v", second)
+		var expiredFrom []string
+		for _, d := range deaths {
+			if dt, ok := d.(amqp.Table); ok && dt["reason"] == "expired" {
+				expiredFrom = append(expiredFrom, dt["queue"].(string))
+			}
+		}
+		require.Equal(t, []string{broker.TierQueue(b.queue, 100*time.Millisecond)}, expiredFrom)
 		// The failed attempt's effect was rolled back; the second committed.
 		require.Equal(t, []int{2}, b.effects("t1"))
 		require.Empty(t, b.parked())
