@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bufbuild/protocompile"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/pluginpb"
 
@@ -136,4 +138,27 @@ func TestEveryRuleHasACase(t *testing.T) {
 	}
 	slices.Sort(missing)
 	require.Empty(t, missing)
+}
+
+// TestReviewProtocPositions: plain protoc records no positions inside
+// option literals; findings then point at the option statement.
+func TestReviewProtocPositions(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(repoRoot, "testdata", "review")
+	req, err := protoc.Request(context.Background(), protoc.Options{
+		ImportPaths: []string{root, filepath.Join(repoRoot, "options")},
+		SourceInfo:  protocompile.SourceInfoStandard,
+	}, "step_timeout_late.proto")
+	require.NoError(t, err)
+	got, _ := outcome(req)
+	src, err := os.ReadFile(filepath.Join(root, "step_timeout_late.proto"))
+	require.NoError(t, err)
+	line := slices.IndexFunc(strings.Split(string(src), "\n"), func(l string) bool {
+		return strings.Contains(l, "option (saga.v1.saga)")
+	}) + 1
+	lines := strings.Split(strings.TrimSpace(got), "\n")
+	require.Len(t, lines, 5)
+	for _, l := range lines {
+		require.True(t, strings.HasPrefix(l, fmt.Sprintf("step_timeout_late.proto:%d:3: ", line)), l)
+	}
 }

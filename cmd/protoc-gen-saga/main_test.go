@@ -1,0 +1,95 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/pluginpb"
+
+	"github.com/protosaga/saga/internal/gen"
+	"github.com/protosaga/saga/internal/gen/protoc"
+)
+
+const repoRoot = "../.."
+
+// build compiles the plugin binary once per test.
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "protoc-gen-saga")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+func request(t *testing.T, root, param string, files ...string) *pluginpb.CodeGeneratorRequest {
+	t.Helper()
+	req, err := protoc.Request(context.Background(), protoc.Options{
+		ImportPaths: []string{filepath.Join(repoRoot, root), filepath.Join(repoRoot, "options")},
+		Parameter:   param,
+	}, files...)
+	require.NoError(t, err)
+	return req
+}
+
+func run(t *testing.T, bin string, req *pluginpb.CodeGeneratorRequest) (*pluginpb.CodeGeneratorResponse, string) {
+	t.Helper()
+	in, err := proto.Marshal(req)
+	require.NoError(t, err)
+	cmd := exec.Command(bin)
+	cmd.Stdin = bytes.NewReader(in)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Run(), "stderr: %s", stderr.String())
+	resp := &pluginpb.CodeGeneratorResponse{}
+	require.NoError(t, proto.Unmarshal(stdout.Bytes(), resp))
+	return resp, stderr.String()
+}
+
+// TestBinary runs the built plugin the way protoc and buf do: a
+// CodeGeneratorRequest on stdin, a response on stdout.
+func TestBinary(t *testing.T) {
+	t.Parallel()
+	bin := build(t)
+
+	out, err := exec.Command(bin, "--version").Output()
+	require.NoError(t, err)
+	require.Equal(t, "protoc-gen-saga devel\n", string(out))
+
+	t.Run("examples", func(t *testing.T) {
+		t.Parallel()
+		req := request(t, "examples/placeorder", "paths=source_relative",
+			"shop/order/v1/order.proto", "shop/inventory/v1/inventory.proto")
+		resp, stderr := run(t, bin, req)
+		require.Empty(t, resp.GetError())
+		require.Empty(t, stderr)
+		want := gen.Response(req, io.Discard)
+		require.True(t, proto.Equal(want, resp), "binary and in-process output differ")
+		require.NotZero(t, resp.GetSupportedFeatures()&uint64(pluginpb.CodeGeneratorResponse_FEATURE_SUPPORTS_EDITIONS))
+		require.Equal(t, int32(descriptorpb.Edition_EDITION_2023), resp.GetMaximumEdition())
+	})
+
+	t.Run("review failure", func(t *testing.T) {
+		t.Parallel()
+		resp, _ := run(t, bin, request(t, "testdata/review", "", "step_timeout_late.proto"))
+		require.Empty(t, resp.File)
+		require.True(t, strings.HasPrefix(resp.GetError(), "step_timeout_late.proto:51:5: step-late-reply: "), resp.GetError())
+	})
+
+	t.Run("warnings on stderr", func(t *testing.T) {
+		t.Parallel()
+		resp, stderr := run(t, bin, request(t, "testdata/review", "", "reply_unused.proto"))
+		require.Empty(t, resp.GetError())
+		require.Contains(t, stderr, "reply_unused.proto:15:3: reply-unused: warning: ")
+		resp, _ = run(t, bin, request(t, "testdata/review", "warnings=error", "reply_unused.proto"))
+		require.Contains(t, resp.GetError(), "reply_unused.proto:15:3: reply-unused: ")
+		require.Empty(t, resp.File)
+	})
+}
