@@ -1,14 +1,3 @@
-// Package sagadef holds the definition of a saga type — its steps, their
-// roles and policies — and the pure state machine that interprets it.
-//
-// Generated code builds one [Definition] per saga declared in a contract; the
-// engine in package saga persists instances and calls [Definition.Apply] inside
-// one transaction. Nothing here touches a database or a broker, so a saga can
-// be driven through any script of replies, timeouts and duplicates in memory.
-//
-// The generator imports this package too (to compute the transition table it
-// prints into generated code and docs), so the table in the docs, the table in
-// the generated code and the behaviour at run time are one table.
 package sagadef
 
 import (
@@ -101,8 +90,10 @@ type Step struct {
 	Late LatePolicy
 }
 
-// Definition is one saga type. Generated code builds it; call [Compile] once
-// before use.
+// Definition is one saga type. Generated code builds it; call
+// [Definition.Compile] once before use. A compiled Definition is read-only
+// and safe for concurrent use; Compile itself must not run concurrently with
+// anything else on the same Definition.
 type Definition struct {
 	// Name is the saga type's full name (e.g. "shop.order.v1.PlaceOrder").
 	Name string
@@ -119,9 +110,12 @@ type Definition struct {
 	// Steps in contract order.
 	Steps []Step
 	// States and Transitions are the complete state set and transition
-	// table; [Compile] fills them from Steps.
+	// table; [Definition.Compile] fills them from Steps.
 	States      []State
 	Transitions []Transition
+
+	// compiled is the index Compile builds; nil until Compile succeeds.
+	compiled *index
 }
 
 // Terminal and holding states every saga has. Step states are derived from
@@ -154,8 +148,10 @@ type State struct {
 	Step string
 }
 
-// Trigger kinds for transitions.
+// Trigger kinds for transitions. A transition's Trigger is either one of
+// these or a message full name; Compile refuses message names equal to them.
 const (
+	// TriggerStart is the trigger of the table's initial row (From "").
 	TriggerStart    = "start"
 	TriggerTimeout  = "timeout"
 	TriggerDeadline = "deadline"
@@ -230,8 +226,19 @@ type Progress struct {
 	// Sent maps command MessageIDs the saga sent to their step name, so a
 	// reply's causation id identifies the attempt it answers.
 	Sent map[string]string `json:"sent,omitempty"`
-	// Stopped lists steps whose wait ended without a reply (timeout etc.).
+	// Stopped lists steps whose wait ended without a reply (timeout,
+	// operator compensate/cancel/resolve). A compensatable step in Stopped is
+	// compensated: its effect may have happened.
 	Stopped []string `json:"stopped,omitempty"`
+	// SentCompensations maps compensating command MessageIDs to the step
+	// they compensate, like Sent does for step commands.
+	SentCompensations map[string]string `json:"sent_compensations,omitempty"`
+	// CompensationOutcomes maps step name to the full name of the reply that
+	// settled its compensation.
+	CompensationOutcomes map[string]string `json:"compensation_outcomes,omitempty"`
+	// ReviewFrom is the state the saga was in when it entered
+	// MANUAL_REVIEW: what an operator retry resumes. Empty outside review.
+	ReviewFrom string `json:"review_from,omitempty"`
 }
 
 // Trigger is what happens to an instance: a message, a timeout, an operator.

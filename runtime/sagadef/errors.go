@@ -1,0 +1,52 @@
+package sagadef
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors, for use with errors.Is.
+var (
+	// ErrInvalidDefinition is matched by every error Compile reports.
+	ErrInvalidDefinition = errors.New("invalid saga definition")
+	// ErrNotCompiled is returned by Begin and Apply on a
+	// Definition that Compile has not accepted.
+	ErrNotCompiled = errors.New("saga definition not compiled")
+	// ErrInvalidTrigger is returned for a trigger that is malformed (an
+	// operator trigger without operator or reason, a message that does not
+	// match its Kind, an unknown trigger kind) or that the current state does
+	// not allow (resolve outside MANUAL_REVIEW, retry with nothing to retry).
+	ErrInvalidTrigger = errors.New("invalid saga trigger")
+	// ErrTerminal is returned for an operator trigger on an instance in a
+	// terminal state.
+	ErrTerminal = errors.New("saga is in a terminal state")
+	// ErrUnknownState is returned when an instance's state is not a state of
+	// the definition (e.g. a state removed while instances still occupy it).
+	ErrUnknownState = errors.New("unknown saga state")
+)
+
+// DefinitionError is one problem Compile found. It matches
+// [ErrInvalidDefinition] with errors.Is.
+type DefinitionError struct {
+	// Saga is the saga's name; Step the step's name, empty for problems of
+	// the saga as a whole.
+	Saga string
+	Step string
+	// Problem says what is wrong.
+	Problem string
+}
+
+// Error returns "saga NAME: step STEP: PROBLEM".
+func (e *DefinitionError) Error() string {
+	saga := e.Saga
+	if saga == "" {
+		saga = "(unnamed)"
+	}
+	if e.Step != "" {
+		return fmt.Sprintf("saga %s: step %s: %s", saga, e.Step, e.Problem)
+	}
+	return fmt.Sprintf("saga %s: %s", saga, e.Problem)
+}
+
+// Is reports whether target is ErrInvalidDefinition.
+func (e *DefinitionError) Is(target error) bool { return target == ErrInvalidDefinition }

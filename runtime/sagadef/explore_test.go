@@ -1,0 +1,227 @@
+package sagadef
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// explore computes the transition table the slow, sure way: it explores the
+// state machine by running Apply itself (dry: no hooks, no messages) from the
+// initial instance, with every trigger that can reach an instance — every
+// incoming message answering the pending command, an earlier attempt, or
+// nothing the saga sent; timeouts; the deadline; every operator action — and
+// records each result that is a transition. Instances are reduced to what
+// Apply's decisions depend on (state, progress sets and outcomes, whether
+// an earlier attempt of a command exists, whether the retry budget is fresh,
+// partly spent or exhausted, whether timers are armed), which makes the
+// explored space finite. The result holds exactly the transitions Apply can
+// take; tests compare it with the derived table.
+
+// exploreEpoch is the clock of the exploration; armed timers are set to it,
+// so every armed timer is due.
+var exploreEpoch = time.Unix(0, 0).UTC()
+
+// maxExplored bounds the exploration; real definitions stay far below it.
+const maxExplored = 200_000
+
+func (d *Definition) explore() ([]Transition, error) {
+	ctx := context.Background()
+	env := Env{Now: exploreEpoch, NewID: newCounter("explore-")}
+	m := mode{dry: true, assumeDue: true}
+
+	rows := rowSet{}
+	add := rows.add
+
+	first, names, err := d.begin(ctx, env, "explore", nil, "explore", m)
+	if err != nil {
+		return nil, err
+	}
+	add("", TriggerStart, first.To, names)
+	start := d.canon(first.Instance)
+	seen := map[string]bool{stateKey(start): true}
+	queue := []Instance{start}
+	for len(queue) > 0 {
+		inst := queue[0]
+		queue = queue[1:]
+		for _, trig := range d.probes(inst) {
+			res, names, err := d.apply(ctx, env, inst, trig, m)
+			if err != nil {
+				if errors.Is(err, ErrInvalidTrigger) || errors.Is(err, ErrTerminal) {
+					continue // an operator action the state refuses
+				}
+				return nil, err
+			}
+			if isTransition(res.From, res.To, res.Class, len(names)) {
+				add(res.From, trig.Kind, res.To, names)
+			}
+			if res.Instance.Version == inst.Version {
+				continue // nothing changed
+			}
+			next := d.canon(res.Instance)
+			if k := stateKey(next); !seen[k] {
+				if len(seen) >= maxExplored {
+					return nil, fmt.Errorf("more than %d distinct instance shapes; the definition is too large to tabulate", maxExplored)
+				}
+				seen[k] = true
+				queue = append(queue, next)
+			}
+		}
+	}
+
+	return d.sortRows(rows), nil
+}
+
+// probes lists the triggers tried on an explored instance: each incoming
+// message answering each command or compensation the instance sent for the
+// message's step, or nothing it sent; a timeout; the deadline; and every
+// operator action.
+func (d *Definition) probes(inst Instance) []Trigger {
+	var out []Trigger
+	message := func(name, cause string) {
+		out = append(out, Trigger{Kind: name, MessageID: "explore-message", CausationID: cause})
+	}
+	causes := func(sent map[string]string, step string) []string {
+		list := []string{"explore-unknown"}
+		for id, s := range sent {
+			if s == step {
+				list = append(list, id)
+			}
+		}
+		slices.Sort(list)
+		return list
+	}
+	for _, s := range d.Steps {
+		replies := append(slices.Clone(s.SuccessReplies), s.FailureReplies...)
+		stepCauses := []string{"explore-unknown"}
+		if !s.External {
+			stepCauses = causes(inst.Progress.Sent, s.Name)
+		}
+		for _, n := range replies {
+			for _, c := range stepCauses {
+				message(n, c)
+			}
+		}
+		if s.Role != RoleCompensatable {
+			continue
+		}
+		compCauses := causes(inst.Progress.SentCompensations, s.Name)
+		for _, n := range append([]string{s.CompensationReply}, s.CompensationFailureReplies...) {
+			for _, c := range compCauses {
+				message(n, c)
+			}
+		}
+	}
+	if IsTerminal(inst.State) {
+		return out // timers are cleared and operators refused in terminal states
+	}
+	out = append(out, Trigger{Kind: TriggerTimeout}, Trigger{Kind: TriggerDeadline})
+	op := func(kind, to string) Trigger {
+		return Trigger{Kind: kind, Operator: "explore", Reason: "explore", ResolveTo: to}
+	}
+	out = append(out, op(TriggerOperatorRetry, ""), op(TriggerOperatorCompensate, ""), op(TriggerOperatorCancel, ""))
+	for _, to := range []string{StateCompleted, StateFailed, StateCancelled} {
+		out = append(out, op(TriggerOperatorResolve, to))
+	}
+	return out
+}
+
+// canon reduces an instance to what Apply's decisions depend on, with
+// message ids renamed so that equal shapes compare equal: the pending
+// command is "p", earlier commands of a step "s:STEP", earlier compensations
+// "c:STEP".
+func (d *Definition) canon(inst Instance) Instance {
+	st := d.compiled.states[inst.State]
+	c := Instance{Type: inst.Type, State: inst.State}
+	if st.Kind == StateKindStep || st.Kind == StateKindCompensating {
+		max := d.Steps[d.compiled.steps[st.Step]].maxAttempts()
+		// Attempts between the first and the last behave alike; the
+		// last of them stands for all (its successor is the last attempt).
+		switch a := inst.Attempt; {
+		case a >= max:
+			c.Attempt = max
+		case a > 1:
+			c.Attempt = max - 1
+		default:
+			c.Attempt = a
+		}
+	}
+	// Ids of a settled step's commands no longer matter (its replies are
+	// duplicates or conflicts whatever they answer), unless an operator
+	// retry may clear the outcome: the step is what the review resumes.
+	rename := func(m map[string]string, prefix string, settled map[string]string, stateOf func(string) string) map[string]string {
+		if len(m) == 0 {
+			return nil
+		}
+		out := make(map[string]string, len(m))
+		for id, step := range m {
+			switch {
+			case id == inst.PendingMessageID:
+				out["p"] = step
+			case settled[step] != "" && inst.Progress.ReviewFrom != stateOf(step):
+			default:
+				out[prefix+step] = step
+			}
+		}
+		return out
+	}
+	if inst.PendingMessageID != "" {
+		c.PendingMessageID = "p"
+	}
+	byStep := func(list []string) []string {
+		out := slices.Clone(list)
+		slices.SortFunc(out, func(a, b string) int { return cmp.Compare(d.compiled.steps[a], d.compiled.steps[b]) })
+		return out
+	}
+	p := inst.Progress
+	c.Progress = Progress{
+		Completed:            slices.Clone(p.Completed),
+		Compensated:          byStep(p.Compensated),
+		Stopped:              byStep(p.Stopped),
+		Outcomes:             cloneMap(p.Outcomes),
+		CompensationOutcomes: cloneMap(p.CompensationOutcomes),
+		Sent:                 rename(p.Sent, "s:", p.Outcomes, StateName),
+		SentCompensations:    rename(p.SentCompensations, "c:", p.CompensationOutcomes, CompensatingStateName),
+		ReviewFrom:           p.ReviewFrom,
+	}
+	if !inst.TimeoutAt.IsZero() {
+		c.TimeoutAt = exploreEpoch
+	}
+	if !inst.DeadlineAt.IsZero() {
+		c.DeadlineAt = exploreEpoch
+	}
+	return c
+}
+
+// stateKey identifies a canonical instance.
+func stateKey(inst Instance) string {
+	var b strings.Builder
+	b.WriteString(inst.State)
+	fmt.Fprintf(&b, "|%s|%d|%t|%t", inst.PendingMessageID, inst.Attempt, !inst.TimeoutAt.IsZero(), !inst.DeadlineAt.IsZero())
+	p := inst.Progress
+	for _, list := range [][]string{p.Completed, p.Compensated, p.Stopped} {
+		b.WriteByte('|')
+		b.WriteString(strings.Join(list, ","))
+	}
+	for _, m := range []map[string]string{p.Outcomes, p.CompensationOutcomes, p.Sent, p.SentCompensations} {
+		b.WriteByte('|')
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			b.WriteString(k)
+			b.WriteByte('=')
+			b.WriteString(m[k])
+			b.WriteByte(',')
+		}
+	}
+	b.WriteByte('|')
+	b.WriteString(p.ReviewFrom)
+	return b.String()
+}

@@ -1,0 +1,358 @@
+package sagadef
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// The transition table is derived from the steps by the rules below, which
+// mirror Apply case by case. A test (explore_test.go) checks the derivation
+// against an exhaustive exploration of Apply itself — every reachable
+// instance shape, every trigger — on many definitions, so that the table
+// holds exactly the transitions Apply can take, no more and no fewer.
+
+// rowSet collects table rows without duplicates.
+type rowSet map[string]Transition
+
+func (r rowSet) add(from, trigger, to string, emits []string) {
+	key := from + "\x00" + trigger + "\x00" + to + "\x00" + strings.Join(emits, "\x00")
+	if _, ok := r[key]; !ok {
+		r[key] = Transition{From: from, Trigger: trigger, To: to, Emits: slices.Clone(emits)}
+	}
+}
+
+// derive computes the transition table.
+func (d *Definition) derive() []Transition {
+	steps := d.Steps
+	rows := rowSet{}
+	type dest struct {
+		state string
+		emits []string
+	}
+	// enter is where waiting for step i begins.
+	enter := func(i int) dest {
+		s := steps[i]
+		if s.External {
+			return dest{StateName(s.Name), nil}
+		}
+		return dest{StateName(s.Name), []string{s.Command}}
+	}
+	advance := func(i int) dest {
+		if i+1 < len(steps) {
+			return enter(i + 1)
+		}
+		return dest{StateCompleted, nil}
+	}
+	// compensateFrom is where compensation starts when the steps up to k
+	// completed or stopped: the last compensatable one of them, or FAILED.
+	compensateFrom := func(k int) dest {
+		for j := min(k, len(steps)-1); j >= 0; j-- {
+			if steps[j].Role == RoleCompensatable {
+				return dest{CompensatingStateName(steps[j].Name), []string{steps[j].Compensation}}
+			}
+		}
+		return dest{StateFailed, nil}
+	}
+	add := func(from, trigger string, to dest) { rows.add(from, trigger, to.state, to.emits) }
+	toReview := func(from string, triggers ...string) {
+		for _, t := range triggers {
+			rows.add(from, t, StateManualReview, nil)
+		}
+	}
+	replies := func(s Step) []string { return append(slices.Clone(s.SuccessReplies), s.FailureReplies...) }
+	// conflictsWithSuccess lists the replies of s that conflict with a
+	// recorded success; conflictsWithAny those that can conflict with some
+	// recorded outcome.
+	conflictsWithSuccess := func(s Step) []string {
+		out := slices.Clone(s.FailureReplies)
+		if len(s.SuccessReplies) > 1 {
+			out = append(out, s.SuccessReplies...)
+		}
+		return out
+	}
+	conflictsWithAny := func(s Step) []string {
+		if r := replies(s); len(r) > 1 {
+			return r
+		}
+		return nil
+	}
+	compensationConflicts := func(s Step) []string {
+		if len(s.CompensationFailureReplies) == 0 {
+			return nil
+		}
+		return append([]string{s.CompensationReply}, s.CompensationFailureReplies...)
+	}
+	lateReview := func(s Step) []string {
+		if s.Late == LateManualReview {
+			return replies(s)
+		}
+		return nil
+	}
+	// lateCompensationReview lists the compensation replies that send the
+	// saga to review when its compensation was abandoned (cancel, resolve).
+	lateCompensationReview := func(s Step) []string {
+		if s.Late != LateManualReview || s.Role != RoleCompensatable {
+			return nil
+		}
+		return append([]string{s.CompensationReply}, s.CompensationFailureReplies...)
+	}
+
+	add("", TriggerStart, enter(0))
+	// Waiting for step i: steps before it succeeded, nothing else is settled.
+	for i, s := range steps {
+		st := StateName(s.Name)
+		for _, r := range s.SuccessReplies {
+			add(st, r, advance(i))
+		}
+		for _, r := range s.FailureReplies {
+			if s.Role == RoleRetriable {
+				toReview(st, r)
+			} else {
+				add(st, r, compensateFrom(i-1))
+			}
+		}
+		if !s.External {
+			toReview(st, lateReview(s)...) // a reply to an earlier attempt
+		}
+		for _, prev := range steps[:i] {
+			toReview(st, conflictsWithSuccess(prev)...)
+		}
+		switch s.OnTimeout {
+		case TimeoutCompensate:
+			add(st, TriggerTimeout, compensateFrom(i))
+		case TimeoutRetry:
+			if s.maxAttempts() > 1 {
+				add(st, TriggerTimeout, enter(i))
+			}
+			toReview(st, TriggerTimeout)
+		default:
+			toReview(st, TriggerTimeout)
+		}
+		if d.Deadline > 0 {
+			toReview(st, TriggerDeadline)
+		}
+		add(st, TriggerOperatorRetry, enter(i))
+		add(st, TriggerOperatorCompensate, compensateFrom(i))
+		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
+	}
+	// Compensating step j: any step may be settled (by any reply, for steps
+	// at or after j), later compensations succeeded, stopped steps after
+	// the compensatable ones are not covered by a compensation.
+	for j, s := range steps {
+		if s.Role != RoleCompensatable {
+			continue
+		}
+		st := CompensatingStateName(s.Name)
+		resend := dest{st, []string{s.Compensation}}
+		add(st, s.CompensationReply, compensateFrom(j-1))
+		toReview(st, s.CompensationFailureReplies...)
+		// A compensation failure recorded before the saga was resolved and
+		// an operator compensated it again.
+		toReview(st, compensationConflicts(s)...)
+		if s.Late == LateManualReview {
+			toReview(st, s.CompensationReply)
+		}
+		for k, o := range steps {
+			if k < j {
+				toReview(st, conflictsWithSuccess(o)...)
+			} else {
+				toReview(st, conflictsWithAny(o)...)
+			}
+			if k > j && o.Role == RoleCompensatable {
+				toReview(st, o.CompensationFailureReplies...)
+			}
+			if o.Role != RoleCompensatable {
+				toReview(st, lateReview(o)...)
+			}
+		}
+		if s.maxAttempts() > 1 {
+			add(st, TriggerTimeout, resend)
+		}
+		toReview(st, TriggerTimeout)
+		add(st, TriggerOperatorRetry, resend)
+		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
+	}
+	// Terminal states.
+	for _, s := range steps {
+		toReview(StateCompleted, conflictsWithSuccess(s)...)
+		toReview(StateCancelled, lateReview(s)...)
+		toReview(StateCancelled, lateCompensationReview(s)...)
+		if s.Role != RoleCompensatable {
+			toReview(StateFailed, lateReview(s)...)
+		}
+	}
+	sources := map[string]bool{}
+	for _, r := range rows {
+		if r.To == StateManualReview {
+			sources[r.From] = true
+		}
+	}
+	if len(sources) == 0 {
+		return d.sortRows(rows)
+	}
+	rev := StateManualReview
+	// stoppedInReview reports whether the saga can be in review with step
+	// k stopped and unsettled, so that a resolve leaves it stopped: always
+	// when compensations exist (stop k by an operator compensation, let
+	// the compensation time out), otherwise when review can be entered from
+	// step k without settling it, or from a later state by a conflict.
+	hasCompensation := compensateFrom(len(steps)).state != StateFailed
+	stoppedInReview := func(k int) bool {
+		if hasCompensation {
+			return true
+		}
+		st := StateName(steps[k].Name)
+		for _, r := range rows {
+			if r.From == st && r.To == rev && !slices.Contains(replies(steps[k]), r.Trigger) {
+				return true
+			}
+		}
+		for _, prev := range steps[:k] {
+			if len(conflictsWithSuccess(prev)) > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	// Manual review is reachable; through resolve, any terminal state may
+	// hold any outcome.
+	for _, t := range []string{StateCompleted, StateFailed, StateCancelled} {
+		for k, s := range steps {
+			toReview(t, conflictsWithAny(s)...)
+			toReview(t, compensationConflicts(s)...)
+			if stoppedInReview(k) {
+				toReview(t, lateReview(s)...)
+			}
+			toReview(t, lateCompensationReview(s)...)
+		}
+	}
+	for _, s := range steps {
+		toReview(rev, conflictsWithAny(s)...)
+		toReview(rev, compensationConflicts(s)...)
+	}
+	if d.Deadline > 0 {
+		for _, r := range rows {
+			if r.To == rev && r.Trigger != TriggerDeadline && d.compiled.states[r.From].Kind == StateKindStep {
+				toReview(rev, TriggerDeadline)
+				break
+			}
+		}
+	}
+	terminalSource := false
+	for i, s := range steps {
+		if st := StateName(s.Name); sources[st] {
+			// Review entered from step i: a success of step i recorded in
+			// review lets a retry continue; a review entered without
+			// recording a success lets it resend, and lets a failure be
+			// recorded, which leaves step i out of the compensation.
+			add(rev, TriggerOperatorRetry, advance(i))
+			add(rev, TriggerOperatorCompensate, compensateFrom(i))
+			for _, r := range rows {
+				if r.From == st && r.To == rev && !slices.Contains(s.SuccessReplies, r.Trigger) {
+					add(rev, TriggerOperatorRetry, enter(i))
+					if len(s.FailureReplies) > 0 {
+						add(rev, TriggerOperatorCompensate, compensateFrom(i-1))
+					}
+					break
+				}
+			}
+		}
+		if s.Role == RoleCompensatable && sources[CompensatingStateName(s.Name)] {
+			resend := dest{CompensatingStateName(s.Name), []string{s.Compensation}}
+			add(rev, TriggerOperatorRetry, resend)
+			add(rev, TriggerOperatorRetry, compensateFrom(i-1))
+			add(rev, TriggerOperatorCompensate, resend)
+			add(rev, TriggerOperatorCompensate, compensateFrom(i-1))
+		}
+	}
+	for _, t := range []string{StateCompleted, StateFailed, StateCancelled} {
+		terminalSource = terminalSource || sources[t]
+	}
+	if terminalSource {
+		for i := range steps {
+			add(rev, TriggerOperatorCompensate, compensateFrom(i))
+		}
+		add(rev, TriggerOperatorCompensate, dest{StateFailed, nil})
+	}
+	for _, t := range []string{StateCompleted, StateFailed, StateCancelled} {
+		add(rev, TriggerOperatorResolve, dest{t, nil})
+	}
+	add(rev, TriggerOperatorCancel, dest{StateCancelled, nil})
+	return d.sortRows(rows)
+}
+
+// sortRows orders the table: by from state (in States order, the start row
+// first), trigger (messages in step order, then timeout, deadline and the
+// operator actions), to state, emitted messages.
+func (d *Definition) sortRows(rows rowSet) []Transition {
+	ix := d.compiled
+	out := make([]Transition, 0, len(rows))
+	for _, t := range rows {
+		out = append(out, t)
+	}
+	rank := func(state string) int {
+		if state == "" {
+			return -1
+		}
+		return ix.stateRank[state]
+	}
+	slices.SortFunc(out, func(a, b Transition) int {
+		return cmp.Or(
+			cmp.Compare(rank(a.From), rank(b.From)),
+			cmp.Compare(ix.trigRank[a.Trigger], ix.trigRank[b.Trigger]),
+			cmp.Compare(rank(a.To), rank(b.To)),
+			slices.Compare(a.Emits, b.Emits),
+		)
+	})
+	return out
+}
+
+// Mermaid renders the transition table as a Mermaid stateDiagram-v2. Rows
+// between the same two states share one arrow, labelled with one line per
+// trigger ("trigger / emitted messages", short names). It returns "" before
+// Compile.
+func (d *Definition) Mermaid() string {
+	if d.compiled == nil {
+		return ""
+	}
+	type edge struct{ from, to string }
+	var order []edge
+	labels := map[edge][]string{}
+	for _, t := range d.Transitions {
+		e := edge{t.From, t.To}
+		if _, ok := labels[e]; !ok {
+			order = append(order, e)
+		}
+		l := shortName(t.Trigger)
+		if strings.HasPrefix(t.Trigger, "operator.") {
+			l = t.Trigger
+		}
+		if len(t.Emits) > 0 {
+			short := make([]string, len(t.Emits))
+			for i, m := range t.Emits {
+				short[i] = shortName(m)
+			}
+			l += " / " + strings.Join(short, ", ")
+		}
+		if !slices.Contains(labels[e], l) {
+			labels[e] = append(labels[e], l)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("stateDiagram-v2\n")
+	for _, e := range order {
+		from := e.from
+		if from == "" {
+			from = "[*]"
+		}
+		fmt.Fprintf(&b, "    %s --> %s : %s\n", from, e.to, strings.Join(labels[e], "<br/>"))
+	}
+	for _, s := range d.States {
+		if s.Kind == StateKindTerminal {
+			fmt.Fprintf(&b, "    %s --> [*]\n", s.Name)
+		}
+	}
+	return b.String()
+}

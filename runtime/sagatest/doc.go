@@ -1,0 +1,22 @@
+// Package sagatest drives a saga definition in memory: a [Harness] holds one
+// instance, a fake clock and sequential message ids, and feeds the pure
+// state machine of package sagadef a script of replies, duplicates,
+// timeouts, deadlines and operator actions, recording every result.
+//
+//	h := sagatest.New(t, def, hooks)
+//	h.Start(placeOrder)
+//	h.RequireState("RESERVE_INVENTORY")
+//	h.RequireSent("shop.v1.ReserveInventory")
+//	h.Reply(inventoryReserved)      // answers the pending command
+//	h.Duplicate()                   // same reply again, new message id
+//	h.RequireClass(sagadef.ClassDuplicate)
+//	h.Timeout()                     // clock past timeout_at, timeout fires
+//
+// Every Apply the harness makes is also checked for purity: the input
+// instance (progress maps and slices, saga data) must be unchanged
+// afterwards.
+//
+// Generated code wraps a Harness in a typed helper per saga. For tests that
+// have no generated code, [NewType], [NewMessage] and [Hooks] provide test
+// messages of any full name and hooks that record what they folded.
+package sagatest

@@ -1,0 +1,122 @@
+package sagatest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// Message is a minimal [message.Message] for tests that cannot use generated
+// code: a string value travelling under any contract full name. Its
+// IdempotencyKey is "FULLNAME/VALUE" and its CorrelationKey is the value, so
+// commands built from the same saga data carry the same key.
+type Message struct {
+	*wrapperspb.StringValue
+	info *message.Info
+}
+
+// NewType returns the description of a test message type with the given
+// full name and kind. Its New builds a [*Message]; it can be registered in a
+// [message.Registry] like generated infos.
+func NewType(fullName string, kind message.Kind) *message.Info {
+	info := &message.Info{
+		FullName:      fullName,
+		Kind:          kind,
+		Exchange:      "sagatest." + kind.String(),
+		RoutingKey:    strings.ToLower(fullName),
+		SchemaVersion: 1,
+	}
+	info.New = func() message.Message {
+		return &Message{StringValue: &wrapperspb.StringValue{}, info: info}
+	}
+	return info
+}
+
+// NewMessage returns a message of the given type carrying value.
+func NewMessage(info *message.Info, value string) *Message {
+	return &Message{StringValue: wrapperspb.String(value), info: info}
+}
+
+// SagaMessageInfo returns the message's type description.
+func (m *Message) SagaMessageInfo() *message.Info { return m.info }
+
+// IdempotencyKey returns "FULLNAME/VALUE".
+func (m *Message) IdempotencyKey() string { return m.info.FullName + "/" + m.GetValue() }
+
+// CorrelationKey returns the value.
+func (m *Message) CorrelationKey() string { return m.GetValue() }
+
+// Hooks returns [sagadef.Hooks] for definitions whose messages are test
+// [Message]s of the given types. The saga data is a structpb.Struct holding
+// the business key (the start message's value) and the full names of every
+// message folded into it, in order (see [Applied]). Build returns a message
+// of the requested type carrying the business key.
+func Hooks(types ...*message.Info) sagadef.Hooks {
+	h := keyHooks{types: make(map[string]*message.Info, len(types))}
+	for _, t := range types {
+		h.types[t.FullName] = t
+	}
+	return h
+}
+
+type keyHooks struct {
+	types map[string]*message.Info
+}
+
+func (h keyHooks) Start(_ context.Context, start message.Message) (proto.Message, string, error) {
+	key := start.CorrelationKey()
+	if key == "" {
+		return nil, "", fmt.Errorf("start message %s has no value to use as business key", start.SagaMessageInfo().FullName)
+	}
+	data := &structpb.Struct{Fields: map[string]*structpb.Value{
+		"key":     structpb.NewStringValue(key),
+		"applied": structpb.NewListValue(&structpb.ListValue{}),
+	}}
+	return data, key, nil
+}
+
+func (h keyHooks) Build(_ context.Context, command string, data proto.Message) (message.Message, error) {
+	info, ok := h.types[command]
+	if !ok {
+		return nil, fmt.Errorf("sagatest hooks: unknown command type %s", command)
+	}
+	s, ok := data.(*structpb.Struct)
+	if !ok {
+		return nil, fmt.Errorf("sagatest hooks: saga data is %T, want *structpb.Struct", data)
+	}
+	return NewMessage(info, s.GetFields()["key"].GetStringValue()), nil
+}
+
+func (h keyHooks) Apply(_ context.Context, data proto.Message, msg message.Message) error {
+	s, ok := data.(*structpb.Struct)
+	if !ok {
+		return fmt.Errorf("sagatest hooks: saga data is %T, want *structpb.Struct", data)
+	}
+	list := s.GetFields()["applied"].GetListValue()
+	if list == nil {
+		return fmt.Errorf("sagatest hooks: saga data has no applied list")
+	}
+	list.Values = append(list.Values, structpb.NewStringValue(msg.SagaMessageInfo().FullName))
+	return nil
+}
+
+// Applied returns the full names of the messages [Hooks] folded into data,
+// in order.
+func Applied(data proto.Message) []string {
+	s, ok := data.(*structpb.Struct)
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, v := range s.GetFields()["applied"].GetListValue().GetValues() {
+		out = append(out, v.GetStringValue())
+	}
+	return out
+}
