@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -25,6 +26,10 @@ import (
 // row records the outcome. Duplicates, late, invalid and conflicting messages
 // are audited and acknowledged (nil error); a conflicting message sends the
 // saga to manual review if the definition says so.
+//
+// A delivered start message (Definition.StartMessage, without a saga id)
+// starts an instance through [Engine.StartTx], idempotently on its business
+// key, so one queue can carry a saga's start commands and its replies.
 //
 // Errors: a message for a saga that does not exist, for another saga type, or
 // without any way to find its saga is marked [failure.Permanent] (the consumer
@@ -53,6 +58,9 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		return failure.Permanent(fmt.Errorf("saga handle: message %s (%s) belongs to saga type %s, this engine runs %s",
 			env.MessageID, kind, env.SagaType, e.def.Name))
 	}
+	if kind == e.def.StartMessage && env.SagaID == "" {
+		return e.handleStart(ctx, tx, d)
+	}
 	w, err := e.lockFor(ctx, tx, env.SagaID, d)
 	if err != nil {
 		return err
@@ -75,6 +83,20 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		"message_id", env.MessageID, "message_type", kind, "causation_id", env.CausationID,
 		"class", res.Class.String(), "from", w.State, "to", res.Instance.State, "version", out.Version)
 	return nil
+}
+
+// handleStart starts a saga from a delivered start message. A redelivery
+// with a new message id finds the instance by business key and starts
+// nothing.
+func (e *Engine) handleStart(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+	env := &d.Envelope
+	_, _, err := e.StartTx(ctx, tx, d.Message, envelope.Meta{
+		MessageID:   env.MessageID,
+		CausationID: env.CausationID,
+		Traceparent: env.Traceparent,
+		Tracestate:  env.Tracestate,
+	})
+	return err
 }
 
 // lockFor finds and locks the instance a delivery belongs to.

@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,7 @@ func msg(in *message.Info, order string) testMsg {
 // tests can see that a duplicate is never applied twice.
 type hooks struct {
 	builds *atomic.Int64 // Build calls, to see work done twice
+	broken *atomic.Bool  // when set, Build fails for orders named "poison-*"
 }
 
 func (hooks) Start(_ context.Context, start message.Message) (proto.Message, string, error) {
@@ -101,6 +103,10 @@ func (hooks) Start(_ context.Context, start message.Message) (proto.Message, str
 
 func (h hooks) Build(_ context.Context, command string, data proto.Message) (message.Message, error) {
 	h.builds.Add(1)
+	order := data.(*structpb.Struct).Fields["order"].GetStringValue()
+	if h.broken.Load() && strings.HasPrefix(order, "poison-") {
+		return nil, fmt.Errorf("build %s for %s: pricing service says no", command, order)
+	}
 	in, ok := testRegistry.Lookup(command)
 	if !ok {
 		return nil, fmt.Errorf("build: unknown command %s", command)
@@ -222,6 +228,7 @@ func (c *clock) Advance(d time.Duration) {
 
 type testBundle struct {
 	builds *atomic.Int64
+	broken *atomic.Bool
 	pool   *pgxpool.Pool
 	engine *saga.Engine
 	clock  *clock
@@ -239,16 +246,18 @@ func setup(t *testing.T, o defOptions) *testBundle {
 	def := placeOrder(t, "saga_place_order", o)
 	createTable(t, pool, def)
 	clk := &clock{now: baseTime}
-	builds := &atomic.Int64{}
+	builds, broken := &atomic.Int64{}, &atomic.Bool{}
 	eng, err := saga.New(saga.Config{
-		Pool:       pool,
-		Definition: def,
-		Hooks:      hooks{builds: builds},
-		Registry:   testRegistry,
-		Now:        clk.Now,
+		Pool:           pool,
+		Definition:     def,
+		Hooks:          hooks{builds: builds, broken: broken},
+		FailureBackoff: time.Minute,
+		Logger:         slog.New(slog.DiscardHandler),
+		Registry:       testRegistry,
+		Now:            clk.Now,
 	})
 	require.NoError(t, err)
-	return &testBundle{builds: builds, pool: pool, engine: eng, clock: clk, def: def}
+	return &testBundle{builds: builds, broken: broken, pool: pool, engine: eng, clock: clk, def: def}
 }
 
 // createTable creates the instance table the generator would emit.

@@ -364,3 +364,34 @@ func TestVersionGuardRefusesStaleWrite(t *testing.T) {
 	require.Equal(t, []string{"InventoryReserved"}, applied(t, st))
 	require.Equal(t, []string{"ReserveInventory", "AuthorizePayment"}, outboxTypes(b.outbox(t, id)))
 }
+
+// TestHandleStartsFromDeliveredStartMessage: the saga's queue may carry its
+// start command; a redelivered or resent start finds the instance by its
+// business key and starts nothing.
+func TestHandleStartsFromDeliveredStartMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	ctx := context.Background()
+	deliver := func() string {
+		m := msg(msgPlaceOrder, "order-1")
+		env, err := envelope.New(m, envelope.Meta{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+		require.NoError(t, err)
+		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			return b.engine.Handle(ctx, tx, &consumer.Delivery{Envelope: env, Message: m})
+		}))
+		return env.MessageID
+	}
+	first := deliver()
+	second := deliver()
+
+	st, err := b.engine.StatusByBusinessKey(ctx, "order-1")
+	require.NoError(t, err)
+	require.Equal(t, stReserve, st.State)
+	out := b.outbox(t, st.ID)
+	require.Len(t, out, 1)
+	require.Equal(t, first, out[0].CausationID)
+	h := b.history(t, st.ID)
+	require.Equal(t, []string{"start:new:>" + stReserve, "start:duplicate:" + stReserve + ">" + stReserve}, trail(h))
+	require.Equal(t, first, h[0].MessageID)
+	require.Equal(t, second, h[1].MessageID)
+}

@@ -37,7 +37,11 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	id := e.cfg.NewID()
 	res, err := e.def.Begin(ctx, e.env(), id, start)
 	if err != nil {
-		return "", false, fmt.Errorf("begin saga %s: %w", e.def.Name, err)
+		err = fmt.Errorf("begin saga %s: %w", e.def.Name, err)
+		if errors.Is(err, sagadef.ErrInvalidTrigger) || errors.Is(err, sagadef.ErrNotCompiled) {
+			err = failure.Permanent(err)
+		}
+		return "", false, err
 	}
 	inst := res.Instance
 	inst.ID = id

@@ -219,3 +219,61 @@ func TestTimeoutRacesSuccess(t *testing.T) {
 		}
 	}
 }
+
+// TestScannerDefersAFailingInstance: one instance whose timeout transition
+// fails (a hook error) is rolled back and deferred with its error recorded;
+// the rest of the batch commits, and the scanner does not spin on it.
+func TestScannerDefersAFailingInstance(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{reserveTimeout: sagadef.TimeoutRetry, reserveMax: 3})
+	good := b.start(t, "order-1")
+	bad := b.start(t, "poison-1")
+	b.broken.Store(true)
+	b.clock.Advance(stepTimeout)
+
+	require.Equal(t, 1, b.fire(t), "the healthy instance fires")
+	require.Equal(t, 2, b.status(t, good).Attempt)
+	st := b.status(t, bad)
+	require.Equal(t, 1, st.Attempt, "the failed transition rolled back")
+	require.Equal(t, int64(1), st.Version)
+	require.Contains(t, st.LastError, "pricing service says no")
+	require.Equal(t, b.clock.Now().Add(time.Minute), st.TimeoutAt, "deferred by the failure backoff")
+	require.Len(t, b.outbox(t, bad), 1)
+	require.Len(t, b.history(t, bad), 1, "nothing but the start is audited")
+	require.Zero(t, b.fire(t), "a deferred instance is not claimed again at once")
+
+	b.broken.Store(false)
+	b.clock.Advance(time.Minute)
+	require.Equal(t, 2, b.fire(t), "the deferred instance is retried with the others")
+	st = b.status(t, bad)
+	require.Equal(t, 2, st.Attempt)
+	require.Equal(t, int64(2), st.Version)
+}
+
+func TestRunTimeouts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{reserveTimeout: sagadef.TimeoutRetry, reserveMax: 3})
+	ids := []string{b.start(t, "order-1"), b.start(t, "order-2")}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	for range 2 {
+		go func() { done <- b.engine.RunTimeouts(ctx, 5*time.Millisecond) }()
+	}
+	b.clock.Advance(stepTimeout)
+	for _, id := range ids {
+		require.Eventually(t, func() bool { return b.status(t, id).Attempt == 2 }, 10*time.Second, 5*time.Millisecond)
+	}
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
+	for _, id := range ids {
+		n := 0
+		for _, a := range b.history(t, id) {
+			if a.Trigger == sagadef.TriggerTimeout {
+				n++
+			}
+		}
+		require.Equal(t, 1, n)
+	}
+	require.Error(t, b.engine.RunTimeouts(context.Background(), 0))
+}
