@@ -1,0 +1,154 @@
+// Package outbox makes publishing part of a database transaction: messages
+// are written as saga_outbox rows in the caller's transaction ([Enqueue],
+// [Publish]) and a [Relay] moves committed rows to RabbitMQ.
+//
+// # Guarantees
+//
+//   - Nothing uncommitted is published: the relay only sees committed rows.
+//   - Nothing committed is lost: a row is marked published only after the
+//     broker confirmed it and did not return it as unroutable; every other
+//     outcome (nack, return, confirm timeout, channel or connection loss,
+//     relay crash) leaves it unpublished, and it is published again.
+//   - Delivery is therefore at-least-once. A row can be published twice (a
+//     relay dies between publish and mark, or its lease runs out mid-batch);
+//     both copies carry the same message id, and consumers drop the second
+//     through the inbox. There is no global order: a relay publishes its
+//     batch in id order (so messages of one transaction keep their order
+//     unless one of them has to be republished), but several relays run
+//     side by side.
+//
+// # How the relay works
+//
+// Leases: one statement claims a batch — UPDATE … WHERE id IN (SELECT …
+// ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED) — setting lease_owner,
+// lease_until = now() + LeaseDuration and attempts = attempts + 1, and
+// commits at once. Row locks are held only for that statement; the lease is
+// what keeps other relays off the rows while they are published, and
+// because it expires, a relay that dies holding one delays its rows by at
+// most LeaseDuration. Any number of relays can run at once: SKIP LOCKED
+// hands each a disjoint batch.
+//
+// No transaction is held across network I/O: a transaction open while
+// waiting for the broker would pin row locks, a connection and the xmin
+// horizon for as long as the broker is slow or gone. Instead the claim
+// commits before publishing and one batched UPDATE afterwards marks the
+// confirmed rows (published_at) and releases the failed ones (lease cleared,
+// retried after a short backoff for nacks and returns, at once for lost
+// connections) — one commit per batch, not per message.
+//
+// Publishing uses a [broker.Publisher]: confirm mode with a bounded window of
+// outstanding confirms, mandatory publishes with returns counted as
+// failures.
+//
+// Wake-ups: [Enqueue] runs pg_notify('saga_outbox', ”) in the caller's
+// transaction, so a notification is delivered exactly when the rows become
+// visible. The relay LISTENs on a dedicated connection (taken out of the
+// pool), reconnecting with backoff, and polls every PollInterval as a
+// fallback; notifications are only hints. After a full batch it claims
+// again at once.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
+)
+
+// NotifyChannel is the PostgreSQL notification channel Enqueue signals.
+const NotifyChannel = "saga_outbox"
+
+// Enqueue writes envs to the outbox in tx, in order, with one statement that
+// also notifies relays (delivered when tx commits). Every envelope needs a
+// message id, a message type and a schema version of at least 1; headers
+// must be JSON-encodable (they are stored as jsonb). A message id already
+// in the outbox is an error (unique violation): the message ids of
+// different messages must differ.
+func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
+	if len(envs) == 0 {
+		return nil
+	}
+	n := len(envs)
+	var (
+		ids, exchanges, keys, types          = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		versions                             = make([]int32, n)
+		correlations, causations, sagaIDs    = make([]string, n), make([]string, n), make([]string, n)
+		sagaTypes, idemKeys, parents, states = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		headers                              = make([]string, n)
+		bodies                               = make([][]byte, n)
+		occurred                             = make([]time.Time, n)
+		errs                                 []error
+	)
+	for i, e := range envs {
+		switch {
+		case e.MessageID == "":
+			errs = append(errs, fmt.Errorf("envelope %d: empty message id", i))
+		case e.MessageType == "":
+			errs = append(errs, fmt.Errorf("message %s: empty message type", e.MessageID))
+		case e.SchemaVersion < 1:
+			errs = append(errs, fmt.Errorf("message %s: schema version %d, want at least 1", e.MessageID, e.SchemaVersion))
+		}
+		h := []byte("{}")
+		if len(e.Headers) > 0 {
+			var err error
+			if h, err = json.Marshal(e.Headers); err != nil {
+				errs = append(errs, fmt.Errorf("message %s: encode headers: %w", e.MessageID, err))
+			}
+		}
+		body := e.Body
+		if body == nil {
+			body = []byte{}
+		}
+		at := e.OccurredAt
+		if at.IsZero() {
+			at = time.Now()
+		}
+		ids[i], exchanges[i], keys[i], types[i], versions[i] = e.MessageID, e.Exchange, e.RoutingKey, e.MessageType, e.SchemaVersion
+		correlations[i], causations[i], sagaIDs[i], sagaTypes[i] = e.CorrelationID, e.CausationID, e.SagaID, e.SagaType
+		idemKeys[i], parents[i], states[i] = e.IdempotencyKey, e.Traceparent, e.Tracestate
+		headers[i], bodies[i], occurred[i] = string(h), body, at
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("enqueue outbox messages: %w", errors.Join(errs...))
+	}
+	_, err := tx.Exec(ctx, `
+WITH ins AS (
+  INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version,
+    correlation_id, causation_id, saga_id, saga_type, idempotency_key, traceparent, tracestate,
+    headers, body, occurred_at)
+  SELECT m, x, k, t, v, co, ca, si, st, ik, tp, ts, h::jsonb, b, oa
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text[], $7::text[],
+    $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::bytea[], $15::timestamptz[])
+    WITH ORDINALITY AS u(m, x, k, t, v, co, ca, si, st, ik, tp, ts, h, b, oa, ord)
+  ORDER BY ord
+)
+SELECT pg_notify('`+NotifyChannel+`', '')`,
+		ids, exchanges, keys, types, versions, correlations, causations, sagaIDs, sagaTypes,
+		idemKeys, parents, states, headers, bodies, occurred)
+	if err != nil {
+		if n == 1 {
+			return fmt.Errorf("enqueue outbox message %s: %w", ids[0], err)
+		}
+		return fmt.Errorf("enqueue %d outbox messages (first %s): %w", n, ids[0], err)
+	}
+	return nil
+}
+
+// Publish wraps m in a new envelope (see envelope.New) and enqueues it in
+// tx. It returns the message id.
+func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta envelope.Meta) (messageID string, err error) {
+	e, err := envelope.New(m, meta)
+	if err != nil {
+		return "", fmt.Errorf("publish: %w", err)
+	}
+	if err := Enqueue(ctx, tx, e); err != nil {
+		return "", fmt.Errorf("publish %s: %w", e.MessageType, err)
+	}
+	return e.MessageID, nil
+}

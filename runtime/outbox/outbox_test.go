@@ -1,0 +1,446 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+const (
+	testExchange = "shop"
+	testQueue    = "events"
+	routedKey    = "order.placed"
+)
+
+type testBundle struct {
+	pool     *pgxpool.Pool
+	amqpURL  string
+	conn     *broker.Conn // the relays' connection
+	consumer *broker.Conn // the test's own connection
+	ch       *amqp.Channel
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t)}
+	require.NoError(t, schema.Migrate(ctx, b.pool))
+
+	var err error
+	b.conn, err = broker.Dial(ctx, b.amqpURL, broker.ConnConfig{Name: "relay", MinBackoff: 20 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.conn.Close() })
+
+	b.consumer, err = broker.Dial(ctx, b.amqpURL, broker.ConnConfig{Name: "consumer", MinBackoff: 20 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.consumer.Close() })
+	b.ch, err = b.consumer.Channel(ctx)
+	require.NoError(t, err)
+	require.NoError(t, broker.Declare(ctx, b.ch, broker.Topology{
+		Exchanges: []broker.Exchange{{Name: testExchange}},
+		Queues:    []broker.Queue{{Name: testQueue, Type: broker.QueueClassic}},
+		Bindings:  []broker.Binding{{Queue: testQueue, Exchange: testExchange, RoutingKey: "order.*"}},
+	}))
+	return b
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func env(key string) envelope.Envelope {
+	id := uuid.Must(uuid.NewV7()).String()
+	return envelope.Envelope{
+		MessageID: id, CorrelationID: "corr", MessageType: "shop.v1.OrderPlaced", SchemaVersion: 1,
+		Exchange: testExchange, RoutingKey: key, Body: []byte(id), OccurredAt: time.Now(),
+	}
+}
+
+// enqueue commits n messages in one transaction and returns their ids.
+func enqueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int, key string) []string {
+	t.Helper()
+	envs := make([]envelope.Envelope, n)
+	ids := make([]string, n)
+	for i := range envs {
+		envs[i] = env(key)
+		ids[i] = envs[i].MessageID
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, envs...) }))
+	return ids
+}
+
+// startRelay runs a relay until the test ends and returns it with a
+// channel that receives Run's result.
+func startRelay(t *testing.T, b *testBundle, cfg RelayConfig) (*Relay, <-chan error) {
+	t.Helper()
+	cfg.Pool, cfg.Conn = b.pool, b.conn
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 50 * time.Millisecond
+	}
+	r, err := NewRelay(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		res <- r.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-stopped:
+		case <-time.After(30 * time.Second):
+			t.Error("relay did not stop")
+		}
+	})
+	return r, res
+}
+
+// waitUnpublished waits until exactly want outbox rows are unpublished.
+func waitUnpublished(t *testing.T, ctx context.Context, pool *pgxpool.Pool, want int) {
+	t.Helper()
+	for {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox WHERE published_at IS NULL").Scan(&n))
+		if n == want {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d outbox rows unpublished, want %d", n, want)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// drain returns how often each message id is in the queue, emptying it.
+// Every confirmed publish is in the queue by the time its row is marked, so
+// after waitUnpublished(…, 0) this sees every copy ever published.
+func drain(t *testing.T, b *testBundle) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ch, err := b.consumer.Channel(ctx) // a fresh one: tests kill connections
+	require.NoError(t, err)
+	defer ch.Close()
+	seen := map[string]int{}
+	for {
+		d, ok, err := ch.Get(testQueue, true)
+		require.NoError(t, err)
+		if !ok {
+			return seen
+		}
+		seen[d.MessageId]++
+	}
+}
+
+func requireEach(t *testing.T, seen map[string]int, ids []string, times int) {
+	t.Helper()
+	for _, id := range ids {
+		require.Equal(t, times, seen[id], "message %s", id)
+	}
+}
+
+func TestRelayPublishesCommittedRowsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	var ids []string
+	for range 5 {
+		ids = append(ids, enqueue(t, ctx, b.pool, 100, routedKey)...)
+	}
+	r, _ := startRelay(t, b, RelayConfig{BatchSize: 64, Window: 16})
+	waitUnpublished(t, ctx, b.pool, 0)
+
+	seen := drain(t, b)
+	require.Len(t, seen, len(ids))
+	requireEach(t, seen, ids, 1)
+	require.Equal(t, RelayStats{Published: int64(len(ids))}, r.Stats())
+
+	var attempts, owners int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(attempts), count(DISTINCT lease_owner) FROM saga_outbox").Scan(&attempts, &owners))
+	require.Equal(t, 1, attempts)
+	require.Equal(t, 1, owners)
+}
+
+func TestRelayPublishesEnvelope(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	e := env(routedKey)
+	e.CausationID, e.SagaID, e.SagaType, e.IdempotencyKey = "cause", "saga", "PlaceOrder", "idem"
+	e.Traceparent, e.Tracestate = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v"
+	e.Headers = map[string]any{envelope.HeaderAttempt: 3, "note": "x"}
+	e.OccurredAt = time.Date(2024, 1, 2, 3, 4, 5, 6000, time.UTC)
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, e) }))
+
+	startRelay(t, b, RelayConfig{})
+	waitUnpublished(t, ctx, b.pool, 0)
+	d, ok, err := b.ch.Get(testQueue, true)
+	require.NoError(t, err)
+	require.True(t, ok)
+	got, err := envelope.FromDelivery(&d)
+	require.NoError(t, err)
+	want := e
+	want.Headers = map[string]any{envelope.HeaderAttempt: int64(3), "note": "x"}
+	require.Equal(t, want, got)
+	require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
+}
+
+func TestRelayRolledBackPublishesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	startRelay(t, b, RelayConfig{})
+
+	rolledBack := env(routedKey)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, Enqueue(ctx, tx, rolledBack))
+	require.NoError(t, tx.Rollback(ctx))
+	committed := enqueue(t, ctx, b.pool, 1, routedKey)
+
+	waitUnpublished(t, ctx, b.pool, 0)
+	require.Equal(t, map[string]int{committed[0]: 1}, drain(t, b))
+}
+
+func TestRelayCrashAfterPublishBeforeMark(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	ids := enqueue(t, ctx, b.pool, 20, routedKey)
+
+	errCrash := errors.New("simulated crash")
+	var crashed []int64
+	_, res := startRelay(t, b, RelayConfig{
+		Owner:         "doomed",
+		LeaseDuration: time.Second,
+		afterPublish: func(ids []int64) error {
+			crashed = ids
+			// While publishing, the claim is committed (visible to others)
+			// and no row lock is held: no transaction spans network I/O.
+			var leased int
+			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				return tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM saga_outbox WHERE lease_owner = 'doomed' FOR UPDATE NOWAIT) l").Scan(&leased)
+			})
+			if err != nil || leased != 20 {
+				return fmt.Errorf("claim not committed or rows still locked: %d leased: %w", leased, err)
+			}
+			return errCrash
+		},
+	})
+	select {
+	case err := <-res:
+		require.ErrorIs(t, err, errCrash)
+	case <-ctx.Done():
+		t.Fatal("relay did not crash")
+	}
+	require.Len(t, crashed, 20)
+	waitUnpublished(t, ctx, b.pool, 20) // published, but not marked
+
+	// A second relay takes over once the lease runs out and publishes the
+	// rows again: consumers see each message twice, with the same id.
+	startRelay(t, b, RelayConfig{Owner: "survivor"})
+	waitUnpublished(t, ctx, b.pool, 0)
+	requireEach(t, drain(t, b), ids, 2)
+
+	var attempts int
+	var owner string
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT min(attempts), min(lease_owner) FROM saga_outbox").Scan(&attempts, &owner))
+	require.Equal(t, 2, attempts)
+	require.Equal(t, "survivor", owner)
+}
+
+func TestTwoRelaysAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	r1, _ := startRelay(t, b, RelayConfig{Owner: "one", BatchSize: 25, Window: 8})
+	r2, _ := startRelay(t, b, RelayConfig{Owner: "two", BatchSize: 25, Window: 8})
+	var ids []string
+	for range 20 {
+		ids = append(ids, enqueue(t, ctx, b.pool, 100, routedKey)...)
+	}
+	waitUnpublished(t, ctx, b.pool, 0)
+
+	seen := drain(t, b)
+	require.Len(t, seen, len(ids))
+	requireEach(t, seen, ids, 1) // leases: no row is published by both
+	require.Equal(t, int64(len(ids)), r1.Stats().Published+r2.Stats().Published, "no row marked twice")
+	t.Logf("relay one published %d, relay two %d", r1.Stats().Published, r2.Stats().Published)
+}
+
+func TestRelaySurvivesConnectionLoss(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	r, _ := startRelay(t, b, RelayConfig{BatchSize: 200, Window: 32})
+
+	// Keep the relay busy while broker connections are killed. The
+	// management API lists a connection only a few seconds after it opens,
+	// so kill again until the relay's connection was hit mid-batch.
+	var ids []string
+	for kills := 0; r.Stats().Failed == 0; kills++ {
+		require.Less(t, kills, 5, "the relay's connection was never killed mid-batch")
+		killed := make(chan struct{})
+		go func() {
+			defer close(killed)
+			testenv.KillAMQPConnections(t, b.amqpURL)
+		}()
+		for running := true; running; {
+			select {
+			case <-killed:
+				running = false
+			default:
+			}
+			ids = append(ids, enqueue(t, ctx, b.pool, 50, routedKey)...)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	ids = append(ids, enqueue(t, ctx, b.pool, 200, routedKey)...)
+	waitUnpublished(t, ctx, b.pool, 0)
+
+	seen := drain(t, b)
+	for _, id := range ids {
+		require.GreaterOrEqual(t, seen[id], 1, "message %s lost", id)
+	}
+	t.Logf("%d messages, %d publishes failed and were repeated", len(ids), r.Stats().Failed)
+}
+
+func TestNotifyWakesRelay(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	listening := make(chan struct{}, 10)
+	startRelay(t, b, RelayConfig{PollInterval: time.Hour, onListen: func() { listening <- struct{}{} }})
+	<-listening
+
+	// The relay found nothing at start and will not poll for an hour: only
+	// the notification from the commit can make it publish.
+	first := enqueue(t, ctx, b.pool, 3, routedKey)
+	waitUnpublished(t, ctx, b.pool, 0)
+	requireEach(t, drain(t, b), first, 1)
+
+	// The LISTEN connection comes back after the database drops it.
+	require.Positive(t, testenv.KillPostgresConnections(t, b.pool))
+	select {
+	case <-listening:
+	case <-ctx.Done():
+		t.Fatal("listener did not reconnect")
+	}
+	second := enqueue(t, ctx, b.pool, 3, routedKey)
+	waitUnpublished(t, ctx, b.pool, 0)
+	requireEach(t, drain(t, b), second, 1)
+}
+
+func TestRelayUnroutableIsNotMarked(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	r, _ := startRelay(t, b, RelayConfig{})
+	lost := enqueue(t, ctx, b.pool, 1, "nobody.listens")[0]
+	routed := enqueue(t, ctx, b.pool, 1, routedKey)[0]
+
+	// The routable message goes out; the unroutable one is returned,
+	// released and tried again, never marked.
+	waitUnpublished(t, ctx, b.pool, 1)
+	for {
+		var attempts int
+		var published bool
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT attempts, published_at IS NOT NULL FROM saga_outbox WHERE message_id = $1", lost).Scan(&attempts, &published))
+		require.False(t, published)
+		if attempts >= 3 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("unroutable row not retried")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	require.GreaterOrEqual(t, r.Stats().Failed, int64(2))
+
+	// Once a queue is bound for it, it is delivered.
+	require.NoError(t, b.ch.QueueBind(testQueue, "nobody.listens", testExchange, false, nil))
+	waitUnpublished(t, ctx, b.pool, 0)
+	require.Equal(t, map[string]int{routed: 1, lost: 1}, drain(t, b))
+}
+
+func TestRunReturnsOnCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() { res <- r.Run(ctx) }()
+	cancel()
+	require.NoError(t, <-res)
+}
+
+type testMsg struct{ *structpb.Struct }
+
+var testInfo = &message.Info{FullName: "shop.v1.OrderPlaced", Kind: message.KindEvent, Exchange: testExchange, RoutingKey: routedKey, SchemaVersion: 2}
+
+func (testMsg) SagaMessageInfo() *message.Info { return testInfo }
+func (testMsg) IdempotencyKey() string         { return "" }
+func (testMsg) CorrelationKey() string         { return "" }
+
+func TestPublishAndEnqueueErrors(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool))
+
+	s, err := structpb.NewStruct(map[string]any{"order": "o-1"})
+	require.NoError(t, err)
+	var id string
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		id, err = Publish(ctx, tx, testMsg{s}, envelope.Meta{SagaID: "saga-1"})
+		return err
+	}))
+	var typ, corr, ex, key string
+	var version int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT message_type, schema_version, correlation_id, exchange, routing_key FROM saga_outbox WHERE message_id = $1", id).
+		Scan(&typ, &version, &corr, &ex, &key))
+	require.Equal(t, []any{"shop.v1.OrderPlaced", 2, "saga-1", testExchange, routedKey}, []any{typ, version, corr, ex, key})
+
+	tests := []struct {
+		env  envelope.Envelope
+		want string
+	}{
+		{envelope.Envelope{MessageType: "t", SchemaVersion: 1}, "empty message id"},
+		{envelope.Envelope{MessageID: "m", SchemaVersion: 1}, "message m: empty message type"},
+		{envelope.Envelope{MessageID: "m", MessageType: "t"}, "message m: schema version 0"},
+		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, Headers: map[string]any{"f": func() {}}}, "message m: encode headers"},
+		{envelope.Envelope{MessageID: id, MessageType: "t", SchemaVersion: 1}, fmt.Sprintf("enqueue outbox message %s", id)},
+	}
+	for _, tt := range tests {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, tt.env) })
+		require.ErrorContains(t, err, tt.want)
+	}
+
+	_, err = NewRelay(RelayConfig{LeaseDuration: time.Second, ConfirmTimeout: 2 * time.Second})
+	for _, want := range []string{"Pool is required", "Conn is required", "ConfirmTimeout 2s must be shorter"} {
+		require.ErrorContains(t, err, want)
+	}
+}
