@@ -137,6 +137,3 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 	}
 	return w, nil
 }
-
-// HandlerFunc returns e.Handle as a consumer.HandlerFunc.
-func (e *Engine) HandlerFunc() consumer.HandlerFunc { return e.Handle }

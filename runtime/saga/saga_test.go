@@ -266,6 +266,11 @@ func TestHandleRefusesMessagesItCannotPlace(t *testing.T) {
 	err = handle(&consumer.Delivery{})
 	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
 
+	unregistered := newInfo("Unregistered", 0)
+	err = deliver(msg(unregistered, "order-1"), envelope.Meta{SagaID: id})
+	require.ErrorContains(t, err, "unknown message type")
+	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+
 	require.Equal(t, int64(1), b.status(t, id).Version, "nothing was applied")
 
 	// An event without a saga id finds its saga by correlation key.
