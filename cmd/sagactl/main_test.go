@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
+)
+
+func TestMigrateCommand(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "0001_orders.sql"), []byte("CREATE TABLE saga_orders (id uuid PRIMARY KEY);"), 0o600))
+	env := func(k string) string {
+		if k == "SAGA_DATABASE_URL" {
+			return dsn
+		}
+		return ""
+	}
+	ctx := context.Background()
+
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-status", "-source", "orders=" + dir}, &out, &errOut, env), errOut.String())
+	require.Contains(t, out.String(), "orders   0001_orders.sql          pending")
+	require.Contains(t, out.String(), "2 pending")
+
+	for range 2 { // the second run is a no-op
+		out.Reset()
+		require.Equal(t, 0, run(ctx, []string{"migrate", "-source", "orders=" + dir}, &out, &errOut, env), errOut.String())
+		require.Contains(t, out.String(), "runtime  0001_runtime_tables.sql  applied")
+		require.Contains(t, out.String(), "orders   0001_orders.sql          applied")
+		require.Contains(t, out.String(), "is up to date")
+	}
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "0001_orders.sql"), []byte("CREATE TABLE saga_orders (id bigint);"), 0o600))
+	errOut.Reset()
+	require.Equal(t, 1, run(ctx, []string{"migrate", "-source", "orders=" + dir}, &out, &errOut, env))
+	require.Contains(t, errOut.String(), "migration orders/0001_orders.sql was applied at")
+}
+
+func TestMigrateCommandErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	none := func(string) string { return "" }
+	var out, errOut bytes.Buffer
+	require.Equal(t, 2, run(ctx, nil, &out, &errOut, none))
+	require.Equal(t, 2, run(ctx, []string{"frobnicate"}, &out, &errOut, none))
+	require.Equal(t, 1, run(ctx, []string{"migrate"}, &out, &errOut, none))
+	require.Contains(t, errOut.String(), "no database URL")
+	require.Equal(t, 1, run(ctx, []string{"migrate", "-source", "x"}, &out, &errOut, none))
+	require.Contains(t, errOut.String(), "want NAME=DIR")
+
+	errOut.Reset()
+	u := url.URL{Scheme: "postgres", User: url.UserPassword("u", "s3cret"), Host: "127.0.0.1:1", Path: "/db"}
+	require.Equal(t, 1, run(ctx, []string{"migrate", "-timeout", "2s", "-database-url", u.String()}, &out, &errOut, none))
+	require.NotContains(t, errOut.String(), "s3cret")
+	require.Contains(t, errOut.String(), "postgres://u:xxxxx@127.0.0.1:1/db")
+}
