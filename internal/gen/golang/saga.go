@@ -116,8 +116,8 @@ func stateRef(s *model.Saga, name string) string {
 
 // decider methods
 
-func buildMethod(m *model.Message) string { return "Build" + m.Proto.GoIdent.GoName }
-func foldMethod(m *model.Message) string  { return "On" + m.Proto.GoIdent.GoName }
+func buildMethod(m *model.Message) string { return model.BuildMethod(m) }
+func foldMethod(m *model.Message) string  { return model.FoldMethod(m) }
 
 func genDecider(g *protogen.GeneratedFile, s *model.Saga) {
 	data := s.Data.GoIdent

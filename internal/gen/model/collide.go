@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"slices"
 
 	"google.golang.org/protobuf/compiler/protogen"
 
@@ -23,6 +24,12 @@ func ResultType(m *Message) string { return m.Proto.GoIdent.GoName + "Result" }
 
 // ResultMarker is the unexported marker method of ResultType.
 func ResultMarker(m *Message) string { return "is" + m.Proto.GoIdent.GoName + "Result" }
+
+// BuildMethod is the decider method building command m.
+func BuildMethod(m *Message) string { return "Build" + m.Proto.GoIdent.GoName }
+
+// FoldMethod is the decider method folding reply or event m into saga data.
+func FoldMethod(m *Message) string { return "On" + m.Proto.GoIdent.GoName }
 
 // ParticipantType is a service's participant interface.
 func ParticipantType(p *Participant) string { return p.GoName + "Participant" }
@@ -161,6 +168,27 @@ func (b *builder) collisions() {
 		s := d.saga
 		if !camelRE.MatchString(s.Name) {
 			continue // reported as saga-name
+		}
+		methods := map[string]string{}
+		method := func(name, full string) {
+			if prev, ok := methods[name]; ok && prev != full {
+				b.errorf(d.file, path(d.base, sagaName), "name-collision", "rename one of the messages; decider methods are named after message names",
+					"saga %s: decider method %s would serve both %s and %s", s.FullName, name, prev, full)
+				return
+			}
+			methods[name] = full
+		}
+		for _, st := range s.Steps {
+			for _, c := range []*Message{st.Command, st.Compensation} {
+				if c != nil {
+					method(BuildMethod(c), c.FullName)
+				}
+			}
+			for _, r := range slices.Concat(st.Success, st.Failure, st.CompensationFailure, []*Message{st.CompensationReply}) {
+				if r != nil {
+					method(FoldMethod(r), r.FullName)
+				}
+			}
 		}
 		for _, n := range []string{s.GoName(), s.NewFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
 			s.HooksType(), s.HooksFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
