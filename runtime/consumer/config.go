@@ -33,7 +33,9 @@ type Delivery struct {
 // database must go through tx: it commits together with the inbox claim, and
 // the message is acknowledged only after that commit. With batching, tx is a
 // savepoint inside a transaction shared with other deliveries; the handler
-// must neither commit nor roll it back.
+// must neither commit nor roll it back (a handler that does is parked as
+// permanent), and must not ignore a failed statement (the transaction is
+// then unusable: the delivery fails as unclassified).
 //
 // A nil error commits the handler's effects. An error rolls them back and is
 // routed by its class (see runtime/failure): permanent errors park the

@@ -78,7 +78,8 @@ func (e *topologyError) Error() string {
 // deliveries in flight (up to DrainTimeout), closes its channels and returns
 // nil. Lost channels, connections and database outages do not end Run: it
 // backs off and starts a new session. Run returns an error only when the
-// queues it needs are not declared when it starts.
+// queues it needs are not declared when it starts, or when Config.Conn or
+// Config.PublishConn was closed.
 func (c *Consumer) Run(ctx context.Context) error {
 	defer func() { _ = c.pub.Close() }()
 	backoff := minBackoff
@@ -91,7 +92,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return nil
 		}
 		var te *topologyError
-		if errors.As(err, &te) {
+		if errors.As(err, &te) || errors.Is(err, broker.ErrClosed) {
 			return fmt.Errorf("consumer %q: %w", c.cfg.Name, err)
 		}
 		c.log.Warn("consumer cannot check its queues; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
@@ -113,6 +114,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		var ce *crashError
 		if errors.As(err, &ce) {
 			return err
+		}
+		if errors.Is(err, broker.ErrClosed) {
+			return fmt.Errorf("consumer %q: %w", c.cfg.Name, err)
 		}
 		if progress {
 			backoff = minBackoff

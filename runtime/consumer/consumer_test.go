@@ -53,6 +53,8 @@ const (
 	doPanic         = "panic"          // effect, then panic
 	doDeferred      = "deferred"       // violates a deferred unique constraint: fails at commit
 	doBlock         = "block"          // waits for release on its first call
+	doSwallow       = "swallow"        // ignores a failed statement and returns nil
+	doCloseTx       = "close-tx"       // commits the savepoint it was given
 )
 
 const (
@@ -166,6 +168,10 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		return failure.Transient(errors.New("flaky dependency"))
 	case doPanic:
 		panic("boom")
+	case doSwallow:
+		_, _ = tx.Exec(ctx, `SELECT 1/0`)
+	case doCloseTx:
+		return tx.Commit(ctx)
 	case doDeferred:
 		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
 			return err
@@ -606,6 +612,48 @@ func TestConsumer(t *testing.T) {
 				require.Equal(t, noID.MessageID, p.MessageId)
 			}
 		}
+		require.Zero(t, b.ready(b.queue))
+	})
+
+	t.Run("BrokenHandlerTransactionsAreRoutedNotLooped", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		b.send("gate", doBlock, nil)
+		require.Equal(t, "gate", <-b.entered)
+		b.send("ok1", doOK, nil)
+		b.send("swallow", doSwallow, nil)
+		b.send("close-tx", doCloseTx, nil)
+		b.send("ok2", doOK, nil)
+		// A message id the inbox cannot store.
+		b.send("nul\x00id", doOK, nil)
+		require.Eventually(t, func() bool { return b.ready(b.queue) == 0 }, testTimeout, poll)
+		time.Sleep(100 * time.Millisecond)
+		close(b.release)
+
+		b.waitSettled("ok1", "done")
+		b.waitSettled("ok2", "done")
+		b.waitSettled("swallow", "park")
+		b.waitSettled("close-tx", "park")
+		b.waitSettled("nul\x00id", "park")
+		b.stop(r)
+
+		require.Equal(t, []int{1}, b.effects("ok1"))
+		require.Equal(t, []int{1}, b.effects("ok2"))
+		require.Empty(t, b.effects("swallow"))
+		require.Empty(t, b.effects("close-tx"), "the effects a handler committed itself are undone")
+		// The broken batch is applied again one by one, so attempt 1 may run twice.
+		attempts := slices.Compact(b.attemptsOf("swallow"))
+		require.Equal(t, []int{1, 2, 3}, attempts)
+		rows := b.parked()
+		require.Equal(t, 3, rows["swallow"].Attempts)
+		require.Equal(t, "exhausted", rows["swallow"].Class)
+		require.Contains(t, rows["swallow"].Reason, "a statement in its transaction failed")
+		require.Equal(t, "permanent", rows["close-tx"].Class)
+		require.Contains(t, rows["close-tx"].Reason, "committed or rolled back")
+		require.Equal(t, "permanent", rows["nul\uFFFDid"].Class)
+		require.Contains(t, rows["nul\uFFFDid"].Reason, "not valid UTF-8 text")
+		require.Empty(t, b.callsOf("nul\x00id"))
 		require.Zero(t, b.ready(b.queue))
 	})
 

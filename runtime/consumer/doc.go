@@ -52,6 +52,15 @@
 // (broker.Publisher); only when the broker confirmed and routed the copy is
 // the original acknowledged.
 //
+// A handler that breaks its transaction is a fault of the delivery, not of
+// the database, and is routed like any failure rather than retried in
+// place: a handler that ignores a failed statement and returns nil fails as
+// unclassified; a handler that commits or rolls back the savepoint it was
+// given is parked as permanent (the batch is first rolled back and applied
+// one delivery per transaction, since the effects it released into the
+// shared transaction cannot be undone alone). A message id the inbox cannot
+// store (not UTF-8 text) is an invalid envelope.
+//
 // # Never drop, never spin
 //
 // The consumer never nacks. Nack with requeue=false drops the message (or

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -99,6 +100,11 @@ func (c *Consumer) decode(raw *amqp.Delivery) *item {
 		it.fail(failure.Permanent(fmt.Errorf("invalid envelope: %w", err)), c.cfg.Retry)
 		return it
 	}
+	if !utf8.ValidString(env.MessageID) || strings.ContainsRune(env.MessageID, 0) {
+		// The inbox could never store it: every claim would fail.
+		it.fail(failure.Permanent(fmt.Errorf("invalid envelope: message id %q is not valid UTF-8 text", env.MessageID)), c.cfg.Retry)
+		return it
+	}
 	info, ok := c.cfg.Registry.Lookup(env.MessageType)
 	if !ok {
 		it.fail(failure.Permanent(fmt.Errorf("unknown message type %q", env.MessageType)), c.cfg.Retry)
@@ -146,6 +152,15 @@ func (e *commitError) serverRejected() bool {
 	return !strings.HasPrefix(code, "08") && !strings.HasPrefix(code, "57P")
 }
 
+// deliveryFault reports a handler that broke the shared transaction in a
+// way its savepoint cannot undo (it committed or rolled back the savepoint
+// itself). The batch is rolled back and applied again one delivery per
+// transaction; alone, the delivery is parked.
+type deliveryFault struct{ err error }
+
+func (e *deliveryFault) Error() string { return e.err.Error() }
+func (e *deliveryFault) Unwrap() error { return e.err }
+
 // handle takes a batch from decoding to acknowledgement. A non-nil error
 // means some deliveries were left unacknowledged and the session must end
 // so that they are redelivered.
@@ -157,7 +172,23 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
 	}
 	err := c.transact(ctx, items)
 	var ce *commitError
-	if errors.As(err, &ce) && ce.serverRejected() {
+	var fault *deliveryFault
+	switch {
+	case errors.As(err, &fault):
+		if len(items) > 1 {
+			c.log.Warn("a handler broke the batch transaction; applying its deliveries one by one",
+				slog.Int("batch", len(items)), slog.Any("error", err))
+			for i := range batch {
+				if err := s.handle(ctx, batch[i:i+1]); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		items[0].outcome = outcomePending
+		items[0].fail(failure.Permanent(fault.err), c.cfg.Retry)
+		err = c.transact(ctx, items)
+	case errors.As(err, &ce) && ce.serverRejected():
 		if len(items) > 1 {
 			// One delivery's effects made the shared commit fail; find it by
 			// applying them one by one.
@@ -252,8 +283,14 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item) error {
 		return nil
 	}
 	herr := c.callHandler(ctx, sp, it.d)
+	if herr == nil && sp.Conn().PgConn().TxStatus() == 'E' {
+		herr = errors.New("handler returned success, but a statement in its transaction failed (was an error ignored?)")
+	}
 	if herr == nil {
 		if err := sp.Commit(ctx); err != nil {
+			if errors.Is(err, pgx.ErrTxClosed) {
+				return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}
+			}
 			return fmt.Errorf("release savepoint: %w", err)
 		}
 		it.outcome = outcomeDone
@@ -265,6 +302,9 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item) error {
 		return fmt.Errorf("handler interrupted: %w", herr)
 	}
 	if err := sp.Rollback(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxClosed) {
+			return &deliveryFault{err: fmt.Errorf("handler closed the transaction it was given and failed: %w", herr)}
+		}
 		return fmt.Errorf("roll back savepoint after handler error (%v): %w", herr, err)
 	}
 	it.fail(fmt.Errorf("handler: %w", herr), c.cfg.Retry)
