@@ -385,15 +385,29 @@ func TestRelayUnroutableIsNotMarked(t *testing.T) {
 	require.Equal(t, map[string]int{routed: 1, lost: 1}, drain(t, b))
 }
 
-func TestRunReturnsOnCancel(t *testing.T) {
+func TestRunDrainsOnCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn})
+	ctx := testCtx(t)
+	enqueue(t, ctx, b.pool, 10, routedKey)
+
+	// Cancel while the batch is in flight: Run still marks it, then returns.
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, afterPublish: func([]int64) error {
+		cancel()
+		return nil
+	}})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, r.Run(runCtx))
+	require.Equal(t, int64(10), r.Stats().Published)
+	waitUnpublished(t, ctx, b.pool, 0)
+
+	// An idle relay returns at once.
+	idle, cancelIdle := context.WithCancel(context.Background())
 	res := make(chan error, 1)
-	go func() { res <- r.Run(ctx) }()
-	cancel()
+	go func() { res <- r.Run(idle) }()
+	cancelIdle()
 	require.NoError(t, <-res)
 }
 

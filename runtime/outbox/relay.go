@@ -229,9 +229,17 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	}
 	claimedAt := r.cfg.Now()
 	// From here on the batch is finished even if ctx is canceled (drain),
-	// bounded by the lease: after it, the rows are someone else's anyway.
+	// bounded by the lease (after it, the rows are someone else's anyway)
+	// and, once ctx is canceled, by ConfirmTimeout, so shutting down while
+	// the broker is unreachable does not hang. Unfinished rows are simply
+	// claimed again later.
 	work, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseDuration)
 	defer cancel()
+	stopGrace := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.ConfirmTimeout, cancel)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stopGrace()
 
 	out := make([]broker.Outgoing, len(rows))
 	for i, rw := range rows {
