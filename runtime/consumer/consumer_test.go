@@ -582,7 +582,7 @@ func TestConsumer(t *testing.T) {
 			"undecodable":       "undecodable body",
 			"unknown-type":      `unknown message type "sagatest.v1.Nope"`,
 			"newer-schema":      "schema version mismatch",
-			"bad\uFFFDid\uFFFD": `unknown message type`,
+			"bad\uFFFDid\uFFFD": "not valid UTF-8 text",
 		}
 		for id, reason := range wantReason {
 			row, ok := rows[id]
