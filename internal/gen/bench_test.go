@@ -32,7 +32,9 @@ func syntheticContract(t testing.TB, n int) (string, []string) {
 		msg := func(name, opt string) {
 			fmt.Fprintf(&b, "message %s {\n  option (saga.v1.message) = {%s};\n  string id = 1;\n  int64 amount = 2;\n  repeated string tags = 3;\n}\n", name, opt)
 		}
-		cmd := func(name string) { msg(name, `kind: KIND_COMMAND, owner: "svc", idempotency_key: ["id"], correlation_field: "id"`) }
+		cmd := func(name string) {
+			msg(name, `kind: KIND_COMMAND, owner: "svc", idempotency_key: ["id"], correlation_field: "id"`)
+		}
 		reply := func(name string) { msg(name, `kind: KIND_REPLY, correlation_field: "id"`) }
 		msg("Begin", `kind: KIND_COMMAND, idempotency_key: ["id"]`)
 		for _, s := range []string{"Reserve", "Charge", "Ship", "Notify"} {
