@@ -178,12 +178,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
 		if len(items) > 1 {
 			c.log.Warn("a handler broke the batch transaction; applying its deliveries one by one",
 				slog.Int("batch", len(items)), slog.Any("error", err))
-			for i := range batch {
-				if err := s.handle(ctx, batch[i:i+1]); err != nil {
-					return err
-				}
-			}
-			return nil
+			return s.handleEach(ctx, batch)
 		}
 		items[0].outcome = outcomePending
 		items[0].fail(failure.Permanent(fault.err), c.cfg.Retry)
@@ -194,12 +189,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
 			// applying them one by one.
 			c.log.Warn("batch commit rejected; applying its deliveries one by one",
 				slog.Int("batch", len(items)), slog.Any("error", err))
-			for i := range batch {
-				if err := s.handle(ctx, batch[i:i+1]); err != nil {
-					return err
-				}
-			}
-			return nil
+			return s.handleEach(ctx, batch)
 		}
 		it := items[0]
 		if it.outcome != outcomeDone {
@@ -222,6 +212,16 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
 		}
 	}
 	return s.finish(ctx, items)
+}
+
+// handleEach handles every delivery of batch in a transaction of its own.
+func (s *session) handleEach(ctx context.Context, batch []amqp.Delivery) error {
+	for i := range batch {
+		if err := s.handle(ctx, batch[i:i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // transact runs, in one transaction, the inbox claim and handler of every
