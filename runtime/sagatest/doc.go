@@ -12,9 +12,10 @@
 //	h.RequireClass(sagadef.ClassDuplicate)
 //	h.Timeout()                     // clock past timeout_at, timeout fires
 //
-// Every Apply the harness makes is also checked for purity: the input
-// instance (progress maps and slices, saga data) must be unchanged
-// afterwards.
+// Every Apply the harness makes is also checked: for purity (the input
+// instance, its progress maps and slices and its saga data, must be
+// unchanged afterwards) and against the transition table (every transition
+// taken must be a row of Definition.Transitions).
 //
 // Generated code wraps a Harness in a typed helper per saga. For tests that
 // have no generated code, [NewType], [NewMessage] and [Hooks] provide test

@@ -28,8 +28,10 @@ type Harness struct {
 
 	started bool
 	inst    sagadef.Instance
-	history []sagadef.Result
+	history []Entry
 	sent    []sagadef.Outgoing
+	// table holds the definition's transition rows, keyed by rowKey.
+	table map[string]bool
 	// lastMessage is the last message trigger delivered, for Duplicate.
 	lastMessage *sagadef.Trigger
 
@@ -48,7 +50,21 @@ func New(t testing.TB, def *sagadef.Definition, hooks sagadef.Hooks) *Harness {
 			t.Fatalf("sagatest: compile %s: %v", def.Name, err)
 		}
 	}
-	return &Harness{t: t, def: def, hooks: hooks, now: Epoch, OperatorName: "sagatest"}
+	h := &Harness{t: t, def: def, hooks: hooks, now: Epoch, OperatorName: "sagatest", table: map[string]bool{}}
+	for _, tr := range def.Transitions {
+		h.table[rowKey(tr.From, tr.Trigger, tr.To, tr.Emits)] = true
+	}
+	return h
+}
+
+// Entry is one trigger the harness applied and its result.
+type Entry struct {
+	Trigger sagadef.Trigger
+	Result  sagadef.Result
+}
+
+func rowKey(from, trigger, to string, emits []string) string {
+	return fmt.Sprintf("%s\x00%s\x00%s\x00%v", from, trigger, to, emits)
 }
 
 // Env returns the environment the harness passes to the machine.
@@ -79,7 +95,7 @@ func (h *Harness) Start(msg message.Message) sagadef.Result {
 		h.t.Fatalf("sagatest: begin: %v", err)
 	}
 	h.started = true
-	h.record(res)
+	h.record(sagadef.Trigger{Kind: sagadef.TriggerStart, Message: msg}, res)
 	return res
 }
 
@@ -176,7 +192,7 @@ func (h *Harness) TryApply(trig sagadef.Trigger) (sagadef.Result, error) {
 		t := trig
 		h.lastMessage = &t
 	}
-	h.record(res)
+	h.record(trig, res)
 	return res, nil
 }
 
@@ -189,10 +205,27 @@ func (h *Harness) must(trig sagadef.Trigger) sagadef.Result {
 	return res
 }
 
-func (h *Harness) record(res sagadef.Result) {
+// record keeps the result and checks that a transition is a row of the
+// definition's transition table.
+func (h *Harness) record(trig sagadef.Trigger, res sagadef.Result) {
+	h.t.Helper()
 	h.inst = res.Instance
-	h.history = append(h.history, res)
+	h.history = append(h.history, Entry{Trigger: trig, Result: res})
 	h.sent = append(h.sent, res.Emit...)
+	if !res.IsTransition() {
+		return
+	}
+	kind := trig.Kind
+	if kind == "" && trig.Message != nil {
+		kind = trig.Message.SagaMessageInfo().FullName
+	}
+	var emits []string
+	for _, o := range res.Emit {
+		emits = append(emits, o.Message.SagaMessageInfo().FullName)
+	}
+	if !h.table[rowKey(res.From, kind, res.To, emits)] {
+		h.t.Errorf("sagatest: transition %s --%s--> %s %v is not in the transition table of %s", res.From, kind, res.To, emits, h.def.Name)
+	}
 }
 
 func (h *Harness) requireStarted() {
@@ -205,8 +238,9 @@ func (h *Harness) requireStarted() {
 // Instance returns the current instance.
 func (h *Harness) Instance() sagadef.Instance { return h.inst }
 
-// History returns every result so far, Start's first.
-func (h *Harness) History() []sagadef.Result { return h.history }
+// History returns every trigger applied so far with its result, Start's
+// first.
+func (h *Harness) History() []Entry { return h.history }
 
 // Last returns the latest result.
 func (h *Harness) Last() sagadef.Result {
@@ -214,7 +248,7 @@ func (h *Harness) Last() sagadef.Result {
 	if len(h.history) == 0 {
 		h.t.Fatalf("sagatest: no result yet")
 	}
-	return h.history[len(h.history)-1]
+	return h.history[len(h.history)-1].Result
 }
 
 // Sent returns every message the saga sent so far, in order.
@@ -266,7 +300,7 @@ func (h *Harness) lastNote() string {
 	if len(h.history) == 0 {
 		return ""
 	}
-	return h.history[len(h.history)-1].Note
+	return h.history[len(h.history)-1].Result.Note
 }
 
 // instanceSnapshot is a deep copy of an instance, to detect mutation.
