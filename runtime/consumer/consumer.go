@@ -44,6 +44,8 @@ type Consumer struct {
 	// onSettle, when set (by tests), is told about every delivery after it
 	// was acknowledged, with its outcome's name.
 	onSettle func(messageID, outcome string)
+	// current is the running session, for tests.
+	current atomic.Pointer[session]
 }
 
 // New validates cfg (after filling in defaults) and returns a consumer.
@@ -207,6 +209,8 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 	procCtx, procCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer procCancel()
 
+	c.current.Store(s)
+	defer c.current.Store(nil)
 	dispatched := make(chan struct{})
 	go s.dispatch(deliveries, dispatched)
 	var wg sync.WaitGroup

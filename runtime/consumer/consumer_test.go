@@ -627,8 +627,7 @@ func TestConsumer(t *testing.T) {
 		b.send("ok2", doOK, nil)
 		// A message id the inbox cannot store.
 		b.send("nul\x00id", doOK, nil)
-		require.Eventually(t, func() bool { return b.ready(b.queue) == 0 }, testTimeout, poll)
-		time.Sleep(100 * time.Millisecond)
+		require.Eventually(t, func() bool { return consumer.Buffered(r.c) == 5 }, testTimeout, poll)
 		close(b.release)
 
 		b.waitSettled("ok1", "done")
@@ -684,8 +683,7 @@ func TestConsumer(t *testing.T) {
 		for _, id := range []string{"ok1", "bad", "ok2", "flaky", "ok3"} {
 			b.send(id, batch[id], nil)
 		}
-		require.Eventually(t, func() bool { return b.ready(b.queue) == 0 }, testTimeout, poll) // all prefetched
-		time.Sleep(100 * time.Millisecond)                                                     // let the dispatcher hand them over
+		require.Eventually(t, func() bool { return consumer.Buffered(r.c) == 5 }, testTimeout, poll)
 		close(b.release)
 
 		for _, id := range []string{"ok1", "ok2", "ok3"} {
@@ -725,8 +723,7 @@ func TestConsumer(t *testing.T) {
 		}
 		b.send("violates", doDeferred, nil)
 		b.send("ok3", doOK, nil)
-		require.Eventually(t, func() bool { return b.ready(b.queue) == 0 }, testTimeout, poll)
-		time.Sleep(100 * time.Millisecond)
+		require.Eventually(t, func() bool { return consumer.Buffered(r.c) == 4 }, testTimeout, poll)
 		close(b.release)
 
 		for _, id := range []string{"ok1", "ok2", "ok3"} {

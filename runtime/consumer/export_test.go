@@ -8,3 +8,13 @@ func SetAfterCommit(c *Consumer, f func(messageIDs []string) error) { c.afterCom
 // SetOnSettle installs a hook told about every acknowledged delivery and
 // its outcome ("done", "duplicate", "retry", "park").
 func SetOnSettle(c *Consumer, f func(messageID, outcome string)) { c.onSettle = f }
+
+// Buffered returns how many deliveries wait for a worker in the running
+// session.
+func Buffered(c *Consumer) int {
+	s := c.current.Load()
+	if s == nil {
+		return 0
+	}
+	return len(s.work)
+}
