@@ -235,29 +235,39 @@ func TestPublisherNacks(t *testing.T) {
 	require.Equal(t, []error{nil}, p.Publish(ctx, []broker.Outgoing{{Exchange: "ex", RoutingKey: "routed", Publishing: msg("d")}}))
 }
 
-func TestPublisherChannelErrorRecovers(t *testing.T) {
+func TestPublisherMissingExchange(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	b := setup(t)
 	declareRouted(t, ctx, b.ch, nil)
+	require.NoError(t, b.ch.ExchangeDeclare("doomed", "topic", true, false, false, false, nil))
+	require.NoError(t, b.ch.QueueBind("routed", "#", "doomed", false, nil))
 
+	// A missing exchange fails only its own messages: the channel survives.
 	p := broker.NewPublisher(b.conn, broker.PublisherConfig{})
 	errs := p.Publish(ctx, []broker.Outgoing{
 		{Exchange: "ex", RoutingKey: "routed", Publishing: msg("before")},
 		{Exchange: "no-such-exchange", RoutingKey: "x", Publishing: msg("lost")},
+		{Exchange: "doomed", RoutingKey: "x", Publishing: msg("doomed-1")},
 		{Exchange: "ex", RoutingKey: "routed", Publishing: msg("after")},
 	})
-	// The broker confirms "before" only after writing it to disk; by then
-	// it may have closed the channel for the next publish. Either outcome
-	// is correct: unconfirmed means "publish again".
-	if errs[0] != nil {
-		require.ErrorIs(t, errs[0], broker.ErrChannelClosed)
-	}
-	require.ErrorIs(t, errs[1], broker.ErrChannelClosed)
-	require.ErrorContains(t, errs[1], "NOT_FOUND")
-	require.Error(t, errs[2], "sent on a channel the broker was closing: not known to be published")
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], broker.ErrNoExchange)
+	require.NoError(t, errs[2])
+	require.NoError(t, errs[3])
 
-	require.Equal(t, []error{nil}, p.Publish(ctx, []broker.Outgoing{{Exchange: "ex", RoutingKey: "routed", Publishing: msg("next")}}))
+	// An exchange deleted after it was checked closes the channel (the
+	// broker's NOT_FOUND); the next call checks again and fails only it.
+	require.NoError(t, b.ch.ExchangeDelete("doomed", false, false))
+	errs = p.Publish(ctx, []broker.Outgoing{{Exchange: "doomed", RoutingKey: "x", Publishing: msg("doomed-2")}})
+	require.ErrorIs(t, errs[0], broker.ErrChannelClosed)
+	require.ErrorContains(t, errs[0], "NOT_FOUND")
+	errs = p.Publish(ctx, []broker.Outgoing{
+		{Exchange: "doomed", RoutingKey: "x", Publishing: msg("doomed-3")},
+		{Exchange: "ex", RoutingKey: "routed", Publishing: msg("next")},
+	})
+	require.ErrorIs(t, errs[0], broker.ErrNoExchange)
+	require.NoError(t, errs[1])
 }
 
 func TestPublisherSurvivesConnectionLoss(t *testing.T) {

@@ -29,6 +29,12 @@ var (
 	// ErrNotSent: an earlier failure in the batch stopped the publisher
 	// before it sent this message.
 	ErrNotSent = errors.New("message not sent")
+	// ErrNoExchange: the message's exchange does not exist. Publisher
+	// checks each exchange (passively, on a scratch channel) before its
+	// first use, because publishing to a missing exchange makes the broker
+	// close the channel and fail every other message in flight: one bad row
+	// would otherwise block everything behind it.
+	ErrNoExchange = errors.New("exchange does not exist")
 )
 
 // PublisherConfig tunes a Publisher. The zero value is usable.
@@ -71,6 +77,7 @@ type Publisher struct {
 	ch      *amqp.Channel
 	returns chan amqp.Return
 	closes  chan *amqp.Error
+	known   map[string]bool // exchanges seen to exist
 }
 
 // NewPublisher returns a publisher on conn. It opens its channel lazily.
@@ -81,7 +88,47 @@ func NewPublisher(conn *Conn, cfg PublisherConfig) *Publisher {
 	if cfg.ConfirmTimeout <= 0 {
 		cfg.ConfirmTimeout = 30 * time.Second
 	}
-	return &Publisher{conn: conn, cfg: cfg}
+	return &Publisher{conn: conn, cfg: cfg, known: map[string]bool{"": true}}
+}
+
+// checkExchanges fails the messages whose exchange does not exist. An
+// exchange is checked once; the cache is cleared when the broker closes a
+// channel with NOT_FOUND (an exchange was deleted).
+func (p *Publisher) checkExchanges(ctx context.Context, msgs []Outgoing, errs []error) error {
+	missing := map[string]bool{}
+	var scratch *amqp.Channel
+	defer func() {
+		if scratch != nil {
+			_ = scratch.Close()
+		}
+	}()
+	for i, m := range msgs {
+		if errs[i] != nil || p.known[m.Exchange] {
+			continue
+		}
+		if !missing[m.Exchange] {
+			if scratch == nil {
+				var err error
+				if scratch, err = p.conn.Channel(ctx); err != nil {
+					return err
+				}
+			}
+			err := scratch.ExchangeDeclarePassive(m.Exchange, "topic", true, false, false, false, nil)
+			var amqpErr *amqp.Error
+			switch {
+			case err == nil:
+				p.known[m.Exchange] = true
+				continue
+			case errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+				missing[m.Exchange] = true
+				scratch = nil // the broker closed it
+			default:
+				return fmt.Errorf("check exchange %q: %w", m.Exchange, err)
+			}
+		}
+		errs[i] = fmt.Errorf("%w: %q", ErrNoExchange, m.Exchange)
+	}
+	return nil
 }
 
 // Close closes the publisher's channel. A later Publish opens a new one.
@@ -150,6 +197,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Outgoing) []error {
 		fail(0, fmt.Errorf("%w: %w", ErrNotSent, err))
 		return errs
 	}
+	if err := p.checkExchanges(ctx, msgs, errs); err != nil {
+		fail(0, fmt.Errorf("%w: %w", ErrNotSent, err))
+		return errs
+	}
 
 	b := batch{p: p, msgs: msgs, errs: errs, byID: map[string][]int{}, returned: map[int]amqp.Return{}}
 	healthy := true
@@ -177,6 +228,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []Outgoing) []error {
 	}
 	for len(b.queue) > 0 && healthy {
 		healthy = b.resolveOldest(ctx)
+	}
+	if b.closeErr != nil && b.closeErr.Code == amqp.NotFound {
+		clear(p.known) // an exchange vanished since it was checked
+		p.known[""] = true
 	}
 	if !healthy {
 		// Confirms or returns for what is still outstanding can no longer

@@ -385,6 +385,26 @@ func TestRelayUnroutableIsNotMarked(t *testing.T) {
 	require.Equal(t, map[string]int{routed: 1, lost: 1}, drain(t, b))
 }
 
+func TestRelayMissingExchangeBlocksNothing(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	bad := env(routedKey)
+	bad.Exchange = "no-such-exchange"
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, bad) }))
+	ids := enqueue(t, ctx, b.pool, 50, routedKey)
+
+	// The bad row comes first in every batch; the others still go out.
+	startRelay(t, b, RelayConfig{BatchSize: 10})
+	waitUnpublished(t, ctx, b.pool, 1)
+	seen := drain(t, b)
+	require.Len(t, seen, len(ids))
+	requireEach(t, seen, ids, 1)
+	var published bool
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM saga_outbox WHERE message_id = $1", bad.MessageID).Scan(&published))
+	require.False(t, published)
+}
+
 func TestRunDrainsOnCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

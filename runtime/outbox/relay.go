@@ -278,12 +278,13 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 }
 
 // retryDelay is how long a row whose publish failed waits before it can be
-// claimed again. Nacks and returns (a broker that refuses, a missing
-// binding) back off exponentially with the row's attempts, so a row that
-// cannot be routed does not spin; connection-level failures retry at once
-// (the relay's own backoff and the Conn's reconnect pace those).
+// claimed again. Nacks, returns and missing exchanges (a broker that
+// refuses, a missing binding or exchange) back off exponentially with the
+// row's attempts, so a row that cannot be routed does not spin;
+// connection-level failures retry at once (the relay's own backoff and the
+// Conn's reconnect pace those).
 func retryDelay(err error, attempts int32) time.Duration {
-	if !errors.Is(err, broker.ErrNacked) && !errors.Is(err, broker.ErrReturned) {
+	if !errors.Is(err, broker.ErrNacked) && !errors.Is(err, broker.ErrReturned) && !errors.Is(err, broker.ErrNoExchange) {
 		return 0
 	}
 	return broker.Backoff(int(attempts)-1, 100*time.Millisecond, 30*time.Second)
@@ -324,7 +325,12 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 			dec := json.NewDecoder(bytes.NewReader(headers))
 			dec.UseNumber() // keep integers integers
 			if err := dec.Decode(&e.Headers); err != nil {
-				return fmt.Errorf("outbox row %d (message %s): decode headers: %w", rw.id, e.MessageID, err)
+				// Enqueue writes only JSON objects; a row written by other
+				// means is published without its extra headers rather than
+				// blocking every row behind it.
+				e.Headers = nil
+				r.cfg.Logger.Error("outbox relay: headers are not a JSON object; publishing without them",
+					"outbox_id", rw.id, "message_id", e.MessageID, "error", err)
 			}
 		}
 		e.OccurredAt = e.OccurredAt.UTC()
