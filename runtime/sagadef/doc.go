@@ -1,0 +1,111 @@
+// Package sagadef holds the definition of a saga type — its steps, their
+// roles and policies — and the pure state machine that interprets it.
+//
+// Generated code builds one [Definition] per saga declared in a contract and
+// calls [Definition.Compile] once; the engine in package saga persists
+// instances and calls [Definition.Begin] and [Definition.Apply] inside one
+// transaction. Nothing here touches a database, a broker or a clock: time,
+// ids and the user's business decisions ([Hooks]) come in through [Env], so
+// a saga can be driven through any script of replies, timeouts and
+// duplicates in memory (see package sagatest).
+//
+// The generator imports this package too: the transition table printed into
+// generated code and the Mermaid diagram in the docs come from
+// [Definition.Compile], so docs, generated code and run-time behaviour are
+// one table.
+//
+// # States
+//
+// Every step has a state named after it ([StateName]: "ReserveInventory" →
+// RESERVE_INVENTORY) in which the saga waits for the step's reply (or, for
+// an External step, its event). Every compensatable step has a
+// COMPENSATING_<STEP> state ([CompensatingStateName]) in which the saga waits
+// for the reply to its compensation. Every saga also has MANUAL_REVIEW,
+// where it waits for an operator, and the terminal states COMPLETED, FAILED
+// (a business failure, compensations done) and CANCELLED. State names are
+// stored in the database: renaming a step is a breaking change.
+//
+// # Roles and compensation order
+//
+// Steps run in contract order: compensatable steps first, then at most one
+// pivot (the point of no return), then retriable steps. When a step before
+// the retriable ones fails, the saga compensates the compensatable steps
+// that completed, in reverse order, one compensation at a time; then it is
+// FAILED. A compensatable step that stopped waiting without an answer
+// (timeout, operator compensate) is compensated too: its effect may have
+// happened, and compensations are idempotent. Retriable steps must not
+// fail: a failure reply from one sends the saga to MANUAL_REVIEW.
+//
+// # Classification
+//
+// Apply classifies every trigger before acting on it ([Class]):
+//
+//   - new: the reply answers the command the saga waits on (its CausationID
+//     is the pending command's id; any matching event for an External step),
+//     or a timeout, deadline or operator action that is due. It is applied.
+//   - duplicate: the reply repeats the outcome already recorded for its step
+//     (whatever its message id). No effect.
+//   - late: the reply answers a wait that has ended — an earlier attempt of a
+//     resent command, a step that timed out, anything arriving during manual
+//     review — or a timer that is no longer armed. The step's [LatePolicy]
+//     decides: ignore (audit only), manual review, or apply if the saga still
+//     waits on that step. A late success of a step whose compensation is
+//     running or done is only audited: the compensation covers it. In
+//     MANUAL_REVIEW, late replies are recorded in Progress (and folded into
+//     the data) without a state change, so an operator's retry can continue
+//     from them.
+//   - conflicting: the reply contradicts the outcome recorded for its step
+//     (or its compensation). The saga never transitions blindly: it goes to
+//     MANUAL_REVIEW with the reason, even from a terminal state.
+//   - invalid: the message is not part of this saga's conversation — unknown
+//     to the definition, or answering no command this instance sent. No
+//     effect.
+//
+// # Timeouts and the deadline
+//
+// Entering a step arms TimeoutAt (now + the step's Timeout). When it fires,
+// the step's [TimeoutAction] applies: compensate (the step stops waiting and
+// compensation starts), retry (the command is resent with a new message id
+// and the same idempotency key, since it is built from the same data, until
+// MaxAttempts sends are spent, then manual review), or manual review. A
+// compensation that times out is resent up to its step's MaxAttempts, then
+// the saga goes to MANUAL_REVIEW: a failed compensation never goes silently
+// nowhere. The saga's Deadline bounds the forward path: when it passes while
+// the saga waits on a step, the saga goes to MANUAL_REVIEW; it fires once,
+// and starting compensation clears it. Terminal states and MANUAL_REVIEW
+// clear TimeoutAt, so a timeout scanner never finds them due.
+//
+// # Operator actions
+//
+// Operator triggers carry who and why (both required):
+//
+//   - retry resends what the saga waits on (in MANUAL_REVIEW: what it waited
+//     on when it entered review, Progress.ReviewFrom), with a fresh attempt
+//     budget; when a success for it was recorded during review, the saga
+//     continues instead.
+//   - compensate starts compensation from the current progress.
+//   - resolve ends a saga in MANUAL_REVIEW as COMPLETED, FAILED or CANCELLED.
+//   - cancel ends a non-terminal saga as CANCELLED without compensating.
+//
+// Operator triggers on terminal states fail with [ErrTerminal]; those the
+// state does not allow with [ErrInvalidTrigger].
+//
+// # The transition table
+//
+// [Definition.Compile] validates a definition (reporting every problem as a
+// [*DefinitionError] naming saga and step) and derives the complete
+// transition table: every (from, trigger, to, emitted messages) that Apply
+// can take, timeouts, retries, the compensation chain, conflicts, late
+// replies, the deadline and operator actions included. The package's tests
+// check the derivation against an exhaustive exploration of Apply itself on
+// many definitions, so the table holds exactly the transitions Apply takes.
+//
+// # Purity
+//
+// Apply never modifies its input: the returned instance has its own copies
+// of the progress maps and slices and of the saga data (cloned before
+// Hooks.Apply folds a message into it). Its Version is the input's plus one
+// when anything changed, and unchanged for duplicates, invalid messages,
+// audited late replies and stale timers, in which case the input instance
+// is returned as is.
+package sagadef
