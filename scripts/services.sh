@@ -16,10 +16,12 @@ set -euo pipefail
 die() { echo "services: $*" >&2; exit 1; }
 log() { echo "services: $*" >&2; }
 
+# SAGA_PG_BIN and SAGA_RABBITMQ_BIN point at other installations (Debian's layout by default).
 PG_VERSION=15
-PG_BIN=/usr/lib/postgresql/$PG_VERSION/bin
-RMQ_SERVER=/usr/lib/rabbitmq/bin/rabbitmq-server
-RMQ_CTL=/usr/lib/rabbitmq/bin/rabbitmqctl
+PG_BIN=${SAGA_PG_BIN:-/usr/lib/postgresql/$PG_VERSION/bin}
+RMQ_BIN=${SAGA_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
+RMQ_SERVER=$RMQ_BIN/rabbitmq-server
+RMQ_CTL=$RMQ_BIN/rabbitmqctl
 
 as_root() {
 	if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
