@@ -39,14 +39,15 @@ func TestMigrateTwiceIsNoop(t *testing.T) {
 
 	before, err := schema.Status(ctx, pool, src)
 	require.NoError(t, err)
-	require.Len(t, before, 3)
+	require.Len(t, before, 4)
 	for _, m := range before {
 		require.False(t, m.Applied, m.Name)
 	}
 	require.Equal(t, schema.Migration{Source: schema.RuntimeSource, Name: "0001_runtime_tables.sql", Version: 1, Checksum: before[0].Checksum}, before[0])
-	require.Equal(t, "orders", before[1].Source)
-	require.Equal(t, "0001_create.sql", before[1].Name)
-	require.Equal(t, "0002_count.sql", before[2].Name)
+	require.Equal(t, schema.Migration{Source: schema.RuntimeSource, Name: "0002_parked_lookup.sql", Version: 2, Checksum: before[1].Checksum}, before[1])
+	require.Equal(t, "orders", before[2].Source)
+	require.Equal(t, "0001_create.sql", before[2].Name)
+	require.Equal(t, "0002_count.sql", before[3].Name)
 
 	require.NoError(t, schema.Migrate(ctx, pool, src))
 	first, err := schema.Status(ctx, pool, src)
@@ -122,8 +123,8 @@ func TestMigrateRefusesChangedFile(t *testing.T) {
 
 	st, err := schema.Status(ctx, pool, src)
 	require.NoError(t, err)
-	require.True(t, st[2].Changed)
-	require.False(t, st[3].Applied)
+	require.True(t, st[3].Changed)
+	require.False(t, st[4].Applied)
 }
 
 func TestMigrateFailingFileRollsBackEverything(t *testing.T) {
