@@ -4,6 +4,13 @@
 // 	protoc        (unknown)
 // source: approval/v1/approval.proto
 
+// Approval: a human decides. The approval service publishes these events
+// when a person approves or rejects a quote; the saga waits for them as an
+// external step. (Edition 2023, to show the generator reads editions. The
+// file comment sits below the edition line because compilers disagree on
+// where a comment above it belongs, which would change protoc-gen-go's
+// header between buf and protocompile.)
+
 package approvalv1
 
 import (
