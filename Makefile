@@ -54,6 +54,10 @@ test-unit:
 demo: plugin generate
 	scripts/with-services.sh $(GO) run ./examples/placeorder/cmd/demo
 
+## bench: performance measurements, each side by side with its peer in the same run (bench/ is its own module).
+bench:
+	cd bench && $(GO) run ./cmd/genbench -sagas 40 -runs 9
+
 ## services-start / services-stop: long-lived services for development in /tmp/saga-services.
 services-start:
 	scripts/services.sh start /tmp/saga-services

@@ -2,11 +2,8 @@ package gen_test
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,49 +12,16 @@ import (
 
 	"github.com/protosaga/saga/internal/gen"
 	"github.com/protosaga/saga/internal/gen/protoc"
+	"github.com/protosaga/saga/internal/gen/synth"
 )
 
-// syntheticContract writes a contract of n files, each with one saga of
-// four steps (a compensatable step, a pivot, two retriable steps: 13
-// annotated messages and a data message), and returns its root and files.
+// syntheticContract writes a contract of n files (see package synth) and
+// returns its root and files.
 func syntheticContract(t testing.TB, n int) (string, []string) {
 	t.Helper()
 	root := t.TempDir()
-	var files []string
-	for i := range n {
-		pkg := fmt.Sprintf("synth.s%03d.v1", i)
-		var b strings.Builder
-		fmt.Fprintf(&b, "syntax = \"proto3\";\npackage %s;\nimport \"saga/v1/saga.proto\";\n", pkg)
-		fmt.Fprintf(&b, "option go_package = \"example.com/synth/s%03d/v1;s%03dv1\";\n", i, i)
-		msg := func(name, opt string) {
-			fmt.Fprintf(&b, "message %s {\n  option (saga.v1.message) = {%s};\n  string id = 1;\n  int64 amount = 2;\n  repeated string tags = 3;\n}\n", name, opt)
-		}
-		cmd := func(name string) {
-			msg(name, `kind: KIND_COMMAND, owner: "svc", idempotency_key: ["id"], correlation_field: "id"`)
-		}
-		reply := func(name string) { msg(name, `kind: KIND_REPLY, correlation_field: "id"`) }
-		msg("Begin", `kind: KIND_COMMAND, idempotency_key: ["id"]`)
-		for _, s := range []string{"Reserve", "Charge", "Ship", "Notify"} {
-			cmd(s)
-			reply(s + "Done")
-		}
-		reply("ReserveFailed")
-		reply("ChargeFailed")
-		cmd("Release")
-		reply("Released")
-		step := func(name, role, extra string) string {
-			return fmt.Sprintf(`steps: {role: %s command: %q success: "%sDone" timeout: "10s" late_reply: LATE_REPLY_IGNORE %s}`, role, name, name, extra)
-		}
-		fmt.Fprintf(&b, "message FlowData {\n  option (saga.v1.saga) = {name: \"Flow%03d\" start: \"Begin\" business_key: \"id\" service: \"svc\" deadline: \"1h\"\n%s\n%s\n%s\n%s\n};\n  string id = 1;\n}\n", i,
-			step("Reserve", "ROLE_COMPENSATABLE", `failure: "ReserveFailed" compensation: "Release" compensation_reply: "Released"`),
-			step("Charge", "ROLE_PIVOT", `failure: "ChargeFailed"`),
-			step("Ship", "ROLE_RETRIABLE", `max_attempts: 3`),
-			step("Notify", "ROLE_RETRIABLE", `max_attempts: 3`))
-		name := fmt.Sprintf("s%03d/flow.proto", i)
-		require.NoError(t, os.MkdirAll(filepath.Join(root, filepath.Dir(name)), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(root, name), []byte(b.String()), 0o644))
-		files = append(files, name)
-	}
+	files, err := synth.Write(root, n)
+	require.NoError(t, err)
 	return root, files
 }
 
