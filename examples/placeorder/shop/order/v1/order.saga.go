@@ -6,7 +6,6 @@ package orderv1
 import (
 	context "context"
 	embed "embed"
-	json "encoding/json"
 	errors "errors"
 	fmt "fmt"
 	v5 "github.com/jackc/pgx/v5"
@@ -24,12 +23,9 @@ import (
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
-	protojson "google.golang.org/protobuf/encoding/protojson"
 	proto "google.golang.org/protobuf/proto"
-	io "io"
 	fs "io/fs"
 	http "net/http"
-	reflect "reflect"
 	slices "slices"
 	time "time"
 )
@@ -544,12 +540,8 @@ func NewPlaceOrder(cfg saga.Config, d PlaceOrderDecider) (*PlaceOrder, error) {
 		return nil, errors.New("saga shop.order.v1.PlaceOrder: decider is nil")
 	}
 	def := PlaceOrderDefinition()
-	states, transitions := def.States, def.Transitions
-	if err := def.Compile(); err != nil {
+	if err := def.CompileGenerated(); err != nil {
 		return nil, fmt.Errorf("saga shop.order.v1.PlaceOrder: %w", err)
-	}
-	if !reflect.DeepEqual(states, def.States) || !reflect.DeepEqual(transitions, def.Transitions) {
-		return nil, errors.New("saga shop.order.v1.PlaceOrder: the runtime computes a different transition table than the generated one; regenerate the contract with this runtime")
 	}
 	cfg.Definition = def
 	cfg.Hooks = placeOrderHooks{d: d}
@@ -600,43 +592,7 @@ func (s *PlaceOrder) Status(ctx context.Context, sagaID string) (saga.Status, er
 // statusURL(sagaID), without waiting for any step. The W3C trace context of
 // the request continues in the saga's messages.
 func (s *PlaceOrder) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-		if err != nil {
-			http.Error(w, "read request: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		start := new(PlaceOrderRequest)
-		if err := protojson.Unmarshal(body, start); err != nil {
-			http.Error(w, "decode PlaceOrderRequest: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		id, created, err := s.Start(r.Context(), start, envelope.Meta{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})
-		if err != nil {
-			code := http.StatusInternalServerError
-			if failure.ClassOf(err) == failure.ClassPermanent {
-				code = http.StatusUnprocessableEntity
-			}
-			http.Error(w, "start saga: "+err.Error(), code)
-			return
-		}
-		url := statusURL(id)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", url)
-		w.WriteHeader(http.StatusAccepted)
-		_ = json.NewEncoder(w).Encode(struct {
-			SagaID        string `json:"sagaId"`
-			CorrelationID string `json:"correlationId"`
-			Status        string `json:"status"`
-			StatusURL     string `json:"statusUrl"`
-			Created       bool   `json:"created"`
-		}{id, start.GetOrderId(), "ACCEPTED", url, created})
-	})
+	return s.engine.StartHandler(func() message.Message { return new(PlaceOrderRequest) }, statusURL)
 }
 
 //go:embed migrations/saga_place_order/0001_create_saga_place_order.sql migrations/saga_place_order/0002_states_f80f69a5.sql

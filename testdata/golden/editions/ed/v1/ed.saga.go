@@ -6,26 +6,21 @@ package edv1
 import (
 	context "context"
 	embed "embed"
-	json "encoding/json"
 	errors "errors"
 	fmt "fmt"
 	v5 "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
-	protojson "google.golang.org/protobuf/encoding/protojson"
 	proto "google.golang.org/protobuf/proto"
-	io "io"
 	fs "io/fs"
 	http "net/http"
-	reflect "reflect"
 	slices "slices"
 	strconv "strconv"
 	time "time"
@@ -281,12 +276,8 @@ func NewCollectSignature(cfg saga.Config, d CollectSignatureDecider) (*CollectSi
 		return nil, errors.New("saga ed.v1.CollectSignature: decider is nil")
 	}
 	def := CollectSignatureDefinition()
-	states, transitions := def.States, def.Transitions
-	if err := def.Compile(); err != nil {
+	if err := def.CompileGenerated(); err != nil {
 		return nil, fmt.Errorf("saga ed.v1.CollectSignature: %w", err)
-	}
-	if !reflect.DeepEqual(states, def.States) || !reflect.DeepEqual(transitions, def.Transitions) {
-		return nil, errors.New("saga ed.v1.CollectSignature: the runtime computes a different transition table than the generated one; regenerate the contract with this runtime")
 	}
 	cfg.Definition = def
 	cfg.Hooks = collectSignatureHooks{d: d}
@@ -337,43 +328,7 @@ func (s *CollectSignature) Status(ctx context.Context, sagaID string) (saga.Stat
 // statusURL(sagaID), without waiting for any step. The W3C trace context of
 // the request continues in the saga's messages.
 func (s *CollectSignature) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-		if err != nil {
-			http.Error(w, "read request: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		start := new(Requested)
-		if err := protojson.Unmarshal(body, start); err != nil {
-			http.Error(w, "decode Requested: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		id, created, err := s.Start(r.Context(), start, envelope.Meta{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})
-		if err != nil {
-			code := http.StatusInternalServerError
-			if failure.ClassOf(err) == failure.ClassPermanent {
-				code = http.StatusUnprocessableEntity
-			}
-			http.Error(w, "start saga: "+err.Error(), code)
-			return
-		}
-		url := statusURL(id)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", url)
-		w.WriteHeader(http.StatusAccepted)
-		_ = json.NewEncoder(w).Encode(struct {
-			SagaID        string `json:"sagaId"`
-			CorrelationID string `json:"correlationId"`
-			Status        string `json:"status"`
-			StatusURL     string `json:"statusUrl"`
-			Created       bool   `json:"created"`
-		}{id, strconv.FormatInt(int64(start.GetTicket()), 10), "ACCEPTED", url, created})
-	})
+	return s.engine.StartHandler(func() message.Message { return new(Requested) }, statusURL)
 }
 
 //go:embed migrations/saga_collect_signature/0001_create_saga_collect_signature.sql migrations/saga_collect_signature/0002_states_39c19176.sql

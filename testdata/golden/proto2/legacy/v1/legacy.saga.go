@@ -6,7 +6,6 @@ package legacyv1
 import (
 	context "context"
 	embed "embed"
-	json "encoding/json"
 	errors "errors"
 	fmt "fmt"
 	v5 "github.com/jackc/pgx/v5"
@@ -21,13 +20,10 @@ import (
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
-	protojson "google.golang.org/protobuf/encoding/protojson"
 	proto "google.golang.org/protobuf/proto"
-	io "io"
 	fs "io/fs"
 	http "net/http"
 	url "net/url"
-	reflect "reflect"
 	slices "slices"
 	strconv "strconv"
 	time "time"
@@ -375,12 +371,8 @@ func NewOnboarding(cfg saga.Config, d OnboardingDecider) (*Onboarding, error) {
 		return nil, errors.New("saga legacy.v1.Onboarding: decider is nil")
 	}
 	def := OnboardingDefinition()
-	states, transitions := def.States, def.Transitions
-	if err := def.Compile(); err != nil {
+	if err := def.CompileGenerated(); err != nil {
 		return nil, fmt.Errorf("saga legacy.v1.Onboarding: %w", err)
-	}
-	if !reflect.DeepEqual(states, def.States) || !reflect.DeepEqual(transitions, def.Transitions) {
-		return nil, errors.New("saga legacy.v1.Onboarding: the runtime computes a different transition table than the generated one; regenerate the contract with this runtime")
 	}
 	cfg.Definition = def
 	cfg.Hooks = onboardingHooks{d: d}
@@ -431,43 +423,7 @@ func (s *Onboarding) Status(ctx context.Context, sagaID string) (saga.Status, er
 // statusURL(sagaID), without waiting for any step. The W3C trace context of
 // the request continues in the saga's messages.
 func (s *Onboarding) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-		if err != nil {
-			http.Error(w, "read request: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		start := new(OpenAccountRequest)
-		if err := protojson.Unmarshal(body, start); err != nil {
-			http.Error(w, "decode OpenAccountRequest: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		id, created, err := s.Start(r.Context(), start, envelope.Meta{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")})
-		if err != nil {
-			code := http.StatusInternalServerError
-			if failure.ClassOf(err) == failure.ClassPermanent {
-				code = http.StatusUnprocessableEntity
-			}
-			http.Error(w, "start saga: "+err.Error(), code)
-			return
-		}
-		url := statusURL(id)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", url)
-		w.WriteHeader(http.StatusAccepted)
-		_ = json.NewEncoder(w).Encode(struct {
-			SagaID        string `json:"sagaId"`
-			CorrelationID string `json:"correlationId"`
-			Status        string `json:"status"`
-			StatusURL     string `json:"statusUrl"`
-			Created       bool   `json:"created"`
-		}{id, start.GetHolderId(), "ACCEPTED", url, created})
-	})
+	return s.engine.StartHandler(func() message.Message { return new(OpenAccountRequest) }, statusURL)
 }
 
 //go:embed migrations/saga_onboarding/0001_create_saga_onboarding.sql migrations/saga_onboarding/0002_states_ec7fd628.sql
