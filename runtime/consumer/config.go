@@ -14,6 +14,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // Delivery is one decoded message handed to a [HandlerFunc].
@@ -27,6 +28,9 @@ type Delivery struct {
 	// Attempt is the delivery attempt through the retry tiers, 1 for the
 	// first. A broker redelivery (after a lost ack) does not count.
 	Attempt int
+	// ReceivedAt is when the consumer took the delivery from the broker
+	// (with a monotonic clock reading): the start of step latency.
+	ReceivedAt time.Time
 }
 
 // HandlerFunc handles one delivery inside tx. Everything it does to the
@@ -86,8 +90,13 @@ type Config struct {
 	// deliveries; after it their contexts are cancelled and they are left
 	// unacknowledged for redelivery. Defaults to 30s.
 	DrainTimeout time.Duration
-	// Logger receives the consumer's logs. Defaults to slog.Default().
+	// Logger receives the consumer's logs. Defaults to Telemetry.Logger,
+	// then slog.Default().
 	Logger *slog.Logger
+	// Telemetry receives a "process QUEUE" consumer span per delivery (a
+	// child of the trace context the message carries; the handler's context
+	// holds it) and the consumer's metrics. The zero value disables them.
+	Telemetry telemetry.Providers
 }
 
 // Defaults.
@@ -118,9 +127,7 @@ func (c *Config) setDefaults() {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = defaultDrainTimeout
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = c.Telemetry.LoggerOr(c.Logger, slog.Default())
 }
 
 // Validate reports every problem with c (after defaults are applied).

@@ -34,6 +34,7 @@ type Consumer struct {
 	log *slog.Logger
 	now func() time.Time
 	pub *broker.Publisher // retry copies and parked messages
+	tel consumerTelemetry
 
 	// afterCommit, when set (by tests), runs after a batch's transaction
 	// committed and before anything is acknowledged or routed. A non-nil
@@ -54,11 +55,16 @@ func New(cfg Config) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	tel, err := newConsumerTelemetry(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %q: %w", cfg.Name, err)
+	}
 	return &Consumer{
 		cfg: cfg,
 		log: cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
 		now: time.Now,
 		pub: broker.NewPublisher(cfg.PublishConn, broker.PublisherConfig{}),
+		tel: tel,
 	}, nil
 }
 
@@ -124,6 +130,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			backoff = minBackoff
 		}
 		c.log.Warn("consumer session ended; starting a new one", slog.Any("error", err), slog.Duration("backoff", backoff))
+		c.tel.metrics.ConsumerRestarted(ctx, c.tel.labels)
 		if !sleep(ctx, backoff) {
 			return nil
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
@@ -64,6 +65,12 @@ type item struct {
 	class   failure.Class // err's class
 	tier    time.Duration // the retry delay (outcomeRetry)
 	parkID  string        // the parked copy's message id (outcomePark)
+
+	received time.Time       // when the worker took the delivery
+	reason   string          // coarse failure reason for metrics; "" = by class
+	ctx      context.Context // the handler's context (identity, span); nil = the batch's
+	span     trace.Span      // the delivery's process span (tracing only)
+	acked    bool            // acknowledged
 }
 
 // messageID returns the delivery's message id (possibly empty).
@@ -94,33 +101,38 @@ func (it *item) parkClass() string {
 // decode reads the envelope, checks type and schema version, and decodes the
 // body. Every failure here is permanent: the same bytes never decode later.
 func (c *Consumer) decode(raw *amqp.Delivery) *item {
-	it := &item{raw: raw, attempt: attemptOf(raw.Headers)}
+	it := &item{raw: raw, attempt: attemptOf(raw.Headers), received: c.now()}
 	env, err := envelope.FromDelivery(raw)
 	if err != nil {
+		it.reason = "invalid_envelope"
 		it.fail(failure.Permanent(fmt.Errorf("invalid envelope: %w", err)), c.cfg.Retry)
 		return it
 	}
 	if !utf8.ValidString(env.MessageID) || strings.ContainsRune(env.MessageID, 0) {
 		// The inbox could never store it: every claim would fail.
+		it.reason = "invalid_envelope"
 		it.fail(failure.Permanent(fmt.Errorf("invalid envelope: message id %q is not valid UTF-8 text", env.MessageID)), c.cfg.Retry)
 		return it
 	}
 	info, ok := c.cfg.Registry.Lookup(env.MessageType)
 	if !ok {
+		it.reason = "unknown_type"
 		it.fail(failure.Permanent(fmt.Errorf("unknown message type %q", env.MessageType)), c.cfg.Retry)
 		return it
 	}
 	if env.SchemaVersion > info.SchemaVersion {
+		it.reason = "schema_mismatch"
 		it.fail(failure.Permanent(fmt.Errorf("schema version mismatch: %s version %d is newer than this consumer's version %d",
 			env.MessageType, env.SchemaVersion, info.SchemaVersion)), c.cfg.Retry)
 		return it
 	}
 	msg, err := c.cfg.Registry.Decode(env.MessageType, env.Body)
 	if err != nil {
+		it.reason = "undecodable"
 		it.fail(failure.Permanent(fmt.Errorf("undecodable body: %w", err)), c.cfg.Retry)
 		return it
 	}
-	it.d = &Delivery{Envelope: env, Message: msg, Queue: c.cfg.Queue, Attempt: it.attempt}
+	it.d = &Delivery{Envelope: env, Message: msg, Queue: c.cfg.Queue, Attempt: it.attempt, ReceivedAt: it.received}
 	return it
 }
 
@@ -164,13 +176,15 @@ func (e *deliveryFault) Unwrap() error { return e.err }
 // handle takes a batch from decoding to acknowledgement. A non-nil error
 // means some deliveries were left unacknowledged and the session must end
 // so that they are redelivered.
-func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
+func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error) {
 	c := s.c
 	items := make([]*item, len(batch))
 	for i := range batch {
 		items[i] = c.decode(&batch[i])
 	}
-	err := c.transact(ctx, items)
+	c.tel.begin(ctx, items)
+	defer func() { c.tel.end(items, err) }()
+	err = c.transact(ctx, items)
 	var ce *commitError
 	var fault *deliveryFault
 	switch {
@@ -181,6 +195,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
 			return s.handleEach(ctx, batch)
 		}
 		items[0].outcome = outcomePending
+		items[0].reason = "handler_fault"
 		items[0].fail(failure.Permanent(fault.err), c.cfg.Retry)
 		err = c.transact(ctx, items)
 	case errors.As(err, &ce) && ce.serverRejected():
@@ -196,6 +211,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) error {
 			return fmt.Errorf("message %q: %w", it.messageID(), err)
 		}
 		// The commit failure belongs to this delivery's handler.
+		it.reason = "commit"
 		it.fail(fmt.Errorf("commit handler effects: %w", ce.err), c.cfg.Retry)
 		err = c.transact(ctx, items)
 	}
@@ -282,7 +298,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item) error {
 		c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 		return nil
 	}
-	herr := c.callHandler(ctx, sp, it.d)
+	herr := c.callHandler(it.handlerContext(ctx), sp, it.d)
 	if herr == nil && sp.Conn().PgConn().TxStatus() == 'E' {
 		herr = errors.New("handler returned success, but a statement in its transaction failed (was an error ignored?)")
 	}
@@ -375,6 +391,7 @@ func (s *session) finish(ctx context.Context, items []*item) error {
 		c.log.Warn("acknowledgement failed; deliveries will be redelivered", slog.Any("error", err))
 	} else if len(tags) > 0 {
 		s.progress.Store(true)
+		c.tel.settled(ctx, settled, c.now())
 		if c.onSettle != nil {
 			for _, it := range settled {
 				c.onSettle(it.messageID(), it.outcome.String())

@@ -42,6 +42,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		r.cfg.Logger.Warn("outbox relay: LISTEN connection failed; polling until it is back", "owner", r.cfg.Owner, "error", err)
+		r.tel.metrics.ListenReconnected(ctx)
 		select {
 		case <-ctx.Done():
 			return

@@ -65,7 +65,9 @@ import (
 const NotifyChannel = "saga_outbox"
 
 // Enqueue writes envs to the outbox in tx, in order, with one statement that
-// also notifies relays (delivered when tx commits). Every envelope needs a
+// also notifies relays (delivered when tx commits). The rows carry the trace
+// context of ctx when it has one (with a "create" span per message when its
+// span is recording; see runtime/telemetry), the envelopes' own otherwise. Every envelope needs a
 // message id, a message type and a schema version of at least 1; headers
 // must be JSON-encodable (they are stored as jsonb). A message id already
 // in the outbox is an error (unique violation): the message ids of
@@ -117,6 +119,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("enqueue outbox messages: %w", errors.Join(errs...))
 	}
+	spans := traceRows(ctx, envs, parents, states)
 	_, err := tx.Exec(ctx, `
 WITH ins AS (
   INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version,
@@ -131,6 +134,7 @@ WITH ins AS (
 SELECT pg_notify('`+NotifyChannel+`', '')`,
 		ids, exchanges, keys, types, versions, correlations, causations, sagaIDs, sagaTypes,
 		idemKeys, parents, states, headers, bodies, occurred)
+	endSpans(spans, err)
 	if err != nil {
 		if n == 1 {
 			return fmt.Errorf("enqueue outbox message %s: %w", ids[0], err)

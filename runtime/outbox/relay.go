@@ -17,9 +17,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // RelayConfig configures a Relay. Pool and Conn are required.
@@ -48,8 +50,13 @@ type RelayConfig struct {
 	// ConfirmTimeout bounds the wait for the next publisher confirm;
 	// default LeaseDuration/3. It must be shorter than LeaseDuration.
 	ConfirmTimeout time.Duration
-	// Logger receives errors and batch summaries; nil discards them.
+	// Logger receives errors and batch summaries; nil uses
+	// Telemetry.Logger, then discards them.
 	Logger *slog.Logger
+	// Telemetry receives the relay's spans (one "send" span per publish,
+	// a child of the row's traceparent) and metrics; the zero value
+	// disables them.
+	Telemetry telemetry.Providers
 	// Now is the relay's clock (for deadlines and logs; leases use the
 	// database clock so relays on skewed hosts agree); default time.Now.
 	Now func() time.Time
@@ -84,9 +91,7 @@ func (c *RelayConfig) setDefaults() {
 	if c.ConfirmTimeout <= 0 {
 		c.ConfirmTimeout = c.LeaseDuration / 3
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.Logger = c.Telemetry.LoggerOr(c.Logger, slog.New(slog.DiscardHandler))
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -117,6 +122,7 @@ func (c *RelayConfig) validate() error {
 type Relay struct {
 	cfg RelayConfig
 	pub *broker.Publisher
+	tel relayTelemetry
 
 	published, failed atomic.Int64
 }
@@ -136,9 +142,14 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	tel, err := newRelayTelemetry(cfg.Telemetry)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: %w", err)
+	}
 	return &Relay{
 		cfg: cfg,
 		pub: broker.NewPublisher(cfg.Conn, broker.PublisherConfig{Window: cfg.Window, ConfirmTimeout: cfg.ConfirmTimeout}),
+		tel: tel,
 	}, nil
 }
 
@@ -242,10 +253,28 @@ func (r *Relay) cycle(ctx context.Context) (int, error) {
 	defer stopGrace()
 
 	out := make([]broker.Outgoing, len(rows))
-	for i, rw := range rows {
+	var spans []trace.Span
+	if r.tel.tracer != nil {
+		spans = make([]trace.Span, len(rows))
+	}
+	for i := range rows {
+		rw := &rows[i]
+		if spans != nil {
+			spans[i] = r.tel.startSend(ctx, rw, r.cfg.Owner)
+		}
 		out[i] = broker.Outgoing{Exchange: rw.env.Exchange, RoutingKey: rw.env.RoutingKey, Publishing: rw.env.Publishing()}
 	}
 	errs := r.pub.Publish(work, out)
+	if r.tel.metrics.Enabled() || spans != nil {
+		now := time.Now()
+		for i := range rows {
+			var span trace.Span
+			if spans != nil {
+				span = spans[i]
+			}
+			r.tel.published(ctx, span, &rows[i], errs[i], now)
+		}
+	}
 
 	if r.cfg.afterPublish != nil {
 		ids := make([]int64, len(rows))

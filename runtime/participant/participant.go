@@ -46,15 +46,20 @@ type Func func(ctx context.Context, tx pgx.Tx, cmd message.Message) (reply messa
 // Handler returns a consumer handler that calls fn for each delivered command
 // and writes its reply to the outbox in the same transaction. The reply's
 // envelope continues the command's conversation: CausationID is the
-// command's MessageID; CorrelationID, SagaID, SagaType and the trace context
-// are copied from the command's envelope. Its exchange and routing key come
+// command's MessageID; CorrelationID, SagaID and SagaType are copied from the
+// command's envelope. Its trace context is the current span's: with tracing
+// on, a "participant COMMAND" span (a child of the consumer's process span)
+// wraps fn and the reply's outbox row; without, the command's trace context
+// is passed on. Its exchange and routing key come
 // from the reply type's generated Info.
 func Handler(fn Func) consumer.HandlerFunc {
-	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (err error) {
 		if d == nil || d.Message == nil {
 			return failure.Permanent(errors.New("participant: delivery without a decoded message"))
 		}
 		cmd := &d.Envelope
+		ctx, span := startSpan(ctx, cmd)
+		defer func() { endSpan(span, err) }()
 		reply, err := fn(ctx, tx, d.Message)
 		if err != nil {
 			return fmt.Errorf("participant: handle %s %s (saga %s): %w", cmd.MessageType, cmd.MessageID, cmd.SagaID, err)

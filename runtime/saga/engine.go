@@ -17,6 +17,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // Config configures an [Engine]. Pool, Definition and Hooks are required; the
@@ -44,8 +45,13 @@ type Config struct {
 	// NewID returns a new saga or message id; it must return a UUID string.
 	// Default: UUID v7.
 	NewID func() string
-	// Logger receives operational logs. Default: slog.Default().
+	// Logger receives operational logs. Default: Telemetry.Logger, then
+	// slog.Default().
 	Logger *slog.Logger
+	// Telemetry receives the engine's spans (saga.start, saga.transition,
+	// saga.operate; emitted commands' outbox rows are their children) and
+	// metrics. The zero value disables them.
+	Telemetry telemetry.Providers
 	// TimeoutBatch is how many due instances one FireTimeouts call of
 	// RunTimeouts claims at most. Default: 100.
 	TimeoutBatch int
@@ -64,9 +70,7 @@ func (c *Config) setDefaults() {
 	if c.NewID == nil {
 		c.NewID = newUUIDv7
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = c.Telemetry.LoggerOr(c.Logger, slog.Default())
 	if c.TimeoutBatch <= 0 {
 		c.TimeoutBatch = 100
 	}
@@ -155,6 +159,7 @@ type Engine struct {
 	holding   []string // states no clock acts on: terminal states and manual review
 	stateKind map[string]sagadef.StateKind
 	q         queries
+	tel       sagaTelemetry
 }
 
 // New returns an engine for cfg.Definition.
@@ -181,6 +186,11 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	e.q = newQueries(e.table)
+	tel, err := newSagaTelemetry(cfg.Telemetry, cfg.Definition)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: %w", cfg.Definition.Name, err)
+	}
+	e.tel = tel
 	return e, nil
 }
 

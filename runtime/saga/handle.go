@@ -70,7 +70,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		Message:     d.Message,
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
-	}, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate})
+	}, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt})
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		level = e.cfg.Logger.InfoContext
 	}
 	level(ctx, "saga message handled", "saga_type", e.def.Name, "saga_id", w.ID,
-		"message_id", env.MessageID, "message_type", kind, "causation_id", env.CausationID,
+		"message_id", env.MessageID, "message_type", kind, "correlation_id", env.CorrelationID, "causation_id", env.CausationID,
 		"class", res.Class.String(), "from", w.State, "to", res.Instance.State, "version", out.Version)
 	return nil
 }

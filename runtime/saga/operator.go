@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // Operation is an operator's repair of one instance. Every operation is
@@ -122,7 +123,10 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 		return Status{}, &RejectedError{SagaID: w.ID, State: w.State, Trigger: op.Trigger,
 			Err: fmt.Errorf("classified %s: %s", res.Class, res.Note)}
 	}
+	ctx, span := e.tel.startTransition(ctx, telemetry.SpanOperate, w, trig, origin{})
+	span = withOperator(span, op.Operator)
 	out, err := e.persist(ctx, tx, w, res, trig, origin{})
+	e.tel.endTransition(ctx, span, w, trig, origin{}, out, err)
 	if err != nil {
 		return Status{}, err
 	}

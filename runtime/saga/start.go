@@ -27,6 +27,9 @@ import (
 // causation id of the first commands, its trace context continues in them.
 // Its SagaID, SagaType and CorrelationID are ignored (the engine assigns them).
 func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+	ctx, span := e.tel.startStart(ctx, messageMeta{messageID: meta.MessageID, causationID: meta.CausationID})
+	var state string
+	defer func() { e.tel.endStart(ctx, span, sagaID, created, state, err) }()
 	if start == nil {
 		return "", false, failure.Permanent(errors.New("start saga: start message is nil"))
 	}
@@ -71,6 +74,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	if to == "" {
 		to = inst.State
 	}
+	state = to
 	if err := e.audit(ctx, tx, auditEntry{
 		SagaID: id, From: from, To: to, Trigger: sagadef.TriggerStart, Class: sagadef.ClassNew.String(),
 		MessageID: meta.MessageID, CausationID: meta.CausationID, Note: res.Note, Version: 1,

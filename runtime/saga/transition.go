@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // origin is what the engine knows about the cause of a transition beyond the
@@ -18,6 +20,10 @@ import (
 type origin struct {
 	Traceparent string
 	Tracestate  string
+	// Attempt and ReceivedAt come from a delivered message (telemetry:
+	// span attribute and the start of step latency); zero otherwise.
+	Attempt    int
+	ReceivedAt time.Time
 }
 
 // outcome is a transition as persisted.
@@ -30,7 +36,9 @@ type outcome struct {
 // transition applies trig to the locked row w and persists the result, its
 // messages and its audit row in tx. The caller holds the row lock (or has
 // just inserted the row).
-func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.Trigger, o origin) (outcome, error) {
+func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.Trigger, o origin) (out outcome, err error) {
+	ctx, span := e.tel.startTransition(ctx, telemetry.SpanTransition, w, trig, o)
+	defer func() { e.tel.endTransition(ctx, span, w, trig, o, out, err) }()
 	inst, err := e.instance(w)
 	if err != nil {
 		return outcome{}, err

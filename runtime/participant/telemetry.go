@@ -1,0 +1,42 @@
+package participant
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/telemetry"
+)
+
+// startSpan starts the "participant COMMAND" span when the context's span
+// (the consumer's process span) is recording, from the same
+// TracerProvider: the participant needs no configuration of its own.
+func startSpan(ctx context.Context, cmd *envelope.Envelope) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return ctx, nil
+	}
+	return parent.TracerProvider().Tracer(telemetry.ScopeName).Start(ctx, telemetry.SpanParticipant+" "+cmd.MessageType,
+		trace.WithAttributes(
+			telemetry.KeyMessageID.String(cmd.MessageID),
+			telemetry.KeyMessageType.String(cmd.MessageType),
+			telemetry.KeyConversationID.String(cmd.CorrelationID),
+			telemetry.KeyCausationID.String(cmd.CausationID),
+			telemetry.KeySagaID.String(cmd.SagaID),
+			telemetry.KeySagaType.String(cmd.SagaType),
+		))
+}
+
+// endSpan ends span (if any), recording err.
+func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}

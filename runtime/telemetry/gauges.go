@@ -1,0 +1,251 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// GaugeOption tunes the database gauges.
+type GaugeOption func(*gaugeConfig)
+
+type gaugeConfig struct {
+	queryTimeout    time.Duration
+	stuckGrace      time.Duration
+	defaultSLA      time.Duration
+	includeTerminal bool
+}
+
+// WithQueryTimeout bounds the queries of one collection; default 5 s.
+func WithQueryTimeout(d time.Duration) GaugeOption {
+	return func(c *gaugeConfig) { c.queryTimeout = d }
+}
+
+// WithStuckGrace is how long past its step's timeout an instance must have
+// made no progress to count as stuck; default 1 minute (the timeout scanner
+// should have acted long before).
+func WithStuckGrace(d time.Duration) GaugeOption {
+	return func(c *gaugeConfig) { c.stuckGrace = d }
+}
+
+// WithDefaultSLA is the time without progress after which an instance in a
+// step without a timeout counts as stuck; default 1 hour.
+func WithDefaultSLA(d time.Duration) GaugeOption {
+	return func(c *gaugeConfig) { c.defaultSLA = d }
+}
+
+// WithTerminalStates makes saga.instances count terminal states (COMPLETED,
+// FAILED, CANCELLED) too. Off by default: those rows only grow, and counting
+// them on every scrape costs a scan of the table; the saga.transitions
+// counter gives their rates.
+func WithTerminalStates() GaugeOption {
+	return func(c *gaugeConfig) { c.includeTerminal = true }
+}
+
+func newGaugeConfig(opts []GaugeOption) gaugeConfig {
+	c := gaugeConfig{queryTimeout: 5 * time.Second, stuckGrace: time.Minute, defaultSLA: time.Hour}
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// sagaGauge is what one definition contributes to the saga gauges.
+type sagaGauge struct {
+	def    *sagadef.Definition
+	table  string // quoted
+	states []string
+	slaMS  []int64 // per state; -1: never stuck
+}
+
+// RegisterSagaGauges registers two observable gauges on meter, read from
+// pool at each collection:
+//
+//   - saga.instances{saga.type, saga.state}: instances per state (every
+//     non-terminal state of each definition is reported, 0 included;
+//     terminal states only with [WithTerminalStates]);
+//   - saga.instances.stuck{saga.type, saga.state}: instances in a step or
+//     compensating state that made no progress (updated_at) for longer than
+//     the step's timeout plus the grace ([WithStuckGrace]), or than the
+//     default SLA ([WithDefaultSLA]) for steps without a timeout.
+//
+// It issues one query per definition per collection. Unregister the
+// returned registration to stop.
+func RegisterSagaGauges(meter metric.Meter, pool *pgxpool.Pool, defs []*sagadef.Definition, opts ...GaugeOption) (metric.Registration, error) {
+	if meter == nil || pool == nil {
+		return nil, errors.New("register saga gauges: meter and pool are required")
+	}
+	cfg := newGaugeConfig(opts)
+	gauges := make([]sagaGauge, 0, len(defs))
+	for _, d := range defs {
+		g, err := newSagaGauge(d, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("register saga gauges: %w", err)
+		}
+		gauges = append(gauges, g)
+	}
+	instances, err := meter.Int64ObservableGauge(MetricInstances, metric.WithUnit("{saga}"),
+		metric.WithDescription("Saga instances by type and state."))
+	if err != nil {
+		return nil, fmt.Errorf("register saga gauges: %w", err)
+	}
+	stuck, err := meter.Int64ObservableGauge(MetricStuck, metric.WithUnit("{saga}"),
+		metric.WithDescription("Saga instances without progress beyond their step's timeout plus grace (or the default SLA)."))
+	if err != nil {
+		return nil, fmt.Errorf("register saga gauges: %w", err)
+	}
+	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, cfg.queryTimeout)
+		defer cancel()
+		var errs []error
+		for _, g := range gauges {
+			counts, stuckCounts, err := g.query(ctx, pool)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			typ := KeySagaType.String(g.def.Name)
+			for i, s := range g.states {
+				st := KeySagaState.String(s)
+				o.ObserveInt64(instances, counts[s], metric.WithAttributes(typ, st))
+				if g.slaMS[i] >= 0 {
+					o.ObserveInt64(stuck, stuckCounts[s], metric.WithAttributes(typ, st))
+				}
+			}
+		}
+		return errors.Join(errs...)
+	}, instances, stuck)
+	if err != nil {
+		return nil, fmt.Errorf("register saga gauges: %w", err)
+	}
+	return reg, nil
+}
+
+func newSagaGauge(d *sagadef.Definition, cfg gaugeConfig) (sagaGauge, error) {
+	if d == nil || d.Name == "" || len(d.States) == 0 {
+		return sagaGauge{}, errors.New("definition is nil, unnamed or not compiled")
+	}
+	if d.Table == "" {
+		return sagaGauge{}, fmt.Errorf("definition %s has no table", d.Name)
+	}
+	g := sagaGauge{def: d, table: pgx.Identifier(strings.Split(d.Table, ".")).Sanitize()}
+	for _, s := range d.States {
+		if s.Kind == sagadef.StateKindTerminal && !cfg.includeTerminal {
+			continue
+		}
+		sla := int64(-1)
+		if s.Kind == sagadef.StateKindStep || s.Kind == sagadef.StateKindCompensating {
+			sla = cfg.defaultSLA.Milliseconds()
+			if step, ok := d.LookupStep(s.Step); ok && step.Timeout > 0 {
+				sla = (step.Timeout + cfg.stuckGrace).Milliseconds()
+			}
+		}
+		g.states = append(g.states, s.Name)
+		g.slaMS = append(g.slaMS, sla)
+	}
+	return g, nil
+}
+
+// query counts instances and stuck instances per state.
+func (g sagaGauge) query(ctx context.Context, pool *pgxpool.Pool) (counts, stuck map[string]int64, err error) {
+	rows, err := pool.Query(ctx, `
+SELECT t.state, count(*),
+  count(*) FILTER (WHERE s.sla_ms >= 0 AND t.updated_at < now() - s.sla_ms * interval '1 millisecond')
+FROM `+g.table+` t JOIN unnest($1::text[], $2::bigint[]) AS s(state, sla_ms) ON s.state = t.state
+WHERE t.state = ANY($1::text[])
+GROUP BY t.state`, g.states, g.slaMS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("count saga %s instances: %w", g.def.Name, err)
+	}
+	counts, stuck = make(map[string]int64, len(g.states)), make(map[string]int64, len(g.states))
+	var (
+		state string
+		n, s  int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&state, &n, &s}, func() error {
+		counts[state], stuck[state] = n, s
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("count saga %s instances: %w", g.def.Name, err)
+	}
+	return counts, stuck, nil
+}
+
+// RegisterOutboxGauges registers observable gauges of the runtime tables on
+// meter, read from pool at each collection:
+//
+//   - saga.outbox.backlog: unpublished outbox rows;
+//   - saga.outbox.oldest_age (s): age of the oldest unpublished row by the
+//     database clock (0 when there is none);
+//   - saga.parked.messages{messaging.destination.name}: parked messages not
+//     replayed, per original queue.
+func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeOption) (metric.Registration, error) {
+	if meter == nil || pool == nil {
+		return nil, errors.New("register outbox gauges: meter and pool are required")
+	}
+	cfg := newGaugeConfig(opts)
+	backlog, err := meter.Int64ObservableGauge(MetricOutboxBacklog, metric.WithUnit(metricMessageUnit),
+		metric.WithDescription("Outbox rows not yet published."))
+	if err != nil {
+		return nil, fmt.Errorf("register outbox gauges: %w", err)
+	}
+	age, err := meter.Float64ObservableGauge(MetricOutboxOldestAge, metric.WithUnit(metricSecondsUnit),
+		metric.WithDescription("Age of the oldest unpublished outbox row."))
+	if err != nil {
+		return nil, fmt.Errorf("register outbox gauges: %w", err)
+	}
+	parked, err := meter.Int64ObservableGauge(MetricParkedMessages, metric.WithUnit(metricMessageUnit),
+		metric.WithDescription("Parked messages not replayed, by original queue."))
+	if err != nil {
+		return nil, fmt.Errorf("register outbox gauges: %w", err)
+	}
+	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, cfg.queryTimeout)
+		defer cancel()
+		var (
+			n    int64
+			secs float64
+		)
+		err := pool.QueryRow(ctx, `
+SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
+FROM saga_outbox WHERE published_at IS NULL`).Scan(&n, &secs)
+		if err != nil {
+			return fmt.Errorf("measure outbox backlog: %w", err)
+		}
+		o.ObserveInt64(backlog, n)
+		o.ObserveFloat64(age, max(secs, 0))
+		rows, err := pool.Query(ctx, `SELECT queue, count(*) FROM saga_parked WHERE replayed_at IS NULL GROUP BY queue`)
+		if err != nil {
+			return fmt.Errorf("count parked messages: %w", err)
+		}
+		var queue string
+		counts := map[string]int64{}
+		if _, err := pgx.ForEachRow(rows, []any{&queue, &n}, func() error { counts[queue] = n; return nil }); err != nil {
+			return fmt.Errorf("count parked messages: %w", err)
+		}
+		queues := make([]string, 0, len(counts))
+		for q := range counts {
+			queues = append(queues, q)
+		}
+		slices.Sort(queues)
+		for _, q := range queues {
+			o.ObserveInt64(parked, counts[q], metric.WithAttributes(attribute.String(string(KeyDestinationName), q)))
+		}
+		return nil
+	}, backlog, age, parked)
+	if err != nil {
+		return nil, fmt.Errorf("register outbox gauges: %w", err)
+	}
+	return reg, nil
+}
