@@ -1,0 +1,344 @@
+package app
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
+	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+//go:embed migrations/*.sql
+var migrationsFS embed.FS
+
+// Migrations holds the example services' own tables (stock, reservations,
+// authorizations, shipments, approvals and the shop_ledger journal).
+func Migrations() schema.Source {
+	sub, _ := fs.Sub(migrationsFS, "migrations") // a constant directory of the embedded tree
+	return schema.Source{Name: "placeorder_shop", FS: sub}
+}
+
+// Config configures the Place Order application. Pool and AMQPURL are
+// required; everything else has a default.
+type Config struct {
+	// Pool is the database of the sagas, the runtime tables and the
+	// services. Size it for Relays + 5 consumers × Concurrency + 2.
+	Pool *pgxpool.Pool
+	// AMQPURL is the broker (amqp:// or amqps://).
+	AMQPURL string
+	// QueueType is the type of every work queue; default broker.QueueQuorum.
+	QueueType broker.QueueType
+	// Relays is how many outbox relays to run; default 1.
+	Relays int
+	// Concurrency, Prefetch and BatchSize tune every consumer (see
+	// consumer.Config); zero takes the consumer's defaults. The inventory
+	// consumer always runs one worker: every reservation updates a few hot
+	// stock rows, and two workers applying batches in their own transactions
+	// lock those rows in opposite orders (a deadlock, retried, costing a
+	// second each). One worker applying whole batches in one transaction
+	// shares the commit and never waits. Scale inventory out by processes.
+	Concurrency, Prefetch, BatchSize int
+	// Retry is the consumers' retry policy; default retry.Default(). The
+	// work queues' tier queues are declared for it.
+	Retry retry.Policy
+	// TimeoutScanInterval is how often the saga's timeout scanner looks for
+	// due instances; default 1s.
+	TimeoutScanInterval time.Duration
+	// DrainTimeout bounds the consumers' graceful shutdown; default 30s.
+	DrainTimeout time.Duration
+	// Now is the saga engine's clock (step timeouts and deadlines); default
+	// time.Now. Tests and the demo move it forward to fire step timeouts
+	// without waiting for them.
+	Now func() time.Time
+	// Script injects faults into the participants; nil injects none.
+	Script *Script
+	// Logger receives the runtime's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.QueueType == "" {
+		c.QueueType = broker.QueueQuorum
+	}
+	if c.Relays == 0 {
+		c.Relays = 1
+	}
+	if c.Retry.IsZero() {
+		c.Retry = retry.Default()
+	}
+	if c.TimeoutScanInterval == 0 {
+		c.TimeoutScanInterval = time.Second
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate reports every problem with c (after defaults).
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("pool is required"))
+	}
+	if c.AMQPURL == "" {
+		errs = append(errs, errors.New("AMQP URL is required"))
+	}
+	if c.Relays < 1 {
+		errs = append(errs, fmt.Errorf("relays %d: want at least 1", c.Relays))
+	}
+	if c.TimeoutScanInterval < 0 {
+		errs = append(errs, fmt.Errorf("timeout scan interval %s is negative", c.TimeoutScanInterval))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("retry policy: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// App is the Place Order application: the saga, its four participants, the
+// outbox relays, the consumers and the timeout scanner, in one process. In
+// production each service runs its own process with the same wiring; any
+// number of copies may run side by side.
+type App struct {
+	cfg Config
+
+	// PlaceOrder starts and inspects Place Order sagas.
+	PlaceOrder *orderv1.PlaceOrder
+
+	reg       *message.Registry
+	inventory *Inventory
+	payment   *Payment
+	shipping  *Shipping
+	approval  *Approval
+
+	consumers map[string]*consumer.Consumer // by queue
+	relays    []*outbox.Relay
+	pub, sub  *broker.Conn
+}
+
+// New prepares the application: it applies the migrations (runtime,
+// participant, saga and services), connects to the broker (one connection for
+// publishing, one for consuming), declares the topology and builds the
+// relays and consumers. Nothing is consumed or relayed until Run. Sagas may be
+// started as soon as New returns: their first commands wait in the outbox.
+func New(ctx context.Context, cfg Config) (*App, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("place order app: %w", err)
+	}
+	a := &App{cfg: cfg}
+	if err := schema.Migrate(ctx, cfg.Pool, participant.Migrations, orderv1.PlaceOrderMigrations(), Migrations()); err != nil {
+		return nil, fmt.Errorf("place order app: migrate: %w", err)
+	}
+	reg, err := message.NewRegistry(
+		inventoryv1.ReserveInventoryInfo, inventoryv1.InventoryReservedInfo, inventoryv1.InventoryReservationFailedInfo,
+		inventoryv1.ReleaseInventoryInfo, inventoryv1.InventoryReleasedInfo,
+		paymentv1.AuthorizePaymentInfo, paymentv1.PaymentAuthorizedInfo, paymentv1.PaymentAuthorizationFailedInfo,
+		shippingv1.ScheduleShippingInfo, shippingv1.ShippingScheduledInfo,
+		orderv1.PlaceOrderRequestInfo, orderv1.ApproveOrderInfo, orderv1.OrderApprovedInfo,
+	)
+	if err != nil {
+		return nil, fmt.Errorf("place order app: registry: %w", err)
+	}
+	a.reg = reg
+	a.inventory, a.payment, a.shipping, a.approval = &Inventory{reg}, &Payment{reg}, &Shipping{reg}, &Approval{reg}
+
+	a.PlaceOrder, err = orderv1.NewPlaceOrder(saga.Config{Pool: cfg.Pool, Now: cfg.Now, Logger: cfg.Logger}, Decider{})
+	if err != nil {
+		return nil, fmt.Errorf("place order app: %w", err)
+	}
+
+	if err := a.connect(ctx); err != nil {
+		a.Close()
+		return nil, err
+	}
+	if err := a.build(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// queues lists every work queue the application consumes with its handler:
+// one per participant service (the generated Register functions name the
+// queue) and the saga's own.
+func (a *App) queues() map[string]consumer.HandlerFunc {
+	out := map[string]consumer.HandlerFunc{}
+	for _, reg := range []func() (string, consumer.HandlerFunc){
+		func() (string, consumer.HandlerFunc) { return inventoryv1.RegisterInventoryParticipant(a.inventory) },
+		func() (string, consumer.HandlerFunc) { return paymentv1.RegisterPaymentParticipant(a.payment) },
+		func() (string, consumer.HandlerFunc) { return shippingv1.RegisterShippingParticipant(a.shipping) },
+		func() (string, consumer.HandlerFunc) { return orderv1.RegisterOrderParticipant(a.approval) },
+	} {
+		q, h := reg()
+		out[q] = a.scripted(h)
+	}
+	out[a.PlaceOrder.Queue()] = a.PlaceOrder.Handler()
+	return out
+}
+
+// Topology is the merged topology of the example's packages, with every work
+// queue's tier queues declared for the configured retry policy and queue type
+// (the generated topologies declare retry.Default() tiers on quorum queues).
+func (a *App) Topology() broker.Topology {
+	generated := inventoryv1.Topology().
+		Merge(paymentv1.Topology()).
+		Merge(shippingv1.Topology()).
+		Merge(orderv1.Topology())
+	t := broker.Topology{Exchanges: generated.Exchanges, Bindings: generated.Bindings}
+	seen := map[string]bool{}
+	for _, b := range generated.Bindings {
+		if !seen[b.Queue] {
+			seen[b.Queue] = true
+			t.Queues = append(t.Queues, broker.WorkQueue(b.Queue, a.cfg.QueueType, a.cfg.Retry)...)
+		}
+	}
+	return t
+}
+
+func (a *App) connect(ctx context.Context) error {
+	var err error
+	a.pub, err = broker.Dial(ctx, a.cfg.AMQPURL, broker.ConnConfig{Name: "placeorder-publish", Logger: a.cfg.Logger})
+	if err != nil {
+		return fmt.Errorf("place order app: dial broker for publishing: %w", err)
+	}
+	a.sub, err = broker.Dial(ctx, a.cfg.AMQPURL, broker.ConnConfig{Name: "placeorder-consume", Logger: a.cfg.Logger})
+	if err != nil {
+		return fmt.Errorf("place order app: dial broker for consuming: %w", err)
+	}
+	ch, err := a.pub.Channel(ctx)
+	if err != nil {
+		return fmt.Errorf("place order app: channel for topology: %w", err)
+	}
+	defer ch.Close()
+	topo := a.Topology()
+	if err := topo.Validate(); err != nil {
+		return fmt.Errorf("place order app: topology: %w", err)
+	}
+	if err := broker.Declare(ctx, ch, topo); err != nil {
+		return fmt.Errorf("place order app: declare topology: %w", err)
+	}
+	return nil
+}
+
+func (a *App) build() error {
+	for i := range a.cfg.Relays {
+		r, err := outbox.NewRelay(outbox.RelayConfig{Pool: a.cfg.Pool, Conn: a.pub, Logger: a.cfg.Logger})
+		if err != nil {
+			return fmt.Errorf("place order app: relay %d: %w", i, err)
+		}
+		a.relays = append(a.relays, r)
+	}
+	a.consumers = map[string]*consumer.Consumer{}
+	inventoryQueue, _ := inventoryv1.RegisterInventoryParticipant(a.inventory)
+	for queue, h := range a.queues() {
+		concurrency := a.cfg.Concurrency
+		if queue == inventoryQueue {
+			concurrency = 1
+		}
+		c, err := consumer.New(consumer.Config{
+			Name:         queue,
+			Queue:        queue,
+			Pool:         a.cfg.Pool,
+			Conn:         a.sub,
+			PublishConn:  a.pub,
+			Registry:     a.reg,
+			Handler:      h,
+			Prefetch:     a.cfg.Prefetch,
+			Concurrency:  concurrency,
+			BatchSize:    a.cfg.BatchSize,
+			Retry:        a.cfg.Retry,
+			DrainTimeout: a.cfg.DrainTimeout,
+			Logger:       a.cfg.Logger.With("queue", queue),
+		})
+		if err != nil {
+			return fmt.Errorf("place order app: consumer of %s: %w", queue, err)
+		}
+		a.consumers[queue] = c
+	}
+	return nil
+}
+
+// Run relays the outbox, consumes every queue and fires due timeouts until
+// ctx is cancelled, then drains in-flight work and returns nil. If one part
+// stops with an error, Run stops the others and returns it.
+func (a *App) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	run := func(name string, f func(context.Context) error) {
+		wg.Go(func() {
+			if err := f(ctx); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+				mu.Unlock()
+				cancel()
+			}
+		})
+	}
+	for i, r := range a.relays {
+		run(fmt.Sprintf("relay %d", i), r.Run)
+	}
+	for queue, c := range a.consumers {
+		run("consumer of "+queue, c.Run)
+	}
+	run("timeout scanner", func(ctx context.Context) error {
+		return a.PlaceOrder.Engine().RunTimeouts(ctx, a.cfg.TimeoutScanInterval)
+	})
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// RelayStats sums the counters of the application's relays.
+func (a *App) RelayStats() outbox.RelayStats {
+	var s outbox.RelayStats
+	for _, r := range a.relays {
+		rs := r.Stats()
+		s.Published += rs.Published
+		s.Failed += rs.Failed
+	}
+	return s
+}
+
+// Close closes the broker connections. Call it after Run has returned.
+func (a *App) Close() {
+	for _, c := range []*broker.Conn{a.sub, a.pub} {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+}
+
+// Restock sets the available stock of a product.
+func (a *App) Restock(ctx context.Context, productID string, available int32) error {
+	if _, err := a.cfg.Pool.Exec(ctx, `INSERT INTO inventory_stock (product_id, available) VALUES ($1, $2)
+ON CONFLICT (product_id) DO UPDATE SET available = EXCLUDED.available`, productID, available); err != nil {
+		return fmt.Errorf("restock %s: %w", productID, err)
+	}
+	return nil
+}

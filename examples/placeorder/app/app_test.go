@@ -1,0 +1,544 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/examples/placeorder/app"
+	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
+	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
+	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/saga"
+)
+
+// Message names the script and the assertions refer to.
+var (
+	reserveInventory = inventoryv1.ReserveInventoryInfo.FullName
+	authorizePayment = paymentv1.AuthorizePaymentInfo.FullName
+	scheduleShipping = shippingv1.ScheduleShippingInfo.FullName
+)
+
+// waitFor bounds every wait on the fleet; the whole test stays far below it.
+const waitFor = 30 * time.Second
+
+// clock is the saga engine's clock: real time plus an offset the test moves
+// forward to fire step timeouts.
+type clock struct{ offset atomic.Int64 }
+
+func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+type testBundle struct {
+	app     *app.App
+	pool    *pgxpool.Pool
+	amqpURL string
+	clock   *clock
+	script  *app.Script
+}
+
+// setup runs one Place Order fleet on a fresh schema and vhost with short
+// retry tiers and a fast timeout scanner.
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	ctx := context.Background()
+	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t), clock: &clock{}, script: app.NewScript()}
+	a, err := app.New(ctx, app.Config{
+		Pool:                b.pool,
+		AMQPURL:             b.amqpURL,
+		Concurrency:         2,
+		BatchSize:           8,
+		Retry:               retry.Policy{Tiers: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, MaxAttempts: 4},
+		TimeoutScanInterval: 100 * time.Millisecond,
+		DrainTimeout:        5 * time.Second,
+		Now:                 b.clock.Now,
+		Script:              b.script,
+		Logger:              slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	b.app = a
+	for p, n := range map[string]int32{"widget": 1000, "gadget": 1000, "sold-out": 0} {
+		require.NoError(t, a.Restock(ctx, p, n))
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Error("app did not stop within 20s")
+		}
+		a.Close()
+	})
+	return b
+}
+
+func request(orderID string) *orderv1.PlaceOrderRequest {
+	return &orderv1.PlaceOrderRequest{
+		OrderId:    orderID,
+		CustomerId: "c-1",
+		Lines: []*commonv1.OrderLine{
+			{ProductId: "widget", Quantity: 2},
+			{ProductId: "gadget", Quantity: 1},
+		},
+		Amount:          &commonv1.Money{Currency: "EUR", MinorUnits: 4999},
+		ShippingAddress: &commonv1.Address{Name: "A. Customer", Street: "1 Main St", City: "Lyon", PostalCode: "69001", Country: "FR"},
+		CardToken:       "tok_visa",
+	}
+}
+
+func (b *testBundle) start(t *testing.T, req *orderv1.PlaceOrderRequest) string {
+	t.Helper()
+	id, created, err := b.app.PlaceOrder.Start(context.Background(), req, envelope.Meta{})
+	require.NoError(t, err)
+	require.True(t, created)
+	return id
+}
+
+// wait polls the saga until ok accepts its status.
+func (b *testBundle) wait(t *testing.T, sagaID, what string, ok func(saga.Status) bool) saga.Status {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		st, err := b.app.PlaceOrder.Status(context.Background(), sagaID)
+		require.NoError(t, err)
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("saga %s (%s): waited %s for %s; it is in %s (last error %q, review reason %q); audit:\n%s",
+				sagaID, st.BusinessKey, waitFor, what, st.State, st.LastError, st.ReviewReason, b.auditText(t, sagaID))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (b *testBundle) waitState(t *testing.T, sagaID, state string) saga.Status {
+	t.Helper()
+	return b.wait(t, sagaID, "state "+state, func(s saga.Status) bool { return s.State == state })
+}
+
+// eventually polls cond (a database or script observation) until it holds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", waitFor, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// step is one audit row, reduced to what the saga's path is made of.
+type step struct{ From, To, Trigger, Class string }
+
+func short(name string) string { return name[strings.LastIndex(name, ".")+1:] }
+
+func (b *testBundle) audit(t *testing.T, sagaID string) []saga.AuditRecord {
+	t.Helper()
+	recs, err := b.app.PlaceOrder.Engine().History(context.Background(), sagaID)
+	require.NoError(t, err)
+	return recs
+}
+
+func (b *testBundle) path(t *testing.T, sagaID string) []step {
+	t.Helper()
+	var out []step
+	for _, r := range b.audit(t, sagaID) {
+		out = append(out, step{r.From, r.To, short(r.Trigger), r.Class})
+	}
+	return out
+}
+
+func (b *testBundle) auditText(t *testing.T, sagaID string) string {
+	var sb strings.Builder
+	for _, r := range b.audit(t, sagaID) {
+		fmt.Fprintf(&sb, "  %s -> %s on %s (%s) msg=%s cause=%s note=%q\n", r.From, r.To, short(r.Trigger), r.Class, r.MessageID, r.CausationID, r.Note)
+	}
+	return sb.String()
+}
+
+// ledger returns the order's business effects, oldest first, as
+// "service:effect".
+func (b *testBundle) ledger(t *testing.T, orderID string) []string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(),
+		`SELECT service || ':' || effect FROM shop_ledger WHERE order_id = $1 ORDER BY id`, orderID)
+	require.NoError(t, err)
+	effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return effects
+}
+
+// outbox returns the message types the saga and its participants wrote to
+// the outbox for sagaID, oldest first, after checking every row of the whole
+// outbox was published.
+func (b *testBundle) outbox(t *testing.T, sagaID string) []string {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, "every outbox row to be published", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE published_at IS NULL`).Scan(&n))
+		return n == 0
+	})
+	rows, err := b.pool.Query(ctx, `SELECT message_type FROM saga_outbox WHERE saga_id = $1 ORDER BY id`, sagaID)
+	require.NoError(t, err)
+	types, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	for i := range types {
+		types[i] = short(types[i])
+	}
+	return types
+}
+
+func (b *testBundle) parkedCount(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_parked`).Scan(&n))
+	return n
+}
+
+// completedPath is the audit trail of a saga that went straight through.
+var completedPath = []step{
+	{"", "RESERVE_INVENTORY", "start", "new"},
+	{"RESERVE_INVENTORY", "AUTHORIZE_PAYMENT", "InventoryReserved", "new"},
+	{"AUTHORIZE_PAYMENT", "SCHEDULE_SHIPPING", "PaymentAuthorized", "new"},
+	{"SCHEDULE_SHIPPING", "APPROVE_ORDER", "ShippingScheduled", "new"},
+	{"APPROVE_ORDER", "COMPLETED", "OrderApproved", "new"},
+}
+
+var completedLedger = []string{"inventory:reserved", "payment:authorized", "shipping:booked", "order:approved"}
+
+var completedOutbox = []string{
+	"ReserveInventory", "InventoryReserved", "AuthorizePayment", "PaymentAuthorized",
+	"ScheduleShipping", "ShippingScheduled", "ApproveOrder", "OrderApproved",
+}
+
+// TestPlaceOrder runs one fleet through the happy path and every failure that
+// needs no clock: business failures with and without compensation, a
+// transiently failing participant, a duplicate reply and a poison message.
+// The sagas run concurrently, with the poison message in their midst.
+func TestPlaceOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	noStock := request("o-no-stock")
+	noStock.Lines = []*commonv1.OrderLine{{ProductId: "widget", Quantity: 1}, {ProductId: "sold-out", Quantity: 1}}
+	declined := request("o-declined")
+	declined.CardToken = app.DeclinedCard
+	b.script.FailTransiently("o-flaky-shipping", scheduleShipping, 2)
+	b.script.DuplicateReplies("o-duplicate", authorizePayment)
+
+	ids := map[string]string{}
+	for _, req := range []*orderv1.PlaceOrderRequest{
+		request("o-happy"), noStock, declined, request("o-flaky-shipping"), request("o-duplicate"),
+	} {
+		ids[req.GetOrderId()] = b.start(t, req)
+	}
+	b.publishPoison(t, "poison-1")
+	ids["o-after-poison"] = b.start(t, request("o-after-poison"))
+
+	t.Run("HappyPath", func(t *testing.T) {
+		id := ids["o-happy"]
+		st := b.waitState(t, id, orderv1.PlaceOrderStateCompleted)
+		require.Equal(t, completedPath, b.path(t, id))
+		require.Equal(t, completedLedger, b.ledger(t, "o-happy"))
+		require.Equal(t, completedOutbox, b.outbox(t, id))
+		data := st.Data.(*orderv1.PlaceOrderData)
+		require.True(t, strings.HasPrefix(data.GetAuthorizationId(), "auth_"), data.GetAuthorizationId())
+		require.True(t, strings.HasPrefix(data.GetTrackingId(), "trk_"), data.GetTrackingId())
+	})
+
+	t.Run("InventoryFailureFailsWithNothingReleased", func(t *testing.T) {
+		id := ids["o-no-stock"]
+		st := b.waitState(t, id, orderv1.PlaceOrderStateFailed)
+		require.Equal(t, []step{
+			{"", "RESERVE_INVENTORY", "start", "new"},
+			{"RESERVE_INVENTORY", "FAILED", "InventoryReservationFailed", "new"},
+		}, b.path(t, id))
+		require.Equal(t, []string{"inventory:reservation_refused"}, b.ledger(t, "o-no-stock"))
+		require.Equal(t, []string{"ReserveInventory", "InventoryReservationFailed"}, b.outbox(t, id))
+		require.Contains(t, st.Data.(*orderv1.PlaceOrderData).GetFailureReason(), "out of stock: sold-out")
+		var widgetsHeld int
+		require.NoError(t, b.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM inventory_reservations WHERE order_id = 'o-no-stock'`).Scan(&widgetsHeld))
+		require.Zero(t, widgetsHeld, "a refused reservation holds no line at all")
+	})
+
+	t.Run("PaymentFailureReleasesInventory", func(t *testing.T) {
+		id := ids["o-declined"]
+		st := b.waitState(t, id, orderv1.PlaceOrderStateFailed)
+		require.Equal(t, []step{
+			{"", "RESERVE_INVENTORY", "start", "new"},
+			{"RESERVE_INVENTORY", "AUTHORIZE_PAYMENT", "InventoryReserved", "new"},
+			{"AUTHORIZE_PAYMENT", "COMPENSATING_RESERVE_INVENTORY", "PaymentAuthorizationFailed", "new"},
+			{"COMPENSATING_RESERVE_INVENTORY", "FAILED", "InventoryReleased", "new"},
+		}, b.path(t, id))
+		// Compensation after the failure, exactly for the completed step.
+		require.Equal(t, []string{"inventory:reserved", "payment:declined", "inventory:released"}, b.ledger(t, "o-declined"))
+		require.Equal(t, []string{
+			"ReserveInventory", "InventoryReserved", "AuthorizePayment", "PaymentAuthorizationFailed",
+			"ReleaseInventory", "InventoryReleased",
+		}, b.outbox(t, id))
+		require.Equal(t, "payment: card declined", st.Data.(*orderv1.PlaceOrderData).GetFailureReason())
+		var held int
+		require.NoError(t, b.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM inventory_reservations WHERE order_id = 'o-declined' AND released_at IS NULL`).Scan(&held))
+		require.Zero(t, held, "every line is released")
+	})
+
+	t.Run("ShippingRetriedUntilItSucceeds", func(t *testing.T) {
+		id := ids["o-flaky-shipping"]
+		b.waitState(t, id, orderv1.PlaceOrderStateCompleted)
+		require.Equal(t, completedPath, b.path(t, id))
+		require.Equal(t, completedLedger, b.ledger(t, "o-flaky-shipping"))
+		// Two scripted failures, then success: three deliveries of one
+		// command through the retry tiers, and no resend by the saga.
+		require.Equal(t, 3, b.script.Deliveries("o-flaky-shipping", scheduleShipping))
+		require.Equal(t, completedOutbox, b.outbox(t, id))
+	})
+
+	t.Run("DuplicateReplyIsAuditedWithoutEffect", func(t *testing.T) {
+		id := ids["o-duplicate"]
+		b.waitState(t, id, orderv1.PlaceOrderStateCompleted)
+		eventually(t, "the duplicate reply to be audited", func() bool {
+			return slices.ContainsFunc(b.path(t, id), func(s step) bool { return s.Class == "duplicate" })
+		})
+		var applied, duplicate saga.AuditRecord
+		transitions := 0
+		for _, r := range b.audit(t, id) {
+			if r.Class == "new" {
+				transitions++
+			}
+			if short(r.Trigger) == "PaymentAuthorized" {
+				switch r.Class {
+				case "new":
+					applied = r
+				case "duplicate":
+					duplicate = r
+				}
+			}
+		}
+		require.Equal(t, len(completedPath), transitions, "the duplicate changed nothing")
+		require.NotEmpty(t, duplicate.MessageID)
+		require.NotEqual(t, applied.MessageID, duplicate.MessageID, "a second message")
+		require.Equal(t, applied.CausationID, duplicate.CausationID, "answering the same command")
+		require.Equal(t, duplicate.From, duplicate.To)
+		require.Equal(t, completedLedger, b.ledger(t, "o-duplicate"), "one authorization")
+	})
+
+	t.Run("PoisonMessageParkedWhileTheFleetKeepsRunning", func(t *testing.T) {
+		ctx := context.Background()
+		eventually(t, "the poison message to be parked", func() bool { return b.parkedCount(t) > 0 })
+		var queue, class, reason, exchange, routingKey string
+		var attempts int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT queue, class, reason, attempts, exchange, routing_key
+FROM saga_parked WHERE message_id = 'poison-1'`).Scan(&queue, &class, &reason, &attempts, &exchange, &routingKey))
+		require.Equal(t, "inventory.commands", queue)
+		require.Equal(t, "permanent", class)
+		require.Equal(t, 1, attempts, "parked at once, never retried")
+		require.Contains(t, reason, "decode")
+		require.Equal(t, inventoryv1.ReserveInventoryInfo.Exchange, exchange)
+		require.Equal(t, inventoryv1.ReserveInventoryInfo.RoutingKey, routingKey)
+
+		d := b.parkedDelivery(t, broker.ParkingQueue("inventory.commands"))
+		require.Equal(t, "poison-1", d.MessageId)
+		parkReason, _, err := envelope.HeaderString(d.Headers, envelope.HeaderParkReason)
+		require.NoError(t, err)
+		require.Contains(t, parkReason, "decode")
+		origQueue, _, err := envelope.HeaderString(d.Headers, envelope.HeaderOrigQueue)
+		require.NoError(t, err)
+		require.Equal(t, "inventory.commands", origQueue)
+
+		// The inventory consumer went on: a saga started after the poison
+		// message completes.
+		id := ids["o-after-poison"]
+		b.waitState(t, id, orderv1.PlaceOrderStateCompleted)
+		require.Equal(t, completedLedger, b.ledger(t, "o-after-poison"))
+	})
+
+	t.Run("NothingElseParkedOrStuck", func(t *testing.T) {
+		require.Equal(t, 1, b.parkedCount(t), "only the poison message")
+		for order, id := range ids {
+			st, err := b.app.PlaceOrder.Status(context.Background(), id)
+			require.NoError(t, err)
+			require.True(t, st.Terminal(), "%s is in %s", order, st.State)
+		}
+	})
+}
+
+// TestPlaceOrderTimeouts runs the clock-driven paths: a participant that
+// never answers (the step times out and is compensated; its reply arrives
+// late and is covered by the compensation) and one that answers late, after
+// the saga resent its command (the late reply is applied while the saga
+// still waits; the answer to the resend is a duplicate).
+func TestPlaceOrderTimeouts(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+
+	b.script.HoldReplies("o-silent-inventory", reserveInventory)
+	b.script.HoldReplies("o-slow-payment", authorizePayment)
+	silent := b.start(t, request("o-silent-inventory"))
+	slow := b.start(t, request("o-slow-payment"))
+
+	// Both participants applied their effect and kept their reply.
+	eventually(t, "the inventory reply to be held", func() bool { return b.script.Held("o-silent-inventory") == 1 })
+	eventually(t, "the payment reply to be held", func() bool { return b.script.Held("o-slow-payment") == 1 })
+	require.Equal(t, orderv1.PlaceOrderStateReserveInventory, b.waitState(t, silent, orderv1.PlaceOrderStateReserveInventory).State)
+	st := b.waitState(t, slow, orderv1.PlaceOrderStateAuthorizePayment)
+	require.Equal(t, 1, st.Attempt)
+
+	// Past both step timeouts (30s for inventory, 1m for payment).
+	b.clock.Advance(61 * time.Second)
+
+	t.Run("TimeoutCompensates", func(t *testing.T) {
+		b.waitState(t, silent, orderv1.PlaceOrderStateFailed)
+		require.Equal(t, []step{
+			{"", "RESERVE_INVENTORY", "start", "new"},
+			{"RESERVE_INVENTORY", "COMPENSATING_RESERVE_INVENTORY", "timeout", "new"},
+			{"COMPENSATING_RESERVE_INVENTORY", "FAILED", "InventoryReleased", "new"},
+		}, b.path(t, silent))
+		// The reservation the lost reply reported is released.
+		require.Equal(t, []string{"inventory:reserved", "inventory:released"}, b.ledger(t, "o-silent-inventory"))
+	})
+
+	t.Run("TimeoutResendsWithoutSecondEffect", func(t *testing.T) {
+		st := b.wait(t, slow, "the second attempt", func(s saga.Status) bool { return s.Attempt == 2 })
+		require.Equal(t, orderv1.PlaceOrderStateAuthorizePayment, st.State)
+		eventually(t, "the resent command's reply to be held", func() bool { return b.script.Held("o-slow-payment") == 2 })
+		require.Equal(t, 2, b.script.Deliveries("o-slow-payment", authorizePayment))
+		require.Equal(t, []string{"inventory:reserved", "payment:authorized"}, b.ledger(t, "o-slow-payment"),
+			"the resent command is answered from the first effect")
+	})
+
+	t.Run("LateReplyCoveredByCompensation", func(t *testing.T) {
+		sent, err := b.app.SendHeldReply(ctx, "o-silent-inventory")
+		require.NoError(t, err)
+		require.True(t, sent)
+		eventually(t, "the late reply to be audited", func() bool { return len(b.audit(t, silent)) == 4 })
+		last := b.audit(t, silent)[3]
+		require.Equal(t, step{"FAILED", "FAILED", "InventoryReserved", "late"},
+			step{last.From, last.To, short(last.Trigger), last.Class})
+		require.Contains(t, last.Note, "compensation covers it")
+		st, err := b.app.PlaceOrder.Status(ctx, silent)
+		require.NoError(t, err)
+		require.Equal(t, orderv1.PlaceOrderStateFailed, st.State)
+		require.Equal(t, last.Version, st.Version, "no change")
+	})
+
+	t.Run("LateReplyAppliedWhileWaiting", func(t *testing.T) {
+		// The answer to the first attempt arrives while the saga waits for
+		// the second: the step's policy (apply if waiting) applies it.
+		sent, err := b.app.SendHeldReply(ctx, "o-slow-payment")
+		require.NoError(t, err)
+		require.True(t, sent)
+		b.wait(t, slow, "the late reply to be applied", func(s saga.Status) bool {
+			return s.State != orderv1.PlaceOrderStateAuthorizePayment
+		})
+		// The answer to the resend is then a duplicate.
+		sent, err = b.app.SendHeldReply(ctx, "o-slow-payment")
+		require.NoError(t, err)
+		require.True(t, sent)
+		b.waitState(t, slow, orderv1.PlaceOrderStateCompleted)
+		eventually(t, "the duplicate to be audited", func() bool {
+			return slices.ContainsFunc(b.path(t, slow), func(s step) bool { return s.Class == "duplicate" })
+		})
+		var got []step
+		for _, s := range b.path(t, slow) {
+			if s.Trigger != "start" && s.Trigger != "InventoryReserved" {
+				got = append(got, s)
+			}
+		}
+		// Which of the two lands first after approval is not fixed; compare
+		// without the rows after the payment's.
+		require.Equal(t, []step{
+			{"AUTHORIZE_PAYMENT", "AUTHORIZE_PAYMENT", "timeout", "new"},
+			{"AUTHORIZE_PAYMENT", "SCHEDULE_SHIPPING", "PaymentAuthorized", "late"},
+		}, got[:2])
+		require.Contains(t, got, step{"SCHEDULE_SHIPPING", "APPROVE_ORDER", "ShippingScheduled", "new"})
+		require.Contains(t, got, step{"APPROVE_ORDER", "COMPLETED", "OrderApproved", "new"})
+		dup := got[slices.IndexFunc(got, func(s step) bool { return s.Class == "duplicate" })]
+		require.Equal(t, "PaymentAuthorized", dup.Trigger)
+		require.Equal(t, completedLedger, b.ledger(t, "o-slow-payment"), "one authorization for two attempts")
+		require.Zero(t, b.parkedCount(t))
+	})
+}
+
+// publishPoison publishes a ReserveInventory whose body is not protobuf
+// straight to the inventory's command exchange, as a broken client would.
+func (b *testBundle) publishPoison(t *testing.T, id string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := broker.Dial(ctx, b.amqpURL, broker.ConnConfig{Name: "poisoner"})
+	require.NoError(t, err)
+	defer conn.Close()
+	p := broker.NewPublisher(conn, broker.PublisherConfig{})
+	defer p.Close()
+	errs := p.Publish(ctx, []broker.Outgoing{{
+		Exchange:   inventoryv1.ReserveInventoryInfo.Exchange,
+		RoutingKey: inventoryv1.ReserveInventoryInfo.RoutingKey,
+		Publishing: amqp.Publishing{
+			MessageId:   id,
+			Type:        reserveInventory,
+			ContentType: envelope.ContentType,
+			Headers:     amqp.Table{envelope.HeaderSchemaVersion: int32(1)},
+			Body:        []byte("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff not protobuf"),
+		},
+	}})
+	require.NoError(t, errs[0])
+}
+
+// parkedDelivery reads the first message of a parking lot and leaves it there.
+func (b *testBundle) parkedDelivery(t *testing.T, queue string) amqp.Delivery {
+	t.Helper()
+	conn, err := amqp.Dial(b.amqpURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	var d amqp.Delivery
+	eventually(t, "a message in "+queue, func() bool {
+		var ok bool
+		d, ok, err = ch.Get(queue, false)
+		require.NoError(t, err)
+		return ok
+	})
+	require.NoError(t, d.Nack(false, true))
+	return d
+}
+
+// TestTopologyDefaultsToGenerated checks that with the default retry policy
+// and queue type the application declares exactly the generated topology.
+func TestTopologyDefaultsToGenerated(t *testing.T) {
+	t.Parallel()
+	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t)}
+	a, err := app.New(context.Background(), app.Config{Pool: b.pool, AMQPURL: b.amqpURL, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer a.Close()
+	want, err := inventoryv1.Topology().Merge(paymentv1.Topology()).Merge(shippingv1.Topology()).Merge(orderv1.Topology()).DefinitionsJSON()
+	require.NoError(t, err)
+	got, err := a.Topology().DefinitionsJSON()
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(got))
+}
