@@ -541,7 +541,9 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	require.Equal(t, 0.0, m.value(telemetry.MetricTransitions, map[string]string{"saga.result": "invalid"}))
 
 	// Database gauges.
-	state := func(s string) map[string]string { return map[string]string{"saga.type": "tel.v1.Order", "saga.state": s} }
+	state := func(s string) map[string]string {
+		return map[string]string{"saga.type": "tel.v1.Order", "saga.state": s}
+	}
 	require.Equal(t, 2.0, m.value(telemetry.MetricInstances, state(sagadef.StateManualReview)))
 	require.Equal(t, 1.0, m.value(telemetry.MetricInstances, state(sagadef.CompensatingStateName("Reserve"))))
 	require.Equal(t, 0.0, m.value(telemetry.MetricInstances, state(sagadef.StateName("Charge"))))
