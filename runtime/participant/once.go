@@ -35,19 +35,23 @@ VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, ide
 	return tag.RowsAffected() == 1, nil
 }
 
-// Idempotent wraps fn so that it runs once per command idempotency key for
-// service, and a command resent with the same key gets the first reply
+// Idempotent wraps fn so that it runs once per command type and idempotency
+// key for service, and a command resent with the same key gets the first reply
 // again (decoded through reg) instead of a second effect. The first reply is
 // stored in the same transaction as the effect. Commands without an
 // idempotency key are refused as permanent failures: the contract must name
 // one for every command.
+//
+// The record is scoped by the command's type ([CommandKey]): a reservation and
+// its compensating release usually share a business key (the order id), and
+// the release must not be answered with the reservation's stored reply.
 func Idempotent(service string, reg *message.Registry, fn Func) Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
-		key := cmd.IdempotencyKey()
-		if key == "" {
+		if cmd.IdempotencyKey() == "" {
 			return nil, failure.Permanent(fmt.Errorf("participant %s: command %s has no idempotency key",
 				service, cmd.SagaMessageInfo().FullName))
 		}
+		key := CommandKey(cmd)
 		first, err := Once(ctx, tx, service, key)
 		if err != nil {
 			return nil, err
@@ -69,6 +73,13 @@ WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInf
 		}
 		return reply, nil
 	}
+}
+
+// CommandKey is the key [Idempotent] records a command under: its type's full
+// name and its idempotency key ("shop.inventory.v1.ReleaseInventory/o-42").
+// Use it with [Once] for effects that must happen once per command.
+func CommandKey(cmd message.Message) string {
+	return cmd.SagaMessageInfo().FullName + "/" + cmd.IdempotencyKey()
 }
 
 func storedReply(ctx context.Context, tx pgx.Tx, service, key string, reg *message.Registry) (message.Message, error) {

@@ -32,7 +32,7 @@ type testMsg struct {
 }
 
 func (m testMsg) SagaMessageInfo() *message.Info { return m.info }
-func (m testMsg) IdempotencyKey() string         { return m.info.FullName + ":" + m.GetValue() }
+func (m testMsg) IdempotencyKey() string         { return m.GetValue() } // like generated code: the business key alone
 func (m testMsg) CorrelationKey() string         { return m.GetValue() }
 
 func newInfo(name string, kind message.Kind, exchange, key string) *message.Info {
@@ -43,13 +43,15 @@ func newInfo(name string, kind message.Kind, exchange, key string) *message.Info
 
 var (
 	reserveInfo  = newInfo("ReserveInventory", message.KindCommand, "test.commands", "inventory.reserve")
+	releaseInfo  = newInfo("ReleaseInventory", message.KindCommand, "test.commands", "inventory.release")
+	releasedInfo = newInfo("InventoryReleased", message.KindReply, "test.replies", "order.inventory-released")
 	reservedInfo = newInfo("InventoryReserved", message.KindReply, "test.replies", "order.inventory-reserved")
 	failedInfo   = newInfo("InventoryFailed", message.KindReply, "test.replies", "order.inventory-failed")
 )
 
 func registry(t *testing.T) *message.Registry {
 	t.Helper()
-	reg, err := message.NewRegistry(reserveInfo, reservedInfo, failedInfo)
+	reg, err := message.NewRegistry(reserveInfo, reservedInfo, failedInfo, releaseInfo, releasedInfo)
 	require.NoError(t, err)
 	return reg
 }
@@ -277,4 +279,41 @@ func TestIdempotentResentCommand(t *testing.T) {
 	require.Error(t, run(ctx, pool, h, command(t, "fail-1")))
 	require.Error(t, run(ctx, pool, h, command(t, "fail-1")))
 	require.Equal(t, int32(3), calls.Load())
+}
+
+// TestIdempotentScopesByCommandType: a reservation and its compensating
+// release share the business key (the order id); the release must run its own
+// effect and answer with its own reply, not the reservation's stored one.
+func TestIdempotentScopesByCommandType(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	reg := registry(t)
+
+	var effects []string
+	h := participant.Handler(participant.Idempotent("inventory", reg,
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			name := cmd.SagaMessageInfo().FullName
+			effects = append(effects, name)
+			if name == releaseInfo.FullName {
+				return msg(releasedInfo, cmd.(testMsg).GetValue()), nil
+			}
+			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+		}))
+
+	reserve := command(t, "order-7")
+	release := command(t, "order-7")
+	release.Message = msg(releaseInfo, "order-7")
+	require.Equal(t, reserve.Message.IdempotencyKey(), release.Message.IdempotencyKey(), "same business key")
+	require.NoError(t, run(ctx, pool, h, reserve))
+	require.NoError(t, run(ctx, pool, h, release))
+	require.NoError(t, run(ctx, pool, h, release)) // resent release: no second effect
+
+	require.Equal(t, []string{reserveInfo.FullName, releaseInfo.FullName}, effects)
+	rows := outbox(t, pool)
+	require.Len(t, rows, 3)
+	require.Equal(t, reservedInfo.FullName, rows[0].MessageType)
+	require.Equal(t, releasedInfo.FullName, rows[1].MessageType)
+	require.Equal(t, releasedInfo.FullName, rows[2].MessageType, "the resent release gets the release's stored reply")
+	require.Equal(t, "test.inventory.v1.ReleaseInventory/order-7", participant.CommandKey(release.Message))
 }

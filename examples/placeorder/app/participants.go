@@ -23,16 +23,14 @@ import (
 // a payment provider's test card.
 const DeclinedCard = "tok_declined"
 
-// Effect scopes for participant.Idempotent. A scope must be unique per command
-// type, not per service: ReserveInventory and ReleaseInventory share their
-// idempotency key (the order id), so one "inventory" scope would answer the
-// release with the stored reply of the reservation and never release anything.
+// Services, as participant.Idempotent records their effects. Idempotent scopes
+// each record by command type too, so ReserveInventory and ReleaseInventory,
+// which share their idempotency key (the order id), keep separate records.
 const (
-	scopeReserve   = "inventory.reserve"
-	scopeRelease   = "inventory.release"
-	scopeAuthorize = "payment.authorize"
-	scopeShip      = "shipping.schedule"
-	scopeApprove   = "order.approve"
+	scopeInventory = "inventory"
+	scopeAuthorize = "payment"
+	scopeShip      = "shipping"
+	scopeApprove   = "order"
 )
 
 // once runs fn at most once per idempotency key of cmd within scope, in tx,
@@ -77,7 +75,7 @@ var _ inventoryv1.InventoryParticipant = (*Inventory)(nil)
 // cannot be held answers InventoryReservationFailed (a business failure) and
 // holds no stock at all.
 func (s *Inventory) ReserveInventory(ctx context.Context, tx pgx.Tx, cmd *inventoryv1.ReserveInventory) (inventoryv1.ReserveInventoryResult, error) {
-	return once(ctx, tx, s.reg, scopeReserve, cmd, func() (inventoryv1.ReserveInventoryResult, error) {
+	return once(ctx, tx, s.reg, scopeInventory, cmd, func() (inventoryv1.ReserveInventoryResult, error) {
 		return s.reserve(ctx, tx, cmd)
 	})
 }
@@ -164,7 +162,7 @@ SELECT $1, p, q FROM unnest($2::text[], $3::int[]) AS x(p, q)`, orderID, product
 // that holds nothing succeeds (and leaves a tombstone that refuses a
 // reservation arriving later).
 func (s *Inventory) ReleaseInventory(ctx context.Context, tx pgx.Tx, cmd *inventoryv1.ReleaseInventory) (inventoryv1.ReleaseInventoryResult, error) {
-	return once(ctx, tx, s.reg, scopeRelease, cmd, func() (inventoryv1.ReleaseInventoryResult, error) {
+	return once(ctx, tx, s.reg, scopeInventory, cmd, func() (inventoryv1.ReleaseInventoryResult, error) {
 		return s.release(ctx, tx, cmd)
 	})
 }

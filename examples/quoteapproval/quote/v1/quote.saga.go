@@ -129,7 +129,7 @@ func PublishSubmitQuote(ctx context.Context, tx v5.Tx, m *SubmitQuote, meta enve
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per business operation with participant.Once on cmd.IdempotencyKey().
+// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type OrderingParticipant interface {
 	// SubmitOrder handles the command quote.v1.SubmitOrder.
 	SubmitOrder(ctx context.Context, tx v5.Tx, cmd *SubmitOrder) (SubmitOrderResult, error)

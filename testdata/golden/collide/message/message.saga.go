@@ -218,7 +218,7 @@ func (*Tx) isMessageResult() {}
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per business operation with participant.Once on cmd.IdempotencyKey().
+// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type SelectParticipant interface {
 	// Info handles the command collide.message.Info.
 	Info(ctx context.Context, tx v5.Tx, cmd *Info) (InfoResult, error)

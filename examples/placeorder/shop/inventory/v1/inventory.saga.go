@@ -183,7 +183,7 @@ type ReserveInventoryResult interface {
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per business operation with participant.Once on cmd.IdempotencyKey().
+// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type InventoryParticipant interface {
 	// ReleaseInventory handles the command shop.inventory.v1.ReleaseInventory.
 	ReleaseInventory(ctx context.Context, tx v5.Tx, cmd *ReleaseInventory) (ReleaseInventoryResult, error)

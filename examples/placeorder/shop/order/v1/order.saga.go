@@ -130,7 +130,7 @@ func PublishPlaceOrderRequest(ctx context.Context, tx v5.Tx, m *PlaceOrderReques
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per business operation with participant.Once on cmd.IdempotencyKey().
+// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type OrderParticipant interface {
 	// ApproveOrder handles the command shop.order.v1.ApproveOrder.
 	ApproveOrder(ctx context.Context, tx v5.Tx, cmd *ApproveOrder) (ApproveOrderResult, error)

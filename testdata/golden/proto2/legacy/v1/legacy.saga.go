@@ -156,7 +156,7 @@ func PublishOpenAccountRequest(ctx context.Context, tx v5.Tx, m *OpenAccountRequ
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per business operation with participant.Once on cmd.IdempotencyKey().
+// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type AccountsParticipant interface {
 	// Account_Open handles the command legacy.v1.Account.Open.
 	Account_Open(ctx context.Context, tx v5.Tx, cmd *Account_Open) (Account_OpenResult, error)
