@@ -1,0 +1,375 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+func (s *Server) handleReplay(w http.ResponseWriter, r *http.Request) error {
+	if _, err := parseQuery(r); err != nil {
+		return err
+	}
+	id, err := parseParkedID(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	var req ReplayRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	reason, err := checkReason(req.Reason)
+	if err != nil {
+		return err
+	}
+	res, err := s.replay(r.Context(), principalOf(r.Context()), id, reason, req.DryRun, req.Force)
+	if err != nil {
+		return err
+	}
+	if res.Outcome == OutcomeRefused {
+		return &apiError{status: http.StatusConflict, body: Error{Code: "refused",
+			Message: "replay refused by the saga-state check: " + res.Check.Explanation, Detail: res}}
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+func (s *Server) handleBulkReplay(w http.ResponseWriter, r *http.Request) error {
+	if _, err := parseQuery(r); err != nil {
+		return err
+	}
+	var req BulkReplayRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	reason, err := checkReason(req.Reason)
+	if err != nil {
+		return err
+	}
+	n, err := bulkMax(req.Max)
+	if err != nil {
+		return err
+	}
+	f := req.Filter
+	if f.SagaType == "" && f.SagaID == "" && f.Queue == "" && f.MessageType == "" {
+		return badRequest("filter: name at least one of saga_type, saga_id, queue, message_type")
+	}
+	if f.IncludeReplayed {
+		return badRequest("filter: include_replayed cannot be used to replay (replayed messages are never replayed again)")
+	}
+	rows, err := s.listParked(r.Context(), f, 0, n+1)
+	if err != nil {
+		return err
+	}
+	out := BulkReplayResult{DryRun: req.DryRun, Counts: map[string]int{}, Items: []ReplayResult{}}
+	if len(rows) > n {
+		rows, out.Truncated = rows[:n], true
+	}
+	p := principalOf(r.Context())
+	for _, row := range rows {
+		res, err := s.replay(r.Context(), p, row.ID, reason, req.DryRun, false)
+		if err != nil {
+			s.cfg.Logger.ErrorContext(r.Context(), "bulk replay item failed", "parked_id", row.ID, "err", err)
+			res = ReplayResult{Outcome: OutcomeError, Parked: row.Parked, Check: ReplayCheck{Explanation: errorText(err)}}
+		}
+		out.Counts[res.Outcome]++
+		out.Items = append(out.Items, res)
+	}
+	s.cfg.Logger.InfoContext(r.Context(), "admin bulk replay", "operator", p.Name, "reason", reason, "dry_run", req.DryRun, "counts", out.Counts)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// errorText is what an API answer may say about err: the message of an
+// apiError, or a generic text (details go to the log).
+func errorText(err error) string {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.body.Message
+	}
+	return "internal error (see the server log)"
+}
+
+// replay republishes parked message id through the outbox, after checking
+// its saga's state, in one transaction that also marks the parked row (and
+// every open row of the same message and routing) replayed and writes a
+// TriggerReplay row in the saga's audit trail. A row already replayed is not
+// replayed again (OutcomeAlreadyReplay). A refused check returns
+// OutcomeRefused and changes nothing unless force is set.
+func (s *Server) replay(ctx context.Context, p Principal, id int64, reason string, dryRun, force bool) (ReplayResult, error) {
+	var res ReplayResult
+	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+		res = ReplayResult{}
+		row, err := s.loadParked(ctx, tx, id, !dryRun)
+		if err != nil {
+			return err
+		}
+		rows := []parkedRow{row}
+		if err := s.join(ctx, rows); err != nil {
+			return err
+		}
+		row = rows[0]
+		res.Parked = row.Parked
+		if row.ReplayedAt != nil {
+			res.Outcome = OutcomeAlreadyReplay
+			res.MessageID = row.MessageID
+			res.Check = ReplayCheck{Explanation: fmt.Sprintf("replayed at %s by %s", row.ReplayedAt.Format(time.RFC3339), row.ReplayedBy)}
+			return nil
+		}
+		t, st, check := s.check(ctx, row)
+		res.Check = check
+		switch {
+		case dryRun && check.Allowed:
+			res.Outcome = OutcomeWouldReplay
+			return nil
+		case !check.Allowed && (dryRun || !force):
+			res.Outcome = OutcomeRefused
+			return nil
+		}
+		if err := republish(ctx, tx, row); err != nil {
+			return err
+		}
+		now := s.cfg.Now().UTC()
+		rs, err := tx.Query(ctx, `UPDATE saga_parked SET replayed_at = $2, replayed_by = $3
+WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS NULL RETURNING id`,
+			row.MessageID, now, p.Name, row.Exchange, row.RoutingKey)
+		if err != nil {
+			return fmt.Errorf("mark parked message %d replayed: %w", id, err)
+		}
+		marked, err := pgx.CollectRows(rs, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("mark parked message %d replayed: %w", id, err)
+		}
+		for _, m := range marked {
+			if m != id {
+				res.AlsoMarked = append(res.AlsoMarked, m)
+			}
+		}
+		if t != nil && st != nil {
+			detail := fmt.Sprintf("replayed parked message %d (%s) from queue %s; check: %s", id, short(row.MessageType), row.Queue, check.Explanation)
+			if !check.Allowed {
+				detail = "FORCED past a refused check; " + detail
+			}
+			if _, err := t.engine.NoteTx(ctx, tx, saga.Note{SagaID: st.ID, Trigger: TriggerReplay, MessageID: row.MessageID,
+				Operator: p.Name, Reason: reason, Detail: detail}); err != nil {
+				return fmt.Errorf("audit replay of parked message %d: %w", id, err)
+			}
+		}
+		res.Outcome = OutcomeReplayed
+		res.MessageID = row.MessageID
+		res.Parked.ReplayedAt, res.Parked.ReplayedBy = &now, p.Name
+		return nil
+	})
+	if err != nil {
+		return ReplayResult{}, err
+	}
+	if res.Outcome == OutcomeReplayed {
+		s.cfg.Logger.InfoContext(ctx, "admin replayed parked message", "operator", p.Name, "reason", reason,
+			"parked_id", id, "message_id", res.MessageID, "saga_id", res.Parked.SagaID, "forced", !res.Check.Allowed)
+	}
+	return res, nil
+}
+
+// republish puts the parked message back into the outbox with its own
+// message id, to its original exchange and routing key. When the outbox
+// already holds that message id (it was published from this database), its
+// row is released for the relay to publish again; otherwise a new row is
+// written from the parked copy's envelope.
+func republish(ctx context.Context, tx pgx.Tx, row parkedRow) error {
+	var published *time.Time
+	err := tx.QueryRow(ctx, `SELECT published_at FROM saga_outbox WHERE message_id = $1 FOR UPDATE`, row.MessageID).Scan(&published)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		env, err := envelopeOf(row)
+		if err != nil {
+			return err
+		}
+		if err := outbox.Enqueue(ctx, tx, env); err != nil {
+			return fmt.Errorf("replay parked message %d: %w", row.ID, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("replay parked message %d: find its outbox row: %w", row.ID, err)
+	case published == nil:
+		return nil // not yet published: the relay will
+	}
+	if _, err := tx.Exec(ctx, `UPDATE saga_outbox SET published_at = NULL, lease_owner = NULL, lease_until = NULL
+WHERE message_id = $1`, row.MessageID); err != nil {
+		return fmt.Errorf("replay parked message %d: release its outbox row: %w", row.ID, err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, outbox.NotifyChannel); err != nil {
+		return fmt.Errorf("replay parked message %d: notify relays: %w", row.ID, err)
+	}
+	return nil
+}
+
+// transportHeaders are headers of a parked copy that describe its failed
+// deliveries, not the message; a replay starts without them.
+var transportHeaders = []string{
+	envelope.HeaderAttempt, envelope.HeaderParkReason, envelope.HeaderParkClass, envelope.HeaderOrigExchange,
+	envelope.HeaderOrigRoutingKey, envelope.HeaderOrigQueue, envelope.HeaderFirstFailureAt, "x-last-error",
+	"x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+	"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason", "x-delivery-count",
+}
+
+// envelopeHeaders are the envelope's own fields carried as headers.
+var envelopeHeaders = []string{
+	envelope.HeaderSagaID, envelope.HeaderSagaType, envelope.HeaderCausationID, envelope.HeaderSchemaVersion,
+	envelope.HeaderTraceparent, envelope.HeaderTracestate, envelope.HeaderIdempotency, envelope.HeaderOccurredAt,
+}
+
+// envelopeOf rebuilds the envelope of a parked message from its row.
+func envelopeOf(row parkedRow) (envelope.Envelope, error) {
+	h := row.headerMap()
+	refuse := func(format string, args ...any) (envelope.Envelope, error) {
+		return envelope.Envelope{}, apiErr(http.StatusConflict, "refused", "parked message %d cannot be replayed: "+format, append([]any{row.ID}, args...)...)
+	}
+	if row.MessageType == "" {
+		return refuse("it has no message type (its envelope was invalid; it would be parked again)")
+	}
+	if row.Exchange == "" && row.RoutingKey == "" {
+		return refuse("no original exchange or routing key was recorded")
+	}
+	sv, ok, err := envelope.HeaderInt(h, envelope.HeaderSchemaVersion)
+	if err != nil || !ok || sv < 1 || sv > 1<<31-1 {
+		return refuse("it has no valid %s header (it would be parked again)", envelope.HeaderSchemaVersion)
+	}
+	str := func(k string) string {
+		v, _, _ := envelope.HeaderString(h, k)
+		return v
+	}
+	env := envelope.Envelope{
+		MessageID: row.MessageID, CorrelationID: row.CorrelationID, CausationID: str(envelope.HeaderCausationID),
+		SagaID: str(envelope.HeaderSagaID), SagaType: str(envelope.HeaderSagaType),
+		MessageType: row.MessageType, SchemaVersion: int32(sv), IdempotencyKey: str(envelope.HeaderIdempotency),
+		Traceparent: str(envelope.HeaderTraceparent), Tracestate: str(envelope.HeaderTracestate),
+		Exchange: row.Exchange, RoutingKey: row.RoutingKey, Body: row.body,
+	}
+	if env.SagaID == "" {
+		env.SagaID = row.SagaID
+	}
+	if env.SagaType == "" {
+		env.SagaType = row.SagaType
+	}
+	if env.CorrelationID == "" {
+		env.CorrelationID = env.SagaID
+	}
+	if at, ok, err := envelope.HeaderTime(h, envelope.HeaderOccurredAt); ok && err == nil {
+		env.OccurredAt = at
+	} else {
+		env.OccurredAt = row.FirstFailureAt
+	}
+	extra := maps.Clone(h)
+	for _, k := range append(transportHeaders, envelopeHeaders...) {
+		delete(extra, k)
+	}
+	if len(extra) > 0 {
+		env.Headers = extra
+	}
+	return env, nil
+}
+
+// check decides whether replaying row now makes sense for its saga. It
+// returns the saga's type and status when the saga exists.
+func (s *Server) check(ctx context.Context, row parkedRow) (*sagaType, *saga.Status, ReplayCheck) {
+	if row.SagaID == "" {
+		return nil, nil, ReplayCheck{Allowed: true, Explanation: "the message names no saga: nothing to check; its consumer decides"}
+	}
+	t, ok := s.byName[row.SagaType]
+	if !ok {
+		return nil, nil, ReplayCheck{Explanation: fmt.Sprintf("saga type %q is not served by this server: its state cannot be checked", row.SagaType)}
+	}
+	id, err := parseSagaID(row.SagaID)
+	if err != nil {
+		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga id %q is not a UUID: the message would be parked again", row.SagaID)}
+	}
+	st, err := t.engine.Status(ctx, id)
+	if errors.Is(err, saga.ErrNotFound) {
+		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga %s does not exist: the message would be parked again", id)}
+	}
+	if err != nil {
+		s.cfg.Logger.ErrorContext(ctx, "replay check: load saga", "saga_id", id, "err", err)
+		return t, nil, ReplayCheck{Explanation: "the saga could not be loaded (see the server log)"}
+	}
+	c := ReplayCheck{SagaState: st.State}
+	ref, ok := t.def.Lookup(row.MessageType)
+	if !ok {
+		c.Explanation = fmt.Sprintf("%s is not a message of saga %s", row.MessageType, t.def.Name)
+		return t, &st, c
+	}
+	switch ref.Use {
+	case sagadef.UseCommand, sagadef.UseCompensation:
+		c.Class = "pending-command"
+		switch {
+		case st.Terminal():
+			c.Explanation = fmt.Sprintf("the saga ended in %s: its command must not run now", st.State)
+		case st.PendingMessageID == row.MessageID:
+			c.Allowed = true
+			c.Explanation = fmt.Sprintf("the saga still waits for the reply to this command (state %s, attempt %d)", st.State, st.Attempt)
+		default:
+			c.Class = "stale-command"
+			c.Explanation = fmt.Sprintf("the saga no longer waits for this command (state %s); use retry to resend its current step", st.State)
+		}
+		return t, &st, c
+	}
+	info, ok := s.lookup(row.MessageType)
+	if !ok {
+		c.Class = "unknown"
+		c.Allowed = !st.Terminal()
+		c.Explanation = fmt.Sprintf("%s is unknown to this server, so it was not classified; the saga is in %s", row.MessageType, st.State)
+		return t, &st, c
+	}
+	m := info.New()
+	if err := proto.Unmarshal(row.body, m); err != nil {
+		c.Class = "invalid"
+		c.Explanation = "the body does not decode: it would be parked again"
+		return t, &st, c
+	}
+	causation, _, _ := envelope.HeaderString(row.headerMap(), envelope.HeaderCausationID)
+	inst := sagadef.Instance{
+		ID: st.ID, Type: st.Type, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Data: st.Data,
+		Attempt: st.Attempt, PendingMessageID: st.PendingMessageID, Progress: st.Progress,
+		TimeoutAt: st.TimeoutAt, DeadlineAt: st.DeadlineAt, LastError: st.LastError, ReviewReason: st.ReviewReason,
+	}
+	class := t.def.Classify(inst, sagadef.Trigger{Kind: row.MessageType, Message: m, MessageID: row.MessageID, CausationID: causation})
+	c.Class = class.String()
+	step, _ := t.def.LookupStep(ref.Step)
+	switch class {
+	case sagadef.ClassNew:
+		c.Allowed = true
+		c.Explanation = fmt.Sprintf("the saga waits for it in %s: it will be applied", st.State)
+	case sagadef.ClassLate:
+		c.Allowed = true
+		c.Explanation = fmt.Sprintf("it is late for %s (saga in %s): the step's late-reply policy %q applies", ref.Step, st.State, step.Late)
+	case sagadef.ClassConflicting:
+		c.Allowed = true
+		c.Explanation = "it contradicts the outcome recorded for its step: the saga will go to manual review"
+	case sagadef.ClassDuplicate:
+		c.Explanation = "its outcome is already recorded: replaying it would have no effect"
+	default:
+		c.Explanation = fmt.Sprintf("it is not part of the saga's conversation in state %s: it would only be audited", st.State)
+	}
+	return t, &st, c
+}
+
+// bulkMax validates a bulk request's max.
+func bulkMax(n int) (int, error) {
+	switch {
+	case n == 0:
+		return DefaultBulk, nil
+	case n < 0 || n > MaxBulk:
+		return 0, badRequest("max=%d: want 1 to %d", n, MaxBulk)
+	}
+	return n, nil
+}

@@ -1,0 +1,342 @@
+package admin
+
+import (
+	"cmp"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// sagaRow is the part of an instance row lists show.
+type sagaRow struct {
+	ID, BusinessKey, State  string
+	Version                 int64
+	Attempt                 int
+	PendingID               string
+	TimeoutAt, DeadlineAt   *time.Time
+	LastError, ReviewReason string
+	ReviewFrom              string
+	CreatedAt, UpdatedAt    time.Time
+}
+
+// sagaColumns is the select list scanned by scanSaga. The table is always a
+// pgx.Identifier of a compiled definition's Table; every value is a parameter.
+const sagaColumns = `t.id::text, t.business_key, t.state, t.version, t.attempt,
+	coalesce(t.pending_message_id::text, ''), t.timeout_at, t.deadline_at,
+	coalesce(t.last_error, ''), coalesce(t.review_reason, ''), coalesce(t.progress->>'review_from', ''),
+	t.created_at, t.updated_at`
+
+func scanSaga(r pgx.Row) (sagaRow, error) {
+	var w sagaRow
+	err := r.Scan(&w.ID, &w.BusinessKey, &w.State, &w.Version, &w.Attempt, &w.PendingID,
+		&w.TimeoutAt, &w.DeadlineAt, &w.LastError, &w.ReviewReason, &w.ReviewFrom, &w.CreatedAt, &w.UpdatedAt)
+	return w, err
+}
+
+// listSQL selects a page of instances matching a filter:
+//
+//	$1 state ('' = any)          $2 business key ('' = any)
+//	$3 review only               $4 the manual review state
+//	$5 stuck only                $6 holding states (never stuck)
+//	$7 now                       $8, $9 waiting states and their SLAs (µs)
+//	$10, $11 cursor (created_at, id), NULL on the first page
+//	$12 limit
+func (t *sagaType) listSQL() string {
+	return `SELECT ` + sagaColumns + ` FROM ` + t.table + ` AS t
+WHERE ($1::text = '' OR t.state = $1)
+  AND ($2::text = '' OR t.business_key = $2)
+  AND (NOT $3::bool OR t.state = $4)
+  AND (NOT $5::bool OR (t.state <> ALL($6::text[]) AND (
+        t.timeout_at < $7 OR t.deadline_at < $7
+        OR EXISTS (SELECT 1 FROM unnest($8::text[], $9::bigint[]) AS s(state, sla)
+                   WHERE s.state = t.state AND t.updated_at < $7 - s.sla * interval '1 microsecond'))))
+  AND ($10::timestamptz IS NULL OR (t.created_at, t.id) < ($10::timestamptz, $11::uuid))
+ORDER BY t.created_at DESC, t.id DESC
+LIMIT $12`
+}
+
+// hasState reports whether name is a state of t.
+func (t *sagaType) hasState(name string) bool {
+	_, ok := t.def.LookupState(name)
+	return ok
+}
+
+// view turns a row into its API form, with the stuck verdict at now.
+func (t *sagaType) view(w sagaRow, now time.Time) Saga {
+	st, _ := t.def.LookupState(w.State)
+	out := Saga{
+		ID: w.ID, Type: t.def.Name, BusinessKey: w.BusinessKey, State: w.State, StateKind: st.Kind.String(),
+		Step: st.Step, Version: w.Version, Attempt: w.Attempt, PendingMessageID: w.PendingID,
+		TimeoutAt: utcPtr(w.TimeoutAt), DeadlineAt: utcPtr(w.DeadlineAt), LastError: w.LastError,
+		ReviewReason: w.ReviewReason, ReviewFrom: w.ReviewFrom,
+		CreatedAt: w.CreatedAt.UTC(), UpdatedAt: w.UpdatedAt.UTC(),
+	}
+	out.StuckReason = t.stuckReason(w, now)
+	out.Stuck = out.StuckReason != ""
+	return out
+}
+
+// stuckReason says why an instance is stuck at now, or "" when it is not:
+// the same rule as the stuck filter of listSQL.
+func (t *sagaType) stuckReason(w sagaRow, now time.Time) string {
+	if slices.Contains(t.holding, w.State) {
+		return ""
+	}
+	if w.TimeoutAt != nil && w.TimeoutAt.Before(now) {
+		return fmt.Sprintf("timeout due %s ago and not fired (is a timeout scanner running?)", age(now.Sub(*w.TimeoutAt)))
+	}
+	if w.DeadlineAt != nil && w.DeadlineAt.Before(now) {
+		return fmt.Sprintf("saga deadline passed %s ago", age(now.Sub(*w.DeadlineAt)))
+	}
+	if i := slices.Index(t.slaStates, w.State); i >= 0 {
+		sla := time.Duration(t.slaMicros[i]) * time.Microsecond
+		if idle := now.Sub(w.UpdatedAt); idle > sla {
+			return fmt.Sprintf("no progress for %s; the step's timeout is %s", age(idle), sla)
+		}
+	}
+	return ""
+}
+
+// age formats a duration for people: whole seconds (or milliseconds below
+// one second).
+func age(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// rowOf converts an engine status to a list row.
+func rowOf(st saga.Status) sagaRow {
+	w := sagaRow{
+		ID: st.ID, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Attempt: st.Attempt,
+		PendingID: st.PendingMessageID, LastError: st.LastError, ReviewReason: st.ReviewReason,
+		ReviewFrom: st.Progress.ReviewFrom, CreatedAt: st.CreatedAt, UpdatedAt: st.UpdatedAt,
+	}
+	if !st.TimeoutAt.IsZero() {
+		w.TimeoutAt = &st.TimeoutAt
+	}
+	if !st.DeadlineAt.IsZero() {
+		w.DeadlineAt = &st.DeadlineAt
+	}
+	return w
+}
+
+var stateName = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,127}$`)
+
+// scope validates f and returns the saga types it selects.
+func (s *Server) scope(f SagaFilter) ([]*sagaType, error) {
+	types := s.sagas
+	if f.Type != "" {
+		t, ok := s.byName[f.Type]
+		if !ok {
+			return nil, badRequest("unknown saga type %q (served: %s)", f.Type, strings.Join(s.typeNames(), ", "))
+		}
+		types = []*sagaType{t}
+	}
+	if f.State != "" {
+		if !stateName.MatchString(f.State) {
+			return nil, badRequest("state %q: want an upper-case state name such as RESERVE_INVENTORY", f.State)
+		}
+		found := false
+		for _, t := range types {
+			found = found || t.hasState(f.State)
+		}
+		if !found {
+			return nil, badRequest("state %q is not a state of %s", f.State, strings.Join(namesOf(types), " or "))
+		}
+	}
+	if len(f.BusinessKey) > 1000 || strings.ContainsRune(f.BusinessKey, 0) {
+		return nil, badRequest("business_key: at most 1000 bytes, no NUL")
+	}
+	if f.Review && f.State != "" && f.State != sagadef.StateManualReview {
+		return nil, badRequest("review selects state %s; state=%s contradicts it", sagadef.StateManualReview, f.State)
+	}
+	if f.Review && f.Stuck {
+		return nil, badRequest("stuck and review exclude each other: sagas in manual review wait for an operator, not a timeout")
+	}
+	return types, nil
+}
+
+func (s *Server) typeNames() []string { return namesOf(s.sagas) }
+
+func namesOf(ts []*sagaType) []string {
+	out := make([]string, len(ts))
+	for i, t := range ts {
+		out[i] = t.def.Name
+	}
+	return out
+}
+
+// listedSaga is a row with its type, for merging pages across types.
+type listedSaga struct {
+	t *sagaType
+	w sagaRow
+}
+
+// list returns up to limit instances matching f, newest first, after the
+// cursor position (nil: from the start), and whether more follow.
+func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limit int, after *cursor) ([]listedSaga, bool, error) {
+	now := s.cfg.Now()
+	var all []listedSaga
+	var curAt, curID any
+	if after != nil {
+		curAt, curID = after.at, after.id
+	}
+	for _, t := range types {
+		if f.State != "" && !t.hasState(f.State) {
+			continue
+		}
+		rows, err := s.cfg.Pool.Query(ctx, t.listSQL(), f.State, f.BusinessKey, f.Review, sagadef.StateManualReview,
+			f.Stuck, t.holding, now, t.slaStates, t.slaMicros, curAt, curID, limit+1)
+		if err != nil {
+			return nil, false, fmt.Errorf("list %s sagas: %w", t.def.Name, err)
+		}
+		ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sagaRow, error) { return scanSaga(r) })
+		if err != nil {
+			return nil, false, fmt.Errorf("list %s sagas: %w", t.def.Name, err)
+		}
+		for _, w := range ws {
+			all = append(all, listedSaga{t: t, w: w})
+		}
+	}
+	slices.SortFunc(all, func(a, b listedSaga) int {
+		if c := b.w.CreatedAt.Compare(a.w.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.w.ID, a.w.ID)
+	})
+	more := len(all) > limit
+	if more {
+		all = all[:limit]
+	}
+	return all, more, nil
+}
+
+// cursor is a keyset position in a newest-first list.
+type cursor struct {
+	at time.Time
+	id string
+}
+
+func (c cursor) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.at.UnixMicro(), 10) + "." + c.id))
+}
+
+func parseCursor(s string) (*cursor, error) {
+	if s == "" {
+		return nil, nil
+	}
+	bad := badRequest("cursor %q is not a cursor this server issued", s)
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return nil, bad
+	}
+	us, id, ok := strings.Cut(string(raw), ".")
+	if !ok {
+		return nil, bad
+	}
+	n, err := strconv.ParseInt(us, 10, 64)
+	if err != nil {
+		return nil, bad
+	}
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return nil, bad
+	}
+	return &cursor{at: time.UnixMicro(n).UTC(), id: u.String()}, nil
+}
+
+func (s *Server) handleListSagas(w http.ResponseWriter, r *http.Request) error {
+	q, err := parseQuery(r, "type", "state", "business_key", "stuck", "review", "limit", "cursor")
+	if err != nil {
+		return err
+	}
+	f := SagaFilter{Type: q.str("type"), State: q.str("state"), BusinessKey: q.str("business_key")}
+	if f.Stuck, err = q.boolean("stuck"); err != nil {
+		return err
+	}
+	if f.Review, err = q.boolean("review"); err != nil {
+		return err
+	}
+	limit, err := q.limit()
+	if err != nil {
+		return err
+	}
+	after, err := parseCursor(q.str("cursor"))
+	if err != nil {
+		return err
+	}
+	types, err := s.scope(f)
+	if err != nil {
+		return err
+	}
+	items, more, err := s.list(r.Context(), types, f, limit, after)
+	if err != nil {
+		return err
+	}
+	now := s.cfg.Now()
+	page := SagaPage{Items: make([]Saga, 0, len(items))}
+	for _, it := range items {
+		page.Items = append(page.Items, it.t.view(it.w, now))
+	}
+	if more {
+		last := items[len(items)-1].w
+		page.NextCursor = cursor{at: last.CreatedAt, id: last.ID}.String()
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+// parseSagaID validates a saga id from a path or body.
+func parseSagaID(raw string) (string, error) {
+	u, err := uuid.Parse(raw)
+	if err != nil || len(raw) != 36 {
+		return "", badRequest("saga id %q is not a UUID", raw)
+	}
+	return u.String(), nil
+}
+
+// find returns the saga with the given id, in the named type or any.
+func (s *Server) find(ctx context.Context, id, typeName string) (*sagaType, saga.Status, error) {
+	types := s.sagas
+	if typeName != "" {
+		t, ok := s.byName[typeName]
+		if !ok {
+			return nil, saga.Status{}, badRequest("unknown saga type %q (served: %s)", typeName, strings.Join(s.typeNames(), ", "))
+		}
+		types = []*sagaType{t}
+	}
+	for _, t := range types {
+		st, err := t.engine.Status(ctx, id)
+		if errors.Is(err, saga.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, saga.Status{}, fmt.Errorf("load saga %s: %w", id, err)
+		}
+		return t, st, nil
+	}
+	return nil, saga.Status{}, apiErr(http.StatusNotFound, "not_found", "no saga %s among %s", id, strings.Join(namesOf(types), ", "))
+}

@@ -1,0 +1,461 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// Config configures a Server. Pool, Sagas and Tokens are required.
+type Config struct {
+	// Pool is the database holding the saga tables and the runtime's
+	// tables (saga_audit, saga_outbox, saga_parked).
+	Pool *pgxpool.Pool
+	// Sagas are the engines of the saga types the server shows and
+	// repairs; operator actions go through them.
+	Sagas []*saga.Engine
+	// Registry decodes message bodies for display. Optional: each engine's
+	// own registry is consulted too. Types neither knows are shown by size.
+	Registry *message.Registry
+	// Tokens are the accepted bearer tokens (see ParseTokens). Never logged.
+	Tokens Tokens
+	// Logger receives request and repair logs. Default: slog.Default().
+	Logger *slog.Logger
+	// Now is the clock (stuck detection, replay timestamps). Default: time.Now.
+	Now func() time.Time
+}
+
+// Limits.
+const (
+	// DefaultPageSize and MaxPageSize bound list pages (?limit=).
+	DefaultPageSize = 50
+	MaxPageSize     = 200
+	// DefaultBulk and MaxBulk bound bulk actions (max).
+	DefaultBulk = 100
+	MaxBulk     = 500
+	// MaxReasonLength bounds a repair's reason, in bytes.
+	MaxReasonLength = 1000
+	maxBodyBytes    = 64 << 10
+	// maxTimelineRows bounds each table's rows in one timeline.
+	maxTimelineRows = 1000
+)
+
+// TriggerReplay is the audit trigger of a parked-message replay (a saga_audit
+// row without state change, written with the operator and reason).
+const TriggerReplay = "operator.replay"
+
+// Server is the admin HTTP API and web console. It is an http.Handler: the
+// JSON API lives under /api/, the console at / (relative links, so it can be
+// mounted under a prefix with http.StripPrefix).
+type Server struct {
+	cfg     Config
+	auth    *authenticator
+	sagas   []*sagaType // in Config order
+	byName  map[string]*sagaType
+	handler http.Handler
+}
+
+// sagaType is one served saga type with what its queries need.
+type sagaType struct {
+	engine *saga.Engine
+	def    *sagadef.Definition
+	table  string // quoted identifier
+	// holding are the states no clock acts on (terminal and manual review).
+	holding []string
+	// slaStates/slaMicros give each waiting state its step timeout.
+	slaStates []string
+	slaMicros []int64
+	// sensitive is the union of the sensitive field paths of every message
+	// the definition names; unknown lists names not in any registry.
+	sensitive []string
+	unknown   []string
+}
+
+// New validates cfg and returns the server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	var errs []error
+	if cfg.Pool == nil {
+		errs = append(errs, errors.New("admin: Pool is required"))
+	}
+	if len(cfg.Sagas) == 0 {
+		errs = append(errs, errors.New("admin: Sagas is empty"))
+	}
+	if err := cfg.Tokens.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("admin: Tokens: %w", err))
+	}
+	s := &Server{cfg: cfg, auth: newAuthenticator(cfg.Tokens), byName: map[string]*sagaType{}}
+	for i, e := range cfg.Sagas {
+		if e == nil {
+			errs = append(errs, fmt.Errorf("admin: Sagas[%d] is nil", i))
+			continue
+		}
+		t, err := s.newSagaType(e)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, dup := s.byName[t.def.Name]; dup {
+			errs = append(errs, fmt.Errorf("admin: saga type %s is listed twice", t.def.Name))
+			continue
+		}
+		s.byName[t.def.Name] = t
+		s.sagas = append(s.sagas, t)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+func (s *Server) newSagaType(e *saga.Engine) (*sagaType, error) {
+	def := e.Definition()
+	if def == nil || !def.Compiled() {
+		return nil, errors.New("admin: an engine's definition is not compiled")
+	}
+	parts := strings.Split(def.Table, ".")
+	t := &sagaType{engine: e, def: def, table: pgx.Identifier(parts).Sanitize()}
+	for _, st := range def.States {
+		switch st.Kind {
+		case sagadef.StateKindTerminal, sagadef.StateKindManualReview:
+			t.holding = append(t.holding, st.Name)
+		case sagadef.StateKindStep, sagadef.StateKindCompensating:
+			if step, ok := def.LookupStep(st.Step); ok && step.Timeout > 0 {
+				t.slaStates = append(t.slaStates, st.Name)
+				t.slaMicros = append(t.slaMicros, step.Timeout.Microseconds())
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, name := range messageNames(def) {
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		info, ok := s.lookupWith(e, name)
+		if !ok {
+			t.unknown = append(t.unknown, name)
+			continue
+		}
+		for _, p := range info.SensitiveFields {
+			if !slices.Contains(t.sensitive, p) {
+				t.sensitive = append(t.sensitive, p)
+			}
+		}
+	}
+	return t, nil
+}
+
+// messageNames lists every message type a definition names.
+func messageNames(def *sagadef.Definition) []string {
+	names := []string{def.StartMessage}
+	for _, st := range def.Steps {
+		names = append(names, st.Command, st.Compensation, st.CompensationReply)
+		names = append(names, st.SuccessReplies...)
+		names = append(names, st.FailureReplies...)
+		names = append(names, st.CompensationFailureReplies...)
+	}
+	return slices.DeleteFunc(names, func(n string) bool { return n == "" })
+}
+
+// lookup finds a message type in the configured registry or any engine's.
+func (s *Server) lookup(fullName string) (*message.Info, bool) {
+	return s.lookupWith(nil, fullName)
+}
+
+func (s *Server) lookupWith(extra *saga.Engine, fullName string) (*message.Info, bool) {
+	if s.cfg.Registry != nil {
+		if in, ok := s.cfg.Registry.Lookup(fullName); ok {
+			return in, true
+		}
+	}
+	if extra != nil {
+		if r := extra.Registry(); r != nil {
+			if in, ok := r.Lookup(fullName); ok {
+				return in, true
+			}
+		}
+	}
+	for _, t := range s.sagas {
+		if r := t.engine.Registry(); r != nil {
+			if in, ok := r.Lookup(fullName); ok {
+				return in, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// principalKey carries the authenticated principal in a request context.
+type principalKey struct{}
+
+func principalOf(ctx context.Context) Principal {
+	p, _ := ctx.Value(principalKey{}).(Principal)
+	return p
+}
+
+func (s *Server) routes() http.Handler {
+	api := http.NewServeMux()
+	read := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+		api.Handle(pattern, s.endpoint(RoleRead, h))
+	}
+	repair := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+		api.Handle(pattern, s.endpoint(RoleRepair, h))
+	}
+	read("GET /api/whoami", s.handleWhoAmI)
+	read("GET /api/types", s.handleTypes)
+	read("GET /api/sagas", s.handleListSagas)
+	read("GET /api/sagas/{id}", s.handleTimeline)
+	repair("POST /api/sagas/{id}/{action}", s.handleAction)
+	repair("POST /api/bulk/sagas/{action}", s.handleBulk)
+	read("GET /api/parked", s.handleListParked)
+	read("GET /api/parked/{id}", s.handleParked)
+	repair("POST /api/parked/{id}/replay", s.handleReplay)
+	repair("POST /api/bulk/parked/replay", s.handleBulkReplay)
+	api.Handle("/api/", s.endpoint(RoleRead, func(http.ResponseWriter, *http.Request) error {
+		return apiErr(http.StatusNotFound, "not_found", "no such API endpoint")
+	}))
+
+	root := http.NewServeMux()
+	root.Handle("/api/", api)
+	root.Handle("/", consoleHandler())
+	return securityHeaders(root)
+}
+
+// securityHeaders sets headers every answer carries: no framing, no
+// sniffing, no referrer, a content security policy that allows only this
+// origin's own scripts and styles.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// apiError is an error with its HTTP status and body.
+type apiError struct {
+	status int
+	body   Error
+}
+
+func (e *apiError) Error() string { return e.body.Message }
+
+func apiErr(status int, code, format string, args ...any) *apiError {
+	return &apiError{status: status, body: Error{Code: code, Message: fmt.Sprintf(format, args...)}}
+}
+
+func badRequest(format string, args ...any) *apiError {
+	return apiErr(http.StatusBadRequest, "bad_request", format, args...)
+}
+
+// endpoint wraps an API handler: authentication, permission, panics and
+// errors become JSON answers, and one log line per request (never the
+// Authorization header).
+func (s *Server) endpoint(need Role, h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		p, ok := s.auth.principal(r)
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="saga-admin"`)
+			writeJSON(w, http.StatusUnauthorized, Error{Code: "unauthenticated", Message: "a valid bearer token is required (Authorization: Bearer <token>)"})
+			return
+		}
+		if !p.Role.allows(need) {
+			s.cfg.Logger.WarnContext(r.Context(), "admin request forbidden", "principal", p.Name, "role", p.Role, "method", r.Method, "path", r.URL.Path)
+			writeJSON(w, http.StatusForbidden, Error{Code: "forbidden", Message: fmt.Sprintf("principal %s has role %s; this needs role %s", p.Name, p.Role, need)})
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+		err := func() (err error) {
+			defer func() {
+				if v := recover(); v != nil {
+					s.cfg.Logger.ErrorContext(r.Context(), "admin handler panic", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+					err = errors.New("handler panic")
+				}
+			}()
+			return h(w, r)
+		}()
+		if err == nil {
+			return
+		}
+		var ae *apiError
+		if !errors.As(err, &ae) {
+			s.cfg.Logger.ErrorContext(r.Context(), "admin request failed", "principal", p.Name, "method", r.Method, "path", r.URL.Path, "err", err)
+			ae = apiErr(http.StatusInternalServerError, "internal", "internal error (see the server log)")
+		}
+		writeJSON(w, ae.status, ae.body)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		http.Error(w, `{"code":"internal","error":"encode response"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// decodeBody decodes a JSON request body into v, refusing unknown fields,
+// trailing data and bodies over 64 KiB.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return apiErr(http.StatusRequestEntityTooLarge, "too_large", "request body over %d bytes", maxBodyBytes)
+		}
+		if errors.Is(err, io.EOF) {
+			return badRequest("request body is empty: send a JSON object")
+		}
+		return badRequest("invalid JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("invalid JSON body: more than one value")
+	}
+	return nil
+}
+
+// query reads a request's query parameters, refusing unknown and repeated
+// ones.
+type query struct {
+	vals map[string]string
+}
+
+func parseQuery(r *http.Request, allowed ...string) (query, error) {
+	q := query{vals: map[string]string{}}
+	for k, vs := range r.URL.Query() {
+		if !slices.Contains(allowed, k) {
+			return q, badRequest("unknown query parameter %q (allowed: %s)", k, strings.Join(allowed, ", "))
+		}
+		if len(vs) > 1 {
+			return q, badRequest("query parameter %q given %d times", k, len(vs))
+		}
+		q.vals[k] = vs[0]
+	}
+	return q, nil
+}
+
+func (q query) str(k string) string { return q.vals[k] }
+
+func (q query) boolean(k string) (bool, error) {
+	v, ok := q.vals[k]
+	if !ok || v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badRequest("%s=%q: want true or false", k, v)
+	}
+	return b, nil
+}
+
+func (q query) limit() (int, error) {
+	v, ok := q.vals["limit"]
+	if !ok || v == "" {
+		return DefaultPageSize, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > MaxPageSize {
+		return 0, badRequest("limit=%q: want a whole number from 1 to %d", v, MaxPageSize)
+	}
+	return n, nil
+}
+
+// checkReason validates a repair's reason.
+func checkReason(reason string) (string, error) {
+	reason = strings.TrimSpace(reason)
+	switch {
+	case reason == "":
+		return "", badRequest("reason is required: every repair records why")
+	case len(reason) > MaxReasonLength:
+		return "", badRequest("reason is %d bytes; at most %d", len(reason), MaxReasonLength)
+	case strings.ContainsFunc(reason, func(r rune) bool { return r < ' ' && r != '\t' }):
+		return "", badRequest("reason contains control characters")
+	}
+	return reason, nil
+}
+
+func (s *Server) handleWhoAmI(w http.ResponseWriter, r *http.Request) error {
+	if _, err := parseQuery(r); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, WhoAmI{Principal: principalOf(r.Context())})
+	return nil
+}
+
+func (s *Server) handleTypes(w http.ResponseWriter, r *http.Request) error {
+	if _, err := parseQuery(r); err != nil {
+		return err
+	}
+	out := make([]SagaType, 0, len(s.sagas))
+	for _, t := range s.sagas {
+		out = append(out, SagaType{
+			Name: t.def.Name, Table: t.def.Table,
+			States: stateViews(t.def, "", nil), Steps: stepViews(t.def), Mermaid: t.def.Mermaid(),
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func stateViews(def *sagadef.Definition, current string, visited map[string]bool) []StateView {
+	out := make([]StateView, 0, len(def.States))
+	for _, st := range def.States {
+		out = append(out, StateView{Name: st.Name, Kind: st.Kind.String(), Step: st.Step,
+			Current: st.Name == current, Visited: visited[st.Name]})
+	}
+	return out
+}
+
+func stepViews(def *sagadef.Definition) []StepView {
+	out := make([]StepView, 0, len(def.Steps))
+	for _, st := range def.Steps {
+		v := StepView{
+			Name: st.Name, Role: st.Role.String(), Command: st.Command, External: st.External,
+			SuccessReplies: st.SuccessReplies, FailureReplies: st.FailureReplies, Compensation: st.Compensation,
+			OnTimeout: st.OnTimeout.String(), MaxAttempts: max(st.MaxAttempts, 1), Late: st.Late.String(),
+		}
+		if st.Timeout > 0 {
+			v.Timeout = st.Timeout.String()
+		}
+		out = append(out, v)
+	}
+	return out
+}

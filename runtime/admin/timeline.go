@@ -1,0 +1,273 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+func (s *Server) handleTimeline(w http.ResponseWriter, r *http.Request) error {
+	q, err := parseQuery(r, "type")
+	if err != nil {
+		return err
+	}
+	id, err := parseSagaID(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	t, st, err := s.find(r.Context(), id, q.str("type"))
+	if err != nil {
+		return err
+	}
+	tl, err := s.timeline(r.Context(), t, st)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, tl)
+	return nil
+}
+
+// outboxRow is a saga_outbox row of a saga.
+type outboxRow struct {
+	MessageID, MessageType, Exchange, RoutingKey, CausationID string
+	Body                                                      []byte
+	CreatedAt                                                 time.Time
+	PublishedAt                                               *time.Time
+	Attempts                                                  int
+}
+
+// timeline assembles one saga's story from its audit trail, its outbox rows
+// and its parked messages.
+func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Timeline, error) {
+	now := s.cfg.Now()
+	hist, err := t.engine.History(ctx, st.ID)
+	if err != nil {
+		return Timeline{}, err
+	}
+	if len(hist) > maxTimelineRows {
+		hist = hist[len(hist)-maxTimelineRows:]
+	}
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT message_id, message_type, exchange, routing_key, causation_id,
+	body, created_at, published_at, attempts
+FROM saga_outbox WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRows)
+	if err != nil {
+		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxRow])
+	if err != nil {
+		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
+	}
+	parked, err := s.parkedRows(ctx, `WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRows)
+	if err != nil {
+		return Timeline{}, fmt.Errorf("parked messages of saga %s: %w", st.ID, err)
+	}
+
+	tl := Timeline{
+		Saga:     t.view(rowOf(st), now),
+		Data:     s.data(t, st.Data),
+		Steps:    stepViews(t.def),
+		Mermaid:  t.def.Mermaid(),
+		Progress: ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped},
+	}
+	visited := map[string]bool{}
+	for _, a := range hist {
+		visited[a.From], visited[a.To] = true, true
+		e := Event{
+			At: a.At.UTC(), Kind: EventTransition, AuditID: a.ID, From: a.From, To: a.To, Trigger: a.Trigger,
+			Class: a.Class, MessageID: a.MessageID, CausationID: a.CausationID, Operator: a.Operator,
+			Note: a.Note, Version: a.Version,
+		}
+		e.Summary = transitionSummary(a)
+		tl.Events = append(tl.Events, e)
+		tl.Counts.Transitions++
+	}
+	delete(visited, "")
+	tl.States = stateViews(t.def, st.State, visited)
+	tl.Position = position(t.def, st, hist)
+
+	sentPerStep := map[string]int{}
+	for _, o := range out {
+		dir := direction(t.def, o.MessageType)
+		e := Event{
+			At: o.CreatedAt.UTC(), Kind: EventMessage, Direction: dir, MessageID: o.MessageID, MessageType: o.MessageType,
+			CausationID: o.CausationID, Exchange: o.Exchange, RoutingKey: o.RoutingKey,
+			PublishedAt: utcPtr(o.PublishedAt), PublishAttempts: o.Attempts, Body: s.body(o.MessageType, o.Body),
+		}
+		verb := "sent"
+		if dir == "in" {
+			verb = "received reply"
+		}
+		e.Summary = fmt.Sprintf("%s %s", verb, short(o.MessageType))
+		if o.PublishedAt == nil {
+			e.Summary += " (not yet published)"
+		}
+		switch dir {
+		case "out":
+			tl.Counts.MessagesOut++
+			if ref, ok := t.def.Lookup(o.MessageType); ok {
+				key := ref.Use.String() + "/" + ref.Step
+				sentPerStep[key]++
+				if n := sentPerStep[key]; n > 1 {
+					e.Summary += fmt.Sprintf(" (attempt %d)", n)
+					tl.Counts.Retries++
+				}
+			}
+		case "in":
+			tl.Counts.MessagesIn++
+		}
+		tl.Events = append(tl.Events, e)
+	}
+	for _, p := range parked {
+		e := Event{
+			At: p.ParkedAt, Kind: EventParked, ParkedID: p.ID, MessageID: p.MessageID, MessageType: p.MessageType,
+			Direction: direction(t.def, p.MessageType),
+			Queue:     p.Queue, ParkClass: p.Class, Reason: p.Reason, Attempts: p.Attempts,
+			Exchange: p.Exchange, RoutingKey: p.RoutingKey, ReplayedAt: p.ReplayedAt, ReplayedBy: p.ReplayedBy,
+			Body: s.body(p.MessageType, p.body),
+		}
+		e.Summary = fmt.Sprintf("parked %s from %s after %d attempt(s) (%s): %s", short(p.MessageType), p.Queue, p.Attempts, p.Class, firstLine(p.Reason))
+		if p.ReplayedAt != nil {
+			e.Summary += fmt.Sprintf("; replayed by %s", p.ReplayedBy)
+		}
+		tl.Events = append(tl.Events, e)
+		tl.Counts.Parked++
+	}
+	slices.SortStableFunc(tl.Events, func(a, b Event) int { return a.At.Compare(b.At) })
+	return tl, nil
+}
+
+// direction says whether a message type is sent by the saga ("out") or
+// answers it ("in").
+func direction(def *sagadef.Definition, typ string) string {
+	ref, ok := def.Lookup(typ)
+	if !ok {
+		return ""
+	}
+	switch ref.Use {
+	case sagadef.UseCommand, sagadef.UseCompensation:
+		return "out"
+	default:
+		return "in"
+	}
+}
+
+// short drops the package of a full message name.
+func short(full string) string {
+	if i := strings.LastIndexByte(full, '.'); i >= 0 {
+		return full[i+1:]
+	}
+	return full
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+func transitionSummary(a saga.AuditRecord) string {
+	cause := a.Trigger
+	switch {
+	case a.Operator != "":
+		cause = fmt.Sprintf("%s by %s", a.Trigger, a.Operator)
+	case a.MessageID != "":
+		cause = fmt.Sprintf("%s %s", short(a.Trigger), a.MessageID)
+	}
+	move := a.To
+	if a.From != "" && a.From != a.To {
+		move = a.From + " → " + a.To
+	} else if a.From == a.To {
+		move = "stays " + a.To
+	}
+	s := fmt.Sprintf("%s: %s [%s]", move, cause, a.Class)
+	if a.Note != "" {
+		s += " — " + firstLine(a.Note)
+	}
+	return s
+}
+
+// position says where the instance is in its definition.
+func position(def *sagadef.Definition, st saga.Status, hist []saga.AuditRecord) Position {
+	state, _ := def.LookupState(st.State)
+	p := Position{State: st.State, Kind: state.Kind.String(), Step: state.Step, PendingMessageID: st.PendingMessageID,
+		Since: st.CreatedAt}
+	for i := len(hist) - 1; i >= 0; i-- {
+		if hist[i].To == st.State && hist[i].From != hist[i].To {
+			p.Since = hist[i].At.UTC()
+			break
+		}
+	}
+	if !st.TimeoutAt.IsZero() {
+		at := st.TimeoutAt
+		p.TimeoutAt = &at
+	}
+	for _, tr := range def.Transitions {
+		if tr.From == st.State {
+			p.Next = append(p.Next, TransitionView{Trigger: tr.Trigger, To: tr.To, Emits: tr.Emits})
+		}
+	}
+	step, hasStep := def.LookupStep(state.Step)
+	if hasStep {
+		p.Role = step.Role.String()
+		p.Attempt, p.MaxAttempts = st.Attempt, max(step.MaxAttempts, 1)
+		p.OnTimeout, p.LateReply = step.OnTimeout.String(), step.Late.String()
+		after := false
+		for _, s := range def.Steps {
+			if after {
+				p.Remaining = append(p.Remaining, s.Name)
+			}
+			after = after || s.Name == step.Name
+		}
+	}
+	since := p.Since.Format(time.RFC3339)
+	switch state.Kind {
+	case sagadef.StateKindStep:
+		p.WaitingFor = append(slices.Clone(step.SuccessReplies), step.FailureReplies...)
+		what := "the reply to " + short(step.Command)
+		if step.External {
+			what = "event " + strings.Join(shorts(p.WaitingFor), " or ")
+		}
+		p.Summary = fmt.Sprintf("step %s (%s) waits for %s since %s, attempt %d of %d", step.Name, p.Role, what, since, p.Attempt, p.MaxAttempts)
+		if p.TimeoutAt != nil {
+			p.Summary += fmt.Sprintf("; on timeout at %s: %s", p.TimeoutAt.Format(time.RFC3339), p.OnTimeout)
+		}
+		if len(p.Remaining) > 0 {
+			p.Summary += "; then " + strings.Join(p.Remaining, ", ")
+		}
+	case sagadef.StateKindCompensating:
+		p.WaitingFor = append([]string{step.CompensationReply}, step.CompensationFailureReplies...)
+		p.Summary = fmt.Sprintf("compensating %s: waits for %s since %s, attempt %d of %d", step.Name, short(step.CompensationReply), since, p.Attempt, p.MaxAttempts)
+		if p.TimeoutAt != nil {
+			p.Summary += fmt.Sprintf("; resent on timeout at %s", p.TimeoutAt.Format(time.RFC3339))
+		}
+	case sagadef.StateKindManualReview:
+		p.WaitingFor = []string{"operator"}
+		p.Summary = fmt.Sprintf("in manual review since %s: %s", since, st.ReviewReason)
+		if st.Progress.ReviewFrom != "" {
+			p.Summary += fmt.Sprintf(" (came from %s; retry resumes it)", st.Progress.ReviewFrom)
+		}
+	case sagadef.StateKindTerminal:
+		p.Summary = fmt.Sprintf("ended %s at %s", st.State, since)
+	default:
+		p.Summary = fmt.Sprintf("state %s is not a state of %s (removed from the contract?)", st.State, def.Name)
+	}
+	return p
+}
+
+func shorts(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = short(n)
+	}
+	return out
+}
