@@ -198,23 +198,15 @@ func (a *App) queues() map[string]consumer.HandlerFunc {
 	return out
 }
 
-// Topology is the merged topology of the example's packages, with every work
-// queue's tier queues declared for the configured retry policy and queue type
-// (the generated topologies declare retry.Default() tiers on quorum queues).
+// Topology is the merged topology of the example's packages, with work queues
+// of the configured type and retry tiers for the configured policy (the one the
+// consumers use).
 func (a *App) Topology() broker.Topology {
-	generated := inventoryv1.Topology().
-		Merge(paymentv1.Topology()).
-		Merge(shippingv1.Topology()).
-		Merge(orderv1.Topology())
-	t := broker.Topology{Exchanges: generated.Exchanges, Bindings: generated.Bindings}
-	seen := map[string]bool{}
-	for _, b := range generated.Bindings {
-		if !seen[b.Queue] {
-			seen[b.Queue] = true
-			t.Queues = append(t.Queues, broker.WorkQueue(b.Queue, a.cfg.QueueType, a.cfg.Retry)...)
-		}
-	}
-	return t
+	qt, p := a.cfg.QueueType, a.cfg.Retry
+	return inventoryv1.TopologyWith(qt, p).
+		Merge(paymentv1.TopologyWith(qt, p)).
+		Merge(shippingv1.TopologyWith(qt, p)).
+		Merge(orderv1.TopologyWith(qt, p))
 }
 
 func (a *App) connect(ctx context.Context) error {

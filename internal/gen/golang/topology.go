@@ -84,12 +84,19 @@ func (t PackageTopology) Broker() broker.Topology {
 
 func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	t := Topology(p)
+	with := model.TopologyWithFunc
 	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
-	g.P("// its topic exchanges, the work queues of its participants and sagas (each with")
-	g.P("// its retry tier queues and parking lot, see broker.WorkQueue) and their")
-	g.P("// bindings. Merge the topologies of every package a process uses and declare")
-	g.P("// the result with broker.Declare.")
+	g.P("// its topic exchanges, the work queues of its participants and sagas (quorum")
+	g.P("// queues, each with the retry tier queues of retry.Default() and a parking")
+	g.P("// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every")
+	g.P("// package a process uses and declare the result with broker.Declare.")
 	g.P("func ", model.TopologyFunc, "() ", brokerPkg.Ident("Topology"), " {")
+	g.P("return ", with, "(", brokerPkg.Ident("QueueQuorum"), ", ", retryPkg.Ident("Default"), "())")
+	g.P("}")
+	g.P()
+	g.P("// ", with, " is ", model.TopologyFunc, " with work queues of type qt and retry tiers for")
+	g.P("// policy p. The consumers of these queues must use the same policy.")
+	g.P("func ", with, "(qt ", brokerPkg.Ident("QueueType"), ", p ", retryPkg.Ident("Policy"), ") ", brokerPkg.Ident("Topology"), " {")
 	g.P("return ", brokerPkg.Ident("Topology"), "{")
 	g.P("Exchanges: []", brokerPkg.Ident("Exchange"), "{")
 	for _, e := range t.Exchanges {
@@ -99,7 +106,7 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	if len(t.Queues) > 0 {
 		g.P("Queues: ", slicesPkg.Ident("Concat"), "(")
 		for _, q := range t.Queues {
-			g.P(brokerPkg.Ident("WorkQueue"), "(", strconv.Quote(q), ", ", brokerPkg.Ident("QueueQuorum"), ", ", retryPkg.Ident("Default"), "()),")
+			g.P(brokerPkg.Ident("WorkQueue"), "(", strconv.Quote(q), ", qt, p),")
 		}
 		g.P("),")
 	}

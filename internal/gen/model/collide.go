@@ -53,7 +53,8 @@ func (s *Saga) StateConst(state string) string {
 
 // Package-level identifiers.
 const (
-	TopologyFunc = "Topology"
+	TopologyFunc     = "Topology"
+	TopologyWithFunc = "TopologyWith"
 )
 
 // Lower returns s with its first letter lower-cased.
@@ -199,9 +200,37 @@ func (b *builder) collisions() {
 	for _, f := range b.gen.Files {
 		if f.Generate && !claimed[f.GoImportPath] && b.annotated(f) {
 			claimed[f.GoImportPath] = true
-			claim(f, nil, TopologyFunc, "the package topology")
+			for _, name := range []string{TopologyFunc, TopologyWithFunc} {
+				// Point at the declaration the user has to rename, when
+				// there is one; the package function has no position.
+				df, dp := f, []int32(nil)
+				if mf, mp, ok := b.messageDecl(f.GoImportPath, name); ok {
+					df, dp = mf, mp
+				}
+				claim(df, dp, name, "the package topology")
+			}
 		}
 	}
+}
+
+// messageDecl finds the message whose protoc-gen-go type is named name in
+// the Go package importPath, and returns its file and source path.
+func (b *builder) messageDecl(importPath protogen.GoImportPath, name string) (*protogen.File, []int32, bool) {
+	for _, f := range b.gen.Files {
+		if f.GoImportPath != importPath {
+			continue
+		}
+		var found *protogen.Message
+		walkMessages(f.Messages, func(m *protogen.Message) {
+			if found == nil && m.GoIdent.GoName == name {
+				found = m
+			}
+		})
+		if found != nil {
+			return f, found.Location.Path, true
+		}
+	}
+	return nil, nil, false
 }
 
 // annotated reports whether f declares annotated messages or sagas.

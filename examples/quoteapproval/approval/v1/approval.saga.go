@@ -10,6 +10,7 @@ import (
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
+	retry "github.com/protosaga/saga/runtime/retry"
 )
 
 // This file needs a runtime that supports generated code version 1.
@@ -70,11 +71,17 @@ func PublishApprovalRejected(ctx context.Context, tx v5.Tx, m *ApprovalRejected,
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (each with
-// its retry tier queues and parking lot, see broker.WorkQueue) and their
-// bindings. Merge the topologies of every package a process uses and declare
-// the result with broker.Declare.
+// its topic exchanges, the work queues of its participants and sagas (quorum
+// queues, each with the retry tier queues of retry.Default() and a parking
+// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
+// package a process uses and declare the result with broker.Declare.
 func Topology() broker.Topology {
+	return TopologyWith(broker.QueueQuorum, retry.Default())
+}
+
+// TopologyWith is Topology with work queues of type qt and retry tiers for
+// policy p. The consumers of these queues must use the same policy.
+func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "workflow.event", Kind: "topic"},

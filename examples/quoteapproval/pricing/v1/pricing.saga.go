@@ -251,18 +251,24 @@ func RegisterPricingParticipant(impl PricingParticipant) (queue string, handler 
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (each with
-// its retry tier queues and parking lot, see broker.WorkQueue) and their
-// bindings. Merge the topologies of every package a process uses and declare
-// the result with broker.Declare.
+// its topic exchanges, the work queues of its participants and sagas (quorum
+// queues, each with the retry tier queues of retry.Default() and a parking
+// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
+// package a process uses and declare the result with broker.Declare.
 func Topology() broker.Topology {
+	return TopologyWith(broker.QueueQuorum, retry.Default())
+}
+
+// TopologyWith is Topology with work queues of type qt and retry tiers for
+// policy p. The consumers of these queues must use the same policy.
+func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "workflow.command", Kind: "topic"},
 			{Name: "workflow.reply", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("pricing.commands", broker.QueueQuorum, retry.Default()),
+			broker.WorkQueue("pricing.commands", qt, p),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "pricing.commands", Exchange: "workflow.command", RoutingKey: "command.pricing.price-quote.v1"},

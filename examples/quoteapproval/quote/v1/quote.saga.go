@@ -157,11 +157,17 @@ func RegisterOrderingParticipant(impl OrderingParticipant) (queue string, handle
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (each with
-// its retry tier queues and parking lot, see broker.WorkQueue) and their
-// bindings. Merge the topologies of every package a process uses and declare
-// the result with broker.Declare.
+// its topic exchanges, the work queues of its participants and sagas (quorum
+// queues, each with the retry tier queues of retry.Default() and a parking
+// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
+// package a process uses and declare the result with broker.Declare.
 func Topology() broker.Topology {
+	return TopologyWith(broker.QueueQuorum, retry.Default())
+}
+
+// TopologyWith is Topology with work queues of type qt and retry tiers for
+// policy p. The consumers of these queues must use the same policy.
+func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "workflow.command", Kind: "topic"},
@@ -169,8 +175,8 @@ func Topology() broker.Topology {
 			{Name: "workflow.reply", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("ordering.commands", broker.QueueQuorum, retry.Default()),
-			broker.WorkQueue("quote.saga.quote_approval", broker.QueueQuorum, retry.Default()),
+			broker.WorkQueue("ordering.commands", qt, p),
+			broker.WorkQueue("quote.saga.quote_approval", qt, p),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "ordering.commands", Exchange: "workflow.command", RoutingKey: "command.ordering.submit-order.v1"},

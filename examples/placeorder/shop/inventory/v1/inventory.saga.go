@@ -222,18 +222,24 @@ func RegisterInventoryParticipant(impl InventoryParticipant) (queue string, hand
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (each with
-// its retry tier queues and parking lot, see broker.WorkQueue) and their
-// bindings. Merge the topologies of every package a process uses and declare
-// the result with broker.Declare.
+// its topic exchanges, the work queues of its participants and sagas (quorum
+// queues, each with the retry tier queues of retry.Default() and a parking
+// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
+// package a process uses and declare the result with broker.Declare.
 func Topology() broker.Topology {
+	return TopologyWith(broker.QueueQuorum, retry.Default())
+}
+
+// TopologyWith is Topology with work queues of type qt and retry tiers for
+// policy p. The consumers of these queues must use the same policy.
+func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "shop.inventory.v1.commands", Kind: "topic"},
 			{Name: "shop.inventory.v1.replies", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("inventory.commands", broker.QueueQuorum, retry.Default()),
+			broker.WorkQueue("inventory.commands", qt, p),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.release-inventory"},

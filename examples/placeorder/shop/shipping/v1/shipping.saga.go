@@ -119,18 +119,24 @@ func RegisterShippingParticipant(impl ShippingParticipant) (queue string, handle
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (each with
-// its retry tier queues and parking lot, see broker.WorkQueue) and their
-// bindings. Merge the topologies of every package a process uses and declare
-// the result with broker.Declare.
+// its topic exchanges, the work queues of its participants and sagas (quorum
+// queues, each with the retry tier queues of retry.Default() and a parking
+// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
+// package a process uses and declare the result with broker.Declare.
 func Topology() broker.Topology {
+	return TopologyWith(broker.QueueQuorum, retry.Default())
+}
+
+// TopologyWith is Topology with work queues of type qt and retry tiers for
+// policy p. The consumers of these queues must use the same policy.
+func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "shop.shipping.v1.commands", Kind: "topic"},
 			{Name: "shop.shipping.v1.replies", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("shipping.commands", broker.QueueQuorum, retry.Default()),
+			broker.WorkQueue("shipping.commands", qt, p),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "shipping.commands", Exchange: "shop.shipping.v1.commands", RoutingKey: "command.shop.shipping.v1.schedule-shipping"},

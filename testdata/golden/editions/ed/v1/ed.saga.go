@@ -108,17 +108,23 @@ func PublishSigned(ctx context.Context, tx v5.Tx, m *Signed, meta envelope.Meta)
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (each with
-// its retry tier queues and parking lot, see broker.WorkQueue) and their
-// bindings. Merge the topologies of every package a process uses and declare
-// the result with broker.Declare.
+// its topic exchanges, the work queues of its participants and sagas (quorum
+// queues, each with the retry tier queues of retry.Default() and a parking
+// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
+// package a process uses and declare the result with broker.Declare.
 func Topology() broker.Topology {
+	return TopologyWith(broker.QueueQuorum, retry.Default())
+}
+
+// TopologyWith is Topology with work queues of type qt and retry tiers for
+// policy p. The consumers of these queues must use the same policy.
+func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "ed.v1.events", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("collect_signature.saga.collect_signature", broker.QueueQuorum, retry.Default()),
+			broker.WorkQueue("collect_signature.saga.collect_signature", qt, p),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.declined"},

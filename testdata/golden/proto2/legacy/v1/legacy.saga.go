@@ -184,11 +184,17 @@ func RegisterAccountsParticipant(impl AccountsParticipant) (queue string, handle
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (each with
-// its retry tier queues and parking lot, see broker.WorkQueue) and their
-// bindings. Merge the topologies of every package a process uses and declare
-// the result with broker.Declare.
+// its topic exchanges, the work queues of its participants and sagas (quorum
+// queues, each with the retry tier queues of retry.Default() and a parking
+// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
+// package a process uses and declare the result with broker.Declare.
 func Topology() broker.Topology {
+	return TopologyWith(broker.QueueQuorum, retry.Default())
+}
+
+// TopologyWith is Topology with work queues of type qt and retry tiers for
+// policy p. The consumers of these queues must use the same policy.
+func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "legacy.v1.commands", Kind: "topic"},
@@ -196,8 +202,8 @@ func Topology() broker.Topology {
 			{Name: "legacy.v1.replies", Kind: "topic"},
 		},
 		Queues: slices.Concat(
-			broker.WorkQueue("accounts.commands", broker.QueueQuorum, retry.Default()),
-			broker.WorkQueue("onboarding.saga.onboarding", broker.QueueQuorum, retry.Default()),
+			broker.WorkQueue("accounts.commands", qt, p),
+			broker.WorkQueue("onboarding.saga.onboarding", qt, p),
 		),
 		Bindings: []broker.Binding{
 			{Queue: "accounts.commands", Exchange: "legacy.v1.commands", RoutingKey: "command.legacy.v1.account-open"},
