@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,6 +57,11 @@ type Config struct {
 	// TimeoutBatch is how many due instances one FireTimeouts call of
 	// RunTimeouts claims at most. Default: 100.
 	TimeoutBatch int
+	// StepTimeouts overrides the contract's step timeouts by step name, for a
+	// deployment (or a test or soak run) that needs other bounds than the
+	// contract's defaults. Unknown step names and non-positive durations are
+	// refused. Nil keeps the contract's timeouts.
+	StepTimeouts map[string]time.Duration
 	// FailureBackoff is how long the scanner leaves an instance alone after
 	// its timeout transition failed (a hook error), so one broken instance
 	// cannot make the scanner spin. Default: 30 s.
@@ -168,6 +175,13 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if len(cfg.StepTimeouts) > 0 {
+		def, err := withStepTimeouts(cfg.Definition, cfg.StepTimeouts)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Definition = def
+	}
 	ident, _ := tableIdentifier(cfg.Definition.Table)
 	e := &Engine{
 		cfg:       cfg,
@@ -192,6 +206,26 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.tel = tel
 	return e, nil
+}
+
+// withStepTimeouts returns a copy of def whose steps named in timeouts wait
+// that long instead. The compiled index refers to steps by position, so the
+// copy stays compiled.
+func withStepTimeouts(def *sagadef.Definition, timeouts map[string]time.Duration) (*sagadef.Definition, error) {
+	c := *def
+	c.Steps = slices.Clone(def.Steps)
+	for _, name := range slices.Sorted(maps.Keys(timeouts)) {
+		d := timeouts[name]
+		i := slices.IndexFunc(c.Steps, func(s sagadef.Step) bool { return s.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("saga %s: step timeout override for unknown step %q", def.Name, name)
+		}
+		if d <= 0 {
+			return nil, fmt.Errorf("saga %s: step timeout override for step %s is %s; it must be positive", def.Name, name, d)
+		}
+		c.Steps[i].Timeout = d
+	}
+	return &c, nil
 }
 
 // Definition returns the saga type the engine runs.
