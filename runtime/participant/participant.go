@@ -60,7 +60,10 @@ func Handler(fn Func) consumer.HandlerFunc {
 		cmd := &d.Envelope
 		ctx, span := startSpan(ctx, cmd)
 		defer func() { endSpan(span, err) }()
-		reply, err := fn(ctx, tx, d.Message)
+		reply, err := fn(context.WithValue(ctx, commandKey{}, cmd), tx, d.Message)
+		if errors.Is(err, ErrReplyLater) {
+			return nil // effects commit; the participant answers later with ReplyEnvelope
+		}
 		if err != nil {
 			return fmt.Errorf("participant: handle %s %s (saga %s): %w", cmd.MessageType, cmd.MessageID, cmd.SagaID, err)
 		}
@@ -77,6 +80,23 @@ func Handler(fn Func) consumer.HandlerFunc {
 		}
 		return nil
 	}
+}
+
+// ErrReplyLater, returned by a Func (or a generated participant method),
+// commits the handler's effects and sends no reply now: the participant
+// answers later, in another transaction, with [ReplyEnvelope] built from the
+// command's envelope (see [Command]). The saga's step timeout still bounds the
+// wait.
+var ErrReplyLater = errors.New("participant: reply later")
+
+type commandKey struct{}
+
+// Command returns the envelope of the command being handled, inside a Func
+// run by [Handler]: keep it (it is small) to answer later with
+// [ReplyEnvelope].
+func Command(ctx context.Context) (*envelope.Envelope, bool) {
+	env, ok := ctx.Value(commandKey{}).(*envelope.Envelope)
+	return env, ok
 }
 
 // ReplyEnvelope builds the envelope of reply answering the command in cmd:

@@ -20,6 +20,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	sagaoutbox "github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/schema"
 )
@@ -316,4 +317,43 @@ func TestIdempotentScopesByCommandType(t *testing.T) {
 	require.Equal(t, releasedInfo.FullName, rows[1].MessageType)
 	require.Equal(t, releasedInfo.FullName, rows[2].MessageType, "the resent release gets the release's stored reply")
 	require.Equal(t, "test.inventory.v1.ReleaseInventory/order-7", participant.CommandKey(release.Message))
+}
+
+// TestReplyLater: a participant commits its effect, sends nothing now, and
+// answers later in another transaction from the command envelope it kept.
+func TestReplyLater(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+
+	var kept *envelope.Envelope
+	h := participant.Handler(func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+		env, ok := participant.Command(ctx)
+		require.True(t, ok, "the command's envelope is in the handler's context")
+		kept = env
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS later_effects (order_id text)`); err != nil {
+			return nil, err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO later_effects VALUES ($1)`, cmd.(testMsg).GetValue()); err != nil {
+			return nil, err
+		}
+		return nil, participant.ErrReplyLater
+	})
+	cmd := command(t, "order-9")
+	require.NoError(t, run(ctx, pool, h, cmd), "replying later is not a failure")
+	require.Empty(t, outbox(t, pool), "nothing is sent now")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM later_effects`).Scan(&n))
+	require.Equal(t, 1, n, "the effect committed")
+
+	_, ok := participant.Command(ctx)
+	require.False(t, ok, "no command outside a handler")
+	require.Equal(t, cmd.Envelope.MessageID, kept.MessageID)
+	env, err := participant.ReplyEnvelope(kept, msg(reservedInfo, "order-9"))
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return sagaoutbox.Enqueue(ctx, tx, env) }))
+	rows := outbox(t, pool)
+	require.Len(t, rows, 1)
+	require.Equal(t, cmd.Envelope.MessageID, rows[0].CausationID, "the later reply answers the command")
+	require.Equal(t, cmd.Envelope.SagaID, rows[0].SagaID)
 }

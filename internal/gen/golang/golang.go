@@ -230,13 +230,13 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	}
 	g.P("}")
 	g.P()
-	reg := model.RegisterFunc(p)
-	g.P("// ", reg, " returns the queue service ", strconv.Quote(p.Owner), " consumes its commands")
-	g.P("// from and the consumer handler that dispatches them to impl and writes each")
-	g.P("// reply to the outbox in the same transaction (participant.Handler).")
-	g.P("func ", reg, "(impl ", typ, ") (queue string, handler ", consumerPkg.Ident("HandlerFunc"), ") {")
-	g.P("return ", strconv.Quote(p.Queue), ", ", participantPkg.Ident("Handler"), "(func(ctx ", contextPkg.Ident("Context"),
-		", tx ", pgxPkg.Ident("Tx"), ", cmd ", messagePkg.Ident("Message"), ") (", messagePkg.Ident("Message"), ", error) {")
+	fn := model.ParticipantFunc(p)
+	g.P("// ", fn, " returns a participant.Func that dispatches each command of service")
+	g.P("// ", strconv.Quote(p.Owner), " to impl. Wrap it (e.g. with participant.Idempotent) before")
+	g.P("// participant.Handler; ", model.RegisterFunc(p), " uses it as is. A method that answers")
+	g.P("// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.")
+	g.P("func ", fn, "(impl ", typ, ") ", participantPkg.Ident("Func"), " {")
+	g.P("return func(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", cmd ", messagePkg.Ident("Message"), ") (", messagePkg.Ident("Message"), ", error) {")
 	g.P("switch c := cmd.(type) {")
 	for _, c := range p.Commands {
 		g.P("case *", c.Proto.GoIdent.GoName, ":")
@@ -247,7 +247,7 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 		if len(c.Results) > 0 {
 			g.P("if r == nil {")
 			g.P("return nil, ", failurePkg.Ident("Permanent"), "(", errorsPkg.Ident("New"), "(",
-				strconv.Quote(fmt.Sprintf("service %s: %s returned neither a reply nor an error", p.Owner, c.Proto.GoIdent.GoName)), "))")
+				strconv.Quote(fmt.Sprintf("service %s: %s returned neither a reply nor an error (return participant.ErrReplyLater to answer later)", p.Owner, c.Proto.GoIdent.GoName)), "))")
 			g.P("}")
 			g.P("return r, nil")
 		} else {
@@ -261,7 +261,15 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P("return nil, ", failurePkg.Ident("Permanent"), "(", fmtPkg.Ident("Errorf"), "(",
 		strconv.Quote("service "+p.Owner+": unexpected command %s"), ", cmd.SagaMessageInfo().FullName))")
 	g.P("}")
-	g.P("})")
+	g.P("}")
+	g.P("}")
+	g.P()
+	reg := model.RegisterFunc(p)
+	g.P("// ", reg, " returns the queue service ", strconv.Quote(p.Owner), " consumes its commands")
+	g.P("// from and the consumer handler that dispatches them to impl and writes each")
+	g.P("// reply to the outbox in the same transaction (participant.Handler).")
+	g.P("func ", reg, "(impl ", typ, ") (queue string, handler ", consumerPkg.Ident("HandlerFunc"), ") {")
+	g.P("return ", strconv.Quote(p.Queue), ", ", participantPkg.Ident("Handler"), "(", fn, "(impl))")
 	g.P("}")
 	g.P()
 }

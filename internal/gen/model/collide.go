@@ -34,6 +34,9 @@ func FoldMethod(m *Message) string { return "On" + m.Proto.GoIdent.GoName }
 // ParticipantType is a service's participant interface.
 func ParticipantType(p *Participant) string { return p.GoName + "Participant" }
 
+// ParticipantFunc adapts a participant's implementation to participant.Func.
+func ParticipantFunc(p *Participant) string { return p.GoName + "ParticipantFunc" }
+
 // RegisterFunc registers a participant's handler.
 func RegisterFunc(p *Participant) string { return "Register" + p.GoName + "Participant" }
 
@@ -161,6 +164,7 @@ func (b *builder) collisions() {
 		p := path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgOwner)
 		claim(m.File, p, ParticipantType(pt), "service "+m.Owner)
 		claim(m.File, p, RegisterFunc(pt), "service "+m.Owner)
+		claim(m.File, p, ParticipantFunc(pt), "service "+m.Owner)
 	}
 	for _, d := range b.sagas {
 		if !d.file.Generate {

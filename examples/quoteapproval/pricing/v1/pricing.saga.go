@@ -220,11 +220,12 @@ type PricingParticipant interface {
 	ReleasePrice(ctx context.Context, tx v5.Tx, cmd *ReleasePrice) (ReleasePriceResult, error)
 }
 
-// RegisterPricingParticipant returns the queue service "pricing" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterPricingParticipant(impl PricingParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "pricing.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// PricingParticipantFunc returns a participant.Func that dispatches each command of service
+// "pricing" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterPricingParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func PricingParticipantFunc(impl PricingParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *PriceQuote:
 			r, err := impl.PriceQuote(ctx, tx, c)
@@ -232,7 +233,7 @@ func RegisterPricingParticipant(impl PricingParticipant) (queue string, handler 
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service pricing: PriceQuote returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service pricing: PriceQuote returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		case *ReleasePrice:
@@ -241,13 +242,20 @@ func RegisterPricingParticipant(impl PricingParticipant) (queue string, handler 
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service pricing: ReleasePrice returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service pricing: ReleasePrice returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service pricing: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterPricingParticipant returns the queue service "pricing" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterPricingParticipant(impl PricingParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "pricing.commands", participant.Handler(PricingParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

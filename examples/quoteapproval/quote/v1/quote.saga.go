@@ -135,11 +135,12 @@ type OrderingParticipant interface {
 	SubmitOrder(ctx context.Context, tx v5.Tx, cmd *SubmitOrder) (SubmitOrderResult, error)
 }
 
-// RegisterOrderingParticipant returns the queue service "ordering" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterOrderingParticipant(impl OrderingParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "ordering.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// OrderingParticipantFunc returns a participant.Func that dispatches each command of service
+// "ordering" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterOrderingParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *SubmitOrder:
 			r, err := impl.SubmitOrder(ctx, tx, c)
@@ -147,13 +148,20 @@ func RegisterOrderingParticipant(impl OrderingParticipant) (queue string, handle
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service ordering: SubmitOrder returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service ordering: SubmitOrder returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service ordering: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterOrderingParticipant returns the queue service "ordering" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterOrderingParticipant(impl OrderingParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "ordering.commands", participant.Handler(OrderingParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

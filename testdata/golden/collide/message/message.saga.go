@@ -226,11 +226,12 @@ type SelectParticipant interface {
 	Message(ctx context.Context, tx v5.Tx, cmd *Message) (MessageResult, error)
 }
 
-// RegisterSelectParticipant returns the queue service "select" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterSelectParticipant(impl SelectParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "select.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// SelectParticipantFunc returns a participant.Func that dispatches each command of service
+// "select" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterSelectParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func SelectParticipantFunc(impl SelectParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *Info:
 			r, err := impl.Info(ctx, tx, c)
@@ -238,7 +239,7 @@ func RegisterSelectParticipant(impl SelectParticipant) (queue string, handler co
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service select: Info returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service select: Info returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		case *Message:
@@ -247,13 +248,20 @@ func RegisterSelectParticipant(impl SelectParticipant) (queue string, handler co
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service select: Message returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service select: Message returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service select: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterSelectParticipant returns the queue service "select" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterSelectParticipant(impl SelectParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "select.commands", participant.Handler(SelectParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

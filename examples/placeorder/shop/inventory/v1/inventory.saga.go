@@ -191,11 +191,12 @@ type InventoryParticipant interface {
 	ReserveInventory(ctx context.Context, tx v5.Tx, cmd *ReserveInventory) (ReserveInventoryResult, error)
 }
 
-// RegisterInventoryParticipant returns the queue service "inventory" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterInventoryParticipant(impl InventoryParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "inventory.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// InventoryParticipantFunc returns a participant.Func that dispatches each command of service
+// "inventory" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterInventoryParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ReleaseInventory:
 			r, err := impl.ReleaseInventory(ctx, tx, c)
@@ -203,7 +204,7 @@ func RegisterInventoryParticipant(impl InventoryParticipant) (queue string, hand
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service inventory: ReleaseInventory returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service inventory: ReleaseInventory returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		case *ReserveInventory:
@@ -212,13 +213,20 @@ func RegisterInventoryParticipant(impl InventoryParticipant) (queue string, hand
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service inventory: ReserveInventory returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service inventory: ReserveInventory returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service inventory: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterInventoryParticipant returns the queue service "inventory" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterInventoryParticipant(impl InventoryParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "inventory.commands", participant.Handler(InventoryParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

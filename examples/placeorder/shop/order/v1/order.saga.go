@@ -136,11 +136,12 @@ type OrderParticipant interface {
 	ApproveOrder(ctx context.Context, tx v5.Tx, cmd *ApproveOrder) (ApproveOrderResult, error)
 }
 
-// RegisterOrderParticipant returns the queue service "order" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterOrderParticipant(impl OrderParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "order.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// OrderParticipantFunc returns a participant.Func that dispatches each command of service
+// "order" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterOrderParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func OrderParticipantFunc(impl OrderParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ApproveOrder:
 			r, err := impl.ApproveOrder(ctx, tx, c)
@@ -148,13 +149,20 @@ func RegisterOrderParticipant(impl OrderParticipant) (queue string, handler cons
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service order: ApproveOrder returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service order: ApproveOrder returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service order: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterOrderParticipant returns the queue service "order" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterOrderParticipant(impl OrderParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "order.commands", participant.Handler(OrderParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

@@ -127,11 +127,12 @@ type PaymentParticipant interface {
 	AuthorizePayment(ctx context.Context, tx v5.Tx, cmd *AuthorizePayment) (AuthorizePaymentResult, error)
 }
 
-// RegisterPaymentParticipant returns the queue service "payment" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterPaymentParticipant(impl PaymentParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "payment.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// PaymentParticipantFunc returns a participant.Func that dispatches each command of service
+// "payment" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterPaymentParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func PaymentParticipantFunc(impl PaymentParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *AuthorizePayment:
 			r, err := impl.AuthorizePayment(ctx, tx, c)
@@ -139,13 +140,20 @@ func RegisterPaymentParticipant(impl PaymentParticipant) (queue string, handler 
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service payment: AuthorizePayment returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service payment: AuthorizePayment returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service payment: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterPaymentParticipant returns the queue service "payment" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterPaymentParticipant(impl PaymentParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "payment.commands", participant.Handler(PaymentParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

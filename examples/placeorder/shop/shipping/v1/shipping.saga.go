@@ -97,11 +97,12 @@ type ShippingParticipant interface {
 	ScheduleShipping(ctx context.Context, tx v5.Tx, cmd *ScheduleShipping) (ScheduleShippingResult, error)
 }
 
-// RegisterShippingParticipant returns the queue service "shipping" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterShippingParticipant(impl ShippingParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "shipping.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// ShippingParticipantFunc returns a participant.Func that dispatches each command of service
+// "shipping" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterShippingParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func ShippingParticipantFunc(impl ShippingParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ScheduleShipping:
 			r, err := impl.ScheduleShipping(ctx, tx, c)
@@ -109,13 +110,20 @@ func RegisterShippingParticipant(impl ShippingParticipant) (queue string, handle
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service shipping: ScheduleShipping returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service shipping: ScheduleShipping returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service shipping: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterShippingParticipant returns the queue service "shipping" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterShippingParticipant(impl ShippingParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "shipping.commands", participant.Handler(ShippingParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

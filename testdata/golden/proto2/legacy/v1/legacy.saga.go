@@ -162,11 +162,12 @@ type AccountsParticipant interface {
 	Account_Open(ctx context.Context, tx v5.Tx, cmd *Account_Open) (Account_OpenResult, error)
 }
 
-// RegisterAccountsParticipant returns the queue service "accounts" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterAccountsParticipant(impl AccountsParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "accounts.commands", participant.Handler(func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+// AccountsParticipantFunc returns a participant.Func that dispatches each command of service
+// "accounts" to impl. Wrap it (e.g. with participant.Idempotent) before
+// participant.Handler; RegisterAccountsParticipant uses it as is. A method that answers
+// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
+	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *Account_Open:
 			r, err := impl.Account_Open(ctx, tx, c)
@@ -174,13 +175,20 @@ func RegisterAccountsParticipant(impl AccountsParticipant) (queue string, handle
 				return nil, err
 			}
 			if r == nil {
-				return nil, failure.Permanent(errors.New("service accounts: Account_Open returned neither a reply nor an error"))
+				return nil, failure.Permanent(errors.New("service accounts: Account_Open returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 			}
 			return r, nil
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service accounts: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
-	})
+	}
+}
+
+// RegisterAccountsParticipant returns the queue service "accounts" consumes its commands
+// from and the consumer handler that dispatches them to impl and writes each
+// reply to the outbox in the same transaction (participant.Handler).
+func RegisterAccountsParticipant(impl AccountsParticipant) (queue string, handler consumer.HandlerFunc) {
+	return "accounts.commands", participant.Handler(AccountsParticipantFunc(impl))
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
