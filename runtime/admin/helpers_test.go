@@ -171,10 +171,13 @@ func (b *bundle) replyEnvelope(t *testing.T, id string, m message.Message) envel
 // deliver applies env to its saga as the consumer would, in a transaction.
 func (b *bundle) deliver(t *testing.T, env envelope.Envelope, m message.Message) error {
 	t.Helper()
-	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "order.saga.place_order", Attempt: 1}
 	return pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
-		return b.engine.Handle(context.Background(), tx, d)
+		return b.engine.Handle(context.Background(), tx, deliveryOf(env, m))
 	})
+}
+
+func deliveryOf(env envelope.Envelope, m message.Message) *consumer.Delivery {
+	return &consumer.Delivery{Envelope: env, Message: m, Queue: "order.saga.place_order", Attempt: 1}
 }
 
 // reply answers the saga's pending command with m.
