@@ -5,10 +5,13 @@
 GO        ?= go
 CACHE     := $(CURDIR)/.cache
 BIN       := $(CACHE)/bin
+# buf is pinned by tools/go.mod and built once per machine (about 5 minutes), outside the clone.
+BUF_VERSION := $(shell sed -n 's/^\tgithub.com\/bufbuild\/buf \(v[^ ]*\).*/\1/p' tools/go.mod)
+BUF       := $(HOME)/.cache/protosaga/buf-$(BUF_VERSION)/buf
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
-.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench buf-generate services-start services-stop clean
+.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench buf-plugins buf-generate check-buf services-start services-stop clean
 
 all: build
 
@@ -31,10 +34,21 @@ check-generated: generate
 	@test -z "$$(git status --porcelain -- options examples testdata)" || \
 		{ git status --porcelain -- options examples testdata; echo "untracked generated files: run 'make generate' and commit them" >&2; exit 1; }
 
-## buf-generate: the same generation through `buf generate` (builds buf once into .cache/bin; ~5 min the first time).
-buf-generate: plugin
-	cd tools && GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go
-	PATH=$(BIN):$$PATH $(BIN)/buf generate
+$(BUF): tools/go.mod tools/go.sum
+	cd tools && GOBIN=$(dir $(BUF)) $(GO) install github.com/bufbuild/buf/cmd/buf
+
+## buf-plugins: the plugins buf.gen.yaml runs, built into .cache/bin.
+buf-plugins:
+	$(GO) build -o $(BIN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o $(BIN)/protoc-gen-saga ./cmd/protoc-gen-saga
+
+## buf-generate: the same generation through `buf generate` (buf is built once per machine, ~5 min).
+buf-generate: $(BUF) buf-plugins
+	$(BUF) generate
+
+## check-buf: `buf generate` into a temporary directory must reproduce every committed generated file.
+check-buf: $(BUF) buf-plugins
+	scripts/check-buf.sh $(BUF)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }
@@ -43,7 +57,7 @@ vet:
 	$(GO) vet ./...
 
 ## test: every test — unit, golden and integration against a real PostgreSQL and RabbitMQ.
-test: fmt-check vet
+test: fmt-check vet check-buf
 	scripts/with-services.sh $(GO) test $(TESTFLAGS) $(PKGS)
 
 ## test-unit: only the tests that need no services (integration tests skip, or fail under CI=true).
