@@ -1,0 +1,450 @@
+// Command sagabench measures the saga runtime next to its peers in one run
+// and prints one Markdown table: the raw limits of this machine's RabbitMQ
+// and PostgreSQL, a Watermill build of the same Place Order saga, and the
+// Place Order example on the saga runtime (completed sagas per second, relay
+// throughput, step latency, commits per step, CPU per saga).
+//
+//	cd bench && go run ./cmd/sagabench [-quick] [-runs 3] [-sagas 10000] [-workers 1,4,8]
+//
+// Every measurement runs in a fresh schema of a database created for the run
+// (so pg_stat_database counts only the benchmark's commits) and a fresh
+// RabbitMQ vhost. Measurements are interleaved round by round (every
+// measurement once, then again), and the table reports the median with
+// min–max. Server addresses come from SAGA_TEST_PG_URL, SAGA_TEST_AMQP_URL
+// and SAGA_TEST_RABBIT_API (scripts/with-services.sh exports them).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/protosaga/saga/bench/internal/benv"
+	"github.com/protosaga/saga/bench/internal/raw"
+	"github.com/protosaga/saga/bench/internal/report"
+	"github.com/protosaga/saga/bench/internal/workload"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "sagabench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// options are the command's flags.
+type options struct {
+	quick         bool
+	runs          int
+	sagas, wmSags int
+	workers       []int
+	batch         int
+	queueType     string
+	rawDuration   time.Duration
+	pgbenchTime   time.Duration
+	pgbenchCl     []int
+	relayRows     int
+	lowRate       float64
+	latencyFor    time.Duration
+	limit         time.Duration
+	only          map[string]bool
+	cpuProfile    string
+	out           string
+	pgbenchBin    string
+}
+
+func parse(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("sagabench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.BoolVar(&o.quick, "quick", false, "smoke run (< 30 s): one run, small sizes, short durations")
+	fs.IntVar(&o.runs, "runs", 3, "rounds of every measurement (medians with min–max)")
+	fs.IntVar(&o.sagas, "sagas", 10000, "sagas per throughput measurement of the runtime")
+	fs.IntVar(&o.wmSags, "wm-sagas", 3000, "sagas per throughput measurement of the Watermill build")
+	workers := fs.String("workers", "1,4,8", "consumer workers (app.Config.Concurrency) per runtime throughput measurement")
+	fs.IntVar(&o.batch, "batch", 0, "consumer batch size (app.Config.BatchSize); 0 = the consumer's default")
+	fs.StringVar(&o.queueType, "queue-type", "quorum", "work queue type on both sides: quorum or classic")
+	fs.DurationVar(&o.rawDuration, "raw-duration", 4*time.Second, "duration of each raw RabbitMQ measurement")
+	fs.DurationVar(&o.pgbenchTime, "pgbench-duration", 6*time.Second, "duration of each pgbench run")
+	clients := fs.String("pgbench-clients", "1,4,16", "pgbench client counts")
+	fs.IntVar(&o.relayRows, "relay-rows", 40000, "outbox rows per relay measurement")
+	fs.Float64Var(&o.lowRate, "low-rate", 20, "offered sagas/s for the low-load latency measurement")
+	fs.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "how long each latency measurement offers load")
+	fs.DurationVar(&o.limit, "limit", 60*time.Second, "longest any one measurement may take")
+	only := fs.String("only", "", "comma-separated groups to run: raw,pg,watermill,ours,relay,latency (default all)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the runtime's first throughput measurement here")
+	fs.StringVar(&o.out, "out", "", "also write the report to this file")
+	fs.StringVar(&o.pgbenchBin, "pgbench", "", "pgbench binary (default: $PATH, then /usr/lib/postgresql/15/bin/pgbench)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var err error
+	if o.workers, err = ints(*workers); err != nil {
+		return o, fmt.Errorf("-workers: %w", err)
+	}
+	if o.pgbenchCl, err = ints(*clients); err != nil {
+		return o, fmt.Errorf("-pgbench-clients: %w", err)
+	}
+	o.only = map[string]bool{}
+	for _, g := range strings.Split(*only, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			o.only[g] = true
+		}
+	}
+	if o.quick {
+		o.runs, o.sagas, o.wmSags = 1, 300, 150
+		o.workers = []int{4}
+		o.rawDuration, o.pgbenchTime, o.pgbenchCl = time.Second, 2*time.Second, []int{4}
+		o.relayRows, o.latencyFor = 3000, 2*time.Second
+		o.limit = 20 * time.Second
+	}
+	switch {
+	case o.runs < 1:
+		return o, fmt.Errorf("-runs %d: want at least 1", o.runs)
+	case o.sagas < 1 || o.wmSags < 1:
+		return o, errors.New("-sagas and -wm-sagas must be positive")
+	case o.queueType != "quorum" && o.queueType != "classic":
+		return o, fmt.Errorf("-queue-type %q: want quorum or classic", o.queueType)
+	case o.lowRate <= 0:
+		return o, errors.New("-low-rate must be positive")
+	}
+	return o, nil
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (o options) want(group string) bool { return len(o.only) == 0 || o.only[group] }
+
+// measurement is one row group of the table, run once per round.
+type measurement struct {
+	group, name string
+	run         func(ctx context.Context) ([]report.Metric, error)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	env, err := benv.FromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	progress := func(format string, args ...any) {
+		fmt.Fprintf(stderr, "sagabench %s: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+	loadBefore := benv.LoadAvg()
+	started := time.Now()
+	progress("database %s, load average %s, %d CPUs", env.Database(), loadBefore, runtime.NumCPU())
+
+	var ms []measurement
+	add := func(group, name string, f func(ctx context.Context) ([]report.Metric, error)) {
+		ms = append(ms, measurement{group, name, f})
+	}
+	if o.want("raw") {
+		addRaw(env, o, add)
+	}
+	if o.want("pg") {
+		if err := addPG(ctx, env, o, add); err != nil {
+			return err
+		}
+	}
+	wmName := fmt.Sprintf("Watermill, 8 handlers, %d sagas", o.wmSags)
+	if o.want("watermill") {
+		add("saga throughput", wmName, func(ctx context.Context) ([]report.Metric, error) {
+			sys, err := newWM(ctx, env, o.queueType, logger)
+			if err != nil {
+				return nil, err
+			}
+			defer sys.Close()
+			out, err := throughput(ctx, env, sys, "wm", o.wmSags, o.limit)
+			if err == nil {
+				err = sys.errors()
+			}
+			return out, err
+		})
+	}
+	profiled := false
+	var oursNames []string
+	if o.want("ours") {
+		for _, w := range o.workers {
+			c := oursConfig{Concurrency: w, BatchSize: o.batch, QueueType: o.queueType}
+			name := fmt.Sprintf("saga runtime, %s, %d sagas", c, o.sagas)
+			oursNames = append(oursNames, name)
+			add("saga throughput", name, func(ctx context.Context) ([]report.Metric, error) {
+				sys, err := newOurs(ctx, env, c, logger)
+				if err != nil {
+					return nil, err
+				}
+				defer sys.Close()
+				if o.cpuProfile != "" && !profiled {
+					profiled = true
+					f, err := os.Create(o.cpuProfile)
+					if err != nil {
+						return nil, fmt.Errorf("cpu profile: %w", err)
+					}
+					defer f.Close()
+					if err := pprof.StartCPUProfile(f); err != nil {
+						return nil, fmt.Errorf("cpu profile: %w", err)
+					}
+					defer pprof.StopCPUProfile()
+				}
+				return throughput(ctx, env, sys, "ours", o.sagas, o.limit)
+			})
+		}
+	}
+	relayNames := map[string]string{}
+	if o.want("relay") {
+		for _, rc := range []struct{ relays, batch, window int }{{1, 0, 0}, {2, 0, 0}, {1, 500, 1024}} {
+			name := fmt.Sprintf("outbox relay ×%d", rc.relays)
+			if rc.batch == 0 {
+				name += " (batch 100, window 256: defaults)"
+			} else {
+				name += fmt.Sprintf(" (batch %d, window %d)", rc.batch, rc.window)
+			}
+			relayNames[fmt.Sprint(rc.relays, rc.batch)] = name
+			add("relay", fmt.Sprintf("%s, %d rows", name, o.relayRows), func(ctx context.Context) ([]report.Metric, error) {
+				return relayBench(ctx, env, rc.relays, rc.batch, rc.window, o.relayRows, o.limit, logger)
+			})
+		}
+	}
+
+	var t report.Table
+	var failures []string
+	for round := 1; round <= o.runs; round++ {
+		for _, m := range ms {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			progress("round %d/%d: %s (load %s)", round, o.runs, m.name, benv.LoadAvg())
+			mctx, cancel := context.WithTimeout(ctx, o.limit+90*time.Second) // setup and preload on top of the limit
+			metrics, err := m.run(mctx)
+			cancel()
+			if err != nil {
+				progress("FAILED %s: %v", m.name, err)
+				failures = append(failures, fmt.Sprintf("%s (round %d): %v", m.name, round, err))
+				continue
+			}
+			t.Add(m.group, m.name, metrics...)
+		}
+	}
+
+	// Latency: once per side, at low load and at 75% of the side's own median
+	// throughput from the rounds above (near its capacity, unsaturated).
+	if o.want("latency") {
+		type side struct {
+			name     string
+			capacity float64
+			newSys   func(ctx context.Context) (system, error)
+		}
+		bestOurs := math.NaN()
+		bestCfg := oursConfig{QueueType: o.queueType, BatchSize: o.batch}
+		for i, n := range oursNames {
+			if v := t.Median(n, "sagas/s"); !math.IsNaN(v) && (math.IsNaN(bestOurs) || v > bestOurs) {
+				bestOurs, bestCfg.Concurrency = v, o.workers[i]
+			}
+		}
+		sides := []side{
+			{"saga runtime, " + bestCfg.String(), bestOurs, func(ctx context.Context) (system, error) { return newOurs(ctx, env, bestCfg, logger) }},
+		}
+		if !o.quick {
+			sides = append(sides, side{"Watermill, 8 handlers", t.Median(wmName, "sagas/s"),
+				func(ctx context.Context) (system, error) { return newWM(ctx, env, o.queueType, logger) }})
+		}
+		for _, sd := range sides {
+			rates := []float64{o.lowRate}
+			if !math.IsNaN(sd.capacity) && !o.quick {
+				rates = append(rates, math.Round(sd.capacity*0.75))
+			}
+			for _, rate := range rates {
+				name := fmt.Sprintf("%s, %.0f sagas/s offered", sd.name, rate)
+				progress("latency: %s (load %s)", name, benv.LoadAvg())
+				mctx, cancel := context.WithTimeout(ctx, o.limit+90*time.Second)
+				sys, err := sd.newSys(mctx)
+				if err == nil {
+					var metrics []report.Metric
+					metrics, err = openLoop(mctx, sys, "lat", rate, o.latencyFor, o.limit)
+					sys.Close()
+					t.Add("latency", name, metrics...)
+				}
+				cancel()
+				if err != nil {
+					progress("FAILED %s: %v", name, err)
+					failures = append(failures, fmt.Sprintf("%s: %v", name, err))
+				}
+			}
+		}
+	}
+
+	notes(&t, o, wmName, oursNames, relayNames)
+	var b strings.Builder
+	fmt.Fprintf(&b, "sagabench %s — %s, %d CPUs, %s; load average %s at start, %s at end; %s total\n\n",
+		strings.Join(args, " "), started.Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.Version(),
+		loadBefore, benv.LoadAvg(), time.Since(started).Round(time.Second))
+	t.Print(&b)
+	if len(failures) > 0 {
+		fmt.Fprintf(&b, "\nFAILED measurements:\n")
+		for _, f := range failures {
+			fmt.Fprintf(&b, "- %s\n", f)
+		}
+	}
+	fmt.Fprint(stdout, b.String())
+	if o.out != "" {
+		if err := os.WriteFile(o.out, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", o.out, err)
+		}
+	}
+	if len(failures) > 0 {
+		return fmt.Errorf("%d measurements failed", len(failures))
+	}
+	return nil
+}
+
+func addRaw(env *benv.Env, o options, add func(string, string, func(context.Context) ([]report.Metric, error))) {
+	vhost := func(ctx context.Context, f func(url string) (raw.Rate, error)) ([]report.Metric, error) {
+		vh, err := env.NewVHost(ctx, "raw")
+		if err != nil {
+			return nil, err
+		}
+		defer vh.Drop()
+		r, err := f(vh.URL)
+		if err != nil {
+			return nil, err
+		}
+		return []report.Metric{{Name: "msgs/s", Value: r.PerSecond()}}, nil
+	}
+	for _, p := range []struct {
+		qt     string
+		window int
+	}{{"quorum", 256}, {"classic", 256}, {"quorum", 1}, {"classic", 1}} {
+		name := fmt.Sprintf("publish persistent 300 B, confirms window %d, %s queue", p.window, p.qt)
+		if p.window == 1 {
+			name = fmt.Sprintf("publish persistent 300 B, one confirm at a time, %s queue", p.qt)
+		}
+		add("raw RabbitMQ", name, func(ctx context.Context) ([]report.Metric, error) {
+			return vhost(ctx, func(url string) (raw.Rate, error) {
+				return raw.Publish(ctx, url, p.qt, p.window, o.rawDuration, 0)
+			})
+		})
+	}
+	for _, c := range []struct {
+		qt       string
+		prefetch int
+		perSec   int // expected rate: fill enough for rawDuration
+	}{{"quorum", 1, 2500}, {"quorum", 500, 40000}, {"classic", 1, 6000}, {"classic", 500, 20000}} {
+		fill := int(float64(c.perSec) * o.rawDuration.Seconds())
+		add("raw RabbitMQ", fmt.Sprintf("consume+ack, %s queue, prefetch %d", c.qt, c.prefetch), func(ctx context.Context) ([]report.Metric, error) {
+			return vhost(ctx, func(url string) (raw.Rate, error) {
+				return raw.Consume(ctx, url, c.qt, c.prefetch, fill, o.rawDuration)
+			})
+		})
+	}
+}
+
+func addPG(ctx context.Context, env *benv.Env, o options, add func(string, string, func(context.Context) ([]report.Metric, error))) error {
+	bin := o.pgbenchBin
+	if bin == "" {
+		var err error
+		if bin, err = raw.FindPGBench(); err != nil {
+			return err
+		}
+	}
+	host, port, user, db := env.PGConn()
+	const sagas = 10000
+	for _, clients := range o.pgbenchCl {
+		add("raw PostgreSQL", fmt.Sprintf("pgbench saga-step transaction, %d clients", clients), func(ctx context.Context) ([]report.Metric, error) {
+			sc, err := env.NewSchema(ctx, "pgbench")
+			if err != nil {
+				return nil, err
+			}
+			defer sc.Drop()
+			pool, err := sc.Pool(ctx, 2)
+			if err != nil {
+				return nil, err
+			}
+			err = raw.PGBenchSetup(ctx, pool, sagas)
+			pool.Close()
+			if err != nil {
+				return nil, err
+			}
+			dir, err := os.MkdirTemp("", "sagabench-pgbench-")
+			if err != nil {
+				return nil, fmt.Errorf("pgbench dir: %w", err)
+			}
+			defer os.RemoveAll(dir)
+			tps, err := raw.PGBench{Bin: bin, Host: host, Port: port, User: user, DB: db, Password: env.PGPassword(),
+				Schema: sc.Name, Sagas: sagas, Clients: clients, Duration: o.pgbenchTime, Dir: dir}.Run(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return []report.Metric{
+				{Name: "commits/s", Value: tps},
+				{Name: fmt.Sprintf("ceiling sagas/s (÷ %d steps)", workload.Steps), Value: tps / workload.Steps},
+			}, nil
+		})
+	}
+	return nil
+}
+
+// notes adds the ratios the issue asks for, from medians.
+func notes(t *report.Table, o options, wmName string, oursNames []string, relayNames map[string]string) {
+	best, bestName := math.NaN(), ""
+	for _, n := range oursNames {
+		if v := t.Median(n, "sagas/s"); !math.IsNaN(v) && (math.IsNaN(best) || v > best) {
+			best, bestName = v, n
+		}
+	}
+	ceiling := math.NaN()
+	for _, c := range o.pgbenchCl {
+		if v := t.Median(fmt.Sprintf("pgbench saga-step transaction, %d clients", c), "commits/s"); !math.IsNaN(v) && (math.IsNaN(ceiling) || v > ceiling) {
+			ceiling = v
+		}
+	}
+	ratio := func(a, b float64) string {
+		if math.IsNaN(a) || math.IsNaN(b) || b == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", a/b)
+	}
+	wmRate := t.Median(wmName, "sagas/s")
+	if bestName != "" {
+		t.Note("best runtime configuration: %s — %s sagas/s (median)", bestName, report.Format(best))
+		t.Note("ours / Watermill (completed sagas/s): **%s×** (target ≥ 5×)", ratio(best, wmRate))
+		t.Note("ours / one-commit-per-step ceiling (best pgbench commits/s ÷ %d steps = %s sagas/s): **%s×** (target > 1)",
+			workload.Steps, report.Format(ceiling/workload.Steps), ratio(best, ceiling/workload.Steps))
+		t.Note("ours commits per step: %s; Watermill: %s",
+			report.Format(t.Median(bestName, "commits/step")), report.Format(t.Median(wmName, "commits/step")))
+	}
+	rawQ := t.Median("publish persistent 300 B, confirms window 256, quorum queue", "msgs/s")
+	for _, name := range relayNames {
+		r := t.Median(fmt.Sprintf("%s, %d rows", name, o.relayRows), "msgs/s")
+		if !math.IsNaN(r) {
+			t.Note("%s / raw pipelined-confirm publish to a quorum queue: **%s** (target ≥ 0.80)", name, ratio(r, rawQ))
+		}
+	}
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/bench/internal/benv"
+	"github.com/protosaga/saga/bench/internal/report"
+	"github.com/protosaga/saga/bench/internal/workload"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+)
+
+// system is one saga implementation under test, set up on a fresh schema and
+// vhost.
+type system interface {
+	// StartBatch starts the sagas of reqs in one transaction (pre-loading,
+	// not timed).
+	StartBatch(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) error
+	// Start starts one saga in its own transaction (open-loop load).
+	Start(ctx context.Context, req *orderv1.PlaceOrderRequest) error
+	// Run processes until ctx is cancelled.
+	Run(ctx context.Context) error
+	// Completed counts the sagas that finished every step.
+	Completed(ctx context.Context) (int, error)
+	// Latencies returns step and whole-saga latency percentiles (seconds)
+	// over every completed saga.
+	Latencies(ctx context.Context) (latency, error)
+	Close()
+}
+
+type latency struct{ stepP50, stepP99, sagaP50, sagaP99 float64 }
+
+// throughput pre-loads n sagas, then runs the system and measures how fast
+// they complete, with commits per completed step and CPU per saga.
+func throughput(ctx context.Context, env *benv.Env, sys system, label string, n int, limit time.Duration) ([]report.Metric, error) {
+	if err := preload(ctx, sys, label, n); err != nil {
+		return nil, err
+	}
+	benv.Settle()
+	before, err := env.Sample(ctx)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- sys.Run(runCtx) }()
+	done, polls, elapsed, err := waitCompleted(ctx, sys, n, limit, runErr)
+	cpu, sampleErr := env.Sample(ctx)
+	stop()
+	if rerr := <-runErr; rerr != nil && !errors.Is(rerr, context.Canceled) && err == nil {
+		err = fmt.Errorf("%s: run: %w", label, rerr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if sampleErr != nil {
+		return nil, sampleErr
+	}
+	benv.Settle()
+	after, err := env.Sample(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if done < n {
+		return nil, fmt.Errorf("%s: only %d of %d sagas completed within %s", label, done, n, limit)
+	}
+	d := cpu.Sub(before)
+	commits := float64(after.Commits-before.Commits-int64(polls)-5) / float64(done*workload.Steps)
+	out := []report.Metric{
+		{Name: "sagas/s", Value: float64(done) / elapsed.Seconds()},
+		{Name: "commits/step", Value: commits},
+		{Name: "WAL flushes/saga (cluster)", Value: float64(after.WALSyncs-before.WALSyncs) / float64(done)},
+		{Name: "client CPU ms/saga", Value: ms(d.Self) / float64(done)},
+	}
+	if d.PostgresOK {
+		out = append(out, report.Metric{Name: "PostgreSQL CPU ms/saga", Value: ms(d.Postgres) / float64(done)})
+	}
+	if d.RabbitOK {
+		out = append(out, report.Metric{Name: "RabbitMQ CPU ms/saga", Value: ms(d.Rabbit) / float64(done)})
+	}
+	return out, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// preload starts n sagas, 100 per transaction, from 4 goroutines.
+func preload(ctx context.Context, sys system, label string, n int) error {
+	const batch = 100
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	next := make(chan int)
+	for range 4 {
+		wg.Go(func() {
+			for from := range next {
+				to := min(from+batch, n)
+				reqs := make([]*orderv1.PlaceOrderRequest, 0, to-from)
+				for i := from; i < to; i++ {
+					reqs = append(reqs, workload.Request(label, i))
+				}
+				if err := sys.StartBatch(ctx, reqs); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for from := 0; from < n; from += batch {
+		next <- from
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: preload %d sagas: %w", label, n, err)
+	}
+	return nil
+}
+
+// waitCompleted polls the completed count every 100 ms until n sagas
+// completed, limit passed, or the system stopped.
+func waitCompleted(ctx context.Context, sys system, n int, limit time.Duration, runErr <-chan error) (done, polls int, elapsed time.Duration, err error) {
+	start := time.Now()
+	deadline := start.Add(limit)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return done, polls, time.Since(start), ctx.Err()
+		case rerr := <-runErr:
+			return done, polls, time.Since(start), fmt.Errorf("system stopped early: %v", rerr)
+		case <-tick.C:
+		}
+		polls++
+		c, err := sys.Completed(ctx)
+		if err != nil {
+			return done, polls, time.Since(start), err
+		}
+		done = c
+		if done >= n || time.Now().After(deadline) {
+			return done, polls, time.Since(start), nil
+		}
+	}
+}
+
+// openLoop starts sagas at rate per second for d, each in its own
+// transaction, while the system runs, then waits for all of them to complete
+// and reports latency percentiles.
+func openLoop(ctx context.Context, sys system, label string, rate float64, d, limit time.Duration) ([]report.Metric, error) {
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	runErr := make(chan error, 1)
+	go func() { runErr <- sys.Run(runCtx) }()
+	n := int(rate * d.Seconds())
+	interval := time.Duration(float64(time.Second) / rate)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	start := time.Now()
+	for i := range n {
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait)
+		}
+		wg.Go(func() {
+			if err := sys.Start(ctx, workload.Request(label, i)); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("%s: start: %w", label, err)
+	}
+	done, _, _, err := waitCompleted(ctx, sys, n, limit, runErr)
+	if err != nil {
+		return nil, err
+	}
+	if done < n {
+		return nil, fmt.Errorf("%s: only %d of %d sagas completed", label, done, n)
+	}
+	lat, err := sys.Latencies(ctx)
+	stop()
+	<-runErr
+	if err != nil {
+		return nil, err
+	}
+	return []report.Metric{
+		{Name: "step p50 ms", Value: lat.stepP50 * 1000},
+		{Name: "step p99 ms", Value: lat.stepP99 * 1000},
+		{Name: "saga p50 ms", Value: lat.sagaP50 * 1000},
+		{Name: "saga p99 ms", Value: lat.sagaP99 * 1000},
+	}, nil
+}
+
+// countQuery runs a count(*) query.
+func countQuery(ctx context.Context, pool *pgxpool.Pool, sql string) (int, error) {
+	var n int
+	if err := pool.QueryRow(ctx, sql).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count completed: %w", err)
+	}
+	return n, nil
+}
+
+// latencyQuery reads four percentiles (seconds) from sql.
+func latencyQuery(ctx context.Context, pool *pgxpool.Pool, stepSQL, sagaSQL string) (latency, error) {
+	var l latency
+	if err := pool.QueryRow(ctx, stepSQL).Scan(&l.stepP50, &l.stepP99); err != nil {
+		return l, fmt.Errorf("step latency: %w", err)
+	}
+	if err := pool.QueryRow(ctx, sagaSQL).Scan(&l.sagaP50, &l.sagaP99); err != nil {
+		return l, fmt.Errorf("saga latency: %w", err)
+	}
+	return l, nil
+}

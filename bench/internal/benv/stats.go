@@ -1,0 +1,199 @@
+package benv
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat; it is
+// 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// Sample is a point-in-time reading of the counters a measurement reports as
+// deltas.
+type Sample struct {
+	At time.Time
+	// Commits is xact_commit of the run's database (every committed
+	// transaction, read-only ones included).
+	Commits int64
+	// WALSyncs is pg_stat_wal.wal_sync: WAL flushes of the whole cluster
+	// (other databases included).
+	WALSyncs int64
+	// Self is this process's user+system CPU.
+	Self time.Duration
+	// Postgres is the CPU of the PostgreSQL server: the postmaster, its
+	// live children and the children it has reaped.
+	Postgres time.Duration
+	// Rabbit is the CPU of the RabbitMQ node (beam.smp).
+	Rabbit time.Duration
+	// PostgresOK and RabbitOK say whether the server CPU could be read
+	// (the servers must run on this machine).
+	PostgresOK, RabbitOK bool
+}
+
+// Delta is the difference of two samples.
+type Delta struct {
+	Elapsed              time.Duration
+	Commits, WALSyncs    int64
+	Self, Postgres       time.Duration
+	Rabbit               time.Duration
+	PostgresOK, RabbitOK bool
+}
+
+// Sub returns s - earlier.
+func (s Sample) Sub(earlier Sample) Delta {
+	return Delta{
+		Elapsed:    s.At.Sub(earlier.At),
+		Commits:    s.Commits - earlier.Commits,
+		WALSyncs:   s.WALSyncs - earlier.WALSyncs,
+		Self:       s.Self - earlier.Self,
+		Postgres:   s.Postgres - earlier.Postgres,
+		Rabbit:     s.Rabbit - earlier.Rabbit,
+		PostgresOK: s.PostgresOK && earlier.PostgresOK,
+		RabbitOK:   s.RabbitOK && earlier.RabbitOK,
+	}
+}
+
+// Sample reads every counter. PostgreSQL publishes a backend's statistics
+// when it goes idle, at most once a second: call Settle before the final
+// sample of a measurement.
+func (e *Env) Sample(ctx context.Context) (Sample, error) {
+	s := Sample{At: time.Now()}
+	if err := e.db.QueryRow(ctx, `SELECT pg_stat_get_db_xact_commit(oid) FROM pg_database WHERE datname = $1`,
+		e.dbName).Scan(&s.Commits); err != nil {
+		return s, fmt.Errorf("read xact_commit of %s: %w", e.dbName, err)
+	}
+	if err := e.db.QueryRow(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&s.WALSyncs); err != nil {
+		return s, fmt.Errorf("read pg_stat_wal: %w", err)
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		s.Self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	if pm, err := e.postmasterPID(ctx); err == nil {
+		s.Postgres, s.PostgresOK = treeCPU(pm)
+	}
+	if pid, err := e.rabbitPID(ctx); err == nil {
+		s.Rabbit, s.RabbitOK = procCPU(pid, false)
+	}
+	return s, nil
+}
+
+// Settle waits until PostgreSQL has published the statistics of
+// transactions that just ended (backends report at most once a second).
+func Settle() { time.Sleep(1100 * time.Millisecond) }
+
+// postmasterPID is the parent of one of our backends.
+func (e *Env) postmasterPID(ctx context.Context) (int, error) {
+	var backend int
+	if err := e.db.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		return 0, err
+	}
+	st, err := readStat(backend)
+	if err != nil {
+		return 0, err
+	}
+	return st.ppid, nil
+}
+
+// rabbitPID asks the management API for the node's OS process id.
+func (e *Env) rabbitPID(ctx context.Context) (int, error) {
+	var nodes []struct {
+		OSPid string `json:"os_pid"`
+	}
+	if err := e.rabbitAPI(ctx, http.MethodGet, "/nodes?columns=os_pid", nil, &nodes); err != nil {
+		return 0, err
+	}
+	if len(nodes) == 0 {
+		return 0, fmt.Errorf("no RabbitMQ node listed")
+	}
+	return strconv.Atoi(nodes[0].OSPid)
+}
+
+type procStat struct {
+	ppid                         int
+	utime, stime, cutime, cstime int64
+}
+
+// readStat parses /proc/PID/stat (fields after the parenthesised command).
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: no command field", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	// f[0] is field 3 (state); ppid is field 4, utime..cstime fields 14..17.
+	if len(f) < 15 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	num := func(k int) int64 { v, _ := strconv.ParseInt(f[k], 10, 64); return v }
+	return procStat{ppid: int(num(1)), utime: num(11), stime: num(12), cutime: num(13), cstime: num(14)}, nil
+}
+
+func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / clockTicks }
+
+// procCPU is one process's CPU, with its reaped children's when children.
+func procCPU(pid int, children bool) (time.Duration, bool) {
+	st, err := readStat(pid)
+	if err != nil {
+		return 0, false
+	}
+	n := st.utime + st.stime
+	if children {
+		n += st.cutime + st.cstime
+	}
+	return ticks(n), true
+}
+
+// treeCPU is the CPU of pid, of its reaped children and of its live
+// children (PostgreSQL backends are children of the postmaster).
+func treeCPU(pid int) (time.Duration, bool) {
+	total, ok := procCPU(pid, true)
+	if !ok {
+		return 0, false
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return total, true
+	}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := readStat(child)
+		if err != nil || st.ppid != pid {
+			continue
+		}
+		total += ticks(st.utime + st.stime)
+	}
+	return total, true
+}
+
+// LoadAvg returns /proc/loadavg's first three fields.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return strings.TrimSpace(string(b))
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// VHostPath is the vhost name escaped for management API paths.
+func (v *VHost) VHostPath() string { return url.PathEscape(v.Name) }
