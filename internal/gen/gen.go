@@ -1,6 +1,7 @@
 // Package gen is protoc-gen-saga: it reads a plugin request into one
 // reviewed model (package model) and renders every artifact from it (Go
-// through package golang, SQL and Markdown through package text).
+// through package golang, SQL and Markdown through package text, Grafana
+// dashboards through runtime/telemetry/dashboard).
 //
 // Nothing is written unless the whole design review passes: [Run] returns
 // every finding at once, and protogen then sends an error response with no
@@ -22,6 +23,8 @@ import (
 	"github.com/protosaga/saga/internal/gen/golang"
 	"github.com/protosaga/saga/internal/gen/model"
 	"github.com/protosaga/saga/internal/gen/text"
+	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry/dashboard"
 )
 
 // Params are the plugin parameters protoc-gen-saga accepts (besides
@@ -86,6 +89,12 @@ func Run(gen *protogen.Plugin, p Params, warn io.Writer) error {
 				continue
 			}
 			write(gen, path.Join(dir, s.Snake+".saga.md"), doc)
+			dash, err := dashboard.Build([]*sagadef.Definition{s.Definition}, dashboard.Options{Title: "Saga " + s.FullName})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("dashboard of saga %s: %w", s.FullName, err))
+				continue
+			}
+			write(gen, path.Join(dir, s.Snake+".dashboard.json"), dash)
 		}
 		golang.File(gen, f, migrations)
 		golang.TestHelpers(gen, f)

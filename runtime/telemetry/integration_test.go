@@ -507,7 +507,10 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	send(reply(ids["flaky"], tReserved, "flaky", pending["flaky"]))
 	eventually(telemetry.MetricConsumerRetries, map[string]string{"saga.retry.reason": "unknown", "messaging.destination.name": replyQueue}, 1)
 	eventually(telemetry.MetricTransitions, map[string]string{"saga.result": "applied", "saga.trigger.type": "message"}, 2)
-	require.Equal(t, sagadef.StateName("Charge"), status(ids["flaky"]).State)
+	// Transition metrics are recorded inside the consumer's transaction,
+	// before its commit: wait for the committed state.
+	require.Eventually(t, func() bool { return status(ids["flaky"]).State == sagadef.StateName("Charge") },
+		20*time.Second, 10*time.Millisecond, "flaky reaches CHARGE once its retry commits")
 
 	// Past the step timeout: k2 (Reserve) compensates, k1 and flaky
 	// (Charge) go to manual review.

@@ -1,4 +1,7 @@
-package telemetry
+// Package dashboard builds Grafana dashboards for the metrics package
+// telemetry exports, from saga definitions. It imports only sagadef, so the
+// generator can render a dashboard per saga without pulling in OpenTelemetry.
+package dashboard
 
 import (
 	"cmp"
@@ -13,8 +16,8 @@ import (
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
-// DashboardOptions configure [Dashboard].
-type DashboardOptions struct {
+// Options configure [Build].
+type Options struct {
 	// Title defaults to "Sagas".
 	Title string
 	// UID defaults to a hash of the title and saga type names, so the same
@@ -22,7 +25,7 @@ type DashboardOptions struct {
 	UID string
 }
 
-// Dashboard returns a Grafana dashboard (JSON model, schema version 39) for
+// Build returns a Grafana dashboard (JSON model, schema version 39) for
 // the metrics the runtime exports through the Prometheus exporter: a
 // runtime row (outbox backlog and age, relay publishes by outcome, consumer
 // outcomes, retries by reason, parked messages, process duration,
@@ -31,7 +34,7 @@ type DashboardOptions struct {
 // timeouts, compensations and manual reviews). Definitions are sorted by
 // name and the output is byte-for-byte deterministic. The Prometheus data
 // source is a dashboard variable ("datasource"), chosen at import.
-func Dashboard(defs []*sagadef.Definition, opts DashboardOptions) ([]byte, error) {
+func Build(defs []*sagadef.Definition, opts Options) ([]byte, error) {
 	sorted := slices.Clone(defs)
 	for _, d := range sorted {
 		if d == nil || d.Name == "" {

@@ -1,4 +1,4 @@
-package telemetry_test
+package dashboard_test
 
 import (
 	"encoding/json"
@@ -11,16 +11,17 @@ import (
 
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
+	"github.com/protosaga/saga/runtime/telemetry/dashboard"
 )
 
 func TestDashboardDeterministicAndComplete(t *testing.T) {
 	t.Parallel()
-	order := orderDefinition(t)
+	order := &sagadef.Definition{Name: "tel.v1.Order", Steps: []sagadef.Step{{Name: "Reserve"}, {Name: "Charge"}}}
 	other := &sagadef.Definition{Name: "tel.v1.Another", Steps: []sagadef.Step{{Name: "Only"}}}
 
-	a, err := telemetry.Dashboard([]*sagadef.Definition{order, other}, telemetry.DashboardOptions{})
+	a, err := dashboard.Build([]*sagadef.Definition{order, other}, dashboard.Options{})
 	require.NoError(t, err)
-	b, err := telemetry.Dashboard([]*sagadef.Definition{other, order}, telemetry.DashboardOptions{})
+	b, err := dashboard.Build([]*sagadef.Definition{other, order}, dashboard.Options{})
 	require.NoError(t, err)
 	require.Equal(t, string(a), string(b), "input order must not matter")
 
@@ -93,8 +94,8 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 	slices.Sort(unknown)
 	require.Empty(t, unknown)
 
-	_, err = telemetry.Dashboard([]*sagadef.Definition{order, order}, telemetry.DashboardOptions{})
+	_, err = dashboard.Build([]*sagadef.Definition{order, order}, dashboard.Options{})
 	require.Error(t, err)
-	_, err = telemetry.Dashboard([]*sagadef.Definition{nil}, telemetry.DashboardOptions{})
+	_, err = dashboard.Build([]*sagadef.Definition{nil}, dashboard.Options{})
 	require.Error(t, err)
 }
