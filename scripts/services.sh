@@ -11,6 +11,9 @@
 #   SAGA_TEST_PG_URL     postgres://postgres@127.0.0.1:PORT/saga?sslmode=disable
 #   SAGA_TEST_AMQP_URL   amqp://guest:guest@127.0.0.1:PORT/
 #   SAGA_TEST_RABBIT_API http://guest:guest@127.0.0.1:PORT/api
+#   SAGA_TEST_TLS_CA     PEM of the throwaway CA that signed both servers' certificates
+#   SAGA_TEST_PG_TLS_URL the PostgreSQL URL with sslmode=verify-full against that CA
+#   SAGA_TEST_AMQPS_URL  amqps://guest:guest@localhost:PORT/ (TLS listener)
 set -euo pipefail
 
 die() { echo "services: $*" >&2; exit 1; }
@@ -78,6 +81,26 @@ rmq_env() {
 	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
+# make_tls DIR: a throwaway CA and a server certificate for localhost and 127.0.0.1.
+make_tls() {
+	local dir=$1 t=$1/tls
+	command -v openssl >/dev/null || apt_install openssl
+	mkdir -p "$t"
+	openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=saga test CA" \
+		-keyout "$t/ca.key" -out "$t/ca.pem" >/dev/null 2>&1 || die "openssl: CA"
+	openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+		-keyout "$t/server.key" -out "$t/server.csr" >/dev/null 2>&1 || die "openssl: server key"
+	printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$t/san.ext"
+	openssl x509 -req -in "$t/server.csr" -CA "$t/ca.pem" -CAkey "$t/ca.key" -CAcreateserial -days 2 \
+		-extfile "$t/san.ext" -out "$t/server.pem" >/dev/null 2>&1 || die "openssl: server certificate"
+	mkdir -p "$dir/pg"
+	cp "$t/server.pem" "$dir/pg/server.pem"
+	cp "$t/server.key" "$dir/pg/server.key"
+	chmod 644 "$t"/*.pem
+	chmod 600 "$dir/pg/server.key"
+	chmod 644 "$t/server.key" # RabbitMQ runs as this user; the directory is private to the run
+}
+
 start_pg() {
 	local dir=$1 port
 	port=$(free_port)
@@ -98,6 +121,9 @@ shared_buffers = 128MB
 fsync = on
 synchronous_commit = on
 log_min_messages = warning
+ssl = on
+ssl_cert_file = '$dir/pg/server.pem'
+ssl_key_file = '$dir/pg/server.key'
 EOF
 	"${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" -w -t 60 start >/dev/null ||
 		{ tail -20 "$dir/pg/postgres.log" >&2; die "PostgreSQL did not start (log: $dir/pg/postgres.log)"; }
@@ -110,13 +136,21 @@ start_rabbit() {
 	local dir=$1 port mport
 	port=$(free_port)
 	mport=$(free_port)
+	tport=$(free_port)
 	mkdir -p "$dir/rabbit/home" "$dir/rabbit/mnesia" "$dir/rabbit/log"
 	echo "$port" >"$dir/rabbit/port"
 	echo "$mport" >"$dir/rabbit/mgmt-port"
+	echo "$tport" >"$dir/rabbit/tls-port"
 	: >"$dir/rabbit/empty-env"
 	echo '[rabbitmq_management].' >"$dir/rabbit/enabled_plugins"
 	cat >"$dir/rabbit/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$port
+listeners.ssl.default = 127.0.0.1:$tport
+ssl_options.cacertfile = $dir/tls/ca.pem
+ssl_options.certfile = $dir/tls/server.pem
+ssl_options.keyfile = $dir/tls/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $mport
 management.rates_mode = none
@@ -146,7 +180,7 @@ EOF
 	done
 	curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null ||
 		die "RabbitMQ management API did not answer on 127.0.0.1:$mport"
-	log "RabbitMQ on 127.0.0.1:$port (management :$mport)"
+	log "RabbitMQ on 127.0.0.1:$port (TLS :$tport, management :$mport)"
 }
 
 cmd_start() {
@@ -156,6 +190,8 @@ cmd_start() {
 	chmod 755 "$dir"
 	ensure_installed
 	command -v curl >/dev/null || apt_install curl
+	make_tls "$dir"
+	chown -R postgres:postgres "$dir/pg" 2>/dev/null || true
 	start_pg "$dir"
 	start_rabbit "$dir"
 	cat >"$dir/env.sh" <<EOF
@@ -163,6 +199,9 @@ export SAGA_SERVICES_DIR='$dir'
 export SAGA_TEST_PG_URL='postgres://postgres@127.0.0.1:$(cat "$dir/pg/port")/saga?sslmode=disable'
 export SAGA_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$(cat "$dir/rabbit/port")/'
 export SAGA_TEST_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/rabbit/mgmt-port")/api'
+export SAGA_TEST_TLS_CA='$dir/tls/ca.pem'
+export SAGA_TEST_PG_TLS_URL='postgres://postgres@localhost:$(cat "$dir/pg/port")/saga?sslmode=verify-full&sslrootcert=$dir/tls/ca.pem'
+export SAGA_TEST_AMQPS_URL='amqps://guest:guest@localhost:$(cat "$dir/rabbit/tls-port")/'
 EOF
 	log "ready: source $dir/env.sh"
 }
