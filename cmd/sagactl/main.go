@@ -1,7 +1,22 @@
-// Command sagactl operates a protoc-gen-saga deployment. For now it has one
-// subcommand:
+// Command sagactl operates a protoc-gen-saga deployment: it applies
+// migrations, and it finds, explains and repairs sagas and parked messages
+// through the admin API (package runtime/admin) of a running service.
 //
 //	sagactl migrate [-database-url URL] [-source NAME=DIR]... [-status]
+//	sagactl sagas list [--type T] [--state S] [--stuck] [--review] [--key K] [--limit N] [--all]
+//	sagactl sagas show ID [--type T]
+//	sagactl sagas retry|compensate|cancel ID --reason WHY [--version N]
+//	sagactl sagas resolve ID --to COMPLETED|FAILED|CANCELLED --reason WHY [--version N]
+//	sagactl sagas retry|compensate|cancel|resolve --type/--state/--stuck/--review/--key ... --reason WHY [--dry-run] [--max N]
+//	sagactl parked list [--saga-type T] [--saga ID] [--queue Q] [--message-type M] [--replayed] [--limit N] [--all]
+//	sagactl parked show ID
+//	sagactl parked replay ID --reason WHY [--dry-run] [--force]
+//	sagactl parked replay --saga-type/--saga/--queue/--message-type ... --reason WHY [--dry-run] [--max N]
+//
+// Admin commands take --server URL (or $SAGACTL_SERVER) and --token TOKEN
+// (or $SAGACTL_TOKEN), print human-readable tables, and print the API's JSON
+// with --json. A repair without an ID acts on every saga (or parked message)
+// matching its filter flags: run it with --dry-run first.
 //
 // migrate applies the runtime's migrations and then those of every source
 // (a directory of ordered .sql files, such as the SQL protoc-gen-saga
@@ -9,6 +24,9 @@
 // is a no-op. -status lists every migration and whether it is applied
 // instead. The database URL comes from -database-url, else
 // SAGA_DATABASE_URL, else DATABASE_URL; its password is never printed.
+//
+// Exit status: 0 on success, 1 when the command failed (including an API
+// refusal such as a version conflict), 2 on a usage error.
 package main
 
 import (
@@ -17,16 +35,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/signal"
-	"strings"
-	"text/tabwriter"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/protosaga/saga/runtime/schema"
 )
 
 func main() {
@@ -38,24 +48,50 @@ func main() {
 const usage = `usage: sagactl <command> [flags]
 
 commands:
-  migrate   apply the runtime's and generated sagas' SQL migrations (-status to list them)
+  migrate        apply the runtime's and generated sagas' SQL migrations (-status to list them)
+  sagas list     list sagas: --type, --state, --stuck, --review, --key
+  sagas show     one saga's timeline and position: sagas show ID
+  sagas retry|compensate|cancel ID --reason WHY
+  sagas resolve ID --to STATE --reason WHY
+                 repair one saga; without ID, every saga matching the filter flags (use --dry-run)
+  parked list    list parked messages joined to their sagas
+  parked show    one parked message with its (redacted) body: parked show ID
+  parked replay ID --reason WHY
+                 replay a parked message through the outbox; without ID, every match of the filters
+
+admin commands need --server URL (or $SAGACTL_SERVER) and --token (or $SAGACTL_TOKEN);
+--json prints the API's JSON. Run "sagactl <command> -h" for a command's flags.
 `
+
+// usageError is a mistake in the command line (exit status 2).
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	var err error
+	name := args[0]
 	switch args[0] {
 	case "migrate":
-		if err := migrate(ctx, args[1:], stdout, stderr, getenv); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			fmt.Fprintf(stderr, "sagactl migrate: %v\n", err)
-			return 1
+		err = migrate(ctx, args[1:], stdout, stderr, getenv)
+	case "sagas", "parked":
+		if len(args) < 2 {
+			fmt.Fprintf(stderr, "sagactl %s: missing subcommand\n%s", args[0], usage)
+			return 2
 		}
-		return 0
+		name = args[0] + " " + args[1]
+		env := &cliEnv{stdout: stdout, stderr: stderr, getenv: getenv}
+		if args[0] == "sagas" {
+			err = sagasCommand(ctx, env, args[1], args[2:])
+		} else {
+			err = parkedCommand(ctx, env, args[1], args[2:])
+		}
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -63,103 +99,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "sagactl: unknown command %q\n%s", args[0], usage)
 		return 2
 	}
-}
-
-// sourceFlags collects repeated -source NAME=DIR flags.
-type sourceFlags []schema.Source
-
-func (s *sourceFlags) String() string { return "" }
-
-func (s *sourceFlags) Set(v string) error {
-	name, dir, ok := strings.Cut(v, "=")
-	if !ok || name == "" || dir == "" {
-		return fmt.Errorf("want NAME=DIR, got %q", v)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "sagactl %s: %v\n", name, err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "sagactl %s: %v\n", name, err)
+		return 1
 	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("source %s: %s is not a directory", name, dir)
-	}
-	*s = append(*s, schema.Source{Name: name, FS: os.DirFS(dir)})
-	return nil
-}
-
-func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	dbURL := fs.String("database-url", "", "PostgreSQL URL (default $SAGA_DATABASE_URL, then $DATABASE_URL)")
-	status := fs.Bool("status", false, "list migrations and whether they are applied; change nothing")
-	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
-	var sources sourceFlags
-	fs.Var(&sources, "source", "NAME=DIR: a directory of .sql migrations recorded under NAME (repeatable, applied in order)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	u := *dbURL
-	for _, env := range []string{"SAGA_DATABASE_URL", "DATABASE_URL"} {
-		if u == "" {
-			u = getenv(env)
-		}
-	}
-	if u == "" {
-		return errors.New("no database URL: pass -database-url or set SAGA_DATABASE_URL")
-	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	cfg, err := pgxpool.ParseConfig(u)
-	if err != nil {
-		// pgx's parse errors may quote the URL; do not repeat it.
-		return fmt.Errorf("parse database URL %s: invalid", redact(u))
-	}
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redact(u), err)
-	}
-	defer pool.Close()
-
-	if !*status {
-		if err := schema.Migrate(ctx, pool, sources...); err != nil {
-			return fmt.Errorf("%s: %w", redact(u), err)
-		}
-	}
-	ms, err := schema.Status(ctx, pool, sources...)
-	if err != nil {
-		return fmt.Errorf("%s: %w", redact(u), err)
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SOURCE\tMIGRATION\tSTATE\tAPPLIED AT")
-	pending := 0
-	for _, m := range ms {
-		state, at := "pending", ""
-		switch {
-		case m.Changed:
-			state, at = "CHANGED", m.AppliedAt.UTC().Format(time.RFC3339)
-		case m.Applied:
-			state, at = "applied", m.AppliedAt.UTC().Format(time.RFC3339)
-		default:
-			pending++
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Source, m.Name, state, at)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if !*status {
-		fmt.Fprintf(stdout, "database %s is up to date\n", redact(u))
-	} else if pending > 0 {
-		fmt.Fprintf(stdout, "%d pending\n", pending)
-	}
-	return nil
-}
-
-// redact hides the password of a URL-form connection string; a key=value
-// DSN is not echoed at all.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme == "" {
-		return "<connection string>"
-	}
-	return u.Redacted()
 }

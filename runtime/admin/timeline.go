@@ -39,7 +39,7 @@ func (s *Server) handleTimeline(w http.ResponseWriter, r *http.Request) error {
 type outboxRow struct {
 	MessageID, MessageType, Exchange, RoutingKey, CausationID string
 	Body                                                      []byte
-	CreatedAt                                                 time.Time
+	OccurredAt                                                time.Time
 	PublishedAt                                               *time.Time
 	Attempts                                                  int
 }
@@ -56,7 +56,7 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Tim
 		hist = hist[len(hist)-maxTimelineRows:]
 	}
 	rows, err := s.cfg.Pool.Query(ctx, `SELECT message_id, message_type, exchange, routing_key, causation_id,
-	body, created_at, published_at, attempts
+	body, occurred_at, published_at, attempts
 FROM saga_outbox WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRows)
 	if err != nil {
 		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
@@ -97,7 +97,7 @@ FROM saga_outbox WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRow
 	for _, o := range out {
 		dir := direction(t.def, o.MessageType)
 		e := Event{
-			At: o.CreatedAt.UTC(), Kind: EventMessage, Direction: dir, MessageID: o.MessageID, MessageType: o.MessageType,
+			At: o.OccurredAt.UTC(), Kind: EventMessage, Direction: dir, MessageID: o.MessageID, MessageType: o.MessageType,
 			CausationID: o.CausationID, Exchange: o.Exchange, RoutingKey: o.RoutingKey,
 			PublishedAt: utcPtr(o.PublishedAt), PublishAttempts: o.Attempts, Body: s.body(o.MessageType, o.Body),
 		}
@@ -105,10 +105,7 @@ FROM saga_outbox WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRow
 		if dir == "in" {
 			verb = "received reply"
 		}
-		e.Summary = fmt.Sprintf("%s %s", verb, short(o.MessageType))
-		if o.PublishedAt == nil {
-			e.Summary += " (not yet published)"
-		}
+		var notes []string
 		switch dir {
 		case "out":
 			tl.Counts.MessagesOut++
@@ -116,12 +113,19 @@ FROM saga_outbox WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRow
 				key := ref.Use.String() + "/" + ref.Step
 				sentPerStep[key]++
 				if n := sentPerStep[key]; n > 1 {
-					e.Summary += fmt.Sprintf(" (attempt %d)", n)
+					notes = append(notes, fmt.Sprintf("attempt %d", n))
 					tl.Counts.Retries++
 				}
 			}
 		case "in":
 			tl.Counts.MessagesIn++
+		}
+		if o.PublishedAt == nil {
+			notes = append(notes, "not yet published")
+		}
+		e.Summary = fmt.Sprintf("%s %s", verb, short(o.MessageType))
+		if len(notes) > 0 {
+			e.Summary += " (" + strings.Join(notes, ", ") + ")"
 		}
 		tl.Events = append(tl.Events, e)
 	}
@@ -214,6 +218,18 @@ func position(def *sagadef.Definition, st saga.Status, hist []saga.AuditRecord) 
 	for _, tr := range def.Transitions {
 		if tr.From == st.State {
 			p.Next = append(p.Next, TransitionView{Trigger: tr.Trigger, To: tr.To, Emits: tr.Emits})
+		}
+	}
+	// In manual review the table lists a retry to every state a saga can be
+	// reviewed from; this instance resumes the one it came from.
+	if from := st.Progress.ReviewFrom; state.Kind == sagadef.StateKindManualReview && from != "" {
+		resumes := slices.ContainsFunc(p.Next, func(n TransitionView) bool {
+			return n.Trigger == sagadef.TriggerOperatorRetry && n.To == from
+		})
+		if resumes {
+			p.Next = slices.DeleteFunc(p.Next, func(n TransitionView) bool {
+				return n.Trigger == sagadef.TriggerOperatorRetry && n.To != from
+			})
 		}
 	}
 	step, hasStep := def.LookupStep(state.Step)

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+// sourceFlags collects repeated -source NAME=DIR flags.
+type sourceFlags []schema.Source
+
+func (s *sourceFlags) String() string { return "" }
+
+func (s *sourceFlags) Set(v string) error {
+	name, dir, ok := strings.Cut(v, "=")
+	if !ok || name == "" || dir == "" {
+		return fmt.Errorf("want NAME=DIR, got %q", v)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("source %s: %s is not a directory", name, dir)
+	}
+	*s = append(*s, schema.Source{Name: name, FS: os.DirFS(dir)})
+	return nil
+}
+
+func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (default $SAGA_DATABASE_URL, then $DATABASE_URL)")
+	status := fs.Bool("status", false, "list migrations and whether they are applied; change nothing")
+	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
+	var sources sourceFlags
+	fs.Var(&sources, "source", "NAME=DIR: a directory of .sql migrations recorded under NAME (repeatable, applied in order)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	u := *dbURL
+	for _, env := range []string{"SAGA_DATABASE_URL", "DATABASE_URL"} {
+		if u == "" {
+			u = getenv(env)
+		}
+	}
+	if u == "" {
+		return errors.New("no database URL: pass -database-url or set SAGA_DATABASE_URL")
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		// pgx's parse errors may quote the URL; do not repeat it.
+		return fmt.Errorf("parse database URL %s: invalid", redact(u))
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", redact(u), err)
+	}
+	defer pool.Close()
+
+	if !*status {
+		if err := schema.Migrate(ctx, pool, sources...); err != nil {
+			return fmt.Errorf("%s: %w", redact(u), err)
+		}
+	}
+	ms, err := schema.Status(ctx, pool, sources...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", redact(u), err)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SOURCE\tMIGRATION\tSTATE\tAPPLIED AT")
+	pending := 0
+	for _, m := range ms {
+		state, at := "pending", ""
+		switch {
+		case m.Changed:
+			state, at = "CHANGED", m.AppliedAt.UTC().Format(time.RFC3339)
+		case m.Applied:
+			state, at = "applied", m.AppliedAt.UTC().Format(time.RFC3339)
+		default:
+			pending++
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", m.Source, m.Name, state, at)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if !*status {
+		fmt.Fprintf(stdout, "database %s is up to date\n", redact(u))
+	} else if pending > 0 {
+		fmt.Fprintf(stdout, "%d pending\n", pending)
+	}
+	return nil
+}
+
+// redact hides the password of a URL-form connection string; a key=value
+// DSN is not echoed at all.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" {
+		return "<connection string>"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/protosaga/saga/runtime/admin"
+)
+
+// parkedFilterFlags are the filter flags of parked list and bulk replay.
+type parkedFilterFlags struct {
+	sagaType, saga, queue, messageType string
+}
+
+func (f *parkedFilterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.sagaType, "saga-type", "", "saga type of the parked messages")
+	fs.StringVar(&f.saga, "saga", "", "saga id")
+	fs.StringVar(&f.queue, "queue", "", "queue the messages were parked from")
+	fs.StringVar(&f.messageType, "message-type", "", "message type (full name)")
+}
+
+func (f *parkedFilterFlags) filter() admin.ParkedFilter {
+	return admin.ParkedFilter{SagaType: f.sagaType, SagaID: f.saga, Queue: f.queue, MessageType: f.messageType}
+}
+
+func parkedCommand(ctx context.Context, env *cliEnv, sub string, args []string) error {
+	switch sub {
+	case "list":
+		return parkedList(ctx, env, args)
+	case "show":
+		return parkedShow(ctx, env, args)
+	case "replay":
+		return parkedReplay(ctx, env, args)
+	}
+	return usagef("unknown subcommand %q (want list, show or replay)", sub)
+}
+
+func parkedList(ctx context.Context, env *cliEnv, args []string) error {
+	fs := newFlagSet("parked list", env)
+	var c common
+	var f parkedFilterFlags
+	c.register(fs)
+	f.register(fs)
+	replayed := fs.Bool("replayed", false, "include messages already replayed")
+	limit := fs.Int("limit", admin.DefaultPageSize, "page size (1-200)")
+	all := fs.Bool("all", false, "follow pages until the end")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected arguments %q", pos)
+	}
+	cl, err := c.client(env)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	for k, v := range map[string]string{"saga_type": f.sagaType, "saga_id": f.saga, "queue": f.queue, "message_type": f.messageType} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	if *replayed {
+		q.Set("include_replayed", "true")
+	}
+	var items []admin.Parked
+	var page admin.ParkedPage
+	for {
+		page = admin.ParkedPage{}
+		raw, err := cl.call(ctx, http.MethodGet, "api/parked", q, nil, &page)
+		if err != nil {
+			return err
+		}
+		if c.json && !*all {
+			return printJSON(env.stdout, raw)
+		}
+		items = append(items, page.Items...)
+		if !*all || page.NextCursor == "" {
+			break
+		}
+		q.Set("cursor", page.NextCursor)
+	}
+	if c.json {
+		return writeJSON(env.stdout, admin.ParkedPage{Items: items})
+	}
+	tw := table(env.stdout)
+	fmt.Fprintln(tw, "ID\tMESSAGE\tSAGA\tBUSINESS KEY\tSTEP\tQUEUE\tCLASS\tATTEMPTS\tFIRST FAILURE\tLAST FAILURE\tREPLAYED\tREASON")
+	for _, p := range items {
+		replayedBy := ""
+		if p.ReplayedAt != nil {
+			replayedBy = p.ReplayedBy + " " + stamp(*p.ReplayedAt)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", p.ID, short(p.MessageType), p.SagaID, p.BusinessKey,
+			p.Step, p.Queue, p.Class, p.Attempts, stamp(p.FirstFailureAt), stamp(p.ParkedAt), replayedBy, oneLine(p.Reason, 100))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if page.NextCursor != "" && !*all {
+		fmt.Fprintln(env.stdout, "more: use --all")
+	} else {
+		fmt.Fprintf(env.stdout, "%d parked message(s)\n", len(items))
+	}
+	return nil
+}
+
+func parkedShow(ctx context.Context, env *cliEnv, args []string) error {
+	fs := newFlagSet("parked show", env)
+	var c common
+	c.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want exactly one parked message ID")
+	}
+	cl, err := c.client(env)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	var p admin.Parked
+	raw, err := cl.call(ctx, http.MethodGet, "api/parked/"+url.PathEscape(pos[0]), nil, nil, &p)
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return printJSON(env.stdout, raw)
+	}
+	printParked(env.stdout, p)
+	return nil
+}
+
+func printParked(w io.Writer, p admin.Parked) {
+	rows := [][2]string{
+		{"parked", strconv.FormatInt(p.ID, 10)}, {"message", p.MessageID + " " + p.MessageType},
+		{"saga", strings.TrimSpace(p.SagaID + " " + p.SagaType)}, {"key", p.BusinessKey}, {"saga state", p.SagaState},
+		{"step", p.Step}, {"queue", p.Queue}, {"routing", p.Exchange + " / " + p.RoutingKey},
+		{"class", fmt.Sprintf("%s after %d attempt(s)", p.Class, p.Attempts)},
+		{"failures", "first " + stamp(p.FirstFailureAt) + ", last " + stamp(p.ParkedAt)}, {"reason", p.Reason},
+	}
+	if p.ReplayedAt != nil {
+		rows = append(rows, [2]string{"replayed", stamp(*p.ReplayedAt) + " by " + p.ReplayedBy})
+	}
+	if p.Body != nil {
+		if len(p.Body.JSON) > 0 {
+			rows = append(rows, [2]string{"body", compact(p.Body.JSON)})
+		} else {
+			rows = append(rows, [2]string{"body", fmt.Sprintf("%d bytes (%s)", p.Body.Size, p.Body.Note)})
+		}
+	}
+	for _, r := range rows {
+		if r[1] != "" {
+			fmt.Fprintf(w, "%-11s %s\n", r[0], r[1])
+		}
+	}
+}
+
+func parkedReplay(ctx context.Context, env *cliEnv, args []string) error {
+	fs := newFlagSet("parked replay", env)
+	var c common
+	var f parkedFilterFlags
+	c.register(fs)
+	f.register(fs)
+	reason := fs.String("reason", "", "why (required; recorded in the saga's audit trail)")
+	dryRun := fs.Bool("dry-run", false, "check the saga's state only; change nothing")
+	force := fs.Bool("force", false, "replay one message even when the saga-state check refuses")
+	maxN := fs.Int("max", 0, fmt.Sprintf("bulk: replay at most this many (default %d, at most %d)", admin.DefaultBulk, admin.MaxBulk))
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(*reason) == "" {
+		return usagef("--reason is required: every replay records why")
+	}
+	filter := f.filter()
+	bulk := len(pos) == 0
+	switch {
+	case len(pos) > 1:
+		return usagef("want one parked message ID (or none, with filter flags, for a bulk replay)")
+	case bulk && filter == (admin.ParkedFilter{}):
+		return usagef("want a parked message ID, or filter flags (--saga-type, --saga, --queue, --message-type)")
+	case !bulk && filter != (admin.ParkedFilter{}):
+		return usagef("give a parked message ID or filter flags, not both")
+	case bulk && *force:
+		return usagef("--force replays one message at a time")
+	case !bulk && *maxN != 0:
+		return usagef("--max is for bulk replays")
+	}
+	cl, err := c.client(env)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+
+	if bulk {
+		var res admin.BulkReplayResult
+		raw, err := cl.call(ctx, http.MethodPost, "api/bulk/parked/replay", nil,
+			admin.BulkReplayRequest{Filter: filter, Reason: *reason, DryRun: *dryRun, Max: *maxN}, &res)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printJSON(env.stdout, raw)
+		}
+		tw := table(env.stdout)
+		fmt.Fprintln(tw, "ID\tMESSAGE\tSAGA\tOUTCOME\tCHECK")
+		for _, it := range res.Items {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", it.Parked.ID, short(it.Parked.MessageType), it.Parked.SagaID, it.Outcome, it.Check.Explanation)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.stdout, "replay %s: %s", map[bool]string{true: "dry run", false: "done"}[res.DryRun], counts(res.Counts))
+		if res.Truncated {
+			fmt.Fprint(env.stdout, " (more match: raise --max or run again)")
+		}
+		fmt.Fprintln(env.stdout)
+		return nil
+	}
+
+	var res admin.ReplayResult
+	raw, err := cl.call(ctx, http.MethodPost, "api/parked/"+url.PathEscape(pos[0])+"/replay", nil,
+		admin.ReplayRequest{Reason: *reason, DryRun: *dryRun, Force: *force}, &res)
+	var f2 *apiFailure
+	if errors.As(err, &f2) && f2.body.Code == "refused" {
+		if c.json {
+			_ = printJSON(env.stdout, f2.raw)
+		}
+		return fmt.Errorf("%w\n(the message is still parked; --force replays it anyway: the consumer's inbox and the saga's rules then decide its effect)", err)
+	}
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return printJSON(env.stdout, raw)
+	}
+	fmt.Fprintf(env.stdout, "parked message %d: %s\n", res.Parked.ID, strings.ReplaceAll(res.Outcome, "_", " "))
+	fmt.Fprintf(env.stdout, "check: %s\n", res.Check.Explanation)
+	if res.Outcome == admin.OutcomeReplayed {
+		fmt.Fprintf(env.stdout, "message %s is back in the outbox to %s / %s\n", res.MessageID, res.Parked.Exchange, res.Parked.RoutingKey)
+		if len(res.AlsoMarked) > 0 {
+			fmt.Fprintf(env.stdout, "also marked replayed: %v\n", res.AlsoMarked)
+		}
+	}
+	return nil
+}
+
+func oneLine(s string, n int) string {
+	s = firstLine(s)
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	return s
+}
+
+func sortStrings(s []string) { slices.Sort(s) }
