@@ -2,6 +2,8 @@ package schema_test
 
 import (
 	"context"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -39,15 +41,19 @@ func TestMigrateTwiceIsNoop(t *testing.T) {
 
 	before, err := schema.Status(ctx, pool, src)
 	require.NoError(t, err)
-	require.Len(t, before, 4)
+	runtime := runtimeMigrations(t)
+	require.Len(t, before, len(runtime)+2)
 	for _, m := range before {
 		require.False(t, m.Applied, m.Name)
 	}
-	require.Equal(t, schema.Migration{Source: schema.RuntimeSource, Name: "0001_runtime_tables.sql", Version: 1, Checksum: before[0].Checksum}, before[0])
-	require.Equal(t, schema.Migration{Source: schema.RuntimeSource, Name: "0002_parked_lookup.sql", Version: 2, Checksum: before[1].Checksum}, before[1])
-	require.Equal(t, "orders", before[2].Source)
-	require.Equal(t, "0001_create.sql", before[2].Name)
-	require.Equal(t, "0002_count.sql", before[3].Name)
+	for i, name := range runtime {
+		require.Equal(t, schema.Migration{Source: schema.RuntimeSource, Name: name, Version: i + 1, Checksum: before[i].Checksum}, before[i])
+	}
+	require.Equal(t, "0001_runtime_tables.sql", before[0].Name)
+	orders := before[len(runtime):]
+	require.Equal(t, "orders", orders[0].Source)
+	require.Equal(t, "0001_create.sql", orders[0].Name)
+	require.Equal(t, "0002_count.sql", orders[1].Name)
 
 	require.NoError(t, schema.Migrate(ctx, pool, src))
 	first, err := schema.Status(ctx, pool, src)
@@ -123,8 +129,9 @@ func TestMigrateRefusesChangedFile(t *testing.T) {
 
 	st, err := schema.Status(ctx, pool, src)
 	require.NoError(t, err)
-	require.True(t, st[3].Changed)
-	require.False(t, st[4].Applied)
+	n := len(runtimeMigrations(t))
+	require.True(t, st[n+1].Changed)
+	require.False(t, st[n+2].Applied)
 }
 
 func TestMigrateFailingFileRollsBackEverything(t *testing.T) {
@@ -154,4 +161,19 @@ func TestSourceValidation(t *testing.T) {
 	} {
 		require.Error(t, schema.Migrate(ctx, nil, srcs...), name)
 	}
+}
+
+// runtimeMigrations lists the runtime's embedded migration files in order.
+func runtimeMigrations(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir("migrations")
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".sql") {
+			names = append(names, e.Name())
+		}
+	}
+	require.NotEmpty(t, names)
+	return names
 }
