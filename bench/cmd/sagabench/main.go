@@ -107,8 +107,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if o.quick {
 		o.runs, o.sagas, o.wmSags = 1, 300, 150
 		o.workers = []int{4}
-		o.rawDuration, o.pgbenchTime, o.pgbenchCl = time.Second, 2*time.Second, []int{4}
-		o.relayRows, o.latencyFor = 3000, 2*time.Second
+		o.rawDuration, o.pgbenchTime, o.pgbenchCl = 500*time.Millisecond, time.Second, []int{4}
+		o.relayRows, o.latencyFor = 2000, 2*time.Second
 		o.limit = 20 * time.Second
 	}
 	switch {
@@ -220,7 +220,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	relayNames := map[string]string{}
 	if o.want("relay") {
-		for _, rc := range []struct{ relays, batch, window int }{{1, 0, 0}, {2, 0, 0}, {1, 500, 1024}} {
+		configs := []struct{ relays, batch, window int }{{1, 0, 0}, {2, 0, 0}, {1, 500, 1024}}
+		if o.quick {
+			configs = configs[:1]
+		}
+		for _, rc := range configs {
 			name := fmt.Sprintf("outbox relay ×%d", rc.relays)
 			if rc.batch == 0 {
 				name += " (batch 100, window 256: defaults)"
@@ -376,37 +380,46 @@ func addPG(ctx context.Context, env *benv.Env, o options, add func(string, strin
 	}
 	host, port, user, db := env.PGConn()
 	const sagas = 10000
-	for _, clients := range o.pgbenchCl {
-		add("raw PostgreSQL", fmt.Sprintf("pgbench saga-step transaction, %d clients", clients), func(ctx context.Context) ([]report.Metric, error) {
-			sc, err := env.NewSchema(ctx, "pgbench")
-			if err != nil {
-				return nil, err
-			}
-			defer sc.Drop()
-			pool, err := sc.Pool(ctx, 2)
-			if err != nil {
-				return nil, err
-			}
-			err = raw.PGBenchSetup(ctx, pool, sagas)
-			pool.Close()
-			if err != nil {
-				return nil, err
-			}
-			dir, err := os.MkdirTemp("", "sagabench-pgbench-")
-			if err != nil {
-				return nil, fmt.Errorf("pgbench dir: %w", err)
-			}
-			defer os.RemoveAll(dir)
-			tps, err := raw.PGBench{Bin: bin, Host: host, Port: port, User: user, DB: db, Password: env.PGPassword(),
-				Schema: sc.Name, Sagas: sagas, Clients: clients, Duration: o.pgbenchTime, Dir: dir}.Run(ctx)
-			if err != nil {
-				return nil, err
-			}
-			return []report.Metric{
-				{Name: "commits/s", Value: tps},
-				{Name: fmt.Sprintf("ceiling sagas/s (÷ %d steps)", workload.Steps), Value: tps / workload.Steps},
-			}, nil
-		})
+	type variant struct{ name, script string }
+	variants := []variant{{"pgbench saga-step transaction", raw.StepScript}}
+	if !o.quick {
+		variants = append(variants,
+			variant{"pgbench saga-step transaction + pg_notify in it (as outbox.Enqueue)", raw.StepNotifyScript},
+			variant{"pgbench saga-step transaction, then pg_notify in its own transaction", raw.StepNotifyAfterScript})
+	}
+	for _, v := range variants {
+		for _, clients := range o.pgbenchCl {
+			add("raw PostgreSQL", fmt.Sprintf("%s, %d clients", v.name, clients), func(ctx context.Context) ([]report.Metric, error) {
+				sc, err := env.NewSchema(ctx, "pgbench")
+				if err != nil {
+					return nil, err
+				}
+				defer sc.Drop()
+				pool, err := sc.Pool(ctx, 2)
+				if err != nil {
+					return nil, err
+				}
+				err = raw.PGBenchSetup(ctx, pool, sagas)
+				pool.Close()
+				if err != nil {
+					return nil, err
+				}
+				dir, err := os.MkdirTemp("", "sagabench-pgbench-")
+				if err != nil {
+					return nil, fmt.Errorf("pgbench dir: %w", err)
+				}
+				defer os.RemoveAll(dir)
+				tps, err := raw.PGBench{Bin: bin, Host: host, Port: port, User: user, DB: db, Password: env.PGPassword(),
+					Schema: sc.Name, Sagas: sagas, Clients: clients, Duration: o.pgbenchTime, Dir: dir, Script: v.script}.Run(ctx)
+				if err != nil {
+					return nil, err
+				}
+				return []report.Metric{
+					{Name: "commits/s", Value: tps},
+					{Name: fmt.Sprintf("ceiling sagas/s (÷ %d steps)", workload.Steps), Value: tps / workload.Steps},
+				}, nil
+			})
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -31,6 +32,18 @@ UPDATE saga_place_order SET version = version + 1, attempt = 0, progress = '{"se
 INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version, body, occurred_at) VALUES (gen_random_uuid()::text, 'shop.payment.v1.commands', 'command.shop.payment.v1.authorize-payment', 'shop.payment.v1.AuthorizePayment', 1, convert_to(repeat('x', 300), 'UTF8'), now());
 END;
 `
+
+// StepNotifyScript is StepScript plus the runtime's wake-up for relays,
+// SELECT pg_notify('saga_outbox', ”), inside the transaction, exactly as
+// outbox.Enqueue runs it. PostgreSQL serializes the commits of notifying
+// transactions (PreCommit_Notify takes a database-wide lock held until the
+// commit record is flushed), so these commits cannot share an fsync.
+var StepNotifyScript = strings.Replace(StepScript, "END;", "SELECT pg_notify('saga_outbox', '');\nEND;", 1)
+
+// StepNotifyAfterScript is StepScript followed by the notification in a
+// transaction of its own, after the commit: a notify-only transaction writes
+// no WAL before its commit record and commits without waiting for a flush.
+var StepNotifyAfterScript = StepScript + "SELECT pg_notify('saga_outbox', '');\n"
 
 // PGBenchSetup creates the runtime's tables and the Place Order saga table in
 // the pool's schema and fills it with sagas rows.
@@ -58,6 +71,7 @@ type PGBench struct {
 	Sagas, Clients       int
 	Duration             time.Duration
 	Dir                  string // where the script file is written
+	Script               string // default StepScript
 }
 
 var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
@@ -66,7 +80,11 @@ var tpsLine = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection t
 // second it reports.
 func (p PGBench) Run(ctx context.Context) (float64, error) {
 	script := filepath.Join(p.Dir, "step.sql")
-	if err := os.WriteFile(script, []byte(StepScript), 0o644); err != nil {
+	text := p.Script
+	if text == "" {
+		text = StepScript
+	}
+	if err := os.WriteFile(script, []byte(text), 0o644); err != nil {
 		return 0, fmt.Errorf("write pgbench script: %w", err)
 	}
 	threads := min(p.Clients, 2)
