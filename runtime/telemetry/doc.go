@@ -41,9 +41,9 @@
 // are saga.*). Observable gauges read the database at collection time:
 // [RegisterSagaGauges] (instances by type and state, stuck instances) and
 // [RegisterOutboxGauges] (outbox backlog, age of the oldest unpublished row,
-// parked messages). [NewPrometheus] builds a MeterProvider with a Prometheus
-// endpoint on a private registry (mount [Prometheus.MetricsHandler] at
-// /metrics). docs/observability.md lists every span, attribute, metric and
+// parked messages). Package promexport builds a MeterProvider with a
+// Prometheus endpoint on a private registry (mount its MetricsHandler at
+// /metrics); this package itself depends on the OpenTelemetry API only. docs/observability.md lists every span, attribute, metric and
 // log field.
 //
 // # Logs

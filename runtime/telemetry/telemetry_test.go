@@ -21,6 +21,7 @@ import (
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/telemetry"
+	"github.com/protosaga/saga/runtime/telemetry/promexport"
 )
 
 func TestPropagationRoundTrip(t *testing.T) {
@@ -127,7 +128,7 @@ func TestDisabledIsFree(t *testing.T) {
 
 func TestPrometheusExposition(t *testing.T) {
 	t.Parallel()
-	prom, err := telemetry.NewPrometheus(nil)
+	prom, err := promexport.New(nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = prom.Shutdown(context.Background()) })
 	m, err := telemetry.NewMetrics(telemetry.Providers{Meter: prom.MeterProvider()})

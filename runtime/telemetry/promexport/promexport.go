@@ -1,4 +1,8 @@
-package telemetry
+// Package promexport serves the runtime's metrics in the Prometheus exposition
+// format. It is the only runtime package that links the OpenTelemetry SDK and
+// the Prometheus client: instrumented packages depend on the OTel API alone,
+// so a program that does not export metrics pays for neither.
+package promexport
 
 import (
 	"context"
@@ -13,21 +17,21 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 )
 
-// Prometheus is a MeterProvider whose metrics are served in the Prometheus
+// Exporter is a MeterProvider whose metrics are served in the Prometheus
 // exposition format from a registry of its own (never the global default
 // registry). Create one per process, pass [Prometheus.MeterProvider] as
-// Providers.Meter to every component and mount [Prometheus.MetricsHandler]
+// Providers.Meter to every component and mount [Exporter.MetricsHandler]
 // at /metrics.
-type Prometheus struct {
+type Exporter struct {
 	provider *sdkmetric.MeterProvider
 	handler  http.Handler
 }
 
-// NewPrometheus returns a Prometheus provider. res describes the process
+// New returns an exporter with a registry of its own. res describes the process
 // (service.name, ...); nil uses the SDK's default resource. Metric names
 // are translated by the exporter: dots become underscores, units and
 // _total are appended (saga.transitions → saga_transitions_total).
-func NewPrometheus(res *resource.Resource) (*Prometheus, error) {
+func New(res *resource.Resource) (*Exporter, error) {
 	reg := prometheus.NewRegistry()
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
@@ -37,21 +41,21 @@ func NewPrometheus(res *resource.Resource) (*Prometheus, error) {
 	if res != nil {
 		opts = append(opts, sdkmetric.WithResource(res))
 	}
-	return &Prometheus{
+	return &Exporter{
 		provider: sdkmetric.NewMeterProvider(opts...),
 		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 	}, nil
 }
 
 // MeterProvider returns the provider to put in Providers.Meter.
-func (p *Prometheus) MeterProvider() metric.MeterProvider { return p.provider }
+func (p *Exporter) MeterProvider() metric.MeterProvider { return p.provider }
 
 // MetricsHandler serves the metrics (GET /metrics). Every scrape runs the
 // observable gauges' callbacks, i.e. their database queries.
-func (p *Prometheus) MetricsHandler() http.Handler { return p.handler }
+func (p *Exporter) MetricsHandler() http.Handler { return p.handler }
 
 // Shutdown stops the provider; later scrapes return no runtime metrics.
-func (p *Prometheus) Shutdown(ctx context.Context) error {
+func (p *Exporter) Shutdown(ctx context.Context) error {
 	if err := p.provider.Shutdown(ctx); err != nil {
 		return fmt.Errorf("shut down prometheus meter provider: %w", err)
 	}
