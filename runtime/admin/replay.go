@@ -182,34 +182,16 @@ WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS 
 }
 
 // republish puts the parked message back into the outbox with its own
-// message id, to its original exchange and routing key. When the outbox
-// already holds that message id (it was published from this database), its
-// row is released for the relay to publish again; otherwise a new row is
-// written from the parked copy's envelope.
+// message id, to its original exchange and routing key (outbox.Republish:
+// the original row is released when this database published it, else the
+// parked copy's envelope is enqueued).
 func republish(ctx context.Context, tx pgx.Tx, row parkedRow) error {
-	var published *time.Time
-	err := tx.QueryRow(ctx, `SELECT published_at FROM saga_outbox WHERE message_id = $1 FOR UPDATE`, row.MessageID).Scan(&published)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		env, err := envelopeOf(row)
-		if err != nil {
-			return err
-		}
-		if err := outbox.Enqueue(ctx, tx, env); err != nil {
-			return fmt.Errorf("replay parked message %d: %w", row.ID, err)
-		}
-		return nil
-	case err != nil:
-		return fmt.Errorf("replay parked message %d: find its outbox row: %w", row.ID, err)
-	case published == nil:
-		return nil // not yet published: the relay will
+	env, err := envelopeOf(row)
+	if err != nil {
+		return err
 	}
-	if _, err := tx.Exec(ctx, `UPDATE saga_outbox SET published_at = NULL, lease_owner = NULL, lease_until = NULL
-WHERE message_id = $1`, row.MessageID); err != nil {
-		return fmt.Errorf("replay parked message %d: release its outbox row: %w", row.ID, err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, outbox.NotifyChannel); err != nil {
-		return fmt.Errorf("replay parked message %d: notify relays: %w", row.ID, err)
+	if err := outbox.Republish(ctx, tx, env); err != nil {
+		return fmt.Errorf("replay parked message %d: %w", row.ID, err)
 	}
 	return nil
 }
