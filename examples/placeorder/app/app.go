@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,6 +71,23 @@ type Config struct {
 	Now func() time.Time
 	// Script injects faults into the participants; nil injects none.
 	Script *Script
+	// Faults injects random participant faults (chaos runs); nil injects
+	// none.
+	Faults *Faults
+	// Roles are the parts of the application this process runs; default
+	// AllRoles. Migrations and topology are applied whatever the roles.
+	Roles []Role
+	// StepTimeouts overrides the contract's step timeouts by step name
+	// (saga.Config.StepTimeouts), e.g. seconds instead of a minute for a
+	// soak run that must see real timeouts fire. Nil keeps the contract's.
+	StepTimeouts map[string]time.Duration
+	// RelayLease is the relays' lease on claimed outbox rows
+	// (outbox.RelayConfig.LeaseDuration); zero takes the relay's default.
+	// Rows of a relay that crashed are published again when it runs out.
+	RelayLease time.Duration
+	// Crashes arms crash points (chaos runs); nil arms none. Install
+	// Crashes.Tracer on Pool's connections for the runtime's points.
+	Crashes *Crashes
 	// Logger receives the runtime's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -93,6 +111,9 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if len(c.Roles) == 0 {
+		c.Roles = AllRoles()
+	}
 }
 
 // Validate reports every problem with c (after defaults).
@@ -109,6 +130,24 @@ func (c *Config) Validate() error {
 	}
 	if c.TimeoutScanInterval < 0 {
 		errs = append(errs, fmt.Errorf("timeout scan interval %s is negative", c.TimeoutScanInterval))
+	}
+	if c.RelayLease < 0 {
+		errs = append(errs, fmt.Errorf("relay lease %s is negative", c.RelayLease))
+	}
+	for _, r := range c.Roles {
+		if !slices.Contains(AllRoles(), r) {
+			errs = append(errs, fmt.Errorf("unknown role %q", r))
+		}
+	}
+	if f := c.Faults; f != nil {
+		for name, p := range map[string]float64{"transient": f.Transient, "slow": f.Slow, "duplicate": f.Duplicate} {
+			if p < 0 || p > 1 {
+				errs = append(errs, fmt.Errorf("fault probability %s = %v: want [0, 1]", name, p))
+			}
+		}
+		if f.Slow > 0 && f.SlowDelay <= 0 {
+			errs = append(errs, errors.New("slow replies need a positive SlowDelay"))
+		}
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("retry policy: %w", err))
@@ -135,6 +174,7 @@ type App struct {
 	consumers map[string]*consumer.Consumer // by queue
 	relays    []*outbox.Relay
 	pub, sub  *broker.Conn
+	slow      *slowReplies
 }
 
 // New prepares the application: it applies the migrations (runtime,
@@ -147,7 +187,7 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("place order app: %w", err)
 	}
-	a := &App{cfg: cfg}
+	a := &App{cfg: cfg, slow: newSlowReplies()}
 	if err := schema.Migrate(ctx, cfg.Pool, participant.Migrations, orderv1.PlaceOrderMigrations(), Migrations()); err != nil {
 		return nil, fmt.Errorf("place order app: migrate: %w", err)
 	}
@@ -162,9 +202,11 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 		return nil, fmt.Errorf("place order app: registry: %w", err)
 	}
 	a.reg = reg
-	a.inventory, a.payment, a.shipping, a.approval = &Inventory{reg}, &Payment{reg}, &Shipping{reg}, &Approval{reg}
+	a.inventory, a.payment, a.shipping, a.approval = &Inventory{reg: reg, crashes: cfg.Crashes}, &Payment{reg}, &Shipping{reg}, &Approval{reg}
 
-	a.PlaceOrder, err = orderv1.NewPlaceOrder(saga.Config{Pool: cfg.Pool, Now: cfg.Now, Logger: cfg.Logger}, Decider{})
+	a.PlaceOrder, err = orderv1.NewPlaceOrder(saga.Config{
+		Pool: cfg.Pool, Now: cfg.Now, Logger: cfg.Logger, StepTimeouts: cfg.StepTimeouts,
+	}, Decider{})
 	if err != nil {
 		return nil, fmt.Errorf("place order app: %w", err)
 	}
@@ -180,29 +222,40 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 	return a, nil
 }
 
-// queues lists every work queue the application consumes with its handler:
-// one per participant service (the generated Register functions name the
-// queue) and the saga's own.
+// queues lists every work queue the configured roles consume with its
+// handler: one per participant service (the generated Register functions
+// name the queue) and the saga's own.
 func (a *App) queues() map[string]consumer.HandlerFunc {
 	out := map[string]consumer.HandlerFunc{}
-	for _, reg := range []func() (string, consumer.HandlerFunc){
-		func() (string, consumer.HandlerFunc) { return inventoryv1.RegisterInventoryParticipant(a.inventory) },
-		func() (string, consumer.HandlerFunc) { return paymentv1.RegisterPaymentParticipant(a.payment) },
-		func() (string, consumer.HandlerFunc) { return shippingv1.RegisterShippingParticipant(a.shipping) },
-		func() (string, consumer.HandlerFunc) { return orderv1.RegisterOrderParticipant(a.approval) },
+	for _, p := range []struct {
+		role Role
+		reg  func() (string, consumer.HandlerFunc)
+	}{
+		{RoleInventory, func() (string, consumer.HandlerFunc) { return inventoryv1.RegisterInventoryParticipant(a.inventory) }},
+		{RolePayment, func() (string, consumer.HandlerFunc) { return paymentv1.RegisterPaymentParticipant(a.payment) }},
+		{RoleShipping, func() (string, consumer.HandlerFunc) { return shippingv1.RegisterShippingParticipant(a.shipping) }},
+		{RoleOrder, func() (string, consumer.HandlerFunc) { return orderv1.RegisterOrderParticipant(a.approval) }},
 	} {
-		q, h := reg()
-		out[q] = a.scripted(h)
+		if !a.cfg.has(p.role) {
+			continue
+		}
+		q, h := p.reg()
+		out[q] = a.scripted(a.faulty(h))
 	}
-	out[a.PlaceOrder.Queue()] = a.PlaceOrder.Handler()
+	if a.cfg.has(RoleOrchestrator) {
+		out[a.PlaceOrder.Queue()] = a.PlaceOrder.Handler()
+	}
 	return out
 }
 
 // Topology is the merged topology of the example's packages, with work queues
 // of the configured type and retry tiers for the configured policy (the one the
 // consumers use).
-func (a *App) Topology() broker.Topology {
-	qt, p := a.cfg.QueueType, a.cfg.Retry
+func (a *App) Topology() broker.Topology { return Topology(a.cfg.QueueType, a.cfg.Retry) }
+
+// Topology is the merged topology of the example's packages with work queues
+// of type qt and retry tiers for policy p.
+func Topology(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return inventoryv1.TopologyWith(qt, p).
 		Merge(paymentv1.TopologyWith(qt, p)).
 		Merge(shippingv1.TopologyWith(qt, p)).
@@ -236,7 +289,12 @@ func (a *App) connect(ctx context.Context) error {
 
 func (a *App) build() error {
 	for i := range a.cfg.Relays {
-		r, err := outbox.NewRelay(outbox.RelayConfig{Pool: a.cfg.Pool, Conn: a.pub, Logger: a.cfg.Logger})
+		if !a.cfg.has(RoleRelay) {
+			break
+		}
+		r, err := outbox.NewRelay(outbox.RelayConfig{
+			Pool: a.cfg.Pool, Conn: a.pub, Logger: a.cfg.Logger, LeaseDuration: a.cfg.RelayLease,
+		})
 		if err != nil {
 			return fmt.Errorf("place order app: relay %d: %w", i, err)
 		}
@@ -272,9 +330,10 @@ func (a *App) build() error {
 	return nil
 }
 
-// Run relays the outbox, consumes every queue and fires due timeouts until
-// ctx is cancelled, then drains in-flight work and returns nil. If one part
-// stops with an error, Run stops the others and returns it.
+// Run runs the configured roles — relays the outbox, consumes the queues and
+// fires due timeouts — until ctx is cancelled, then drains in-flight work and
+// returns nil. If one part stops with an error, Run stops the others and
+// returns it.
 func (a *App) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -294,14 +353,19 @@ func (a *App) Run(ctx context.Context) error {
 		})
 	}
 	for i, r := range a.relays {
-		run(fmt.Sprintf("relay %d", i), r.Run)
+		run(fmt.Sprintf("relay %d", i), func(ctx context.Context) error { return r.Run(withPart(ctx, partRelay)) })
 	}
 	for queue, c := range a.consumers {
-		run("consumer of "+queue, c.Run)
+		run("consumer of "+queue, func(ctx context.Context) error { return c.Run(withPart(ctx, partConsumer)) })
 	}
-	run("timeout scanner", func(ctx context.Context) error {
-		return a.PlaceOrder.Engine().RunTimeouts(ctx, a.cfg.TimeoutScanInterval)
-	})
+	if a.cfg.has(RoleOrchestrator) {
+		run("timeout scanner", func(ctx context.Context) error {
+			return a.PlaceOrder.Engine().RunTimeouts(withPart(ctx, partScanner), a.cfg.TimeoutScanInterval)
+		})
+	}
+	if a.cfg.Faults != nil && a.cfg.Faults.Slow > 0 {
+		run("held-back replies", a.runSlowReplies)
+	}
 	wg.Wait()
 	return errors.Join(errs...)
 }

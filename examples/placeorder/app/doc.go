@@ -45,5 +45,19 @@
 // (cmd/demo) drive every path of the saga through the real runtime.
 // Business failures come from data: a product without stock, DeclinedCard.
 // Config.Now is the saga engine's clock; moving it forward fires the
-// contract's step timeouts (30 s to 1 min) without waiting for them.
+// contract's step timeouts (30 s to 1 min) without waiting for them;
+// Config.StepTimeouts shortens them for real (saga.Config.StepTimeouts).
+//
+// # Roles, random faults and crash points (the chaos soak)
+//
+// Config.Roles picks the parts one process runs (Role: relay, orchestrator,
+// one role per participant service), so that one binary can be deployed as
+// a fleet of processes (internal/chaos runs it that way). Faults injects
+// random participant faults — transient errors, replies held back past the
+// step timeout, duplicate replies — decided by a seeded hash of each
+// delivery, so that every process agrees. Crashes arms named crash points
+// (CrashPoint): after a consumer's commit and before its ack, after a
+// relay's confirmed publish and before its mark, in the middle of a
+// compensation and after a compensation committed; the runtime's points are
+// observed through the pgx tracer Crashes.Tracer installs on the pool.
 package app

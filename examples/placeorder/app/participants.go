@@ -67,7 +67,10 @@ func journal(ctx context.Context, tx pgx.Tx, orderID, service, effect, detail st
 
 // Inventory is the inventory service: it holds stock for orders and gives it
 // back when a later step fails.
-type Inventory struct{ reg *message.Registry }
+type Inventory struct {
+	reg     *message.Registry
+	crashes *Crashes // nil outside chaos runs
+}
 
 var _ inventoryv1.InventoryParticipant = (*Inventory)(nil)
 
@@ -205,6 +208,8 @@ FROM unnest($1::text[], $2::int[]) AS x(p, q) WHERE s.product_id = x.p`, product
 	if err := journal(ctx, tx, orderID, "inventory", "released", describe(products, quantities)); err != nil {
 		return nil, err
 	}
+	s.crashes.markCompensation(tx)
+	s.crashes.pass(CrashMidCompensation)
 	return &inventoryv1.InventoryReleased{OrderId: orderID}, nil
 }
 
