@@ -1,0 +1,142 @@
+// Command soak is the Place Order chaos soak (internal/chaos).
+//
+//	soak [flags]        drive a run: start a fleet of node processes (this
+//	                    binary, in node mode), start sagas while participants
+//	                    fail at random, kill nodes at crash points and at
+//	                    random, restart RabbitMQ and PostgreSQL, then check
+//	                    every invariant and print the report
+//	soak node [flags]   run one node: the Place Order application with some
+//	                    roles (the driver starts these)
+//
+// The driver starts private servers with scripts/services.sh unless
+// -services names a directory of running ones (which it restarts: share
+// them with nothing else). Run it from the repository root, or through
+// `make soak`. The exit status is 1 when an invariant is broken.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/protosaga/saga/internal/chaos"
+	"github.com/protosaga/saga/internal/testenv"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if len(os.Args) > 1 && os.Args[1] == "node" {
+		cfg, err := chaos.ParseNodeArgs(os.Args[2:])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak node:", err)
+			os.Exit(2)
+		}
+		if err := chaos.RunNode(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(drive(ctx))
+}
+
+func drive(ctx context.Context) int {
+	var (
+		cfg      chaos.Config
+		runs     int
+		services string
+		load     bool
+	)
+	flag.IntVar(&runs, "runs", 1, "soak runs, one after another (fresh schema and vhost each)")
+	flag.StringVar(&services, "services", "", "directory of running services (scripts/services.sh); empty: start private ones")
+	flag.BoolVar(&load, "load", false, "sustained-load run: no kills or restarts, RSS sampled and checked for growth")
+	flag.IntVar(&cfg.Sagas, "sagas", 2000, "sagas per run")
+	flag.Float64Var(&cfg.Rate, "rate", 40, "sagas started per second")
+	flag.Uint64Var(&cfg.Seed, "seed", 0, "seed (0: from the clock; run i uses seed+i)")
+	flag.IntVar(&cfg.Relays, "relays", 2, "relay processes")
+	flag.IntVar(&cfg.Orchestrators, "orchestrators", 2, "orchestrator processes")
+	flag.IntVar(&cfg.Participants, "participants", 3, "participant processes (all four services each)")
+	flag.DurationVar(&cfg.KillEvery, "kill-every", 6*time.Second, "mean interval between random SIGKILLs (0: none)")
+	flag.Float64Var(&cfg.Rearm, "rearm", 0.3, "probability that a restarted node is armed at a crash point again")
+	flag.IntVar(&cfg.BrokerRestarts, "broker-restarts", 2, "RabbitMQ restarts per run")
+	flag.IntVar(&cfg.PostgresRestarts, "postgres-restarts", 2, "PostgreSQL restarts per run")
+	flag.Float64Var(&cfg.Transient, "transient", 0.08, "probability of a transient failure per delivery")
+	flag.Float64Var(&cfg.Slow, "slow", 0.03, "probability of a reply held back past the step timeout")
+	flag.Float64Var(&cfg.Duplicate, "duplicate", 0.05, "probability of a duplicate reply")
+	flag.Float64Var(&cfg.DeclinedShare, "declined", 0.08, "share of orders paid with a declined card")
+	flag.Float64Var(&cfg.SoldOutShare, "sold-out", 0.08, "share of orders with a product out of stock")
+	flag.DurationVar(&cfg.StepTimeout, "step-timeout", 6*time.Second, "every step's timeout")
+	flag.DurationVar(&cfg.SettleTimeout, "settle", 4*time.Minute, "bound on the wait for the fleet to settle")
+	flag.DurationVar(&cfg.SampleRSS, "sample-rss", 2*time.Second, "RSS sampling interval (0: none)")
+	flag.Float64Var(&cfg.MaxRSSGrowth, "max-rss-growth", 0, "fail when a long-lived node's RSS grows by more than this factor (0: report only; -load defaults to 1.5)")
+	flag.StringVar(&cfg.LogDir, "logs", "", "node log directory (default: a temporary one, removed when the run passes)")
+	flag.Parse()
+	cfg.CrashPoints = true
+	cfg.Log = os.Stderr
+	if load {
+		cfg.KillEvery, cfg.BrokerRestarts, cfg.PostgresRestarts, cfg.CrashPoints = 0, 0, 0, false
+		if cfg.MaxRSSGrowth == 0 {
+			cfg.MaxRSSGrowth = 1.5
+		}
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano())
+	}
+
+	var svc *testenv.Services
+	var err error
+	if services != "" {
+		svc, err = testenv.LoadServices(services)
+	} else {
+		dir, derr := os.MkdirTemp("", "saga-soak-services-")
+		if derr != nil {
+			fmt.Fprintln(os.Stderr, "soak:", derr)
+			return 1
+		}
+		_ = os.Chmod(dir, 0o755)
+		fmt.Fprintf(os.Stderr, "soak: starting private PostgreSQL and RabbitMQ in %s\n", dir)
+		svc, err = testenv.StartServices(ctx, dir)
+		if svc != nil {
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				_ = svc.Stop(sctx)
+			}()
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		return 1
+	}
+	cfg.Services = svc
+	cfg.Bin, err = os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		return 1
+	}
+
+	passed := 0
+	seed := cfg.Seed
+	for i := range runs {
+		cfg.Seed = seed + uint64(i)
+		rep, err := chaos.Run(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "soak: run %d: %v\n", i+1, err)
+			return 1
+		}
+		fmt.Printf("=== run %d/%d\n%s\n", i+1, runs, rep)
+		if len(rep.Violations) == 0 {
+			passed++
+		}
+	}
+	fmt.Printf("=== %d of %d runs passed\n", passed, runs)
+	if passed != runs {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,244 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/examples/placeorder/app"
+	"github.com/protosaga/saga/runtime/retry"
+)
+
+// Lines of the node protocol: a node writes them on its standard output and
+// the driver reads them.
+const (
+	// LineReady "READY <pid>": the node migrated, declared its topology and
+	// runs its roles.
+	LineReady = "READY"
+	// LineCrash "CRASH <point>": the node stands at an armed crash point and
+	// waits to be killed.
+	LineCrash = "CRASH"
+	// LineFault "FAULT <kind>": the node injected a participant fault.
+	LineFault = "FAULT"
+)
+
+// NodeConfig configures one node process: the Place Order application
+// running some of its roles.
+type NodeConfig struct {
+	// Name identifies the node in logs and relay lease owners.
+	Name string
+	// PostgresURL and AMQPURL locate the database (with its search_path) and
+	// the vhost.
+	PostgresURL, AMQPURL string
+	// Roles are the parts of the application the node runs.
+	Roles []app.Role
+	// Crash arms crash points (point → passage that fires it).
+	Crash map[app.CrashPoint]int
+	// Faults are the participant faults to inject (Observe is set by the
+	// node).
+	Faults app.Faults
+	// StepTimeout overrides every step's timeout; zero keeps the contract's.
+	StepTimeout time.Duration
+	// RelayLease is the relays' outbox lease.
+	RelayLease time.Duration
+	// Retry is the consumers' retry policy.
+	Retry retry.Policy
+	// Concurrency and BatchSize tune the consumers.
+	Concurrency, BatchSize int
+	// KillWait bounds how long a node stands at a crash point waiting for
+	// the driver's SIGKILL before it kills itself; default 10 s.
+	KillWait time.Duration
+}
+
+// Steps are the Place Order saga's steps, for StepTimeout.
+var Steps = []string{"ReserveInventory", "AuthorizePayment", "ScheduleShipping", "ApproveOrder"}
+
+// lineWriter serializes protocol lines from concurrent goroutines.
+type lineWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lineWriter) line(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.w, format+"\n", args...)
+}
+
+// RunNode runs a node until ctx is cancelled (the driver sends SIGTERM),
+// writing protocol lines to out and logs to logw. Startup is retried while
+// the database or the broker is down (a node restarted in the middle of a
+// server restart waits for it).
+func RunNode(ctx context.Context, cfg NodeConfig, out, logw io.Writer) error {
+	lw := &lineWriter{w: out}
+	logger := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", cfg.Name)
+	if cfg.KillWait <= 0 {
+		cfg.KillWait = 10 * time.Second
+	}
+	crashes := app.NewCrashes(func(p app.CrashPoint) {
+		lw.line("%s %s", LineCrash, p)
+		time.Sleep(cfg.KillWait)
+		logger.Error("crash point not killed by the driver; killing myself", "point", p)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}, cfg.Crash)
+
+	pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("node %s: parse database URL: %w", cfg.Name, err)
+	}
+	pcfg.ConnConfig.Tracer = crashes.Tracer()
+	pcfg.MaxConns = 24
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("node %s: open pool: %w", cfg.Name, err)
+	}
+	defer pool.Close()
+
+	faults := cfg.Faults
+	faults.Observe = func(kind string) { lw.line("%s %s", LineFault, kind) }
+	var timeouts map[string]time.Duration
+	if cfg.StepTimeout > 0 {
+		timeouts = map[string]time.Duration{}
+		for _, s := range Steps {
+			timeouts[s] = cfg.StepTimeout
+		}
+	}
+	acfg := app.Config{
+		Pool:                pool,
+		AMQPURL:             cfg.AMQPURL,
+		Roles:               cfg.Roles,
+		Relays:              1,
+		Concurrency:         cfg.Concurrency,
+		BatchSize:           cfg.BatchSize,
+		Retry:               cfg.Retry,
+		TimeoutScanInterval: 250 * time.Millisecond,
+		DrainTimeout:        10 * time.Second,
+		StepTimeouts:        timeouts,
+		RelayLease:          cfg.RelayLease,
+		Crashes:             crashes,
+		Faults:              &faults,
+		Logger:              logger,
+	}
+	var a *app.App
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		a, err = app.New(ctx, acfg)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node %s: %w", cfg.Name, err)
+		}
+		logger.Warn("node cannot start yet; retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	defer a.Close()
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	lw.line("%s %d", LineReady, os.Getpid())
+	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("node %s: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+// Args renders cfg as the soak binary's node flags (see ParseNodeArgs).
+func (cfg NodeConfig) Args() []string {
+	roles := make([]string, len(cfg.Roles))
+	for i, r := range cfg.Roles {
+		roles[i] = string(r)
+	}
+	var crash []string
+	for p, n := range cfg.Crash {
+		crash = append(crash, fmt.Sprintf("%s:%d", p, n))
+	}
+	tiers := make([]string, len(cfg.Retry.Tiers))
+	for i, t := range cfg.Retry.Tiers {
+		tiers[i] = t.String()
+	}
+	return []string{
+		"-name", cfg.Name,
+		"-pg", cfg.PostgresURL,
+		"-amqp", cfg.AMQPURL,
+		"-roles", strings.Join(roles, ","),
+		"-crash", strings.Join(crash, ","),
+		"-seed", fmt.Sprint(cfg.Faults.Seed),
+		"-transient", fmt.Sprint(cfg.Faults.Transient),
+		"-slow", fmt.Sprint(cfg.Faults.Slow),
+		"-slow-delay", cfg.Faults.SlowDelay.String(),
+		"-duplicate", fmt.Sprint(cfg.Faults.Duplicate),
+		"-step-timeout", cfg.StepTimeout.String(),
+		"-relay-lease", cfg.RelayLease.String(),
+		"-retry-tiers", strings.Join(tiers, ","),
+		"-retry-attempts", fmt.Sprint(cfg.Retry.MaxAttempts),
+		"-concurrency", fmt.Sprint(cfg.Concurrency),
+		"-batch", fmt.Sprint(cfg.BatchSize),
+	}
+}
+
+// ParseNodeArgs parses the node flags that NodeConfig.Args renders.
+func ParseNodeArgs(args []string) (NodeConfig, error) {
+	var cfg NodeConfig
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	var roles, crash, tiers string
+	fs.StringVar(&cfg.Name, "name", "node", "node name")
+	fs.StringVar(&cfg.PostgresURL, "pg", "", "PostgreSQL URL (with search_path)")
+	fs.StringVar(&cfg.AMQPURL, "amqp", "", "AMQP URL (with vhost)")
+	fs.StringVar(&roles, "roles", "all", "roles: relay, orchestrator, inventory, payment, shipping, order, participants, all")
+	fs.StringVar(&crash, "crash", "", "armed crash points, point:n,...")
+	fs.Uint64Var(&cfg.Faults.Seed, "seed", 1, "fault seed")
+	fs.Float64Var(&cfg.Faults.Transient, "transient", 0, "probability of a transient failure per delivery")
+	fs.Float64Var(&cfg.Faults.Slow, "slow", 0, "probability of a held-back reply per command")
+	fs.DurationVar(&cfg.Faults.SlowDelay, "slow-delay", 0, "delay of held-back replies")
+	fs.Float64Var(&cfg.Faults.Duplicate, "duplicate", 0, "probability of a duplicate reply per command")
+	fs.DurationVar(&cfg.StepTimeout, "step-timeout", 0, "every step's timeout (0: the contract's)")
+	fs.DurationVar(&cfg.RelayLease, "relay-lease", 0, "relay lease (0: the relay's default)")
+	fs.StringVar(&tiers, "retry-tiers", "", "retry tier TTLs, comma-separated (empty: the default policy)")
+	fs.IntVar(&cfg.Retry.MaxAttempts, "retry-attempts", 0, "deliveries before parking")
+	fs.IntVar(&cfg.Concurrency, "concurrency", 0, "consumer workers")
+	fs.IntVar(&cfg.BatchSize, "batch", 0, "consumer batch size")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	var err error
+	if cfg.Roles, err = app.ParseRoles(roles); err != nil {
+		return cfg, err
+	}
+	if cfg.Crash, err = app.ParseCrashArm(crash); err != nil {
+		return cfg, err
+	}
+	for t := range strings.SplitSeq(tiers, ",") {
+		if t == "" {
+			continue
+		}
+		d, err := time.ParseDuration(t)
+		if err != nil {
+			return cfg, fmt.Errorf("retry tier %q: %w", t, err)
+		}
+		cfg.Retry.Tiers = append(cfg.Retry.Tiers, d)
+	}
+	if len(cfg.Retry.Tiers) == 0 {
+		cfg.Retry = retry.Policy{}
+	}
+	if cfg.PostgresURL == "" || cfg.AMQPURL == "" {
+		return cfg, errors.New("-pg and -amqp are required")
+	}
+	return cfg, nil
+}

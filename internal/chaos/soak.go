@@ -1,0 +1,588 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/url"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/examples/placeorder/app"
+	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+// Config configures one soak run.
+type Config struct {
+	// Bin is the soak binary (examples/placeorder/cmd/soak), run as nodes.
+	Bin string
+	// Services are the servers to run against. The run restarts them when
+	// BrokerRestarts or PostgresRestarts ask for it: they must not be shared
+	// with anything running at the same time.
+	Services *testenv.Services
+	// LogDir receives one log file per node; default a temporary directory.
+	LogDir string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+
+	// Seed drives every random choice of the run (orders, faults, kills).
+	Seed uint64
+	// Sagas is how many Place Order sagas to start, at Rate per second.
+	Sagas int
+	Rate  float64
+
+	// Relays, Orchestrators and Participants are how many node processes
+	// run each kind of role (participants run all four services).
+	Relays, Orchestrators, Participants int
+
+	// CrashPoints arms the named crash points: every point is armed in
+	// some node until it has fired once; after that, a restarted node is
+	// armed again with probability Rearm.
+	CrashPoints bool
+	Rearm       float64
+	// KillEvery is the mean interval between SIGKILLs of a random node at
+	// an arbitrary moment while sagas are being started; zero kills none.
+	KillEvery time.Duration
+	// BrokerRestarts and PostgresRestarts are how many times each server is
+	// restarted, evenly spread over the load phase.
+	BrokerRestarts, PostgresRestarts int
+
+	// Participant faults (see app.Faults) and the step timeout they race.
+	Transient, Slow, Duplicate float64
+	SlowDelay                  time.Duration
+	StepTimeout                time.Duration
+	// DeclinedShare and SoldOutShare are the shares of orders that fail for
+	// business reasons (a declined card; a product without stock).
+	DeclinedShare, SoldOutShare float64
+
+	// SettleTimeout bounds the wait, after the load phase, for every saga to
+	// end (terminal or manual review) and every queue to drain.
+	SettleTimeout time.Duration
+	// SampleRSS samples every node's resident set size each interval
+	// (zero: never); MaxRSSGrowth, when positive, makes a node whose RSS
+	// grew more than that factor between the second quarter and the last
+	// quarter of a long life a violation.
+	SampleRSS    time.Duration
+	MaxRSSGrowth float64
+}
+
+func (c *Config) setDefaults() {
+	if c.Seed == 0 {
+		c.Seed = uint64(time.Now().UnixNano())
+	}
+	if c.Rate <= 0 {
+		c.Rate = 20
+	}
+	if c.Relays <= 0 {
+		c.Relays = 2
+	}
+	if c.Orchestrators <= 0 {
+		c.Orchestrators = 2
+	}
+	if c.Participants <= 0 {
+		c.Participants = 2
+	}
+	if c.StepTimeout <= 0 {
+		c.StepTimeout = 6 * time.Second
+	}
+	if c.SlowDelay <= 0 {
+		c.SlowDelay = c.StepTimeout + 2*time.Second
+	}
+	if c.SettleTimeout <= 0 {
+		c.SettleTimeout = 3 * time.Minute
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+}
+
+// retryPolicy is the nodes' consumer retry policy: short tiers, and a budget
+// small enough that injected transient failures sometimes exhaust it (and
+// park a message that belongs to a saga).
+var retryPolicy = retry.Policy{Tiers: []time.Duration{200 * time.Millisecond, time.Second}, MaxAttempts: 3}
+
+// relayLease bounds how long a killed relay's claimed rows wait.
+const relayLease = 3 * time.Second
+
+// order is one saga the driver started.
+type order struct {
+	id      string
+	kind    string // "ok", "declined" or "sold-out"
+	sagaID  string
+	started time.Time
+}
+
+// Order kinds.
+const (
+	kindOK       = "ok"
+	kindDeclined = "declined"
+	kindSoldOut  = "sold-out"
+)
+
+// products hold plenty of stock; soldOut holds none.
+var products = []string{"p-anvil", "p-bolt", "p-cog", "p-drill", "p-epoxy", "p-file"}
+
+const (
+	soldOut      = "p-sold-out"
+	initialStock = 1_000_000
+)
+
+// run is one soak run in progress.
+type run struct {
+	cfg   Config
+	id    string
+	pgURL string
+	amqp  string
+	vhost string
+	pool  *pgxpool.Pool
+	po    *orderv1.PlaceOrder
+	fleet *Fleet
+	rng   *mrand.Rand
+
+	mu       sync.Mutex
+	orders   []*order
+	restarts map[string]int
+	fired    map[app.CrashPoint]bool
+	loadEnd  time.Time
+}
+
+func (r *run) logf(format string, args ...any) {
+	fmt.Fprintf(r.cfg.Log, "%s soak %s: %s\n", time.Now().Format("15:04:05.000"), r.id, fmt.Sprintf(format, args...))
+}
+
+// Run runs one soak: it starts the node fleet, starts cfg.Sagas sagas while
+// faults, kills and restarts happen, waits for everything to settle, stops
+// the fleet and checks the invariants. A returned error means the run could
+// not be carried out; broken invariants are Report.Violations.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.setDefaults()
+	if cfg.Bin == "" || cfg.Services == nil || cfg.Sagas <= 0 {
+		return nil, errors.New("soak: Bin, Services and Sagas are required")
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	r := &run{
+		cfg:      cfg,
+		id:       "soak_" + hex.EncodeToString(b[:]),
+		rng:      mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		restarts: map[string]int{},
+		fired:    map[app.CrashPoint]bool{},
+	}
+	if r.cfg.LogDir == "" {
+		dir, err := os.MkdirTemp("", r.id+"-")
+		if err != nil {
+			return nil, err
+		}
+		r.cfg.LogDir = dir
+	}
+	if err := r.setup(ctx); err != nil {
+		return nil, err
+	}
+	defer r.pool.Close()
+	r.logf("schema and vhost %s, seed %d, node logs in %s", r.id, cfg.Seed, r.cfg.LogDir)
+
+	began := time.Now()
+	r.fleet = NewFleet(cfg.Bin, r.cfg.LogDir, r.logf)
+	fleetCtx, stopFleet := context.WithCancel(ctx)
+	defer stopFleet()
+	r.startFleet(fleetCtx)
+	readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	for _, p := range r.fleet.Procs() {
+		if err := p.WaitReady(readyCtx); err != nil {
+			cancel()
+			r.fleet.Stop(10 * time.Second)
+			return nil, fmt.Errorf("soak: %w (logs in %s)", err, r.cfg.LogDir)
+		}
+	}
+	cancel()
+	if cfg.SampleRSS > 0 {
+		go r.fleet.SampleRSS(fleetCtx, cfg.SampleRSS)
+	}
+	r.logf("fleet ready: %d nodes", len(r.fleet.Procs()))
+
+	loadDone := make(chan struct{})
+	chaosDone := make(chan struct{})
+	go func() { defer close(loadDone); r.load(ctx) }()
+	go func() { defer close(chaosDone); r.chaos(ctx, loadDone) }()
+	<-loadDone
+	<-chaosDone
+	r.mu.Lock()
+	r.loadEnd = time.Now()
+	r.mu.Unlock()
+	if ctx.Err() != nil {
+		r.fleet.Stop(10 * time.Second)
+		return nil, ctx.Err()
+	}
+	r.logf("load phase over: %d sagas started in %s", len(r.orders), time.Since(began).Round(time.Millisecond))
+
+	settleErr := r.settle(ctx)
+	settled := time.Now()
+	r.fleet.Stop(30 * time.Second)
+	r.logf("fleet stopped")
+
+	rep, err := r.check(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rep.Duration = settled.Sub(began)
+	if settleErr != nil {
+		rep.Violations = append([]string{settleErr.Error()}, rep.Violations...)
+	}
+	r.figures(rep)
+	if len(rep.Violations) > 0 {
+		rep.Violations = append(rep.Violations, "node logs: "+r.cfg.LogDir)
+	} else {
+		_ = os.RemoveAll(r.cfg.LogDir)
+	}
+	return rep, nil
+}
+
+// setup creates the run's schema and vhost, migrates, stocks the products
+// and builds the engine the driver starts sagas with.
+func (r *run) setup(ctx context.Context) error {
+	s := r.cfg.Services
+	admin, err := pgx.Connect(ctx, s.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("soak: connect: %w", err)
+	}
+	_, err = admin.Exec(ctx, "CREATE SCHEMA "+r.id)
+	admin.Close(ctx)
+	if err != nil {
+		return fmt.Errorf("soak: create schema: %w", err)
+	}
+	u, err := url.Parse(s.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("soak: parse PostgreSQL URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", r.id)
+	q.Set("application_name", r.id)
+	u.RawQuery = q.Encode()
+	r.pgURL = u.String()
+	r.vhost = r.id
+	if r.amqp, err = s.CreateVHost(ctx, r.vhost); err != nil {
+		return fmt.Errorf("soak: %w", err)
+	}
+	pcfg, err := pgxpool.ParseConfig(r.pgURL)
+	if err != nil {
+		return fmt.Errorf("soak: %w", err)
+	}
+	pcfg.MaxConns = 8
+	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+		return fmt.Errorf("soak: open pool: %w", err)
+	}
+	if err := schema.Migrate(ctx, r.pool, participant.Migrations, orderv1.PlaceOrderMigrations(), app.Migrations()); err != nil {
+		return fmt.Errorf("soak: migrate: %w", err)
+	}
+	for _, p := range append(slices.Clone(products), soldOut) {
+		stock := initialStock
+		if p == soldOut {
+			stock = 0
+		}
+		if _, err := r.pool.Exec(ctx, `INSERT INTO inventory_stock (product_id, available) VALUES ($1, $2)`, p, stock); err != nil {
+			return fmt.Errorf("soak: stock %s: %w", p, err)
+		}
+	}
+	timeouts := map[string]time.Duration{}
+	for _, st := range Steps {
+		timeouts[st] = r.cfg.StepTimeout
+	}
+	r.po, err = orderv1.NewPlaceOrder(saga.Config{
+		Pool: r.pool, StepTimeouts: timeouts, Logger: slog.New(slog.DiscardHandler),
+	}, app.Decider{})
+	if err != nil {
+		return fmt.Errorf("soak: %w", err)
+	}
+	return nil
+}
+
+// kindOfRoles says which crash points a node's roles can reach.
+func pointsFor(roles []app.Role) []app.CrashPoint {
+	switch {
+	case slices.Contains(roles, app.RoleRelay):
+		return []app.CrashPoint{app.CrashAfterPublish}
+	case slices.Contains(roles, app.RoleOrchestrator):
+		return []app.CrashPoint{app.CrashAfterCommit}
+	default:
+		return []app.CrashPoint{app.CrashMidCompensation, app.CrashCompensationCommitted, app.CrashAfterCommit}
+	}
+}
+
+func (r *run) startFleet(ctx context.Context) {
+	base := NodeConfig{
+		PostgresURL: r.pgURL,
+		AMQPURL:     r.amqp,
+		Faults: app.Faults{
+			Seed: r.cfg.Seed, Transient: r.cfg.Transient, Slow: r.cfg.Slow, SlowDelay: r.cfg.SlowDelay, Duplicate: r.cfg.Duplicate,
+		},
+		StepTimeout: r.cfg.StepTimeout,
+		RelayLease:  relayLease,
+		Retry:       retryPolicy,
+		Concurrency: 2,
+		BatchSize:   8,
+	}
+	add := func(name string, roles []app.Role, index int) {
+		cfg := base
+		cfg.Name, cfg.Roles = name, roles
+		var arm func(int) map[app.CrashPoint]int
+		if r.cfg.CrashPoints {
+			points := pointsFor(roles)
+			arm = func(incarnation int) map[app.CrashPoint]int { return r.arm(points, index, incarnation) }
+		}
+		r.fleet.Add(ctx, cfg, arm)
+	}
+	for i := range r.cfg.Relays {
+		add(fmt.Sprintf("relay-%d", i+1), []app.Role{app.RoleRelay}, i)
+	}
+	for i := range r.cfg.Orchestrators {
+		add(fmt.Sprintf("orchestrator-%d", i+1), []app.Role{app.RoleOrchestrator}, i)
+	}
+	for i := range r.cfg.Participants {
+		add(fmt.Sprintf("participants-%d", i+1), app.ParticipantRoles(), i)
+	}
+}
+
+// arm chooses the crash point of one node incarnation: a point that has not
+// fired yet (the node's index picks which, so that nodes of one kind cover
+// different points), or, once they all fired, one at random with
+// probability Rearm. The passage that fires it is random.
+func (r *run) arm(points []app.CrashPoint, index, incarnation int) map[app.CrashPoint]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.markFired()
+	var open []app.CrashPoint
+	for _, p := range points {
+		if !r.fired[p] {
+			open = append(open, p)
+		}
+	}
+	var p app.CrashPoint
+	switch {
+	case len(open) > 0:
+		p = open[(index+incarnation-1)%len(open)]
+	case r.rng.Float64() < r.cfg.Rearm:
+		p = points[r.rng.IntN(len(points))]
+	default:
+		return nil
+	}
+	n := 1
+	if p == app.CrashAfterCommit || p == app.CrashAfterPublish {
+		// Somewhere in the node's next few hundred batches.
+		n = 1 + r.rng.IntN(150)
+	}
+	return map[app.CrashPoint]int{p: n}
+}
+
+// markFired records the crash points that killed a node so far (r.mu held).
+func (r *run) markFired() {
+	_, kills, _ := r.fleet.Counts()
+	for _, p := range app.CrashPoints() {
+		if kills["crash:"+string(p)] > 0 {
+			r.fired[p] = true
+		}
+	}
+}
+
+// request builds order i of the run.
+func (r *run) request(i int) (*orderv1.PlaceOrderRequest, string) {
+	r.mu.Lock()
+	roll := r.rng.Float64()
+	n := 1 + r.rng.IntN(3)
+	lines := make([]*commonv1.OrderLine, 0, n+1)
+	for _, j := range r.rng.Perm(len(products))[:n] {
+		lines = append(lines, &commonv1.OrderLine{ProductId: products[j], Quantity: int32(1 + r.rng.IntN(3))})
+	}
+	r.mu.Unlock()
+	kind, card := kindOK, "tok_visa"
+	switch {
+	case roll < r.cfg.DeclinedShare:
+		kind, card = kindDeclined, app.DeclinedCard
+	case roll < r.cfg.DeclinedShare+r.cfg.SoldOutShare:
+		kind = kindSoldOut
+		lines = append(lines, &commonv1.OrderLine{ProductId: soldOut, Quantity: 1})
+	}
+	return &orderv1.PlaceOrderRequest{
+		OrderId:         fmt.Sprintf("%s-o%05d", r.id, i),
+		CustomerId:      fmt.Sprintf("c-%d", i%97),
+		Lines:           lines,
+		Amount:          &commonv1.Money{Currency: "EUR", MinorUnits: int64(1000 + i)},
+		ShippingAddress: &commonv1.Address{Name: "A. Customer", Street: "1 Main St", City: "Lyon", PostalCode: "69001", Country: "FR"},
+		CardToken:       card,
+	}, kind
+}
+
+// load starts the sagas at the configured rate. A start that fails (the
+// database restarting) is retried: starting is idempotent on the order id.
+func (r *run) load(ctx context.Context) {
+	t0 := time.Now()
+	every := time.Duration(float64(time.Second) / r.cfg.Rate)
+	for i := range r.cfg.Sagas {
+		if !sleep(ctx, time.Until(t0.Add(time.Duration(i)*every))) && ctx.Err() != nil {
+			return
+		}
+		req, kind := r.request(i)
+		o := &order{id: req.GetOrderId(), kind: kind, started: time.Now()}
+		for attempt := 0; ; attempt++ {
+			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			id, _, err := r.po.Start(sctx, req, envelope.Meta{})
+			cancel()
+			if err == nil {
+				o.sagaID = id
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if attempt%20 == 0 {
+				r.logf("start %s failed (retrying): %v", o.id, err)
+			}
+			sleep(ctx, 250*time.Millisecond)
+		}
+		r.mu.Lock()
+		r.orders = append(r.orders, o)
+		r.mu.Unlock()
+	}
+}
+
+// chaos kills nodes at random and restarts the servers until the load is
+// done (and the restarts it scheduled are done).
+func (r *run) chaos(ctx context.Context, loadDone <-chan struct{}) {
+	loadTime := time.Duration(float64(r.cfg.Sagas) / r.cfg.Rate * float64(time.Second))
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	type restart struct {
+		at   time.Duration
+		name string
+		do   func(context.Context) error
+	}
+	var plan []restart
+	for i := range r.cfg.BrokerRestarts {
+		plan = append(plan, restart{loadTime * time.Duration(2*i+1) / time.Duration(2*r.cfg.BrokerRestarts+1), "broker",
+			r.cfg.Services.RestartRabbitMQ})
+	}
+	for i := range r.cfg.PostgresRestarts {
+		plan = append(plan, restart{loadTime * time.Duration(2*i+2) / time.Duration(2*r.cfg.PostgresRestarts+2), "postgres",
+			func(ctx context.Context) error { return r.cfg.Services.RestartPostgres(ctx, true) }})
+	}
+	slices.SortFunc(plan, func(a, b restart) int { return int(a.at - b.at) })
+	wg.Go(func() {
+		for _, p := range plan {
+			if !sleep(ctx, time.Until(t0.Add(p.at))) {
+				return
+			}
+			start := time.Now()
+			r.logf("restarting %s", p.name)
+			if err := p.do(ctx); err != nil {
+				r.logf("restart %s failed: %v", p.name, err)
+				continue
+			}
+			r.mu.Lock()
+			r.restarts[p.name]++
+			r.mu.Unlock()
+			r.logf("%s restarted in %s", p.name, time.Since(start).Round(time.Millisecond))
+		}
+	})
+	if r.cfg.KillEvery > 0 {
+		wg.Go(func() {
+			for {
+				r.mu.Lock()
+				wait := time.Duration(float64(r.cfg.KillEvery) * (0.5 + r.rng.Float64()))
+				r.mu.Unlock()
+				select {
+				case <-ctx.Done():
+					return
+				case <-loadDone:
+					return
+				case <-time.After(wait):
+				}
+				procs := r.fleet.Procs()
+				r.mu.Lock()
+				p := procs[r.rng.IntN(len(procs))]
+				r.mu.Unlock()
+				p.Kill()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// settle waits until every saga has ended (terminal or manual review), the
+// outbox is empty and the work and retry queues are drained, and this held
+// for longer than a held-back reply can wait.
+func (r *run) settle(ctx context.Context) error {
+	quiet := r.cfg.SlowDelay + 3*time.Second
+	deadline := time.Now().Add(r.cfg.SettleTimeout)
+	var since time.Time
+	lastLog := time.Now()
+	var why string
+	for {
+		ok, w, err := r.quiescent(ctx)
+		if err != nil {
+			w = err.Error()
+		}
+		why = w
+		switch {
+		case ok && since.IsZero():
+			since = time.Now()
+		case !ok:
+			since = time.Time{}
+		}
+		if !since.IsZero() && time.Since(since) >= quiet {
+			r.logf("settled")
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not settled %s after the load phase: %s", r.cfg.SettleTimeout, why)
+		}
+		if time.Since(lastLog) > 10*time.Second {
+			r.logf("settling: %s", why)
+			lastLog = time.Now()
+		}
+		if !sleep(ctx, 500*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *run) quiescent(ctx context.Context) (bool, string, error) {
+	var open, unpublished int
+	if err := r.pool.QueryRow(ctx, `SELECT
+  (SELECT count(*) FROM saga_place_order WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW')),
+  (SELECT count(*) FROM saga_outbox WHERE published_at IS NULL)`).Scan(&open, &unpublished); err != nil {
+		return false, "", err
+	}
+	qs, err := r.cfg.Services.Queues(ctx, r.vhost)
+	if err != nil {
+		return false, "", err
+	}
+	busy := 0
+	var busyNames []string
+	for _, q := range qs {
+		if isParking(q.Name) {
+			continue
+		}
+		if q.Messages > 0 {
+			busy += q.Messages
+			busyNames = append(busyNames, fmt.Sprintf("%s=%d", q.Name, q.Messages))
+		}
+	}
+	why := fmt.Sprintf("%d sagas still running, %d outbox rows unpublished, %d messages queued %v", open, unpublished, busy, busyNames)
+	return open == 0 && unpublished == 0 && busy == 0, why, nil
+}

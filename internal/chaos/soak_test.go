@@ -1,0 +1,108 @@
+package chaos_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/examples/placeorder/app"
+	"github.com/protosaga/saga/internal/chaos"
+	"github.com/protosaga/saga/internal/testenv"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+	buildOut  []byte
+)
+
+// soakBinary builds examples/placeorder/cmd/soak once per test process.
+func soakBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "saga-soak-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		binPath = filepath.Join(dir, "soak")
+		cmd := exec.Command(goBin, "build", "-o", binPath, "github.com/protosaga/saga/examples/placeorder/cmd/soak")
+		buildOut, buildErr = cmd.CombinedOutput()
+	})
+	require.NoError(t, buildErr, "go build soak: %s", buildOut)
+	return binPath
+}
+
+// TestSoakShort is the short chaos soak that runs in `make test`: 200 Place
+// Order sagas on two relays, two orchestrators and two participant
+// processes, with random participant faults, a SIGKILL at every named crash
+// point, random SIGKILLs, one RabbitMQ restart and one PostgreSQL restart,
+// then every invariant of the package documentation checked. It runs on
+// servers of its own (testenv.PrivateServices): restarting the shared ones
+// would break the tests of every other package running in parallel.
+func TestSoakShort(t *testing.T) {
+	t.Parallel()
+	bin := soakBinary(t)
+	svc := testenv.PrivateServices(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	rep, err := chaos.Run(ctx, chaos.Config{
+		Bin:              bin,
+		Services:         svc,
+		Log:              testWriter{t},
+		Seed:             uint64(time.Now().UnixNano()),
+		Sagas:            200,
+		Rate:             10,
+		Relays:           2,
+		Orchestrators:    2,
+		Participants:     2,
+		CrashPoints:      true,
+		KillEvery:        7 * time.Second,
+		BrokerRestarts:   1,
+		PostgresRestarts: 1,
+		Transient:        0.08,
+		Slow:             0.03,
+		Duplicate:        0.05,
+		DeclinedShare:    0.1,
+		SoldOutShare:     0.08,
+		SettleTimeout:    2 * time.Minute,
+	})
+	require.NoError(t, err)
+	t.Logf("report:\n%s", rep)
+	require.Empty(t, rep.Violations)
+	require.Equal(t, 200, rep.Sagas)
+	require.Zero(t, rep.Lost)
+	require.Zero(t, rep.DoubleEffects)
+	for _, p := range app.CrashPoints() {
+		require.Positive(t, rep.Kills["crash:"+string(p)], "no node was killed at %s", p)
+	}
+	require.Equal(t, 1, rep.ServerRestarts["broker"], "the broker restart did not happen")
+	require.Equal(t, 1, rep.ServerRestarts["postgres"], "the PostgreSQL restart did not happen")
+	for _, f := range []string{app.FaultTransient, app.FaultSlow, app.FaultDuplicate} {
+		require.Positive(t, rep.Faults[f], "no %s fault was injected", f)
+	}
+	require.Positive(t, rep.Duplicates, "no duplicate reached the saga")
+	require.Positive(t, rep.Redelivered, "no outbox row was published twice")
+	require.Positive(t, rep.States["COMPLETED"], "no saga completed")
+	require.Positive(t, rep.States["FAILED"], "no saga failed (declined cards and sold-out products must)")
+}
+
+// testWriter sends progress lines to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p[:len(p)-min(len(p), 1)]))
+	return len(p), nil
+}
