@@ -55,7 +55,9 @@ type Config struct {
 	// stock rows, and two workers applying batches in their own transactions
 	// lock those rows in opposite orders (a deadlock, retried, costing a
 	// second each). One worker applying whole batches in one transaction
-	// shares the commit and never waits. Scale inventory out by processes.
+	// shares the commit and never waits. Across processes, inventory
+	// batches serialize on an advisory lock (see lockStock) for the same
+	// reason.
 	Concurrency, Prefetch, BatchSize int
 	// Retry is the consumers' retry policy; default retry.Default(). The
 	// work queues' tier queues are declared for it.

@@ -83,8 +83,25 @@ func (s *Inventory) ReserveInventory(ctx context.Context, tx pgx.Tx, cmd *invent
 	})
 }
 
+// lockStock serializes the inventory service's effects across processes.
+// Each effect locks its products' stock rows in product order, but a
+// consumer batch applies several effects in one transaction, so two
+// processes' batches would take the hot stock rows in opposite orders and
+// deadlock (each costing PostgreSQL's deadlock timeout). One transaction-level
+// advisory lock, taken before the first stock row, orders whole batches
+// instead: one batch at a time, however many inventory processes run.
+func lockStock(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('placeorder.inventory_stock'))`); err != nil {
+		return fmt.Errorf("inventory: lock stock: %w", err)
+	}
+	return nil
+}
+
 func (s *Inventory) reserve(ctx context.Context, tx pgx.Tx, cmd *inventoryv1.ReserveInventory) (inventoryv1.ReserveInventoryResult, error) {
 	orderID := cmd.GetOrderId()
+	if err := lockStock(ctx, tx); err != nil {
+		return nil, err
+	}
 	refuse := func(reason string) (inventoryv1.ReserveInventoryResult, error) {
 		if err := journal(ctx, tx, orderID, "inventory", "reservation_refused", reason); err != nil {
 			return nil, err
@@ -172,6 +189,9 @@ func (s *Inventory) ReleaseInventory(ctx context.Context, tx pgx.Tx, cmd *invent
 
 func (s *Inventory) release(ctx context.Context, tx pgx.Tx, cmd *inventoryv1.ReleaseInventory) (inventoryv1.ReleaseInventoryResult, error) {
 	orderID := cmd.GetOrderId()
+	if err := lockStock(ctx, tx); err != nil {
+		return nil, err
+	}
 	rows, err := tx.Query(ctx, `UPDATE inventory_reservations SET released_at = now()
 WHERE order_id = $1 AND released_at IS NULL RETURNING product_id, quantity`, orderID)
 	if err != nil {
