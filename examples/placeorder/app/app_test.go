@@ -542,3 +542,38 @@ func TestTopologyDefaultsToGenerated(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, string(want), string(got))
 }
+
+// TestCompensationFailureGoesToManualReview: the compensation of a declined
+// order keeps failing (a transient error every time), so its command is
+// retried through the tiers, then parked with its saga and reason; the
+// compensation step times out and the saga goes to manual review with the
+// reason recorded, never silently nowhere. The reservation stays held for
+// the operator: nothing was released.
+func TestCompensationFailureGoesToManualReview(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	release := inventoryv1.ReleaseInventoryInfo.FullName
+	req := request("o-release-broken")
+	req.CardToken = app.DeclinedCard
+	b.script.FailTransiently("o-release-broken", release, 100)
+	id := b.start(t, req)
+
+	b.waitState(t, id, orderv1.PlaceOrderStateCompensatingReserveInventory)
+	var reason, sagaID, class string
+	eventually(t, "the failing compensation to be parked", func() bool {
+		err := b.pool.QueryRow(ctx, `SELECT reason, saga_id, class FROM saga_parked WHERE message_type = $1`, release).
+			Scan(&reason, &sagaID, &class)
+		return err == nil
+	})
+	require.Equal(t, id, sagaID)
+	require.Equal(t, "exhausted", class)
+	require.Contains(t, reason, "scripted transient failure")
+	require.Equal(t, 4, b.script.Deliveries("o-release-broken", release), "the retry budget, then parked")
+
+	b.clock.Advance(31 * time.Second) // past the compensation's timeout
+	st := b.waitState(t, id, orderv1.PlaceOrderStateManualReview)
+	require.NotEmpty(t, st.ReviewReason)
+	require.Contains(t, st.ReviewReason, "compensation")
+	require.Equal(t, []string{"inventory:reserved", "payment:declined"}, b.ledger(t, "o-release-broken"))
+}
