@@ -4,7 +4,7 @@
 // Place Order example on the saga runtime (completed sagas per second, relay
 // throughput, step latency, commits per step, CPU per saga).
 //
-//	cd bench && go run ./cmd/sagabench [-quick] [-runs 3] [-sagas 10000] [-workers 1,4,8]
+//	cd bench && go run ./cmd/sagabench [-quick] [-runs 3] [-sagas 10000] [-workers 1,4]
 //
 // Every measurement runs in a fresh schema of a database created for the run
 // (so pg_stat_database counts only the benchmark's commits) and a fresh
@@ -63,30 +63,34 @@ type options struct {
 	only          map[string]bool
 	cpuProfile    string
 	out           string
+	statements    bool
+	stderr        io.Writer
+	logged        map[string]bool
 	pgbenchBin    string
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
-	var o options
+	o := options{stderr: stderr, logged: map[string]bool{}}
 	fs := flag.NewFlagSet("sagabench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.BoolVar(&o.quick, "quick", false, "smoke run (< 30 s): one run, small sizes, short durations")
 	fs.IntVar(&o.runs, "runs", 3, "rounds of every measurement (medians with min–max)")
 	fs.IntVar(&o.sagas, "sagas", 10000, "sagas per throughput measurement of the runtime")
 	fs.IntVar(&o.wmSags, "wm-sagas", 3000, "sagas per throughput measurement of the Watermill build")
-	workers := fs.String("workers", "1,4,8", "consumer workers (app.Config.Concurrency) per runtime throughput measurement")
+	workers := fs.String("workers", "1,4", "consumer workers (app.Config.Concurrency) per runtime throughput measurement")
 	fs.IntVar(&o.batch, "batch", 0, "consumer batch size (app.Config.BatchSize); 0 = the consumer's default")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "work queue type on both sides: quorum or classic")
-	fs.DurationVar(&o.rawDuration, "raw-duration", 4*time.Second, "duration of each raw RabbitMQ measurement")
-	fs.DurationVar(&o.pgbenchTime, "pgbench-duration", 6*time.Second, "duration of each pgbench run")
+	fs.DurationVar(&o.rawDuration, "raw-duration", 3*time.Second, "duration of each raw RabbitMQ measurement")
+	fs.DurationVar(&o.pgbenchTime, "pgbench-duration", 4*time.Second, "duration of each pgbench run")
 	clients := fs.String("pgbench-clients", "1,4,16", "pgbench client counts")
-	fs.IntVar(&o.relayRows, "relay-rows", 40000, "outbox rows per relay measurement")
+	fs.IntVar(&o.relayRows, "relay-rows", 30000, "outbox rows per relay measurement")
 	fs.Float64Var(&o.lowRate, "low-rate", 20, "offered sagas/s for the low-load latency measurement")
 	fs.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "how long each latency measurement offers load")
-	fs.DurationVar(&o.limit, "limit", 60*time.Second, "longest any one measurement may take")
+	fs.DurationVar(&o.limit, "limit", 40*time.Second, "longest any one measurement may take")
 	only := fs.String("only", "", "comma-separated groups to run: raw,pg,watermill,ours,relay,latency (default all)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the runtime's first throughput measurement here")
 	fs.StringVar(&o.out, "out", "", "also write the report to this file")
+	fs.BoolVar(&o.statements, "statements", false, "print each saga configuration's most frequent SQL statements per completed saga to stderr (first round)")
 	fs.StringVar(&o.pgbenchBin, "pgbench", "", "pgbench binary (default: $PATH, then /usr/lib/postgresql/15/bin/pgbench)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -136,6 +140,16 @@ func ints(s string) ([]int, error) {
 	return out, nil
 }
 
+// stmtLog is where the first run of a saga measurement lists its
+// statements, or nil.
+func (o options) stmtLog(name string) io.Writer {
+	if !o.statements || o.logged[name] {
+		return nil
+	}
+	o.logged[name] = true
+	return o.stderr
+}
+
 func (o options) want(group string) bool { return len(o.only) == 0 || o.only[group] }
 
 // measurement is one row group of the table, run once per round.
@@ -182,7 +196,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				return nil, err
 			}
 			defer sys.Close()
-			out, err := throughput(ctx, env, sys, "wm", o.wmSags, o.limit)
+			out, err := throughput(ctx, env, sys, "wm", o.wmSags, o.limit, o.stmtLog("wm"))
 			if err == nil {
 				err = sys.errors()
 			}
@@ -214,7 +228,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					}
 					defer pprof.StopCPUProfile()
 				}
-				return throughput(ctx, env, sys, "ours", o.sagas, o.limit)
+				return throughput(ctx, env, sys, "ours", o.sagas, o.limit, o.stmtLog(name))
 			})
 		}
 	}

@@ -47,6 +47,7 @@ func (c oursConfig) String() string {
 // oursSystem is the Place Order example (examples/placeorder/app) on a
 // fresh schema and vhost.
 type oursSystem struct {
+	stmts  benv.StatementCounter
 	app    *app.App
 	pool   *pgxpool.Pool
 	schema *benv.Schema
@@ -70,7 +71,7 @@ func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logg
 	// app.Config.Pool: "Size it for Relays + 5 consumers × Concurrency + 2";
 	// plus headroom for starts and polls.
 	relays := max(c.Relays, 1)
-	if s.pool, err = s.schema.Pool(ctx, int32(relays+5*workers+2+6)); err != nil {
+	if s.pool, err = s.schema.Pool(ctx, int32(relays+5*workers+2+6), &s.stmts); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -109,6 +110,8 @@ func (s *oursSystem) Start(ctx context.Context, req *orderv1.PlaceOrderRequest) 
 }
 
 func (s *oursSystem) Run(ctx context.Context) error { return s.app.Run(ctx) }
+
+func (s *oursSystem) Statements() *benv.StatementCounter { return &s.stmts }
 
 func (s *oursSystem) Completed(ctx context.Context) (int, error) {
 	return countQuery(ctx, s.pool, `SELECT count(*) FROM saga_place_order WHERE state = '`+orderv1.PlaceOrderStateCompleted+`'`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -30,6 +31,8 @@ type system interface {
 	// Latencies returns step and whole-saga latency percentiles (seconds)
 	// over every completed saga.
 	Latencies(ctx context.Context) (latency, error)
+	// Statements counts the statements the system's pool sends.
+	Statements() *benv.StatementCounter
 	Close()
 }
 
@@ -37,7 +40,7 @@ type latency struct{ stepP50, stepP99, sagaP50, sagaP99 float64 }
 
 // throughput pre-loads n sagas, then runs the system and measures how fast
 // they complete, with commits per completed step and CPU per saga.
-func throughput(ctx context.Context, env *benv.Env, sys system, label string, n int, limit time.Duration) ([]report.Metric, error) {
+func throughput(ctx context.Context, env *benv.Env, sys system, label string, n int, limit time.Duration, stmtLog io.Writer) ([]report.Metric, error) {
 	if err := preload(ctx, sys, label, n); err != nil {
 		return nil, err
 	}
@@ -46,10 +49,12 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n 
 	if err != nil {
 		return nil, err
 	}
+	sys.Statements().Reset()
 	runCtx, stop := context.WithCancel(ctx)
 	runErr := make(chan error, 1)
 	go func() { runErr <- sys.Run(runCtx) }()
 	done, polls, elapsed, err := waitCompleted(ctx, sys, n, limit, runErr)
+	statements := sys.Statements().Total() - int64(polls)
 	cpu, sampleErr := env.Sample(ctx)
 	stop()
 	if rerr := <-runErr; rerr != nil && !errors.Is(rerr, context.Canceled) && err == nil {
@@ -75,7 +80,14 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n 
 		{Name: "sagas/s", Value: float64(done) / elapsed.Seconds()},
 		{Name: "commits/step", Value: commits},
 		{Name: "WAL flushes/saga (cluster)", Value: float64(after.WALSyncs-before.WALSyncs) / float64(done)},
+		{Name: "statements/saga", Value: float64(statements) / float64(done)},
 		{Name: "client CPU ms/saga", Value: ms(d.Self) / float64(done)},
+	}
+	if stmtLog != nil {
+		fmt.Fprintf(stmtLog, "statements of %s, per completed saga:\n", label)
+		for _, c := range sys.Statements().Top(25) {
+			fmt.Fprintf(stmtLog, "  %6.2f  %s\n", float64(c.Count)/float64(done), c.SQL)
+		}
 	}
 	if done < n { // the limit cut the run short: the rate is still completions per second
 		out = append(out, report.Metric{Name: "% of sagas completed within the limit", Value: 100 * float64(done) / float64(n)})

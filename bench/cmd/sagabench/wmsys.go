@@ -15,6 +15,7 @@ import (
 
 // wmSystem is the Watermill saga on a fresh schema and vhost.
 type wmSystem struct {
+	stmts  benv.StatementCounter
 	saga   *wm.Saga
 	pool   *pgxpool.Pool
 	schema *benv.Schema
@@ -33,7 +34,7 @@ func newWM(ctx context.Context, env *benv.Env, queueType string, logger *slog.Lo
 	}
 	// 8 handlers + 5 forwarders each hold at most one connection; the rest
 	// is headroom for starts and polls.
-	if s.pool, err = s.schema.Pool(ctx, 24); err != nil {
+	if s.pool, err = s.schema.Pool(ctx, 24, &s.stmts); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -64,6 +65,8 @@ func (s *wmSystem) Start(ctx context.Context, req *orderv1.PlaceOrderRequest) er
 }
 
 func (s *wmSystem) Run(ctx context.Context) error { return s.saga.Run(ctx) }
+
+func (s *wmSystem) Statements() *benv.StatementCounter { return &s.stmts }
 
 func (s *wmSystem) Completed(ctx context.Context) (int, error) {
 	return countQuery(ctx, s.pool, `SELECT count(*) FROM wm_saga WHERE state = '`+wm.StateCompleted+`'`)

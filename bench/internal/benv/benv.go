@@ -128,13 +128,17 @@ func (e *Env) NewSchema(ctx context.Context, label string) (*Schema, error) {
 	return &Schema{Name: name, URL: u.String(), env: e}, nil
 }
 
-// Pool opens a pool of at most maxConns connections on the schema.
-func (s *Schema) Pool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+// Pool opens a pool of at most maxConns connections on the schema. When
+// counter is not nil, it counts every statement the pool sends.
+func (s *Schema) Pool(ctx context.Context, maxConns int32, counter ...*StatementCounter) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(s.URL)
 	if err != nil {
 		return nil, fmt.Errorf("parse pool config of schema %s: %w", s.Name, err)
 	}
 	cfg.MaxConns = maxConns
+	if len(counter) > 0 && counter[0] != nil {
+		cfg.ConnConfig.Tracer = counter[0]
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("open pool on schema %s: %w", s.Name, err)
