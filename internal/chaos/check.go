@@ -61,14 +61,13 @@ type Latency struct {
 
 // ProcRSS summarizes one node incarnation's resident set size.
 type ProcRSS struct {
-	Node          string
-	Incarnation   int
-	Life          time.Duration
-	Early, Late   int64 // KiB: median of the second quarter, median of the last quarter of samples
-	Max           int64 // KiB
-	Growth        float64
-	LongEnough    bool // sampled long enough to judge
-	LastIncarnate bool
+	Node        string
+	Incarnation int
+	Life        time.Duration
+	Early, Late int64 // KiB: median of the second quarter, median of the last quarter of samples
+	Max         int64 // KiB
+	Growth      float64
+	LongEnough  bool // sampled long enough to judge
 }
 
 func (rep *Report) violate(format string, args ...any) {

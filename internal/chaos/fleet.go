@@ -96,7 +96,7 @@ func (p *Proc) supervise(ctx context.Context) {
 		if p.f.isStopping() || ctx.Err() != nil {
 			return
 		}
-		exited, err := p.start(ctx)
+		exited, err := p.start()
 		if err != nil {
 			p.f.logf("%s: start: %v", p.Name, err)
 			if !sleep(ctx, time.Second) {
@@ -119,7 +119,7 @@ func (p *Proc) supervise(ctx context.Context) {
 	}
 }
 
-func (p *Proc) start(ctx context.Context) (<-chan struct{}, error) {
+func (p *Proc) start() (<-chan struct{}, error) {
 	p.mu.Lock()
 	p.incarnation++
 	inc := p.incarnation
@@ -175,7 +175,6 @@ func (p *Proc) start(ctx context.Context) (<-chan struct{}, error) {
 		p.pid = 0
 		p.mu.Unlock()
 	}()
-	_ = ctx
 	return exited, nil
 }
 

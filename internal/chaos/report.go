@@ -97,9 +97,7 @@ func (r *run) figures(rep *Report) {
 	rep.Nodes = len(r.fleet.Procs())
 	r.mu.Lock()
 	rep.ServerRestarts = maps.Clone(r.restarts)
-	loadEnd := r.loadEnd
 	r.mu.Unlock()
-	_ = loadEnd
 	for _, p := range r.fleet.Procs() {
 		byInc := map[int][]RSSSample{}
 		var incs []int
@@ -109,9 +107,9 @@ func (r *run) figures(rep *Report) {
 			}
 			byInc[s.Incarnation] = append(byInc[s.Incarnation], s)
 		}
-		for i, inc := range incs {
+		for _, inc := range incs {
 			ss := byInc[inc]
-			pr := ProcRSS{Node: p.Name, Incarnation: inc, LastIncarnate: i == len(incs)-1}
+			pr := ProcRSS{Node: p.Name, Incarnation: inc}
 			pr.Life = ss[len(ss)-1].At.Sub(ss[0].At)
 			for _, s := range ss {
 				pr.Max = max(pr.Max, s.RSSKiB)

@@ -160,7 +160,6 @@ type run struct {
 	orders   []*order
 	restarts map[string]int
 	fired    map[app.CrashPoint]bool
-	loadEnd  time.Time
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -223,9 +222,6 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go func() { defer close(chaosDone); r.chaos(ctx, loadDone) }()
 	<-loadDone
 	<-chaosDone
-	r.mu.Lock()
-	r.loadEnd = time.Now()
-	r.mu.Unlock()
 	if ctx.Err() != nil {
 		r.fleet.Stop(10 * time.Second)
 		return nil, ctx.Err()

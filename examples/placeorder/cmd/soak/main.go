@@ -70,7 +70,7 @@ func drive(ctx context.Context) int {
 	flag.Float64Var(&cfg.Duplicate, "duplicate", 0.05, "probability of a duplicate reply")
 	flag.Float64Var(&cfg.DeclinedShare, "declined", 0.08, "share of orders paid with a declined card")
 	flag.Float64Var(&cfg.SoldOutShare, "sold-out", 0.08, "share of orders with a product out of stock")
-	flag.DurationVar(&cfg.StepTimeout, "step-timeout", 6*time.Second, "every step's timeout")
+	flag.DurationVar(&cfg.StepTimeout, "step-timeout", 15*time.Second, "every step's timeout (one shorter than a broker restart sends most sagas in flight to manual review)")
 	flag.DurationVar(&cfg.SettleTimeout, "settle", 4*time.Minute, "bound on the wait for the fleet to settle")
 	flag.DurationVar(&cfg.SampleRSS, "sample-rss", 2*time.Second, "RSS sampling interval (0: none)")
 	flag.Float64Var(&cfg.MaxRSSGrowth, "max-rss-growth", 0, "fail when a long-lived node's RSS grows by more than this factor (0: report only; -load defaults to 1.5)")
