@@ -1,0 +1,73 @@
+package chaos
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The invariant checks must be able to fail: each broken history below is
+// reported, each sound one is not.
+func TestLedgerCheckCatchesBrokenHistories(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		kind    string
+		state   string
+		effects []string
+		broken  bool
+	}{
+		{"completed", kindOK, "COMPLETED", []string{effReserved, effAuthorized, effBooked, effApproved}, false},
+		{"declined and released", kindDeclined, "FAILED", []string{effReserved, effDeclined, effReleased}, false},
+		{"sold out", kindSoldOut, "FAILED", []string{effRefused}, false},
+		{"timed out before the reservation", kindOK, "FAILED", []string{effReleasedNo, effRefused}, false},
+		{"in review after authorizing", kindOK, "MANUAL_REVIEW", []string{effReserved, effAuthorized}, false},
+		{"authorized twice", kindOK, "COMPLETED", []string{effReserved, effAuthorized, effAuthorized, effBooked, effApproved}, true},
+		{"completed without approval", kindOK, "COMPLETED", []string{effReserved, effAuthorized, effBooked}, true},
+		{"completed and released", kindOK, "COMPLETED", []string{effReserved, effAuthorized, effBooked, effApproved, effReleased}, true},
+		{"failed, reservation kept", kindDeclined, "FAILED", []string{effReserved, effDeclined}, true},
+		{"failed past the pivot", kindOK, "FAILED", []string{effReserved, effAuthorized, effReleased}, true},
+		{"released before reserving", kindOK, "FAILED", []string{effReleased, effReserved}, true},
+		{"booked before authorizing", kindOK, "MANUAL_REVIEW", []string{effReserved, effBooked, effAuthorized}, true},
+		{"reserved and refused", kindOK, "MANUAL_REVIEW", []string{effReserved, effRefused}, true},
+		{"released twice", kindDeclined, "FAILED", []string{effReserved, effDeclined, effReleased, effReleased}, true},
+		{"refused with stock, no release", kindOK, "FAILED", []string{effRefused}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rep := &Report{}
+			checkLedger(rep, &order{id: "o", kind: c.kind}, sagaRow{id: "s", key: "o", state: c.state}, c.effects)
+			if c.broken {
+				require.NotEmpty(t, rep.Violations)
+			} else {
+				require.Empty(t, rep.Violations)
+			}
+		})
+	}
+}
+
+func TestAuditChainCheckCatchesGaps(t *testing.T) {
+	t.Parallel()
+	start := auditRow{from: "", to: "RESERVE_INVENTORY", trigger: "start", class: "new", version: 1}
+	reserved := auditRow{from: "RESERVE_INVENTORY", to: "AUTHORIZE_PAYMENT", trigger: "r", class: "new", version: 2}
+	dup := auditRow{from: "AUTHORIZE_PAYMENT", to: "AUTHORIZE_PAYMENT", trigger: "r", class: "duplicate", version: 2}
+	authorized := auditRow{from: "AUTHORIZE_PAYMENT", to: "SCHEDULE_SHIPPING", trigger: "a", class: "new", version: 3}
+	sg := sagaRow{id: "s", state: "SCHEDULE_SHIPPING", version: 3}
+	for _, c := range []struct {
+		name   string
+		trail  []auditRow
+		broken bool
+	}{
+		{"sound", []auditRow{start, reserved, dup, authorized}, false},
+		{"no rows", nil, true},
+		{"missing start", []auditRow{reserved, authorized}, true},
+		{"unaudited transition", []auditRow{start, authorized}, true},
+		{"ends elsewhere", []auditRow{start, reserved}, true},
+		{"broken link", []auditRow{start, {from: "SCHEDULE_SHIPPING", to: "AUTHORIZE_PAYMENT", version: 2}, authorized}, true},
+		{"change without a version", []auditRow{start, reserved, {from: "AUTHORIZE_PAYMENT", to: "FAILED", version: 2}, authorized}, true},
+	} {
+		rep := &Report{}
+		checkAuditChain(rep, sg, c.trail)
+		require.Equal(t, c.broken, len(rep.Violations) > 0, "%s: %v", c.name, rep.Violations)
+	}
+}
