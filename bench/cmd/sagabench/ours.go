@@ -111,6 +111,18 @@ func (s *oursSystem) Start(ctx context.Context, req *orderv1.PlaceOrderRequest) 
 
 func (s *oursSystem) Run(ctx context.Context) error { return s.app.Run(ctx) }
 
+// StepsDone: every applied transition writes an audit row of class "new";
+// each saga's first is its start.
+func (s *oursSystem) StepsDone(ctx context.Context) (int, error) {
+	return countQuery(ctx, s.pool, `SELECT (SELECT count(*) FROM saga_audit WHERE class = 'new') - (SELECT count(*) FROM saga_place_order)`)
+}
+
+func (s *oursSystem) Unhappy(ctx context.Context) (int, error) {
+	return countQuery(ctx, s.pool, `SELECT count(*) FROM saga_place_order WHERE state IN ('`+
+		orderv1.PlaceOrderStateFailed+`', '`+orderv1.PlaceOrderStateManualReview+`', '`+orderv1.PlaceOrderStateCancelled+`')
+		OR state LIKE 'COMPENSATING%'`)
+}
+
 func (s *oursSystem) Statements() *benv.StatementCounter { return &s.stmts }
 
 func (s *oursSystem) Completed(ctx context.Context) (int, error) {

@@ -66,6 +66,14 @@ func (s *wmSystem) Start(ctx context.Context, req *orderv1.PlaceOrderRequest) er
 
 func (s *wmSystem) Run(ctx context.Context) error { return s.saga.Run(ctx) }
 
+func (s *wmSystem) StepsDone(ctx context.Context) (int, error) {
+	return countQuery(ctx, s.pool, `SELECT count(reserved_at) + count(authorized_at) + count(shipped_at) + count(approved_at) FROM wm_saga`)
+}
+
+func (s *wmSystem) Unhappy(ctx context.Context) (int, error) {
+	return countQuery(ctx, s.pool, `SELECT count(*) FROM wm_saga WHERE state = 'FAILED'`)
+}
+
 func (s *wmSystem) Statements() *benv.StatementCounter { return &s.stmts }
 
 func (s *wmSystem) Completed(ctx context.Context) (int, error) {
