@@ -19,10 +19,19 @@ import (
 
 var (
 	buildOnce sync.Once
+	binDir    string
 	binPath   string
 	buildErr  error
 	buildOut  []byte
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
 
 // soakBinary builds examples/placeorder/cmd/soak once per test process.
 func soakBinary(t *testing.T) string {
@@ -33,6 +42,7 @@ func soakBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		binDir = dir
 		goBin, err := exec.LookPath("go")
 		if err != nil {
 			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
