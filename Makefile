@@ -11,7 +11,7 @@ BUF       := $(HOME)/.cache/protosaga/buf-$(BUF_VERSION)/buf
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
-.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench buf-plugins buf-generate check-buf services-start services-stop clean
+.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench soak buf-plugins buf-generate check-buf services-start services-stop clean
 
 all: build
 
@@ -72,6 +72,13 @@ demo: plugin generate
 ## bench: performance measurements, each side by side with its peer in the same run (bench/ is its own module).
 bench:
 	cd bench && $(GO) run ./cmd/genbench -sagas 40 -runs 9
+
+## soak: long chaos soak (3 runs x 2000 sagas; SIGKILLs at every crash point and at random; 2 RabbitMQ
+## and 2 PostgreSQL restarts per run), then a 12,000-saga load run with memory watched. Private servers; ~15 min.
+soak:
+	$(GO) build -o $(BIN)/soak ./examples/placeorder/cmd/soak
+	$(BIN)/soak -runs 3 -sagas 2000 -rate 30
+	$(BIN)/soak -load -sagas 12000 -rate 40
 
 ## services-start / services-stop: long-lived services for development in /tmp/saga-services.
 services-start:
