@@ -544,10 +544,11 @@ func TestTopologyDefaultsToGenerated(t *testing.T) {
 }
 
 // TestCompensationFailureGoesToManualReview: the compensation of a declined
-// order keeps failing (a transient error every time), so its command is
-// retried through the tiers, then parked with its saga and reason; the
-// compensation step times out and the saga goes to manual review with the
-// reason recorded, never silently nowhere. The reservation stays held for
+// order keeps failing (a transient error every time), so each ReleaseInventory
+// is retried through the tiers, then parked with its saga and reason; each
+// time the compensation times out the saga resends it (same idempotency key),
+// up to the step's budget of 5 attempts, and then goes to manual review with
+// the reason recorded, never silently nowhere. The reservation stays held for
 // the operator: nothing was released.
 func TestCompensationFailureGoesToManualReview(t *testing.T) {
 	t.Parallel()
@@ -556,22 +557,33 @@ func TestCompensationFailureGoesToManualReview(t *testing.T) {
 	release := inventoryv1.ReleaseInventoryInfo.FullName
 	req := request("o-release-broken")
 	req.CardToken = app.DeclinedCard
-	b.script.FailTransiently("o-release-broken", release, 100)
+	b.script.FailTransiently("o-release-broken", release, 1000)
 	id := b.start(t, req)
 
 	b.waitState(t, id, orderv1.PlaceOrderStateCompensatingReserveInventory)
-	var reason, sagaID, class string
-	eventually(t, "the failing compensation to be parked", func() bool {
-		err := b.pool.QueryRow(ctx, `SELECT reason, saga_id, class FROM saga_parked WHERE message_type = $1`, release).
-			Scan(&reason, &sagaID, &class)
-		return err == nil
-	})
-	require.Equal(t, id, sagaID)
+	parked := func(want int) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("%d parked ReleaseInventory messages", want), func() bool {
+			var n int
+			require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked WHERE message_type = $1 AND saga_id = $2`, release, id).Scan(&n))
+			return n == want
+		})
+	}
+	const attempts = 5 // max_attempts of ReserveInventory in the contract
+	for attempt := 1; attempt <= attempts; attempt++ {
+		parked(attempt)
+		require.Equal(t, 4*attempt, b.script.Deliveries("o-release-broken", release), "each attempt: the retry budget, then parked")
+		b.clock.Advance(31 * time.Second) // past the compensation's timeout: resend, or give up after the last
+		if attempt < attempts {
+			b.wait(t, id, fmt.Sprintf("compensation attempt %d", attempt+1), func(st saga.Status) bool { return st.Attempt == attempt+1 })
+		}
+	}
+	var reason, class string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT reason, class FROM saga_parked WHERE message_type = $1 AND saga_id = $2 ORDER BY id LIMIT 1`, release, id).
+		Scan(&reason, &class))
 	require.Equal(t, "exhausted", class)
 	require.Contains(t, reason, "scripted transient failure")
-	require.Equal(t, 4, b.script.Deliveries("o-release-broken", release), "the retry budget, then parked")
 
-	b.clock.Advance(31 * time.Second) // past the compensation's timeout
 	st := b.waitState(t, id, orderv1.PlaceOrderStateManualReview)
 	require.NotEmpty(t, st.ReviewReason)
 	require.Contains(t, st.ReviewReason, "compensation")

@@ -204,7 +204,9 @@ func (x *OrderApproved) GetOrderId() string {
 	return ""
 }
 
-// PlaceOrderData is the saga's instance data.
+// PlaceOrderData is the saga's instance data. ReserveInventory's max_attempts
+// bounds its compensation: ReleaseInventory is resent (same idempotency key)
+// up to 5 times before the saga goes to manual review.
 type PlaceOrderData struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	OrderId         string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
@@ -331,7 +333,7 @@ const file_shop_order_v1_order_proto_rawDesc = "" +
 	"\fApproveOrder\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId:!\xe2\xdd\x19\x1d\b\x01\"\border_id*\border_idB\x05order\"<\n" +
 	"\rOrderApproved\x12\x19\n" +
-	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"\xc1\a\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"\xc3\a\n" +
 	"\x0ePlaceOrderData\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x1f\n" +
 	"\vcustomer_id\x18\x02 \x01(\tR\n" +
@@ -344,8 +346,8 @@ const file_shop_order_v1_order_proto_rawDesc = "" +
 	"\x10authorization_id\x18\a \x01(\tR\x0fauthorizationId\x12\x1f\n" +
 	"\vtracking_id\x18\b \x01(\tR\n" +
 	"trackingId\x12%\n" +
-	"\x0efailure_reason\x18\t \x01(\tR\rfailureReason:\xbc\x04\xea\xdd\x19\xb7\x04\x12\x11PlaceOrderRequest\x1a\border_id\"\x021h2\xdd\x01\n" +
-	"\x10ReserveInventory\x10\x01\x1a\"shop.inventory.v1.ReserveInventory\"#shop.inventory.v1.InventoryReserved*,shop.inventory.v1.InventoryReservationFailed2\"shop.inventory.v1.ReleaseInventory:#shop.inventory.v1.InventoryReleasedJ\x0330sP\x01`\x022\x8f\x01\n" +
+	"\x0efailure_reason\x18\t \x01(\tR\rfailureReason:\xbe\x04\xea\xdd\x19\xb9\x04\x12\x11PlaceOrderRequest\x1a\border_id\"\x021h2\xdf\x01\n" +
+	"\x10ReserveInventory\x10\x01\x1a\"shop.inventory.v1.ReserveInventory\"#shop.inventory.v1.InventoryReserved*,shop.inventory.v1.InventoryReservationFailed2\"shop.inventory.v1.ReleaseInventory:#shop.inventory.v1.InventoryReleasedJ\x0330sP\x01X\x05`\x022\x8f\x01\n" +
 	"\x10AuthorizePayment\x10\x02\x1a shop.payment.v1.AuthorizePayment\"!shop.payment.v1.PaymentAuthorized**shop.payment.v1.PaymentAuthorizationFailedJ\x021mP\x02X\x03`\x032c\n" +
 	"\x10ScheduleShipping\x10\x03\x1a!shop.shipping.v1.ScheduleShipping\"\"shop.shipping.v1.ShippingScheduledJ\x021mX\x05`\x0326\n" +
 	"\fApproveOrder\x10\x03\x1a\fApproveOrder\"\rOrderApprovedJ\x0330sX\x05`\x01:\x05orderBEZCgithub.com/protosaga/saga/examples/placeorder/shop/order/v1;orderv1b\x06proto3"

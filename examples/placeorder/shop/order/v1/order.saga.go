@@ -238,7 +238,7 @@ func PlaceOrderDefinition() *sagadef.Definition {
 				CompensationReply: "shop.inventory.v1.InventoryReleased",
 				Timeout:           30 * time.Second,
 				OnTimeout:         sagadef.TimeoutCompensate,
-				MaxAttempts:       1,
+				MaxAttempts:       5,
 				Late:              sagadef.LateManualReview,
 			},
 			{
@@ -328,6 +328,7 @@ func PlaceOrderDefinition() *sagadef.Definition {
 			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateFailed},
 			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
+			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "timeout", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
 			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "timeout", To: PlaceOrderStateManualReview},
 			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "operator.retry", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
 			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
