@@ -287,11 +287,21 @@ var _ shippingv1.ShippingParticipant = (*Shipping)(nil)
 // ScheduleShipping books the shipment of an order.
 func (s *Shipping) ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *shippingv1.ScheduleShipping) (shippingv1.ScheduleShippingResult, error) {
 	return once(ctx, tx, s.reg, scopeShip, cmd, func() (shippingv1.ScheduleShippingResult, error) {
-		orderID := cmd.GetOrderId()
-		if cmd.GetAddress().GetCountry() == "" {
+		orderID, country := cmd.GetOrderId(), cmd.GetAddress().GetCountry()
+		if country == "" {
 			// After the pivot there is no business failure to answer
 			// with: this is a bad command, parked for an operator.
 			return nil, failure.Permanent(errors.New("shipping: address without country for order " + orderID))
+		}
+		var carrier string
+		err := tx.QueryRow(ctx, `SELECT carrier FROM shipping_carriers WHERE country = $1`, country).Scan(&carrier)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Retrying cannot help: park the command until an operator
+			// adds a carrier for the country and replays it.
+			return nil, failure.Permanent(fmt.Errorf("shipping: no carrier serves country %q (order %s); add one to shipping_carriers, then replay this message", country, orderID))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("shipping: find a carrier for %s (order %s): %w", country, orderID, err)
 		}
 		tracking := "trk_" + uuid.NewString()
 		if _, err := tx.Exec(ctx, `INSERT INTO shipping_shipments (order_id, tracking_id) VALUES ($1, $2)`,
