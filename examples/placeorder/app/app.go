@@ -25,6 +25,7 @@ import (
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 //go:embed migrations/*.sql
@@ -92,6 +93,9 @@ type Config struct {
 	Crashes *Crashes
 	// Logger receives the runtime's logs; default slog.Default().
 	Logger *slog.Logger
+	// Telemetry receives the runtime's spans and metrics (saga engine,
+	// relays, consumers); the zero value turns them off.
+	Telemetry telemetry.Providers
 }
 
 func (c *Config) setDefaults() {
@@ -207,7 +211,7 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 	a.inventory, a.payment, a.shipping, a.approval = &Inventory{reg: reg, crashes: cfg.Crashes}, &Payment{reg}, &Shipping{reg}, &Approval{reg}
 
 	a.PlaceOrder, err = orderv1.NewPlaceOrder(saga.Config{
-		Pool: cfg.Pool, Now: cfg.Now, Logger: cfg.Logger, StepTimeouts: cfg.StepTimeouts,
+		Pool: cfg.Pool, Now: cfg.Now, Logger: cfg.Logger, StepTimeouts: cfg.StepTimeouts, Telemetry: cfg.Telemetry,
 	}, Decider{})
 	if err != nil {
 		return nil, fmt.Errorf("place order app: %w", err)
@@ -295,7 +299,7 @@ func (a *App) build() error {
 			break
 		}
 		r, err := outbox.NewRelay(outbox.RelayConfig{
-			Pool: a.cfg.Pool, Conn: a.pub, Logger: a.cfg.Logger, LeaseDuration: a.cfg.RelayLease,
+			Pool: a.cfg.Pool, Conn: a.pub, Logger: a.cfg.Logger, LeaseDuration: a.cfg.RelayLease, Telemetry: a.cfg.Telemetry,
 		})
 		if err != nil {
 			return fmt.Errorf("place order app: relay %d: %w", i, err)
@@ -323,6 +327,7 @@ func (a *App) build() error {
 			Retry:        a.cfg.Retry,
 			DrainTimeout: a.cfg.DrainTimeout,
 			Logger:       a.cfg.Logger.With("queue", queue),
+			Telemetry:    a.cfg.Telemetry,
 		})
 		if err != nil {
 			return fmt.Errorf("place order app: consumer of %s: %w", queue, err)

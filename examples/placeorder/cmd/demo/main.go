@@ -21,6 +21,17 @@
 // moves the saga engine's clock forward (app.Config.Now) once the rest of the
 // fleet has settled; the summary says when it did.
 //
+// Last, one order ships to a country no carrier serves: its shipping command
+// is parked at once (retrying cannot help) and the saga waits for an operator.
+//
+// While it runs, the demo serves the operator console and its API (package
+// runtime/admin) and the runtime's Prometheus metrics on -addr (default
+// 127.0.0.1:8090): the console at /, the API at /api/, metrics at /metrics.
+// From a terminal it keeps serving after the summary until Ctrl-C, so the
+// parked order can be repaired: add the carrier, replay the parked command
+// (console or sagactl), and watch the saga complete. Tokens come from
+// SAGA_ADMIN_TOKENS ("name:role:token,..."), or are made up and printed.
+//
 // The demo exits non-zero when a saga is lost, stuck, or ends differently
 // from what its order provoked.
 package main
@@ -55,6 +66,8 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
+	"github.com/protosaga/saga/runtime/telemetry/promexport"
 )
 
 func main() {
@@ -78,7 +91,12 @@ const (
 	silentInv   kind = "inventory never answers"
 	latePayment kind = "payment answers late"
 	silentPay   kind = "payment never answers"
+	unserved    kind = "ships where no carrier goes"
 )
+
+// unservedCountry is where no carrier of the example ships (see the app's
+// shipping_carriers table) until an operator adds one.
+const unservedCountry = "IS"
 
 const (
 	poisonMsgID = "-poison"        // suffix of the poison message's id
@@ -95,6 +113,7 @@ var expected = map[kind]string{
 	silentInv:   orderv1.PlaceOrderStateFailed,
 	latePayment: orderv1.PlaceOrderStateCompleted,
 	silentPay:   orderv1.PlaceOrderStateManualReview,
+	unserved:    orderv1.PlaceOrderStateScheduleShipping, // parked, waiting for an operator
 }
 
 // clockNeeded lists the kinds that settle only once the clock moves.
@@ -113,6 +132,7 @@ func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c
 func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 type demo struct {
+	pgURL  string // redacted, for the commands the demo prints
 	out    io.Writer
 	app    *app.App
 	pool   *pgxpool.Pool
@@ -131,6 +151,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	n := fs.Int("n", 200, "number of sagas")
 	wait := fs.Duration("wait", 90*time.Second, "longest wait for the fleet to settle")
 	verbose := fs.Bool("v", false, "log the runtime's info messages to stderr")
+	addr := fs.String("addr", "127.0.0.1:8090", "where to serve the operator console, its API and /metrics (a free port if taken)")
+	serve := fs.Bool("serve", isTerminal(os.Stdin), "after the summary, keep serving the console until interrupted (default: when run from a terminal)")
+	serveFor := fs.Duration("serve-for", 0, "with -serve, stop serving after this long (0: until interrupted)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -159,9 +182,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	defer pool.Close()
 
+	prom, err := promexport.New(nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = prom.Shutdown(context.Background()) }()
+
 	d := &demo{
 		out: stdout, pool: pool, amqp: amqpURL, script: app.NewScript(), clock: &clock{}, wait: *wait,
-		runID: "demo-" + time.Now().UTC().Format("20060102-150405"),
+		runID: "demo-" + time.Now().UTC().Format("20060102-150405"), pgURL: redactURL(pgURL),
 	}
 	began := time.Now()
 	fmt.Fprintf(stdout, "Place Order demo %s: %d sagas on PostgreSQL and RabbitMQ (%s)\n", d.runID, *n, broker.Redact(amqpURL))
@@ -178,11 +207,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		Now:                 d.clock.Now,
 		Script:              d.script,
 		Logger:              logger,
+		Telemetry:           telemetry.Providers{Meter: prom.MeterProvider()},
 	})
 	if err != nil {
 		return err
 	}
 	defer d.app.Close()
+	console, err := d.startConsole(ctx, *addr, prom, logger, getenv)
+	if err != nil {
+		return err
+	}
+	defer console.close()
 	for _, p := range []string{"widget", "gadget", "gizmo"} {
 		if err := d.app.Restock(ctx, p, 1_000_000); err != nil {
 			return err
@@ -202,14 +237,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 
 	res, err := d.drive(ctx, *n)
-	if stopErr := stopApp(); err == nil && stopErr != nil {
-		err = fmt.Errorf("run: %w", stopErr)
-	}
 	if err != nil {
+		_ = stopApp()
 		return err
 	}
 	res.elapsed = time.Since(began)
 	problems, err := d.summarize(ctx, res)
+	if err == nil {
+		err = d.repairHelp(ctx, console, *serve)
+	}
+	if err == nil && *serve {
+		console.serveUntil(ctx, *serveFor)
+	}
+	if stopErr := stopApp(); err == nil && stopErr != nil {
+		err = fmt.Errorf("run: %w", stopErr)
+	}
 	if err != nil {
 		return err
 	}
@@ -287,6 +329,9 @@ func (d *demo) request(o *order, i int) *orderv1.PlaceOrderRequest {
 		d.script.HoldReplies(o.id, inventoryv1.ReserveInventoryInfo.FullName)
 	case latePayment, silentPay:
 		d.script.HoldReplies(o.id, paymentv1.AuthorizePaymentInfo.FullName)
+	case unserved:
+		req.ShippingAddress.Country = unservedCountry
+		req.ShippingAddress.City = "Reykjavík"
 	}
 	return req
 }
@@ -370,7 +415,24 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	}
 	d.event("moved the saga clock forward twice more: %s used its 3 payment attempts and waits for an operator", never.id)
 
-	if err := d.waitSettled(ctx, func(*order) bool { return true }, "every saga to settle"); err != nil {
+	// Last (so no clock move resends its command): an order no carrier ships.
+	u := &order{id: fmt.Sprintf("%s-%04d", d.runID, n+1), kind: unserved}
+	d.orders = append(d.orders, u)
+	id, _, err := d.app.PlaceOrder.Start(ctx, d.request(u, n+1), envelope.Meta{})
+	if err != nil {
+		return res, fmt.Errorf("start order %s: %w", u.id, err)
+	}
+	u.sagaID = id
+	if err := d.until(ctx, "the unservable shipping command to be parked", func() (bool, error) {
+		var n int
+		err := d.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked WHERE saga_id = $1 AND replayed_at IS NULL`, u.sagaID).Scan(&n)
+		return n == 1, err
+	}); err != nil {
+		return res, err
+	}
+	d.event("%s: ships to %s, where no carrier goes: ScheduleShipping parked at once (a permanent error), the saga waits for an operator", u.id, unservedCountry)
+
+	if err := d.waitSettled(ctx, func(o *order) bool { return o.kind != unserved }, "every saga to settle"); err != nil {
 		return res, err
 	}
 	// The late replies are audited after their sagas settled; wait for them
@@ -596,8 +658,8 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 	if err != nil {
 		return nil, fmt.Errorf("read parked messages: %w", err)
 	}
-	if len(parked) != 1 || parked[0].id != d.runID+poisonMsgID {
-		problems = append(problems, fmt.Sprintf("want exactly the poison message parked, got %d parked messages", len(parked)))
+	if len(parked) != 2 || parked[0].id != d.runID+poisonMsgID || parked[1].queue != "shipping.commands" {
+		problems = append(problems, fmt.Sprintf("want the poison message and the unservable shipping command parked, got %d parked messages", len(parked)))
 	}
 	var shippingRetries int
 	for _, o := range d.orders {
@@ -616,7 +678,9 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 	for _, reason := range sortedKeys(reviews) {
 		fmt.Fprintf(tw, "    %d×\t%s\n", reviews[reason], reason)
 	}
-	other := len(got) - states[orderv1.PlaceOrderStateCompleted] - states[orderv1.PlaceOrderStateFailed] - states[orderv1.PlaceOrderStateManualReview]
+	waiting := outcomes[unserved][orderv1.PlaceOrderStateScheduleShipping]
+	fmt.Fprintf(tw, "  waiting for an operator\t%d\t(its shipping command is parked; repair it below)\n", waiting)
+	other := len(got) - states[orderv1.PlaceOrderStateCompleted] - states[orderv1.PlaceOrderStateFailed] - states[orderv1.PlaceOrderStateManualReview] - waiting
 	fmt.Fprintf(tw, "  still running or lost\t%d\n", other+len(d.orders)-len(got))
 	fmt.Fprintf(tw, "  parked messages\t%d\n", len(parked))
 	for _, p := range parked {
@@ -635,7 +699,7 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 	_ = tw.Flush()
 
 	fmt.Fprintf(w, "\nBy scenario (state: count)\n")
-	for _, k := range []kind{happy, noStock, declined, flakyShip, dupReply, silentInv, latePayment, silentPay} {
+	for _, k := range []kind{happy, noStock, declined, flakyShip, dupReply, silentInv, latePayment, silentPay, unserved} {
 		var parts []string
 		for _, s := range sortedKeys(outcomes[k]) {
 			parts = append(parts, fmt.Sprintf("%s: %d", s, outcomes[k][s]))
@@ -644,18 +708,18 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 	}
 
 	fmt.Fprintf(w, `
-Where to look next (psql "$SAGA_TEST_PG_URL", or $SAGA_PG_URL)
+Where to look next (psql "%[4]s")
   SELECT state, count(*) FROM saga_place_order WHERE business_key LIKE '%[1]s-%%' GROUP BY 1;
   SELECT from_state, to_state, trigger, class, note FROM saga_audit
     WHERE saga_id = (SELECT id FROM saga_place_order WHERE business_key = '%[2]s') ORDER BY id;
   SELECT business_key, review_reason FROM saga_place_order WHERE state = 'MANUAL_REVIEW';
   SELECT message_id, queue, class, reason FROM saga_parked ORDER BY id DESC;
   SELECT order_id, service, effect, detail FROM shop_ledger WHERE order_id = '%[2]s' ORDER BY id;
-  go run ./cmd/sagactl migrate -status -database-url "$SAGA_TEST_PG_URL"
+  go run ./cmd/sagactl migrate -status -database-url "%[4]s"
 Parked messages also wait in RabbitMQ queue %[3]s (management UI).
 make demo stops the services it started when it exits; to keep them for a look around:
   make services-start && source /tmp/saga-services/env.sh && make demo
-`, d.runID, d.first(declined).id, broker.ParkingQueue("inventory.commands"))
+`, d.runID, d.first(declined).id, broker.ParkingQueue("inventory.commands"), d.pgURL)
 	return problems, nil
 }
 
