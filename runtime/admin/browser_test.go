@@ -169,6 +169,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.Contains(t, events, "parked InventoryReserved")
 	require.Contains(t, page, "[REDACTED]")
 	require.NotContains(t, page, cardToken, "sensitive fields never reach the browser")
+	require.NotContains(t, page, "[object ", "every value renders as text, never as a stringified DOM node")
+	require.Contains(t, page, "<dt>Business key</dt>", "the saga's header lists its fields")
 
 	// Replay it from the timeline.
 	require.NoError(t, chromedp.Run(ctx,

@@ -226,7 +226,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if err := d.app.Restock(ctx, "sold-out", 0); err != nil {
 		return err
 	}
-	d.event("migrated the database, declared the topology (%s, retry tiers 250ms/1s/2s), stocked the shop", broker.QueueQuorum)
+	// An earlier run's repair may have added a carrier for the unserved
+	// country; take it out so this run's last order is parked again.
+	if _, err := pool.Exec(ctx, `DELETE FROM shipping_carriers WHERE country = $1`, unservedCountry); err != nil {
+		return fmt.Errorf("reset the carriers: %w", err)
+	}
+	d.event("migrated the database, declared the topology (%s, retry tiers 250ms/1s/2s), stocked the shop; no carrier serves %s", broker.QueueQuorum, unservedCountry)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	runErr := make(chan error, 1)
