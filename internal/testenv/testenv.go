@@ -18,9 +18,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -166,47 +163,11 @@ func KillPostgresConnections(t testing.TB, pool *pgxpool.Pool) int {
 	return n
 }
 
-// rabbitAPI performs a management API call (path is already escaped, e.g.
-// "/vhosts/"+url.PathEscape(name)) and decodes a JSON answer into out when out
-// is not nil.
+// rabbitAPI performs a management API call on the shared services (path is
+// already escaped, e.g. "/vhosts/"+url.PathEscape(name)) and decodes a JSON
+// answer into out when out is not nil.
 func rabbitAPI(ctx context.Context, method, path string, body any, out any) error {
-	base, err := url.Parse(os.Getenv(EnvRabbitAPI))
-	if err != nil {
-		return fmt.Errorf("parse %s: %w", EnvRabbitAPI, err)
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("%s %s: encode body: %w", method, path, err)
-		}
-		rd = strings.NewReader(string(b))
-	}
-	target := base.Scheme + "://" + base.Host + strings.TrimSuffix(base.Path, "/") + path
-	req, err := http.NewRequestWithContext(ctx, method, target, rd)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	if base.User != nil {
-		pw, _ := base.User.Password()
-		req.SetBasicAuth(base.User.Username(), pw)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("%s %s: decode: %w", method, path, err)
-		}
-	}
-	return nil
+	return managementCall(ctx, os.Getenv(EnvRabbitAPI), method, path, body, out)
 }
 
 // AMQP creates a fresh vhost, grants the base URL's user every permission on

@@ -244,7 +244,7 @@ func setup(t *testing.T, o defOptions) *testBundle {
 	pool := testenv.Postgres(t)
 	require.NoError(t, schema.Migrate(ctx, pool))
 	def := placeOrder(t, "saga_place_order", o)
-	createTable(t, pool, def)
+	testenv.CreateSagaTable(t, pool, def)
 	clk := &clock{now: baseTime}
 	builds, broken := &atomic.Int64{}, &atomic.Bool{}
 	eng, err := saga.New(saga.Config{
@@ -258,36 +258,6 @@ func setup(t *testing.T, o defOptions) *testBundle {
 	})
 	require.NoError(t, err)
 	return &testBundle{builds: builds, broken: broken, pool: pool, engine: eng, clock: clk, def: def}
-}
-
-// createTable creates the instance table the generator would emit.
-func createTable(t *testing.T, pool *pgxpool.Pool, def *sagadef.Definition) {
-	t.Helper()
-	states := make([]string, 0, len(def.States))
-	for _, s := range def.States {
-		states = append(states, "'"+s.Name+"'")
-	}
-	table := pgx.Identifier{def.Table}.Sanitize()
-	_, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (
-  id            uuid PRIMARY KEY,
-  business_key  text NOT NULL UNIQUE,
-  state         text NOT NULL CHECK (state IN (`+strings.Join(states, ", ")+`)),
-  version       bigint NOT NULL DEFAULT 1,
-  data          bytea NOT NULL,
-  attempt       integer NOT NULL DEFAULT 0,
-  pending_message_id uuid,
-  progress      jsonb NOT NULL DEFAULT '{}',
-  timeout_at    timestamptz,
-  deadline_at   timestamptz,
-  last_error    text,
-  review_reason text,
-  created_at    timestamptz NOT NULL DEFAULT now(),
-  updated_at    timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX ON `+table+` (state);
-CREATE INDEX ON `+table+` (timeout_at) WHERE timeout_at IS NOT NULL;
-CREATE INDEX ON `+table+` (updated_at);`)
-	require.NoError(t, err)
 }
 
 // start starts a saga for order and returns its id.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,7 +108,7 @@ func newWorld(t testing.TB) *world {
 	require.NoError(t, err)
 	pool := w.pool()
 	require.NoError(t, schema.Migrate(ctx, pool, participant.Migrations))
-	createTable(t, pool, w.def)
+	testenv.CreateSagaTable(t, pool, w.def)
 
 	conn := w.conn("setup")
 	ch, err := conn.Channel(ctx)
@@ -646,34 +645,4 @@ func (m *metrics) has(name string, labels map[string]string) bool {
 		}
 	}
 	return false
-}
-
-// createTable creates the instance table the generator would emit.
-func createTable(t testing.TB, pool *pgxpool.Pool, def *sagadef.Definition) {
-	t.Helper()
-	states := make([]string, 0, len(def.States))
-	for _, s := range def.States {
-		states = append(states, "'"+s.Name+"'")
-	}
-	table := pgx.Identifier{def.Table}.Sanitize()
-	_, err := pool.Exec(context.Background(), `CREATE TABLE `+table+` (
-  id            uuid PRIMARY KEY,
-  business_key  text NOT NULL UNIQUE,
-  state         text NOT NULL CHECK (state IN (`+strings.Join(states, ", ")+`)),
-  version       bigint NOT NULL DEFAULT 1,
-  data          bytea NOT NULL,
-  attempt       integer NOT NULL DEFAULT 0,
-  pending_message_id uuid,
-  progress      jsonb NOT NULL DEFAULT '{}',
-  timeout_at    timestamptz,
-  deadline_at   timestamptz,
-  last_error    text,
-  review_reason text,
-  created_at    timestamptz NOT NULL DEFAULT now(),
-  updated_at    timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX ON `+table+` (state);
-CREATE INDEX ON `+table+` (timeout_at) WHERE timeout_at IS NOT NULL;
-CREATE INDEX ON `+table+` (updated_at);`)
-	require.NoError(t, err)
 }
