@@ -26,6 +26,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -469,7 +470,7 @@ func notes(t *report.Table, o options, wmName string, oursNames []string, relayN
 			ratio(best, wmRate), ratio(t.Median(bestName, work), t.Median(wmName, work)))
 		for _, n := range append(oursNames, wmName) {
 			if r := t.Get(n, "% of sagas completed within the limit"); r != nil {
-				t.Note("%s: the limit cut %d of %d runs short (median %s%% completed): its sagas/s counts only the sagas that finished in the window and understates throughput; compare the steps-applied rate",
+				t.Note("%s: the limit ended %d of %d runs before every saga completed (median %s%% did); the rates are over the window, with at most -inflight sagas under way",
 					n, len(r.Values), len(t.Get(n, "sagas/s").Values), report.Format(r.Median()))
 			}
 		}
@@ -479,7 +480,13 @@ func notes(t *report.Table, o options, wmName string, oursNames []string, relayN
 			report.Format(t.Median(bestName, "commits/step")), report.Format(t.Median(wmName, "commits/step")))
 	}
 	rawQ := t.Median("publish persistent 300 B, confirms window 256, quorum queue", "msgs/s")
-	for _, name := range relayNames {
+	keys := make([]string, 0, len(relayNames))
+	for k := range relayNames {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		name := relayNames[k]
 		r := t.Median(fmt.Sprintf("%s, %d rows", name, o.relayRows), "msgs/s")
 		if !math.IsNaN(r) {
 			t.Note("%s / raw pipelined-confirm publish to a quorum queue: **%s** (target ≥ 0.80)", name, ratio(r, rawQ))
