@@ -58,7 +58,7 @@ vet:
 
 ## test: every test — unit, golden and integration against a real PostgreSQL and RabbitMQ.
 test: fmt-check vet check-buf
-	scripts/ensure-chromium.sh
+	scripts/ensure-tools.sh
 	scripts/with-services.sh scripts/gotest.sh $(TESTFLAGS) $(PKGS)
 
 ## test-unit: only the tests that need no services (integration tests skip, or fail under CI=true).
