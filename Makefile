@@ -55,11 +55,12 @@ fmt-check:
 
 vet:
 	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
 
 ## test: every test — unit, golden and integration against a real PostgreSQL and RabbitMQ.
 test: fmt-check vet check-buf
 	scripts/ensure-tools.sh
-	scripts/with-services.sh scripts/gotest.sh $(TESTFLAGS) $(PKGS)
+	scripts/with-services.sh sh -c 'scripts/gotest.sh $(TESTFLAGS) $(PKGS) && cd bench && ../scripts/gotest.sh $(TESTFLAGS) ./...'
 
 ## test-unit: only the tests that need no services (integration tests skip, or fail under CI=true).
 test-unit:
@@ -72,6 +73,8 @@ demo: plugin generate
 ## bench: performance measurements, each side by side with its peer in the same run (bench/ is its own module).
 bench:
 	cd bench && $(GO) run ./cmd/genbench -sagas 40 -runs 9
+	mkdir -p $(CACHE)
+	scripts/with-services.sh sh -c 'cd bench && $(GO) run ./cmd/sagabench -out $(CACHE)/bench.md'
 
 ## soak: long chaos soak (3 runs x 2000 sagas; SIGKILLs at every crash point and at random; 2 RabbitMQ
 ## and 2 PostgreSQL restarts per run), then a 12,000-saga load run with memory watched. Private servers; ~15 min.
