@@ -113,9 +113,15 @@ func (p PGBench) Run(ctx context.Context) (float64, error) {
 	return tps, nil
 }
 
-// FindPGBench returns the pgbench binary: $PATH first, then PostgreSQL 15's
-// Debian location.
+// FindPGBench returns the pgbench binary: $SAGA_PG_BIN (the PostgreSQL
+// installation scripts/services.sh uses) first, then $PATH, then PostgreSQL
+// 15's Debian location.
 func FindPGBench() (string, error) {
+	if dir := os.Getenv("SAGA_PG_BIN"); dir != "" {
+		if p := filepath.Join(dir, "pgbench"); fileExists(p) {
+			return p, nil
+		}
+	}
 	if p, err := exec.LookPath("pgbench"); err == nil {
 		return p, nil
 	}
@@ -124,4 +130,9 @@ func FindPGBench() (string, error) {
 		return debian, nil
 	}
 	return "", fmt.Errorf("pgbench not found in $PATH nor at %s (apt-get install -y postgresql-15)", debian)
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
