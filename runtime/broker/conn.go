@@ -15,6 +15,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // ErrClosed is returned by Conn methods after Close.
@@ -37,7 +39,19 @@ type ConnConfig struct {
 	// Logger receives connection loss and reconnect events (URLs redacted).
 	// Nil discards them.
 	Logger *slog.Logger
+	// Meter receives the [MetricReconnects] counter (by connection Name).
+	// Nil records nothing. Pass the same provider as telemetry.Providers.Meter.
+	Meter metric.MeterProvider
 }
+
+// MetricReconnects counts broker connections lost and re-established, by
+// connection name (attribute "saga.connection.name").
+const MetricReconnects = "saga.broker.reconnects"
+
+// meterScope is the instrumentation scope of the runtime's meters (the same
+// as package telemetry's ScopeName; broker does not import telemetry, which
+// would bring the database layer into the broker layer).
+const meterScope = "github.com/protosaga/saga/runtime"
 
 func (c *ConnConfig) setDefaults() {
 	if c.Heartbeat <= 0 {
@@ -76,6 +90,8 @@ type Conn struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 	done      chan struct{} // the supervisor has exited
+
+	reconnects metric.Int64Counter // nil without cfg.Meter
 }
 
 // generation is one underlying connection.
@@ -102,6 +118,14 @@ func Dial(ctx context.Context, url string, cfg ConnConfig) (*Conn, error) {
 		ready:    make(chan struct{}),
 		closed:   make(chan struct{}),
 		done:     make(chan struct{}),
+	}
+	if cfg.Meter != nil {
+		counter, err := cfg.Meter.Meter(meterScope).Int64Counter(MetricReconnects, metric.WithUnit("{reconnect}"),
+			metric.WithDescription("Broker connections lost and re-established."))
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: reconnect counter: %w", redacted, err)
+		}
+		c.reconnects = counter
 	}
 	conn, err := c.connect(ctx, true)
 	if err != nil {
@@ -202,6 +226,9 @@ func (c *Conn) supervise() {
 		}
 		c.setCurrent(conn)
 		c.cfg.Logger.Info("broker connection restored", "url", c.redacted)
+		if c.reconnects != nil {
+			c.reconnects.Add(context.Background(), 1, metric.WithAttributes(attribute.String("saga.connection.name", c.cfg.Name)))
+		}
 	}
 }
 

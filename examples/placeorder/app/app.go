@@ -270,11 +270,11 @@ func Topology(qt broker.QueueType, p retry.Policy) broker.Topology {
 
 func (a *App) connect(ctx context.Context) error {
 	var err error
-	a.pub, err = broker.Dial(ctx, a.cfg.AMQPURL, broker.ConnConfig{Name: "placeorder-publish", Logger: a.cfg.Logger})
+	a.pub, err = broker.Dial(ctx, a.cfg.AMQPURL, broker.ConnConfig{Name: "placeorder-publish", Logger: a.cfg.Logger, Meter: a.cfg.Telemetry.Meter})
 	if err != nil {
 		return fmt.Errorf("place order app: dial broker for publishing: %w", err)
 	}
-	a.sub, err = broker.Dial(ctx, a.cfg.AMQPURL, broker.ConnConfig{Name: "placeorder-consume", Logger: a.cfg.Logger})
+	a.sub, err = broker.Dial(ctx, a.cfg.AMQPURL, broker.ConnConfig{Name: "placeorder-consume", Logger: a.cfg.Logger, Meter: a.cfg.Telemetry.Meter})
 	if err != nil {
 		return fmt.Errorf("place order app: dial broker for consuming: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
 	"github.com/protosaga/saga/runtime/telemetry/dashboard"
@@ -58,7 +59,7 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 			for _, m := range metricRef.FindAllString(tg.Expr, -1) {
 				if !strings.HasPrefix(m, "saga_type") && !strings.HasPrefix(m, "saga_step") && !strings.HasPrefix(m, "saga_state") &&
 					!strings.HasPrefix(m, "saga_result") && !strings.HasPrefix(m, "saga_timeout_kind") && !strings.HasPrefix(m, "saga_consumer_outcome") &&
-					!strings.HasPrefix(m, "saga_retry_reason") && !strings.HasPrefix(m, "messaging_destination_name") && !strings.HasPrefix(m, "messaging_consumer_group_name") {
+					!strings.HasPrefix(m, "saga_retry_reason") && !strings.HasPrefix(m, "saga_connection_name") && !strings.HasPrefix(m, "messaging_destination_name") && !strings.HasPrefix(m, "messaging_consumer_group_name") {
 					used[m] = true
 				}
 			}
@@ -76,7 +77,7 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 		telemetry.MetricTransitions, telemetry.MetricStepLatency, telemetry.MetricTimeouts, telemetry.MetricCompensations,
 		telemetry.MetricManualReviews, telemetry.MetricConsumed, telemetry.MetricProcessDuration, telemetry.MetricConsumerMessages,
 		telemetry.MetricConsumerRetries, telemetry.MetricConsumerParked, telemetry.MetricConsumerRestarts, telemetry.MetricSent,
-		telemetry.MetricPublishDelay, telemetry.MetricListenReconnects, telemetry.MetricInstances, telemetry.MetricStuck,
+		telemetry.MetricPublishDelay, telemetry.MetricListenReconnects, broker.MetricReconnects, telemetry.MetricInstances, telemetry.MetricStuck,
 		telemetry.MetricOutboxBacklog, telemetry.MetricOutboxOldestAge, telemetry.MetricParkedMessages,
 	} {
 		exported[strings.ReplaceAll(name, ".", "_")] = true
