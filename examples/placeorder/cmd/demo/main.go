@@ -152,7 +152,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	wait := fs.Duration("wait", 90*time.Second, "longest wait for the fleet to settle")
 	verbose := fs.Bool("v", false, "log the runtime's info messages to stderr")
 	addr := fs.String("addr", "127.0.0.1:8090", "where to serve the operator console, its API and /metrics (a free port if taken)")
-	serve := fs.Bool("serve", isTerminal(os.Stdin), "after the summary, keep serving the console until interrupted (default: when run from a terminal)")
+	serve := fs.Bool("serve", isTerminal(os.Stdin) && isTerminal(os.Stdout), "after the summary, keep serving the console until interrupted (default: when run from a terminal)")
 	serveFor := fs.Duration("serve-for", 0, "with -serve, stop serving after this long (0: until interrupted)")
 	if err := fs.Parse(args); err != nil {
 		return err
