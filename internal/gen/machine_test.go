@@ -20,6 +20,7 @@ import (
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	"github.com/protosaga/saga/examples/quoteapproval/quote/v1/quotev1test"
 	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -199,12 +200,14 @@ func TestParticipantDispatch(t *testing.T) {
 	queue, handle := inventoryv1.RegisterInventoryParticipant(inventory{})
 	require.Equal(t, "inventory.commands", queue)
 	deliver := func(m message.Message) error {
-		return handle(context.Background(), nil, &consumer.Delivery{Message: m})
+		env := envelope.Envelope{MessageID: "m-1", MessageType: m.SagaMessageInfo().FullName}
+		return handle(context.Background(), nil, &consumer.Delivery{Envelope: env, Message: m})
 	}
 	err := deliver(&inventoryv1.ReserveInventory{OrderId: "o-1"})
 	require.Error(t, err)
 	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err), "a nil reply is a bug: parked, not retried")
-	require.ErrorContains(t, err, "ReserveInventory returned neither a reply nor an error")
+	require.ErrorContains(t, err, "handle shop.inventory.v1.ReserveInventory m-1")
+	require.ErrorContains(t, err, "returned neither a reply nor an error")
 
 	err = deliver(&inventoryv1.ReleaseInventory{OrderId: "o-1"})
 	require.ErrorContains(t, err, "unavailable")

@@ -123,3 +123,26 @@ func ReplyEnvelope(cmd *envelope.Envelope, reply message.Message) (envelope.Enve
 	}
 	return env, nil
 }
+
+// Reply adapts a typed participant method's results to a [Func]'s: generated
+// <Svc>ParticipantFunc dispatch calls it for every command that declares
+// replies. A nil reply with a nil error is refused as a permanent failure
+// (return a reply, a business-failure reply, [ErrReplyLater] or an error).
+func Reply[R message.Message](reply R, err error) (message.Message, error) {
+	if err != nil {
+		return nil, err
+	}
+	if any(reply) == nil {
+		return nil, failure.Permanent(errors.New("the handler returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
+	}
+	return reply, nil
+}
+
+// NoReply is [Reply] for a command whose contract declares no reply: a nil
+// reply sends nothing.
+func NoReply[R message.Message](reply R, err error) (message.Message, error) {
+	if err != nil || any(reply) == nil {
+		return nil, err
+	}
+	return reply, nil
+}

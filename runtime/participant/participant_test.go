@@ -357,3 +357,27 @@ func TestReplyLater(t *testing.T) {
 	require.Equal(t, cmd.Envelope.MessageID, rows[0].CausationID, "the later reply answers the command")
 	require.Equal(t, cmd.Envelope.SagaID, rows[0].SagaID)
 }
+
+// TestReplyAdapters: the typed dispatch's adapters pass replies and errors
+// through, refuse a nil reply (permanent) unless the command declares none.
+func TestReplyAdapters(t *testing.T) {
+	t.Parallel()
+	r := msg(reservedInfo, "o-1")
+	got, err := participant.Reply(r, nil)
+	require.NoError(t, err)
+	require.Equal(t, r, got)
+	boom := errors.New("database down")
+	_, err = participant.Reply(r, boom)
+	require.ErrorIs(t, err, boom)
+	_, err = participant.Reply[message.Message](nil, nil)
+	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	_, err = participant.Reply[message.Message](nil, participant.ErrReplyLater)
+	require.ErrorIs(t, err, participant.ErrReplyLater)
+
+	got, err = participant.NoReply[message.Message](nil, nil)
+	require.NoError(t, err)
+	require.Nil(t, got)
+	got, err = participant.NoReply(r, nil)
+	require.NoError(t, err)
+	require.Equal(t, r, got)
+}

@@ -240,22 +240,11 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P("switch c := cmd.(type) {")
 	for _, c := range p.Commands {
 		g.P("case *", c.Proto.GoIdent.GoName, ":")
-		g.P("r, err := impl.", c.Proto.GoIdent.GoName, "(ctx, tx, c)")
-		g.P("if err != nil {")
-		g.P("return nil, err")
-		g.P("}")
-		if len(c.Results) > 0 {
-			g.P("if r == nil {")
-			g.P("return nil, ", failurePkg.Ident("Permanent"), "(", errorsPkg.Ident("New"), "(",
-				strconv.Quote(fmt.Sprintf("service %s: %s returned neither a reply nor an error (return participant.ErrReplyLater to answer later)", p.Owner, c.Proto.GoIdent.GoName)), "))")
-			g.P("}")
-			g.P("return r, nil")
-		} else {
-			g.P("if r == nil {")
-			g.P("return nil, nil")
-			g.P("}")
-			g.P("return r, nil")
+		adapt := "Reply"
+		if len(c.Results) == 0 {
+			adapt = "NoReply"
 		}
+		g.P("return ", participantPkg.Ident(adapt), "(impl.", c.Proto.GoIdent.GoName, "(ctx, tx, c))")
 	}
 	g.P("default:")
 	g.P("return nil, ", failurePkg.Ident("Permanent"), "(", fmtPkg.Ident("Errorf"), "(",

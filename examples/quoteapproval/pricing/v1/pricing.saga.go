@@ -5,7 +5,6 @@ package pricingv1
 
 import (
 	context "context"
-	errors "errors"
 	fmt "fmt"
 	v5 "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
@@ -228,23 +227,9 @@ func PricingParticipantFunc(impl PricingParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *PriceQuote:
-			r, err := impl.PriceQuote(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service pricing: PriceQuote returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.PriceQuote(ctx, tx, c))
 		case *ReleasePrice:
-			r, err := impl.ReleasePrice(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service pricing: ReleasePrice returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.ReleasePrice(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service pricing: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}

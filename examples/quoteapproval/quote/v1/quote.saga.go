@@ -143,14 +143,7 @@ func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *SubmitOrder:
-			r, err := impl.SubmitOrder(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service ordering: SubmitOrder returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.SubmitOrder(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service ordering: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}

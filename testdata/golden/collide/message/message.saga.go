@@ -234,23 +234,9 @@ func SelectParticipantFunc(impl SelectParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *Info:
-			r, err := impl.Info(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service select: Info returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.Info(ctx, tx, c))
 		case *Message:
-			r, err := impl.Message(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service select: Message returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.Message(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service select: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}

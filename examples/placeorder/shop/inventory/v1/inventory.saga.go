@@ -5,7 +5,6 @@ package inventoryv1
 
 import (
 	context "context"
-	errors "errors"
 	fmt "fmt"
 	v5 "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
@@ -199,23 +198,9 @@ func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ReleaseInventory:
-			r, err := impl.ReleaseInventory(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service inventory: ReleaseInventory returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.ReleaseInventory(ctx, tx, c))
 		case *ReserveInventory:
-			r, err := impl.ReserveInventory(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service inventory: ReserveInventory returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.ReserveInventory(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service inventory: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}

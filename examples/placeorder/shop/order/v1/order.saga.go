@@ -144,14 +144,7 @@ func OrderParticipantFunc(impl OrderParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ApproveOrder:
-			r, err := impl.ApproveOrder(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service order: ApproveOrder returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.ApproveOrder(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service order: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}

@@ -5,7 +5,6 @@ package paymentv1
 
 import (
 	context "context"
-	errors "errors"
 	fmt "fmt"
 	v5 "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
@@ -135,14 +134,7 @@ func PaymentParticipantFunc(impl PaymentParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *AuthorizePayment:
-			r, err := impl.AuthorizePayment(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service payment: AuthorizePayment returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.AuthorizePayment(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service payment: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}

@@ -5,7 +5,6 @@ package shippingv1
 
 import (
 	context "context"
-	errors "errors"
 	fmt "fmt"
 	v5 "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
@@ -105,14 +104,7 @@ func ShippingParticipantFunc(impl ShippingParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ScheduleShipping:
-			r, err := impl.ScheduleShipping(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service shipping: ScheduleShipping returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.ScheduleShipping(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service shipping: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}

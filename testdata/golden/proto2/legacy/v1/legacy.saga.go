@@ -170,14 +170,7 @@ func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
 	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *Account_Open:
-			r, err := impl.Account_Open(ctx, tx, c)
-			if err != nil {
-				return nil, err
-			}
-			if r == nil {
-				return nil, failure.Permanent(errors.New("service accounts: Account_Open returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
-			}
-			return r, nil
+			return participant.Reply(impl.Account_Open(ctx, tx, c))
 		default:
 			return nil, failure.Permanent(fmt.Errorf("service accounts: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
