@@ -162,3 +162,28 @@ func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	return s
 }
+
+// listPages GETs path with q and, when all is set, every following page by
+// its next cursor, collecting the items unpack takes out of each page. With
+// --json and without --all it prints the API's page as is and reports
+// printed. next is the cursor of the page after the last one fetched.
+func listPages[P any, T any](ctx context.Context, cl *client, env *cliEnv, asJSON, all bool, path string, q url.Values,
+	unpack func(P) ([]T, string),
+) (items []T, next string, printed bool, err error) {
+	for {
+		var page P
+		raw, err := cl.call(ctx, http.MethodGet, path, q, nil, &page)
+		if err != nil {
+			return nil, "", false, err
+		}
+		if asJSON && !all {
+			return nil, "", true, printJSON(env.stdout, raw)
+		}
+		got, cursor := unpack(page)
+		items, next = append(items, got...), cursor
+		if !all || next == "" {
+			return items, next, false, nil
+		}
+		q.Set("cursor", next)
+	}
+}

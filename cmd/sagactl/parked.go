@@ -74,22 +74,10 @@ func parkedList(ctx context.Context, env *cliEnv, args []string) error {
 	if *replayed {
 		q.Set("include_replayed", "true")
 	}
-	var items []admin.Parked
-	var page admin.ParkedPage
-	for {
-		page = admin.ParkedPage{}
-		raw, err := cl.call(ctx, http.MethodGet, "api/parked", q, nil, &page)
-		if err != nil {
-			return err
-		}
-		if c.json && !*all {
-			return printJSON(env.stdout, raw)
-		}
-		items = append(items, page.Items...)
-		if !*all || page.NextCursor == "" {
-			break
-		}
-		q.Set("cursor", page.NextCursor)
+	items, next, printed, err := listPages(ctx, cl, env, c.json, *all, "api/parked", q,
+		func(p admin.ParkedPage) ([]admin.Parked, string) { return p.Items, p.NextCursor })
+	if err != nil || printed {
+		return err
 	}
 	if c.json {
 		return writeJSON(env.stdout, admin.ParkedPage{Items: items})
@@ -107,7 +95,7 @@ func parkedList(ctx context.Context, env *cliEnv, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if page.NextCursor != "" && !*all {
+	if next != "" {
 		fmt.Fprintln(env.stdout, "more: use --all")
 	} else {
 		fmt.Fprintf(env.stdout, "%d parked message(s)\n", len(items))

@@ -91,22 +91,10 @@ func sagasList(ctx context.Context, env *cliEnv, args []string) error {
 	defer cancel()
 	q := f.query()
 	q.Set("limit", strconv.Itoa(*limit))
-	var items []admin.Saga
-	var page admin.SagaPage
-	for {
-		page = admin.SagaPage{}
-		raw, err := cl.call(ctx, http.MethodGet, "api/sagas", q, nil, &page)
-		if err != nil {
-			return err
-		}
-		if c.json && !*all {
-			return printJSON(env.stdout, raw)
-		}
-		items = append(items, page.Items...)
-		if !*all || page.NextCursor == "" {
-			break
-		}
-		q.Set("cursor", page.NextCursor)
+	items, next, printed, err := listPages(ctx, cl, env, c.json, *all, "api/sagas", q,
+		func(p admin.SagaPage) ([]admin.Saga, string) { return p.Items, p.NextCursor })
+	if err != nil || printed {
+		return err
 	}
 	if c.json {
 		return writeJSON(env.stdout, admin.SagaPage{Items: items})
@@ -120,8 +108,8 @@ func sagasList(ctx context.Context, env *cliEnv, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if page.NextCursor != "" && !*all {
-		fmt.Fprintf(env.stdout, "more: --all, or the next page with the API cursor %s\n", page.NextCursor)
+	if next != "" {
+		fmt.Fprintf(env.stdout, "more: --all, or the next page with the API cursor %s\n", next)
 	} else {
 		fmt.Fprintf(env.stdout, "%d saga(s)\n", len(items))
 	}
