@@ -47,6 +47,9 @@ type Consumer struct {
 	onSettle func(messageID, outcome string)
 	// current is the running session, for tests.
 	current atomic.Pointer[session]
+	// fast and fallBack count transactions committed on the fast path and
+	// fast-path attempts that fell back to a savepoint per delivery (tests).
+	fast, fallBack atomic.Int64
 }
 
 // New validates cfg (after filling in defaults) and returns a consumer.

@@ -416,6 +416,9 @@ func TestConsumer(t *testing.T) {
 			require.Equal(t, []int{1}, b.effects(id), "message %s", id)
 			require.Equal(t, []int{1}, b.attemptsOf(id))
 		}
+		fast, fellBack := consumer.Paths(r.c)
+		require.Positive(t, fast, "successful batches commit on the fast path")
+		require.Zero(t, fellBack, "no handler failed, so nothing falls back to savepoints")
 		require.Zero(t, b.ready(b.queue))
 		require.Empty(t, b.parked())
 	})
@@ -707,6 +710,9 @@ func TestConsumer(t *testing.T) {
 			require.Equal(t, []int{1}, b.effects(id), id)
 		}
 		require.Empty(t, b.effects("bad"), "the failing delivery's savepoint is rolled back")
+		require.Equal(t, []int{1}, b.attemptsOf("bad"), "the fallback must not run a failed delivery's handler again")
+		_, fellBack := consumer.Paths(r.c)
+		require.Positive(t, fellBack, "a failing handler in a shared batch falls back to savepoints")
 		require.Equal(t, []int{2}, b.effects("flaky"))
 		require.Equal(t, "permanent", b.parked()["bad"].Class)
 		require.Zero(t, b.ready(b.queue))

@@ -18,3 +18,7 @@ func Buffered(c *Consumer) int {
 	}
 	return len(s.work)
 }
+
+// Paths returns how many batch transactions committed on the fast path and
+// how many fast-path attempts fell back to a savepoint per delivery.
+func Paths(c *Consumer) (fast, fallBack int64) { return c.fast.Load(), c.fallBack.Load() }

@@ -29,6 +29,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,6 +62,53 @@ func Claim(ctx context.Context, tx pgx.Tx, consumer, messageID string) (first bo
 		return false, fmt.Errorf("inbox claim message %q for consumer %q: %w", messageID, consumer, err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// ClaimAll claims every message id of ids for consumer in tx with one
+// statement, with Claim's semantics for each: first[i] reports whether
+// ids[i] is claimed for the first time. An id listed twice is first only at
+// its first position. The rows are inserted in sorted order, so two
+// transactions claiming overlapping sets wait for each other instead of
+// deadlocking.
+func ClaimAll(ctx context.Context, tx pgx.Tx, consumer string, ids []string) (first []bool, err error) {
+	if consumer == "" {
+		return nil, fmt.Errorf("inbox claim %d messages: empty consumer name", len(ids))
+	}
+	for i, id := range ids {
+		if id == "" {
+			return nil, fmt.Errorf("inbox claim for consumer %q: empty message id at position %d", consumer, i)
+		}
+	}
+	first = make([]bool, len(ids))
+	if len(ids) == 0 {
+		return first, nil
+	}
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	rows, err := tx.Query(ctx, `
+INSERT INTO saga_inbox (consumer, message_id)
+SELECT $1, m FROM unnest($2::text[]) WITH ORDINALITY AS u(m, ord) ORDER BY ord
+ON CONFLICT DO NOTHING
+RETURNING message_id`, consumer, sorted)
+	if err != nil {
+		return nil, fmt.Errorf("inbox claim %d messages (first %q) for consumer %q: %w", len(ids), ids[0], consumer, err)
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("inbox claim %d messages (first %q) for consumer %q: %w", len(ids), ids[0], consumer, err)
+	}
+	fresh := make(map[string]bool, len(claimed))
+	for _, id := range claimed {
+		fresh[id] = true
+	}
+	for i, id := range ids {
+		if fresh[id] {
+			first[i] = true
+			delete(fresh, id) // a second occurrence is a duplicate
+		}
+	}
+	return first, nil
 }
 
 // Prune deletes claims received before olderThan, in batches, and returns how

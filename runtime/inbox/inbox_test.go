@@ -197,3 +197,82 @@ func TestPrune(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
+
+func TestClaimAll(t *testing.T) {
+	t.Parallel()
+
+	claimAll := func(ctx context.Context, t *testing.T, pool *pgxpool.Pool, consumer string, ids ...string) []bool {
+		t.Helper()
+		var first []bool
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			first, err = inbox.ClaimAll(ctx, tx, consumer, ids)
+			return err
+		}))
+		return first
+	}
+
+	t.Run("FirstOnlyAtFirstPositionAndOnlyOnce", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t)
+		require.True(t, claim(ctx, t, b.pool, "orders", "m2"))
+		got := claimAll(ctx, t, b.pool, "orders", "m3", "m1", "m2", "m3", "m4")
+		require.Equal(t, []bool{true, true, false, false, true}, got)
+		require.Equal(t, []bool{false, false}, claimAll(ctx, t, b.pool, "orders", "m1", "m4"))
+		require.Equal(t, []bool{true}, claimAll(ctx, t, b.pool, "billing", "m1"), "consumers claim independently")
+		require.Equal(t, 5, countClaims(ctx, t, b.pool))
+	})
+
+	t.Run("RolledBackClaimsAreForgotten", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		first, err := inbox.ClaimAll(ctx, tx, "orders", []string{"a", "b"})
+		require.NoError(t, err)
+		require.Equal(t, []bool{true, true}, first)
+		require.NoError(t, tx.Rollback(ctx))
+		require.Equal(t, []bool{true, true}, claimAll(ctx, t, b.pool, "orders", "b", "a"))
+	})
+
+	t.Run("WaitsForAConcurrentClaim", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = inbox.ClaimAll(ctx, tx, "orders", []string{"x"})
+		require.NoError(t, err)
+		done := make(chan []bool)
+		go func() {
+			var first []bool
+			_ = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+				var err error
+				first, err = inbox.ClaimAll(ctx, tx, "orders", []string{"y", "x"})
+				return err
+			})
+			done <- first
+		}()
+		select {
+		case got := <-done:
+			t.Fatalf("claim did not wait for the open transaction: %v", got)
+		case <-time.After(200 * time.Millisecond):
+		}
+		require.NoError(t, tx.Commit(ctx))
+		require.Equal(t, []bool{true, false}, <-done)
+	})
+
+	t.Run("RejectsEmptyNames", func(t *testing.T) {
+		t.Parallel()
+		ctx, b := setup(t)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = inbox.ClaimAll(ctx, tx, "", []string{"a"})
+		require.ErrorContains(t, err, "empty consumer name")
+		_, err = inbox.ClaimAll(ctx, tx, "orders", []string{"a", ""})
+		require.ErrorContains(t, err, "empty message id at position 1")
+		first, err := inbox.ClaimAll(ctx, tx, "orders", nil)
+		require.NoError(t, err)
+		require.Empty(t, first)
+	})
+}

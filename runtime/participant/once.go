@@ -6,9 +6,11 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 )
 
@@ -67,9 +69,17 @@ func Idempotent(service string, reg *message.Registry, fn Func) Func {
 		if err != nil {
 			return nil, fmt.Errorf("participant %s: encode reply for key %q: %w", service, key, err)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE saga_participant_once SET reply_type = $3, reply_body = $4
-WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInfo().FullName, body); err != nil {
-			return nil, fmt.Errorf("participant %s: store reply for key %q: %w", service, key, err)
+		// Sent with the reply's outbox row when a consumer runs the
+		// handler (one round trip for both), at once otherwise.
+		err = txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+			if err != nil {
+				return fmt.Errorf("participant %s: store reply for key %q: %w", service, key, err)
+			}
+			return nil
+		}, `UPDATE saga_participant_once SET reply_type = $3, reply_body = $4
+WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInfo().FullName, body)
+		if err != nil {
+			return nil, err
 		}
 		return reply, nil
 	}
@@ -83,6 +93,11 @@ func CommandKey(cmd message.Message) string {
 }
 
 func storedReply(ctx context.Context, tx pgx.Tx, service, key string, reg *message.Registry) (message.Message, error) {
+	// The first reply may still be queued in this handler's write scope
+	// (the same command answered twice in one handler).
+	if err := txq.Sync(ctx, tx); err != nil {
+		return nil, err
+	}
 	var typ string
 	var body []byte
 	err := tx.QueryRow(ctx, `SELECT reply_type, reply_body FROM saga_participant_once

@@ -19,6 +19,7 @@ import (
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	sagaoutbox "github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
@@ -280,6 +281,33 @@ func TestIdempotentResentCommand(t *testing.T) {
 	require.Error(t, run(ctx, pool, h, command(t, "fail-1")))
 	require.Error(t, run(ctx, pool, h, command(t, "fail-1")))
 	require.Equal(t, int32(3), calls.Load())
+}
+
+// TestIdempotentReplaysWithinOneWriteScope answers one command twice inside
+// one handler run by a consumer, whose write scope holds the first reply's
+// stored copy back until the handler returns: the second answer must still
+// replay it (the scope is synced before the stored reply is read).
+func TestIdempotentReplaysWithinOneWriteScope(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	fn := participant.Idempotent("inventory", registry(t),
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+		})
+	d := command(t, "order-7")
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		sctx, scope := txq.WithScope(ctx, tx)
+		first, err := fn(sctx, tx, d.Message)
+		require.NoError(t, err)
+		require.Positive(t, scope.Len(), "the stored reply is queued, not yet sent")
+		again, err := fn(sctx, tx, d.Message)
+		require.NoError(t, err)
+		require.NotNil(t, again, "the queued first reply is replayed")
+		require.Equal(t, first.SagaMessageInfo().FullName, again.SagaMessageInfo().FullName)
+		require.Equal(t, "order-7", again.(testMsg).GetValue())
+		return scope.Flush(sctx)
+	}))
 }
 
 // TestIdempotentScopesByCommandType: a reservation and its compensating

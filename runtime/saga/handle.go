@@ -11,6 +11,7 @@ import (
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -57,6 +58,11 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 	if env.SagaType != "" && env.SagaType != e.def.Name {
 		return failure.Permanent(fmt.Errorf("saga handle: message %s (%s) belongs to saga type %s, this engine runs %s",
 			env.MessageID, kind, env.SagaType, e.def.Name))
+	}
+	// What this handler queued so far (a saga started or moved by the same
+	// handler) must be visible to the reads below.
+	if err := txq.Sync(ctx, tx); err != nil {
+		return err
 	}
 	if kind == e.def.StartMessage && env.SagaID == "" {
 		return e.handleStart(ctx, tx, d)

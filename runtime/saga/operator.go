@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -93,6 +94,9 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 		if _, ok := e.stateKind[op.ResolveTo]; !ok {
 			return Status{}, fmt.Errorf("saga %s operation: resolve to unknown state %q", e.def.Name, op.ResolveTo)
 		}
+	}
+	if err := txq.Sync(ctx, tx); err != nil { // called from a handler that moved the saga
+		return Status{}, err
 	}
 	w, err := loadRow(ctx, tx, e.q.lockByID, op.SagaID)
 	if err != nil {

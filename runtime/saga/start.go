@@ -9,6 +9,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -66,6 +67,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	case err != nil:
 		return "", false, fmt.Errorf("insert saga %s (business key %q): %w", e.def.Name, inst.BusinessKey, err)
 	}
+	ctx, scope, owned := txq.Open(ctx, tx)
 	if err := e.emit(ctx, tx, id, res.Emit, meta.MessageID, origin{Traceparent: meta.Traceparent, Tracestate: meta.Tracestate}); err != nil {
 		return "", false, err
 	}
@@ -80,6 +82,11 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 		MessageID: meta.MessageID, CausationID: meta.CausationID, Note: res.Note, Version: 1,
 	}); err != nil {
 		return "", false, err
+	}
+	if owned {
+		if err := scope.Flush(ctx); err != nil {
+			return "", false, err
+		}
 	}
 	e.cfg.Logger.DebugContext(ctx, "saga started", "saga_type", e.def.Name, "saga_id", id,
 		"business_key", inst.BusinessKey, "state", to, "message_id", meta.MessageID)
@@ -108,15 +115,28 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 	return w.ID, false, nil
 }
 
-// Start is [Engine.StartTx] in a transaction of its own.
+// Start is [Engine.StartTx] in a transaction of its own. Relays are woken
+// after the commit.
 func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+	var wakes *txq.Wakes
 	err = pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
+		wakes = txq.NewWakes(tx)
 		var err error
-		sagaID, created, err = e.StartTx(ctx, tx, start, meta)
+		sagaID, created, err = e.StartTx(wakes.Attach(ctx), tx, start, meta)
 		return err
 	})
 	if err != nil {
 		return "", false, err
 	}
+	e.sendWakes(ctx, wakes)
 	return sagaID, created, nil
+}
+
+// sendWakes notifies relays after a commit. A failure costs only latency:
+// relays poll.
+func (e *Engine) sendWakes(ctx context.Context, wakes *txq.Wakes) {
+	if err := wakes.Send(ctx, e.cfg.Pool); err != nil {
+		e.cfg.Logger.WarnContext(ctx, "wake-up after commit failed; relays will find the messages by polling",
+			"saga_type", e.def.Name, "error", err)
+	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -31,8 +32,11 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 		limit = e.cfg.TimeoutBatch
 	}
 	fired := 0
+	var wakes *txq.Wakes
 	err := pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
 		fired = 0
+		wakes = txq.NewWakes(tx)
+		ctx := wakes.Attach(ctx)
 		now := e.cfg.Now()
 		rows, err := tx.Query(ctx, e.q.claimDue, now, limit, e.holding)
 		if err != nil {
@@ -56,6 +60,7 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	e.sendWakes(ctx, wakes)
 	return fired, nil
 }
 

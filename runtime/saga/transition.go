@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -57,7 +59,10 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 }
 
 // persist writes a machine result: the instance update (version-guarded, only
-// when something changed), the emitted messages and one audit row.
+// when something changed), the emitted messages and one audit row. The three
+// writes go out as one pipeline: queued in the handler's write scope when a
+// consumer runs the engine (sent when the handler returns), in a scope of
+// its own otherwise.
 func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Result, trig sagadef.Trigger, o origin) (outcome, error) {
 	after := res.Instance
 	after.ID = w.ID
@@ -65,22 +70,28 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 	if err != nil {
 		return outcome{}, err
 	}
+	ctx, scope, owned := txq.Open(ctx, tx)
 	out := outcome{Result: res, Version: w.Version}
 	if changed(w, after, enc) {
 		out.Changed = true
 		out.Version = w.Version + 1
-		tag, err := tx.Exec(ctx, e.q.update, w.ID, w.Version, after.State, out.Version, enc.Data, after.Attempt,
+		err := txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+			if err != nil {
+				return fmt.Errorf("update saga %s to %s: %w", w.ID, after.State, err)
+			}
+			if tag.RowsAffected() != 1 {
+				// Only possible when a caller did not lock the row: the
+				// guard refuses to overwrite a concurrent transition.
+				// Transient: a retry reloads the row and classifies again.
+				return failure.Transient(fmt.Errorf("update saga %s: %w", w.ID,
+					&VersionConflictError{SagaID: w.ID, Expected: w.Version, State: w.State}))
+			}
+			return nil
+		}, e.q.update, w.ID, w.Version, after.State, out.Version, enc.Data, after.Attempt,
 			after.PendingMessageID, string(enc.Progress), enc.TimeoutAt, enc.DeadlineAt,
 			after.LastError, after.ReviewReason, e.cfg.Now())
 		if err != nil {
-			return outcome{}, fmt.Errorf("update saga %s to %s: %w", w.ID, after.State, err)
-		}
-		if tag.RowsAffected() != 1 {
-			// Only possible when a caller did not lock the row: the
-			// guard refuses to overwrite a concurrent transition.
-			// Transient: a retry reloads the row and classifies again.
-			return outcome{}, failure.Transient(fmt.Errorf("update saga %s: %w", w.ID,
-				&VersionConflictError{SagaID: w.ID, Expected: w.Version, State: w.State}))
+			return outcome{}, err
 		}
 	}
 	if err := e.emit(ctx, tx, w.ID, res.Emit, trig.MessageID, o); err != nil {
@@ -99,6 +110,11 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 		Note: note(trig.Reason, res.Note), Version: out.Version,
 	}); err != nil {
 		return outcome{}, err
+	}
+	if owned {
+		if err := scope.Flush(ctx); err != nil {
+			return outcome{}, err
+		}
 	}
 	return out, nil
 }
@@ -151,12 +167,13 @@ type auditEntry struct {
 }
 
 func (e *Engine) audit(ctx context.Context, tx pgx.Tx, a auditEntry) error {
-	_, err := tx.Exec(ctx, e.q.insertAudit, a.SagaID, e.def.Name, a.From, a.To, a.Trigger, a.Class,
+	return txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+		if err != nil {
+			return fmt.Errorf("audit saga %s %s (%s): %w", a.SagaID, a.Trigger, a.Class, err)
+		}
+		return nil
+	}, e.q.insertAudit, a.SagaID, e.def.Name, a.From, a.To, a.Trigger, a.Class,
 		a.MessageID, a.CausationID, a.Operator, a.Note, a.Version, e.cfg.Now())
-	if err != nil {
-		return fmt.Errorf("audit saga %s %s (%s): %w", a.SagaID, a.Trigger, a.Class, err)
-	}
-	return nil
 }
 
 func note(reason, machine string) string {

@@ -1,0 +1,169 @@
+package txq_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/internal/txq"
+)
+
+func setup(t *testing.T) (context.Context, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE notes (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+	return ctx, pool
+}
+
+// begin opens a transaction on a fresh schema, rolled back at cleanup.
+func begin(t *testing.T) (context.Context, pgx.Tx) {
+	t.Helper()
+	ctx, pool := setup(t)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	return ctx, tx
+}
+
+func count(ctx context.Context, t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) int {
+	t.Helper()
+	var n int
+	require.NoError(t, q.QueryRow(ctx, `SELECT count(*) FROM notes`).Scan(&n))
+	return n
+}
+
+func TestScope(t *testing.T) {
+	t.Parallel()
+
+	t.Run("WithoutScopeExecRunsAtOnce", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx := begin(t)
+		var rows int64
+		require.NoError(t, txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+			rows = tag.RowsAffected()
+			return err
+		}, `INSERT INTO notes VALUES (1)`))
+		require.EqualValues(t, 1, rows)
+		require.Equal(t, 1, count(ctx, t, tx))
+		err := txq.Exec(ctx, tx, nil, `INSERT INTO notes VALUES (1)`)
+		require.ErrorContains(t, err, "23505", "the statement's own error when result is nil")
+	})
+
+	t.Run("QueuedUntilFlushThenEveryResultSeesItsOutcome", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx := begin(t)
+		sctx, scope := txq.WithScope(ctx, tx)
+		var seen []string
+		record := func(name string) txq.Result {
+			return func(tag pgconn.CommandTag, err error) error {
+				if err != nil {
+					seen = append(seen, name+": error")
+					return errors.New(name + " failed")
+				}
+				seen = append(seen, name+": "+tag.String())
+				return nil
+			}
+		}
+		require.NoError(t, txq.Exec(sctx, tx, record("a"), `INSERT INTO notes VALUES (1)`))
+		require.NoError(t, txq.Exec(sctx, tx, record("b"), `INSERT INTO notes VALUES (2)`))
+		require.Equal(t, 2, scope.Len())
+		require.Empty(t, seen)
+		require.Equal(t, 0, count(ctx, t, tx), "nothing is sent before Flush")
+		require.NoError(t, scope.Flush(sctx))
+		require.Equal(t, []string{"a: INSERT 0 1", "b: INSERT 0 1"}, seen)
+		require.Equal(t, 2, count(ctx, t, tx))
+		require.Zero(t, scope.Len())
+
+		seen = nil
+		require.NoError(t, txq.Exec(sctx, tx, record("dup"), `INSERT INTO notes VALUES (1)`))
+		require.NoError(t, txq.Exec(sctx, tx, record("after"), `INSERT INTO notes VALUES (3)`))
+		err := scope.Flush(sctx)
+		require.EqualError(t, err, "dup failed", "the first failure is reported")
+		require.Equal(t, []string{"dup: error", "after: error"}, seen, "statements after a failure still get their result")
+	})
+
+	t.Run("OnlyForItsOwnTransaction", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx := begin(t)
+		sctx, scope := txq.WithScope(ctx, tx)
+		sp, err := tx.Begin(sctx)
+		require.NoError(t, err)
+		require.NoError(t, txq.Exec(sctx, sp, nil, `INSERT INTO notes VALUES (1)`))
+		require.Zero(t, scope.Len(), "a savepoint of the scope's transaction writes at once")
+		require.NoError(t, sp.Rollback(ctx))
+
+		same, s2, owned := txq.Open(sctx, tx)
+		require.False(t, owned)
+		require.Same(t, scope, s2)
+		require.Equal(t, sctx, same)
+		_, s3, owned := txq.Open(ctx, tx)
+		require.True(t, owned)
+		require.NotSame(t, scope, s3)
+	})
+
+	t.Run("DiscardSendsNothing", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx := begin(t)
+		sctx, scope := txq.WithScope(ctx, tx)
+		var got error
+		require.NoError(t, txq.Exec(sctx, tx, func(_ pgconn.CommandTag, err error) error { got = err; return err },
+			`INSERT INTO notes VALUES (1)`))
+		cause := errors.New("handler failed")
+		scope.Discard(cause)
+		require.ErrorIs(t, got, cause)
+		require.NoError(t, scope.Flush(sctx))
+		require.Equal(t, 0, count(ctx, t, tx))
+	})
+}
+
+func TestWakes(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+
+	listener, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	_, err = listener.Exec(ctx, `LISTEN wake_test`)
+	require.NoError(t, err)
+	notified := func() bool {
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, err := listener.Conn().WaitForNotification(wctx)
+		return err == nil
+	}
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	wakes := txq.NewWakes(tx)
+	wctx := wakes.Attach(ctx)
+	require.False(t, txq.Wake(ctx, tx, "wake_test"), "no wake set in the context: notify in the transaction")
+
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.False(t, txq.Wake(wctx, other, "wake_test"), "another transaction is not covered by the set")
+	require.NoError(t, other.Rollback(ctx))
+
+	sp, err := tx.Begin(ctx)
+	require.NoError(t, err)
+	require.True(t, txq.Wake(wctx, sp, "wake_test"), "a savepoint shares its transaction's set")
+	require.True(t, txq.Wake(wctx, tx, "wake_test"))
+	require.True(t, wakes.Pending())
+	require.NoError(t, tx.Commit(ctx))
+	require.False(t, notified(), "nothing was notified inside the transaction")
+
+	require.NoError(t, wakes.Send(ctx, pool))
+	require.True(t, notified(), "Send notifies after the commit")
+	require.False(t, wakes.Pending())
+	require.NoError(t, wakes.Send(ctx, pool), "an empty set sends nothing")
+}
