@@ -30,10 +30,12 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 )
@@ -80,6 +82,23 @@ func Handler(fn Func) consumer.HandlerFunc {
 		}
 		return nil
 	}
+}
+
+// Defer runs a write whose result the participant does not need — a journal
+// row, a stock update it has already checked — in tx. When a consumer runs
+// the handler, the statement is queued and sent in one round trip with the
+// handler's other queued writes (the stored reply of [Idempotent], the
+// reply's outbox row) when the handler returns; its error, prefixed with
+// what, then fails the delivery like a returned error would. Elsewhere it
+// runs at once. Do not read back in the same handler what a deferred
+// statement writes.
+func Defer(ctx context.Context, tx pgx.Tx, what, sql string, args ...any) error {
+	return txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}, sql, args...)
 }
 
 // ErrReplyLater, returned by a Func (or a generated participant method),

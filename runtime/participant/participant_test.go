@@ -310,6 +310,33 @@ func TestIdempotentReplaysWithinOneWriteScope(t *testing.T) {
 	}))
 }
 
+// TestDefer: inside a handler's write scope the statement waits for the
+// flush and its error carries the description; elsewhere it runs at once.
+func TestDefer(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE journal (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+	rows := func(tx pgx.Tx) (n int) {
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM journal`).Scan(&n))
+		return n
+	}
+	require.Error(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		require.NoError(t, participant.Defer(ctx, tx, "journal 1", `INSERT INTO journal VALUES (1)`))
+		require.Equal(t, 1, rows(tx), "without a scope the write runs at once")
+
+		sctx, scope := txq.WithScope(ctx, tx)
+		require.NoError(t, participant.Defer(sctx, tx, "journal 2", `INSERT INTO journal VALUES (2)`))
+		require.NoError(t, participant.Defer(sctx, tx, "journal 1 again", `INSERT INTO journal VALUES (1)`))
+		require.Equal(t, 1, rows(tx), "queued until the scope is flushed")
+		err := scope.Flush(sctx)
+		require.ErrorContains(t, err, "journal 1 again: ")
+		require.ErrorContains(t, err, "23505")
+		return err
+	}))
+}
+
 // TestIdempotentScopesByCommandType: a reservation and its compensating
 // release share the business key (the order id); the release must run its own
 // effect and answer with its own reply, not the reservation's stored one.

@@ -56,13 +56,12 @@ func once[R message.Message](ctx context.Context, tx pgx.Tx, reg *message.Regist
 }
 
 // journal records one business effect in shop_ledger, in the effect's
-// transaction.
+// transaction. Nothing reads it back while handling the command, so it is
+// deferred: sent with the reply in one round trip.
 func journal(ctx context.Context, tx pgx.Tx, orderID, service, effect, detail string) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO shop_ledger (order_id, service, effect, detail) VALUES ($1, $2, $3, $4)`,
-		orderID, service, effect, detail); err != nil {
-		return fmt.Errorf("%s: journal %s of order %s: %w", service, effect, orderID, err)
-	}
-	return nil
+	return participant.Defer(ctx, tx, fmt.Sprintf("%s: journal %s of order %s", service, effect, orderID),
+		`INSERT INTO shop_ledger (order_id, service, effect, detail) VALUES ($1, $2, $3, $4)`,
+		orderID, service, effect, detail)
 }
 
 // Inventory is the inventory service: it holds stock for orders and gives it
@@ -91,27 +90,32 @@ func (s *Inventory) ReserveInventory(ctx context.Context, tx pgx.Tx, cmd *invent
 // advisory lock, taken before the first stock row, orders whole batches
 // instead: one batch at a time, however many inventory processes run.
 func lockStock(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('placeorder.inventory_stock'))`); err != nil {
+	if _, err := tx.Exec(ctx, lockStockSQL); err != nil {
 		return fmt.Errorf("inventory: lock stock: %w", err)
 	}
 	return nil
 }
 
+const lockStockSQL = `SELECT pg_advisory_xact_lock(hashtext('placeorder.inventory_stock'))`
+
 func (s *Inventory) reserve(ctx context.Context, tx pgx.Tx, cmd *inventoryv1.ReserveInventory) (inventoryv1.ReserveInventoryResult, error) {
 	orderID := cmd.GetOrderId()
-	if err := lockStock(ctx, tx); err != nil {
-		return nil, err
-	}
 	refuse := func(reason string) (inventoryv1.ReserveInventoryResult, error) {
 		if err := journal(ctx, tx, orderID, "inventory", "reservation_refused", reason); err != nil {
 			return nil, err
 		}
 		return &inventoryv1.InventoryReservationFailed{OrderId: orderID, Reason: reason}, nil
 	}
+	// The lock and the check go out in one round trip; the check still
+	// runs after the lock is granted (with a snapshot taken then), so a
+	// release that committed meanwhile is seen.
+	var b pgx.Batch
+	b.Queue(lockStockSQL)
 	var released bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inventory_reservations
-WHERE order_id = $1 AND released_at IS NOT NULL)`, orderID).Scan(&released); err != nil {
-		return nil, fmt.Errorf("inventory: check releases of order %s: %w", orderID, err)
+	b.Queue(`SELECT EXISTS (SELECT 1 FROM inventory_reservations
+WHERE order_id = $1 AND released_at IS NOT NULL)`, orderID).QueryRow(func(r pgx.Row) error { return r.Scan(&released) })
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return nil, fmt.Errorf("inventory: lock stock and check releases of order %s: %w", orderID, err)
 	}
 	if released {
 		// The compensation overtook the reservation: holding stock now
@@ -164,13 +168,14 @@ WHERE product_id = ANY($1) ORDER BY product_id FOR UPDATE`, products)
 	if len(short) > 0 {
 		return refuse("out of stock: " + strings.Join(short, ", "))
 	}
-	if _, err := tx.Exec(ctx, `UPDATE inventory_stock s SET available = s.available - x.q
+	// The rows are locked and checked: the writes need no answer.
+	if err := participant.Defer(ctx, tx, "inventory: take stock for order "+orderID, `UPDATE inventory_stock s SET available = s.available - x.q
 FROM unnest($1::text[], $2::int[]) AS x(p, q) WHERE s.product_id = x.p`, products, quantities); err != nil {
-		return nil, fmt.Errorf("inventory: take stock for order %s: %w", orderID, err)
+		return nil, err
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO inventory_reservations (order_id, product_id, quantity)
+	if err := participant.Defer(ctx, tx, "inventory: record reservation of order "+orderID, `INSERT INTO inventory_reservations (order_id, product_id, quantity)
 SELECT $1, p, q FROM unnest($2::text[], $3::int[]) AS x(p, q)`, orderID, products, quantities); err != nil {
-		return nil, fmt.Errorf("inventory: record reservation of order %s: %w", orderID, err)
+		return nil, err
 	}
 	if err := journal(ctx, tx, orderID, "inventory", "reserved", describe(products, quantities)); err != nil {
 		return nil, err
@@ -265,9 +270,9 @@ func (s *Payment) AuthorizePayment(ctx context.Context, tx pgx.Tx, cmd *paymentv
 			return decline(fmt.Sprintf("invalid amount %d %q", amount.GetMinorUnits(), amount.GetCurrency()))
 		}
 		authID := "auth_" + uuid.NewString()
-		if _, err := tx.Exec(ctx, `INSERT INTO payment_authorizations (order_id, authorization_id, currency, minor_units)
+		if err := participant.Defer(ctx, tx, "payment: authorize order "+orderID, `INSERT INTO payment_authorizations (order_id, authorization_id, currency, minor_units)
 VALUES ($1, $2, $3, $4)`, orderID, authID, amount.GetCurrency(), amount.GetMinorUnits()); err != nil {
-			return nil, fmt.Errorf("payment: authorize order %s: %w", orderID, err)
+			return nil, err
 		}
 		if err := journal(ctx, tx, orderID, "payment", "authorized",
 			fmt.Sprintf("%d %s", amount.GetMinorUnits(), amount.GetCurrency())); err != nil {
@@ -304,9 +309,9 @@ func (s *Shipping) ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *shippin
 			return nil, fmt.Errorf("shipping: find a carrier for %s (order %s): %w", country, orderID, err)
 		}
 		tracking := "trk_" + uuid.NewString()
-		if _, err := tx.Exec(ctx, `INSERT INTO shipping_shipments (order_id, tracking_id) VALUES ($1, $2)`,
-			orderID, tracking); err != nil {
-			return nil, fmt.Errorf("shipping: book order %s: %w", orderID, err)
+		if err := participant.Defer(ctx, tx, "shipping: book order "+orderID,
+			`INSERT INTO shipping_shipments (order_id, tracking_id) VALUES ($1, $2)`, orderID, tracking); err != nil {
+			return nil, err
 		}
 		if err := journal(ctx, tx, orderID, "shipping", "booked", cmd.GetAddress().GetCountry()); err != nil {
 			return nil, err
@@ -324,8 +329,9 @@ var _ orderv1.OrderParticipant = (*Approval)(nil)
 func (s *Approval) ApproveOrder(ctx context.Context, tx pgx.Tx, cmd *orderv1.ApproveOrder) (orderv1.ApproveOrderResult, error) {
 	return once(ctx, tx, s.reg, scopeApprove, cmd, func() (orderv1.ApproveOrderResult, error) {
 		orderID := cmd.GetOrderId()
-		if _, err := tx.Exec(ctx, `INSERT INTO order_approvals (order_id) VALUES ($1)`, orderID); err != nil {
-			return nil, fmt.Errorf("order: approve order %s: %w", orderID, err)
+		if err := participant.Defer(ctx, tx, "order: approve order "+orderID,
+			`INSERT INTO order_approvals (order_id) VALUES ($1)`, orderID); err != nil {
+			return nil, err
 		}
 		if err := journal(ctx, tx, orderID, "order", "approved", ""); err != nil {
 			return nil, err
