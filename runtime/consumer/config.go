@@ -78,10 +78,11 @@ type Config struct {
 	// transaction. Defaults to 4.
 	Concurrency int
 	// BatchSize is the most deliveries one worker applies in one
-	// transaction (one commit, one fsync), each in its own savepoint.
-	// Only deliveries that are already waiting are batched, so a quiet
-	// consumer never waits to fill a batch. Defaults to 16; 1 disables
-	// batching.
+	// transaction (one commit, one fsync, one inbox claim). Only deliveries
+	// that are already waiting are batched, so a quiet consumer never waits
+	// to fill a batch; under load, batches grow and commits are shared.
+	// Defaults to 64 (the Place Order benchmark: 88 sagas/s at 16, 121 at
+	// 64, with 4 workers); 1 disables batching.
 	BatchSize int
 	// Retry is the retry policy. It must match the tier queues declared for
 	// Queue. Defaults to retry.Default().
@@ -102,7 +103,7 @@ type Config struct {
 // Defaults.
 const (
 	defaultConcurrency  = 4
-	defaultBatchSize    = 16
+	defaultBatchSize    = 64
 	defaultDrainTimeout = 30 * time.Second
 	maxPrefetch         = 65535 // AMQP's prefetch-count is a short
 )

@@ -4,7 +4,7 @@
 // Place Order example on the saga runtime (completed sagas per second, relay
 // throughput, step latency, commits per step, CPU per saga).
 //
-//	cd bench && go run ./cmd/sagabench [-quick] [-runs 3] [-sagas 10000] [-workers 1,4]
+//	cd bench && go run ./cmd/sagabench [-quick] [-runs 3] [-sagas 10000] [-workers 2,4]
 //
 // Every measurement runs in a fresh schema of a database created for the run
 // (so pg_stat_database counts only the benchmark's commits) and a fresh
@@ -81,7 +81,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.sagas, "sagas", 10000, "sagas per throughput measurement of the runtime")
 	fs.IntVar(&o.wmSags, "wm-sagas", 3000, "sagas per throughput measurement of the Watermill build")
 	fs.IntVar(&o.inflight, "inflight", 500, "most sagas under way at once in throughput measurements (more start as others complete)")
-	workers := fs.String("workers", "1,4", "consumer workers (app.Config.Concurrency) per runtime throughput measurement")
+	workers := fs.String("workers", "2,4", "consumer workers (app.Config.Concurrency) per runtime throughput measurement")
 	fs.IntVar(&o.batch, "batch", 0, "consumer batch size (app.Config.BatchSize); 0 = the consumer's default")
 	fs.StringVar(&o.queueType, "queue-type", "quorum", "work queue type on both sides: quorum or classic")
 	fs.DurationVar(&o.rawDuration, "raw-duration", 3*time.Second, "duration of each raw RabbitMQ measurement")
