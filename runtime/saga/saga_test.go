@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -399,4 +401,38 @@ func TestHandleStartsFromDeliveredStartMessage(t *testing.T) {
 	require.Equal(t, []string{"start:new:>" + stReserve, "start:duplicate:" + stReserve + ">" + stReserve}, trail(h))
 	require.Equal(t, first, h[0].MessageID)
 	require.Equal(t, second, h[1].MessageID)
+}
+
+// TestRepliesForOneSagaInOneScope handles two replies to the same command in
+// one transaction with one write scope: the engine must send its own queued
+// update before it locks the row again, so the second reply is a duplicate
+// rather than a second transition (or a version conflict when the writes are
+// sent).
+func TestRepliesForOneSagaInOneScope(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	ctx := context.Background()
+	id := b.start(t, "o-scope")
+	st := b.status(t, id)
+	deliver := func(ctx context.Context, tx pgx.Tx) {
+		m := msg(msgInventoryReserved, st.BusinessKey)
+		env, err := envelope.New(m, envelope.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
+		require.NoError(t, err)
+		require.NoError(t, b.engine.Handle(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}))
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		sctx, scope := txq.WithScope(ctx, tx)
+		deliver(sctx, tx)
+		require.Positive(t, scope.Len(), "the transition's writes wait for the flush")
+		deliver(sctx, tx)
+		return scope.Flush(sctx)
+	}))
+	var classes []string
+	for _, r := range b.history(t, id) {
+		if strings.HasSuffix(r.Trigger, "InventoryReserved") {
+			classes = append(classes, r.Class)
+		}
+	}
+	require.Equal(t, []string{"new", "duplicate"}, classes)
+	require.Equal(t, int64(2), b.status(t, id).Version)
 }
