@@ -40,12 +40,14 @@ var (
 // PublisherConfig tunes a Publisher. The zero value is usable.
 type PublisherConfig struct {
 	// Window is the maximum number of published messages awaiting their
-	// confirm; 0 means 256. One-at-a-time confirms cost an order of
-	// magnitude in throughput; an unbounded window costs memory and makes
-	// a failure republish everything.
+	// confirm, counted across every Send still in flight; 0 means 256.
+	// One-at-a-time confirms cost an order of magnitude in throughput; an
+	// unbounded window costs memory and makes a failure republish
+	// everything.
 	Window int
-	// ConfirmTimeout is how long Publish waits for the next confirm before
-	// giving up on every outstanding message; 0 means 30 s.
+	// ConfirmTimeout is how long the publisher waits for the oldest
+	// outstanding confirm before giving up on every outstanding message;
+	// 0 means 30 s.
 	ConfirmTimeout time.Duration
 }
 
@@ -57,27 +59,33 @@ type Outgoing struct {
 	Publishing amqp.Publishing
 }
 
-// Publisher publishes batches with publisher confirms on one channel of a
-// Conn. It is safe for concurrent use; calls to Publish are serialized.
+// Publisher publishes messages with publisher confirms on one channel of a
+// Conn. It is safe for concurrent use; calls to Send are serialized, so the
+// messages of one call go out in order and back to back.
 //
-// The channel is in confirm mode and every publish is mandatory. Publish
-// keeps at most Window messages unconfirmed, listens for returns (drained
-// continuously from a buffered channel, so the client library never drops
-// one), and reports per message whether the broker confirmed it AND routed
-// it. On a nack, return, timeout or channel/connection loss it reports the
-// affected messages as failed; after any failure other than a nack or
-// return it discards the channel (confirms can no longer be trusted) and
-// opens a fresh one on the next call, which waits for the Conn to
-// reconnect.
+// The channel is in confirm mode and every publish is mandatory.
+// [Publisher.Send] publishes a batch and returns as soon as the last message
+// is written, with a [Pending] whose Wait reports per message whether the
+// broker confirmed it AND routed it; [Publisher.Publish] is Send followed by
+// Wait. Confirms and returns are collected by a goroutine of the publisher,
+// not by the caller, so a caller may send the next batch while the confirms
+// of the previous one are still on their way: at most Window messages are
+// unconfirmed at any time, whichever batches they belong to, and Send waits
+// only for a free slot in that window. Returns are drained continuously
+// from a buffered channel, so the client library never drops one.
+//
+// A nack or a return fails only its message. A confirm timeout or the loss
+// of the channel or connection fails every outstanding message that was not
+// already confirmed; the channel is then discarded (its confirms can no
+// longer be trusted) and the next Send opens a fresh one, which waits for
+// the Conn to reconnect.
 type Publisher struct {
 	conn *Conn
 	cfg  PublisherConfig
 
-	mu      sync.Mutex
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	closes  chan *amqp.Error
-	known   map[string]bool // exchanges seen to exist
+	mu    sync.Mutex // serializes Send and Close; guards sess and known
+	sess  *session
+	known map[string]bool // exchanges seen to exist
 }
 
 // NewPublisher returns a publisher on conn. It opens its channel lazily.
@@ -131,226 +139,449 @@ func (p *Publisher) checkExchanges(ctx context.Context, msgs []Outgoing, errs []
 	return nil
 }
 
-// Close closes the publisher's channel. A later Publish opens a new one.
+// Close closes the publisher's channel, failing whatever still awaits a
+// confirm. A later Send opens a new channel.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.discard()
+	if s := p.sess; s != nil {
+		s.kill(fmt.Errorf("%w: publisher closed", ErrChannelClosed))
+		<-s.exited
+		p.sess = nil
+	}
 	return nil
 }
 
-func (p *Publisher) discard() {
-	if p.ch != nil {
-		_ = p.ch.Close()
-		p.ch, p.returns, p.closes = nil, nil, nil
+// session returns the live session, opening one (and a channel) when there
+// is none or the last one died.
+func (p *Publisher) session(ctx context.Context) (*session, error) {
+	if s := p.sess; s != nil {
+		if !s.isKilled() && !s.ch.IsClosed() {
+			return s, nil
+		}
+		s.kill(fmt.Errorf("%w: channel closed", ErrChannelClosed))
+		if e := s.closeReason(); e != nil && e.Code == amqp.NotFound {
+			clear(p.known) // an exchange vanished since it was checked
+			p.known[""] = true
+		}
+		p.sess = nil // its goroutine finishes on its own
 	}
-}
-
-func (p *Publisher) channel(ctx context.Context) error {
-	if p.ch != nil && !p.ch.IsClosed() {
-		return nil
-	}
-	p.discard()
 	ch, err := p.conn.Channel(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := ch.Confirm(false); err != nil {
 		_ = ch.Close()
-		return fmt.Errorf("put channel in confirm mode: %w", err)
+		return nil, fmt.Errorf("put channel in confirm mode: %w", err)
 	}
-	// A return can only be pending for an outstanding message, so a buffer
-	// of Window never blocks the client's reader.
-	p.returns = ch.NotifyReturn(make(chan amqp.Return, p.cfg.Window+1))
-	p.closes = ch.NotifyClose(make(chan *amqp.Error, 1))
-	p.ch = ch
-	return nil
+	s := &session{
+		ch:      ch,
+		timeout: p.cfg.ConfirmTimeout,
+		slots:   make(chan struct{}, p.cfg.Window),
+		fifo:    make(chan *inflight, p.cfg.Window),
+		// A return can only be pending for an outstanding message, so a
+		// buffer of Window never blocks the client's reader.
+		returns: ch.NotifyReturn(make(chan amqp.Return, p.cfg.Window+1)),
+		closes:  ch.NotifyClose(make(chan *amqp.Error, 1)),
+		dead:    make(chan struct{}),
+		exited:  make(chan struct{}),
+		byID:    map[string][]*inflight{},
+	}
+	go s.run()
+	p.sess = s
+	return s, nil
 }
 
-// Publish publishes msgs in order and waits for their confirms. It returns
-// one error per message, in the same order: nil means the broker confirmed
-// the message and routed it to at least one queue; any error means the
-// caller must publish it again later. Publish never returns before every
-// sent message is resolved (confirmed, failed, or abandoned with
-// ErrConfirmTimeout or ctx's error).
-func (p *Publisher) Publish(ctx context.Context, msgs []Outgoing) []error {
-	errs := make([]error, len(msgs))
+// Send publishes msgs in order and returns once they are written, without
+// waiting for their confirms (it waits only while Window messages are
+// unconfirmed). The outcome comes from the returned Pending's Wait. ctx
+// bounds the sending, including the wait for room in the window.
+func (p *Publisher) Send(ctx context.Context, msgs []Outgoing) *Pending {
+	pd := &Pending{msgs: msgs, errs: make([]error, len(msgs)), waiting: make([]bool, len(msgs)), done: make(chan struct{})}
+	defer pd.seal()
 	if len(msgs) == 0 {
-		return errs
+		return pd
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 
 	fail := func(from int, err error) {
 		for i := from; i < len(msgs); i++ {
-			if errs[i] == nil {
-				errs[i] = err
+			if pd.errs[i] == nil {
+				pd.errs[i] = err
 			}
 		}
 	}
 	for i, m := range msgs {
 		if m.Publishing.MessageId == "" {
-			errs[i] = errors.New("publish: message id required (returns are matched by it)")
+			pd.errs[i] = errors.New("publish: message id required (returns are matched by it)")
 		}
 	}
-	if err := p.channel(ctx); err != nil {
+	s, err := p.session(ctx)
+	if err != nil {
 		fail(0, fmt.Errorf("%w: %w", ErrNotSent, err))
-		return errs
+		return pd
 	}
-	if err := p.checkExchanges(ctx, msgs, errs); err != nil {
+	if err := p.checkExchanges(ctx, msgs, pd.errs); err != nil {
 		fail(0, fmt.Errorf("%w: %w", ErrNotSent, err))
-		return errs
+		return pd
 	}
-
-	b := batch{p: p, msgs: msgs, errs: errs, byID: map[string][]int{}, returned: map[int]amqp.Return{}}
-	healthy := true
-	for i, m := range msgs {
-		if errs[i] != nil {
+	for i := range msgs {
+		if pd.errs[i] != nil {
 			continue
 		}
-		for len(b.queue) >= p.cfg.Window && healthy {
-			healthy = b.resolveOldest(ctx)
-		}
-		if !healthy {
-			fail(i, ErrNotSent)
-			break
-		}
-		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, true, false, m.Publishing)
-		if err != nil {
-			errs[i] = fmt.Errorf("%w: publish to exchange %q with key %q: %w", ErrNotSent, m.Exchange, m.RoutingKey, err)
+		if err := s.publish(ctx, pd, i); err != nil {
+			pd.errs[i] = err
 			fail(i+1, ErrNotSent)
-			b.abandoned = fmt.Errorf("%w: %w", ErrChannelClosed, err)
-			healthy = false
 			break
 		}
-		b.queue = append(b.queue, pending{idx: i, dc: dc})
-		b.byID[m.Publishing.MessageId] = append(b.byID[m.Publishing.MessageId], i)
 	}
-	for len(b.queue) > 0 && healthy {
-		healthy = b.resolveOldest(ctx)
+	return pd
+}
+
+// Publish publishes msgs in order and waits for their confirms: Send, then
+// Wait. It returns one error per message, in the same order: nil means the
+// broker confirmed the message and routed it to at least one queue; any
+// error means the caller must publish it again later. Publish never returns
+// before every sent message is resolved (confirmed, failed, or abandoned
+// with ErrConfirmTimeout or ctx's error).
+func (p *Publisher) Publish(ctx context.Context, msgs []Outgoing) []error {
+	return p.Send(ctx, msgs).Wait(ctx)
+}
+
+// Pending is the outcome of one Send, to be collected with Wait.
+type Pending struct {
+	msgs []Outgoing
+	errs []error
+	done chan struct{} // closed once sealed and nothing is open
+
+	mu       sync.Mutex
+	open     int    // messages sent and not yet resolved
+	waiting  []bool // per message: sent and not yet resolved
+	sealed   bool   // Send has returned
+	detached bool   // Wait gave up on ctx; later outcomes are dropped
+}
+
+// Wait waits until every message of the Send is resolved and returns one
+// error per message, in order: nil means the broker confirmed the message
+// and routed it to at least one queue; any error means the caller must
+// publish it again later. When ctx ends first, the messages still awaiting
+// their confirm are reported as failed with ctx's error (their confirms,
+// should they come, are ignored).
+func (pd *Pending) Wait(ctx context.Context) []error {
+	select {
+	case <-pd.done:
+		return pd.errs
+	default:
 	}
-	if b.closeErr != nil && b.closeErr.Code == amqp.NotFound {
-		clear(p.known) // an exchange vanished since it was checked
-		p.known[""] = true
+	select {
+	case <-pd.done:
+		return pd.errs
+	case <-ctx.Done():
 	}
-	if !healthy {
-		// Confirms or returns for what is still outstanding can no longer
-		// be matched: abandon the channel. Closing it nacks the deferred
-		// confirms, so nothing is left waiting.
-		for _, q := range b.queue {
-			if errs[q.idx] == nil {
-				errs[q.idx] = b.abandoned
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	pd.detached = true
+	for i, w := range pd.waiting {
+		if w {
+			pd.errs[i] = fmt.Errorf("waiting for publisher confirm: %w", ctx.Err())
+		}
+	}
+	return pd.errs
+}
+
+func (pd *Pending) seal() {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	pd.sealed = true
+	if pd.open == 0 {
+		close(pd.done)
+	}
+}
+
+func (pd *Pending) sent(i int) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	pd.open++
+	pd.waiting[i] = true
+}
+
+func (pd *Pending) resolve(i int, err error) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	pd.waiting[i] = false
+	if !pd.detached {
+		pd.errs[i] = err
+	}
+	pd.open--
+	if pd.open == 0 && pd.sealed {
+		close(pd.done)
+	}
+}
+
+// session is one confirm-mode channel and the goroutine (run) that resolves
+// what was published on it, oldest first. It dies (kill) on a confirm
+// timeout, when its channel closes, or when the publisher is closed; run
+// then fails what is still outstanding, closes the channel and returns.
+type session struct {
+	ch      *amqp.Channel
+	timeout time.Duration
+	slots   chan struct{}  // one token per unconfirmed message: the window
+	fifo    chan *inflight // published messages in publish order
+	returns chan amqp.Return
+	closes  chan *amqp.Error // read by run only; nil once read
+	dead    chan struct{}    // closed by kill
+	exited  chan struct{}    // closed when run returns
+
+	mu        sync.Mutex
+	byID      map[string][]*inflight // outstanding messages by message id
+	killed    bool
+	abandoned error       // why it was killed
+	closeErr  *amqp.Error // why the broker closed the channel, once seen
+}
+
+// inflight is one published message awaiting its confirm.
+type inflight struct {
+	p        *Pending
+	idx      int
+	dc       *amqp.DeferredConfirmation
+	returned *amqp.Return // guarded by session.mu
+}
+
+// publish publishes message i of pd once the window has room.
+func (s *session) publish(ctx context.Context, pd *Pending, i int) error {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		select {
+		case s.slots <- struct{}{}:
+		case <-s.dead:
+			return fmt.Errorf("%w: %w", ErrNotSent, s.reason())
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for room in the confirm window: %w", ErrNotSent, ctx.Err())
+		}
+	}
+	m := &pd.msgs[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.killed {
+		<-s.slots
+		return fmt.Errorf("%w: %w", ErrNotSent, s.abandoned)
+	}
+	e := &inflight{p: pd, idx: i}
+	id := m.Publishing.MessageId
+	s.byID[id] = append(s.byID[id], e) // before publishing: the return may come at once
+	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, true, false, m.Publishing)
+	if err != nil {
+		s.forgetLocked(e)
+		<-s.slots
+		if ctx.Err() == nil {
+			s.killLocked(fmt.Errorf("%w: %w", ErrChannelClosed, err))
+		}
+		return fmt.Errorf("%w: publish to exchange %q with key %q: %w", ErrNotSent, m.Exchange, m.RoutingKey, err)
+	}
+	e.dc = dc
+	pd.sent(i)
+	s.fifo <- e // never blocks: the slots keep it below capacity
+	return nil
+}
+
+func (s *session) kill(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.killLocked(err)
+}
+
+func (s *session) killLocked(err error) {
+	if !s.killed {
+		s.killed, s.abandoned = true, err
+		close(s.dead)
+	}
+}
+
+func (s *session) isKilled() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.killed
+}
+
+func (s *session) reason() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.abandoned
+}
+
+func (s *session) closeReason() *amqp.Error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closeErr
+}
+
+func (s *session) forgetLocked(e *inflight) {
+	id := e.p.msgs[e.idx].Publishing.MessageId
+	list := s.byID[id]
+	for i, x := range list {
+		if x == e {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(s.byID, id)
+	} else {
+		s.byID[id] = list
+	}
+}
+
+// run resolves published messages in publish order until the session is
+// killed, then fails the rest and closes the channel.
+func (s *session) run() {
+	defer close(s.exited)
+	timer := time.NewTimer(s.timeout)
+	timer.Stop()
+	for {
+		select {
+		case e := <-s.fifo:
+			s.await(e, timer)
+		case r, ok := <-s.returns:
+			s.noteReturn(r, ok)
+		case c, ok := <-s.closes:
+			s.noteClose(c, ok)
+		case <-s.dead:
+			for {
+				select {
+				case e := <-s.fifo:
+					s.finish(e)
+				default:
+					_ = s.ch.Close()
+					return
+				}
 			}
 		}
-		p.discard()
 	}
-	return errs
 }
 
-type pending struct {
-	idx int
-	dc  *amqp.DeferredConfirmation
-}
-
-// batch tracks one Publish call's outstanding messages.
-type batch struct {
-	p         *Publisher
-	msgs      []Outgoing
-	errs      []error
-	queue     []pending
-	byID      map[string][]int
-	returned  map[int]amqp.Return
-	closeErr  *amqp.Error
-	abandoned error
-}
-
-// resolveOldest waits for the oldest outstanding confirm and records its
-// outcome. It returns false when the channel must be abandoned (timeout,
-// ctx done), with b.abandoned set.
-func (b *batch) resolveOldest(ctx context.Context) bool {
-	head := b.queue[0]
-	timer := time.NewTimer(b.p.cfg.ConfirmTimeout)
+// await waits for e's confirm, at most the confirm timeout.
+func (s *session) await(e *inflight, timer *time.Timer) {
+	select {
+	case <-e.dc.Done():
+		s.finish(e)
+		return
+	default:
+	}
+	timer.Reset(s.timeout)
 	defer timer.Stop()
 	for {
 		select {
-		case r, ok := <-b.p.returns:
-			if !ok {
-				b.p.returns = nil
-				continue
-			}
-			b.recordReturn(r)
-		case e, ok := <-b.p.closes:
-			b.p.closes = nil // closed after one value; never read it again
-			if ok && e != nil {
-				b.closeErr = e
-			}
-		case <-head.dc.Done():
-			// The client delivers a return before the confirm of the same
-			// message, and a channel's close reason before nacking its
-			// outstanding confirms, so both are buffered by now.
-			b.drainReturns()
-			b.drainClose()
-			b.queue = b.queue[1:]
-			b.errs[head.idx] = b.outcome(head)
-			return true
+		case <-e.dc.Done():
+			s.finish(e)
+			return
+		case r, ok := <-s.returns:
+			s.noteReturn(r, ok)
+		case c, ok := <-s.closes:
+			s.noteClose(c, ok)
 		case <-timer.C:
-			b.abandoned = fmt.Errorf("%w after %v", ErrConfirmTimeout, b.p.cfg.ConfirmTimeout)
-			return false
-		case <-ctx.Done():
-			b.abandoned = fmt.Errorf("waiting for publisher confirm: %w", ctx.Err())
-			return false
+			s.kill(fmt.Errorf("%w after %v", ErrConfirmTimeout, s.timeout))
+			s.finish(e)
+			return
+		case <-s.dead:
+			s.finish(e)
+			return
 		}
 	}
 }
 
-func (b *batch) drainReturns() {
-	for b.p.returns != nil {
+// finish records e's outcome and frees its slot. A message whose confirm
+// has not come when the session is dead fails with the reason it died.
+func (s *session) finish(e *inflight) {
+	// The client delivers a return before the confirm of the same message,
+	// and a channel's close reason before nacking its outstanding confirms,
+	// so both are buffered by the time the confirm is seen.
+	s.drainReturns()
+	s.drainClose()
+	var err error
+	select {
+	case <-e.dc.Done():
+		err = s.outcome(e)
+	default:
+		s.mu.Lock()
+		s.forgetLocked(e)
+		err = s.abandoned // not done: only after kill
+		s.mu.Unlock()
+	}
+	<-s.slots
+	e.p.resolve(e.idx, err)
+}
+
+func (s *session) outcome(e *inflight) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forgetLocked(e)
+	m := &e.p.msgs[e.idx]
+	if r := e.returned; r != nil {
+		return fmt.Errorf("%w: exchange %q, routing key %q: %d %s", ErrReturned, m.Exchange, m.RoutingKey, r.ReplyCode, r.ReplyText)
+	}
+	if e.dc.Acked() {
+		return nil
+	}
+	if s.closeErr != nil || s.ch.IsClosed() {
+		reason := "closed"
+		if s.closeErr != nil {
+			reason = s.closeErr.Error()
+		}
+		err := fmt.Errorf("%w (exchange %q): %s", ErrChannelClosed, m.Exchange, reason)
+		s.killLocked(err)
+		return err
+	}
+	// The channel is closed only after run has finished every message, so
+	// a nack on an open channel is the broker's.
+	return fmt.Errorf("%w (exchange %q, routing key %q)", ErrNacked, m.Exchange, m.RoutingKey)
+}
+
+func (s *session) noteReturn(r amqp.Return, ok bool) {
+	if !ok {
+		s.returns = nil
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Message ids are unique in practice; if two outstanding messages share
+	// one, both count as returned (a needless republish, never a loss).
+	for _, e := range s.byID[r.MessageId] {
+		e.returned = &r
+	}
+}
+
+func (s *session) noteClose(c *amqp.Error, ok bool) {
+	s.closes = nil // closed after one value; never read it again
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reason := "closed"
+	if ok && c != nil {
+		s.closeErr = c
+		reason = c.Error()
+	}
+	s.killLocked(fmt.Errorf("%w: %s", ErrChannelClosed, reason))
+}
+
+func (s *session) drainReturns() {
+	for s.returns != nil {
 		select {
-		case r, ok := <-b.p.returns:
-			if !ok {
-				b.p.returns = nil
-				return
-			}
-			b.recordReturn(r)
+		case r, ok := <-s.returns:
+			s.noteReturn(r, ok)
 		default:
 			return
 		}
 	}
 }
 
-func (b *batch) drainClose() {
+func (s *session) drainClose() {
+	if s.closes == nil {
+		return
+	}
 	select {
-	case e, ok := <-b.p.closes:
-		b.p.closes = nil
-		if ok && e != nil {
-			b.closeErr = e
-		}
+	case c, ok := <-s.closes:
+		s.noteClose(c, ok)
 	default:
 	}
-}
-
-func (b *batch) recordReturn(r amqp.Return) {
-	// Message ids are unique in practice; if two outstanding messages share
-	// one, both count as returned (a needless republish, never a loss).
-	for _, i := range b.byID[r.MessageId] {
-		b.returned[i] = r
-	}
-}
-
-func (b *batch) outcome(q pending) error {
-	m := b.msgs[q.idx]
-	if r, ok := b.returned[q.idx]; ok {
-		return fmt.Errorf("%w: exchange %q, routing key %q: %d %s", ErrReturned, m.Exchange, m.RoutingKey, r.ReplyCode, r.ReplyText)
-	}
-	if q.dc.Acked() {
-		return nil
-	}
-	if b.closeErr != nil || b.p.ch.IsClosed() {
-		reason := "closed"
-		if b.closeErr != nil {
-			reason = b.closeErr.Error()
-		}
-		return fmt.Errorf("%w (exchange %q): %s", ErrChannelClosed, m.Exchange, reason)
-	}
-	return fmt.Errorf("%w (exchange %q, routing key %q)", ErrNacked, m.Exchange, m.RoutingKey)
 }

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -35,20 +36,33 @@ type RelayConfig struct {
 	// Owner identifies this relay in lease_owner; default
 	// "<hostname>-<pid>-<random>". Each running relay needs its own.
 	Owner string
-	// BatchSize is how many rows one claim takes; default 100.
+	// BatchSize is how many rows one claim takes; default 500. Claims run
+	// ahead of publishing by up to two batches, so a batch is claimed
+	// while the one before it is being published; bigger batches mean
+	// fewer statements per row but more rows leased ahead of the broker.
 	BatchSize int
-	// Window is the number of outstanding publisher confirms; default 256.
+	// Window is the number of publisher confirms outstanding at once,
+	// counted across batches: the relay sends the next batch while the
+	// confirms of the previous ones are on their way, and waits only when
+	// Window messages are unconfirmed. Default 1024, two default batches
+	// (on the 2-core benchmark machine, batch 500 with window 1024 relayed
+	// 20–50% more messages per second than batch 100 with window 256, and
+	// batch 1000 with window 2048 no more). A lost channel fails up to
+	// Window publishes, which are then published again.
 	Window int
 	// PollInterval is how often the relay looks for rows without a
 	// notification; default 1 s.
 	PollInterval time.Duration
 	// LeaseDuration is how long claimed rows are reserved for this relay;
-	// default 30 s. It must cover publishing one batch: when it runs out
-	// first, another relay may publish the same rows again (a duplicate,
-	// never a loss). A crashed relay's rows wait this long.
+	// default 30 s. It must cover a batch's whole way through the relay —
+	// waiting behind up to two claimed batches and a window of confirms,
+	// being published, and being marked: when it runs out first, another
+	// relay may publish the same rows again (a duplicate, never a loss). A
+	// crashed relay's rows wait this long.
 	LeaseDuration time.Duration
-	// ConfirmTimeout bounds the wait for the next publisher confirm;
-	// default LeaseDuration/3. It must be shorter than LeaseDuration.
+	// ConfirmTimeout bounds the wait for the oldest outstanding publisher
+	// confirm, and the drain after Run's context ends; default
+	// LeaseDuration/3. It must be shorter than LeaseDuration.
 	ConfirmTimeout time.Duration
 	// Logger receives errors and batch summaries; nil uses
 	// Telemetry.Logger, then discards them.
@@ -61,9 +75,11 @@ type RelayConfig struct {
 	// database clock so relays on skewed hosts agree); default time.Now.
 	Now func() time.Time
 
-	// afterPublish runs after a batch was published and before it is
-	// marked. Tests use it to simulate a crash: a non-nil error makes Run
-	// return it at once, leaving the rows leased and unmarked.
+	// afterPublish runs after a batch's confirms were awaited and before
+	// its outcome goes to be marked. Tests use it to simulate a crash: a
+	// non-nil error makes Run return it at once; nothing more is sent,
+	// marked or released, so this batch and every batch claimed after it
+	// stay leased and unmarked, as if the process had died.
 	afterPublish func(ids []int64) error
 	// onListen runs each time the LISTEN connection is (re)established.
 	onListen func()
@@ -77,10 +93,10 @@ func (c *RelayConfig) setDefaults() {
 		c.Owner = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 	}
 	if c.BatchSize <= 0 {
-		c.BatchSize = 100
+		c.BatchSize = 500
 	}
 	if c.Window <= 0 {
-		c.Window = 256
+		c.Window = 1024
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = time.Second
@@ -118,7 +134,31 @@ func (c *RelayConfig) validate() error {
 }
 
 // Relay publishes committed outbox rows. See the package documentation for
-// its design and guarantees.
+// its guarantees.
+//
+// Run is a pipeline of four goroutines joined by bounded channels, so that
+// the database round trips and the broker's confirms of one batch overlap
+// the publishing of the next:
+//
+//   - the claimer leases a batch (one committed statement) and hands it on,
+//     claiming again at once after a full batch and otherwise waiting for a
+//     notification or the poll; at most two claimed batches wait for the
+//     sender, one in the channel and one in the claimer's hand;
+//   - the sender publishes each batch in id order without waiting for its
+//     confirms ([broker.Publisher.Send]): it blocks only while Window
+//     messages, of whichever batches, are unconfirmed;
+//   - the awaiter waits for each batch's confirms in turn
+//     ([broker.Pending.Wait]) and hands the per-row outcome on;
+//   - the settler marks confirmed rows published and releases failed ones,
+//     merging every outcome queued while its previous statement ran into
+//     one statement.
+//
+// Each batch carries a context bounded by its lease, so a batch that cannot
+// finish within LeaseDuration is abandoned (its rows are claimed again
+// later). When Run's context ends the claimer stops, batches not yet sent
+// are released unpublished (claimable again at once), and the batches
+// already sent are finished: confirms awaited, rows marked. The drain is
+// bounded by ConfirmTimeout.
 type Relay struct {
 	cfg RelayConfig
 	pub *broker.Publisher
@@ -158,10 +198,9 @@ func (r *Relay) Stats() RelayStats {
 	return RelayStats{Published: r.published.Load(), Failed: r.failed.Load()}
 }
 
-// Run relays until ctx is canceled, then finishes the batch in flight
-// (publish, wait for confirms, mark) and returns nil. Database and broker
-// errors are logged and retried with backoff; Run returns an error only for
-// a simulated crash in tests.
+// Run relays until ctx is canceled, then drains (see [Relay]) and returns
+// nil. Database and broker errors are logged and retried with backoff; Run
+// returns an error only for a simulated crash in tests.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.pub.Close()
 	listenCtx, stopListen := context.WithCancel(ctx)
@@ -175,35 +214,127 @@ func (r *Relay) Run(ctx context.Context) error {
 		stopListen()
 		<-listenDone
 	}()
+	return r.runPipeline(ctx, wake)
+}
 
+// runPipeline runs the claimer, sender, awaiter and settler (see [Relay])
+// until ctx ends and everything in flight is finished or abandoned.
+func (r *Relay) runPipeline(ctx context.Context, wake <-chan struct{}) error {
+	p := &pipeline{r: r, ctx: ctx, crashed: make(chan struct{})}
+	// stop ends claiming and sending: ctx, or a crash. grace bounds
+	// everything already claimed: it outlives ctx by ConfirmTimeout (the
+	// drain) and ends at once on a crash.
+	p.stop, p.halt = context.WithCancel(ctx)
+	defer p.halt()
+	p.grace, p.abort = context.WithCancel(context.WithoutCancel(ctx))
+	defer p.abort()
+	stopDrain := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.ConfirmTimeout, p.abort)
+		context.AfterFunc(p.grace, func() { t.Stop() })
+	})
+	defer stopDrain()
+
+	// The batches awaiting their confirms hold at most Window messages:
+	// Window/BatchSize of them, one more for the remainder and one so the
+	// sender never waits for the awaiter while the window has room.
+	depth := r.cfg.Window/r.cfg.BatchSize + 2
+	claimed := make(chan *batch, 1)
+	sent := make(chan *batch, depth)
+	outcomes := make(chan *batch, depth)
+	var wg sync.WaitGroup
+	wg.Go(func() { p.claimer(wake, claimed) })
+	wg.Go(func() { p.sender(claimed, sent) })
+	wg.Go(func() { p.awaiter(sent, outcomes) })
+	p.settler(outcomes)
+	wg.Wait()
+	return p.crashErr
+}
+
+// pipeline is the state the stages of one Run share.
+type pipeline struct {
+	r     *Relay
+	ctx   context.Context // Run's
+	stop  context.Context // ends claiming and sending
+	halt  context.CancelFunc
+	grace context.Context // parent of every batch's work context
+	abort context.CancelFunc
+
+	crashed  chan struct{} // closed when the afterPublish hook fails
+	crashErr error         // set before crashed is closed
+}
+
+// crash stops the relay as a dead process would: nothing more is sent,
+// marked or released.
+func (p *pipeline) crash(err error) {
+	p.crashErr = err
+	close(p.crashed)
+	p.halt()
+	p.abort()
+}
+
+func (p *pipeline) hasCrashed() bool {
+	select {
+	case <-p.crashed:
+		return true
+	default:
+		return false
+	}
+}
+
+type row struct {
+	id       int64
+	attempts int32
+	env      envelope.Envelope
+}
+
+// batch is one claim on its way through the pipeline.
+type batch struct {
+	rows      []row
+	claimedAt time.Time
+	// work bounds publishing and settling the batch: the lease, and the
+	// drain once Run's context ends. finish releases it.
+	work   context.Context
+	finish context.CancelFunc
+
+	sent    bool // published (false: released unpublished)
+	spans   []trace.Span
+	pending *broker.Pending
+	errs    []error // per row, once its confirm was awaited
+}
+
+// claimer claims batches into out until p.stop ends, then closes out.
+func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
+	defer close(out)
+	r := p.r
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
-	failures := 0
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		n, err := r.cycle(ctx)
-		var crash *crashError
-		switch {
-		case errors.As(err, &crash):
-			return crash.err
-		case err != nil && ctx.Err() != nil:
-			return nil
-		case err != nil:
-			r.cfg.Logger.Error("outbox relay: batch failed", "owner", r.cfg.Owner, "error", err)
+	for failures := 0; p.stop.Err() == nil; {
+		// A claim runs under grace, not ctx: once it has started it
+		// completes, so a claim committed just as ctx ended is released
+		// by the sender rather than left leased.
+		rows, err := r.claim(p.grace)
+		if err != nil {
+			if p.stop.Err() != nil {
+				return
+			}
+			r.cfg.Logger.Error("outbox relay: claim failed", "owner", r.cfg.Owner, "error", err)
 			wait := broker.Backoff(failures, 50*time.Millisecond, 5*time.Second)
 			failures++
 			select {
-			case <-ctx.Done():
-				return nil
+			case <-p.stop.Done():
+				return
 			case <-time.After(wait):
 			}
 			continue
 		}
 		failures = 0
-		if n >= r.cfg.BatchSize {
-			continue // probably more waiting
+		if len(rows) > 0 {
+			b := &batch{rows: rows, claimedAt: r.cfg.Now()}
+			b.work, b.finish = context.WithTimeout(p.grace, r.cfg.LeaseDuration)
+			out <- b // the sender takes everything until out is closed
+			if len(rows) >= r.cfg.BatchSize {
+				continue // probably more waiting
+			}
 		}
 		if !poll.Stop() {
 			select {
@@ -213,97 +344,152 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		poll.Reset(r.cfg.PollInterval)
 		select {
-		case <-ctx.Done():
-			return nil
+		case <-p.stop.Done():
+			return
 		case <-wake:
 		case <-poll.C:
 		}
 	}
 }
 
-type crashError struct{ err error }
-
-func (e *crashError) Error() string { return e.err.Error() }
-
-type row struct {
-	id       int64
-	attempts int32
-	env      envelope.Envelope
+// sender publishes each claimed batch without waiting for its confirms and
+// passes it on. After ctx ends it passes batches on unsent, to be released;
+// after a crash it drops them, leased, as a dead process would.
+func (p *pipeline) sender(in <-chan *batch, out chan<- *batch) {
+	defer close(out)
+	for b := range in {
+		switch {
+		case p.hasCrashed():
+			b.finish()
+			continue
+		case p.ctx.Err() == nil:
+			p.send(b)
+		}
+		out <- b
+	}
 }
 
-// cycle claims one batch, publishes it and records the outcome. It returns
-// the number of rows claimed.
-func (r *Relay) cycle(ctx context.Context) (int, error) {
-	rows, err := r.claim(ctx)
-	if err != nil || len(rows) == 0 {
-		return 0, err
-	}
-	claimedAt := r.cfg.Now()
-	// From here on the batch is finished even if ctx is canceled (drain),
-	// bounded by the lease (after it, the rows are someone else's anyway)
-	// and, once ctx is canceled, by ConfirmTimeout, so shutting down while
-	// the broker is unreachable does not hang. Unfinished rows are simply
-	// claimed again later.
-	work, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.LeaseDuration)
-	defer cancel()
-	stopGrace := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(r.cfg.ConfirmTimeout, cancel)
-		context.AfterFunc(work, func() { t.Stop() })
-	})
-	defer stopGrace()
-
-	out := make([]broker.Outgoing, len(rows))
-	var spans []trace.Span
+func (p *pipeline) send(b *batch) {
+	r := p.r
+	msgs := make([]broker.Outgoing, len(b.rows))
 	if r.tel.tracer != nil {
-		spans = make([]trace.Span, len(rows))
+		b.spans = make([]trace.Span, len(b.rows))
 	}
-	for i := range rows {
-		rw := &rows[i]
-		if spans != nil {
-			spans[i] = r.tel.startSend(ctx, rw, r.cfg.Owner)
+	for i := range b.rows {
+		rw := &b.rows[i]
+		if b.spans != nil {
+			b.spans[i] = r.tel.startSend(p.ctx, rw, r.cfg.Owner)
 		}
-		out[i] = broker.Outgoing{Exchange: rw.env.Exchange, RoutingKey: rw.env.RoutingKey, Publishing: rw.env.Publishing()}
+		msgs[i] = broker.Outgoing{Exchange: rw.env.Exchange, RoutingKey: rw.env.RoutingKey, Publishing: rw.env.Publishing()}
 	}
-	errs := r.pub.Publish(work, out)
-	if r.tel.metrics.Enabled() || spans != nil {
-		now := time.Now()
-		for i := range rows {
-			var span trace.Span
-			if spans != nil {
-				span = spans[i]
-			}
-			r.tel.published(ctx, span, &rows[i], errs[i], now)
-		}
-	}
+	b.pending = r.pub.Send(b.work, msgs)
+	b.sent = true
+}
 
-	if r.cfg.afterPublish != nil {
-		ids := make([]int64, len(rows))
-		for i, rw := range rows {
-			ids[i] = rw.id
-		}
-		if err := r.cfg.afterPublish(ids); err != nil {
-			return len(rows), &crashError{err: err}
-		}
-	}
-
-	var done, failed, delays []int64
-	for i, rw := range rows {
-		if errs[i] == nil {
-			done = append(done, rw.id)
+// awaiter waits for the confirms of each sent batch, in order, and passes
+// it on to be settled.
+func (p *pipeline) awaiter(in <-chan *batch, out chan<- *batch) {
+	defer close(out)
+	r := p.r
+	for b := range in {
+		if p.hasCrashed() {
+			b.finish()
 			continue
 		}
-		failed = append(failed, rw.id)
-		delays = append(delays, retryDelay(errs[i], rw.attempts).Milliseconds())
-		r.cfg.Logger.Warn("outbox relay: publish failed; will retry",
-			"owner", r.cfg.Owner, "message_id", rw.env.MessageID, "message_type", rw.env.MessageType,
-			"exchange", rw.env.Exchange, "routing_key", rw.env.RoutingKey, "attempts", rw.attempts, "error", errs[i])
+		if b.sent {
+			b.errs = b.pending.Wait(b.work)
+			if r.tel.metrics.Enabled() || b.spans != nil {
+				now := time.Now()
+				for i := range b.rows {
+					var span trace.Span
+					if b.spans != nil {
+						span = b.spans[i]
+					}
+					r.tel.published(p.ctx, span, &b.rows[i], b.errs[i], now)
+				}
+			}
+			if r.cfg.afterPublish != nil {
+				ids := make([]int64, len(b.rows))
+				for i, rw := range b.rows {
+					ids[i] = rw.id
+				}
+				if err := r.cfg.afterPublish(ids); err != nil {
+					p.crash(err)
+					b.finish()
+					continue
+				}
+			}
+		}
+		out <- b
 	}
-	if err := r.settle(work, claimedAt, done, failed, delays); err != nil {
-		return len(rows), err
+}
+
+// settler records the outcome of each batch, merging the batches that
+// queued up while it was busy into one statement.
+func (p *pipeline) settler(in <-chan *batch) {
+	for b := range in {
+		bs := []*batch{b}
+	merge:
+		for {
+			select {
+			case more, ok := <-in:
+				if !ok {
+					break merge
+				}
+				bs = append(bs, more)
+			default:
+				break merge
+			}
+		}
+		p.settle(bs)
+		for _, b := range bs {
+			b.finish()
+		}
 	}
-	r.cfg.Logger.Debug("outbox relay: batch done", "owner", r.cfg.Owner, "published", len(done), "failed", len(failed),
-		"took", r.cfg.Now().Sub(claimedAt))
-	return len(rows), nil
+}
+
+func (p *pipeline) settle(bs []*batch) {
+	r := p.r
+	var s settlement
+	for _, b := range bs {
+		for i, rw := range b.rows {
+			switch {
+			case !b.sent: // free it for anyone at once
+				s.release(rw, 0)
+				s.unsent++
+			case b.errs[i] == nil:
+				s.done = append(s.done, rw.id)
+			default:
+				s.release(rw, retryDelay(b.errs[i], rw.attempts))
+				r.cfg.Logger.Warn("outbox relay: publish failed; will retry",
+					"owner", r.cfg.Owner, "message_id", rw.env.MessageID, "message_type", rw.env.MessageType,
+					"exchange", rw.env.Exchange, "routing_key", rw.env.RoutingKey, "attempts", rw.attempts, "error", b.errs[i])
+			}
+		}
+	}
+	// The oldest batch's lease runs out first: that bounds the retries.
+	oldest := bs[0]
+	if err := r.settle(oldest.work, oldest.claimedAt, s); err != nil {
+		r.cfg.Logger.Error("outbox relay: settle failed", "owner", r.cfg.Owner, "error", err)
+		return
+	}
+	r.cfg.Logger.Debug("outbox relay: batches done", "owner", r.cfg.Owner, "batches", len(bs),
+		"published", len(s.done), "failed", len(s.failed)-s.unsent, "released_unsent", s.unsent,
+		"took", r.cfg.Now().Sub(oldest.claimedAt))
+}
+
+// settlement is what one settle statement records.
+type settlement struct {
+	done           []int64
+	failed, delays []int64 // released rows, with their backoff in ms
+	attempts       []int32 // and the attempts of the claim they were published under
+	unsent         int     // released rows that were never published
+}
+
+func (s *settlement) release(rw row, delay time.Duration) {
+	s.failed = append(s.failed, rw.id)
+	s.delays = append(s.delays, delay.Milliseconds())
+	s.attempts = append(s.attempts, rw.attempts)
 }
 
 // retryDelay is how long a row whose publish failed waits before it can be
@@ -322,19 +508,24 @@ func retryDelay(err error, attempts int32) time.Duration {
 const claimSQL = `
 UPDATE saga_outbox
 SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond', attempts = attempts + 1
-WHERE id IN (
+WHERE id = ANY(ARRAY(
   SELECT id FROM saga_outbox
   WHERE published_at IS NULL AND (lease_until IS NULL OR lease_until < now())
   ORDER BY id
   LIMIT $3
   FOR UPDATE SKIP LOCKED
-)
+))
 RETURNING id, attempts, message_id, exchange, routing_key, message_type, schema_version,
   correlation_id, causation_id, saga_id, saga_type, idempotency_key, traceparent, tracestate,
   headers, body, occurred_at`
 
 // claim leases up to BatchSize publishable rows to this relay, in one
-// committed statement.
+// committed statement. The ids are collected into an array first so that
+// the rows are then found through the primary key: written as id IN
+// (subquery), the planner may hash-join the subquery against a sequential
+// scan of the whole table, published rows included (it did on a freshly
+// filled outbox: 29 ms instead of 13 ms for 500 of 30,000 rows), so claims
+// got slower the longer the outbox grew.
 func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Owner, r.cfg.LeaseDuration.Milliseconds(), r.cfg.BatchSize)
 	if err != nil {
@@ -381,31 +572,35 @@ WITH done AS (
   RETURNING id
 ), released AS (
   UPDATE saga_outbox o SET lease_owner = NULL, lease_until = now() + f.delay * interval '1 millisecond'
-  FROM unnest($2::bigint[], $3::bigint[]) AS f(id, delay)
-  WHERE o.id = f.id AND o.lease_owner = $4 AND o.published_at IS NULL
+  FROM unnest($2::bigint[], $3::bigint[], $4::int4[]) AS f(id, delay, attempts)
+  WHERE o.id = f.id AND o.lease_owner = $5 AND o.attempts = f.attempts AND o.published_at IS NULL
   RETURNING o.id
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 
 // settle marks done rows published and releases failed rows, in one
-// statement (one commit per batch). A row already marked by another relay
-// (after our lease ran out) is not marked again; a failed row is released
-// only while we still hold its lease. Database errors are retried until the
-// lease would run out: giving up early only causes duplicates.
-func (r *Relay) settle(ctx context.Context, claimedAt time.Time, done, failed, delays []int64) error {
+// statement (one commit for however many batches s covers). A row already
+// marked by another relay (after our lease ran out) is not marked again; a
+// failed row is released only while the claim it was published under is
+// still the row's latest and ours (same owner and attempts), so a late
+// release never frees a row that was claimed again since. Database errors
+// are retried until the lease of the oldest batch would run out: giving up
+// early only causes duplicates.
+func (r *Relay) settle(ctx context.Context, claimedAt time.Time, s settlement) error {
+	done, failed, delays, attempts := s.done, s.failed, s.delays, s.attempts
 	if done == nil {
 		done = []int64{}
 	}
 	if failed == nil {
-		failed, delays = []int64{}, []int64{}
+		failed, delays, attempts = []int64{}, []int64{}, []int32{}
 	}
 	deadline := claimedAt.Add(r.cfg.LeaseDuration)
 	for attempt := 0; ; attempt++ {
 		var marked, released int64
-		err := r.cfg.Pool.QueryRow(ctx, settleSQL, done, failed, delays, r.cfg.Owner).Scan(&marked, &released)
+		err := r.cfg.Pool.QueryRow(ctx, settleSQL, done, failed, delays, attempts, r.cfg.Owner).Scan(&marked, &released)
 		if err == nil {
 			r.published.Add(marked)
-			r.failed.Add(int64(len(failed)))
+			r.failed.Add(int64(len(failed) - s.unsent))
 			return nil
 		}
 		wait := broker.Backoff(attempt, 20*time.Millisecond, time.Second)

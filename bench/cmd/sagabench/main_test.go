@@ -36,7 +36,7 @@ func TestQuick(t *testing.T) {
 		"| saga throughput | Watermill, 8 handlers, 150 sagas | sagas/s |",
 		"| saga throughput | saga runtime, workers 4, 300 sagas | sagas/s |",
 		"| saga throughput | saga runtime, workers 4, 300 sagas | commits/step |",
-		"| relay | outbox relay ×1 (batch 100, window 256: defaults), 2000 rows | msgs/s |",
+		"| relay | outbox relay ×1 (batch 500, window 1024: defaults), 2000 rows | msgs/s |",
 		"| latency | saga runtime, workers 4, 20 sagas/s offered | step p99 ms |",
 		"ours / Watermill (completed sagas/s)",
 	} {

@@ -1,0 +1,225 @@
+package broker_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/runtime/broker"
+)
+
+// out builds n messages to the routed queue (declareRouted), ids prefix-0….
+func out(prefix string, n int) []broker.Outgoing {
+	msgs := make([]broker.Outgoing, n)
+	for i := range msgs {
+		msgs[i] = broker.Outgoing{Exchange: "ex", RoutingKey: "routed", Publishing: msg(fmt.Sprintf("%s-%d", prefix, i))}
+	}
+	return msgs
+}
+
+func TestPublisherSendOverlapsBatches(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	declareRouted(t, ctx, b.ch, nil)
+
+	// Five batches go out before any is awaited, through a window smaller
+	// than their total, with unroutable messages spread over all of them:
+	// each outcome must land on its own message.
+	p := broker.NewPublisher(b.conn, broker.PublisherConfig{Window: 8})
+	var sends []*broker.Pending
+	var batches [][]broker.Outgoing
+	for k := range 5 {
+		msgs := out(fmt.Sprint("b", k), 12)
+		for i := range msgs {
+			if (k*12+i)%5 == 2 {
+				msgs[i].RoutingKey = "nobody-listens"
+			}
+		}
+		batches = append(batches, msgs)
+		sends = append(sends, p.Send(ctx, msgs))
+	}
+	routed := map[string]bool{}
+	for k := len(sends) - 1; k >= 0; k-- { // await out of order, too
+		errs := sends[k].Wait(ctx)
+		require.Len(t, errs, 12)
+		for i, err := range errs {
+			if (k*12+i)%5 == 2 {
+				require.ErrorIs(t, err, broker.ErrReturned, "batch %d message %d", k, i)
+			} else {
+				require.NoError(t, err, "batch %d message %d", k, i)
+				routed[batches[k][i].Publishing.MessageId] = true
+			}
+		}
+	}
+	for range len(routed) {
+		d := get(t, ctx, b.ch, "routed")
+		require.True(t, routed[d.MessageId], "unexpected message %s", d.MessageId)
+		delete(routed, d.MessageId)
+	}
+	require.Empty(t, routed)
+}
+
+func TestPublisherNackInPipelinedBatch(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	declareRouted(t, ctx, b.ch, amqp.Table{"x-max-length": int64(3), "x-overflow": "reject-publish"})
+
+	// The queue takes three: the third message of the second batch and
+	// everything after it is nacked, and only those.
+	p := broker.NewPublisher(b.conn, broker.PublisherConfig{Window: 16})
+	first, second := p.Send(ctx, out("a", 2)), p.Send(ctx, out("b", 3))
+	third := p.Send(ctx, out("c", 2))
+	require.Equal(t, []error{nil, nil}, first.Wait(ctx))
+	errs := second.Wait(ctx)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], broker.ErrNacked)
+	require.ErrorIs(t, errs[2], broker.ErrNacked)
+	for _, err := range third.Wait(ctx) {
+		require.ErrorIs(t, err, broker.ErrNacked)
+	}
+	// Nacks keep the channel: once there is room, the next batch goes out.
+	get(t, ctx, b.ch, "routed")
+	require.Equal(t, []error{nil}, p.Publish(ctx, out("d", 1)))
+}
+
+// TestPublisherStalledConfirms holds back everything the broker sends (a
+// proxy stops forwarding), so confirms stay outstanding for as long as the
+// test wants.
+func TestPublisherStalledConfirms(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	declareRouted(t, ctx, b.ch, nil)
+	px := newProxy(t, b.url)
+	conn, err := broker.Dial(ctx, px.url, broker.ConnConfig{Name: t.Name(), Heartbeat: time.Minute, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { px.hold(false); _ = conn.Close() })
+	p := broker.NewPublisher(conn, broker.PublisherConfig{Window: 4, ConfirmTimeout: 2 * time.Second})
+	require.Equal(t, []error{nil}, p.Publish(ctx, out("warm", 1))) // channel open, exchange checked
+
+	px.hold(true)
+	// The window counts across batches: three messages of one batch and
+	// one of the next fill it, and the rest of the second batch cannot be
+	// sent before its ctx ends.
+	first := p.Send(ctx, out("a", 3))
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	second := p.Send(short, out("b", 3))
+	errs := second.Wait(ctx)
+	require.ErrorIs(t, errs[1], broker.ErrNotSent)
+	require.ErrorIs(t, errs[1], context.DeadlineExceeded)
+	require.ErrorIs(t, errs[2], broker.ErrNotSent)
+	// errs[0] was sent; it fails with everything outstanding when the
+	// confirm timeout gives up on the channel.
+	require.ErrorIs(t, errs[0], broker.ErrConfirmTimeout)
+	for _, err := range first.Wait(ctx) {
+		require.ErrorIs(t, err, broker.ErrConfirmTimeout)
+	}
+
+	// A caller may stop waiting sooner; the messages then count as failed.
+	px.hold(false)
+	require.Equal(t, []error{nil}, p.Publish(ctx, out("fresh", 1)), "a new channel after the timeout")
+	px.hold(true)
+	pending := p.Send(ctx, out("c", 2))
+	start := time.Now()
+	short, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	for _, err := range pending.Wait(short) {
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
+	require.Less(t, time.Since(start), time.Second, "Wait returns when its ctx ends")
+
+	// Close fails what is still outstanding instead of leaving it waiting.
+	pending = p.Send(ctx, out("d", 1))
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = p.Close()
+	}()
+	require.ErrorIs(t, pending.Wait(ctx)[0], broker.ErrChannelClosed)
+	px.hold(false) // the channel's close-ok
+	<-closed
+}
+
+// proxy forwards TCP connections to an AMQP broker; hold stops forwarding
+// what the broker sends until it is released.
+type proxy struct {
+	url string
+
+	mu      sync.Mutex
+	held    bool
+	release chan struct{}
+}
+
+func newProxy(t *testing.T, amqpURL string) *proxy {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	target := u.Host
+	u.Host = ln.Addr().String()
+	px := &proxy{url: u.String(), release: make(chan struct{})}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
+			go func() { _, _ = io.Copy(s, c) }()
+			go px.copyHeld(c, s)
+		}
+	}()
+	return px
+}
+
+func (px *proxy) hold(on bool) {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	if px.held && !on {
+		close(px.release)
+		px.release = make(chan struct{})
+	}
+	px.held = on
+}
+
+func (px *proxy) copyHeld(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		for {
+			px.mu.Lock()
+			held, release := px.held, px.release
+			px.mu.Unlock()
+			if !held {
+				break
+			}
+			<-release
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
