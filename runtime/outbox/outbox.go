@@ -19,8 +19,8 @@
 //
 // # How the relay works
 //
-// Leases: one statement claims a batch — UPDATE … WHERE id IN (SELECT …
-// ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED) — setting lease_owner,
+// Leases: one statement claims a batch — UPDATE … WHERE id = ANY(ARRAY(SELECT
+// … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED)) — setting lease_owner,
 // lease_until = now() + LeaseDuration and attempts = attempts + 1, and
 // commits at once. Row locks are held only for that statement; the lease is
 // what keeps other relays off the rows while they are published, and
@@ -31,10 +31,20 @@
 // No transaction is held across network I/O: a transaction open while
 // waiting for the broker would pin row locks, a connection and the xmin
 // horizon for as long as the broker is slow or gone. Instead the claim
-// commits before publishing and one batched UPDATE afterwards marks the
+// commits before publishing and a batched UPDATE afterwards marks the
 // confirmed rows (published_at) and releases the failed ones (lease cleared,
 // retried after a short backoff for nacks and returns, at once for lost
-// connections) — one commit per batch, not per message.
+// connections) — at most one commit per batch, not per message.
+//
+// The relay is a pipeline of four stages joined by bounded channels, so
+// neither the database round trips nor a batch's confirm tail leave the
+// broker idle: the claimer leases the next batch while the current one is
+// published (at most two batches ahead); the sender publishes batch after
+// batch and waits only while Window confirms are outstanding across
+// batches; the awaiter collects each batch's confirms in order; the settler
+// merges the outcomes that queued up while its last statement ran into one
+// statement. On shutdown, batches already sent are finished and batches
+// claimed but not sent are released at once, bounded by ConfirmTimeout.
 //
 // Publishing uses a [broker.Publisher]: confirm mode with a bounded window of
 // outstanding confirms, mandatory publishes with returns counted as

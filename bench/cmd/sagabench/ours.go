@@ -68,10 +68,10 @@ func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logg
 	if workers == 0 {
 		workers = 4
 	}
-	// app.Config.Pool: "Size it for Relays + 5 consumers × Concurrency + 2";
+	// app.Config.Pool: "Size it for 3 × Relays + 5 consumers × Concurrency + 2";
 	// plus headroom for starts and polls.
 	relays := max(c.Relays, 1)
-	if s.pool, err = s.schema.Pool(ctx, int32(relays+5*workers+2+6), &s.stmts); err != nil {
+	if s.pool, err = s.schema.Pool(ctx, int32(3*relays+5*workers+2+6), &s.stmts); err != nil {
 		s.Close()
 		return nil, err
 	}

@@ -42,7 +42,8 @@ func Migrations() schema.Source {
 // required; everything else has a default.
 type Config struct {
 	// Pool is the database of the sagas, the runtime tables and the
-	// services. Size it for Relays + 5 consumers × Concurrency + 2.
+	// services. Size it for 3 × Relays (each holds a LISTEN connection and
+	// claims while it settles) + 5 consumers × Concurrency + 2.
 	Pool *pgxpool.Pool
 	// AMQPURL is the broker (amqp:// or amqps://).
 	AMQPURL string
