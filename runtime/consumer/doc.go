@@ -21,11 +21,20 @@
 //
 // A commit costs an fsync, the scarce resource. With BatchSize > 1 a worker
 // takes the deliveries already waiting (never waiting for more) and applies
-// them in one transaction, each in its own savepoint: a failing delivery
-// rolls back only its savepoint and is routed, while the others commit
-// together and are acknowledged after the one commit — with a single
-// multiple-ack when no other worker holds a lower delivery tag on the
-// channel, individually otherwise. If the server rejects the shared commit
+// them in one transaction. It first tries the fast path: one statement
+// claims every delivery in the inbox and the handlers run without
+// savepoints, the writes each one queued through the runtime (saga updates,
+// audit and outbox rows, participant replies, participant.Defer) sent in
+// one round trip when it returns. If a handler fails, the transaction rolls
+// back and the batch is applied again with a savepoint per delivery (the
+// failed delivery is not run again; a deadlock or serialization failure
+// charges no delivery): a failing delivery rolls back only its savepoint and
+// is routed, while the others commit together. So a handler can run twice
+// for one delivery without a redelivery, its first run rolled back: keep
+// effects outside the transaction idempotent, as at-least-once delivery
+// requires anyway. Either way the batch is acknowledged after the one commit
+// — with a single multiple-ack when no other worker holds a lower delivery
+// tag on the channel, individually otherwise. If the server rejects the shared commit
 // itself (a deferred constraint, a serialization failure), the batch is
 // applied again one delivery per transaction, which isolates the culprit; a
 // single delivery whose commit is rejected is routed by the commit error's

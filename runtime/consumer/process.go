@@ -338,6 +338,16 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		if err := tx.Rollback(ctx); err != nil {
 			return fmt.Errorf("message %q: roll back after handler error (%v): %w", it.messageID(), herr, err)
 		}
+		if lockConflict(herr) {
+			// The batch's inbox claims hold locks from its first
+			// statement, so a deadlock or serialization failure here may
+			// be the batch's doing rather than this delivery's: charge
+			// no attempt, the savepoint path applies it again.
+			for _, p := range pending {
+				p.outcome = outcomePending
+			}
+			return errFallBack
+		}
 		for _, p := range pending[:i] {
 			p.outcome = outcomePending
 		}
@@ -345,6 +355,19 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		return errFallBack
 	}
 	return nil
+}
+
+// lockConflict reports a deadlock, serialization failure or lock timeout.
+func lockConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "40P01", "40001", "55P03":
+		return true
+	}
+	return false
 }
 
 // transactEach applies the batch in one transaction with a savepoint per

@@ -448,6 +448,31 @@ func (p *pipeline) settler(in <-chan *batch) {
 	}
 }
 
+// settleContext bounds one settle: LeaseDuration while the relay runs (its
+// retries give up then), ConfirmTimeout more once ctx ends (the drain; this
+// also covers batches released unsent after the awaiter spent the drain),
+// and nothing after a crash, which marks and releases nothing, as a dead
+// process would not.
+func (p *pipeline) settleContext() (context.Context, context.CancelFunc) {
+	r := p.r
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), r.cfg.LeaseDuration)
+	stopDrain := context.AfterFunc(p.ctx, func() {
+		t := time.AfterFunc(r.cfg.ConfirmTimeout, cancel)
+		context.AfterFunc(ctx, func() { t.Stop() })
+	})
+	go func() {
+		select {
+		case <-p.crashed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		stopDrain()
+		cancel()
+	}
+}
+
 func (p *pipeline) settle(bs []*batch) {
 	r := p.r
 	var s settlement
@@ -467,9 +492,13 @@ func (p *pipeline) settle(bs []*batch) {
 			}
 		}
 	}
-	// The oldest batch's lease runs out first: that bounds the retries.
+	// Marking confirmed rows needs no lease, so the settle is not bound to
+	// the batches' leases (the oldest may be nearly out while younger ones
+	// merged with it are fresh): it gets its own context.
 	oldest := bs[0]
-	if err := r.settle(oldest.work, oldest.claimedAt, s); err != nil {
+	ctx, cancel := p.settleContext()
+	defer cancel()
+	if err := r.settle(ctx, r.cfg.Now(), s); err != nil {
 		r.cfg.Logger.Error("outbox relay: settle failed", "owner", r.cfg.Owner, "error", err)
 		return
 	}
@@ -584,9 +613,9 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 // failed row is released only while the claim it was published under is
 // still the row's latest and ours (same owner and attempts), so a late
 // release never frees a row that was claimed again since. Database errors
-// are retried until the lease of the oldest batch would run out: giving up
-// early only causes duplicates.
-func (r *Relay) settle(ctx context.Context, claimedAt time.Time, s settlement) error {
+// are retried for up to LeaseDuration from start (and while ctx lasts):
+// giving up early only causes duplicates.
+func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error {
 	done, failed, delays, attempts := s.done, s.failed, s.delays, s.attempts
 	if done == nil {
 		done = []int64{}
@@ -594,7 +623,7 @@ func (r *Relay) settle(ctx context.Context, claimedAt time.Time, s settlement) e
 	if failed == nil {
 		failed, delays, attempts = []int64{}, []int64{}, []int32{}
 	}
-	deadline := claimedAt.Add(r.cfg.LeaseDuration)
+	deadline := start.Add(r.cfg.LeaseDuration)
 	for attempt := 0; ; attempt++ {
 		var marked, released int64
 		err := r.cfg.Pool.QueryRow(ctx, settleSQL, done, failed, delays, attempts, r.cfg.Owner).Scan(&marked, &released)

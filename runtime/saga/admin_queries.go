@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -60,6 +61,9 @@ func (e *Engine) NoteTx(ctx context.Context, tx pgx.Tx, n Note) (Status, error) 
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Status{}, fmt.Errorf("saga %s note: %w", e.def.Name, err)
+	}
+	if err := txq.Sync(ctx, tx); err != nil { // called from a handler that moved the saga
+		return Status{}, err
 	}
 	w, err := loadRow(ctx, tx, e.q.lockByID, n.SagaID)
 	if err != nil {

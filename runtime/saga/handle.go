@@ -35,7 +35,10 @@ import (
 // Errors: a message for a saga that does not exist, for another saga type, or
 // without any way to find its saga is marked [failure.Permanent] (the consumer
 // parks it with the reason). Hook errors and database errors are returned as
-// they are, classified by the consumer.
+// they are, classified by the consumer. Run by a consumer, the instance
+// update, the audit row and the outbox rows are queued and sent in one round
+// trip when the handler returns, so their errors (a version conflict, say)
+// fail the delivery there rather than being returned by Handle.
 func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	if d == nil || d.Message == nil {
 		return failure.Permanent(errors.New("saga handle: delivery without a decoded message"))

@@ -136,6 +136,9 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 	}
 	e.cfg.Logger.InfoContext(ctx, "saga operator action", "saga_type", e.def.Name, "saga_id", w.ID,
 		"trigger", op.Trigger, "operator", op.Operator, "from", w.State, "to", res.Instance.State, "version", out.Version)
+	if err := txq.Sync(ctx, tx); err != nil { // in a handler, persist only queued the update
+		return Status{}, err
+	}
 	after, err := loadRow(ctx, tx, e.q.selectByID, w.ID)
 	if err != nil {
 		return Status{}, fmt.Errorf("%s: reload saga %s: %w", op.Trigger, w.ID, err)

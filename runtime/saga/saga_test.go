@@ -436,3 +436,28 @@ func TestRepliesForOneSagaInOneScope(t *testing.T) {
 	require.Equal(t, []string{"new", "duplicate"}, classes)
 	require.Equal(t, int64(2), b.status(t, id).Version)
 }
+
+// TestOperateInAWriteScopeReturnsTheNewState: called from a consumer's
+// handler, an operator action's writes are queued; the status it returns
+// must still be the instance after the action.
+func TestOperateInAWriteScopeReturnsTheNewState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	ctx := context.Background()
+	id := b.start(t, "o-operate")
+	before := b.status(t, id)
+	var got saga.Status
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		sctx, scope := txq.WithScope(ctx, tx)
+		var err error
+		got, err = b.engine.OperateTx(sctx, tx, saga.Operation{Trigger: sagadef.TriggerOperatorCancel, SagaID: id,
+			ExpectedVersion: before.Version, Operator: "olga", Reason: "customer called"})
+		if err != nil {
+			return err
+		}
+		return scope.Flush(sctx)
+	}))
+	require.Equal(t, before.Version+1, got.Version)
+	require.Equal(t, b.status(t, id).State, got.State)
+	require.NotEqual(t, before.State, got.State)
+}
