@@ -160,7 +160,8 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 			return s, nil
 		}
 		s.kill(fmt.Errorf("%w: channel closed", ErrChannelClosed))
-		if e := s.closeReason(); e != nil && e.Code == amqp.NotFound {
+		<-s.exited
+		if e := s.finalCloseReason(); e != nil && e.Code == amqp.NotFound {
 			clear(p.known) // an exchange vanished since it was checked
 			p.known[""] = true
 		}
@@ -415,6 +416,26 @@ func (s *session) closeReason() *amqp.Error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closeErr
+}
+
+// finalCloseReason is closeReason once run has exited, including a close
+// notification the client delivered after run's last look (the channel can
+// report IsClosed before its notification is read). A channel closed by us
+// has no reason and ends the wait at once; the wait is bounded regardless.
+func (s *session) finalCloseReason() *amqp.Error {
+	if e := s.closeReason(); e != nil {
+		return e
+	}
+	t := time.NewTimer(100 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case e, ok := <-s.closes:
+		if ok {
+			return e
+		}
+	case <-t.C:
+	}
+	return nil
 }
 
 func (s *session) forgetLocked(e *inflight) {
