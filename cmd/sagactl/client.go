@@ -65,6 +65,17 @@ type client struct {
 	http  *http.Client
 }
 
+// connect returns the admin client and ctx bounded by --timeout; the
+// caller cancels it.
+func (c *common) connect(ctx context.Context, env *cliEnv) (context.Context, context.CancelFunc, *client, error) {
+	cl, err := c.client(env)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	return ctx, cancel, cl, nil
+}
+
 func (c *common) client(env *cliEnv) (*client, error) {
 	server, token := c.server, c.token
 	if server == "" {

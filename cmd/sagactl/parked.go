@@ -59,11 +59,10 @@ func parkedList(ctx context.Context, env *cliEnv, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected arguments %q", pos)
 	}
-	cl, err := c.client(env)
+	ctx, cancel, cl, err := c.connect(ctx, env)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	q := url.Values{"limit": {strconv.Itoa(*limit)}}
 	for k, v := range map[string]string{"saga_type": f.sagaType, "saga_id": f.saga, "queue": f.queue, "message_type": f.messageType} {
@@ -114,11 +113,10 @@ func parkedShow(ctx context.Context, env *cliEnv, args []string) error {
 	if len(pos) != 1 {
 		return usagef("want exactly one parked message ID")
 	}
-	cl, err := c.client(env)
+	ctx, cancel, cl, err := c.connect(ctx, env)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	var p admin.Parked
 	raw, err := cl.call(ctx, http.MethodGet, "api/parked/"+url.PathEscape(pos[0]), nil, nil, &p)
@@ -188,11 +186,10 @@ func parkedReplay(ctx context.Context, env *cliEnv, args []string) error {
 	case !bulk && *maxN != 0:
 		return usagef("--max is for bulk replays")
 	}
-	cl, err := c.client(env)
+	ctx, cancel, cl, err := c.connect(ctx, env)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
 	if bulk {

@@ -83,11 +83,10 @@ func sagasList(ctx context.Context, env *cliEnv, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected arguments %q", pos)
 	}
-	cl, err := c.client(env)
+	ctx, cancel, cl, err := c.connect(ctx, env)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	q := f.query()
 	q.Set("limit", strconv.Itoa(*limit))
@@ -141,11 +140,10 @@ func sagasShow(ctx context.Context, env *cliEnv, args []string) error {
 	if len(pos) != 1 {
 		return usagef("want exactly one saga ID")
 	}
-	cl, err := c.client(env)
+	ctx, cancel, cl, err := c.connect(ctx, env)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	q := url.Values{}
 	if *typ != "" {
@@ -283,11 +281,10 @@ func sagasRepair(ctx context.Context, env *cliEnv, action string, args []string)
 	case bulk && *version != 0:
 		return usagef("--version is for one saga; a bulk repair uses each saga's version as listed")
 	}
-	cl, err := c.client(env)
+	ctx, cancel, cl, err := c.connect(ctx, env)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
 	if bulk {

@@ -19,14 +19,7 @@ func startSpan(ctx context.Context, cmd *envelope.Envelope) (context.Context, tr
 		return ctx, nil
 	}
 	return parent.TracerProvider().Tracer(telemetry.ScopeName).Start(ctx, telemetry.SpanParticipant+" "+cmd.MessageType,
-		trace.WithAttributes(
-			telemetry.KeyMessageID.String(cmd.MessageID),
-			telemetry.KeyMessageType.String(cmd.MessageType),
-			telemetry.KeyConversationID.String(cmd.CorrelationID),
-			telemetry.KeyCausationID.String(cmd.CausationID),
-			telemetry.KeySagaID.String(cmd.SagaID),
-			telemetry.KeySagaType.String(cmd.SagaType),
-		))
+		trace.WithAttributes(telemetry.MessageAttrs(cmd)...))
 }
 
 // endSpan ends span (if any), recording err.

@@ -3,6 +3,8 @@ package telemetry
 import (
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/protosaga/saga/runtime/envelope"
 )
 
 // Attribute keys. Semantic-convention keys come from the OpenTelemetry
@@ -113,3 +115,16 @@ type KeyValue = attribute.KeyValue
 // KeyOriginalExchange is the exchange a consumed message was first
 // published to (retry copies arrive through the default exchange).
 const KeyOriginalExchange = attribute.Key("saga.exchange")
+
+// MessageAttrs are the identity attributes of a message every span about it
+// carries: id, type, conversation (correlation), causation, saga id and type.
+func MessageAttrs(e *envelope.Envelope) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		KeyMessageID.String(e.MessageID),
+		KeyMessageType.String(e.MessageType),
+		KeyConversationID.String(e.CorrelationID),
+		KeyCausationID.String(e.CausationID),
+		KeySagaID.String(e.SagaID),
+		KeySagaType.String(e.SagaType),
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protosaga/saga/bench/internal/benv"
 	"github.com/protosaga/saga/bench/internal/raw"
@@ -47,11 +46,8 @@ func (c oursConfig) String() string {
 // oursSystem is the Place Order example (examples/placeorder/app) on a
 // fresh schema and vhost.
 type oursSystem struct {
-	stmts  benv.StatementCounter
-	app    *app.App
-	pool   *pgxpool.Pool
-	schema *benv.Schema
-	vhost  *benv.VHost
+	infra
+	app *app.App
 }
 
 func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logger) (*oursSystem, error) {
@@ -123,8 +119,6 @@ func (s *oursSystem) Unhappy(ctx context.Context) (int, error) {
 		OR state LIKE 'COMPENSATING%'`)
 }
 
-func (s *oursSystem) Statements() *benv.StatementCounter { return &s.stmts }
-
 func (s *oursSystem) Completed(ctx context.Context) (int, error) {
 	return countQuery(ctx, s.pool, `SELECT count(*) FROM saga_place_order WHERE state = '`+orderv1.PlaceOrderStateCompleted+`'`)
 }
@@ -147,15 +141,7 @@ func (s *oursSystem) Close() {
 	if s.app != nil {
 		s.app.Close()
 	}
-	if s.pool != nil {
-		s.pool.Close()
-	}
-	if s.vhost != nil {
-		s.vhost.Drop()
-	}
-	if s.schema != nil {
-		s.schema.Drop()
-	}
+	s.close()
 }
 
 // relayBench pre-fills n outbox rows (~300-byte bodies) bound for a quorum

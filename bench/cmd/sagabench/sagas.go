@@ -42,6 +42,31 @@ type system interface {
 	Close()
 }
 
+// infra is what both systems run on: a fresh schema with a counted pool, and
+// a fresh vhost. Embedded, it provides Statements.
+type infra struct {
+	stmts  benv.StatementCounter
+	pool   *pgxpool.Pool
+	schema *benv.Schema
+	vhost  *benv.VHost
+}
+
+// Statements counts the statements the pool sent.
+func (b *infra) Statements() *benv.StatementCounter { return &b.stmts }
+
+// close closes the pool and drops the vhost and schema that exist.
+func (b *infra) close() {
+	if b.pool != nil {
+		b.pool.Close()
+	}
+	if b.vhost != nil {
+		b.vhost.Drop()
+	}
+	if b.schema != nil {
+		b.schema.Drop()
+	}
+}
+
 type latency struct{ stepP50, stepP99, sagaP50, sagaP99 float64 }
 
 // throughput runs the system and keeps at most inflight sagas under way —

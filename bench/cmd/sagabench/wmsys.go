@@ -6,7 +6,6 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protosaga/saga/bench/internal/benv"
 	"github.com/protosaga/saga/bench/internal/wm"
@@ -15,11 +14,8 @@ import (
 
 // wmSystem is the Watermill saga on a fresh schema and vhost.
 type wmSystem struct {
-	stmts  benv.StatementCounter
-	saga   *wm.Saga
-	pool   *pgxpool.Pool
-	schema *benv.Schema
-	vhost  *benv.VHost
+	infra
+	saga *wm.Saga
 }
 
 func newWM(ctx context.Context, env *benv.Env, queueType string, logger *slog.Logger) (*wmSystem, error) {
@@ -74,8 +70,6 @@ func (s *wmSystem) Unhappy(ctx context.Context) (int, error) {
 	return countQuery(ctx, s.pool, `SELECT count(*) FROM wm_saga WHERE state = 'FAILED'`)
 }
 
-func (s *wmSystem) Statements() *benv.StatementCounter { return &s.stmts }
-
 func (s *wmSystem) Completed(ctx context.Context) (int, error) {
 	return countQuery(ctx, s.pool, `SELECT count(*) FROM wm_saga WHERE state = '`+wm.StateCompleted+`'`)
 }
@@ -95,15 +89,7 @@ func (s *wmSystem) Close() {
 	if s.saga != nil {
 		s.saga.Close()
 	}
-	if s.pool != nil {
-		s.pool.Close()
-	}
-	if s.vhost != nil {
-		s.vhost.Drop()
-	}
-	if s.schema != nil {
-		s.schema.Drop()
-	}
+	s.close()
 }
 
 // wmErrors reports handler failures, which a correct run has none of.
