@@ -23,6 +23,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/schema"
 )
@@ -55,6 +56,7 @@ const (
 	doBlock         = "block"          // waits for release on its first call
 	doSwallow       = "swallow"        // ignores a failed statement and returns nil
 	doCloseTx       = "close-tx"       // commits the savepoint it was given
+	doEnqueue       = "enqueue"        // writes an outbox row (outbox.Enqueue)
 )
 
 const (
@@ -172,6 +174,9 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		_, _ = tx.Exec(ctx, `SELECT 1/0`)
 	case doCloseTx:
 		return tx.Commit(ctx)
+	case doEnqueue:
+		return outbox.Enqueue(ctx, tx, envelope.Envelope{MessageID: id + "-out", MessageType: noteInfo.FullName,
+			SchemaVersion: 1, Exchange: "events", RoutingKey: "note.out"})
 	case doDeferred:
 		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
 			return err
@@ -421,6 +426,27 @@ func TestConsumer(t *testing.T) {
 		require.Zero(t, fellBack, "no handler failed, so nothing falls back to savepoints")
 		require.Zero(t, b.ready(b.queue))
 		require.Empty(t, b.parked())
+	})
+
+	t.Run("WakesRelaysAfterCommit", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		listener, err := b.pool.Acquire(b.ctx)
+		require.NoError(t, err)
+		defer listener.Release()
+		_, err = listener.Exec(b.ctx, `LISTEN `+outbox.NotifyChannel)
+		require.NoError(t, err)
+		r := b.start(nil, nil)
+		b.send("enq", doEnqueue, nil)
+		b.waitSettled("enq", "done")
+		wctx, cancel := context.WithTimeout(b.ctx, testTimeout)
+		defer cancel()
+		_, err = listener.Conn().WaitForNotification(wctx)
+		require.NoError(t, err, "a batch that wrote outbox rows notifies relays once it committed")
+		b.stop(r)
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM saga_outbox WHERE message_id = 'enq-out'`).Scan(&n))
+		require.Equal(t, 1, n)
 	})
 
 	t.Run("CrashAfterCommitBeforeAck", func(t *testing.T) {
