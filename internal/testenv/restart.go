@@ -3,10 +3,8 @@ package testenv
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -17,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/protosaga/saga/internal/rabbitapi"
 )
 
 // Services are a PostgreSQL and a RabbitMQ server started by
@@ -338,46 +338,7 @@ func (s *Services) Queues(ctx context.Context, vhost string) ([]QueueStat, error
 // escaped, e.g. "/vhosts/"+url.PathEscape(name)), decoding a JSON answer
 // into out when out is not nil.
 func (s *Services) API(ctx context.Context, method, path string, body, out any) error {
-	return managementCall(ctx, s.RabbitAPI, method, path, body, out)
-}
-
-func managementCall(ctx context.Context, api, method, path string, body, out any) error {
-	base, err := url.Parse(api)
-	if err != nil {
-		return fmt.Errorf("parse management API URL: %w", err)
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("%s %s: encode body: %w", method, path, err)
-		}
-		rd = strings.NewReader(string(b))
-	}
-	req, err := http.NewRequestWithContext(ctx, method, base.Scheme+"://"+base.Host+strings.TrimSuffix(base.Path, "/")+path, rd)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	if base.User != nil {
-		pw, _ := base.User.Password()
-		req.SetBasicAuth(base.User.Username(), pw)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("%s %s: decode: %w", method, path, err)
-		}
-	}
-	return nil
+	return rabbitapi.Call(ctx, s.RabbitAPI, method, path, body, out)
 }
 
 func pgBin() string {

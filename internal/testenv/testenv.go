@@ -29,6 +29,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/internal/rabbitapi"
 )
 
 // Environment variable names.
@@ -167,7 +169,7 @@ func KillPostgresConnections(t testing.TB, pool *pgxpool.Pool) int {
 // already escaped, e.g. "/vhosts/"+url.PathEscape(name)) and decodes a JSON
 // answer into out when out is not nil.
 func rabbitAPI(ctx context.Context, method, path string, body any, out any) error {
-	return managementCall(ctx, os.Getenv(EnvRabbitAPI), method, path, body, out)
+	return rabbitapi.Call(ctx, os.Getenv(EnvRabbitAPI), method, path, body, out)
 }
 
 // AMQP creates a fresh vhost, grants the base URL's user every permission on

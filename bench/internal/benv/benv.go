@@ -13,9 +13,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -24,6 +22,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/internal/rabbitapi"
 )
 
 // Environment variable names (the same as internal/testenv's).
@@ -220,43 +220,7 @@ func (v *VHost) Drop() {
 // rabbitAPI performs one management API call and decodes a JSON answer into
 // out when out is not nil.
 func (e *Env) rabbitAPI(ctx context.Context, method, path string, body, out any) error {
-	base, err := url.Parse(e.api)
-	if err != nil {
-		return fmt.Errorf("parse %s: %w", EnvRabbitAPI, err)
-	}
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("%s %s: encode body: %w", method, path, err)
-		}
-		rd = strings.NewReader(string(b))
-	}
-	target := base.Scheme + "://" + base.Host + strings.TrimSuffix(base.Path, "/") + path
-	req, err := http.NewRequestWithContext(ctx, method, target, rd)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	if base.User != nil {
-		pw, _ := base.User.Password()
-		req.SetBasicAuth(base.User.Username(), pw)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode >= 300 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(b)))
-	}
-	if out != nil {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("%s %s: decode: %w", method, path, err)
-		}
-	}
-	return nil
+	return rabbitapi.Call(ctx, e.api, method, path, body, out)
 }
 
 // Redact hides the password of a URL.
