@@ -57,7 +57,13 @@ const (
 	doSwallow       = "swallow"        // ignores a failed statement and returns nil
 	doCloseTx       = "close-tx"       // commits the savepoint it was given
 	doEnqueue       = "enqueue"        // writes an outbox row (outbox.Enqueue)
+	doEnqueueFail   = "enqueue-fail"   // writes an outbox row, then a permanent error
+	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
 )
+
+// copyKey routes the messages handlers write to the outbox; the notes
+// queue does not take them.
+const copyKey = "copy.note"
 
 const (
 	testTimeout = 30 * time.Second
@@ -174,9 +180,18 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		_, _ = tx.Exec(ctx, `SELECT 1/0`)
 	case doCloseTx:
 		return tx.Commit(ctx)
-	case doEnqueue:
-		return outbox.Enqueue(ctx, tx, envelope.Envelope{MessageID: id + "-out", MessageType: noteInfo.FullName,
-			SchemaVersion: 1, Exchange: "events", RoutingKey: "note.out"})
+	case doEnqueue, doEnqueueFail, doEnqueueHold:
+		if err := outbox.Enqueue(ctx, tx, envelope.Envelope{MessageID: id + "-out", MessageType: noteInfo.FullName,
+			SchemaVersion: 1, Exchange: "events", RoutingKey: copyKey}); err != nil {
+			return err
+		}
+		switch {
+		case text == doEnqueueFail:
+			return failure.Permanent(errors.New("rejected after writing to the outbox"))
+		case text == doEnqueueHold && first:
+			b.entered <- id
+			<-b.release
+		}
 	case doDeferred:
 		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
 			return err
@@ -255,6 +270,20 @@ func (b *testBundle) stop(r *running) {
 		b.t.Fatal("consumer did not stop")
 	}
 	r.done <- nil // for the cleanup
+}
+
+// sendOneBatch makes notes (id, text) one batch of r, a consumer with
+// Concurrency 1: a gate message holds the only worker while they queue up
+// behind it, and is let go once all of them are buffered.
+func (b *testBundle) sendOneBatch(r *running, notes ...[2]string) {
+	b.t.Helper()
+	b.send("gate", doBlock, nil)
+	require.Equal(b.t, "gate", <-b.entered)
+	for _, n := range notes {
+		b.send(n[0], n[1], nil)
+	}
+	require.Eventually(b.t, func() bool { return consumer.Buffered(r.c) == len(notes) }, testTimeout, poll)
+	close(b.release)
 }
 
 // envelopeFor builds the envelope of a note.
@@ -648,16 +677,9 @@ func TestConsumer(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		r := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
-		b.send("gate", doBlock, nil)
-		require.Equal(t, "gate", <-b.entered)
-		b.send("ok1", doOK, nil)
-		b.send("swallow", doSwallow, nil)
-		b.send("close-tx", doCloseTx, nil)
-		b.send("ok2", doOK, nil)
-		// A message id the inbox cannot store.
-		b.send("nul\x00id", doOK, nil)
-		require.Eventually(t, func() bool { return consumer.Buffered(r.c) == 5 }, testTimeout, poll)
-		close(b.release)
+		b.sendOneBatch(r, [2]string{"ok1", doOK}, [2]string{"swallow", doSwallow}, [2]string{"close-tx", doCloseTx},
+			[2]string{"ok2", doOK},
+			[2]string{"nul\x00id", doOK}) // a message id the inbox cannot store
 
 		b.waitSettled("ok1", "done")
 		b.waitSettled("ok2", "done")
@@ -705,15 +727,8 @@ func TestConsumer(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		r := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
-		// Hold the only worker so the next deliveries queue up and form one batch.
-		b.send("gate", doBlock, nil)
-		require.Equal(t, "gate", <-b.entered)
-		batch := map[string]string{"ok1": doOK, "bad": doPermanent, "ok2": doOK, "flaky": doTransientOnce, "ok3": doOK}
-		for _, id := range []string{"ok1", "bad", "ok2", "flaky", "ok3"} {
-			b.send(id, batch[id], nil)
-		}
-		require.Eventually(t, func() bool { return consumer.Buffered(r.c) == 5 }, testTimeout, poll)
-		close(b.release)
+		b.sendOneBatch(r, [2]string{"ok1", doOK}, [2]string{"bad", doPermanent}, [2]string{"ok2", doOK},
+			[2]string{"flaky", doTransientOnce}, [2]string{"ok3", doOK})
 
 		for _, id := range []string{"ok1", "ok2", "ok3"} {
 			b.waitSettled(id, "done")

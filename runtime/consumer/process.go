@@ -321,7 +321,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 			continue
 		}
-		herr := c.runHandler(wakes.Attach(it.handlerContext(ctx)), guard, it)
+		herr := c.runHandler(it.handlerContext(ctx), guard, wakes, it)
 		if guard.closed {
 			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}
 		}
@@ -431,20 +431,28 @@ func (c *Consumer) sendWakes(ctx context.Context, wakes *txq.Wakes) {
 }
 
 // runHandler runs the handler of it on tx with a write scope, sends the
-// writes it queued, and checks it left the transaction usable.
-func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, it *item) error {
-	ctx, scope := txq.WithScope(ctx, tx)
+// writes it queued, and checks it left the transaction usable. The
+// handler's after-commit work (the outbox's hand-off to a local relay) goes
+// to wakes only when it succeeded: its writes then commit with the batch's
+// transaction, or not at all (a failure after this point fails the whole
+// transaction, and the wake set is dropped with it).
+func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, it *item) error {
+	ctx, scope := txq.WithScope(wakes.Attach(ctx), tx)
+	scope.CommitsWith(wakes)
 	herr := c.callHandler(ctx, tx, it.d)
 	if herr != nil {
 		scope.Discard(herr)
 		return herr
 	}
 	if err := scope.Flush(ctx); err != nil {
+		scope.Discard(err)
 		return err
 	}
 	if tx.Conn().PgConn().TxStatus() == 'E' {
+		scope.Discard(nil)
 		return errors.New("handler returned success, but a statement in its transaction failed (was an error ignored?)")
 	}
+	scope.Keep()
 	return nil
 }
 
@@ -488,7 +496,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wa
 		c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 		return nil
 	}
-	herr := c.runHandler(wakes.Attach(it.handlerContext(ctx)), sp, it)
+	herr := c.runHandler(it.handlerContext(ctx), sp, wakes, it)
 	if herr == nil {
 		if err := sp.Commit(ctx); err != nil {
 			if errors.Is(err, pgx.ErrTxClosed) {

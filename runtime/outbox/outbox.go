@@ -46,6 +46,15 @@
 // statement. On shutdown, batches already sent are finished and batches
 // claimed but not sent are released at once, bounded by ConfirmTimeout.
 //
+// Hand-off: a relay given to the consumers' context with [WithRelay] gets
+// the rows their handlers enqueue straight after each commit, inserted
+// already leased to it, and publishes them without claiming them: no claim
+// statement, no lease update, no notification. The sender merges queued
+// hand-offs into batches of up to BatchSize rows and interleaves them with
+// claimed batches; confirms, settling and failures are the same for both.
+// Rows a relay cannot take (it is stopping, or its queue is full) are
+// released at once for any relay to claim.
+//
 // Publishing uses a [broker.Publisher]: confirm mode with a bounded window of
 // outstanding confirms, mandatory publishes with returns counted as
 // failures.
@@ -143,11 +152,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
 		return fmt.Errorf("enqueue outbox messages: %w", errors.Join(errs...))
 	}
 	spans := traceRows(ctx, envs, parents, states)
-	sql := insertSQL
-	if !txq.Wake(ctx, tx, NotifyChannel) {
-		sql = insertAndNotifySQL
-	}
-	return txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+	result := func(_ pgconn.CommandTag, err error) error {
 		endSpans(spans, err)
 		if err == nil {
 			return nil
@@ -156,8 +161,30 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
 			return fmt.Errorf("enqueue outbox message %s: %w", ids[0], err)
 		}
 		return fmt.Errorf("enqueue %d outbox messages (first %s): %w", n, ids[0], err)
-	}, sql, ids, exchanges, keys, types, versions, correlations, causations, sagaIDs, sagaTypes,
-		idemKeys, parents, states, headers, bodies, occurred)
+	}
+	if r := relayFrom(ctx); r != nil && r.accepting() {
+		// Hand the rows to the local relay after the commit, leased to it
+		// from their insert, so no relay claims them (see WithRelay).
+		h := &handoff{rows: make([]row, n), at: time.Now()}
+		if txq.AfterCommit(ctx, tx, func(ctx context.Context) { r.handoff(ctx, h) }) {
+			for i := range h.rows {
+				e := &h.rows[i].env
+				*e = envs[i]
+				e.Traceparent, e.Tracestate, e.Body, e.OccurredAt = parents[i], states[i], bodies[i], occurred[i].UTC()
+				e.Headers = r.decodeHeaders(0, e.MessageID, []byte(headers[i]))
+				h.rows[i].attempts = 1
+			}
+			return txq.Query(ctx, tx, h.scanIDs, result, insertLeasedSQL, ids, exchanges, keys, types, versions,
+				correlations, causations, sagaIDs, sagaTypes, idemKeys, parents, states, headers, bodies, occurred,
+				r.cfg.Owner, r.cfg.LeaseDuration.Milliseconds())
+		}
+	}
+	sql := insertSQL
+	if !txq.Wake(ctx, tx, NotifyChannel) {
+		sql = insertAndNotifySQL
+	}
+	return txq.Exec(ctx, tx, result, sql, ids, exchanges, keys, types, versions, correlations, causations,
+		sagaIDs, sagaTypes, idemKeys, parents, states, headers, bodies, occurred)
 }
 
 // insertSQL writes a batch of outbox rows, in order.
@@ -170,6 +197,19 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text
   $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::bytea[], $15::timestamptz[])
   WITH ORDINALITY AS u(m, x, k, t, v, co, ca, si, st, ik, tp, ts, h, b, oa, ord)
 ORDER BY ord`
+
+// insertLeasedSQL is insertSQL for rows handed to a local relay after the
+// commit: they are born leased to it ($16, for $17 ms), as if claimed once.
+const insertLeasedSQL = `
+INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version,
+  correlation_id, causation_id, saga_id, saga_type, idempotency_key, traceparent, tracestate,
+  headers, body, occurred_at, lease_owner, lease_until, attempts)
+SELECT m, x, k, t, v, co, ca, si, st, ik, tp, ts, h::jsonb, b, oa, $16, now() + $17 * interval '1 millisecond', 1
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text[], $7::text[],
+  $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::bytea[], $15::timestamptz[])
+  WITH ORDINALITY AS u(m, x, k, t, v, co, ca, si, st, ik, tp, ts, h, b, oa, ord)
+ORDER BY ord
+RETURNING id, message_id`
 
 // insertAndNotifySQL is insertSQL that also notifies relays, delivered when
 // the transaction commits.

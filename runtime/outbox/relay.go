@@ -165,6 +165,13 @@ type Relay struct {
 	tel relayTelemetry
 
 	published, failed atomic.Int64
+
+	// Hand-offs (see WithRelay): open while Run accepts them, into
+	// direct, which only the sender reads.
+	mu     sync.RWMutex
+	open   bool
+	direct chan *batch
+	handed atomic.Int64
 }
 
 // RelayStats counts what a relay did since it was created.
@@ -174,6 +181,9 @@ type RelayStats struct {
 	// Failed counts publishes that were not confirmed (nack, return,
 	// timeout, connection loss) and were released for another attempt.
 	Failed int64
+	// HandedOff counts rows handed to the relay after their commit (see
+	// WithRelay) rather than claimed.
+	HandedOff int64
 }
 
 // NewRelay validates cfg and returns a relay. Call Run to start it.
@@ -187,15 +197,16 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
 	return &Relay{
-		cfg: cfg,
-		pub: broker.NewPublisher(cfg.Conn, broker.PublisherConfig{Window: cfg.Window, ConfirmTimeout: cfg.ConfirmTimeout}),
-		tel: tel,
+		cfg:    cfg,
+		pub:    broker.NewPublisher(cfg.Conn, broker.PublisherConfig{Window: cfg.Window, ConfirmTimeout: cfg.ConfirmTimeout}),
+		tel:    tel,
+		direct: make(chan *batch, directDepth),
 	}, nil
 }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Published: r.published.Load(), Failed: r.failed.Load()}
+	return RelayStats{Published: r.published.Load(), Failed: r.failed.Load(), HandedOff: r.handed.Load()}
 }
 
 // Run relays until ctx is canceled, then drains (see [Relay]) and returns
@@ -203,6 +214,8 @@ func (r *Relay) Stats() RelayStats {
 // returns an error only for a simulated crash in tests.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.pub.Close()
+	r.setOpen(true)
+	defer r.setOpen(false)
 	listenCtx, stopListen := context.WithCancel(ctx)
 	wake := make(chan struct{}, 1)
 	listenDone := make(chan struct{})
@@ -236,7 +249,9 @@ func (r *Relay) runPipeline(ctx context.Context, wake <-chan struct{}) error {
 
 	// The batches awaiting their confirms hold at most Window messages:
 	// Window/BatchSize of them, one more for the remainder and one so the
-	// sender never waits for the awaiter while the window has room.
+	// sender never waits for the awaiter while the window has room. (The
+	// sender merges queued hand-offs into batches of up to BatchSize rows,
+	// so small hand-offs do not fill these channels with small batches.)
 	depth := r.cfg.Window/r.cfg.BatchSize + 2
 	claimed := make(chan *batch, 1)
 	sent := make(chan *batch, depth)
@@ -352,21 +367,67 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 	}
 }
 
-// sender publishes each claimed batch without waiting for its confirms and
-// passes it on. After ctx ends it passes batches on unsent, to be released;
-// after a crash it drops them, leased, as a dead process would.
+// sender publishes each claimed or handed-off batch without waiting for its
+// confirms and passes it on. After ctx ends it passes batches on unsent, to
+// be released; after a crash it drops them, leased, as a dead process would.
+// Once the claimer is done it stops hand-offs and empties their queue the
+// same way.
 func (p *pipeline) sender(in <-chan *batch, out chan<- *batch) {
 	defer close(out)
-	for b := range in {
-		switch {
-		case p.hasCrashed():
-			b.finish()
-			continue
-		case p.ctx.Err() == nil:
-			p.send(b)
+	r := p.r
+	for in != nil {
+		select {
+		case b, ok := <-in:
+			if !ok {
+				in = nil
+				continue
+			}
+			p.forward(b, out)
+		case b := <-r.direct:
+			p.forward(p.merge(b), out)
 		}
-		out <- b
 	}
+	r.setOpen(false)
+	for {
+		select {
+		case b := <-r.direct:
+			p.forward(p.merge(b), out)
+		default:
+			return
+		}
+	}
+}
+
+// merge adds the hand-offs queued behind b to it, up to BatchSize rows (or
+// b's own size, when that is more), so that under load the hand-offs of
+// many consumer commits travel as one batch.
+func (p *pipeline) merge(b *batch) *batch {
+	for len(b.rows) < p.r.cfg.BatchSize {
+		select {
+		case more := <-p.r.direct:
+			b.rows = append(b.rows, more.rows...)
+			if more.claimedAt.Before(b.claimedAt) { // the earliest lease bounds the batch
+				b.claimedAt = more.claimedAt
+			}
+		default:
+			return b
+		}
+	}
+	return b
+}
+
+func (p *pipeline) forward(b *batch, out chan<- *batch) {
+	if b.work == nil { // handed off: its lease began at the insert
+		b.work, b.finish = context.WithDeadline(p.grace, b.claimedAt.Add(p.r.cfg.LeaseDuration))
+	}
+	switch {
+	case p.hasCrashed():
+		b.finish()
+		return
+	case p.ctx.Err() == nil:
+		p.send(b)
+	}
+	out <- b
 }
 
 func (p *pipeline) send(b *batch) {
@@ -473,6 +534,122 @@ func (p *pipeline) settleContext() (context.Context, context.CancelFunc) {
 	}
 }
 
+// directDepth is how many handed-off batches (one per committed consumer
+// batch) wait for the sender at most; hand-offs beyond it are released to
+// be claimed instead.
+const directDepth = 256
+
+type relayKey struct{}
+
+// WithRelay returns a context in which [Enqueue], called from a handler the
+// runtime runs in this process (a consumer handler, a participant, the saga
+// engine inside one), hands its rows to r once the consumer's transaction
+// commits, instead of waking relays to claim them. The rows are inserted
+// already leased to r (lease_owner, lease_until = now() + LeaseDuration,
+// attempts 1), so no relay claims them meanwhile and r publishes them
+// without a claim statement: the claim and its row update are skipped, and
+// so is the notification round trip. The guarantees do not change:
+//
+//   - r gets the rows only after the transaction committed, and only those
+//     of handlers whose writes committed (a failed handler's savepoint, a
+//     rolled-back transaction hand over nothing);
+//   - when r is not running, or is stopping, Enqueue writes the rows
+//     unleased as usual; when r stops or its queue is full by the time the
+//     commit is done, the rows are released (lease cleared, relays woken)
+//     for any relay to claim;
+//   - when the process dies between commit and publish, the rows are
+//     published by any relay once their lease runs out (LeaseDuration), as
+//     for a relay that died holding a claim.
+//
+// Enqueue in a transaction of the caller's own is not affected.
+func WithRelay(ctx context.Context, r *Relay) context.Context {
+	return context.WithValue(ctx, relayKey{}, r)
+}
+
+func relayFrom(ctx context.Context) *Relay {
+	r, _ := ctx.Value(relayKey{}).(*Relay)
+	return r
+}
+
+func (r *Relay) setOpen(open bool) {
+	r.mu.Lock()
+	r.open = open
+	r.mu.Unlock()
+}
+
+func (r *Relay) accepting() bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.open
+}
+
+// handoff is rows Enqueue wrote leased to a relay, waiting for the commit.
+type handoff struct {
+	rows []row
+	at   time.Time // before the insert, so before the lease began
+}
+
+// scanIDs reads the ids insertLeasedSQL returns.
+func (h *handoff) scanIDs(rows pgx.Rows) error {
+	byID := make(map[string]int64, len(h.rows))
+	var (
+		id  int64
+		mid string
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &mid}, func() error {
+		byID[mid] = id
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := range h.rows {
+		var ok bool
+		if h.rows[i].id, ok = byID[h.rows[i].env.MessageID]; !ok {
+			return fmt.Errorf("outbox insert returned no id for message %s", h.rows[i].env.MessageID)
+		}
+	}
+	return nil
+}
+
+// handoff queues committed rows for the sender. When the relay is not
+// accepting or its queue is full, it releases them for a claim instead.
+func (r *Relay) handoff(ctx context.Context, h *handoff) {
+	r.mu.RLock()
+	queued := false
+	if r.open {
+		select {
+		case r.direct <- &batch{rows: h.rows, claimedAt: h.at}:
+			queued = true
+		default:
+		}
+	}
+	r.mu.RUnlock()
+	if queued {
+		r.handed.Add(int64(len(h.rows)))
+		return
+	}
+	ids := make([]int64, len(h.rows))
+	for i, rw := range h.rows {
+		ids[i] = rw.id
+	}
+	if _, err := r.cfg.Pool.Exec(ctx, releaseHandoffSQL, ids, r.cfg.Owner); err != nil {
+		r.cfg.Logger.Warn("outbox relay: could not take committed rows nor release them; they are published when their lease runs out",
+			"owner", r.cfg.Owner, "rows", len(ids), "first_message_id", h.rows[0].env.MessageID,
+			"lease", r.cfg.LeaseDuration, "error", err)
+	}
+}
+
+// releaseHandoffSQL frees rows born leased to a relay that could not take
+// them, and wakes relays to claim them.
+const releaseHandoffSQL = `
+WITH released AS (
+  UPDATE saga_outbox SET lease_owner = NULL, lease_until = NULL
+  WHERE id = ANY($1::bigint[]) AND lease_owner = $2 AND attempts = 1 AND published_at IS NULL
+  RETURNING id
+)
+SELECT pg_notify('` + NotifyChannel + `', '') WHERE EXISTS (SELECT FROM released)`
+
 func (p *pipeline) settle(bs []*batch) {
 	r := p.r
 	var s settlement
@@ -569,19 +746,7 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.attempts, &e.MessageID, &e.Exchange, &e.RoutingKey, &e.MessageType,
 		&e.SchemaVersion, &e.CorrelationID, &e.CausationID, &e.SagaID, &e.SagaType, &e.IdempotencyKey,
 		&e.Traceparent, &e.Tracestate, &headers, &e.Body, &e.OccurredAt}, func() error {
-		e.Headers = nil
-		if len(headers) > 0 && !bytes.Equal(headers, []byte("{}")) {
-			dec := json.NewDecoder(bytes.NewReader(headers))
-			dec.UseNumber() // keep integers integers
-			if err := dec.Decode(&e.Headers); err != nil {
-				// Enqueue writes only JSON objects; a row written by other
-				// means is published without its extra headers rather than
-				// blocking every row behind it.
-				e.Headers = nil
-				r.cfg.Logger.Error("outbox relay: headers are not a JSON object; publishing without them",
-					"outbox_id", rw.id, "message_id", e.MessageID, "error", err)
-			}
-		}
+		e.Headers = r.decodeHeaders(rw.id, e.MessageID, headers)
 		e.OccurredAt = e.OccurredAt.UTC()
 		out = append(out, rw)
 		return nil
@@ -592,6 +757,25 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	}
 	slices.SortFunc(out, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 	return out, nil
+}
+
+// decodeHeaders reads a row's headers column as the relay publishes it.
+func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[string]any {
+	if len(headers) == 0 || bytes.Equal(headers, []byte("{}")) {
+		return nil
+	}
+	var h map[string]any
+	dec := json.NewDecoder(bytes.NewReader(headers))
+	dec.UseNumber() // keep integers integers
+	if err := dec.Decode(&h); err != nil {
+		// Enqueue writes only JSON objects; a row written by other means
+		// is published without its extra headers rather than blocking
+		// every row behind it.
+		r.cfg.Logger.Error("outbox relay: headers are not a JSON object; publishing without them",
+			"outbox_id", id, "message_id", messageID, "error", err)
+		return nil
+	}
+	return h
 }
 
 const settleSQL = `

@@ -363,8 +363,16 @@ func (a *App) Run(ctx context.Context) error {
 	for i, r := range a.relays {
 		run(fmt.Sprintf("relay %d", i), func(ctx context.Context) error { return r.Run(withPart(ctx, partRelay)) })
 	}
+	n := 0
 	for queue, c := range a.consumers {
-		run("consumer of "+queue, func(ctx context.Context) error { return c.Run(withPart(ctx, partConsumer)) })
+		cctx := withPart(ctx, partConsumer)
+		if len(a.relays) > 0 {
+			// The outbox rows this consumer's handlers commit go straight
+			// to a relay of this process, without a claim.
+			cctx = outbox.WithRelay(cctx, a.relays[n%len(a.relays)])
+			n++
+		}
+		run("consumer of "+queue, func(context.Context) error { return c.Run(cctx) })
 	}
 	if a.cfg.has(RoleOrchestrator) {
 		run("timeout scanner", func(ctx context.Context) error {
@@ -385,6 +393,7 @@ func (a *App) RelayStats() outbox.RelayStats {
 		rs := r.Stats()
 		s.Published += rs.Published
 		s.Failed += rs.Failed
+		s.HandedOff += rs.HandedOff
 	}
 	return s
 }

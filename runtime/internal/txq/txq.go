@@ -12,7 +12,9 @@
 //     instead of inside the transaction. A NOTIFY inside a transaction
 //     takes a cluster-wide lock that is held through the commit's WAL
 //     flush, so concurrent committers queue behind each other instead of
-//     sharing one flush.
+//     sharing one flush. A wake set also runs the after-commit work of the
+//     scopes that were kept into it ([AfterCommit], [Scope.Keep]): the
+//     outbox hands rows its process just committed to a local relay.
 //
 // A scope or wake set applies only to the transaction it was made for: a
 // handler that opens a transaction of its own (or a savepoint) with the same
@@ -37,6 +39,10 @@ type Scope struct {
 	tx      pgx.Tx
 	batch   pgx.Batch
 	results []Result
+	rows    []func(pgx.Rows) error // per queued statement; nil for Exec
+
+	wakes *Wakes                  // set by CommitsWith
+	after []func(context.Context) // AfterCommit work, until Keep or Discard
 }
 
 type scopeKey struct{}
@@ -70,10 +76,73 @@ func Exec(ctx context.Context, tx pgx.Tx, result Result, sql string, args ...any
 	if s, ok := ctx.Value(scopeKey{}).(*Scope); ok && s.tx == tx {
 		s.batch.Queue(sql, args...)
 		s.results = append(s.results, result)
+		s.rows = append(s.rows, nil)
 		return nil
 	}
 	tag, err := tx.Exec(ctx, sql, args...)
 	return result(tag, err)
+}
+
+// Query is [Exec] for a statement that returns rows: scan reads them (it
+// must not close them), now or when the scope is flushed, and result sees
+// the statement's outcome afterwards. An error from scan is the
+// statement's error.
+func Query(ctx context.Context, tx pgx.Tx, scan func(pgx.Rows) error, result Result, sql string, args ...any) error {
+	if result == nil {
+		result = passError
+	}
+	if s, ok := ctx.Value(scopeKey{}).(*Scope); ok && s.tx == tx {
+		s.batch.Queue(sql, args...)
+		s.results = append(s.results, result)
+		s.rows = append(s.rows, scan)
+		return nil
+	}
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return result(pgconn.CommandTag{}, err)
+	}
+	return result(readRows(rows, scan))
+}
+
+// readRows runs scan over rows and closes them, returning the statement's
+// command tag and the first error.
+func readRows(rows pgx.Rows, scan func(pgx.Rows) error) (pgconn.CommandTag, error) {
+	err := scan(rows)
+	rows.Close()
+	if err == nil {
+		err = rows.Err()
+	}
+	return rows.CommandTag(), err
+}
+
+// AfterCommit arranges for fn to run once the transaction tx belongs to has
+// committed, and reports whether it could: only when ctx carries a scope for
+// tx whose owner said where its work commits ([Scope.CommitsWith]). fn then
+// runs after that wake set's commit if the scope is kept ([Scope.Keep]),
+// and never if it is discarded or the transaction rolls back. Callers that
+// get false must do without (for the outbox: let relays claim the rows).
+func AfterCommit(ctx context.Context, tx pgx.Tx, fn func(context.Context)) bool {
+	s, ok := ctx.Value(scopeKey{}).(*Scope)
+	if !ok || s.tx != tx || s.wakes == nil {
+		return false
+	}
+	s.after = append(s.after, fn)
+	return true
+}
+
+// CommitsWith tells the scope that its writes, once the handler that owns
+// it succeeds, commit with w's transaction (the owner knows: a savepoint it
+// releases, or the transaction itself). It enables [AfterCommit].
+func (s *Scope) CommitsWith(w *Wakes) { s.wakes = w }
+
+// Keep hands the scope's after-commit work to its wake set, to run after
+// the commit. The owner calls it once the handler has succeeded and its
+// writes were flushed; work registered later needs another Keep.
+func (s *Scope) Keep() {
+	if s.wakes != nil {
+		s.wakes.after = append(s.wakes.after, s.after...)
+	}
+	s.after = nil
 }
 
 // Sync sends what ctx's scope for tx has queued (nothing when there is no
@@ -94,7 +163,8 @@ func (s *Scope) Discard(err error) {
 	for _, r := range s.results {
 		_ = r(pgconn.CommandTag{}, err)
 	}
-	s.results, s.batch = nil, pgx.Batch{}
+	s.results, s.rows, s.batch = nil, nil, pgx.Batch{}
+	s.after = nil
 }
 
 // Len is the number of queued statements.
@@ -108,13 +178,27 @@ func (s *Scope) Flush(ctx context.Context) error {
 	if len(s.results) == 0 {
 		return nil
 	}
-	results := s.results
+	results, scans := s.results, s.rows
 	batch := s.batch
-	s.results, s.batch = nil, pgx.Batch{}
+	s.results, s.rows, s.batch = nil, nil, pgx.Batch{}
 	br := s.tx.SendBatch(ctx, &batch)
 	var first error
-	for _, r := range results {
-		tag, err := br.Exec()
+	for i, r := range results {
+		var (
+			tag pgconn.CommandTag
+			err error
+		)
+		if scans[i] == nil {
+			tag, err = br.Exec()
+		} else {
+			rows, qerr := br.Query()
+			if qerr != nil {
+				err = qerr
+				rows.Close()
+			} else {
+				tag, err = readRows(rows, scans[i])
+			}
+		}
 		if err != nil && first != nil {
 			err = fmt.Errorf("not applied after an earlier statement failed: %w", err)
 		}
@@ -128,11 +212,12 @@ func (s *Scope) Flush(ctx context.Context) error {
 	return first
 }
 
-// Wakes collects notification channels to signal after a transaction
-// commits.
+// Wakes collects notification channels to signal, and kept scopes'
+// after-commit work to run, after a transaction commits.
 type Wakes struct {
 	conn     *pgx.Conn
 	channels []string
+	after    []func(context.Context)
 }
 
 type wakesKey struct{}
@@ -164,8 +249,8 @@ func Wake(ctx context.Context, tx pgx.Tx, channel string) bool {
 	return true
 }
 
-// Pending reports whether Send has anything to send.
-func (w *Wakes) Pending() bool { return len(w.channels) > 0 }
+// Pending reports whether Send has anything to send or run.
+func (w *Wakes) Pending() bool { return len(w.channels) > 0 || len(w.after) > 0 }
 
 // Execer runs a statement outside the committed transaction (a pool or a
 // connection).
@@ -173,9 +258,16 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// Send notifies the recorded channels in one statement and empties the set.
-// A notification is a hint that saves a poll: its failure loses nothing.
+// Send runs the kept after-commit work, notifies the recorded channels in
+// one statement, and empties the set. Call it only after the commit
+// succeeded. A notification is a hint that saves a poll: its failure loses
+// nothing.
 func (w *Wakes) Send(ctx context.Context, db Execer) error {
+	after := w.after
+	w.after = nil
+	for _, fn := range after {
+		fn(ctx)
+	}
 	if len(w.channels) == 0 {
 		return nil
 	}
@@ -187,5 +279,6 @@ func (w *Wakes) Send(ctx context.Context, db Execer) error {
 	return nil
 }
 
-// Reset forgets the recorded channels (the transaction rolled back).
-func (w *Wakes) Reset() { w.channels = nil }
+// Reset forgets the recorded channels and work (the transaction rolled
+// back).
+func (w *Wakes) Reset() { w.channels, w.after = nil, nil }

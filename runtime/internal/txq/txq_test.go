@@ -167,3 +167,103 @@ func TestWakes(t *testing.T) {
 	require.False(t, wakes.Pending())
 	require.NoError(t, wakes.Send(ctx, pool), "an empty set sends nothing")
 }
+
+func TestQuery(t *testing.T) {
+	t.Parallel()
+	insert := `INSERT INTO notes SELECT unnest($1::int[]) RETURNING id`
+	scanInto := func(got *[]int) func(pgx.Rows) error {
+		return func(rows pgx.Rows) error {
+			var id int
+			_, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+				*got = append(*got, id)
+				return nil
+			})
+			return err
+		}
+	}
+
+	t.Run("WithoutScopeRunsAtOnce", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx := begin(t)
+		var got []int
+		var rows int64
+		require.NoError(t, txq.Query(ctx, tx, scanInto(&got), func(tag pgconn.CommandTag, err error) error {
+			rows = tag.RowsAffected()
+			return err
+		}, insert, []int{1, 2}))
+		require.ElementsMatch(t, []int{1, 2}, got)
+		require.EqualValues(t, 2, rows)
+		err := txq.Query(ctx, tx, scanInto(&got), nil, insert, []int{1})
+		require.ErrorContains(t, err, "23505")
+	})
+
+	t.Run("QueuedRowsAreReadAtFlush", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx := begin(t)
+		sctx, scope := txq.WithScope(ctx, tx)
+		var got []int
+		require.NoError(t, txq.Exec(sctx, tx, nil, `INSERT INTO notes VALUES (7)`))
+		require.NoError(t, txq.Query(sctx, tx, scanInto(&got), nil, insert, []int{8, 9}))
+		require.Empty(t, got, "nothing is sent before the flush")
+		require.NoError(t, scope.Flush(sctx))
+		require.ElementsMatch(t, []int{8, 9}, got)
+		require.Equal(t, 3, count(ctx, t, tx))
+	})
+
+	t.Run("QueuedFailureAndScanErrorAreReported", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx := begin(t)
+		sctx, scope := txq.WithScope(ctx, tx)
+		var got []int
+		require.NoError(t, txq.Query(sctx, tx, scanInto(&got), nil, insert, []int{1, 1}))
+		require.ErrorContains(t, scope.Flush(sctx), "23505")
+
+		ctx, tx = begin(t)
+		sctx, scope = txq.WithScope(ctx, tx)
+		errScan := errors.New("cannot read")
+		require.NoError(t, txq.Query(sctx, tx, func(pgx.Rows) error { return errScan }, nil, insert, []int{3}))
+		require.ErrorIs(t, scope.Flush(sctx), errScan)
+	})
+}
+
+func TestAfterCommit(t *testing.T) {
+	t.Parallel()
+	ctx, pool := setup(t)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	wakes := txq.NewWakes(tx)
+	var ran []string
+	work := func(name string) func(context.Context) {
+		return func(context.Context) { ran = append(ran, name) }
+	}
+
+	require.False(t, txq.AfterCommit(wakes.Attach(ctx), tx, work("no scope")), "needs a scope")
+	sctx, scope := txq.WithScope(ctx, tx)
+	require.False(t, txq.AfterCommit(sctx, tx, work("unbound")), "needs a scope whose owner said where it commits")
+	scope.CommitsWith(wakes)
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	require.False(t, txq.AfterCommit(sctx, other, work("other tx")), "the scope covers its own transaction only")
+	require.NoError(t, other.Rollback(ctx))
+
+	require.True(t, txq.AfterCommit(sctx, tx, work("discarded")))
+	scope.Discard(errors.New("handler failed"))
+	require.False(t, wakes.Pending(), "a discarded scope hands nothing on")
+
+	require.True(t, txq.AfterCommit(sctx, tx, work("kept")))
+	require.False(t, wakes.Pending(), "nothing reaches the wake set before Keep")
+	scope.Keep()
+	require.True(t, wakes.Pending())
+	require.NoError(t, tx.Commit(ctx))
+	require.Empty(t, ran, "nothing runs before Send")
+	require.NoError(t, wakes.Send(ctx, pool))
+	require.Equal(t, []string{"kept"}, ran)
+	require.False(t, wakes.Pending())
+
+	require.True(t, txq.AfterCommit(sctx, tx, work("rolled back")))
+	scope.Keep()
+	wakes.Reset()
+	require.NoError(t, wakes.Send(ctx, pool))
+	require.Equal(t, []string{"kept"}, ran, "Reset drops the work of a transaction that did not commit")
+}
