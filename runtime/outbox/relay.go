@@ -633,6 +633,10 @@ func (r *Relay) handoff(ctx context.Context, h *handoff) {
 	for i, rw := range h.rows {
 		ids[i] = rw.id
 	}
+	// Typically at shutdown, when the consumer's context may be ending
+	// too: the release still runs, briefly.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
+	defer cancel()
 	if _, err := r.cfg.Pool.Exec(ctx, releaseHandoffSQL, ids, r.cfg.Owner); err != nil {
 		r.cfg.Logger.Warn("outbox relay: could not take committed rows nor release them; they are published when their lease runs out",
 			"owner", r.cfg.Owner, "rows", len(ids), "first_message_id", h.rows[0].env.MessageID,

@@ -315,3 +315,39 @@ FROM saga_outbox WHERE id = ANY($1)`, ids, settledAt).Scan(&marked, &backingOff,
 	}
 	require.Equal(t, RelayStats{Published: 8, Failed: 7}, r.Stats())
 }
+
+// TestHandoffToAStoppedRelayReleases: rows born leased to a relay that is
+// not running when their transaction commits are released at once, even
+// when the committing consumer's context has already ended (as at
+// shutdown), and only while the lease is still the hand-off's.
+func TestHandoffToAStoppedRelayReleases(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	ids := enqueue(t, ctx, b.pool, 3, routedKey)
+	_, err := b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'me', lease_until = now() + interval '1 hour', attempts = 1`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'someone else' WHERE message_id = $1`, ids[2])
+	require.NoError(t, err)
+	h := &handoff{at: time.Now()}
+	var rowIDs []int64
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM saga_outbox`).Scan(&rowIDs))
+	for i, id := range rowIDs {
+		h.rows = append(h.rows, row{id: id, attempts: 1, env: envelope.Envelope{MessageID: ids[i]}})
+	}
+
+	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, Owner: "me"})
+	require.NoError(t, err)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	r.handoff(ended, h)
+
+	var released, kept int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT
+  count(*) FILTER (WHERE lease_owner IS NULL AND lease_until IS NULL AND published_at IS NULL),
+  count(*) FILTER (WHERE lease_owner = 'someone else' AND lease_until > now())
+FROM saga_outbox`).Scan(&released, &kept))
+	require.Equal(t, 2, released, "the relay's own rows are free for any relay to claim")
+	require.Equal(t, 1, kept, "a row leased to another relay since is not touched")
+	require.Zero(t, r.Stats().HandedOff)
+}
