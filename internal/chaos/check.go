@@ -41,6 +41,7 @@ type Report struct {
 	ParkedBy    map[string]int // by class
 	OutboxRows  int
 	Redelivered int // outbox rows published more than once (attempts > 1)
+	HandedOff   int // outbox rows a consumer handed to its node's relay (lease born with the insert)
 
 	Lost          int // started orders without a saga, messages neither consumed nor parked
 	DoubleEffects int // business effects applied more than once
@@ -402,6 +403,11 @@ func (r *run) checkMessages(ctx context.Context, rep *Report) error {
 		return fmt.Errorf("check: outbox: %w", err)
 	}
 	rep.OutboxRows = len(all)
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
+WHERE published_at IS NOT NULL AND lease_until = created_at + $1 * interval '1 millisecond'`,
+		relayLease.Milliseconds()).Scan(&rep.HandedOff); err != nil {
+		return fmt.Errorf("check: outbox hand-offs: %w", err)
+	}
 	seen := map[[2]string]bool{}
 	for _, q := range []string{`SELECT consumer, message_id FROM saga_inbox`, `SELECT queue, message_id FROM saga_parked`} {
 		rows, err := r.pool.Query(ctx, q)

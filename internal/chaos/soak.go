@@ -309,16 +309,19 @@ func (r *run) setup(ctx context.Context) error {
 	return nil
 }
 
-// kindOfRoles says which crash points a node's roles can reach.
+// pointsFor says which crash points a node's roles can reach.
 func pointsFor(roles []app.Role) []app.CrashPoint {
-	switch {
-	case slices.Contains(roles, app.RoleRelay):
-		return []app.CrashPoint{app.CrashAfterPublish}
-	case slices.Contains(roles, app.RoleOrchestrator):
-		return []app.CrashPoint{app.CrashAfterCommit}
-	default:
-		return []app.CrashPoint{app.CrashMidCompensation, app.CrashCompensationCommitted, app.CrashAfterCommit}
+	var points []app.CrashPoint
+	if slices.Contains(roles, app.RoleRelay) {
+		points = append(points, app.CrashAfterPublish)
 	}
+	switch {
+	case slices.Contains(roles, app.RoleOrchestrator):
+		points = append(points, app.CrashAfterCommit)
+	case slices.ContainsFunc(roles, func(r app.Role) bool { return slices.Contains(app.ParticipantRoles(), r) }):
+		points = append(points, app.CrashMidCompensation, app.CrashCompensationCommitted, app.CrashAfterCommit)
+	}
+	return points
 }
 
 func (r *run) startFleet(ctx context.Context) {
@@ -347,11 +350,16 @@ func (r *run) startFleet(ctx context.Context) {
 	for i := range r.cfg.Relays {
 		add(fmt.Sprintf("relay-%d", i+1), []app.Role{app.RoleRelay}, i)
 	}
+	// Orchestrator and participant nodes run a relay too, so their
+	// consumers hand committed rows to it (outbox.WithRelay) and a kill
+	// between a commit and its publish leaves rows leased to a dead node;
+	// the relay nodes claim what is written outside consumers (the
+	// driver's starts) and what dead nodes left behind.
 	for i := range r.cfg.Orchestrators {
-		add(fmt.Sprintf("orchestrator-%d", i+1), []app.Role{app.RoleOrchestrator}, i)
+		add(fmt.Sprintf("orchestrator-%d", i+1), []app.Role{app.RoleOrchestrator, app.RoleRelay}, i)
 	}
 	for i := range r.cfg.Participants {
-		add(fmt.Sprintf("participants-%d", i+1), app.ParticipantRoles(), i)
+		add(fmt.Sprintf("participants-%d", i+1), append(app.ParticipantRoles(), app.RoleRelay), i)
 	}
 }
 

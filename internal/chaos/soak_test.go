@@ -105,6 +105,7 @@ func TestSoakShort(t *testing.T) {
 	}
 	require.Positive(t, rep.Duplicates, "no duplicate reached the saga")
 	require.Positive(t, rep.Redelivered, "no outbox row was published twice")
+	require.Positive(t, rep.HandedOff, "no consumer handed its rows to its node's relay")
 	require.Positive(t, rep.States["COMPLETED"], "no saga completed")
 	require.Positive(t, rep.States["FAILED"], "no saga failed (declined cards and sold-out products must)")
 }

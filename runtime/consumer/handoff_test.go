@@ -74,16 +74,18 @@ func (b *testBundle) waitPublished(messageID string) {
 
 // outboxRow is what the relay left on an outbox row.
 type outboxRow struct {
-	published bool
-	attempts  int
-	owner     string // lease_owner, "" when NULL
+	published  bool
+	attempts   int
+	owner      string // lease_owner, "" when NULL
+	bornLeased bool   // its lease began with its insert (the relays' lease is a minute)
 }
 
 func (b *testBundle) outboxRow(messageID string) (outboxRow, bool) {
 	b.t.Helper()
 	var r outboxRow
-	err := b.pool.QueryRow(b.ctx, `SELECT published_at IS NOT NULL, attempts, coalesce(lease_owner, '')
-FROM saga_outbox WHERE message_id = $1`, messageID).Scan(&r.published, &r.attempts, &r.owner)
+	err := b.pool.QueryRow(b.ctx, `SELECT published_at IS NOT NULL, attempts, coalesce(lease_owner, ''),
+  coalesce(lease_until = created_at + interval '1 minute', false)
+FROM saga_outbox WHERE message_id = $1`, messageID).Scan(&r.published, &r.attempts, &r.owner, &r.bornLeased)
 	if err == pgx.ErrNoRows {
 		return r, false
 	}
@@ -144,7 +146,7 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		for _, id := range []string{"e1-out", "e3-out"} {
 			row, ok := b.outboxRow(id)
 			require.True(t, ok)
-			require.Equal(t, outboxRow{published: true, attempts: 1, owner: "local"}, row,
+			require.Equal(t, outboxRow{published: true, attempts: 1, owner: "local", bornLeased: true}, row,
 				"%s: born leased to the local relay and published under that lease, never claimed", id)
 		}
 		require.Equal(t, int64(2), r.Stats().HandedOff, "the two committed rows were handed over, not claimed")
@@ -174,6 +176,8 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		b.ctx = context.Background()
 		other, _ := b.runRelay("other")
 		b.waitPublished("e1-out")
+		row, _ = b.outboxRow("e1-out")
+		require.Equal(t, outboxRow{published: true, attempts: 1, owner: "other"}, row, "claimed: leased after its insert")
 		require.Zero(t, idle.Stats().HandedOff)
 		require.Zero(t, other.Stats().HandedOff)
 		require.Equal(t, int64(2), other.Stats().Published, "the probe and the claimed row")

@@ -784,7 +784,7 @@ func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[st
 
 const settleSQL = `
 WITH done AS (
-  UPDATE saga_outbox SET published_at = now(), lease_until = NULL
+  UPDATE saga_outbox SET published_at = now()
   WHERE id = ANY($1::bigint[]) AND published_at IS NULL
   RETURNING id
 ), released AS (
@@ -796,7 +796,10 @@ WITH done AS (
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 
 // settle marks done rows published and releases failed rows, in one
-// statement (one commit for however many batches s covers). A row already
+// statement. A published row keeps the lease it was published under: which
+// relay it was (lease_owner) and, for a row handed over by a consumer, a
+// lease that began with its insert (lease_until = created_at +
+// LeaseDuration; a claim starts its lease later) (one commit for however many batches s covers). A row already
 // marked by another relay (after our lease ran out) is not marked again; a
 // failed row is released only while the claim it was published under is
 // still the row's latest and ours (same owner and attempts), so a late
