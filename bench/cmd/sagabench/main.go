@@ -26,6 +26,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -279,12 +280,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	// Latency: once per side, at low load and at 75% of the side's own median
-	// throughput from the rounds above (near its capacity, unsaturated).
+	// throughput from the rounds above (near its capacity, unsaturated); the
+	// runtime also at Watermill's 75% rate, so the two are compared at the
+	// same offered load as well.
 	if o.want("latency") {
 		type side struct {
 			name     string
 			capacity float64
 			newSys   func(ctx context.Context) (system, error)
+			also     []float64 // further offered rates
 		}
 		bestOurs := math.NaN()
 		bestCfg := oursConfig{QueueType: o.queueType, BatchSize: o.batch}
@@ -294,16 +298,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		sides := []side{
-			{"saga runtime, " + bestCfg.String(), bestOurs, func(ctx context.Context) (system, error) { return newOurs(ctx, env, bestCfg, logger) }},
+			{name: "saga runtime, " + bestCfg.String(), capacity: bestOurs,
+				newSys: func(ctx context.Context) (system, error) { return newOurs(ctx, env, bestCfg, logger) }},
 		}
 		if !o.quick {
-			sides = append(sides, side{"Watermill, 8 handlers", t.Median(wmName, "sagas/s"),
-				func(ctx context.Context) (system, error) { return newWM(ctx, env, o.queueType, logger) }})
+			wmCapacity := t.Median(wmName, "sagas/s")
+			sides = append(sides, side{name: "Watermill, 8 handlers", capacity: wmCapacity,
+				newSys: func(ctx context.Context) (system, error) { return newWM(ctx, env, o.queueType, logger) }})
+			if !math.IsNaN(wmCapacity) {
+				sides[0].also = []float64{math.Round(wmCapacity * 0.75)}
+			}
 		}
 		for _, sd := range sides {
 			rates := []float64{o.lowRate}
 			if !math.IsNaN(sd.capacity) && !o.quick {
 				rates = append(rates, math.Round(sd.capacity*0.75))
+			}
+			for _, r := range sd.also {
+				if !slices.Contains(rates, r) {
+					rates = append(rates, r)
+				}
 			}
 			for _, rate := range rates {
 				name := fmt.Sprintf("%s, %.0f sagas/s offered", sd.name, rate)
