@@ -40,7 +40,7 @@ type Report struct {
 	Parked      int            // saga_parked rows
 	ParkedBy    map[string]int // by class
 	OutboxRows  int
-	Redelivered int // outbox rows published more than once (attempts > 1)
+	Redelivered int // outbox rows leased more than once (attempts > 1): published twice, or released unsent and published later
 	HandedOff   int // outbox rows a consumer handed to its node's relay (lease born with the insert)
 
 	Lost          int // started orders without a saga, messages neither consumed nor parked

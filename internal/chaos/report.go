@@ -153,7 +153,7 @@ func (rep *Report) String() string {
 	p("nodes: %d (%d starts); kills %v; server restarts %v", rep.Nodes, rep.NodeStarts, sortedMap(rep.Kills), sortedMap(rep.ServerRestarts))
 	p("faults injected: %v", sortedMap(rep.Faults))
 	p("audit: %d rows, %d duplicates absorbed, %d late replies, %d conflicting", rep.AuditRows, rep.Duplicates, rep.Late, rep.Conflicting)
-	p("outbox: %d rows, %d handed by consumers to their node's relay, %d published more than once; parked: %d %v",
+	p("outbox: %d rows, %d handed by consumers to their node's relay, %d leased more than once (published twice, or released unsent first); parked: %d %v",
 		rep.OutboxRows, rep.HandedOff, rep.Redelivered, rep.Parked, sortedMap(rep.ParkedBy))
 	p("lost: %d; double effects: %d", rep.Lost, rep.DoubleEffects)
 	p("throughput: %.1f sagas ended/s; saga latency (no manual review) %s", rep.Throughput, rep.SagaLatency)

@@ -164,17 +164,23 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
 	}
 	if r := relayFrom(ctx); r != nil && r.accepting() {
 		// Hand the rows to the local relay after the commit, leased to it
-		// from their insert, so no relay claims them (see WithRelay).
-		h := &handoff{rows: make([]row, n), at: time.Now()}
-		if txq.AfterCommit(ctx, tx, func(ctx context.Context) { r.handoff(ctx, h) }) {
-			for i := range h.rows {
-				e := &h.rows[i].env
+		// from their insert, so no relay claims them (see WithRelay). All
+		// the rows of one commit go over together.
+		if c, ok := txq.CollectorFor(ctx, tx, r, func() txq.Collector { return &handoff{r: r} }); ok {
+			lr := &leasedRows{rows: make([]row, n)}
+			for i := range lr.rows {
+				e := &lr.rows[i].env
 				*e = envs[i]
-				e.Traceparent, e.Tracestate, e.Body, e.OccurredAt = parents[i], states[i], bodies[i], occurred[i].UTC()
+				// As the database stores them, so that a handed-over copy
+				// and a claimed one are the same message.
+				e.Traceparent, e.Tracestate, e.Body = parents[i], states[i], bodies[i]
+				e.OccurredAt = occurred[i].UTC().Truncate(time.Microsecond)
 				e.Headers = r.decodeHeaders(0, e.MessageID, []byte(headers[i]))
-				h.rows[i].attempts = 1
+				lr.rows[i].attempts = 1
 			}
-			return txq.Query(ctx, tx, h.scanIDs, result, insertLeasedSQL, ids, exchanges, keys, types, versions,
+			h := c.(*handoff)
+			txq.AfterCommit(ctx, tx, func(context.Context) { h.add(lr) })
+			return txq.Query(ctx, tx, lr.scan, result, insertLeasedSQL, ids, exchanges, keys, types, versions,
 				correlations, causations, sagaIDs, sagaTypes, idemKeys, parents, states, headers, bodies, occurred,
 				r.cfg.Owner, r.cfg.LeaseDuration.Milliseconds())
 		}
@@ -199,7 +205,9 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text
 ORDER BY ord`
 
 // insertLeasedSQL is insertSQL for rows handed to a local relay after the
-// commit: they are born leased to it ($16, for $17 ms), as if claimed once.
+// commit: they are born leased to it ($16, for $17 ms from the start of the
+// transaction), as if claimed once. It returns each row's id and how many
+// milliseconds of its lease are left.
 const insertLeasedSQL = `
 INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version,
   correlation_id, causation_id, saga_id, saga_type, idempotency_key, traceparent, tracestate,
@@ -209,7 +217,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int4[], $6::text
   $8::text[], $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::bytea[], $15::timestamptz[])
   WITH ORDINALITY AS u(m, x, k, t, v, co, ca, si, st, ik, tp, ts, h, b, oa, ord)
 ORDER BY ord
-RETURNING id, message_id`
+RETURNING id, message_id, (extract(epoch FROM lease_until - clock_timestamp()) * 1000)::bigint`
 
 // insertAndNotifySQL is insertSQL that also notifies relays, delivered when
 // the transaction commits.

@@ -182,7 +182,8 @@ type RelayStats struct {
 	// timeout, connection loss) and were released for another attempt.
 	Failed int64
 	// HandedOff counts rows handed to the relay after their commit (see
-	// WithRelay) rather than claimed.
+	// WithRelay) rather than claimed. They are published like claimed
+	// rows, or released unsent if the relay stops first.
 	HandedOff int64
 }
 
@@ -306,6 +307,7 @@ type row struct {
 type batch struct {
 	rows      []row
 	claimedAt time.Time
+	deadline  time.Time // of a handed-off batch's lease (claimed batches: claimedAt + LeaseDuration)
 	// work bounds publishing and settling the batch: the lease, and the
 	// drain once Run's context ends. finish releases it.
 	work   context.Context
@@ -406,8 +408,8 @@ func (p *pipeline) merge(b *batch) *batch {
 		select {
 		case more := <-p.r.direct:
 			b.rows = append(b.rows, more.rows...)
-			if more.claimedAt.Before(b.claimedAt) { // the earliest lease bounds the batch
-				b.claimedAt = more.claimedAt
+			if more.deadline.Before(b.deadline) { // the first lease to run out bounds the batch
+				b.deadline = more.deadline
 			}
 		default:
 			return b
@@ -417,8 +419,9 @@ func (p *pipeline) merge(b *batch) *batch {
 }
 
 func (p *pipeline) forward(b *batch, out chan<- *batch) {
-	if b.work == nil { // handed off: its lease began at the insert
-		b.work, b.finish = context.WithDeadline(p.grace, b.claimedAt.Add(p.r.cfg.LeaseDuration))
+	if b.work == nil { // handed off: its lease began with the insert
+		b.claimedAt = p.r.cfg.Now()
+		b.work, b.finish = context.WithDeadline(p.grace, b.deadline)
 	}
 	switch {
 	case p.hasCrashed():
@@ -534,9 +537,9 @@ func (p *pipeline) settleContext() (context.Context, context.CancelFunc) {
 	}
 }
 
-// directDepth is how many handed-off batches (one per committed consumer
-// batch) wait for the sender at most; hand-offs beyond it are released to
-// be claimed instead.
+// directDepth is how many hand-offs (one per committed consumer batch)
+// wait for the sender at most; hand-offs beyond it are released to be
+// claimed instead.
 const directDepth = 256
 
 type relayKey struct{}
@@ -561,7 +564,11 @@ type relayKey struct{}
 //     published by any relay once their lease runs out (LeaseDuration), as
 //     for a relay that died holding a claim.
 //
-// Enqueue in a transaction of the caller's own is not affected.
+// Enqueue in a transaction of the caller's own is not affected, nor is
+// Enqueue on a savepoint a handler opened (its rows are claimed as usual).
+// A handler must not use the transaction it was given while a savepoint of
+// its own is open and then roll that savepoint back: rows written and then
+// undone that way could be handed over.
 func WithRelay(ctx context.Context, r *Relay) context.Context {
 	return context.WithValue(ctx, relayKey{}, r)
 }
@@ -583,33 +590,59 @@ func (r *Relay) accepting() bool {
 	return r.open
 }
 
-// handoff is rows Enqueue wrote leased to a relay, waiting for the commit.
-type handoff struct {
-	rows []row
-	at   time.Time // before the insert, so before the lease began
+// leasedRows is what one Enqueue wrote leased to a relay.
+type leasedRows struct {
+	rows     []row
+	deadline time.Time // when their lease runs out, by the local clock
 }
 
-// scanIDs reads the ids insertLeasedSQL returns.
-func (h *handoff) scanIDs(rows pgx.Rows) error {
-	byID := make(map[string]int64, len(h.rows))
+// scan reads the ids and remaining lease insertLeasedSQL returns.
+func (lr *leasedRows) scan(rows pgx.Rows) error {
+	byID := make(map[string]int64, len(lr.rows))
 	var (
-		id  int64
-		mid string
+		id, leftMS int64
+		mid        string
 	)
-	_, err := pgx.ForEachRow(rows, []any{&id, &mid}, func() error {
+	now := time.Now()
+	_, err := pgx.ForEachRow(rows, []any{&id, &mid, &leftMS}, func() error {
 		byID[mid] = id
+		if d := now.Add(time.Duration(leftMS) * time.Millisecond); lr.deadline.IsZero() || d.Before(lr.deadline) {
+			lr.deadline = d
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	for i := range h.rows {
+	for i := range lr.rows {
 		var ok bool
-		if h.rows[i].id, ok = byID[h.rows[i].env.MessageID]; !ok {
-			return fmt.Errorf("outbox insert returned no id for message %s", h.rows[i].env.MessageID)
+		if lr.rows[i].id, ok = byID[lr.rows[i].env.MessageID]; !ok {
+			return fmt.Errorf("outbox insert returned no id for message %s", lr.rows[i].env.MessageID)
 		}
 	}
 	return nil
+}
+
+// handoff collects the leased rows of one transaction's kept handlers and
+// hands them to the relay once, after the commit (a txq.Collector).
+type handoff struct {
+	r        *Relay
+	rows     []row
+	deadline time.Time
+}
+
+func (h *handoff) add(lr *leasedRows) {
+	h.rows = append(h.rows, lr.rows...)
+	if h.deadline.IsZero() || lr.deadline.Before(h.deadline) {
+		h.deadline = lr.deadline
+	}
+}
+
+// Flush hands the collected rows over.
+func (h *handoff) Flush(ctx context.Context) {
+	if len(h.rows) > 0 {
+		h.r.handoff(ctx, h)
+	}
 }
 
 // handoff queues committed rows for the sender. When the relay is not
@@ -619,7 +652,7 @@ func (r *Relay) handoff(ctx context.Context, h *handoff) {
 	queued := false
 	if r.open {
 		select {
-		case r.direct <- &batch{rows: h.rows, claimedAt: h.at}:
+		case r.direct <- &batch{rows: h.rows, deadline: h.deadline}:
 			queued = true
 		default:
 		}

@@ -329,7 +329,7 @@ func TestHandoffToAStoppedRelayReleases(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'someone else' WHERE message_id = $1`, ids[2])
 	require.NoError(t, err)
-	h := &handoff{at: time.Now()}
+	h := &handoff{}
 	var rowIDs []int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM saga_outbox`).Scan(&rowIDs))
 	for i, id := range rowIDs {

@@ -360,8 +360,18 @@ func (a *App) Run(ctx context.Context) error {
 			}
 		})
 	}
+	// Relays stop after the consumers have drained, so that they publish
+	// what the consumers' last batches hand them rather than release it.
+	relayCtx, stopRelays := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRelays()
+	var consumers sync.WaitGroup
+	consumers.Add(len(a.consumers))
+	context.AfterFunc(ctx, func() {
+		consumers.Wait()
+		stopRelays()
+	})
 	for i, r := range a.relays {
-		run(fmt.Sprintf("relay %d", i), func(ctx context.Context) error { return r.Run(withPart(ctx, partRelay)) })
+		run(fmt.Sprintf("relay %d", i), func(context.Context) error { return r.Run(withPart(relayCtx, partRelay)) })
 	}
 	n := 0
 	for queue, c := range a.consumers {
@@ -372,7 +382,10 @@ func (a *App) Run(ctx context.Context) error {
 			cctx = outbox.WithRelay(cctx, a.relays[n%len(a.relays)])
 			n++
 		}
-		run("consumer of "+queue, func(context.Context) error { return c.Run(cctx) })
+		run("consumer of "+queue, func(context.Context) error {
+			defer consumers.Done()
+			return c.Run(cctx)
+		})
 	}
 	if a.cfg.has(RoleOrchestrator) {
 		run("timeout scanner", func(ctx context.Context) error {

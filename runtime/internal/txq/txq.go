@@ -84,9 +84,9 @@ func Exec(ctx context.Context, tx pgx.Tx, result Result, sql string, args ...any
 }
 
 // Query is [Exec] for a statement that returns rows: scan reads them (it
-// must not close them), now or when the scope is flushed, and result sees
-// the statement's outcome afterwards. An error from scan is the
-// statement's error.
+// may close them), now or when the scope is flushed, and result sees the
+// statement's outcome afterwards. An error from scan is the statement's
+// error.
 func Query(ctx context.Context, tx pgx.Tx, scan func(pgx.Rows) error, result Result, sql string, args ...any) error {
 	if result == nil {
 		result = passError
@@ -128,6 +128,41 @@ func AfterCommit(ctx context.Context, tx pgx.Tx, fn func(context.Context)) bool 
 	}
 	s.after = append(s.after, fn)
 	return true
+}
+
+// Collector gathers what the kept after-commit work of one transaction
+// contributes (see [CollectorFor]) and acts on it once, after the commit.
+type Collector interface {
+	// Flush runs once after the commit, after all of the transaction's
+	// kept work; it sees only what kept work contributed.
+	Flush(ctx context.Context)
+}
+
+// CollectorFor returns the collector registered under key for the
+// transaction ctx's scope for tx commits with, made by newCollector on
+// first use. It reports false where [AfterCommit] would. Work registered
+// with AfterCommit adds to the collector (when its scope is kept), and the
+// collector's Flush runs once after the commit: one action per transaction
+// rather than one per piece of work.
+func CollectorFor(ctx context.Context, tx pgx.Tx, key any, newCollector func() Collector) (Collector, bool) {
+	s, ok := ctx.Value(scopeKey{}).(*Scope)
+	if !ok || s.tx != tx || s.wakes == nil {
+		return nil, false
+	}
+	w := s.wakes
+	for _, c := range w.collectors {
+		if c.key == key {
+			return c.c, true
+		}
+	}
+	c := newCollector()
+	w.collectors = append(w.collectors, keyedCollector{key, c})
+	return c, true
+}
+
+type keyedCollector struct {
+	key any
+	c   Collector
 }
 
 // CommitsWith tells the scope that its writes, once the handler that owns
@@ -215,9 +250,10 @@ func (s *Scope) Flush(ctx context.Context) error {
 // Wakes collects notification channels to signal, and kept scopes'
 // after-commit work to run, after a transaction commits.
 type Wakes struct {
-	conn     *pgx.Conn
-	channels []string
-	after    []func(context.Context)
+	conn       *pgx.Conn
+	channels   []string
+	after      []func(context.Context)
+	collectors []keyedCollector
 }
 
 type wakesKey struct{}
@@ -258,15 +294,18 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// Send runs the kept after-commit work, notifies the recorded channels in
-// one statement, and empties the set. Call it only after the commit
-// succeeded. A notification is a hint that saves a poll: its failure loses
-// nothing.
+// Send runs the kept after-commit work, flushes the collectors, notifies
+// the recorded channels in one statement, and empties the set. Call it only
+// after the commit succeeded. A notification is a hint that saves a poll:
+// its failure loses nothing.
 func (w *Wakes) Send(ctx context.Context, db Execer) error {
-	after := w.after
-	w.after = nil
+	after, collectors := w.after, w.collectors
+	w.after, w.collectors = nil, nil
 	for _, fn := range after {
 		fn(ctx)
+	}
+	for _, c := range collectors {
+		c.c.Flush(ctx)
 	}
 	if len(w.channels) == 0 {
 		return nil
@@ -281,4 +320,4 @@ func (w *Wakes) Send(ctx context.Context, db Execer) error {
 
 // Reset forgets the recorded channels and work (the transaction rolled
 // back).
-func (w *Wakes) Reset() { w.channels, w.after = nil, nil }
+func (w *Wakes) Reset() { w.channels, w.after, w.collectors = nil, nil, nil }

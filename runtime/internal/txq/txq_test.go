@@ -226,13 +226,20 @@ func TestQuery(t *testing.T) {
 	})
 }
 
-func TestAfterCommit(t *testing.T) {
-	t.Parallel()
+// beginWithWakes opens a transaction with a wake set, rolled back at
+// cleanup if it was not committed.
+func beginWithWakes(t *testing.T) (context.Context, *pgxpool.Pool, pgx.Tx, *txq.Wakes) {
+	t.Helper()
 	ctx, pool := setup(t)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	wakes := txq.NewWakes(tx)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	return ctx, pool, tx, txq.NewWakes(tx)
+}
+
+func TestAfterCommit(t *testing.T) {
+	t.Parallel()
+	ctx, pool, tx, wakes := beginWithWakes(t)
 	var ran []string
 	work := func(name string) func(context.Context) {
 		return func(context.Context) { ran = append(ran, name) }
@@ -266,4 +273,52 @@ func TestAfterCommit(t *testing.T) {
 	wakes.Reset()
 	require.NoError(t, wakes.Send(ctx, pool))
 	require.Equal(t, []string{"kept"}, ran, "Reset drops the work of a transaction that did not commit")
+}
+
+// counter is a Collector that records what kept work added and how often
+// it was flushed.
+type counter struct {
+	added   []string
+	flushes int
+}
+
+func (c *counter) Flush(context.Context) { c.flushes++ }
+
+func TestCollectorFor(t *testing.T) {
+	t.Parallel()
+	ctx, pool, tx, wakes := beginWithWakes(t)
+	newCounter := func() txq.Collector { return &counter{} }
+
+	_, ok := txq.CollectorFor(wakes.Attach(ctx), tx, "k", newCounter)
+	require.False(t, ok, "needs a scope bound to a wake set, as AfterCommit does")
+
+	// Three handlers' scopes on one transaction: two kept, one discarded.
+	var c *counter
+	for _, h := range []struct {
+		name string
+		keep bool
+	}{{"first", true}, {"failed", false}, {"second", true}} {
+		sctx, scope := txq.WithScope(ctx, tx)
+		scope.CommitsWith(wakes)
+		got, ok := txq.CollectorFor(sctx, tx, "k", newCounter)
+		require.True(t, ok)
+		if c == nil {
+			c = got.(*counter)
+		}
+		require.Same(t, c, got, "one collector per key and transaction")
+		name := h.name
+		require.True(t, txq.AfterCommit(sctx, tx, func(context.Context) { c.added = append(c.added, name) }))
+		if h.keep {
+			scope.Keep()
+		} else {
+			scope.Discard(errors.New("handler failed"))
+		}
+	}
+	require.NoError(t, tx.Commit(ctx))
+	require.Zero(t, c.flushes, "nothing runs before Send")
+	require.NoError(t, wakes.Send(ctx, pool))
+	require.Equal(t, []string{"first", "second"}, c.added, "only kept work contributes")
+	require.Equal(t, 1, c.flushes, "flushed once per transaction, after the work")
+	require.NoError(t, wakes.Send(ctx, pool))
+	require.Equal(t, 1, c.flushes, "a sent set is empty")
 }
