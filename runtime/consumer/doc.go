@@ -15,7 +15,10 @@
 //  2. Transaction: inbox.Claim(Config.Name, message id). A message already
 //     claimed is a duplicate: committed and acknowledged without calling
 //     the handler. Otherwise the handler runs in the same transaction.
-//  3. Commit, then acknowledge.
+//  3. Commit, then acknowledge. Between the two, the outbox rows the
+//     batch's successful handlers wrote go to the relay of this process
+//     when the consumer's context carries one (outbox.WithRelay), or the
+//     relays are woken by a notification.
 //
 // # Batches share commits
 //
