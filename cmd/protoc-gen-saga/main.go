@@ -12,10 +12,12 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
-	"google.golang.org/protobuf/compiler/protogen"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/pluginpb"
 
 	"github.com/protosaga/saga/internal/gen"
 )
@@ -32,9 +34,31 @@ func main() {
 		fmt.Fprintln(os.Stdout, "protoc-gen-saga is a protoc plugin; run it through protoc or buf (see docs/generator.md).")
 		os.Exit(0)
 	}
-	var params gen.Params
-	flags := params.Flags()
-	protogen.Options{ParamFunc: flags.Set}.Run(func(p *protogen.Plugin) error {
-		return gen.Run(p, params, os.Stderr)
-	})
+	if err := run(os.Stdin, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", filepath.Base(os.Args[0]), err)
+		os.Exit(1)
+	}
+}
+
+// run reads a CodeGeneratorRequest from in and writes the response to out.
+// Generation errors travel in the response, as protoc and buf expect; only
+// a request that cannot be read or a response that cannot be written is an
+// error here.
+func run(in io.Reader, out, warn io.Writer) error {
+	b, err := io.ReadAll(in)
+	if err != nil {
+		return fmt.Errorf("read the code generator request: %w", err)
+	}
+	req := &pluginpb.CodeGeneratorRequest{}
+	if err := proto.Unmarshal(b, req); err != nil {
+		return fmt.Errorf("decode the code generator request (is this run by protoc or buf?): %w", err)
+	}
+	b, err = proto.Marshal(gen.Response(req, warn))
+	if err != nil {
+		return fmt.Errorf("encode the code generator response: %w", err)
+	}
+	if _, err := out.Write(b); err != nil {
+		return fmt.Errorf("write the code generator response: %w", err)
+	}
+	return nil
 }

@@ -83,6 +83,30 @@ func TestBinary(t *testing.T) {
 		require.True(t, strings.HasPrefix(resp.GetError(), "step_timeout_late.proto:51:5: step-late-reply: "), resp.GetError())
 	})
 
+	t.Run("missing go_package", func(t *testing.T) {
+		t.Parallel()
+		req := request(t, "testdata/review", "", "go_package.proto")
+		resp, _ := run(t, bin, req)
+		require.Empty(t, resp.File)
+		require.True(t, strings.HasPrefix(resp.GetError(), "go_package.proto:5:1: go-package: "), resp.GetError())
+		req = request(t, "testdata/review", "Mgo_package.proto=example.com/review/gopackage;gopackage", "go_package.proto")
+		resp, _ = run(t, bin, req)
+		require.Empty(t, resp.GetError(), "an M parameter gives the file its import path")
+		require.NotEmpty(t, resp.File)
+	})
+
+	t.Run("not a request", func(t *testing.T) {
+		t.Parallel()
+		cmd := exec.Command(bin)
+		cmd.Stdin = strings.NewReader("this is not a CodeGeneratorRequest")
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		require.Error(t, err)
+		require.Empty(t, stdout.String())
+		require.Contains(t, stderr.String(), "decode the code generator request")
+	})
+
 	t.Run("warnings on stderr", func(t *testing.T) {
 		t.Parallel()
 		resp, stderr := run(t, bin, request(t, "testdata/review", "", "reply_unused.proto"))

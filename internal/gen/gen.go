@@ -119,6 +119,9 @@ func write(gen *protogen.Plugin, name string, content []byte) {
 // protoc-gen-saga binary does with a request on stdin, and returns the
 // response (its Error set when generation failed).
 func Response(req *pluginpb.CodeGeneratorRequest, warn io.Writer) *pluginpb.CodeGeneratorResponse {
+	if err := checkGoPackages(req); err != nil {
+		return &pluginpb.CodeGeneratorResponse{Error: proto.String(err.Error())}
+	}
 	var params Params
 	flags := params.Flags()
 	plugin, err := protogen.Options{ParamFunc: flags.Set}.New(req)

@@ -42,5 +42,6 @@ var Rules = []Rule{
 	{ID: "compensatable-after-pivot"},
 	{ID: "non-retriable-after-pivot"},
 	{ID: "name-collision"},
+	{ID: "go-package"},
 	{ID: "saga-definition", Defensive: true},
 }

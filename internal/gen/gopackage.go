@@ -1,0 +1,52 @@
+package gen
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/pluginpb"
+)
+
+// checkGoPackages reports, as review findings, the files of req whose Go
+// import path cannot be determined: no go_package option and no
+// M<file>=<import path> parameter. protogen refuses such a request too, but
+// its error names no position and no rule.
+func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
+	mapped := map[string]bool{}
+	for _, p := range strings.Split(req.GetParameter(), ",") {
+		if k, _, ok := strings.Cut(strings.TrimSpace(p), "="); ok && strings.HasPrefix(k, "M") {
+			mapped[k[1:]] = true
+		}
+	}
+	var lines []string
+	for _, f := range req.GetProtoFile() {
+		if f.GetOptions().GetGoPackage() != "" || mapped[f.GetName()] {
+			continue
+		}
+		line, col := statementPosition(f)
+		lines = append(lines, fmt.Sprintf("%s:%d:%d: go-package: %s has no go_package option, so its Go import path is unknown "+
+			"(hint: add option go_package = \"<module path>/<directory>;<package name>\"; or pass M%s=<import path> as a plugin parameter)",
+			f.GetName(), line, col, f.GetName(), f.GetName()))
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(lines, "\n"))
+}
+
+// statementPosition is where f's package statement is (1-based), else its
+// syntax statement, else 1:1.
+func statementPosition(f *descriptorpb.FileDescriptorProto) (line, col int) {
+	const fieldPackage, fieldSyntax = 2, 12
+	for _, field := range []int32{fieldPackage, fieldSyntax} {
+		for _, loc := range f.GetSourceCodeInfo().GetLocation() {
+			if slices.Equal(loc.GetPath(), []int32{field}) && len(loc.GetSpan()) >= 2 {
+				return int(loc.GetSpan()[0]) + 1, int(loc.GetSpan()[1]) + 1
+			}
+		}
+	}
+	return 1, 1
+}
