@@ -30,7 +30,7 @@ import (
 func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
 	ctx, span := e.tel.startStart(ctx, messageMeta{messageID: meta.MessageID, causationID: meta.CausationID})
 	var state string
-	defer func() { e.tel.endStart(ctx, span, sagaID, created, state, err) }()
+	defer func() { e.tel.endStart(ctx, tx, span, sagaID, created, state, err) }()
 	if start == nil {
 		return "", false, failure.Permanent(errors.New("start saga: start message is nil"))
 	}

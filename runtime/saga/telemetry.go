@@ -4,9 +4,11 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -45,14 +47,26 @@ func (t sagaTelemetry) startStart(ctx context.Context, meta messageMeta) (contex
 	))
 }
 
-// endStart ends the start span and counts the start.
-func (t sagaTelemetry) endStart(ctx context.Context, span trace.Span, sagaID string, created bool, state string, err error) {
+// afterCommit runs record once tx has committed when ctx carries the write
+// scope of a consumer's handler for tx — so that a batch rolled back and
+// applied again counts its transitions once, and a rolled-back one not at
+// all — and at once otherwise (the caller owns the transaction).
+func afterCommit(ctx context.Context, tx pgx.Tx, record func()) {
+	if !txq.AfterCommit(ctx, tx, func(context.Context) { record() }) {
+		record()
+	}
+}
+
+// endStart ends the start span and counts the start (see afterCommit).
+func (t sagaTelemetry) endStart(ctx context.Context, tx pgx.Tx, span trace.Span, sagaID string, created bool, state string, err error) {
 	if err == nil {
 		class := sagadef.ClassNew
 		if !created {
 			class = sagadef.ClassDuplicate
 		}
-		t.metrics.Transition(ctx, t.def, sagadef.TriggerStart, "", sagadef.Result{Class: class})
+		afterCommit(ctx, tx, func() {
+			t.metrics.Transition(ctx, t.def, sagadef.TriggerStart, "", sagadef.Result{Class: class})
+		})
 		if span != nil {
 			span.SetAttributes(telemetry.KeySagaID.String(sagaID), telemetry.KeySagaClass.String(class.String()),
 				telemetry.KeyStateTo.String(state))
@@ -85,20 +99,27 @@ func (t sagaTelemetry) startTransition(ctx context.Context, name string, w row, 
 }
 
 // endTransition ends the transition span and records the transition's
-// metrics: its result, a fired timeout, compensations sent, an entry into
-// manual review and, for a delivered message that sent the next command,
-// the step latency.
-func (t sagaTelemetry) endTransition(ctx context.Context, span trace.Span, w row, trig sagadef.Trigger, o origin, out outcome, err error) {
+// metrics (see afterCommit): its result, a fired timeout, compensations
+// sent, an entry into manual review and, for a delivered message that sent
+// the next command, the step latency (measured now, when the command is
+// written).
+func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.Span, w row, trig sagadef.Trigger, o origin, out outcome, err error) {
 	if err == nil {
 		res := out.Result
-		t.metrics.Transition(ctx, t.def, trig.Kind, w.State, res)
+		step, latency := "", time.Duration(0)
 		if !o.ReceivedAt.IsZero() && len(res.Emit) > 0 && t.metrics.Enabled() {
 			if info := res.Emit[0].Message.SagaMessageInfo(); info != nil {
 				if ref, ok := t.def.Lookup(info.FullName); ok {
-					t.metrics.StepLatency(ctx, t.def.Name, ref.Step, time.Since(o.ReceivedAt))
+					step, latency = ref.Step, time.Since(o.ReceivedAt)
 				}
 			}
 		}
+		afterCommit(ctx, tx, func() {
+			t.metrics.Transition(ctx, t.def, trig.Kind, w.State, res)
+			if step != "" {
+				t.metrics.StepLatency(ctx, t.def.Name, step, latency)
+			}
+		})
 		if span != nil {
 			to := res.To
 			if to == "" {

@@ -40,7 +40,7 @@ type outcome struct {
 // just inserted the row).
 func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.Trigger, o origin) (out outcome, err error) {
 	ctx, span := e.tel.startTransition(ctx, telemetry.SpanTransition, w, trig, o)
-	defer func() { e.tel.endTransition(ctx, span, w, trig, o, out, err) }()
+	defer func() { e.tel.endTransition(ctx, tx, span, w, trig, o, out, err) }()
 	inst, err := e.instance(w)
 	if err != nil {
 		return outcome{}, err

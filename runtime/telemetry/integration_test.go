@@ -506,8 +506,8 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	send(reply(ids["flaky"], tReserved, "flaky", pending["flaky"]))
 	eventually(telemetry.MetricConsumerRetries, map[string]string{"saga.retry.reason": "unknown", "messaging.destination.name": replyQueue}, 1)
 	eventually(telemetry.MetricTransitions, map[string]string{"saga.result": "applied", "saga.trigger.type": "message"}, 2)
-	// Transition metrics are recorded inside the consumer's transaction,
-	// before its commit: wait for the committed state.
+	// Transition metrics are recorded after the consumer's commit, and
+	// its state is read back here: wait for it all the same.
 	require.Eventually(t, func() bool { return status(ids["flaky"]).State == sagadef.StateName("Charge") },
 		20*time.Second, 10*time.Millisecond, "flaky reaches CHARGE once its retry commits")
 
