@@ -87,6 +87,18 @@ type Config struct {
 	// Retry is the retry policy. It must match the tier queues declared for
 	// Queue. Defaults to retry.Default().
 	Retry retry.Policy
+	// MaxRedeliveries guards against a message whose handling stops the
+	// process (a crash, a hang until a restart): such a message comes back
+	// unacknowledged again and again, and quorum queues count that in its
+	// x-delivery-count header. A delivery counted MaxRedeliveries times or
+	// more is applied alone, with a row in saga_consumer_suspect committed
+	// before its handler runs and removed with the handler's transaction;
+	// if the row is still there when the message comes back, handling it
+	// stopped the consumer, and it is parked (with its saga and the count)
+	// instead of being run again. Messages that were only prefetched
+	// alongside it are handled normally. Defaults to 10; -1 turns the guard
+	// off. Classic queues do not count deliveries.
+	MaxRedeliveries int
 	// DrainTimeout bounds how long a graceful shutdown waits for in-flight
 	// deliveries; after it their contexts are cancelled and they are left
 	// unacknowledged for redelivery. Defaults to 30s.
@@ -105,6 +117,7 @@ const (
 	defaultConcurrency  = 4
 	defaultBatchSize    = 64
 	defaultDrainTimeout = 30 * time.Second
+	defaultRedeliveries = 10
 	maxPrefetch         = 65535 // AMQP's prefetch-count is a short
 )
 
@@ -121,6 +134,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Prefetch == 0 {
 		c.Prefetch = min(2*c.Concurrency*c.BatchSize, maxPrefetch)
+	}
+	if c.MaxRedeliveries == 0 {
+		c.MaxRedeliveries = defaultRedeliveries
 	}
 	if c.Retry.IsZero() {
 		c.Retry = retry.Default()
@@ -164,6 +180,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		bad("DrainTimeout is %v, want a positive duration", c.DrainTimeout)
+	}
+	if c.MaxRedeliveries < -1 {
+		bad("MaxRedeliveries is %d, want -1 (no limit) or more", c.MaxRedeliveries)
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, err)

@@ -59,6 +59,7 @@ const (
 	doEnqueue       = "enqueue"        // writes an outbox row (outbox.Enqueue)
 	doEnqueueFail   = "enqueue-fail"   // writes an outbox row, then a permanent error
 	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
+	doStopConsumer  = "stop-consumer"  // stops the running consumer and waits to be interrupted, as a crash would
 )
 
 // copyKey routes the messages handlers write to the outbox; the notes
@@ -93,6 +94,7 @@ type testBundle struct {
 	release chan struct{} // closed to let doBlock handlers continue
 
 	mu      sync.Mutex
+	stopRun func() // cancels the running consumer (doStopConsumer)
 	calls   map[string][]call
 	settled []settlement
 	batches [][]string
@@ -196,6 +198,13 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
 			return err
 		}
+	case doStopConsumer:
+		b.mu.Lock()
+		stop := b.stopRun
+		b.mu.Unlock()
+		stop()
+		<-ctx.Done()
+		return ctx.Err()
 	}
 	return nil
 }
@@ -247,6 +256,9 @@ func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) 
 	})
 	ctx, cancel := context.WithCancel(b.ctx)
 	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
+	b.mu.Lock()
+	b.stopRun = cancel
+	b.mu.Unlock()
 	go func() { r.done <- c.Run(ctx) }()
 	b.t.Cleanup(func() {
 		cancel()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -66,6 +67,12 @@ type item struct {
 	class   failure.Class // err's class
 	tier    time.Duration // the retry delay (outcomeRetry)
 	parkID  string        // the parked copy's message id (outcomePark)
+
+	// suspect: redelivered MaxRedeliveries times or more, handled alone
+	// with a saga_consumer_suspect row; stoppedBefore: that row was
+	// already there, so the handler is not run and the message is parked.
+	suspect, stoppedBefore bool
+	redeliveries           int
 
 	received time.Time       // when the worker took the delivery
 	reason   string          // coarse failure reason for metrics; "" = by class
@@ -137,6 +144,59 @@ func (c *Consumer) decode(raw *amqp.Delivery) *item {
 	return it
 }
 
+// headerDeliveryCount is the header in which quorum queues count a
+// message's earlier deliveries that were not acknowledged.
+const headerDeliveryCount = "x-delivery-count"
+
+// overLimit reports a decoded delivery the broker has delivered
+// MaxRedeliveries times or more without an acknowledgement (see
+// Config.MaxRedeliveries).
+func (c *Consumer) overLimit(it *item) bool {
+	if c.cfg.MaxRedeliveries < 0 || it.d == nil || it.outcome != outcomePending {
+		return false
+	}
+	n, ok, err := envelope.HeaderInt(it.raw.Headers, headerDeliveryCount)
+	return ok && err == nil && n >= int64(c.cfg.MaxRedeliveries)
+}
+
+// markSuspect commits a saga_consumer_suspect row for it, which is about to
+// be handled alone; the row is deleted in the transaction that handles it.
+// A row already there means an earlier delivery's handling never finished:
+// it stopped the consumer.
+func (c *Consumer) markSuspect(ctx context.Context, it *item) error {
+	n, _, _ := envelope.HeaderInt(it.raw.Headers, headerDeliveryCount)
+	tag, err := c.cfg.Pool.Exec(ctx, `INSERT INTO saga_consumer_suspect (consumer, message_id, redeliveries)
+VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, it.messageID(), n)
+	if err != nil {
+		return fmt.Errorf("message %q, redelivered %d times: record it before handling it alone: %w", it.messageID(), n, err)
+	}
+	it.suspect, it.redeliveries = true, int(n)
+	it.stoppedBefore = tag.RowsAffected() == 0
+	if it.stoppedBefore {
+		c.log.Warn("message redelivered without an acknowledgement after its handling stopped the consumer; parking it",
+			slog.String("message_id", it.messageID()), slog.Int64("redeliveries", n))
+	}
+	return nil
+}
+
+// clearSuspects deletes, in tx, the saga_consumer_suspect rows of the items
+// handled alone (whatever their outcome: tx commits it).
+func (c *Consumer) clearSuspects(ctx context.Context, tx pgx.Tx, items []*item) error {
+	var ids []string
+	for _, it := range items {
+		if it.suspect {
+			ids = append(ids, it.messageID())
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM saga_consumer_suspect WHERE consumer = $1 AND message_id = ANY($2)`, c.cfg.Name, ids); err != nil {
+		return fmt.Errorf("clear the suspect record of %v: %w", ids, err)
+	}
+	return nil
+}
+
 // attemptOf reads HeaderAttempt; absent or malformed means the first.
 func attemptOf(h amqp.Table) int {
 	v, ok, err := envelope.HeaderInt(h, envelope.HeaderAttempt)
@@ -182,6 +242,14 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error)
 	items := make([]*item, len(batch))
 	for i := range batch {
 		items[i] = c.decode(&batch[i])
+	}
+	if slices.ContainsFunc(items, c.overLimit) {
+		if len(items) > 1 {
+			return s.handleEach(ctx, batch)
+		}
+		if err := c.markSuspect(ctx, items[0]); err != nil {
+			return err
+		}
 	}
 	c.tel.begin(ctx, items)
 	defer func() { c.tel.end(items, err) }()
@@ -402,6 +470,9 @@ func (c *Consumer) inTransaction(ctx context.Context, items []*item, apply func(
 	if err := c.insertAllParked(ctx, tx, items); err != nil {
 		return err
 	}
+	if err := c.clearSuspects(ctx, tx, items); err != nil {
+		return err
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return &commitError{err: err}
 	}
@@ -437,6 +508,13 @@ func (c *Consumer) sendWakes(ctx context.Context, wakes *txq.Wakes) {
 // transaction, or not at all (a failure after this point fails the whole
 // transaction, and the wake set is dropped with it).
 func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, it *item) error {
+	if it.stoppedBefore {
+		// Not a duplicate (its inbox claim was the first), and its last
+		// handling never finished: do not risk it again.
+		it.reason = "redelivered"
+		return failure.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
+			"and handling it alone stopped the consumer before: not run again", it.redeliveries, c.cfg.MaxRedeliveries))
+	}
 	ctx, scope := txq.WithScope(wakes.Attach(ctx), tx)
 	scope.CommitsWith(wakes)
 	herr := c.callHandler(ctx, tx, it.d)

@@ -86,6 +86,7 @@ func (c *Consumer) retryPublishing(it *item) amqp.Publishing {
 	h[envelope.HeaderOrigExchange] = exchange
 	h[envelope.HeaderOrigRoutingKey] = routingKey
 	h[HeaderLastError] = truncate(it.class.String()+": "+it.err.Error(), maxHeaderReason)
+	delete(h, headerDeliveryCount) // a new message to the broker: its count starts again
 	return copyPublishing(it.raw, h)
 }
 
@@ -106,6 +107,7 @@ func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
 	h[envelope.HeaderOrigQueue] = c.cfg.Queue
 	h[envelope.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
 	delete(h, HeaderLastError)
+	delete(h, headerDeliveryCount)
 	p := copyPublishing(it.raw, h)
 	p.MessageId = it.parkID
 	return p

@@ -1,0 +1,127 @@
+package consumer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
+)
+
+// returnUnacked takes the queue's ready messages and gives them back
+// unacknowledged, times times over, as a consumer that died holding them
+// would: the quorum queue counts each return in x-delivery-count.
+func (b *testBundle) returnUnacked(times, messages int) {
+	b.t.Helper()
+	ch, err := b.pubConn.Channel(b.ctx)
+	require.NoError(b.t, err)
+	defer func() { _ = ch.Close() }()
+	for range times {
+		for range messages {
+			d, ok, err := ch.Get(b.queue, false)
+			require.NoError(b.t, err)
+			require.True(b.t, ok, "a message is missing from %s", b.queue)
+			require.NoError(b.t, d.Nack(false, true))
+		}
+	}
+}
+
+func (b *testBundle) suspects() int {
+	b.t.Helper()
+	var n int
+	require.NoError(b.t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM saga_consumer_suspect`).Scan(&n))
+	return n
+}
+
+// TestRedeliveryGuard: a message whose handling keeps stopping the consumer
+// is redelivered until MaxRedeliveries, then handled alone once more under a
+// suspect record; when that stops the consumer too, the next delivery finds
+// the record and parks the message without running its handler again.
+func TestRedeliveryGuard(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	edit := func(c *consumer.Config) { c.MaxRedeliveries = 2; c.DrainTimeout = 50 * time.Millisecond }
+	b.send("crasher", doStopConsumer, nil)
+	b.send("bystander", doOK, nil)
+	// Deliveries 1 and 2 (x-delivery-count 0 and 1) stop the consumer;
+	// delivery 3 (count 2) is handled alone under a suspect record and
+	// stops it again; delivery 4 is parked.
+	for run := 1; run <= 3; run++ {
+		r := b.start(edit, nil)
+		select {
+		case err := <-r.done:
+			require.NoError(t, err)
+			r.done <- nil // for the cleanup
+		case <-time.After(testTimeout):
+			t.Fatalf("run %d: the consumer did not stop", run)
+		}
+		if run == 3 {
+			require.Equal(t, 1, b.suspects(), "the record of the handling that never finished")
+		}
+	}
+	r := b.start(edit, nil)
+	b.waitSettled("crasher", "park")
+	b.waitSettled("bystander", "done")
+	b.stop(r)
+
+	require.Len(t, b.callsOf("crasher"), 3, "not run a fourth time")
+	require.Equal(t, []int{1}, b.effects("bystander"), "the message delivered alongside it is handled normally")
+	row := b.parked()["crasher"]
+	require.Equal(t, "permanent", row.Class)
+	require.Contains(t, row.Reason, "redelivered 3 times without an acknowledgement (MaxRedeliveries 2)")
+	require.Contains(t, row.Reason, "stopped the consumer")
+	require.Equal(t, "saga-crasher", row.SagaID)
+	require.Len(t, b.parked(), 1)
+	require.Zero(t, b.suspects(), "the record goes with the parking")
+
+	parked := b.drain(broker.ParkingQueue(b.queue))
+	require.Len(t, parked, 1)
+	count, _, err := envelope.HeaderInt(parked[0].Headers, "x-delivery-count")
+	require.NoError(t, err)
+	require.Zero(t, count, "the parked copy starts counting afresh")
+	require.Zero(t, b.ready(b.queue))
+}
+
+// TestRedeliveryGuardSparesOthers: messages over the limit whose handling
+// did not stop anything — only prefetched alongside a culprit, or already
+// handled once — are handled alone and normally, or acknowledged as
+// duplicates, and leave no record.
+func TestRedeliveryGuardSparesOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send("innocent", doOK, nil)
+	b.send("handled", doOK, nil)
+	b.returnUnacked(3, 2)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO saga_inbox (consumer, message_id) VALUES ('notes-consumer', 'handled')`)
+	require.NoError(t, err)
+	// Its commit landed and the consumer died before the ack, with the
+	// record still there: a duplicate all the same.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO saga_consumer_suspect (consumer, message_id, redeliveries) VALUES ('notes-consumer', 'handled', 3)`)
+	require.NoError(t, err)
+
+	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = 3 }, nil)
+	b.waitSettled("innocent", "done")
+	b.waitSettled("handled", "duplicate")
+	b.stop(r)
+	require.Equal(t, []int{1}, b.effects("innocent"))
+	require.Empty(t, b.callsOf("handled"))
+	require.Empty(t, b.parked())
+	require.Zero(t, b.suspects())
+}
+
+func TestRedeliveryGuardOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send("again", doOK, nil)
+	b.returnUnacked(4, 1)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO saga_consumer_suspect (consumer, message_id, redeliveries) VALUES ('notes-consumer', 'again', 4)`)
+	require.NoError(t, err)
+	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = -1 }, nil)
+	b.waitSettled("again", "done")
+	b.stop(r)
+	require.Equal(t, []int{1}, b.effects("again"))
+	require.Empty(t, b.parked())
+}
