@@ -546,8 +546,8 @@ type relayKey struct{}
 
 // WithRelay returns a context in which [Enqueue], called from a handler the
 // runtime runs in this process (a consumer handler, a participant, the saga
-// engine inside one), hands its rows to r once the consumer's transaction
-// commits, instead of waking relays to claim them. The rows are inserted
+// engine inside one) or from saga.Engine.Start, hands its rows to r once
+// that transaction commits, instead of waking relays to claim them. The rows are inserted
 // already leased to r (lease_owner, lease_until = now() + LeaseDuration,
 // attempts 1), so no relay claims them meanwhile and r publishes them
 // without a claim statement: the claim and its row update are skipped, and

@@ -115,15 +115,27 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 	return w.ID, false, nil
 }
 
-// Start is [Engine.StartTx] in a transaction of its own. Relays are woken
-// after the commit.
+// Start is [Engine.StartTx] in a transaction of its own. After the commit
+// the first commands go to the relay ctx carries (outbox.WithRelay), or
+// relays are woken to claim them; the start is counted in the metrics once
+// it committed.
 func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
 	var wakes *txq.Wakes
 	err = pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
 		wakes = txq.NewWakes(tx)
+		sctx, scope := txq.WithScope(wakes.Attach(ctx), tx)
+		scope.CommitsWith(wakes)
 		var err error
-		sagaID, created, err = e.StartTx(wakes.Attach(ctx), tx, start, meta)
-		return err
+		sagaID, created, err = e.StartTx(sctx, tx, start, meta)
+		if err == nil {
+			err = scope.Flush(sctx)
+		}
+		if err != nil {
+			scope.Discard(err)
+			return err
+		}
+		scope.Keep()
+		return nil
 	})
 	if err != nil {
 		return "", false, err

@@ -399,6 +399,18 @@ func (a *App) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// WithRelay returns ctx carrying one of the application's relays
+// (outbox.WithRelay), for starting sagas in this process: PlaceOrder.Start
+// under it hands the first commands to that relay after its commit, without
+// a claim. Without relays (a process that does not run RoleRelay) it
+// returns ctx as it is.
+func (a *App) WithRelay(ctx context.Context) context.Context {
+	if len(a.relays) == 0 {
+		return ctx
+	}
+	return outbox.WithRelay(ctx, a.relays[0])
+}
+
 // RelayStats sums the counters of the application's relays.
 func (a *App) RelayStats() outbox.RelayStats {
 	var s outbox.RelayStats

@@ -589,3 +589,32 @@ func TestCompensationFailureGoesToManualReview(t *testing.T) {
 	require.Contains(t, st.ReviewReason, "compensation")
 	require.Equal(t, []string{"inventory:reserved", "payment:declined"}, b.ledger(t, "o-release-broken"))
 }
+
+// TestStartHandsFirstCommandToTheRelay: a saga started under App.WithRelay
+// has its first command handed to this process's relay after the commit
+// (born leased, never claimed); one started without it is claimed. Both
+// complete.
+func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	handed, _, err := b.app.PlaceOrder.Start(b.app.WithRelay(ctx), request("o-handed"), envelope.Meta{})
+	require.NoError(t, err)
+	claimed, _, err := b.app.PlaceOrder.Start(ctx, request("o-claimed"), envelope.Meta{})
+	require.NoError(t, err)
+	b.waitState(t, handed, orderv1.PlaceOrderStateCompleted)
+	b.waitState(t, claimed, orderv1.PlaceOrderStateCompleted)
+
+	// The first command of each: born leased (its lease began with its
+	// insert, so it ends exactly a default lease after created_at) or not.
+	bornLeased := func(sagaID string) bool {
+		t.Helper()
+		var leased bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT lease_until = created_at + interval '30 seconds'
+FROM saga_outbox WHERE saga_id = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, sagaID).Scan(&leased))
+		return leased
+	}
+	require.True(t, bornLeased(handed), "started under WithRelay: handed over after the commit")
+	require.False(t, bornLeased(claimed), "started without it: claimed by a relay")
+	require.Positive(t, b.app.RelayStats().HandedOff)
+}

@@ -35,7 +35,8 @@
 //
 // Starting a saga is one call, PlaceOrder.Start (or StartTx inside the
 // caller's own transaction); its first command waits in the outbox until a
-// relay publishes it.
+// relay publishes it — at once, handed over after the commit, when the
+// context comes from App.WithRelay.
 //
 // # Faults on demand
 //

@@ -423,7 +423,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	// Last (so no clock move resends its command): an order no carrier ships.
 	u := &order{id: fmt.Sprintf("%s-%04d", d.runID, n+1), kind: unserved}
 	d.orders = append(d.orders, u)
-	id, _, err := d.app.PlaceOrder.Start(ctx, d.request(u, n+1), envelope.Meta{})
+	id, _, err := d.app.PlaceOrder.Start(d.app.WithRelay(ctx), d.request(u, n+1), envelope.Meta{})
 	if err != nil {
 		return res, fmt.Errorf("start order %s: %w", u.id, err)
 	}
@@ -478,7 +478,7 @@ func (d *demo) startAll(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) 
 				if i >= len(reqs) {
 					return
 				}
-				id, _, err := d.app.PlaceOrder.Start(ctx, reqs[i], envelope.Meta{})
+				id, _, err := d.app.PlaceOrder.Start(d.app.WithRelay(ctx), reqs[i], envelope.Meta{})
 				if err != nil {
 					mu.Lock()
 					firstErr = errors.Join(firstErr, fmt.Errorf("start order %s: %w", reqs[i].GetOrderId(), err))
