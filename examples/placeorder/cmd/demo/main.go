@@ -696,7 +696,7 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 	fmt.Fprintf(tw, "  shipping retries\t%d\t(through the TTL retry tiers, then success)\n", shippingRetries)
 	fmt.Fprintf(tw, "  transitions audited\t%d\n", audit.transitions)
 	rs := d.app.RelayStats()
-	fmt.Fprintf(tw, "  outbox rows\t%d\t(%d unpublished; relays published %d messages; consumers handed %d rows to them after their commit, without a claim)\n",
+	fmt.Fprintf(tw, "  outbox rows\t%d\t(%d unpublished; relays published %d messages; %d rows were handed to them after their commit instead of claimed)\n",
 		outboxRows, unpublished, rs.Published, rs.HandedOff)
 	fmt.Fprintf(tw, "  elapsed\t%s\n", res.elapsed.Round(time.Millisecond))
 	if res.fleetElapsed > 0 {
