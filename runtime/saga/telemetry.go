@@ -85,7 +85,7 @@ func (t sagaTelemetry) startTransition(ctx context.Context, name string, w row, 
 	if t.tracer == nil {
 		return ctx, nil
 	}
-	return t.tracer.Start(ctx, name+" "+t.def.Name, trace.WithAttributes(
+	opts := []trace.SpanStartOption{trace.WithAttributes(
 		telemetry.KeySagaID.String(w.ID),
 		telemetry.KeySagaType.String(t.def.Name),
 		telemetry.KeySagaStep.String(telemetry.StepOf(t.def, w.State)),
@@ -95,7 +95,11 @@ func (t sagaTelemetry) startTransition(ctx context.Context, name string, w row, 
 		telemetry.KeyConversationID.String(w.ID),
 		telemetry.KeyCausationID.String(trig.CausationID),
 		telemetry.KeySagaAttempt.Int(o.Attempt),
-	))
+	)}
+	if o.Link.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: o.Link}))
+	}
+	return t.tracer.Start(ctx, name+" "+t.def.Name, opts...)
 }
 
 // endTransition ends the transition span and records the transition's

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // FireTimeouts applies due timeouts and deadlines to at most limit instances
@@ -76,7 +78,7 @@ func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, w row, now time.Time) (
 	if err != nil {
 		return false, fmt.Errorf("savepoint for saga %s: %w", w.ID, err)
 	}
-	out, terr := e.transition(ctx, sp, w, sagadef.Trigger{Kind: kind}, origin{})
+	out, terr := e.transition(ctx, sp, w, sagadef.Trigger{Kind: kind}, origin{Link: e.pendingTrace(ctx, sp, w)})
 	if terr == nil && e.stillDue(out.Result.Instance, now) {
 		// A transition that leaves the instance due would be claimed
 		// again by the next scan, forever: keep it, but defer it.
@@ -156,4 +158,23 @@ func (e *Engine) RunTimeouts(ctx context.Context, every time.Duration) error {
 			t.Reset(every)
 		}
 	}
+}
+
+// pendingTrace is the trace of the command w waits for a reply to, read
+// from its outbox row, so that a timeout's span (the root of a new trace)
+// links to it; invalid when tracing is off, nothing is pending or the row
+// is gone. A failure to read it costs only the link.
+func (e *Engine) pendingTrace(ctx context.Context, tx pgx.Tx, w row) trace.SpanContext {
+	if e.tel.tracer == nil || w.PendingID == "" {
+		return trace.SpanContext{}
+	}
+	var parent, state string
+	if err := tx.QueryRow(ctx, `SELECT traceparent, tracestate FROM saga_outbox WHERE message_id = $1`, w.PendingID).Scan(&parent, &state); err != nil {
+		if !errors.Is(err, pgx.ErrNoRows) {
+			e.cfg.Logger.DebugContext(ctx, "timeout: could not read the pending command's trace context",
+				"saga_type", e.def.Name, "saga_id", w.ID, "message_id", w.PendingID, "error", err)
+		}
+		return trace.SpanContext{}
+	}
+	return telemetry.ParseSpanContext(parent, state)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
@@ -26,6 +27,9 @@ type origin struct {
 	// span attribute and the start of step latency); zero otherwise.
 	Attempt    int
 	ReceivedAt time.Time
+	// Link is a trace the transition's span links to: for a timeout, the
+	// trace of the command that went unanswered.
+	Link trace.SpanContext
 }
 
 // outcome is a transition as persisted.

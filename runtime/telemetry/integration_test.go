@@ -646,3 +646,40 @@ func (m *metrics) has(name string, labels map[string]string) bool {
 	}
 	return false
 }
+
+// TestTimeoutLinksToTheUnansweredCommand: a fired timeout starts a trace of
+// its own, linked to the trace of the command that went unanswered.
+func TestTimeoutLinksToTheUnansweredCommand(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	tp, exp := tracing(t)
+	clk := &clock{now: time.Now()}
+	eng := w.engine(telemetry.Providers{Tracer: tp}, nil, clk.Now)
+
+	ctx, root := tp.Tracer("test").Start(w.ctx, "POST /orders", trace.WithSpanKind(trace.SpanKindServer))
+	_, created, err := eng.Start(ctx, sagatest.NewMessage(tPlaceOrder, "order-late"), envelope.Meta{})
+	root.End()
+	require.NoError(t, err)
+	require.True(t, created)
+
+	clk.Advance(stepTimeout + time.Second)
+	fired, err := eng.FireTimeouts(w.ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, fired)
+
+	var timeouts []sdktrace.ReadOnlySpan
+	for _, s := range exp.GetSpans().Snapshots() {
+		for _, a := range s.Attributes() {
+			if a.Key == telemetry.KeySagaTrigger && a.Value.AsString() == sagadef.TriggerTimeout {
+				timeouts = append(timeouts, s)
+			}
+		}
+	}
+	require.Len(t, timeouts, 1)
+	span := timeouts[0]
+	require.False(t, span.Parent().IsValid(), "a timeout starts a trace of its own")
+	require.NotEqual(t, root.SpanContext().TraceID(), span.SpanContext().TraceID())
+	require.Len(t, span.Links(), 1)
+	require.Equal(t, root.SpanContext().TraceID(), span.Links()[0].SpanContext.TraceID(),
+		"linked to the trace that sent the command that timed out")
+}

@@ -56,6 +56,16 @@ func FormatSpanContext(sc trace.SpanContext) (traceparent, tracestate string) {
 	return c.traceparent, c.tracestate
 }
 
+// ParseSpanContext is the span context a W3C traceparent and tracestate
+// describe; invalid when traceparent is empty or malformed.
+func ParseSpanContext(traceparent, tracestate string) trace.SpanContext {
+	if traceparent == "" {
+		return trace.SpanContext{}
+	}
+	c := traceCarrier{traceparent: traceparent, tracestate: tracestate}
+	return trace.SpanContextFromContext(w3c.Extract(context.Background(), &c))
+}
+
 // Inject writes the span context of ctx into e's Traceparent and
 // Tracestate. When ctx carries no valid span context, e keeps the trace
 // context it has (so a process without tracing passes it through); Inject
