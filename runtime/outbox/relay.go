@@ -537,7 +537,7 @@ func (p *pipeline) settleContext() (context.Context, context.CancelFunc) {
 	}
 }
 
-// directDepth is how many hand-offs (one per committed consumer batch)
+// directDepth is how many hand-offs (one per committed transaction)
 // wait for the sender at most; hand-offs beyond it are released to be
 // claimed instead.
 const directDepth = 256
@@ -547,9 +547,10 @@ type relayKey struct{}
 // WithRelay returns a context in which [Enqueue], called from a handler the
 // runtime runs in this process (a consumer handler, a participant, the saga
 // engine inside one) or from saga.Engine.Start, hands its rows to r once
-// that transaction commits, instead of waking relays to claim them. The rows are inserted
-// already leased to r (lease_owner, lease_until = now() + LeaseDuration,
-// attempts 1), so no relay claims them meanwhile and r publishes them
+// that transaction commits, instead of waking relays to claim them. The
+// rows are inserted already leased to r (lease_owner, lease_until = the
+// transaction's start + LeaseDuration, attempts 1), so no relay claims them
+// meanwhile and r publishes them
 // without a claim statement: the claim and its row update are skipped, and
 // so is the notification round trip. The guarantees do not change:
 //
