@@ -2,12 +2,13 @@ package gen
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/pluginpb"
+
+	"github.com/protosaga/saga/internal/gen/model"
 )
 
 // checkGoPackages reports, as review findings, the files of req whose Go
@@ -27,9 +28,12 @@ func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
 			continue
 		}
 		line, col := statementPosition(f)
-		lines = append(lines, fmt.Sprintf("%s:%d:%d: go-package: %s has no go_package option, so its Go import path is unknown "+
-			"(hint: add option go_package = \"<module path>/<directory>;<package name>\"; or pass M%s=<import path> as a plugin parameter)",
-			f.GetName(), line, col, f.GetName(), f.GetName()))
+		lines = append(lines, model.Diagnostic{
+			Pos:     model.Pos{File: f.GetName(), Line: line, Col: col},
+			Rule:    "go-package",
+			Message: f.GetName() + " has no go_package option, so its Go import path is unknown",
+			Hint:    `add option go_package = "<module path>/<directory>;<package name>"; or pass M` + f.GetName() + "=<import path> as a plugin parameter",
+		}.Error())
 	}
 	if len(lines) == 0 {
 		return nil
