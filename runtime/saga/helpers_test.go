@@ -245,19 +245,30 @@ func setup(t *testing.T, o defOptions) *testBundle {
 	require.NoError(t, schema.Migrate(ctx, pool))
 	def := placeOrder(t, "saga_place_order", o)
 	testenv.CreateSagaTable(t, pool, def)
-	clk := &clock{now: baseTime}
-	builds, broken := &atomic.Int64{}, &atomic.Bool{}
-	eng, err := saga.New(saga.Config{
-		Pool:           pool,
-		Definition:     def,
-		Hooks:          hooks{builds: builds, broken: broken},
+	b := &testBundle{builds: &atomic.Int64{}, broken: &atomic.Bool{}, pool: pool, clock: &clock{now: baseTime}, def: def}
+	b.engine = b.newEngine(t, nil)
+	return b
+}
+
+// newEngine returns an engine on the bundle's pool, definition, hooks and
+// clock; edit adjusts its config first.
+func (b *testBundle) newEngine(t *testing.T, edit func(*saga.Config)) *saga.Engine {
+	t.Helper()
+	cfg := saga.Config{
+		Pool:           b.pool,
+		Definition:     b.def,
+		Hooks:          hooks{builds: b.builds, broken: b.broken},
 		FailureBackoff: time.Minute,
 		Logger:         slog.New(slog.DiscardHandler),
 		Registry:       testRegistry,
-		Now:            clk.Now,
-	})
+		Now:            b.clock.Now,
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	eng, err := saga.New(cfg)
 	require.NoError(t, err)
-	return &testBundle{builds: builds, broken: broken, pool: pool, engine: eng, clock: clk, def: def}
+	return eng
 }
 
 // start starts a saga for order and returns its id.

@@ -3,8 +3,6 @@ package saga_test
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -30,12 +28,7 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(ctx) })
-	eng, err := saga.New(saga.Config{
-		Pool: b.pool, Definition: b.def, Hooks: hooks{builds: &atomic.Int64{}, broken: &atomic.Bool{}},
-		Logger: slog.New(slog.DiscardHandler), Registry: testRegistry, Now: b.clock.Now,
-		Telemetry: telemetry.Providers{Meter: mp},
-	})
-	require.NoError(t, err)
+	eng := b.newEngine(t, func(c *saga.Config) { c.Telemetry = telemetry.Providers{Meter: mp} })
 	starts := func() int64 {
 		t.Helper()
 		var rm metricdata.ResourceMetrics

@@ -2,7 +2,6 @@ package saga_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -18,12 +17,9 @@ import (
 func TestStepTimeoutsOverrideTheContract(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{})
-	eng, err := saga.New(saga.Config{
-		Pool: b.pool, Definition: b.def, Hooks: hooks{builds: b.builds, broken: b.broken},
-		Registry: testRegistry, Now: b.clock.Now, Logger: slog.New(slog.DiscardHandler),
-		StepTimeouts: map[string]time.Duration{"ReserveInventory": 2 * time.Second},
+	eng := b.newEngine(t, func(c *saga.Config) {
+		c.StepTimeouts = map[string]time.Duration{"ReserveInventory": 2 * time.Second}
 	})
-	require.NoError(t, err)
 	ctx := context.Background()
 
 	id, created, err := eng.Start(ctx, msg(msgPlaceOrder, "order-short"), envelope.Meta{MessageID: newID()})
