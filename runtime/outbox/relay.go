@@ -306,8 +306,8 @@ type row struct {
 // batch is one claim on its way through the pipeline.
 type batch struct {
 	rows      []row
-	claimedAt time.Time
-	deadline  time.Time // of a handed-off batch's lease (claimed batches: claimedAt + LeaseDuration)
+	claimedAt time.Time // by the relay's clock, for logs
+	deadline  time.Time // when the lease runs out: claimed + LeaseDuration, or what a hand-off's insert left
 	// work bounds publishing and settling the batch: the lease, and the
 	// drain once Run's context ends. finish releases it.
 	work   context.Context
@@ -346,8 +346,7 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 		}
 		failures = 0
 		if len(rows) > 0 {
-			b := &batch{rows: rows, claimedAt: r.cfg.Now()}
-			b.work, b.finish = context.WithTimeout(p.grace, r.cfg.LeaseDuration)
+			b := &batch{rows: rows, claimedAt: r.cfg.Now(), deadline: time.Now().Add(r.cfg.LeaseDuration)}
 			out <- b // the sender takes everything until out is closed
 			if len(rows) >= r.cfg.BatchSize {
 				continue // probably more waiting
@@ -418,11 +417,11 @@ func (p *pipeline) merge(b *batch) *batch {
 	return b
 }
 
+// forward gives b, claimed or handed off, its work context — bounded by its
+// lease and by the drain — and sends it, or passes it on unsent (after ctx
+// ended), or drops it (after a crash).
 func (p *pipeline) forward(b *batch, out chan<- *batch) {
-	if b.work == nil { // handed off: its lease began with the insert
-		b.claimedAt = p.r.cfg.Now()
-		b.work, b.finish = context.WithDeadline(p.grace, b.deadline)
-	}
+	b.work, b.finish = context.WithDeadline(p.grace, b.deadline)
 	switch {
 	case p.hasCrashed():
 		b.finish()
@@ -653,7 +652,7 @@ func (r *Relay) handoff(ctx context.Context, h *handoff) {
 	queued := false
 	if r.open {
 		select {
-		case r.direct <- &batch{rows: h.rows, deadline: h.deadline}:
+		case r.direct <- &batch{rows: h.rows, claimedAt: r.cfg.Now(), deadline: h.deadline}:
 			queued = true
 		default:
 		}
