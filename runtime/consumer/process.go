@@ -68,11 +68,12 @@ type item struct {
 	tier    time.Duration // the retry delay (outcomeRetry)
 	parkID  string        // the parked copy's message id (outcomePark)
 
-	// suspect: redelivered MaxRedeliveries times or more, handled alone
-	// with a saga_consumer_suspect row; stoppedBefore: that row was
-	// already there, so the handler is not run and the message is parked.
-	suspect, stoppedBefore bool
+	// redeliveries is the broker's count of earlier unacknowledged
+	// deliveries (x-delivery-count). suspect: at MaxRedeliveries or more,
+	// handled alone with a saga_consumer_suspect row; stoppedBefore: that
+	// row was already there, so the handler is not run and it is parked.
 	redeliveries           int
+	suspect, stoppedBefore bool
 
 	received time.Time       // when the worker took the delivery
 	reason   string          // coarse failure reason for metrics; "" = by class
@@ -109,7 +110,7 @@ func (it *item) parkClass() string {
 // decode reads the envelope, checks type and schema version, and decodes the
 // body. Every failure here is permanent: the same bytes never decode later.
 func (c *Consumer) decode(raw *amqp.Delivery) *item {
-	it := &item{raw: raw, attempt: attemptOf(raw.Headers), received: c.now()}
+	it := &item{raw: raw, attempt: attemptOf(raw.Headers), redeliveries: redeliveriesOf(raw.Headers), received: c.now()}
 	env, err := envelope.FromDelivery(raw)
 	if err != nil {
 		it.reason = "invalid_envelope"
@@ -148,15 +149,21 @@ func (c *Consumer) decode(raw *amqp.Delivery) *item {
 // message's earlier deliveries that were not acknowledged.
 const headerDeliveryCount = "x-delivery-count"
 
+// redeliveriesOf reads x-delivery-count; absent or malformed means none.
+func redeliveriesOf(h amqp.Table) int {
+	n, ok, err := envelope.HeaderInt(h, headerDeliveryCount)
+	if !ok || err != nil || n < 0 {
+		return 0
+	}
+	return int(min(n, 1<<31-1))
+}
+
 // overLimit reports a decoded delivery the broker has delivered
 // MaxRedeliveries times or more without an acknowledgement (see
 // Config.MaxRedeliveries).
 func (c *Consumer) overLimit(it *item) bool {
-	if c.cfg.MaxRedeliveries < 0 || it.d == nil || it.outcome != outcomePending {
-		return false
-	}
-	n, ok, err := envelope.HeaderInt(it.raw.Headers, headerDeliveryCount)
-	return ok && err == nil && n >= int64(c.cfg.MaxRedeliveries)
+	return c.cfg.MaxRedeliveries >= 0 && it.d != nil && it.outcome == outcomePending &&
+		it.redeliveries >= c.cfg.MaxRedeliveries
 }
 
 // markSuspect commits a saga_consumer_suspect row for it, which is about to
@@ -164,17 +171,16 @@ func (c *Consumer) overLimit(it *item) bool {
 // A row already there means an earlier delivery's handling never finished:
 // it stopped the consumer.
 func (c *Consumer) markSuspect(ctx context.Context, it *item) error {
-	n, _, _ := envelope.HeaderInt(it.raw.Headers, headerDeliveryCount)
 	tag, err := c.cfg.Pool.Exec(ctx, `INSERT INTO saga_consumer_suspect (consumer, message_id, redeliveries)
-VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, it.messageID(), n)
+VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, it.messageID(), it.redeliveries)
 	if err != nil {
-		return fmt.Errorf("message %q, redelivered %d times: record it before handling it alone: %w", it.messageID(), n, err)
+		return fmt.Errorf("message %q, redelivered %d times: record it before handling it alone: %w", it.messageID(), it.redeliveries, err)
 	}
-	it.suspect, it.redeliveries = true, int(n)
+	it.suspect = true
 	it.stoppedBefore = tag.RowsAffected() == 0
 	if it.stoppedBefore {
 		c.log.Warn("message redelivered without an acknowledgement after its handling stopped the consumer; parking it",
-			slog.String("message_id", it.messageID()), slog.Int64("redeliveries", n))
+			slog.String("message_id", it.messageID()), slog.Int("redeliveries", it.redeliveries))
 	}
 	return nil
 }
