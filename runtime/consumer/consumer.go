@@ -42,6 +42,9 @@ type Consumer struct {
 	// acknowledged, the session's channels are closed at once, and Run
 	// returns the error.
 	afterCommit func(messageIDs []string) error
+	// beforeCommit, when set (by tests), runs once a batch's writes are
+	// all sent, just before its COMMIT.
+	beforeCommit func()
 	// onSettle, when set (by tests), is told about every delivery after it
 	// was acknowledged, with its outcome's name.
 	onSettle func(messageID, outcome string)

@@ -59,6 +59,7 @@ const (
 	doEnqueue       = "enqueue"        // writes an outbox row (outbox.Enqueue)
 	doEnqueueFail   = "enqueue-fail"   // writes an outbox row, then a permanent error
 	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
+	doEnqueueShared = "enqueue-shared" // writes the outbox row "shared-out", whoever calls
 	doStopConsumer  = "stop-consumer"  // stops the running consumer and waits to be interrupted, as a crash would
 )
 
@@ -182,8 +183,12 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		_, _ = tx.Exec(ctx, `SELECT 1/0`)
 	case doCloseTx:
 		return tx.Commit(ctx)
-	case doEnqueue, doEnqueueFail, doEnqueueHold:
-		if err := outbox.Enqueue(ctx, tx, envelope.Envelope{MessageID: id + "-out", MessageType: noteInfo.FullName,
+	case doEnqueue, doEnqueueFail, doEnqueueHold, doEnqueueShared:
+		out := id + "-out"
+		if text == doEnqueueShared {
+			out = "shared-out"
+		}
+		if err := outbox.Enqueue(ctx, tx, envelope.Envelope{MessageID: out, MessageType: noteInfo.FullName,
 			SchemaVersion: 1, Exchange: "events", RoutingKey: copyKey}); err != nil {
 			return err
 		}

@@ -5,6 +5,10 @@ package consumer
 // a crash at that point (Run returns it).
 func SetAfterCommit(c *Consumer, f func(messageIDs []string) error) { c.afterCommit = f }
 
+// SetBeforeCommit installs a hook that runs once a batch's writes are all
+// sent (staged ones too), just before its COMMIT.
+func SetBeforeCommit(c *Consumer, f func()) { c.beforeCommit = f }
+
 // SetOnSettle installs a hook told about every acknowledged delivery and
 // its outcome ("done", "duplicate", "retry", "park").
 func SetOnSettle(c *Consumer, f func(messageID, outcome string)) { c.onSettle = f }

@@ -190,16 +190,18 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		r, stopRelay := b.runRelay("leaving")
 		b.ctx = outbox.WithRelay(b.ctx, r)
 		c := b.start(nil, nil)
-		b.send("h", doEnqueueHold, nil)
-		require.Equal(t, "h", <-b.entered)
-		row, ok := b.outboxRow("h-out")
-		require.False(t, ok, "nothing is visible before the commit: %+v", row)
-		stopRelay() // after the insert leased the row to it, before the commit
-		close(b.release)
+		stops := 0
+		// After the insert leased the row to the relay, before the commit.
+		consumer.SetBeforeCommit(c.c, func() {
+			stops++
+			stopRelay()
+		})
+		b.send("h", doEnqueue, nil)
 		b.waitSettled("h", "done")
 		b.stop(c)
+		require.Equal(t, 1, stops, "one batch")
 
-		row, ok = b.outboxRow("h-out")
+		row, ok := b.outboxRow("h-out")
 		require.True(t, ok)
 		require.Equal(t, outboxRow{attempts: 1}, row, "the stopped relay's lease is released at once, not left to run out")
 		require.Zero(t, r.Stats().HandedOff)

@@ -355,7 +355,11 @@ var errFallBack = errors.New("fall back to a savepoint per delivery")
 // batch's transaction, each one's queued writes sent as one pipeline when it
 // returns (see runtime/internal/txq). This saves three round trips per
 // delivery (SAVEPOINT, the claim, RELEASE) when every handler succeeds,
-// which is the common case.
+// which is the common case. The rows every handler appends to the outbox
+// and the audit are staged (txq.Stage) and written by one statement each
+// before the commit; if that fails, nothing tells which handler's row was at
+// fault, so no attempt is charged and the batch goes down the savepoint
+// path, where nothing is staged.
 //
 // The first handler that fails ends the attempt: the transaction rolls back,
 // that delivery keeps its failure (it is not run again), the deliveries
@@ -389,20 +393,23 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		return errFallBack
 	}
 	guard := &guardedTx{Tx: tx}
+	stage := txq.NewStage(guard, wakes)
 	for i, it := range pending {
 		if !first[i] {
 			it.outcome = outcomeDuplicate
 			c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 			continue
 		}
-		herr := c.runHandler(it.handlerContext(ctx), guard, wakes, it)
+		herr := c.runHandler(stage.Attach(it.handlerContext(ctx)), guard, wakes, it)
 		if guard.closed {
+			stage.Discard(errHandlerClosedTx)
 			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}
 		}
 		if herr == nil {
 			it.outcome = outcomeDone
 			continue
 		}
+		stage.Discard(herr)
 		if ctx.Err() != nil {
 			return fmt.Errorf("message %q: handler interrupted: %w", it.messageID(), herr)
 		}
@@ -426,6 +433,22 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			p.outcome = outcomePending
 		}
 		it.fail(fmt.Errorf("handler: %w", herr), c.cfg.Retry)
+		return errFallBack
+	}
+	if err := stage.Flush(ctx); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		// A staged row failed (a duplicate message id, say), and which
+		// handler wrote it is not known here: charge no attempt, the
+		// savepoint path writes each handler's rows with it.
+		if rerr := tx.Rollback(ctx); rerr != nil {
+			return fmt.Errorf("roll back after the batch's staged writes failed (%v): %w", err, rerr)
+		}
+		c.log.Debug("batch's staged writes failed; applying the batch again with a savepoint per delivery", slog.Any("error", err))
+		for _, p := range pending {
+			p.outcome = outcomePending
+		}
 		return errFallBack
 	}
 	return nil
@@ -478,6 +501,9 @@ func (c *Consumer) inTransaction(ctx context.Context, items []*item, apply func(
 	}
 	if err := c.clearSuspects(ctx, tx, items); err != nil {
 		return err
+	}
+	if c.beforeCommit != nil {
+		c.beforeCommit()
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return &commitError{err: err}

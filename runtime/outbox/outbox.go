@@ -103,22 +103,98 @@ const NotifyChannel = "saga_outbox"
 // (a consumer handler, a participant, the saga engine), it is cheaper: the
 // insert is sent with the handler's other writes when the handler returns —
 // its error then fails the handler's delivery — and the notification is sent
-// after the consumer's commit, outside the transaction.
+// after the consumer's commit, outside the transaction. On the consumer's
+// fast path the rows of all the batch's handlers are inserted by one
+// statement just before the commit (see the consumer's documentation); an
+// error there sends the batch to the savepoint path, where it is the
+// handler's again.
 func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
 	if len(envs) == 0 {
 		return nil
 	}
+	rs, err := newRowset(envs)
+	if err != nil {
+		return fmt.Errorf("enqueue outbox messages: %w", err)
+	}
+	spans := traceRows(ctx, envs, rs.parents, rs.states)
+	n, first := len(envs), rs.ids[0]
+	result := func(_ pgconn.CommandTag, err error) error {
+		endSpans(spans, err)
+		if err == nil {
+			return nil
+		}
+		if n == 1 {
+			return fmt.Errorf("enqueue outbox message %s: %w", first, err)
+		}
+		return fmt.Errorf("enqueue %d outbox messages (first %s): %w", n, first, err)
+	}
+	if p, ok := txq.PartFor(ctx, tx, stagedKey{}, func() txq.Part { return &staged{} }); ok {
+		// A consumer's fast path: the rows of all its handlers go out
+		// as one insert before the commit (see txq.Stage).
+		p.(*staged).add(rs, result)
+		return nil
+	}
+	return write(ctx, tx, rs, result)
+}
+
+// write inserts rs in tx, or queues the insert in ctx's scope for tx, with
+// the hand-off to a local relay or the relays' wake-up arranged.
+func write(ctx context.Context, tx pgx.Tx, rs *rowset, result txq.Result) error {
+	if r := relayFrom(ctx); r != nil && r.accepting() {
+		// Hand the rows to the local relay after the commit, leased to it
+		// from their insert, so no relay claims them (see WithRelay). All
+		// the rows of one commit go over together.
+		if c, ok := txq.CollectorFor(ctx, tx, r, func() txq.Collector { return &handoff{r: r} }); ok {
+			lr := &leasedRows{rows: make([]row, len(rs.envs))}
+			for i := range lr.rows {
+				e := &lr.rows[i].env
+				*e = rs.envs[i]
+				// As the database stores them, so that a handed-over copy
+				// and a claimed one are the same message.
+				e.Traceparent, e.Tracestate, e.Body = rs.parents[i], rs.states[i], rs.bodies[i]
+				e.OccurredAt = rs.occurred[i].UTC().Truncate(time.Microsecond)
+				e.Headers = r.decodeHeaders(0, e.MessageID, []byte(rs.headers[i]))
+				lr.rows[i].attempts = 1
+			}
+			h := c.(*handoff)
+			txq.AfterCommit(ctx, tx, func(context.Context) { h.add(lr) })
+			return txq.Query(ctx, tx, lr.scan, result, insertLeasedSQL, append(rs.args(),
+				r.cfg.Owner, r.cfg.LeaseDuration.Milliseconds())...)
+		}
+	}
+	sql := insertSQL
+	if !txq.Wake(ctx, tx, NotifyChannel) {
+		sql = insertAndNotifySQL
+	}
+	return txq.Exec(ctx, tx, result, sql, rs.args()...)
+}
+
+// rowset is outbox rows as the insert statements take them: one array per
+// column.
+type rowset struct {
+	envs                                                   []envelope.Envelope
+	ids, exchanges, keys, types                            []string
+	versions                                               []int32
+	correlations, causations, sagaIDs, sagaTypes, idemKeys []string
+	parents, states, headers                               []string
+	bodies                                                 [][]byte
+	occurred                                               []time.Time
+}
+
+// newRowset checks envs and encodes them as rows.
+func newRowset(envs []envelope.Envelope) (*rowset, error) {
 	n := len(envs)
-	var (
-		ids, exchanges, keys, types          = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		versions                             = make([]int32, n)
-		correlations, causations, sagaIDs    = make([]string, n), make([]string, n), make([]string, n)
-		sagaTypes, idemKeys, parents, states = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		headers                              = make([]string, n)
-		bodies                               = make([][]byte, n)
-		occurred                             = make([]time.Time, n)
-		errs                                 []error
-	)
+	rs := &rowset{
+		envs: envs,
+		ids:  make([]string, n), exchanges: make([]string, n), keys: make([]string, n), types: make([]string, n),
+		versions:     make([]int32, n),
+		correlations: make([]string, n), causations: make([]string, n), sagaIDs: make([]string, n),
+		sagaTypes: make([]string, n), idemKeys: make([]string, n),
+		parents: make([]string, n), states: make([]string, n), headers: make([]string, n),
+		bodies:   make([][]byte, n),
+		occurred: make([]time.Time, n),
+	}
+	var errs []error
 	for i, e := range envs {
 		switch {
 		case e.MessageID == "":
@@ -143,55 +219,57 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
 		if at.IsZero() {
 			at = time.Now()
 		}
-		ids[i], exchanges[i], keys[i], types[i], versions[i] = e.MessageID, e.Exchange, e.RoutingKey, e.MessageType, e.SchemaVersion
-		correlations[i], causations[i], sagaIDs[i], sagaTypes[i] = e.CorrelationID, e.CausationID, e.SagaID, e.SagaType
-		idemKeys[i], parents[i], states[i] = e.IdempotencyKey, e.Traceparent, e.Tracestate
-		headers[i], bodies[i], occurred[i] = string(h), body, at
+		rs.ids[i], rs.exchanges[i], rs.keys[i], rs.types[i], rs.versions[i] = e.MessageID, e.Exchange, e.RoutingKey, e.MessageType, e.SchemaVersion
+		rs.correlations[i], rs.causations[i], rs.sagaIDs[i], rs.sagaTypes[i] = e.CorrelationID, e.CausationID, e.SagaID, e.SagaType
+		rs.idemKeys[i], rs.parents[i], rs.states[i] = e.IdempotencyKey, e.Traceparent, e.Tracestate
+		rs.headers[i], rs.bodies[i], rs.occurred[i] = string(h), body, at
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("enqueue outbox messages: %w", errors.Join(errs...))
+		return nil, errors.Join(errs...)
 	}
-	spans := traceRows(ctx, envs, parents, states)
-	result := func(_ pgconn.CommandTag, err error) error {
-		endSpans(spans, err)
-		if err == nil {
-			return nil
-		}
-		if n == 1 {
-			return fmt.Errorf("enqueue outbox message %s: %w", ids[0], err)
-		}
-		return fmt.Errorf("enqueue %d outbox messages (first %s): %w", n, ids[0], err)
-	}
-	if r := relayFrom(ctx); r != nil && r.accepting() {
-		// Hand the rows to the local relay after the commit, leased to it
-		// from their insert, so no relay claims them (see WithRelay). All
-		// the rows of one commit go over together.
-		if c, ok := txq.CollectorFor(ctx, tx, r, func() txq.Collector { return &handoff{r: r} }); ok {
-			lr := &leasedRows{rows: make([]row, n)}
-			for i := range lr.rows {
-				e := &lr.rows[i].env
-				*e = envs[i]
-				// As the database stores them, so that a handed-over copy
-				// and a claimed one are the same message.
-				e.Traceparent, e.Tracestate, e.Body = parents[i], states[i], bodies[i]
-				e.OccurredAt = occurred[i].UTC().Truncate(time.Microsecond)
-				e.Headers = r.decodeHeaders(0, e.MessageID, []byte(headers[i]))
-				lr.rows[i].attempts = 1
-			}
-			h := c.(*handoff)
-			txq.AfterCommit(ctx, tx, func(context.Context) { h.add(lr) })
-			return txq.Query(ctx, tx, lr.scan, result, insertLeasedSQL, ids, exchanges, keys, types, versions,
-				correlations, causations, sagaIDs, sagaTypes, idemKeys, parents, states, headers, bodies, occurred,
-				r.cfg.Owner, r.cfg.LeaseDuration.Milliseconds())
-		}
-	}
-	sql := insertSQL
-	if !txq.Wake(ctx, tx, NotifyChannel) {
-		sql = insertAndNotifySQL
-	}
-	return txq.Exec(ctx, tx, result, sql, ids, exchanges, keys, types, versions, correlations, causations,
-		sagaIDs, sagaTypes, idemKeys, parents, states, headers, bodies, occurred)
+	return rs, nil
 }
+
+// add appends o's rows after rs's.
+func (rs *rowset) add(o *rowset) {
+	rs.envs = append(rs.envs, o.envs...)
+	rs.ids, rs.exchanges = append(rs.ids, o.ids...), append(rs.exchanges, o.exchanges...)
+	rs.keys, rs.types = append(rs.keys, o.keys...), append(rs.types, o.types...)
+	rs.versions = append(rs.versions, o.versions...)
+	rs.correlations, rs.causations = append(rs.correlations, o.correlations...), append(rs.causations, o.causations...)
+	rs.sagaIDs, rs.sagaTypes = append(rs.sagaIDs, o.sagaIDs...), append(rs.sagaTypes, o.sagaTypes...)
+	rs.idemKeys, rs.parents = append(rs.idemKeys, o.idemKeys...), append(rs.parents, o.parents...)
+	rs.states, rs.headers = append(rs.states, o.states...), append(rs.headers, o.headers...)
+	rs.bodies, rs.occurred = append(rs.bodies, o.bodies...), append(rs.occurred, o.occurred...)
+}
+
+// args are the insert statements' first 15 parameters.
+func (rs *rowset) args() []any {
+	return []any{rs.ids, rs.exchanges, rs.keys, rs.types, rs.versions, rs.correlations, rs.causations,
+		rs.sagaIDs, rs.sagaTypes, rs.idemKeys, rs.parents, rs.states, rs.headers, rs.bodies, rs.occurred}
+}
+
+// stagedKey names the outbox's part of a txq.Stage.
+type stagedKey struct{}
+
+// staged is the outbox rows a consumer's handlers enqueued in one fast-path
+// transaction: one insert for all of them when the stage is flushed.
+type staged struct {
+	rows    rowset
+	results []txq.Result
+}
+
+func (s *staged) add(rs *rowset, result txq.Result) {
+	s.rows.add(rs)
+	s.results = append(s.results, result)
+}
+
+func (s *staged) Queue(ctx context.Context, tx pgx.Tx) {
+	// With a scope in ctx, write queues and returns nil.
+	_ = write(ctx, tx, &s.rows, txq.Results(s.results))
+}
+
+func (s *staged) Discard(err error) { _ = txq.Results(s.results)(pgconn.CommandTag{}, err) }
 
 // insertSQL writes a batch of outbox rows, in order.
 const insertSQL = `

@@ -171,14 +171,61 @@ type auditEntry struct {
 }
 
 func (e *Engine) audit(ctx context.Context, tx pgx.Tx, a auditEntry) error {
-	return txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+	result := func(_ pgconn.CommandTag, err error) error {
 		if err != nil {
 			return fmt.Errorf("audit saga %s %s (%s): %w", a.SagaID, a.Trigger, a.Class, err)
 		}
 		return nil
-	}, e.q.insertAudit, a.SagaID, e.def.Name, a.From, a.To, a.Trigger, a.Class,
-		a.MessageID, a.CausationID, a.Operator, a.Note, a.Version, e.cfg.Now())
+	}
+	at := e.cfg.Now()
+	if p, ok := txq.PartFor(ctx, tx, auditKey{}, func() txq.Part { return &auditRows{} }); ok {
+		// A consumer's fast path: the audit rows of all its handlers,
+		// of every saga type, go out as one insert before the commit.
+		p.(*auditRows).add(a, e.def.Name, at, result)
+		return nil
+	}
+	return txq.Exec(ctx, tx, result, e.q.insertAudit, a.SagaID, e.def.Name, a.From, a.To, a.Trigger, a.Class,
+		a.MessageID, a.CausationID, a.Operator, a.Note, a.Version, at)
 }
+
+// auditKey names the audit's part of a txq.Stage.
+type auditKey struct{}
+
+// auditRows is the audit rows of one consumer fast-path transaction, one
+// array per column.
+type auditRows struct {
+	sagaIDs, sagaTypes, froms, tos, triggers, classes []string
+	messageIDs, causationIDs, operators, notes        []string
+	versions                                          []int64
+	ats                                               []time.Time
+	results                                           []txq.Result
+}
+
+func (r *auditRows) add(a auditEntry, sagaType string, at time.Time, result txq.Result) {
+	r.sagaIDs, r.sagaTypes = append(r.sagaIDs, a.SagaID), append(r.sagaTypes, sagaType)
+	r.froms, r.tos = append(r.froms, a.From), append(r.tos, a.To)
+	r.triggers, r.classes = append(r.triggers, a.Trigger), append(r.classes, a.Class)
+	r.messageIDs, r.causationIDs = append(r.messageIDs, a.MessageID), append(r.causationIDs, a.CausationID)
+	r.operators, r.notes = append(r.operators, a.Operator), append(r.notes, a.Note)
+	r.versions, r.ats = append(r.versions, a.Version), append(r.ats, at)
+	r.results = append(r.results, result)
+}
+
+// insertAuditRowsSQL writes many audit rows, in order.
+const insertAuditRowsSQL = `INSERT INTO saga_audit (saga_id, saga_type, from_state, to_state, trigger, class,
+	message_id, causation_id, operator, note, version, at)
+SELECT si::uuid, st, f, t, tr, c, m, ca, o, n, v, a
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+  $9::text[], $10::text[], $11::int8[], $12::timestamptz[])
+  WITH ORDINALITY AS u(si, st, f, t, tr, c, m, ca, o, n, v, a, ord)
+ORDER BY ord`
+
+func (r *auditRows) Queue(ctx context.Context, tx pgx.Tx) {
+	_ = txq.Exec(ctx, tx, txq.Results(r.results), insertAuditRowsSQL, r.sagaIDs, r.sagaTypes, r.froms, r.tos,
+		r.triggers, r.classes, r.messageIDs, r.causationIDs, r.operators, r.notes, r.versions, r.ats)
+}
+
+func (r *auditRows) Discard(err error) { _ = txq.Results(r.results)(pgconn.CommandTag{}, err) }
 
 func note(reason, machine string) string {
 	switch {

@@ -322,3 +322,98 @@ func TestCollectorFor(t *testing.T) {
 	require.NoError(t, wakes.Send(ctx, pool))
 	require.Equal(t, 1, c.flushes, "a sent set is empty")
 }
+
+// notesPart stages note ids and writes them with one statement.
+type notesPart struct {
+	ids      []int
+	outcomes []error
+	queued   int
+}
+
+func (p *notesPart) add(id int) { p.ids = append(p.ids, id) }
+
+func (p *notesPart) Queue(ctx context.Context, tx pgx.Tx) {
+	p.queued++
+	// A part's own writes go to the flush's scope, not to the stage.
+	_, staged := txq.PartFor(ctx, tx, "notes", func() txq.Part { return &notesPart{} })
+	if staged {
+		panic("a part's own writes were staged again")
+	}
+	_ = txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+		p.outcomes = append(p.outcomes, err)
+		return err
+	}, `INSERT INTO notes SELECT unnest($1::int[])`, p.ids)
+}
+
+func (p *notesPart) Discard(err error) { p.outcomes = append(p.outcomes, err) }
+
+func TestStage(t *testing.T) {
+	t.Parallel()
+
+	stageOn := func(t *testing.T) (context.Context, pgx.Tx, *txq.Stage, func() *notesPart) {
+		ctx, tx := begin(t)
+		st := txq.NewStage(tx, txq.NewWakes(tx))
+		sctx := st.Attach(ctx)
+		part := func() *notesPart {
+			p, ok := txq.PartFor(sctx, tx, "notes", func() txq.Part { return &notesPart{} })
+			require.True(t, ok)
+			return p.(*notesPart)
+		}
+		return sctx, tx, st, part
+	}
+
+	t.Run("FlushWritesEveryHandlersRowsOnce", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx, st, part := stageOn(t)
+		part().add(1)
+		part().add(2)
+		p := part()
+		require.Same(t, p, part(), "one part per key")
+		require.Zero(t, count(ctx, t, tx), "nothing written before the flush")
+		require.NoError(t, txq.Sync(ctx, tx))
+		require.Zero(t, count(ctx, t, tx), "Sync does not flush a stage")
+		require.NoError(t, st.Flush(ctx))
+		require.Equal(t, 2, count(ctx, t, tx))
+		require.Equal(t, 1, p.queued)
+		require.Equal(t, []error{nil}, p.outcomes)
+		require.NoError(t, st.Flush(ctx), "an empty stage sends nothing")
+		require.Equal(t, 1, p.queued)
+	})
+
+	t.Run("AFailedFlushReportsToEveryPart", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx, st, part := stageOn(t)
+		part().add(1)
+		part().add(1)
+		p := part()
+		err := st.Flush(ctx)
+		require.ErrorContains(t, err, "23505")
+		require.Len(t, p.outcomes, 1)
+		require.ErrorContains(t, p.outcomes[0], "23505")
+		require.Equal(t, byte('E'), tx.Conn().PgConn().TxStatus(), "the transaction is unusable: the owner rolls back")
+	})
+
+	t.Run("DiscardWritesNothing", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx, st, part := stageOn(t)
+		part().add(1)
+		p := part()
+		failed := errors.New("a handler failed")
+		st.Discard(failed)
+		require.Equal(t, []error{failed}, p.outcomes)
+		require.NoError(t, st.Flush(ctx))
+		require.Zero(t, p.queued)
+		require.Zero(t, count(ctx, t, tx))
+	})
+
+	t.Run("OnlyForItsTransaction", func(t *testing.T) {
+		t.Parallel()
+		ctx, tx, _, _ := stageOn(t)
+		_, ok := txq.PartFor(context.Background(), tx, "notes", func() txq.Part { return &notesPart{} })
+		require.False(t, ok, "no stage in the context")
+		sp, err := tx.Begin(ctx)
+		require.NoError(t, err)
+		_, ok = txq.PartFor(ctx, sp, "notes", func() txq.Part { return &notesPart{} })
+		require.False(t, ok, "a savepoint writes at once, as its owner expects")
+	})
+}

@@ -1,0 +1,90 @@
+package consumer_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/runtime/consumer"
+)
+
+// countOutboxInserts makes the test's database count the statements that
+// insert into saga_outbox (a statement-level trigger), and returns a
+// function that reads the count.
+func (b *testBundle) countOutboxInserts() func() int {
+	b.t.Helper()
+	_, err := b.pool.Exec(b.ctx, `
+CREATE TABLE outbox_inserts (n int NOT NULL);
+INSERT INTO outbox_inserts VALUES (0);
+CREATE FUNCTION count_outbox_insert() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN UPDATE outbox_inserts SET n = n + 1; RETURN NULL; END $$;
+CREATE TRIGGER count_outbox_insert AFTER INSERT ON saga_outbox
+  FOR EACH STATEMENT EXECUTE FUNCTION count_outbox_insert();`)
+	require.NoError(b.t, err)
+	return func() int {
+		var n int
+		require.NoError(b.t, b.pool.QueryRow(b.ctx, `SELECT n FROM outbox_inserts`).Scan(&n))
+		return n
+	}
+}
+
+func TestStagedOutboxRows(t *testing.T) {
+	t.Parallel()
+
+	t.Run("OneInsertPerBatch", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		inserts := b.countOutboxInserts()
+		c := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		b.sendOneBatch(c, [2]string{"e1", doEnqueue}, [2]string{"e2", doEnqueue}, [2]string{"e3", doEnqueue},
+			[2]string{"e4", doEnqueue})
+		for _, id := range []string{"e1", "e2", "e3", "e4"} {
+			b.waitSettled(id, "done")
+		}
+		b.stop(c)
+		fast, fellBack := consumer.Paths(c.c)
+		require.Zero(t, fellBack)
+		require.Equal(t, int64(2), fast, "the gate's batch, then the four")
+		require.Equal(t, 1, inserts(), "the four handlers' outbox rows went out as one statement")
+		var order []string
+		rows, err := b.pool.Query(b.ctx, `SELECT message_id FROM saga_outbox ORDER BY id`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var id string
+			require.NoError(t, rows.Scan(&id))
+			order = append(order, id)
+		}
+		require.NoError(t, rows.Err())
+		require.Equal(t, []string{"e1-out", "e2-out", "e3-out", "e4-out"}, order, "in the order the handlers ran")
+	})
+
+	t.Run("AFailedInsertIsAttributedOnTheSavepointPath", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		inserts := b.countOutboxInserts()
+		c := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		// s1 and s2 write the same outbox message id: the batch's one
+		// insert fails, and nothing tells which handler wrote the
+		// duplicate until each writes in its own savepoint.
+		b.sendOneBatch(c, [2]string{"e1", doEnqueue}, [2]string{"s1", doEnqueueShared},
+			[2]string{"s2", doEnqueueShared}, [2]string{"e2", doEnqueue})
+		for _, id := range []string{"e1", "s1", "e2"} {
+			b.waitSettled(id, "done")
+		}
+		b.waitSettled("s2", "park")
+		b.stop(c)
+
+		_, fellBack := consumer.Paths(c.c)
+		require.Equal(t, int64(1), fellBack)
+		require.Equal(t, 3, inserts(), "the failed batch insert rolled back with its count; then one per savepoint that kept its row")
+		require.Equal(t, []int{1, 1}, b.attemptsOf("s2"), "the fast path's failure charged no attempt")
+		require.Equal(t, []int{1, 1}, b.attemptsOf("e1"), "e1 ran again on the savepoint path")
+		require.Empty(t, b.effects("s2"))
+		for _, id := range []string{"e1", "s1", "e2"} {
+			require.Equal(t, []int{1}, b.effects(id), "%s took effect once", id)
+		}
+		p := b.parked()["s2"]
+		require.Contains(t, p.Reason, "shared-out")
+		require.Contains(t, p.Reason, "23505")
+	})
+}
