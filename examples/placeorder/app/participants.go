@@ -112,8 +112,11 @@ func (s *Inventory) reserve(ctx context.Context, tx pgx.Tx, cmd *inventoryv1.Res
 	var b pgx.Batch
 	b.Queue(lockStockSQL)
 	var released bool
-	b.Queue(`SELECT EXISTS (SELECT 1 FROM inventory_reservations
-WHERE order_id = $1 AND released_at IS NOT NULL)`, orderID).QueryRow(func(r pgx.Row) error { return r.Scan(&released) })
+	// An aggregate over the order's rows rather than EXISTS: with EXISTS
+	// and no statistics yet (a new table) the planner expects a match at
+	// once and scans the whole table, and a plan cached then stays.
+	b.Queue(`SELECT coalesce(bool_or(released_at IS NOT NULL), false) FROM inventory_reservations
+WHERE order_id = $1`, orderID).QueryRow(func(r pgx.Row) error { return r.Scan(&released) })
 	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		return nil, fmt.Errorf("inventory: lock stock and check releases of order %s: %w", orderID, err)
 	}
