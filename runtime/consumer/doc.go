@@ -26,11 +26,12 @@
 // takes the deliveries already waiting (never waiting for more) and applies
 // them in one transaction. It first tries the fast path: one statement
 // claims every delivery in the inbox and the handlers run without
-// savepoints, the writes each one queued through the runtime (saga updates,
-// participant replies, participant.Defer) sent in one round trip when it
-// returns, and the outbox and audit rows of all of them written by one
-// statement each before the commit (a row inserted with 63 others costs
-// PostgreSQL about a quarter of one inserted alone). If a handler fails, or
+// savepoints, the writes each one queued through the runtime (participant
+// replies, participant.Defer) sent in one round trip when it returns, and
+// the saga instance updates, outbox rows and audit rows of all of them
+// written by one statement per kind before the commit (a row inserted with
+// 63 others costs PostgreSQL about a quarter of one inserted alone). If a
+// handler fails, or
 // those last statements do (no attempt is charged then: which handler wrote
 // the bad row is not known), the transaction rolls
 // back and the batch is applied again with a savepoint per delivery (the

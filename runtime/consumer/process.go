@@ -355,11 +355,11 @@ var errFallBack = errors.New("fall back to a savepoint per delivery")
 // batch's transaction, each one's queued writes sent as one pipeline when it
 // returns (see runtime/internal/txq). This saves three round trips per
 // delivery (SAVEPOINT, the claim, RELEASE) when every handler succeeds,
-// which is the common case. The rows every handler appends to the outbox
-// and the audit are staged (txq.Stage) and written by one statement each
-// before the commit; if that fails, nothing tells which handler's row was at
-// fault, so no attempt is charged and the batch goes down the savepoint
-// path, where nothing is staged.
+// which is the common case. The saga instance updates and the outbox and
+// audit rows of every handler are staged (txq.Stage) and written by one
+// statement per kind before the commit; if that fails, nothing tells which
+// handler's row was at fault, so no attempt is charged and the batch goes
+// down the savepoint path, where nothing is staged.
 //
 // The first handler that fails ends the attempt: the transaction rolls back,
 // that delivery keeps its failure (it is not run again), the deliveries

@@ -65,7 +65,7 @@ func (e *Engine) NoteTx(ctx context.Context, tx pgx.Tx, n Note) (Status, error) 
 	if err := txq.Sync(ctx, tx); err != nil { // called from a handler that moved the saga
 		return Status{}, err
 	}
-	w, err := loadRow(ctx, tx, e.q.lockByID, n.SagaID)
+	w, err := e.loadIn(ctx, tx, e.q.lockByID, n.SagaID)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return Status{}, fmt.Errorf("%s saga %s %s: %w", n.Trigger, e.def.Name, n.SagaID, err)

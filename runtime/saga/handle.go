@@ -36,9 +36,12 @@ import (
 // without any way to find its saga is marked [failure.Permanent] (the consumer
 // parks it with the reason). Hook errors and database errors are returned as
 // they are, classified by the consumer. Run by a consumer, the instance
-// update, the audit row and the outbox rows are queued and sent in one round
-// trip when the handler returns, so their errors (a version conflict, say)
-// fail the delivery there rather than being returned by Handle.
+// update, the audit row and the outbox rows are not written by Handle: on
+// the consumer's fast path they are staged and written with those of the
+// whole batch, one statement per kind, before the commit; on its savepoint
+// path they are queued and sent in one round trip when the handler returns.
+// Their errors (a version conflict, say) fail the batch or the delivery
+// there rather than being returned by Handle.
 func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	if d == nil || d.Message == nil {
 		return failure.Permanent(errors.New("saga handle: delivery without a decoded message"))
@@ -114,7 +117,7 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 		if _, err := uuid.Parse(sagaID); err != nil {
 			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga id %q is not a UUID", d.Envelope.MessageID, sagaID))
 		}
-		w, err := loadRow(ctx, tx, e.q.lockByID, sagaID)
+		w, err := e.loadIn(ctx, tx, e.q.lockByID, sagaID)
 		if errors.Is(err, ErrNotFound) {
 			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga %s %s: %w",
 				d.Envelope.MessageID, e.def.Name, sagaID, ErrNotFound))
@@ -129,12 +132,12 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 		return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s (%s) has neither a saga id nor a correlation key",
 			d.Envelope.MessageID, d.Envelope.MessageType))
 	}
-	w, err := loadRow(ctx, tx, e.q.lockByKey, key)
+	w, err := e.loadIn(ctx, tx, e.q.lockByKey, key)
 	if errors.Is(err, ErrNotFound) {
 		// A contract may correlate on the saga id rather than the
 		// business key.
 		if _, perr := uuid.Parse(key); perr == nil {
-			w, err = loadRow(ctx, tx, e.q.lockByID, key)
+			w, err = e.loadIn(ctx, tx, e.q.lockByID, key)
 		}
 	}
 	if errors.Is(err, ErrNotFound) {

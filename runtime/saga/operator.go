@@ -98,7 +98,7 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 	if err := txq.Sync(ctx, tx); err != nil { // called from a handler that moved the saga
 		return Status{}, err
 	}
-	w, err := loadRow(ctx, tx, e.q.lockByID, op.SagaID)
+	w, err := e.loadIn(ctx, tx, e.q.lockByID, op.SagaID)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return Status{}, fmt.Errorf("%s saga %s %s: %w", op.Trigger, e.def.Name, op.SagaID, err)
@@ -139,7 +139,7 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 	if err := txq.Sync(ctx, tx); err != nil { // in a handler, persist only queued the update
 		return Status{}, err
 	}
-	after, err := loadRow(ctx, tx, e.q.selectByID, w.ID)
+	after, err := e.loadIn(ctx, tx, e.q.selectByID, w.ID)
 	if err != nil {
 		return Status{}, fmt.Errorf("%s: reload saga %s: %w", op.Trigger, w.ID, err)
 	}

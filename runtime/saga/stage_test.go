@@ -4,72 +4,156 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/saga"
 )
 
-// TestStagedAuditRows: in a consumer's fast path (a txq.Stage for the batch
-// transaction) the audit rows of all the batch's transitions are written by
-// one statement when the stage is flushed, in the order of the
-// transitions, and not before; the outbox rows likewise.
-func TestStagedAuditRows(t *testing.T) {
-	t.Parallel()
-	b := setup(t, defOptions{})
-	ctx := context.Background()
-	_, err := b.pool.Exec(ctx, `
-CREATE TABLE audit_inserts (n int NOT NULL);
-INSERT INTO audit_inserts VALUES (0);
-CREATE FUNCTION count_audit_insert() RETURNS trigger LANGUAGE plpgsql AS
-  $$ BEGIN UPDATE audit_inserts SET n = n + 1; RETURN NULL; END $$;
-CREATE TRIGGER count_audit_insert AFTER INSERT ON saga_audit
-  FOR EACH STATEMENT EXECUTE FUNCTION count_audit_insert();`)
-	require.NoError(t, err)
-	ids := []string{b.start(t, "o-1"), b.start(t, "o-2")}
+// stagedBatch is a transaction run as a consumer's fast path runs one: a
+// stage for the batch, a write scope per handler.
+type stagedBatch struct {
+	t     *testing.T
+	b     *testBundle
+	ctx   context.Context
+	tx    pgx.Tx
+	wakes *txq.Wakes
+	stage *txq.Stage
+}
 
+func (b *testBundle) stagedBatch(t *testing.T) *stagedBatch {
+	t.Helper()
+	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	count := func(sql string) int {
-		t.Helper()
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	wakes := txq.NewWakes(tx)
+	return &stagedBatch{t: t, b: b, ctx: ctx, tx: tx, wakes: wakes, stage: txq.NewStage(tx, wakes)}
+}
+
+// reply handles a reply of type in to the saga's command waiting for one,
+// pending (read by the caller), as a handler of the batch.
+func (s *stagedBatch) reply(sagaID, businessKey, pending string, in *message.Info) error {
+	s.t.Helper()
+	m := msg(in, businessKey)
+	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: s.b.def.Name, CausationID: pending})
+	require.NoError(s.t, err)
+	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}
+	hctx, scope := txq.WithScope(s.stage.Attach(s.wakes.Attach(s.ctx)), s.tx)
+	scope.CommitsWith(s.wakes)
+	if err := s.b.engine.Handle(hctx, s.tx, d); err != nil {
+		scope.Discard(err)
+		return err
+	}
+	if err := scope.Flush(hctx); err != nil {
+		return err
+	}
+	scope.Keep()
+	return nil
+}
+
+// countStatements makes the database count the statements of kind
+// (INSERT, UPDATE) on table, and returns a function that reads the count.
+func (b *testBundle) countStatements(t *testing.T, kind, table string) func() int {
+	t.Helper()
+	ctx := context.Background()
+	name := "count_" + kind + "_" + table
+	_, err := b.pool.Exec(ctx, `CREATE TABLE `+name+` (n int NOT NULL);
+INSERT INTO `+name+` VALUES (0);
+CREATE FUNCTION `+name+`() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN UPDATE `+name+` SET n = n + 1; RETURN NULL; END $$;
+CREATE TRIGGER `+name+` AFTER `+kind+` ON `+table+` FOR EACH STATEMENT EXECUTE FUNCTION `+name+`();`)
+	require.NoError(t, err)
+	return func() int {
 		var n int
-		require.NoError(t, tx.QueryRow(ctx, sql, ids).Scan(&n))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT n FROM `+name).Scan(&n))
 		return n
 	}
-	const audits = `SELECT count(*) FROM saga_audit WHERE saga_id = ANY($1::uuid[])`
-	const outbox = `SELECT count(*) FROM saga_outbox WHERE saga_id = ANY($1::text[])`
-	wakes := txq.NewWakes(tx)
-	stage := txq.NewStage(tx, wakes)
-	for _, id := range ids {
-		st := b.status(t, id)
-		env, err := envelope.New(msg(msgInventoryReserved, st.BusinessKey),
-			envelope.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
-		require.NoError(t, err)
-		d := &consumer.Delivery{Envelope: env, Message: msg(msgInventoryReserved, st.BusinessKey), Queue: "test.replies", Attempt: 1}
-		// As the consumer runs a handler: a scope of its own, the stage
-		// of the batch.
-		hctx, scope := txq.WithScope(stage.Attach(wakes.Attach(ctx)), tx)
-		scope.CommitsWith(wakes)
-		require.NoError(t, b.engine.Handle(hctx, tx, d))
-		require.NoError(t, scope.Flush(hctx))
-		scope.Keep()
-	}
-	require.Equal(t, 2, count(audits), "only the starts' rows before the stage is flushed")
-	require.Equal(t, 2, count(outbox), "only the starts' commands before the stage is flushed")
-	require.NoError(t, stage.Flush(ctx))
-	require.Equal(t, 4, count(audits))
-	require.Equal(t, 4, count(outbox))
-	require.NoError(t, tx.Commit(ctx))
-	require.NoError(t, wakes.Send(ctx, b.pool))
+}
 
-	var statements int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT n FROM audit_inserts`).Scan(&statements))
-	require.Equal(t, 3, statements, "one per start, then one for the batch's two transitions")
-	for _, id := range ids {
-		require.Equal(t, []string{"start:new:>RESERVE_INVENTORY", "InventoryReserved:new:RESERVE_INVENTORY>AUTHORIZE_PAYMENT"},
-			trail(b.history(t, id)))
-		require.Equal(t, []string{"ReserveInventory", "AuthorizePayment"}, outboxTypes(b.outbox(t, id)))
-	}
+// TestStagedWrites: in a consumer's fast path (a txq.Stage for the batch
+// transaction) the instance updates, audit rows and outbox rows of all the
+// batch's transitions are written by one statement each when the stage is
+// flushed, in the order of the transitions, and not before; reads inside
+// the transaction see the staged instance.
+func TestStagedWrites(t *testing.T) {
+	t.Parallel()
+
+	t.Run("OneStatementPerKindAndReadsSeeStagedRows", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, defOptions{})
+		audits := b.countStatements(t, "INSERT", "saga_audit")
+		updates := b.countStatements(t, "UPDATE", "saga_place_order")
+		ids := []string{b.start(t, "o-1"), b.start(t, "o-2")}
+		s := b.stagedBatch(t)
+		count := func(sql string) int {
+			t.Helper()
+			var n int
+			require.NoError(t, s.tx.QueryRow(s.ctx, sql, ids).Scan(&n))
+			return n
+		}
+		const auditRows = `SELECT count(*) FROM saga_audit WHERE saga_id = ANY($1::uuid[])`
+		const outboxRows = `SELECT count(*) FROM saga_outbox WHERE saga_id = ANY($1::text[])`
+		const stored = `SELECT count(*) FROM saga_place_order WHERE id = ANY($1::uuid[]) AND version = 1`
+		for _, id := range ids {
+			st := b.status(t, id)
+			require.NoError(t, s.reply(id, st.BusinessKey, st.PendingMessageID, msgInventoryReserved))
+		}
+		// Reads in the same transaction find o-1 where its transition left
+		// it, though the database does not have it yet: an operator's
+		// note, and a second message for it in the same batch.
+		var stored1 int64
+		require.NoError(t, s.tx.QueryRow(s.ctx, `SELECT version FROM saga_place_order WHERE id = $1`, ids[0]).Scan(&stored1))
+		require.EqualValues(t, 1, stored1, "nothing written yet")
+		noted, err := b.engine.NoteTx(s.stage.Attach(s.ctx), s.tx, saga.Note{SagaID: ids[0], Trigger: "test.note",
+			Operator: "tester", Reason: "read the staged row"})
+		require.NoError(t, err)
+		require.Equal(t, "AUTHORIZE_PAYMENT", noted.State)
+		require.EqualValues(t, 2, noted.Version)
+		require.NoError(t, s.reply(ids[0], noted.BusinessKey, noted.PendingMessageID, msgPaymentAuthorized))
+
+		require.Equal(t, 2, count(auditRows), "only the starts' rows before the stage is flushed")
+		require.Equal(t, 2, count(outboxRows), "only the starts' commands before the stage is flushed")
+		require.Equal(t, 2, count(stored), "both instances at their first version before the flush")
+		require.NoError(t, s.stage.Flush(s.ctx))
+		require.Equal(t, 6, count(auditRows))
+		require.Equal(t, 5, count(outboxRows))
+		require.Zero(t, count(stored))
+		require.NoError(t, s.tx.Commit(s.ctx))
+		require.NoError(t, s.wakes.Send(s.ctx, b.pool))
+
+		require.Equal(t, 3, audits(), "one per start, then one for the batch's three transitions and the note")
+		require.Equal(t, 1, updates(), "the batch's three transitions of two instances: one statement")
+		one, two := b.status(t, ids[0]), b.status(t, ids[1])
+		require.Equal(t, "SCHEDULE_SHIPPING", one.State)
+		require.EqualValues(t, 3, one.Version)
+		require.Equal(t, "AUTHORIZE_PAYMENT", two.State)
+		require.EqualValues(t, 2, two.Version)
+		require.Equal(t, []string{"start:new:>RESERVE_INVENTORY", "InventoryReserved:new:RESERVE_INVENTORY>AUTHORIZE_PAYMENT",
+			"test.note:new:AUTHORIZE_PAYMENT>AUTHORIZE_PAYMENT", "PaymentAuthorized:new:AUTHORIZE_PAYMENT>SCHEDULE_SHIPPING"},
+			trail(b.history(t, ids[0])))
+		require.Equal(t, []string{"ReserveInventory", "AuthorizePayment", "ScheduleShipping"}, outboxTypes(b.outbox(t, ids[0])))
+		require.Equal(t, []string{"ReserveInventory", "AuthorizePayment"}, outboxTypes(b.outbox(t, ids[1])))
+	})
+
+	t.Run("TheVersionGuardHolds", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, defOptions{})
+		id := b.start(t, "o-1")
+		st := b.status(t, id)
+		s := b.stagedBatch(t)
+		require.NoError(t, s.reply(id, st.BusinessKey, st.PendingMessageID, msgInventoryReserved))
+		// A write the engine did not make (it holds the row lock, so only
+		// its own transaction could): the staged update must not
+		// overwrite it.
+		_, err := s.tx.Exec(s.ctx, `UPDATE saga_place_order SET version = version + 5 WHERE id = $1`, id)
+		require.NoError(t, err)
+		err = s.stage.Flush(s.ctx)
+		require.ErrorContains(t, err, "0 matched their stored version")
+		require.ErrorContains(t, err, id)
+	})
 }

@@ -95,7 +95,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 
 // startExisting handles a start whose business key is taken.
 func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta envelope.Meta) (string, bool, error) {
-	w, err := loadRow(ctx, tx, e.q.existingByKey, key)
+	w, err := e.loadIn(ctx, tx, e.q.existingByKey, key)
 	if errors.Is(err, ErrNotFound) {
 		// The conflicting row exists but this transaction cannot see it:
 		// it runs at REPEATABLE READ or stricter with an older snapshot.

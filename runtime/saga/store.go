@@ -24,6 +24,7 @@ type queries struct {
 	selectByID    string
 	selectByKey   string
 	update        string
+	updateMany    string
 	claimDue      string
 	deferDue      string
 	insertAudit   string
@@ -51,6 +52,19 @@ RETURNING id::text`,
 	pending_message_id = NULLIF($7, '')::uuid, progress = $8::jsonb, timeout_at = $9, deadline_at = $10,
 	last_error = NULLIF($11, ''), review_reason = NULLIF($12, ''), updated_at = $13
 WHERE id = $1::uuid AND version = $2`,
+		// updateMany is update for many rows at once (see staged.go).
+		// "t.id = ANY($1)" is the join condition again, for the planner:
+		// a plan cached while the table was small joins by hash over a
+		// sequential scan without it, and keeps doing so as the table
+		// grows, until it is analyzed.
+		updateMany: `UPDATE ` + table + ` t SET state = u.state, version = u.version, data = u.data, attempt = u.attempt,
+	pending_message_id = NULLIF(u.pending, '')::uuid, progress = u.progress::jsonb, timeout_at = u.timeout_at,
+	deadline_at = u.deadline_at, last_error = NULLIF(u.last_error, ''), review_reason = NULLIF(u.review_reason, ''),
+	updated_at = u.updated_at
+FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::int8[], $5::bytea[], $6::int4[], $7::text[], $8::text[],
+  $9::timestamptz[], $10::timestamptz[], $11::text[], $12::text[], $13::timestamptz[])
+  AS u(id, stored, state, version, data, attempt, pending, progress, timeout_at, deadline_at, last_error, review_reason, updated_at)
+WHERE t.id = ANY($1::uuid[]) AND t.id = u.id AND t.version = u.stored`,
 		// claimDue locks due instances that no other scanner holds. States
 		// no clock acts on are excluded by name ($3), so the partial index
 		// on timeout_at does the work.

@@ -63,10 +63,11 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 }
 
 // persist writes a machine result: the instance update (version-guarded, only
-// when something changed), the emitted messages and one audit row. The three
-// writes go out as one pipeline: queued in the handler's write scope when a
-// consumer runs the engine (sent when the handler returns), in a scope of
-// its own otherwise.
+// when something changed), the emitted messages and one audit row. On a
+// consumer's fast path all three are staged for the batch's flush (see
+// staged.go); otherwise they go out as one pipeline: queued in the
+// handler's write scope when a consumer runs the engine (sent when the
+// handler returns), in a scope of its own otherwise.
 func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Result, trig sagadef.Trigger, o origin) (outcome, error) {
 	after := res.Instance
 	after.ID = w.ID
@@ -79,7 +80,14 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 	if changed(w, after, enc) {
 		out.Changed = true
 		out.Version = w.Version + 1
-		err := txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+		if p := e.stagedUpdatesFor(ctx, tx); p != nil {
+			p.stage(w, after, enc, out.Version, e.cfg.Now(), func(_ pgconn.CommandTag, err error) error {
+				if err != nil {
+					return fmt.Errorf("update saga %s to %s: %w", w.ID, after.State, err)
+				}
+				return nil
+			})
+		} else if err := txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
 			if err != nil {
 				return fmt.Errorf("update saga %s to %s: %w", w.ID, after.State, err)
 			}
@@ -93,8 +101,7 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 			return nil
 		}, e.q.update, w.ID, w.Version, after.State, out.Version, enc.Data, after.Attempt,
 			after.PendingMessageID, string(enc.Progress), enc.TimeoutAt, enc.DeadlineAt,
-			after.LastError, after.ReviewReason, e.cfg.Now())
-		if err != nil {
+			after.LastError, after.ReviewReason, e.cfg.Now()); err != nil {
 			return outcome{}, err
 		}
 	}

@@ -15,9 +15,10 @@
 //     sharing one flush. A wake set also runs the after-commit work of the
 //     scopes that were kept into it ([AfterCommit], [Scope.Keep]): the
 //     outbox hands rows its process just committed to a local relay.
-//   - A [Stage] carries rows that many handlers of one transaction append
-//     to the same table (outbox and audit rows) to the end of the batch,
-//     where each kind goes out as one multi-row statement.
+//   - A [Stage] carries rows that many handlers of one transaction write
+//     to the same table (saga instance updates, outbox and audit rows) to
+//     the end of the batch, where each kind goes out as one multi-row
+//     statement.
 //
 // A scope or wake set applies only to the transaction it was made for: a
 // handler that opens a transaction of its own (or a savepoint) with the same
@@ -346,8 +347,9 @@ func (w *Wakes) Reset() { w.channels, w.after, w.collectors = nil, nil, nil }
 // delivery, where nothing is staged and each statement's error is its
 // handler's.
 //
-// Staged rows are written only at the flush: nothing in the transaction
-// may read them before. [Sync] does not flush a stage.
+// Staged rows are written only at the flush: whoever reads them in the
+// transaction before must read the part (the saga engine does, for its
+// instances: see [PartIf]). [Sync] does not flush a stage.
 type Stage struct {
 	tx    pgx.Tx
 	wakes *Wakes
@@ -389,6 +391,21 @@ func PartFor(ctx context.Context, tx pgx.Tx, key any, newPart func() Part) (Part
 		return nil, false
 	}
 	return lookup(&st.parts, key, newPart), true
+}
+
+// PartIf returns the part registered under key in ctx's stage for tx, if
+// there is one.
+func PartIf(ctx context.Context, tx pgx.Tx, key any) (Part, bool) {
+	st, ok := ctx.Value(stageKey{}).(*Stage)
+	if !ok || st == nil || st.tx != tx {
+		return nil, false
+	}
+	for _, kp := range st.parts {
+		if kp.key == key {
+			return kp.v, true
+		}
+	}
+	return nil, false
 }
 
 // Flush sends every part's statements as one pipeline, in the order the

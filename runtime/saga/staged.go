@@ -1,0 +1,126 @@
+package saga
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// On a consumer's fast path (a txq.Stage) the instance updates of all the
+// batch's transitions of one saga type are written by one statement before
+// the commit, like the outbox and audit rows. Every row they update was
+// locked by the handler that moved it (SELECT … FOR UPDATE), so nothing
+// else can change it meanwhile; the version guard stays in the statement
+// anyway. Until the flush the database holds the old row, so every read of
+// an instance inside the transaction goes through loadIn, which returns the
+// staged row instead.
+
+// updatesKey names an engine table's part of a txq.Stage.
+type updatesKey struct{ table string }
+
+// stagedUpdates is the instance updates of one table staged in one
+// transaction: per saga, the row as it will be, and the version the
+// database holds (the guard).
+type stagedUpdates struct {
+	sql     string
+	rows    map[string]*stagedRow
+	order   []string
+	results []txq.Result
+}
+
+type stagedRow struct {
+	w      row   // the row after its last staged transition
+	stored int64 // the version in the database
+}
+
+// stagedUpdatesFor returns the engine's part of ctx's stage for tx, or nil
+// when there is none.
+func (e *Engine) stagedUpdatesFor(ctx context.Context, tx pgx.Tx) *stagedUpdates {
+	p, ok := txq.PartFor(ctx, tx, updatesKey{e.table}, func() txq.Part {
+		return &stagedUpdates{sql: e.q.updateMany, rows: map[string]*stagedRow{}}
+	})
+	if !ok {
+		return nil
+	}
+	return p.(*stagedUpdates)
+}
+
+// loadIn runs an instance query in tx and returns the row as this
+// transaction will have it: a row with a staged update is returned as
+// updated.
+func (e *Engine) loadIn(ctx context.Context, tx pgx.Tx, sql, arg string) (row, error) {
+	w, err := loadRow(ctx, tx, sql, arg)
+	if err != nil {
+		return w, err
+	}
+	if p, ok := txq.PartIf(ctx, tx, updatesKey{e.table}); ok {
+		if s := p.(*stagedUpdates).rows[w.ID]; s != nil {
+			return s.w, nil
+		}
+	}
+	return w, nil
+}
+
+// stage records the update of w to after (version+1) for the flush.
+func (s *stagedUpdates) stage(w row, after sagadef.Instance, enc encoded, version int64, now time.Time, result txq.Result) {
+	next := w
+	next.State, next.Version, next.Data, next.Attempt = after.State, version, enc.Data, after.Attempt
+	next.PendingID, next.Progress, next.LastError, next.ReviewReason = after.PendingMessageID, enc.Progress, after.LastError, after.ReviewReason
+	next.TimeoutAt, next.DeadlineAt = micros(enc.TimeoutAt), micros(enc.DeadlineAt)
+	next.UpdatedAt = now.Truncate(time.Microsecond)
+	if r := s.rows[w.ID]; r != nil {
+		r.w = next
+	} else {
+		s.rows[w.ID] = &stagedRow{w: next, stored: w.Version}
+		s.order = append(s.order, w.ID)
+	}
+	s.results = append(s.results, result)
+}
+
+// micros is t as PostgreSQL stores it.
+func micros(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	m := t.Truncate(time.Microsecond)
+	return &m
+}
+
+func (s *stagedUpdates) Queue(ctx context.Context, tx pgx.Tx) {
+	n := len(s.order)
+	var (
+		ids, states, pendings, progress, lastErrors, reviews = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		stored, versions                                     = make([]int64, n), make([]int64, n)
+		data                                                 = make([][]byte, n)
+		attempts                                             = make([]int32, n)
+		timeouts, deadlines                                  = make([]*time.Time, n), make([]*time.Time, n)
+		updated                                              = make([]time.Time, n)
+	)
+	for i, id := range s.order {
+		r := s.rows[id]
+		w := r.w
+		ids[i], stored[i], states[i], versions[i], data[i], attempts[i] = id, r.stored, w.State, w.Version, w.Data, int32(w.Attempt)
+		pendings[i], progress[i], timeouts[i], deadlines[i] = w.PendingID, string(w.Progress), w.TimeoutAt, w.DeadlineAt
+		lastErrors[i], reviews[i], updated[i] = w.LastError, w.ReviewReason, w.UpdatedAt
+	}
+	results := txq.Results(s.results)
+	_ = txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+		if err == nil && tag.RowsAffected() != int64(n) {
+			// Only possible when a caller wrote a row it staged without
+			// the engine: the guard refuses to overwrite it.
+			err = failure.Transient(fmt.Errorf("update %d sagas: %d matched their stored version (first %s)",
+				n, tag.RowsAffected(), ids[0]))
+		}
+		return results(tag, err)
+	}, s.sql, ids, stored, states, versions, data, attempts, pendings, progress, timeouts, deadlines,
+		lastErrors, reviews, updated)
+}
+
+func (s *stagedUpdates) Discard(err error) { _ = txq.Results(s.results)(pgconn.CommandTag{}, err) }
