@@ -33,6 +33,26 @@ type Delivery struct {
 	ReceivedAt time.Time
 }
 
+type batchKey struct{}
+
+// Batch returns the deliveries of the batch whose transaction the handler
+// called with ctx runs in, when the consumer applies them together without
+// savepoints (its fast path): the ones being handled, in order, the
+// handler's own among them. A handler may read ahead for them in one
+// statement (the saga engine locks all the batch's instances at once). It
+// returns nil elsewhere.
+func Batch(ctx context.Context) []*Delivery {
+	b, _ := ctx.Value(batchKey{}).([]*Delivery)
+	return b
+}
+
+// WithBatch returns ctx carrying ds as the handler's batch (see [Batch]),
+// for code that runs handlers itself, as the consumer's fast path does:
+// harnesses and tests.
+func WithBatch(ctx context.Context, ds []*Delivery) context.Context {
+	return context.WithValue(ctx, batchKey{}, ds)
+}
+
 // HandlerFunc handles one delivery inside tx. Everything it does to the
 // database must go through tx: it commits together with the inbox claim, and
 // the message is acknowledged only after that commit. With batching, tx is a

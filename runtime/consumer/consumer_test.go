@@ -75,6 +75,7 @@ const (
 type call struct {
 	attempt int
 	headers map[string]any
+	batch   []string // the message ids consumer.Batch gave the handler
 }
 
 type settlement struct{ id, outcome string }
@@ -154,7 +155,11 @@ INSERT INTO uniq VALUES ('taken');`)
 func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	id := d.Envelope.MessageID
 	b.mu.Lock()
-	b.calls[id] = append(b.calls[id], call{attempt: d.Attempt, headers: d.Envelope.Headers})
+	var batch []string
+	for _, o := range consumer.Batch(ctx) {
+		batch = append(batch, o.Envelope.MessageID)
+	}
+	b.calls[id] = append(b.calls[id], call{attempt: d.Attempt, headers: d.Envelope.Headers, batch: batch})
 	first := len(b.calls[id]) == 1
 	b.mu.Unlock()
 	if d.Queue != b.queue {

@@ -394,13 +394,20 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 	}
 	guard := &guardedTx{Tx: tx}
 	stage := txq.NewStage(guard, wakes)
+	batch := make([]*Delivery, 0, len(pending))
+	for i, it := range pending {
+		if first[i] {
+			batch = append(batch, it.d)
+		}
+	}
 	for i, it := range pending {
 		if !first[i] {
 			it.outcome = outcomeDuplicate
 			c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 			continue
 		}
-		herr := c.runHandler(stage.Attach(it.handlerContext(ctx)), guard, wakes, it)
+		hctx := WithBatch(stage.Attach(it.handlerContext(ctx)), batch)
+		herr := c.runHandler(hctx, guard, wakes, it)
 		if guard.closed {
 			stage.Discard(errHandlerClosedTx)
 			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}

@@ -23,6 +23,7 @@ type stagedBatch struct {
 	tx    pgx.Tx
 	wakes *txq.Wakes
 	stage *txq.Stage
+	batch []*consumer.Delivery // what consumer.Batch tells the handlers
 }
 
 func (b *testBundle) stagedBatch(t *testing.T) *stagedBatch {
@@ -43,7 +44,7 @@ func (s *stagedBatch) reply(sagaID, businessKey, pending string, in *message.Inf
 	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: s.b.def.Name, CausationID: pending})
 	require.NoError(s.t, err)
 	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}
-	hctx, scope := txq.WithScope(s.stage.Attach(s.wakes.Attach(s.ctx)), s.tx)
+	hctx, scope := txq.WithScope(consumer.WithBatch(s.stage.Attach(s.wakes.Attach(s.ctx)), s.batch), s.tx)
 	scope.CommitsWith(s.wakes)
 	if err := s.b.engine.Handle(hctx, s.tx, d); err != nil {
 		scope.Discard(err)
@@ -156,4 +157,39 @@ func TestStagedWrites(t *testing.T) {
 		require.ErrorContains(t, err, "0 matched their stored version")
 		require.ErrorContains(t, err, id)
 	})
+}
+
+// TestBatchLockedAhead: on a consumer's fast path the first handler that
+// locks an instance by id locks every instance the batch's deliveries name,
+// in one statement; the handlers of the others then use those rows.
+func TestBatchLockedAhead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	ids := []string{b.start(t, "o-1"), b.start(t, "o-2"), b.start(t, "o-3")}
+	s := b.stagedBatch(t)
+	statuses := make([]saga.Status, len(ids))
+	for i, id := range ids[:2] { // o-3 is not in the batch
+		statuses[i] = b.status(t, id)
+		s.batch = append(s.batch, &consumer.Delivery{Envelope: envelope.Envelope{SagaID: id, SagaType: b.def.Name}})
+	}
+	s.batch = append(s.batch, &consumer.Delivery{Envelope: envelope.Envelope{SagaID: newID(), SagaType: "other.Saga"}})
+	require.NoError(t, s.reply(ids[0], statuses[0].BusinessKey, statuses[0].PendingMessageID, msgInventoryReserved))
+	locked := func(id string) bool {
+		t.Helper()
+		_, err := b.pool.Exec(context.Background(), `SELECT 1 FROM saga_place_order WHERE id = $1 FOR UPDATE NOWAIT`, id)
+		if err == nil {
+			return false
+		}
+		require.ErrorContains(t, err, "55P03")
+		return true
+	}
+	require.True(t, locked(ids[1]), "o-2 was locked with o-1, before its own handler ran")
+	require.False(t, locked(ids[2]), "o-3 is not in the batch")
+	require.NoError(t, s.reply(ids[1], statuses[1].BusinessKey, statuses[1].PendingMessageID, msgInventoryReserved))
+	require.NoError(t, s.stage.Flush(s.ctx))
+	require.NoError(t, s.tx.Commit(s.ctx))
+	for _, id := range ids[:2] {
+		require.Equal(t, "AUTHORIZE_PAYMENT", b.status(t, id).State)
+	}
+	require.Equal(t, "RESERVE_INVENTORY", b.status(t, ids[2]).State)
 }

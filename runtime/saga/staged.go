@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -54,11 +56,30 @@ func (e *Engine) stagedUpdatesFor(ctx context.Context, tx pgx.Tx) *stagedUpdates
 
 // loadIn runs an instance query in tx and returns the row as this
 // transaction will have it: a row with a staged update is returned as
-// updated.
+// updated. On a consumer's fast path, the first lock by id locks every
+// instance the batch's deliveries name, in one statement, and later locks
+// by id are answered from those rows.
 func (e *Engine) loadIn(ctx context.Context, tx pgx.Tx, sql, arg string) (row, error) {
-	w, err := loadRow(ctx, tx, sql, arg)
-	if err != nil {
-		return w, err
+	var (
+		w     row
+		found bool
+	)
+	if sql == e.q.lockByID {
+		p, err := e.prefetch(ctx, tx)
+		if err != nil {
+			return row{}, err
+		}
+		if p != nil {
+			if id, perr := uuid.Parse(arg); perr == nil {
+				w, found = p.rows[id.String()]
+			}
+		}
+	}
+	if !found {
+		var err error
+		if w, err = loadRow(ctx, tx, sql, arg); err != nil {
+			return w, err
+		}
 	}
 	if p, ok := txq.PartIf(ctx, tx, updatesKey{e.table}); ok {
 		if s := p.(*stagedUpdates).rows[w.ID]; s != nil {
@@ -124,3 +145,61 @@ func (s *stagedUpdates) Queue(ctx context.Context, tx pgx.Tx) {
 }
 
 func (s *stagedUpdates) Discard(err error) { _ = txq.Results(s.results)(pgconn.CommandTag{}, err) }
+
+// prefetchKey names an engine table's rows locked ahead in a txq.Stage.
+type prefetchKey struct{ table string }
+
+// prefetched is the instances of one table locked for a batch in one
+// statement, by id, as stored. It writes nothing.
+type prefetched struct{ rows map[string]row }
+
+func (*prefetched) Queue(context.Context, pgx.Tx) {}
+func (*prefetched) Discard(error)                 {}
+
+// prefetch returns the instances locked ahead for ctx's batch, locking
+// them on first use: those the batch's deliveries of this saga type name,
+// in id order (so that two batches lock in the same order). It returns nil
+// outside a consumer's fast path, or when there are fewer than two to lock.
+func (e *Engine) prefetch(ctx context.Context, tx pgx.Tx) (*prefetched, error) {
+	fresh := false
+	part, ok := txq.PartFor(ctx, tx, prefetchKey{e.table}, func() txq.Part {
+		fresh = true
+		return &prefetched{}
+	})
+	if !ok {
+		return nil, nil
+	}
+	p := part.(*prefetched)
+	if !fresh {
+		return p, nil
+	}
+	var ids []string
+	for _, d := range consumer.Batch(ctx) {
+		if d.Envelope.SagaType != e.def.Name {
+			continue
+		}
+		if id, err := uuid.Parse(d.Envelope.SagaID); err == nil {
+			ids = append(ids, id.String())
+		}
+	}
+	if len(ids) < 2 {
+		return p, nil
+	}
+	rows, err := tx.Query(ctx, e.q.lockMany, ids)
+	if err != nil {
+		return nil, fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err)
+	}
+	defer rows.Close()
+	p.rows = make(map[string]row, len(ids))
+	for rows.Next() {
+		w, err := scanRow(rows)
+		if err != nil {
+			return nil, fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err)
+		}
+		p.rows[w.ID] = w
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err)
+	}
+	return p, nil
+}

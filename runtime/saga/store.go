@@ -21,6 +21,7 @@ type queries struct {
 	existingByKey string
 	lockByID      string
 	lockByKey     string
+	lockMany      string
 	selectByID    string
 	selectByKey   string
 	update        string
@@ -46,6 +47,7 @@ RETURNING id::text`,
 		existingByKey: `SELECT ` + columns + ` FROM ` + table + ` WHERE business_key = $1`,
 		lockByID:      `SELECT ` + columns + ` FROM ` + table + ` WHERE id = $1::uuid FOR UPDATE`,
 		lockByKey:     `SELECT ` + columns + ` FROM ` + table + ` WHERE business_key = $1 FOR UPDATE`,
+		lockMany:      `SELECT ` + columns + ` FROM ` + table + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`,
 		selectByID:    `SELECT ` + columns + ` FROM ` + table + ` WHERE id = $1::uuid`,
 		selectByKey:   `SELECT ` + columns + ` FROM ` + table + ` WHERE business_key = $1`,
 		update: `UPDATE ` + table + ` SET state = $3, version = $4, data = $5, attempt = $6,
