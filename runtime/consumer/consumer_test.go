@@ -60,6 +60,7 @@ const (
 	doEnqueueFail   = "enqueue-fail"   // writes an outbox row, then a permanent error
 	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
 	doEnqueueShared = "enqueue-shared" // writes the outbox row "shared-out", whoever calls
+	doSavepointRead = "savepoint-read" // counts, in a savepoint of its own, the outbox rows it can see
 	doStopConsumer  = "stop-consumer"  // stops the running consumer and waits to be interrupted, as a crash would
 )
 
@@ -98,6 +99,7 @@ type testBundle struct {
 	mu      sync.Mutex
 	stopRun func() // cancels the running consumer (doStopConsumer)
 	calls   map[string][]call
+	seen    map[string]int // doSavepointRead: outbox rows seen, by message id
 	settled []settlement
 	batches [][]string
 }
@@ -135,6 +137,7 @@ INSERT INTO uniq VALUES ('taken');`)
 		entered: make(chan string, 16),
 		release: make(chan struct{}),
 		calls:   map[string][]call{},
+		seen:    map[string]int{},
 	}
 	b.testPub = broker.NewPublisher(b.pubConn, broker.PublisherConfig{})
 	t.Cleanup(func() { _ = b.testPub.Close() })
@@ -208,6 +211,19 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
 			return err
 		}
+	case doSavepointRead:
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		var n int
+		if err := sp.QueryRow(ctx, `SELECT count(*) FROM saga_outbox`).Scan(&n); err != nil {
+			return err
+		}
+		b.mu.Lock()
+		b.seen[id] = n
+		b.mu.Unlock()
+		return sp.Commit(ctx)
 	case doStopConsumer:
 		b.mu.Lock()
 		stop := b.stopRun

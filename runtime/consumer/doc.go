@@ -30,17 +30,20 @@
 // replies, participant.Defer) sent in one round trip when it returns, and
 // the saga instance updates, outbox rows and audit rows of all of them
 // written by one statement per kind before the commit (a row inserted with
-// 63 others costs PostgreSQL about a quarter of one inserted alone). If a
-// handler fails, or
-// those last statements do (no attempt is charged then: which handler wrote
-// the bad row is not known), the transaction rolls
-// back and the batch is applied again with a savepoint per delivery (the
-// failed delivery is not run again; a deadlock or serialization failure
-// charges no delivery): a failing delivery rolls back only its savepoint and
-// is routed, while the others commit together. So a handler can run twice
-// for one delivery without a redelivery, its first run rolled back: keep
-// effects outside the transaction idempotent, as at-least-once delivery
-// requires anyway. Either way the batch is acknowledged after the one commit
+// 63 others costs PostgreSQL about a quarter of one inserted alone). Until
+// then those tables do not hold the batch's rows: a handler's own SQL that
+// reads them in tx sees them as they were before the batch (the runtime's
+// reads see the staged rows; a savepoint a handler begins writes them
+// first), and triggers on them fire at that last statement. If a handler
+// fails, or those last statements do (no attempt is charged then: which
+// handler wrote the bad row is not known, and it runs again), the
+// transaction rolls back and the batch is applied again with a savepoint
+// per delivery (a failed delivery is not run again; a deadlock or
+// serialization failure charges no delivery): a failing delivery rolls back
+// only its savepoint and is routed, while the others commit together. So a
+// handler can run twice for one delivery without a redelivery, its first
+// run rolled back: keep effects outside the transaction idempotent, as
+// at-least-once delivery requires anyway. Either way the batch is acknowledged after the one commit
 // — with a single multiple-ack when no other worker holds a lower delivery
 // tag on the channel, individually otherwise. If the server rejects the shared commit
 // itself (a deferred constraint, a serialization failure), the batch is

@@ -200,6 +200,9 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		b.waitSettled("h", "done")
 		b.stop(c)
 		require.Equal(t, 1, stops, "one batch")
+		fast, fellBack := consumer.Paths(c.c)
+		require.Equal(t, int64(1), fast)
+		require.Zero(t, fellBack, "the fast path staged the row and wrote it leased just before the commit")
 
 		row, ok := b.outboxRow("h-out")
 		require.True(t, ok)

@@ -394,6 +394,24 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 	}
 	guard := &guardedTx{Tx: tx}
 	stage := txq.NewStage(guard, wakes)
+	guard.stage = stage
+	// stagedFailed handles a failure to write the staged rows: which
+	// handler's row was at fault is not known here, so no attempt is
+	// charged and the savepoint path, where nothing is staged, applies the
+	// batch again.
+	stagedFailed := func(err error) error {
+		if ctx.Err() != nil {
+			return err
+		}
+		if rerr := tx.Rollback(ctx); rerr != nil {
+			return fmt.Errorf("roll back after the batch's staged writes failed (%v): %w", err, rerr)
+		}
+		c.log.Debug("batch's staged writes failed; applying the batch again with a savepoint per delivery", slog.Any("error", err))
+		for _, p := range pending {
+			p.outcome = outcomePending
+		}
+		return errFallBack
+	}
 	batch := make([]*Delivery, 0, len(pending))
 	for i, it := range pending {
 		if first[i] {
@@ -412,11 +430,17 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			stage.Discard(errHandlerClosedTx)
 			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}
 		}
+		if guard.stageErr != nil {
+			// Even if the handler went on without its savepoint: the
+			// rows written before it are not all there.
+			stage.Discard(guard.stageErr)
+			return stagedFailed(guard.stageErr)
+		}
 		if herr == nil {
 			it.outcome = outcomeDone
 			continue
 		}
-		stage.Discard(herr)
+		stage.Discard(fmt.Errorf("rolled back with the batch after message %s failed: %w", it.messageID(), herr))
 		if ctx.Err() != nil {
 			return fmt.Errorf("message %q: handler interrupted: %w", it.messageID(), herr)
 		}
@@ -443,20 +467,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		return errFallBack
 	}
 	if err := stage.Flush(ctx); err != nil {
-		if ctx.Err() != nil {
-			return err
-		}
-		// A staged row failed (a duplicate message id, say), and which
-		// handler wrote it is not known here: charge no attempt, the
-		// savepoint path writes each handler's rows with it.
-		if rerr := tx.Rollback(ctx); rerr != nil {
-			return fmt.Errorf("roll back after the batch's staged writes failed (%v): %w", err, rerr)
-		}
-		c.log.Debug("batch's staged writes failed; applying the batch again with a savepoint per delivery", slog.Any("error", err))
-		for _, p := range pending {
-			p.outcome = outcomePending
-		}
-		return errFallBack
+		return stagedFailed(err) // a duplicate message id, say
 	}
 	return nil
 }
@@ -579,6 +590,21 @@ func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, 
 type guardedTx struct {
 	pgx.Tx
 	closed bool
+	// stage is the batch's staged writes. A savepoint a handler begins
+	// is a transaction of its own to the code that runs in it, which
+	// would not see them, so they are written first; stageErr is why
+	// that failed.
+	stage    *txq.Stage
+	stageErr error
+}
+
+// Begin writes the batch's staged rows, then begins a savepoint.
+func (g *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := g.stage.Flush(ctx); err != nil {
+		g.stageErr = err
+		return nil, fmt.Errorf("write the batch's staged rows before a savepoint: %w", err)
+	}
+	return g.Tx.Begin(ctx)
 }
 
 var errHandlerClosedTx = errors.New("a handler must not commit or roll back the transaction it was given")

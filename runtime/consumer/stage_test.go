@@ -93,4 +93,41 @@ func TestStagedOutboxRows(t *testing.T) {
 		require.Contains(t, p.Reason, "shared-out")
 		require.Contains(t, p.Reason, "23505")
 	})
+
+	t.Run("ASavepointSeesTheRowsStagedBeforeIt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		b.sendOneBatch(c, [2]string{"e1", doEnqueue}, [2]string{"r1", doSavepointRead}, [2]string{"e2", doEnqueue},
+			[2]string{"r2", doSavepointRead})
+		for _, id := range []string{"e1", "r1", "e2", "r2"} {
+			b.waitSettled(id, "done")
+		}
+		b.stop(c)
+		_, fellBack := consumer.Paths(c.c)
+		require.Zero(t, fellBack)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		require.Equal(t, map[string]int{"r1": 1, "r2": 2}, b.seen,
+			"a savepoint is a transaction of its own to the code in it: it sees the rows staged before it")
+	})
+
+	t.Run("ASavepointsFailedFlushChargesNoAttempt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		b.sendOneBatch(c, [2]string{"s1", doEnqueueShared}, [2]string{"s2", doEnqueueShared},
+			[2]string{"r1", doSavepointRead})
+		b.waitSettled("s1", "done")
+		b.waitSettled("r1", "done")
+		b.waitSettled("s2", "park")
+		b.stop(c)
+		_, fellBack := consumer.Paths(c.c)
+		require.Equal(t, int64(1), fellBack)
+		require.Equal(t, []int{1, 1}, b.attemptsOf("r1"), "r1's savepoint found the batch's rows failing: not r1's attempt")
+		require.Equal(t, []int{1, 1}, b.attemptsOf("s2"))
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		require.Equal(t, map[string]int{"r1": 1}, b.seen, "on the savepoint path, s1's row only")
+	})
 }

@@ -107,7 +107,8 @@ const NotifyChannel = "saga_outbox"
 // fast path the rows of all the batch's handlers are inserted by one
 // statement just before the commit (see the consumer's documentation); an
 // error there sends the batch to the savepoint path, where it is the
-// handler's again.
+// handler's again. Until then Enqueue keeps envs' bodies and headers: do not
+// change them after it returns.
 func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
 	if len(envs) == 0 {
 		return nil
@@ -265,8 +266,16 @@ func (s *staged) add(rs *rowset, result txq.Result) {
 }
 
 func (s *staged) Queue(ctx context.Context, tx pgx.Tx) {
+	results := txq.Results(s.results)
 	// With a scope in ctx, write queues and returns nil.
-	_ = write(ctx, tx, &s.rows, txq.Results(s.results))
+	_ = write(ctx, tx, &s.rows, func(tag pgconn.CommandTag, err error) error {
+		if results(tag, err) == nil {
+			return nil
+		}
+		// The server's error names the row; each Enqueue's own would
+		// name its first message, not the culprit.
+		return fmt.Errorf("insert the batch's %d outbox rows: %w", len(s.rows.ids), err)
+	})
 }
 
 func (s *staged) Discard(err error) { _ = txq.Results(s.results)(pgconn.CommandTag{}, err) }

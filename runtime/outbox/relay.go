@@ -566,6 +566,9 @@ type relayKey struct{}
 //
 // Enqueue in a transaction of the caller's own is not affected, nor is
 // Enqueue on a savepoint a handler opened (its rows are claimed as usual).
+// On a consumer's fast path the rows of the whole batch are inserted
+// together with the relay the consumer's context carries: give the relay
+// to the consumer (Run's context), not to one handler's context.
 // A handler must not use the transaction it was given while a savepoint of
 // its own is open and then roll that savepoint back: rows written and then
 // undone that way could be handed over.

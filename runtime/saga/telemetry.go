@@ -105,8 +105,9 @@ func (t sagaTelemetry) startTransition(ctx context.Context, name string, w row, 
 // endTransition ends the transition span and records the transition's
 // metrics (see afterCommit): its result, a fired timeout, compensations
 // sent, an entry into manual review and, for a delivered message that sent
-// the next command, the step latency (measured now, when the command is
-// written).
+// the next command, the step latency (measured now, when the transition
+// that sends the command has been applied; its rows may still wait for the
+// batch's staged writes).
 func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.Span, w row, trig sagadef.Trigger, o origin, out outcome, err error) {
 	if err == nil {
 		res := out.Result

@@ -228,7 +228,13 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
 ORDER BY ord`
 
 func (r *auditRows) Queue(ctx context.Context, tx pgx.Tx) {
-	_ = txq.Exec(ctx, tx, txq.Results(r.results), insertAuditRowsSQL, r.sagaIDs, r.sagaTypes, r.froms, r.tos,
+	results := txq.Results(r.results)
+	_ = txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+		if results(tag, err) == nil {
+			return nil
+		}
+		return fmt.Errorf("insert the batch's %d audit rows (sagas %s…): %w", len(r.sagaIDs), r.sagaIDs[0], err)
+	}, insertAuditRowsSQL, r.sagaIDs, r.sagaTypes, r.froms, r.tos,
 		r.triggers, r.classes, r.messageIDs, r.causationIDs, r.operators, r.notes, r.versions, r.ats)
 }
 
