@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
@@ -28,6 +30,11 @@ import (
 func Once(ctx context.Context, tx pgx.Tx, service, idempotencyKey string) (first bool, err error) {
 	if service == "" || idempotencyKey == "" {
 		return false, failure.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
+	}
+	if p, ok := txq.PartIf(ctx, tx, aheadKey{service}); ok {
+		if first, ok := p.(*claimedAhead).take(idempotencyKey); ok {
+			return first, nil
+		}
 	}
 	tag, err := tx.Exec(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
 VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, idempotencyKey)
@@ -54,6 +61,9 @@ func Idempotent(service string, reg *message.Registry, fn Func) Func {
 				service, cmd.SagaMessageInfo().FullName))
 		}
 		key := CommandKey(cmd)
+		if err := claimAhead(ctx, tx, service); err != nil {
+			return nil, err
+		}
 		first, err := Once(ctx, tx, service, key)
 		if err != nil {
 			return nil, err
@@ -120,3 +130,100 @@ WHERE service = $1 AND idempotency_key = $2`, service, key).Scan(&typ, &body)
 	}
 	return reply, nil
 }
+
+// On a consumer's fast path the first Idempotent call of a batch records
+// the keys of every command in the batch for its service at once, in one
+// statement, instead of one statement per command. Once then takes a key
+// from that claim. When the batch's staged rows are written, the records no
+// call took (commands another handler of the batch ran) are deleted again,
+// so the transaction commits the records it would have written one by one.
+
+// aheadKey names a service's records claimed ahead in a txq.Stage.
+type aheadKey struct{ service string }
+
+// claimedAhead is the records a batch claimed ahead for one service.
+type claimedAhead struct {
+	service string
+	first   map[string]bool // per key claimed: whether the claim inserted it
+	taken   map[string]bool // keys Once has answered for
+}
+
+// take answers Once for key from the claim: ok is false when key was not
+// claimed. A key's second Once in the batch is not the first.
+func (c *claimedAhead) take(key string) (first, ok bool) {
+	inserted, claimed := c.first[key]
+	if !claimed {
+		return false, false
+	}
+	if c.taken[key] {
+		return false, true
+	}
+	c.taken[key] = true
+	return inserted, true
+}
+
+// claimAhead claims the keys of the batch's commands for service, once per
+// batch; outside a consumer's fast path it does nothing.
+func claimAhead(ctx context.Context, tx pgx.Tx, service string) error {
+	fresh := false
+	part, ok := txq.PartFor(ctx, tx, aheadKey{service}, func() txq.Part {
+		fresh = true
+		return &claimedAhead{service: service, first: map[string]bool{}, taken: map[string]bool{}}
+	})
+	if !ok || !fresh {
+		return nil
+	}
+	c := part.(*claimedAhead)
+	var keys []string
+	for _, d := range consumer.Batch(ctx) {
+		if d.Message != nil && d.Message.IdempotencyKey() != "" {
+			keys = append(keys, CommandKey(d.Message))
+		}
+	}
+	if len(keys) < 2 {
+		return nil
+	}
+	// In one order, so that two batches claiming the same keys wait for
+	// each other rather than deadlock.
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	rows, err := tx.Query(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
+SELECT $1, k FROM unnest($2::text[]) AS k ORDER BY k
+ON CONFLICT (service, idempotency_key) DO NOTHING
+RETURNING idempotency_key`, service, keys)
+	if err != nil {
+		return fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err)
+	}
+	for _, k := range keys {
+		c.first[k] = false
+	}
+	for _, k := range inserted {
+		c.first[k] = true
+	}
+	return nil
+}
+
+// Queue deletes the records the claim inserted and no Once took.
+func (c *claimedAhead) Queue(ctx context.Context, tx pgx.Tx) {
+	var unused []string
+	for k, inserted := range c.first {
+		if inserted && !c.taken[k] {
+			unused = append(unused, k)
+		}
+	}
+	if len(unused) == 0 {
+		return
+	}
+	_ = txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+		if err != nil {
+			return fmt.Errorf("participant once %s: drop %d keys claimed ahead and not used: %w", c.service, len(unused), err)
+		}
+		return nil
+	}, `DELETE FROM saga_participant_once WHERE service = $1 AND idempotency_key = ANY($2::text[])`, c.service, unused)
+}
+
+func (*claimedAhead) Discard(error) {}

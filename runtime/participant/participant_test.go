@@ -436,3 +436,71 @@ func TestReplyAdapters(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, r, got)
 }
+
+// TestIdempotentClaimsTheBatchAhead: on a consumer's fast path (a stage and
+// consumer.Batch) the first Idempotent call records the keys of every
+// command in the batch with one statement; each command's call takes its
+// key from there (a resend in the same batch is not the first), and the
+// keys no call took are deleted when the stage is written, so the batch
+// commits exactly the records it would have written one by one.
+func TestIdempotentClaimsTheBatchAhead(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE once_inserts (n int NOT NULL);
+INSERT INTO once_inserts VALUES (0);
+CREATE FUNCTION count_once_insert() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN UPDATE once_inserts SET n = n + 1; RETURN NULL; END $$;
+CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
+  FOR EACH STATEMENT EXECUTE FUNCTION count_once_insert();`)
+	require.NoError(t, err)
+	// order-0 was handled in an earlier batch.
+	require.NoError(t, run(ctx, pool, participant.Handler(participant.Idempotent("inventory", registry(t),
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+		})), command(t, "order-0")))
+
+	var effects []string
+	fn := participant.Idempotent("inventory", registry(t),
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			effects = append(effects, cmd.(testMsg).GetValue())
+			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+		})
+	batch := []*consumer.Delivery{command(t, "order-1"), command(t, "order-2"), command(t, "order-1"),
+		command(t, "order-0"), command(t, "order-3")}
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	wakes := txq.NewWakes(tx)
+	stage := txq.NewStage(tx, wakes)
+	keys := func() []string {
+		t.Helper()
+		rows, err := tx.Query(ctx, `SELECT idempotency_key FROM saga_participant_once ORDER BY 1`)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	key := func(order string) string { return reserveInfo.FullName + "/" + order }
+	var replies []string
+	for i, d := range batch[:4] { // order-3 is left to another handler, which fails to run it
+		hctx, scope := txq.WithScope(consumer.WithBatch(stage.Attach(wakes.Attach(ctx)), batch), tx)
+		reply, err := fn(hctx, tx, d.Message)
+		require.NoError(t, err, "command %d", i)
+		require.NoError(t, scope.Flush(hctx))
+		replies = append(replies, reply.(testMsg).GetValue())
+		if i == 0 {
+			require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2"), key("order-3")}, keys(),
+				"the first call recorded the whole batch's keys")
+		}
+	}
+	require.Equal(t, []string{"order-1", "order-2"}, effects, "each effect once; order-0's was earlier")
+	require.Equal(t, []string{"order-1", "order-2", "order-1", "order-0"}, replies, "resends get the first reply")
+	require.NoError(t, stage.Flush(ctx))
+	require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2")}, keys(),
+		"order-3's record, claimed ahead but never taken, is gone")
+	require.NoError(t, tx.Commit(ctx))
+	var inserts int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT n FROM once_inserts`).Scan(&inserts))
+	require.Equal(t, 2, inserts, "order-0's batch, then one for this batch")
+}
