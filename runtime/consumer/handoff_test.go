@@ -72,6 +72,17 @@ func (b *testBundle) waitPublished(messageID string) {
 	}, testTimeout, poll, "outbox row %s never published", messageID)
 }
 
+// waitPublishedCount waits for r to count want rows published: it counts
+// a settle once its statement has returned, a moment after the rows show
+// as published.
+func (b *testBundle) waitPublishedCount(r *outbox.Relay, want int64) {
+	b.t.Helper()
+	require.Eventually(b.t, func() bool { return r.Stats().Published == want }, testTimeout, poll,
+		"relay counted %d published, want %d", r.Stats().Published, want)
+	time.Sleep(2 * poll)
+	require.Equal(b.t, want, r.Stats().Published, "and no more")
+}
+
 // outboxRow is what the relay left on an outbox row.
 type outboxRow struct {
 	published  bool
@@ -150,7 +161,7 @@ func TestHandOffToLocalRelay(t *testing.T) {
 				"%s: born leased to the local relay and published under that lease, never claimed", id)
 		}
 		require.Equal(t, int64(2), r.Stats().HandedOff, "the two committed rows were handed over, not claimed")
-		require.Equal(t, int64(3), r.Stats().Published, "the probe, e1-out and e3-out")
+		b.waitPublishedCount(r, 3) // the probe, e1-out and e3-out
 		require.Eventually(t, func() bool { return b.ready(copies) == 3 }, testTimeout, poll)
 		require.Equal(t, []string{"e1-out", "e3-out", "probe-local"}, b.copiesReceived(),
 			"each committed row published once, the rolled-back ones never")
@@ -180,7 +191,7 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		require.Equal(t, outboxRow{published: true, attempts: 1, owner: "other"}, row, "claimed: leased after its insert")
 		require.Zero(t, idle.Stats().HandedOff)
 		require.Zero(t, other.Stats().HandedOff)
-		require.Equal(t, int64(2), other.Stats().Published, "the probe and the claimed row")
+		b.waitPublishedCount(other, 2) // the probe and the claimed row
 	})
 
 	t.Run("RelayStoppedBeforeCommitReleasesRows", func(t *testing.T) {
@@ -214,7 +225,7 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		b.ctx = context.Background()
 		other, _ := b.runRelay("other")
 		b.waitPublished("h-out")
-		require.Equal(t, int64(2), other.Stats().Published)
+		b.waitPublishedCount(other, 2)
 		require.Eventually(t, func() bool { return b.ready(copies) == 3 }, testTimeout, poll)
 		require.Equal(t, []string{"h-out", "probe-leaving", "probe-other"}, b.copiesReceived())
 	})
