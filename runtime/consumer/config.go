@@ -39,8 +39,10 @@ type batchKey struct{}
 // called with ctx runs in, when the consumer applies them together without
 // savepoints (its fast path): the ones being handled, in order, the
 // handler's own among them. A handler may read ahead for them in one
-// statement (the saga engine locks all the batch's instances at once). It
-// returns nil elsewhere.
+// statement (the saga engine locks all the batch's instances at once); if
+// such a statement fails, return its error wrapped by [BatchFault]. The
+// slice is shared by the batch's handlers: do not modify it. It returns nil
+// elsewhere.
 func Batch(ctx context.Context) []*Delivery {
 	b, _ := ctx.Value(batchKey{}).([]*Delivery)
 	return b
@@ -52,6 +54,21 @@ func Batch(ctx context.Context) []*Delivery {
 func WithBatch(ctx context.Context, ds []*Delivery) context.Context {
 	return context.WithValue(ctx, batchKey{}, ds)
 }
+
+// BatchFaultError is a handler's error caused by work it did for its whole
+// batch (see [Batch]) rather than by its own delivery: a statement that
+// covers every delivery of the batch failed. Made by [BatchFault].
+type BatchFaultError struct{ Err error }
+
+func (e *BatchFaultError) Error() string { return e.Err.Error() }
+func (e *BatchFaultError) Unwrap() error { return e.Err }
+
+// BatchFault marks err as the batch's fault (a [BatchFaultError]). On the
+// fast path the consumer then charges no delivery an attempt and applies
+// the batch again with a savepoint per delivery, where [Batch] is nil and
+// each delivery's own failures are its own. Elsewhere the error is the
+// handler's, as any other.
+func BatchFault(err error) error { return &BatchFaultError{Err: err} }
 
 // HandlerFunc handles one delivery inside tx. Everything it does to the
 // database must go through tx: it commits together with the inbox claim, and

@@ -61,6 +61,7 @@ const (
 	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
 	doEnqueueShared = "enqueue-shared" // writes the outbox row "shared-out", whoever calls
 	doSavepointRead = "savepoint-read" // counts, in a savepoint of its own, the outbox rows it can see
+	doBatchFault    = "batch-fault"    // fails with consumer.BatchFault on the fast path, succeeds elsewhere
 	doStopConsumer  = "stop-consumer"  // stops the running consumer and waits to be interrupted, as a crash would
 )
 
@@ -210,6 +211,10 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 	case doDeferred:
 		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
 			return err
+		}
+	case doBatchFault:
+		if consumer.Batch(ctx) != nil {
+			return consumer.BatchFault(errors.New("a statement for the whole batch failed"))
 		}
 	case doSavepointRead:
 		sp, err := tx.Begin(ctx)

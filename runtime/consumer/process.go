@@ -450,10 +450,12 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		if err := tx.Rollback(ctx); err != nil {
 			return fmt.Errorf("message %q: roll back after handler error (%v): %w", it.messageID(), herr, err)
 		}
-		if lockConflict(herr) {
+		var batchFault *BatchFaultError
+		if lockConflict(herr) || errors.As(herr, &batchFault) {
 			// The batch's inbox claims hold locks from its first
 			// statement, so a deadlock or serialization failure here may
-			// be the batch's doing rather than this delivery's: charge
+			// be the batch's doing rather than this delivery's, as is a
+			// failure of work a handler did for the whole batch: charge
 			// no attempt, the savepoint path applies it again.
 			for _, p := range pending {
 				p.outcome = outcomePending

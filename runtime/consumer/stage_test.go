@@ -130,4 +130,23 @@ func TestStagedOutboxRows(t *testing.T) {
 		defer b.mu.Unlock()
 		require.Equal(t, map[string]int{"r1": 1}, b.seen, "on the savepoint path, s1's row only")
 	})
+
+	t.Run("ABatchFaultChargesNoAttempt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		c := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
+		b.sendOneBatch(c, [2]string{"e1", doEnqueue}, [2]string{"f1", doBatchFault}, [2]string{"e2", doEnqueue})
+		for _, id := range []string{"e1", "f1", "e2"} {
+			b.waitSettled(id, "done")
+		}
+		b.stop(c)
+		_, fellBack := consumer.Paths(c.c)
+		require.Equal(t, int64(1), fellBack)
+		require.Equal(t, []int{1, 1}, b.attemptsOf("f1"), "the batch's fault is not f1's: no attempt charged")
+		require.Equal(t, []int{1, 1}, b.attemptsOf("e1"))
+		require.Equal(t, []int{1}, b.attemptsOf("e2"), "the fast path stopped at f1")
+		for _, id := range []string{"e1", "f1", "e2"} {
+			require.Equal(t, []int{1}, b.effects(id), "%s took effect once", id)
+		}
+	})
 }

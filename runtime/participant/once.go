@@ -187,16 +187,20 @@ func claimAhead(ctx context.Context, tx pgx.Tx, service string) error {
 	// each other rather than deadlock.
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
+	// A key the table cannot take (say, one with a NUL byte) fails the
+	// statement for the whole batch: BatchFault sends the batch down the
+	// savepoint path, where each command claims its own key and only the
+	// bad one fails.
 	rows, err := tx.Query(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
 SELECT $1, k FROM unnest($2::text[]) AS k ORDER BY k
 ON CONFLICT (service, idempotency_key) DO NOTHING
 RETURNING idempotency_key`, service, keys)
 	if err != nil {
-		return fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err)
+		return consumer.BatchFault(fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err))
 	}
 	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err)
+		return consumer.BatchFault(fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err))
 	}
 	for _, k := range keys {
 		c.first[k] = false

@@ -69,6 +69,16 @@ func setup(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// reserving is an idempotent inventory participant that answers every
+// command with InventoryReserved.
+func reserving(t *testing.T) participant.Func {
+	t.Helper()
+	return participant.Idempotent("inventory", registry(t),
+		func(_ context.Context, _ pgx.Tx, cmd message.Message) (message.Message, error) {
+			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+		})
+}
+
 // command returns a delivery of a ReserveInventory command sent by a saga.
 func command(t *testing.T, order string) *consumer.Delivery {
 	t.Helper()
@@ -291,10 +301,7 @@ func TestIdempotentReplaysWithinOneWriteScope(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	fn := participant.Idempotent("inventory", registry(t),
-		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
-		})
+	fn := reserving(t)
 	d := command(t, "order-7")
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		sctx, scope := txq.WithScope(ctx, tx)
@@ -455,10 +462,7 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
   FOR EACH STATEMENT EXECUTE FUNCTION count_once_insert();`)
 	require.NoError(t, err)
 	// order-0 was handled in an earlier batch.
-	require.NoError(t, run(ctx, pool, participant.Handler(participant.Idempotent("inventory", registry(t),
-		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
-		})), command(t, "order-0")))
+	require.NoError(t, run(ctx, pool, participant.Handler(reserving(t)), command(t, "order-0")))
 
 	var effects []string
 	fn := participant.Idempotent("inventory", registry(t),
@@ -503,4 +507,30 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 	var inserts int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT n FROM once_inserts`).Scan(&inserts))
 	require.Equal(t, 2, inserts, "order-0's batch, then one for this batch")
+}
+
+// TestClaimAheadFailureIsTheBatchs: a command whose key the table cannot
+// take (a NUL byte) fails the claim of the whole batch. The error is a
+// consumer.BatchFault, so the consumer charges the delivery that happened
+// to run first nothing and applies the batch one delivery at a time.
+func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	fn := reserving(t)
+	good := command(t, "order-1")
+	batch := []*consumer.Delivery{good, command(t, "bad\x00key")}
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	wakes := txq.NewWakes(tx)
+	hctx := consumer.WithBatch(txq.NewStage(tx, wakes).Attach(wakes.Attach(ctx)), batch)
+	_, err = fn(hctx, tx, good.Message)
+	var fault *consumer.BatchFaultError
+	require.ErrorAs(t, err, &fault, "not order-1's fault")
+	require.ErrorContains(t, err, "claim the batch's 2 keys")
+	require.NoError(t, tx.Rollback(ctx))
+
+	// Alone (the savepoint path: no batch), order-1 is fine.
+	require.NoError(t, run(ctx, pool, participant.Handler(fn), good))
 }

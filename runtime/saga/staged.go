@@ -187,19 +187,19 @@ func (e *Engine) prefetch(ctx context.Context, tx pgx.Tx) (*prefetched, error) {
 	}
 	rows, err := tx.Query(ctx, e.q.lockMany, ids)
 	if err != nil {
-		return nil, fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err)
+		return nil, consumer.BatchFault(fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err))
 	}
 	defer rows.Close()
 	p.rows = make(map[string]row, len(ids))
 	for rows.Next() {
 		w, err := scanRow(rows)
 		if err != nil {
-			return nil, fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err)
+			return nil, consumer.BatchFault(fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err))
 		}
 		p.rows[w.ID] = w
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err)
+		return nil, consumer.BatchFault(fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err))
 	}
 	return p, nil
 }
