@@ -162,13 +162,22 @@ type keyed[T any] struct {
 	v   T
 }
 
+// find returns the value under key in list.
+func find[T any](list []keyed[T], key any) (T, bool) {
+	for _, kv := range list {
+		if kv.key == key {
+			return kv.v, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
 // lookup returns the value under key in *list, adding one made by newValue
 // when there is none.
 func lookup[T any](list *[]keyed[T], key any, newValue func() T) T {
-	for _, kv := range *list {
-		if kv.key == key {
-			return kv.v
-		}
+	if v, ok := find(*list, key); ok {
+		return v
 	}
 	v := newValue()
 	*list = append(*list, keyed[T]{key, v})
@@ -386,26 +395,29 @@ func (st *Stage) Attach(ctx context.Context) context.Context {
 // tx (a savepoint, a transaction of the handler's own, no consumer): the
 // caller writes as usual then.
 func PartFor(ctx context.Context, tx pgx.Tx, key any, newPart func() Part) (Part, bool) {
-	st, ok := ctx.Value(stageKey{}).(*Stage)
-	if !ok || st == nil || st.tx != tx {
+	st := stageFor(ctx, tx)
+	if st == nil {
 		return nil, false
 	}
 	return lookup(&st.parts, key, newPart), true
 }
 
+// stageFor returns the stage ctx carries for tx, or nil.
+func stageFor(ctx context.Context, tx pgx.Tx) *Stage {
+	if st, ok := ctx.Value(stageKey{}).(*Stage); ok && st != nil && st.tx == tx {
+		return st
+	}
+	return nil
+}
+
 // PartIf returns the part registered under key in ctx's stage for tx, if
 // there is one.
 func PartIf(ctx context.Context, tx pgx.Tx, key any) (Part, bool) {
-	st, ok := ctx.Value(stageKey{}).(*Stage)
-	if !ok || st == nil || st.tx != tx {
+	st := stageFor(ctx, tx)
+	if st == nil {
 		return nil, false
 	}
-	for _, kp := range st.parts {
-		if kp.key == key {
-			return kp.v, true
-		}
-	}
-	return nil, false
+	return find(st.parts, key)
 }
 
 // Flush sends every part's statements as one pipeline, in the order the
