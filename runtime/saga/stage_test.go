@@ -2,9 +2,12 @@ package saga_test
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/runtime/consumer"
@@ -28,8 +31,14 @@ type stagedBatch struct {
 
 func (b *testBundle) stagedBatch(t *testing.T) *stagedBatch {
 	t.Helper()
+	return b.stagedBatchOn(t, b.pool)
+}
+
+// stagedBatchOn is stagedBatch with its transaction on pool.
+func (b *testBundle) stagedBatchOn(t *testing.T, pool *pgxpool.Pool) *stagedBatch {
+	t.Helper()
 	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
+	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
 	wakes := txq.NewWakes(tx)
@@ -166,7 +175,14 @@ func TestBatchLockedAhead(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{})
 	ids := []string{b.start(t, "o-1"), b.start(t, "o-2"), b.start(t, "o-3")}
-	s := b.stagedBatch(t)
+	// The batch's transaction counts the instance locks it sends.
+	cfg := b.pool.Config()
+	locks := &lockCounter{}
+	cfg.ConnConfig.Tracer = locks
+	traced, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(traced.Close)
+	s := b.stagedBatchOn(t, traced)
 	statuses := make([]saga.Status, len(ids))
 	for i, id := range ids[:2] { // o-3 is not in the batch
 		statuses[i] = b.status(t, id)
@@ -186,10 +202,41 @@ func TestBatchLockedAhead(t *testing.T) {
 	require.True(t, locked(ids[1]), "o-2 was locked with o-1, before its own handler ran")
 	require.False(t, locked(ids[2]), "o-3 is not in the batch")
 	require.NoError(t, s.reply(ids[1], statuses[1].BusinessKey, statuses[1].PendingMessageID, msgInventoryReserved))
+	require.Equal(t, lockCount{many: 1}, locks.count(),
+		"one statement locked both; neither handler locked its instance again")
 	require.NoError(t, s.stage.Flush(s.ctx))
 	require.NoError(t, s.tx.Commit(s.ctx))
 	for _, id := range ids[:2] {
 		require.Equal(t, "AUTHORIZE_PAYMENT", b.status(t, id).State)
 	}
 	require.Equal(t, "RESERVE_INVENTORY", b.status(t, ids[2]).State)
+}
+
+// lockCounter is a pgx tracer counting the instance locks a connection
+// sends: one by id, or many at once.
+type lockCounter struct {
+	mu sync.Mutex
+	n  lockCount
+}
+
+type lockCount struct{ one, many int }
+
+func (c *lockCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case strings.Contains(d.SQL, "WHERE id = $1::uuid FOR UPDATE"):
+		c.n.one++
+	case strings.Contains(d.SQL, "WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE"):
+		c.n.many++
+	}
+	return ctx
+}
+
+func (*lockCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *lockCounter) count() lockCount {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
 }
