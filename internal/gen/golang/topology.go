@@ -19,7 +19,7 @@ type Binding struct{ Queue, Exchange, RoutingKey string }
 // exchanges its messages are published to (and those its queues bind to),
 // the work queues of its participants and sagas, and their bindings.
 type PackageTopology struct {
-	Exchanges []string
+	Exchanges []broker.Exchange
 	Queues    []string
 	Bindings  []Binding
 }
@@ -27,14 +27,14 @@ type PackageTopology struct {
 // Topology computes the topology of p, sorted.
 func Topology(p *model.Package) PackageTopology {
 	var t PackageTopology
-	exchanges := map[string]bool{}
+	exchanges := map[string]string{} // name → kind
 	for _, f := range p.Files {
 		for _, m := range f.Messages {
-			exchanges[m.Exchange] = true
+			exchanges[m.Exchange] = m.ExchangeKind
 		}
 	}
 	bind := func(queue string, m *model.Message) {
-		exchanges[m.Exchange] = true
+		exchanges[m.Exchange] = m.ExchangeKind
 		t.Bindings = append(t.Bindings, Binding{Queue: queue, Exchange: m.Exchange, RoutingKey: m.RoutingKey})
 	}
 	for _, pt := range p.Participants {
@@ -51,10 +51,10 @@ func Topology(p *model.Package) PackageTopology {
 			}
 		}
 	}
-	for e := range exchanges {
-		t.Exchanges = append(t.Exchanges, e)
+	for name, kind := range exchanges {
+		t.Exchanges = append(t.Exchanges, broker.Exchange{Name: name, Kind: kind})
 	}
-	slices.Sort(t.Exchanges)
+	slices.SortFunc(t.Exchanges, func(a, b broker.Exchange) int { return cmp.Compare(a.Name, b.Name) })
 	slices.Sort(t.Queues)
 	t.Queues = slices.Compact(t.Queues)
 	slices.SortFunc(t.Bindings, func(a, b Binding) int {
@@ -69,10 +69,7 @@ func Topology(p *model.Package) PackageTopology {
 // review is rendered by the runtime's own code and cannot drift from what
 // broker.Declare declares.
 func (t PackageTopology) Broker() broker.Topology {
-	var bt broker.Topology
-	for _, e := range t.Exchanges {
-		bt.Exchanges = append(bt.Exchanges, broker.Exchange{Name: e, Kind: "topic"})
-	}
+	bt := broker.Topology{Exchanges: slices.Clone(t.Exchanges)}
 	for _, q := range t.Queues {
 		bt.Queues = append(bt.Queues, broker.WorkQueue(q, broker.QueueQuorum, retry.Default())...)
 	}
@@ -86,7 +83,8 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	t := Topology(p)
 	with := model.TopologyWithFunc
 	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
-	g.P("// its topic exchanges, the work queues of its participants and sagas (quorum")
+	g.P("// its exchanges (direct for commands and replies, topic where events go),")
+	g.P("// the work queues of its participants and sagas (quorum")
 	g.P("// queues, each with the retry tier queues of retry.Default() and a parking")
 	g.P("// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every")
 	g.P("// package a process uses and declare the result with broker.Declare.")
@@ -100,7 +98,7 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	g.P("return ", brokerPkg.Ident("Topology"), "{")
 	g.P("Exchanges: []", brokerPkg.Ident("Exchange"), "{")
 	for _, e := range t.Exchanges {
-		g.P("{Name: ", strconv.Quote(e), `, Kind: "topic"},`)
+		g.P("{Name: ", strconv.Quote(e.Name), ", Kind: ", strconv.Quote(e.Kind), "},")
 	}
 	g.P("},")
 	if len(t.Queues) > 0 {

@@ -125,6 +125,7 @@ func (b *builder) collect() {
 			}
 		})
 	}
+	b.exchangeKinds()
 	// Second pass: references between messages (answers).
 	for _, f := range files {
 		walkMessages(f.Messages, func(m *protogen.Message) {
@@ -145,6 +146,27 @@ func (b *builder) collect() {
 				}
 			}
 		})
+	}
+}
+
+// exchangeKinds sets each message's ExchangeKind: "topic" on an exchange
+// that carries an event of the request, "direct" on one that carries only
+// commands and replies. Commands and replies each go to exactly one queue
+// bound with their exact routing key, which a direct exchange routes for a
+// fraction of a topic exchange's broker CPU; events keep a topic exchange so
+// that subscribers can bind with patterns.
+func (b *builder) exchangeKinds() {
+	topic := map[string]bool{}
+	for _, m := range b.messages {
+		if m.Kind == sagav1.Kind_KIND_EVENT {
+			topic[m.Exchange] = true
+		}
+	}
+	for _, m := range b.messages {
+		m.ExchangeKind = "direct"
+		if topic[m.Exchange] {
+			m.ExchangeKind = "topic"
+		}
 	}
 }
 

@@ -69,6 +69,9 @@ type Message struct {
 	// Exchange and RoutingKey are resolved (defaults applied).
 	Exchange   string
 	RoutingKey string
+	// ExchangeKind is the AMQP type of Exchange: "topic" when any event of
+	// the request is published to it, "direct" otherwise.
+	ExchangeKind string
 	// IdempotencyKey and Correlation are resolved field paths (scalars).
 	IdempotencyKey []*FieldPath
 	Correlation    *FieldPath

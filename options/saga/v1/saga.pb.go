@@ -319,12 +319,13 @@ type Message struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// kind is required.
 	Kind Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=saga.v1.Kind" json:"kind,omitempty"`
-	// routing_key is the AMQP topic routing key: dot-separated words of
+	// routing_key is the AMQP routing key: dot-separated words of
 	// [a-z0-9_-], no wildcards. Default: "<kind>.<proto package>.<kebab-name>",
 	// e.g. "command.shop.inventory.v1.reserve-inventory".
 	RoutingKey string `protobuf:"bytes,2,opt,name=routing_key,json=routingKey,proto3" json:"routing_key,omitempty"`
-	// exchange is the AMQP topic exchange. Default: "<proto package>.<kind>s",
-	// e.g. "shop.inventory.v1.commands".
+	// exchange is the AMQP exchange. Default: "<proto package>.<kind>s",
+	// e.g. "shop.inventory.v1.commands". The generated topology declares it
+	// topic when an event is published to it, direct otherwise.
 	Exchange string `protobuf:"bytes,3,opt,name=exchange,proto3" json:"exchange,omitempty"`
 	// idempotency_key lists field paths (dot-separated field names, scalars
 	// only) whose values form the business idempotency key. Required on

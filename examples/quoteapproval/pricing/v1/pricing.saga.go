@@ -244,7 +244,8 @@ func RegisterPricingParticipant(impl PricingParticipant) (queue string, handler 
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (quorum
+// its exchanges (direct for commands and replies, topic where events go),
+// the work queues of its participants and sagas (quorum
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
@@ -257,8 +258,8 @@ func Topology() broker.Topology {
 func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
-			{Name: "workflow.command", Kind: "topic"},
-			{Name: "workflow.reply", Kind: "topic"},
+			{Name: "workflow.command", Kind: "direct"},
+			{Name: "workflow.reply", Kind: "direct"},
 		},
 		Queues: slices.Concat(
 			broker.WorkQueue("pricing.commands", qt, p),

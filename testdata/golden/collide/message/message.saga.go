@@ -251,7 +251,8 @@ func RegisterSelectParticipant(impl SelectParticipant) (queue string, handler co
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (quorum
+// its exchanges (direct for commands and replies, topic where events go),
+// the work queues of its participants and sagas (quorum
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
@@ -264,9 +265,9 @@ func Topology() broker.Topology {
 func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
-			{Name: "collide.message.commands", Kind: "topic"},
+			{Name: "collide.message.commands", Kind: "direct"},
 			{Name: "collide.message.events", Kind: "topic"},
-			{Name: "collide.message.replies", Kind: "topic"},
+			{Name: "collide.message.replies", Kind: "direct"},
 		},
 		Queues: slices.Concat(
 			broker.WorkQueue("select.commands", qt, p),

@@ -149,7 +149,8 @@ func RegisterPaymentParticipant(impl PaymentParticipant) (queue string, handler 
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (quorum
+// its exchanges (direct for commands and replies, topic where events go),
+// the work queues of its participants and sagas (quorum
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
@@ -162,8 +163,8 @@ func Topology() broker.Topology {
 func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
-			{Name: "shop.payment.v1.commands", Kind: "topic"},
-			{Name: "shop.payment.v1.replies", Kind: "topic"},
+			{Name: "shop.payment.v1.commands", Kind: "direct"},
+			{Name: "shop.payment.v1.replies", Kind: "direct"},
 		},
 		Queues: slices.Concat(
 			broker.WorkQueue("payment.commands", qt, p),

@@ -185,7 +185,8 @@ func RegisterAccountsParticipant(impl AccountsParticipant) (queue string, handle
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its topic exchanges, the work queues of its participants and sagas (quorum
+// its exchanges (direct for commands and replies, topic where events go),
+// the work queues of its participants and sagas (quorum
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
@@ -198,9 +199,9 @@ func Topology() broker.Topology {
 func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
-			{Name: "legacy.v1.commands", Kind: "topic"},
+			{Name: "legacy.v1.commands", Kind: "direct"},
 			{Name: "legacy.v1.events", Kind: "topic"},
-			{Name: "legacy.v1.replies", Kind: "topic"},
+			{Name: "legacy.v1.replies", Kind: "direct"},
 		},
 		Queues: slices.Concat(
 			broker.WorkQueue("accounts.commands", qt, p),

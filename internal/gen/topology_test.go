@@ -1,0 +1,71 @@
+package gen_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/gen/protoc"
+)
+
+// TestExchangeKinds checks the kind the generated topology gives each
+// exchange: direct where only commands and replies go (each bound by its
+// exact routing key to one queue), topic where an event goes, also when the
+// event shares its exchange with commands.
+func TestExchangeKinds(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "kinds", "v1"), 0o755))
+	src := `syntax = "proto3";
+package kinds.v1;
+import "saga/v1/saga.proto";
+option go_package = "example.com/kinds/v1;kindsv1";
+
+message Reserve {
+  option (saga.v1.message) = {kind: KIND_COMMAND, owner: "stock", idempotency_key: ["id"]};
+  string id = 1;
+}
+message Reserved {
+  option (saga.v1.message) = {kind: KIND_REPLY, correlation_field: "id", answers: "Reserve"};
+  string id = 1;
+}
+message Restock {
+  option (saga.v1.message) = {kind: KIND_COMMAND, owner: "stock", idempotency_key: ["id"], exchange: "kinds.shared"};
+  string id = 1;
+}
+message Restocked {
+  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id", exchange: "kinds.shared"};
+  string id = 1;
+}
+message Counted {
+  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
+  string id = 1;
+}
+`
+	require.NoError(t, os.WriteFile(filepath.Join(root, "kinds", "v1", "kinds.proto"), []byte(src), 0o644))
+	_, resp := outcome(compile(t, root, "paths=source_relative", "kinds/v1/kinds.proto"))
+	require.Nil(t, resp.Error, resp.GetError())
+	js, ok := protoc.Files(resp)["kinds/v1/topology.saga.json"]
+	require.True(t, ok, "no topology.saga.json generated")
+	var defs struct {
+		Exchanges []struct{ Name, Type string } `json:"exchanges"`
+	}
+	require.NoError(t, json.Unmarshal(js, &defs))
+	got := map[string]string{}
+	for _, e := range defs.Exchanges {
+		got[e.Name] = e.Type
+	}
+	require.Equal(t, map[string]string{
+		"kinds.v1.commands": "direct", // Reserve
+		"kinds.v1.replies":  "direct", // Reserved
+		"kinds.shared":      "topic",  // Restock and the event Restocked
+		"kinds.v1.events":   "topic",  // Counted
+	}, got)
+
+	code := string(protoc.Files(resp)["kinds/v1/kinds.saga.go"])
+	require.Contains(t, code, `{Name: "kinds.v1.commands", Kind: "direct"}`)
+	require.Contains(t, code, `{Name: "kinds.shared", Kind: "topic"}`)
+}
