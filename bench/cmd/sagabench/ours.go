@@ -145,7 +145,8 @@ func (s *oursSystem) Close() {
 }
 
 // relayBench pre-fills n outbox rows (~300-byte bodies) bound for a quorum
-// queue, then runs the given number of relays and measures how fast the rows
+// queue through a direct exchange (the kind the generator gives command and
+// reply exchanges), then runs the given number of relays and measures how fast the rows
 // are published and confirmed.
 func relayBench(ctx context.Context, env *benv.Env, relays, batch, window, n int, limit time.Duration, logger *slog.Logger) ([]report.Metric, error) {
 	sc, err := env.NewSchema(ctx, "relay")
@@ -176,9 +177,9 @@ func relayBench(ctx context.Context, env *benv.Env, relays, batch, window, n int
 		return nil, fmt.Errorf("relay bench: channel: %w", err)
 	}
 	topo := broker.Topology{
-		Exchanges: []broker.Exchange{{Name: "bench.relay", Kind: "topic"}},
+		Exchanges: []broker.Exchange{{Name: "bench.relay", Kind: "direct"}},
 		Queues:    []broker.Queue{{Name: "bench.relay.q", Type: broker.QueueQuorum}},
-		Bindings:  []broker.Binding{{Queue: "bench.relay.q", Exchange: "bench.relay", RoutingKey: "#"}},
+		Bindings:  []broker.Binding{{Queue: "bench.relay.q", Exchange: "bench.relay", RoutingKey: "bench.relay"}},
 	}
 	if err := broker.Declare(ctx, ch, topo); err != nil {
 		return nil, fmt.Errorf("relay bench: declare: %w", err)
