@@ -93,7 +93,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "how long each latency measurement offers load")
 	fs.DurationVar(&o.limit, "limit", 60*time.Second, "longest any one measurement may take")
 	only := fs.String("only", "", "comma-separated groups to run: raw,pg,watermill,ours,relay,latency (default all)")
-	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the runtime's first throughput measurement here")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the runtime's first throughput or relay measurement here")
 	fs.StringVar(&o.out, "out", "", "also write the report to this file")
 	fs.BoolVar(&o.statements, "statements", false, "print each saga configuration's most frequent SQL statements per completed saga to stderr (first round)")
 	fs.StringVar(&o.pgbenchBin, "pgbench", "", "pgbench binary (default: $PATH, then /usr/lib/postgresql/15/bin/pgbench)")
@@ -208,7 +208,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return out, err
 		})
 	}
+	// profile starts the CPU profile (-cpuprofile) for the first
+	// measurement of the runtime, throughput or relay, that asks for it.
 	profiled := false
+	profile := func() (stop func(), err error) {
+		if o.cpuProfile == "" || profiled {
+			return func() {}, nil
+		}
+		profiled = true
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("cpu profile: %w", err)
+		}
+		return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	}
 	var oursNames []string
 	if o.want("ours") {
 		for _, w := range o.workers {
@@ -221,18 +238,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					return nil, err
 				}
 				defer sys.Close()
-				if o.cpuProfile != "" && !profiled {
-					profiled = true
-					f, err := os.Create(o.cpuProfile)
-					if err != nil {
-						return nil, fmt.Errorf("cpu profile: %w", err)
-					}
-					defer f.Close()
-					if err := pprof.StartCPUProfile(f); err != nil {
-						return nil, fmt.Errorf("cpu profile: %w", err)
-					}
-					defer pprof.StopCPUProfile()
+				stop, err := profile()
+				if err != nil {
+					return nil, err
 				}
+				defer stop()
 				return throughput(ctx, env, sys, "ours", o.sagas, o.inflight, o.limit, o.stmtLog(name))
 			})
 		}
@@ -254,6 +264,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			relayNames[fmt.Sprint(rc.relays, rc.batch)] = name
 			add("relay", fmt.Sprintf("%s, %d rows", name, o.relayRows), func(ctx context.Context) ([]report.Metric, error) {
+				stop, err := profile()
+				if err != nil {
+					return nil, err
+				}
+				defer stop()
 				return relayBench(ctx, env, rc.relays, rc.batch, rc.window, o.relayRows, o.limit, logger)
 			})
 		}
