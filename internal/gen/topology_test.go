@@ -18,11 +18,33 @@ import (
 func TestExchangeKinds(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	require.NoError(t, os.MkdirAll(filepath.Join(root, "kinds", "v1"), 0o755))
+	for _, dir := range []string{"kinds/v1", "audit/v1"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, dir), 0o755))
+	}
+	// An event in an imported file that is not generated in this request
+	// still makes the exchange it shares with a generated command topic.
+	imported := `syntax = "proto3";
+package audit.v1;
+import "saga/v1/saga.proto";
+option go_package = "example.com/audit/v1;auditv1";
+
+message Audited {
+  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id", exchange: "kinds.audit"};
+  string id = 1;
+}
+`
+	require.NoError(t, os.WriteFile(filepath.Join(root, "audit", "v1", "audit.proto"), []byte(imported), 0o644))
 	src := `syntax = "proto3";
 package kinds.v1;
 import "saga/v1/saga.proto";
+import "audit/v1/audit.proto";
 option go_package = "example.com/kinds/v1;kindsv1";
+
+message Audit {
+  option (saga.v1.message) = {kind: KIND_COMMAND, owner: "stock", idempotency_key: ["id"], exchange: "kinds.audit"};
+  audit.v1.Audited subject = 1;
+  string id = 2;
+}
 
 message Reserve {
   option (saga.v1.message) = {kind: KIND_COMMAND, owner: "stock", idempotency_key: ["id"]};
@@ -63,7 +85,9 @@ message Counted {
 		"kinds.v1.replies":  "direct", // Reserved
 		"kinds.shared":      "topic",  // Restock and the event Restocked
 		"kinds.v1.events":   "topic",  // Counted
+		"kinds.audit":       "topic",  // Audit, and the imported event Audited
 	}, got)
+	require.NotContains(t, protoc.Files(resp), "audit/v1/topology.saga.json", "the imported file is not generated")
 
 	code := string(protoc.Files(resp)["kinds/v1/kinds.saga.go"])
 	require.Contains(t, code, `{Name: "kinds.v1.commands", Kind: "direct"}`)

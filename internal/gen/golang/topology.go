@@ -83,8 +83,8 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	t := Topology(p)
 	with := model.TopologyWithFunc
 	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
-	g.P("// its exchanges (direct for commands and replies, topic where events go),")
-	g.P("// the work queues of its participants and sagas (quorum")
+	g.P("// its exchanges (direct, or topic where an event is published), the work")
+	g.P("// queues of its participants and sagas (quorum")
 	g.P("// queues, each with the retry tier queues of retry.Default() and a parking")
 	g.P("// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every")
 	g.P("// package a process uses and declare the result with broker.Declare.")

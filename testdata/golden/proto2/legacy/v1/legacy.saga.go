@@ -185,8 +185,8 @@ func RegisterAccountsParticipant(impl AccountsParticipant) (queue string, handle
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
-// its exchanges (direct for commands and replies, topic where events go),
-// the work queues of its participants and sagas (quorum
+// its exchanges (direct, or topic where an event is published), the work
+// queues of its participants and sagas (quorum
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
