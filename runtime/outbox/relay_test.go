@@ -200,12 +200,7 @@ func TestRelayCrashWithBatchesInFlight(t *testing.T) {
 			}
 			return errCrash
 		}})
-	select {
-	case err := <-res:
-		require.ErrorIs(t, err, errCrash)
-	case <-ctx.Done():
-		t.Fatal("relay did not crash")
-	}
+	awaitCrash(t, ctx, res, errCrash)
 	// Like a dead process, the relay marked and released nothing: every
 	// row it claimed is leased to it until the lease runs out.
 	var marked, claimed, leased int
