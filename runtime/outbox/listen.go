@@ -17,16 +17,23 @@ const listenHealthInterval = 15 * time.Second
 
 // listen keeps a LISTEN connection open until ctx ends and signals wake on
 // every notification. Every (re)connect signals wake too, since
-// notifications sent while nobody listened are lost.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+// notifications sent while nobody listened are lost. The connection also
+// holds the relay's liveness lock (see liveness.go). started runs once,
+// after the first attempt to connect and lock, whether it succeeded or not.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, started func()) {
 	signal := func() {
 		select {
 		case wake <- struct{}{}:
 		default: // a wake-up is already pending
 		}
 	}
+	defer started() // when ctx ended before the first attempt
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		conn, err := r.listenConn(ctx)
+		if err == nil {
+			r.lockLiveness(ctx, conn)
+		}
+		started()
 		if err == nil {
 			attempt = 0
 			if r.cfg.onListen != nil {

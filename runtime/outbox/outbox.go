@@ -28,6 +28,15 @@
 // most LeaseDuration. Any number of relays can run at once: SKIP LOCKED
 // hands each a disjoint batch.
 //
+// Liveness: a running relay also holds an advisory lock named after its
+// owner on its LISTEN connection, which PostgreSQL drops when the session
+// ends, as it does when the process dies. About once per PollInterval each
+// relay releases the leased rows of owners whose lock nobody holds, so the
+// rows of a relay that died (claimed, or handed over by a consumer of its
+// process) wait about a poll, not LeaseDuration. Releasing the rows of a
+// relay that is alive but lost its session can only cause a duplicate,
+// which the lease allows already.
+//
 // No transaction is held across network I/O: a transaction open while
 // waiting for the broker would pin row locks, a connection and the xmin
 // horizon for as long as the broker is slow or gone. Instead the claim

@@ -28,7 +28,7 @@ import (
 // RelayConfig configures a Relay. Pool and Conn are required.
 type RelayConfig struct {
 	// Pool is the database holding saga_outbox. The relay takes one
-	// connection out of it for LISTEN.
+	// connection out of it for LISTEN and its liveness lock.
 	Pool *pgxpool.Pool
 	// Conn is the broker connection to publish on. Use a connection of its
 	// own, not the one consumers use.
@@ -58,7 +58,10 @@ type RelayConfig struct {
 	// waiting behind up to two claimed batches and a window of confirms,
 	// being published, and being marked: when it runs out first, another
 	// relay may publish the same rows again (a duplicate, never a loss). A
-	// crashed relay's rows wait this long.
+	// crashed relay's rows wait this long only when its death cannot be
+	// told: other relays release them within about PollInterval once its
+	// database session, which holds its liveness lock, has ended (see the
+	// package documentation).
 	LeaseDuration time.Duration
 	// ConfirmTimeout bounds the wait for the oldest outstanding publisher
 	// confirm, and the drain after Run's context ends; default
@@ -215,19 +218,27 @@ func (r *Relay) Stats() RelayStats {
 // returns an error only for a simulated crash in tests.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.pub.Close()
-	r.setOpen(true)
+	r.setOpen(true) // hand-offs queue until the pipeline runs
 	defer r.setOpen(false)
 	listenCtx, stopListen := context.WithCancel(ctx)
 	wake := make(chan struct{}, 1)
 	listenDone := make(chan struct{})
+	started := make(chan struct{})
+	var once sync.Once
 	go func() {
 		defer close(listenDone)
-		r.listen(listenCtx, wake)
+		r.listen(listenCtx, wake, func() { once.Do(func() { close(started) }) })
 	}()
 	defer func() {
 		stopListen()
 		<-listenDone
 	}()
+	// Claim nothing before the liveness lock is tried (for at most a
+	// poll): other relays release the rows of owners whose lock is free.
+	select {
+	case <-started:
+	case <-time.After(r.cfg.PollInterval):
+	}
 	return r.runPipeline(ctx, wake)
 }
 
@@ -325,7 +336,15 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 	r := p.r
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
+	var reaped time.Time
 	for failures := 0; p.stop.Err() == nil; {
+		if time.Since(reaped) >= r.cfg.PollInterval {
+			// Rows of relays that died wait for no lease (liveness.go).
+			reaped = time.Now()
+			if _, err := r.reap(p.stop); err != nil && p.stop.Err() == nil {
+				r.cfg.Logger.Warn("outbox relay: could not look for relays that are gone", "owner", r.cfg.Owner, "error", err)
+			}
+		}
 		// A claim runs under grace, not ctx: once it has started it
 		// completes, so a claim committed just as ctx ended is released
 		// by the sender rather than left leased.

@@ -87,7 +87,8 @@ type Config struct {
 	StepTimeouts map[string]time.Duration
 	// RelayLease is the relays' lease on claimed outbox rows
 	// (outbox.RelayConfig.LeaseDuration); zero takes the relay's default.
-	// Rows of a relay that crashed are published again when it runs out.
+	// Rows of a relay that crashed are published again by another relay
+	// once its database session is gone, or at the latest when it runs out.
 	RelayLease time.Duration
 	// Crashes arms crash points (chaos runs); nil arms none. Install
 	// Crashes.Tracer on Pool's connections for the runtime's points.

@@ -1,0 +1,73 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRowsOfAGoneRelayWaitForNoLease: a relay that died with rows claimed
+// (here after publishing them, before marking them) leaves them leased for
+// an hour, yet another relay publishes them at once, because no session
+// holds the dead relay's liveness lock any more. Rows leased to a relay
+// whose session still holds its lock are left alone until that session
+// ends.
+func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	lockedBy := func(owner string) bool {
+		t.Helper()
+		var free bool
+		conn, err := b.pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		require.NoError(t, conn.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || $2::text, 0))`,
+			livenessLockPrefix, owner).Scan(&free))
+		return !free
+	}
+
+	ids := enqueue(t, ctx, b.pool, 20, routedKey)
+	errCrash := errors.New("simulated crash")
+	_, res := startRelay(t, b, RelayConfig{Owner: "doomed", LeaseDuration: time.Hour,
+		afterPublish: func([]int64) error {
+			if !lockedBy("doomed") {
+				return errors.New("the running relay does not hold its liveness lock")
+			}
+			return errCrash
+		}})
+	awaitCrash(t, ctx, res, errCrash)
+	waitUnpublished(t, ctx, b.pool, 20) // published, not marked, leased for an hour
+	require.False(t, lockedBy("doomed"), "the crashed relay's session is gone")
+
+	// A relay that is alive: a session holds its lock.
+	alive := enqueue(t, ctx, b.pool, 5, routedKey)
+	pc, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	holder := pc.Hijack() // out of the pool, which waits for it when the test ends
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || $2::text, 0))`, livenessLockPrefix, "alive")
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'alive', lease_until = now() + interval '1 hour', attempts = 1
+WHERE message_id = ANY($1)`, alive)
+	require.NoError(t, err)
+
+	survivor, _ := startRelay(t, b, RelayConfig{Owner: "survivor", LeaseDuration: time.Hour})
+	waitUnpublished(t, ctx, b.pool, len(alive))
+	requireEach(t, drain(t, b), ids, 2)    // once by the doomed relay, once by the survivor
+	time.Sleep(10 * 50 * time.Millisecond) // ten of the survivor's polls
+	var leasedToAlive int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
+WHERE published_at IS NULL AND lease_owner = 'alive' AND message_id = ANY($1)`, alive).Scan(&leasedToAlive))
+	require.Equal(t, len(alive), leasedToAlive, "the rows of a relay that holds its lock are its own")
+	require.True(t, lockedBy("survivor"), "a running relay holds its liveness lock")
+
+	// Its session ends as its process dies: the rows go to the survivor.
+	require.NoError(t, holder.Close(ctx))
+	waitUnpublished(t, ctx, b.pool, 0)
+	requireEach(t, drain(t, b), alive, 1)
+	require.EqualValues(t, len(ids)+len(alive), survivor.Stats().Published)
+}
