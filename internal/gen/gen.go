@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"strings"
 
 	"google.golang.org/protobuf/compiler/protogen"
 	"google.golang.org/protobuf/proto"
@@ -131,5 +132,20 @@ func Response(req *pluginpb.CodeGeneratorRequest, warn io.Writer) *pluginpb.Code
 	if err := Run(plugin, params, warn); err != nil {
 		plugin.Error(err)
 	}
-	return plugin.Response()
+	resp := plugin.Response()
+	if resp.Error != nil {
+		return resp
+	}
+	names := packageNames(plugin)
+	for _, f := range resp.File {
+		if !strings.HasSuffix(f.GetName(), ".go") {
+			continue
+		}
+		src, err := readableImports([]byte(f.GetContent()), names)
+		if err != nil {
+			return &pluginpb.CodeGeneratorResponse{Error: proto.String(fmt.Sprintf("protoc-gen-saga: rename the imports of %s: %v", f.GetName(), err))}
+		}
+		f.Content = proto.String(string(src))
+	}
+	return resp
 }

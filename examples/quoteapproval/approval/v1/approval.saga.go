@@ -5,7 +5,7 @@ package approvalv1
 
 import (
 	context "context"
-	v5 "github.com/jackc/pgx/v5"
+	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
@@ -39,7 +39,7 @@ func (x *ApprovalGranted) CorrelationKey() string { return x.GetQuoteId() }
 // PublishApprovalGranted writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.event" with routing key "event.approval.approval-granted.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishApprovalGranted(ctx context.Context, tx v5.Tx, m *ApprovalGranted, meta envelope.Meta) (string, error) {
+func PublishApprovalGranted(ctx context.Context, tx pgx.Tx, m *ApprovalGranted, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -66,7 +66,7 @@ func (x *ApprovalRejected) CorrelationKey() string { return x.GetQuoteId() }
 // PublishApprovalRejected writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.event" with routing key "event.approval.approval-rejected.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishApprovalRejected(ctx context.Context, tx v5.Tx, m *ApprovalRejected, meta envelope.Meta) (string, error) {
+func PublishApprovalRejected(ctx context.Context, tx pgx.Tx, m *ApprovalRejected, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

@@ -6,7 +6,7 @@ package pricingv1
 import (
 	context "context"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
+	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -48,7 +48,7 @@ func (x *PriceQuote) CorrelationKey() string { return x.GetQuoteId() }
 // PublishPriceQuote writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.pricing.price-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPriceQuote(ctx context.Context, tx v5.Tx, m *PriceQuote, meta envelope.Meta) (string, error) {
+func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -81,7 +81,7 @@ func (x *PriceReleaseFailed) CorrelationKey() string { return x.GetQuoteId() }
 // PublishPriceReleaseFailed writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.reply" with routing key "reply.pricing.price-release-failed.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPriceReleaseFailed(ctx context.Context, tx v5.Tx, m *PriceReleaseFailed, meta envelope.Meta) (string, error) {
+func PublishPriceReleaseFailed(ctx context.Context, tx pgx.Tx, m *PriceReleaseFailed, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -109,7 +109,7 @@ func (x *PriceReleased) CorrelationKey() string { return x.GetQuoteId() }
 // PublishPriceReleased writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.reply" with routing key "reply.pricing.price-released.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPriceReleased(ctx context.Context, tx v5.Tx, m *PriceReleased, meta envelope.Meta) (string, error) {
+func PublishPriceReleased(ctx context.Context, tx pgx.Tx, m *PriceReleased, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -137,7 +137,7 @@ func (x *QuotePriced) CorrelationKey() string { return x.GetQuoteId() }
 // PublishQuotePriced writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.reply" with routing key "reply.pricing.quote-priced.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishQuotePriced(ctx context.Context, tx v5.Tx, m *QuotePriced, meta envelope.Meta) (string, error) {
+func PublishQuotePriced(ctx context.Context, tx pgx.Tx, m *QuotePriced, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -165,7 +165,7 @@ func (x *QuotePricingFailed) CorrelationKey() string { return x.GetQuoteId() }
 // PublishQuotePricingFailed writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.reply" with routing key "reply.pricing.quote-pricing-failed.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishQuotePricingFailed(ctx context.Context, tx v5.Tx, m *QuotePricingFailed, meta envelope.Meta) (string, error) {
+func PublishQuotePricingFailed(ctx context.Context, tx pgx.Tx, m *QuotePricingFailed, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -195,7 +195,7 @@ func (x *ReleasePrice) CorrelationKey() string { return x.GetQuoteId() }
 // PublishReleasePrice writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.pricing.release-price.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishReleasePrice(ctx context.Context, tx v5.Tx, m *ReleasePrice, meta envelope.Meta) (string, error) {
+func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -214,9 +214,9 @@ type ReleasePriceResult interface {
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type PricingParticipant interface {
 	// PriceQuote handles the command pricing.v1.PriceQuote.
-	PriceQuote(ctx context.Context, tx v5.Tx, cmd *PriceQuote) (PriceQuoteResult, error)
+	PriceQuote(ctx context.Context, tx pgx.Tx, cmd *PriceQuote) (PriceQuoteResult, error)
 	// ReleasePrice handles the command pricing.v1.ReleasePrice.
-	ReleasePrice(ctx context.Context, tx v5.Tx, cmd *ReleasePrice) (ReleasePriceResult, error)
+	ReleasePrice(ctx context.Context, tx pgx.Tx, cmd *ReleasePrice) (ReleasePriceResult, error)
 }
 
 // PricingParticipantFunc returns a participant.Func that dispatches each command of service
@@ -224,7 +224,7 @@ type PricingParticipant interface {
 // participant.Handler; RegisterPricingParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func PricingParticipantFunc(impl PricingParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *PriceQuote:
 			return participant.Reply(impl.PriceQuote(ctx, tx, c))

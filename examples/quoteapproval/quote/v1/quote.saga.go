@@ -8,9 +8,9 @@ import (
 	embed "embed"
 	errors "errors"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
-	v11 "github.com/protosaga/saga/examples/quoteapproval/approval/v1"
-	v1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
+	pgx "github.com/jackc/pgx/v5"
+	approvalv1 "github.com/protosaga/saga/examples/quoteapproval/approval/v1"
+	pricingv1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -54,7 +54,7 @@ func (x *OrderSubmitted) CorrelationKey() string { return x.GetQuoteId() }
 // PublishOrderSubmitted writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.reply" with routing key "reply.ordering.order-submitted.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishOrderSubmitted(ctx context.Context, tx v5.Tx, m *OrderSubmitted, meta envelope.Meta) (string, error) {
+func PublishOrderSubmitted(ctx context.Context, tx pgx.Tx, m *OrderSubmitted, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -84,7 +84,7 @@ func (x *SubmitOrder) CorrelationKey() string { return x.GetQuoteId() }
 // PublishSubmitOrder writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.ordering.submit-order.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishSubmitOrder(ctx context.Context, tx v5.Tx, m *SubmitOrder, meta envelope.Meta) (string, error) {
+func PublishSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -120,7 +120,7 @@ func (x *SubmitQuote) CorrelationKey() string { return x.GetQuoteId() }
 // PublishSubmitQuote writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.quote.submit-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishSubmitQuote(ctx context.Context, tx v5.Tx, m *SubmitQuote, meta envelope.Meta) (string, error) {
+func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -132,7 +132,7 @@ func PublishSubmitQuote(ctx context.Context, tx v5.Tx, m *SubmitQuote, meta enve
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type OrderingParticipant interface {
 	// SubmitOrder handles the command quote.v1.SubmitOrder.
-	SubmitOrder(ctx context.Context, tx v5.Tx, cmd *SubmitOrder) (SubmitOrderResult, error)
+	SubmitOrder(ctx context.Context, tx pgx.Tx, cmd *SubmitOrder) (SubmitOrderResult, error)
 }
 
 // OrderingParticipantFunc returns a participant.Func that dispatches each command of service
@@ -140,7 +140,7 @@ type OrderingParticipant interface {
 // participant.Handler; RegisterOrderingParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *SubmitOrder:
 			return participant.Reply(impl.SubmitOrder(ctx, tx, c))
@@ -352,23 +352,23 @@ type QuoteApprovalDecider interface {
 	// Start returns the saga data for a new instance.
 	Start(ctx context.Context, start *SubmitQuote) (*QuoteApprovalData, error)
 	// BuildPriceQuote builds the command pricing.v1.PriceQuote from the saga data.
-	BuildPriceQuote(ctx context.Context, data *QuoteApprovalData) (*v1.PriceQuote, error)
+	BuildPriceQuote(ctx context.Context, data *QuoteApprovalData) (*pricingv1.PriceQuote, error)
 	// BuildReleasePrice builds the command pricing.v1.ReleasePrice from the saga data.
-	BuildReleasePrice(ctx context.Context, data *QuoteApprovalData) (*v1.ReleasePrice, error)
+	BuildReleasePrice(ctx context.Context, data *QuoteApprovalData) (*pricingv1.ReleasePrice, error)
 	// BuildSubmitOrder builds the command quote.v1.SubmitOrder from the saga data.
 	BuildSubmitOrder(ctx context.Context, data *QuoteApprovalData) (*SubmitOrder, error)
 	// OnApprovalGranted folds approval.v1.ApprovalGranted into the saga data before the transition.
-	OnApprovalGranted(ctx context.Context, data *QuoteApprovalData, msg *v11.ApprovalGranted) error
+	OnApprovalGranted(ctx context.Context, data *QuoteApprovalData, msg *approvalv1.ApprovalGranted) error
 	// OnApprovalRejected folds approval.v1.ApprovalRejected into the saga data before the transition.
-	OnApprovalRejected(ctx context.Context, data *QuoteApprovalData, msg *v11.ApprovalRejected) error
+	OnApprovalRejected(ctx context.Context, data *QuoteApprovalData, msg *approvalv1.ApprovalRejected) error
 	// OnPriceReleaseFailed folds pricing.v1.PriceReleaseFailed into the saga data before the transition.
-	OnPriceReleaseFailed(ctx context.Context, data *QuoteApprovalData, msg *v1.PriceReleaseFailed) error
+	OnPriceReleaseFailed(ctx context.Context, data *QuoteApprovalData, msg *pricingv1.PriceReleaseFailed) error
 	// OnPriceReleased folds pricing.v1.PriceReleased into the saga data before the transition.
-	OnPriceReleased(ctx context.Context, data *QuoteApprovalData, msg *v1.PriceReleased) error
+	OnPriceReleased(ctx context.Context, data *QuoteApprovalData, msg *pricingv1.PriceReleased) error
 	// OnQuotePriced folds pricing.v1.QuotePriced into the saga data before the transition.
-	OnQuotePriced(ctx context.Context, data *QuoteApprovalData, msg *v1.QuotePriced) error
+	OnQuotePriced(ctx context.Context, data *QuoteApprovalData, msg *pricingv1.QuotePriced) error
 	// OnQuotePricingFailed folds pricing.v1.QuotePricingFailed into the saga data before the transition.
-	OnQuotePricingFailed(ctx context.Context, data *QuoteApprovalData, msg *v1.QuotePricingFailed) error
+	OnQuotePricingFailed(ctx context.Context, data *QuoteApprovalData, msg *pricingv1.QuotePricingFailed) error
 	// OnOrderSubmitted folds quote.v1.OrderSubmitted into the saga data before the transition.
 	OnOrderSubmitted(ctx context.Context, data *QuoteApprovalData, msg *OrderSubmitted) error
 }
@@ -377,32 +377,32 @@ type QuoteApprovalDecider interface {
 type QuoteApprovalNoopFolds struct{}
 
 // OnApprovalGranted does nothing.
-func (QuoteApprovalNoopFolds) OnApprovalGranted(context.Context, *QuoteApprovalData, *v11.ApprovalGranted) error {
+func (QuoteApprovalNoopFolds) OnApprovalGranted(context.Context, *QuoteApprovalData, *approvalv1.ApprovalGranted) error {
 	return nil
 }
 
 // OnApprovalRejected does nothing.
-func (QuoteApprovalNoopFolds) OnApprovalRejected(context.Context, *QuoteApprovalData, *v11.ApprovalRejected) error {
+func (QuoteApprovalNoopFolds) OnApprovalRejected(context.Context, *QuoteApprovalData, *approvalv1.ApprovalRejected) error {
 	return nil
 }
 
 // OnPriceReleaseFailed does nothing.
-func (QuoteApprovalNoopFolds) OnPriceReleaseFailed(context.Context, *QuoteApprovalData, *v1.PriceReleaseFailed) error {
+func (QuoteApprovalNoopFolds) OnPriceReleaseFailed(context.Context, *QuoteApprovalData, *pricingv1.PriceReleaseFailed) error {
 	return nil
 }
 
 // OnPriceReleased does nothing.
-func (QuoteApprovalNoopFolds) OnPriceReleased(context.Context, *QuoteApprovalData, *v1.PriceReleased) error {
+func (QuoteApprovalNoopFolds) OnPriceReleased(context.Context, *QuoteApprovalData, *pricingv1.PriceReleased) error {
 	return nil
 }
 
 // OnQuotePriced does nothing.
-func (QuoteApprovalNoopFolds) OnQuotePriced(context.Context, *QuoteApprovalData, *v1.QuotePriced) error {
+func (QuoteApprovalNoopFolds) OnQuotePriced(context.Context, *QuoteApprovalData, *pricingv1.QuotePriced) error {
 	return nil
 }
 
 // OnQuotePricingFailed does nothing.
-func (QuoteApprovalNoopFolds) OnQuotePricingFailed(context.Context, *QuoteApprovalData, *v1.QuotePricingFailed) error {
+func (QuoteApprovalNoopFolds) OnQuotePricingFailed(context.Context, *QuoteApprovalData, *pricingv1.QuotePricingFailed) error {
 	return nil
 }
 
@@ -476,17 +476,17 @@ func (h quoteApprovalHooks) Apply(ctx context.Context, data proto.Message, msg m
 		return fmt.Errorf("saga quote.v1.QuoteApproval: saga data is %T, want *QuoteApprovalData", data)
 	}
 	switch m := msg.(type) {
-	case *v11.ApprovalGranted:
+	case *approvalv1.ApprovalGranted:
 		return h.d.OnApprovalGranted(ctx, d, m)
-	case *v11.ApprovalRejected:
+	case *approvalv1.ApprovalRejected:
 		return h.d.OnApprovalRejected(ctx, d, m)
-	case *v1.PriceReleaseFailed:
+	case *pricingv1.PriceReleaseFailed:
 		return h.d.OnPriceReleaseFailed(ctx, d, m)
-	case *v1.PriceReleased:
+	case *pricingv1.PriceReleased:
 		return h.d.OnPriceReleased(ctx, d, m)
-	case *v1.QuotePriced:
+	case *pricingv1.QuotePriced:
 		return h.d.OnQuotePriced(ctx, d, m)
-	case *v1.QuotePricingFailed:
+	case *pricingv1.QuotePricingFailed:
 		return h.d.OnQuotePricingFailed(ctx, d, m)
 	case *OrderSubmitted:
 		return h.d.OnOrderSubmitted(ctx, d, m)
@@ -513,7 +513,7 @@ func NewQuoteApproval(cfg saga.Config, d QuoteApprovalDecider) (*QuoteApproval, 
 	cfg.Definition = def
 	cfg.Hooks = quoteApprovalHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(SubmitQuoteInfo, v1.PriceQuoteInfo, v1.ReleasePriceInfo, SubmitOrderInfo, v11.ApprovalGrantedInfo, v11.ApprovalRejectedInfo, v1.PriceReleaseFailedInfo, v1.PriceReleasedInfo, v1.QuotePricedInfo, v1.QuotePricingFailedInfo, OrderSubmittedInfo)
+		reg, err := message.NewRegistry(SubmitQuoteInfo, pricingv1.PriceQuoteInfo, pricingv1.ReleasePriceInfo, SubmitOrderInfo, approvalv1.ApprovalGrantedInfo, approvalv1.ApprovalRejectedInfo, pricingv1.PriceReleaseFailedInfo, pricingv1.PriceReleasedInfo, pricingv1.QuotePricedInfo, pricingv1.QuotePricingFailedInfo, OrderSubmittedInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga quote.v1.QuoteApproval: %w", err)
 		}
@@ -540,7 +540,7 @@ func (s *QuoteApproval) Handler() consumer.HandlerFunc { return s.engine.Handle 
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key quote_id: a second start returns the same saga id with created=false.
-func (s *QuoteApproval) StartTx(ctx context.Context, tx v5.Tx, start *SubmitQuote, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *QuoteApproval) StartTx(ctx context.Context, tx pgx.Tx, start *SubmitQuote, meta envelope.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 

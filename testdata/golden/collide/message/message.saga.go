@@ -8,7 +8,7 @@ import (
 	embed "embed"
 	errors "errors"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
+	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -56,7 +56,7 @@ func (x *Context) CorrelationKey() string { return x.GetType() }
 // PublishContext writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.context" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishContext(ctx context.Context, tx v5.Tx, m *Context, meta envelope.Meta) (string, error) {
+func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -82,7 +82,7 @@ func (x *Engine) CorrelationKey() string { return x.GetPackage() }
 // PublishEngine writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.replies" with routing key "reply.collide.message.engine" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishEngine(ctx context.Context, tx v5.Tx, m *Engine, meta envelope.Meta) (string, error) {
+func PublishEngine(ctx context.Context, tx pgx.Tx, m *Engine, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -112,7 +112,7 @@ func (*Info) CorrelationKey() string { return "" }
 // PublishInfo writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.info" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInfo(ctx context.Context, tx v5.Tx, m *Info, meta envelope.Meta) (string, error) {
+func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -148,7 +148,7 @@ func (*Message) CorrelationKey() string { return "" }
 // PublishMessage writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.message" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishMessage(ctx context.Context, tx v5.Tx, m *Message, meta envelope.Meta) (string, error) {
+func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -181,7 +181,7 @@ func (x *Meta) CorrelationKey() string { return x.GetDefault() }
 // PublishMeta writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.events" with routing key "event.collide.message.meta" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishMeta(ctx context.Context, tx v5.Tx, m *Meta, meta envelope.Meta) (string, error) {
+func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -207,7 +207,7 @@ func (x *Tx) CorrelationKey() string { return x.GetChan() }
 // PublishTx writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.replies" with routing key "reply.collide.message.tx" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishTx(ctx context.Context, tx v5.Tx, m *Tx, meta envelope.Meta) (string, error) {
+func PublishTx(ctx context.Context, tx pgx.Tx, m *Tx, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -221,9 +221,9 @@ func (*Tx) isMessageResult() {}
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type SelectParticipant interface {
 	// Info handles the command collide.message.Info.
-	Info(ctx context.Context, tx v5.Tx, cmd *Info) (InfoResult, error)
+	Info(ctx context.Context, tx pgx.Tx, cmd *Info) (InfoResult, error)
 	// Message handles the command collide.message.Message.
-	Message(ctx context.Context, tx v5.Tx, cmd *Message) (MessageResult, error)
+	Message(ctx context.Context, tx pgx.Tx, cmd *Message) (MessageResult, error)
 }
 
 // SelectParticipantFunc returns a participant.Func that dispatches each command of service
@@ -231,7 +231,7 @@ type SelectParticipant interface {
 // participant.Handler; RegisterSelectParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func SelectParticipantFunc(impl SelectParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *Info:
 			return participant.Reply(impl.Info(ctx, tx, c))
@@ -510,7 +510,7 @@ func (s *Switch) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key type: a second start returns the same saga id with created=false.
-func (s *Switch) StartTx(ctx context.Context, tx v5.Tx, start *Context, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Switch) StartTx(ctx context.Context, tx pgx.Tx, start *Context, meta envelope.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 

@@ -6,7 +6,7 @@ package inventoryv1
 import (
 	context "context"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
+	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -43,7 +43,7 @@ func (x *InventoryReleased) CorrelationKey() string { return x.GetOrderId() }
 // PublishInventoryReleased writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.inventory.v1.replies" with routing key "reply.shop.inventory.v1.inventory-released" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInventoryReleased(ctx context.Context, tx v5.Tx, m *InventoryReleased, meta envelope.Meta) (string, error) {
+func PublishInventoryReleased(ctx context.Context, tx pgx.Tx, m *InventoryReleased, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -73,7 +73,7 @@ func (x *InventoryReservationFailed) CorrelationKey() string { return x.GetOrder
 // PublishInventoryReservationFailed writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.inventory.v1.replies" with routing key "reply.shop.inventory.v1.inventory-reservation-failed" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInventoryReservationFailed(ctx context.Context, tx v5.Tx, m *InventoryReservationFailed, meta envelope.Meta) (string, error) {
+func PublishInventoryReservationFailed(ctx context.Context, tx pgx.Tx, m *InventoryReservationFailed, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -101,7 +101,7 @@ func (x *InventoryReserved) CorrelationKey() string { return x.GetOrderId() }
 // PublishInventoryReserved writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.inventory.v1.replies" with routing key "reply.shop.inventory.v1.inventory-reserved" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInventoryReserved(ctx context.Context, tx v5.Tx, m *InventoryReserved, meta envelope.Meta) (string, error) {
+func PublishInventoryReserved(ctx context.Context, tx pgx.Tx, m *InventoryReserved, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -131,7 +131,7 @@ func (x *ReleaseInventory) CorrelationKey() string { return x.GetOrderId() }
 // PublishReleaseInventory writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.inventory.v1.commands" with routing key "command.shop.inventory.v1.release-inventory" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishReleaseInventory(ctx context.Context, tx v5.Tx, m *ReleaseInventory, meta envelope.Meta) (string, error) {
+func PublishReleaseInventory(ctx context.Context, tx pgx.Tx, m *ReleaseInventory, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -166,7 +166,7 @@ func (x *ReserveInventory) CorrelationKey() string { return x.GetOrderId() }
 // PublishReserveInventory writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.inventory.v1.commands" with routing key "command.shop.inventory.v1.reserve-inventory" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishReserveInventory(ctx context.Context, tx v5.Tx, m *ReserveInventory, meta envelope.Meta) (string, error) {
+func PublishReserveInventory(ctx context.Context, tx pgx.Tx, m *ReserveInventory, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -185,9 +185,9 @@ type ReserveInventoryResult interface {
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type InventoryParticipant interface {
 	// ReleaseInventory handles the command shop.inventory.v1.ReleaseInventory.
-	ReleaseInventory(ctx context.Context, tx v5.Tx, cmd *ReleaseInventory) (ReleaseInventoryResult, error)
+	ReleaseInventory(ctx context.Context, tx pgx.Tx, cmd *ReleaseInventory) (ReleaseInventoryResult, error)
 	// ReserveInventory handles the command shop.inventory.v1.ReserveInventory.
-	ReserveInventory(ctx context.Context, tx v5.Tx, cmd *ReserveInventory) (ReserveInventoryResult, error)
+	ReserveInventory(ctx context.Context, tx pgx.Tx, cmd *ReserveInventory) (ReserveInventoryResult, error)
 }
 
 // InventoryParticipantFunc returns a participant.Func that dispatches each command of service
@@ -195,7 +195,7 @@ type InventoryParticipant interface {
 // participant.Handler; RegisterInventoryParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ReleaseInventory:
 			return participant.Reply(impl.ReleaseInventory(ctx, tx, c))

@@ -8,10 +8,10 @@ import (
 	embed "embed"
 	errors "errors"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
-	v1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
-	v11 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
-	v12 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	pgx "github.com/jackc/pgx/v5"
+	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
+	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
+	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -57,7 +57,7 @@ func (x *ApproveOrder) CorrelationKey() string { return x.GetOrderId() }
 // PublishApproveOrder writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.order.v1.commands" with routing key "command.shop.order.v1.approve-order" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishApproveOrder(ctx context.Context, tx v5.Tx, m *ApproveOrder, meta envelope.Meta) (string, error) {
+func PublishApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -90,7 +90,7 @@ func (x *OrderApproved) CorrelationKey() string { return x.GetOrderId() }
 // PublishOrderApproved writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.order.v1.replies" with routing key "reply.shop.order.v1.order-approved" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishOrderApproved(ctx context.Context, tx v5.Tx, m *OrderApproved, meta envelope.Meta) (string, error) {
+func PublishOrderApproved(ctx context.Context, tx pgx.Tx, m *OrderApproved, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -121,7 +121,7 @@ func (x *PlaceOrderRequest) CorrelationKey() string { return x.GetOrderId() }
 // PublishPlaceOrderRequest writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.order.v1.commands" with routing key "command.shop.order.v1.place-order-request" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPlaceOrderRequest(ctx context.Context, tx v5.Tx, m *PlaceOrderRequest, meta envelope.Meta) (string, error) {
+func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderRequest, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -133,7 +133,7 @@ func PublishPlaceOrderRequest(ctx context.Context, tx v5.Tx, m *PlaceOrderReques
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type OrderParticipant interface {
 	// ApproveOrder handles the command shop.order.v1.ApproveOrder.
-	ApproveOrder(ctx context.Context, tx v5.Tx, cmd *ApproveOrder) (ApproveOrderResult, error)
+	ApproveOrder(ctx context.Context, tx pgx.Tx, cmd *ApproveOrder) (ApproveOrderResult, error)
 }
 
 // OrderParticipantFunc returns a participant.Func that dispatches each command of service
@@ -141,7 +141,7 @@ type OrderParticipant interface {
 // participant.Handler; RegisterOrderParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func OrderParticipantFunc(impl OrderParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ApproveOrder:
 			return participant.Reply(impl.ApproveOrder(ctx, tx, c))
@@ -372,46 +372,46 @@ type PlaceOrderDecider interface {
 	// Start returns the saga data for a new instance.
 	Start(ctx context.Context, start *PlaceOrderRequest) (*PlaceOrderData, error)
 	// BuildReleaseInventory builds the command shop.inventory.v1.ReleaseInventory from the saga data.
-	BuildReleaseInventory(ctx context.Context, data *PlaceOrderData) (*v1.ReleaseInventory, error)
+	BuildReleaseInventory(ctx context.Context, data *PlaceOrderData) (*inventoryv1.ReleaseInventory, error)
 	// BuildReserveInventory builds the command shop.inventory.v1.ReserveInventory from the saga data.
-	BuildReserveInventory(ctx context.Context, data *PlaceOrderData) (*v1.ReserveInventory, error)
+	BuildReserveInventory(ctx context.Context, data *PlaceOrderData) (*inventoryv1.ReserveInventory, error)
 	// BuildApproveOrder builds the command shop.order.v1.ApproveOrder from the saga data.
 	BuildApproveOrder(ctx context.Context, data *PlaceOrderData) (*ApproveOrder, error)
 	// BuildAuthorizePayment builds the command shop.payment.v1.AuthorizePayment from the saga data.
-	BuildAuthorizePayment(ctx context.Context, data *PlaceOrderData) (*v11.AuthorizePayment, error)
+	BuildAuthorizePayment(ctx context.Context, data *PlaceOrderData) (*paymentv1.AuthorizePayment, error)
 	// BuildScheduleShipping builds the command shop.shipping.v1.ScheduleShipping from the saga data.
-	BuildScheduleShipping(ctx context.Context, data *PlaceOrderData) (*v12.ScheduleShipping, error)
+	BuildScheduleShipping(ctx context.Context, data *PlaceOrderData) (*shippingv1.ScheduleShipping, error)
 	// OnInventoryReleased folds shop.inventory.v1.InventoryReleased into the saga data before the transition.
-	OnInventoryReleased(ctx context.Context, data *PlaceOrderData, msg *v1.InventoryReleased) error
+	OnInventoryReleased(ctx context.Context, data *PlaceOrderData, msg *inventoryv1.InventoryReleased) error
 	// OnInventoryReservationFailed folds shop.inventory.v1.InventoryReservationFailed into the saga data before the transition.
-	OnInventoryReservationFailed(ctx context.Context, data *PlaceOrderData, msg *v1.InventoryReservationFailed) error
+	OnInventoryReservationFailed(ctx context.Context, data *PlaceOrderData, msg *inventoryv1.InventoryReservationFailed) error
 	// OnInventoryReserved folds shop.inventory.v1.InventoryReserved into the saga data before the transition.
-	OnInventoryReserved(ctx context.Context, data *PlaceOrderData, msg *v1.InventoryReserved) error
+	OnInventoryReserved(ctx context.Context, data *PlaceOrderData, msg *inventoryv1.InventoryReserved) error
 	// OnOrderApproved folds shop.order.v1.OrderApproved into the saga data before the transition.
 	OnOrderApproved(ctx context.Context, data *PlaceOrderData, msg *OrderApproved) error
 	// OnPaymentAuthorizationFailed folds shop.payment.v1.PaymentAuthorizationFailed into the saga data before the transition.
-	OnPaymentAuthorizationFailed(ctx context.Context, data *PlaceOrderData, msg *v11.PaymentAuthorizationFailed) error
+	OnPaymentAuthorizationFailed(ctx context.Context, data *PlaceOrderData, msg *paymentv1.PaymentAuthorizationFailed) error
 	// OnPaymentAuthorized folds shop.payment.v1.PaymentAuthorized into the saga data before the transition.
-	OnPaymentAuthorized(ctx context.Context, data *PlaceOrderData, msg *v11.PaymentAuthorized) error
+	OnPaymentAuthorized(ctx context.Context, data *PlaceOrderData, msg *paymentv1.PaymentAuthorized) error
 	// OnShippingScheduled folds shop.shipping.v1.ShippingScheduled into the saga data before the transition.
-	OnShippingScheduled(ctx context.Context, data *PlaceOrderData, msg *v12.ShippingScheduled) error
+	OnShippingScheduled(ctx context.Context, data *PlaceOrderData, msg *shippingv1.ShippingScheduled) error
 }
 
 // PlaceOrderNoopFolds implements every On method of PlaceOrderDecider as a no-op.
 type PlaceOrderNoopFolds struct{}
 
 // OnInventoryReleased does nothing.
-func (PlaceOrderNoopFolds) OnInventoryReleased(context.Context, *PlaceOrderData, *v1.InventoryReleased) error {
+func (PlaceOrderNoopFolds) OnInventoryReleased(context.Context, *PlaceOrderData, *inventoryv1.InventoryReleased) error {
 	return nil
 }
 
 // OnInventoryReservationFailed does nothing.
-func (PlaceOrderNoopFolds) OnInventoryReservationFailed(context.Context, *PlaceOrderData, *v1.InventoryReservationFailed) error {
+func (PlaceOrderNoopFolds) OnInventoryReservationFailed(context.Context, *PlaceOrderData, *inventoryv1.InventoryReservationFailed) error {
 	return nil
 }
 
 // OnInventoryReserved does nothing.
-func (PlaceOrderNoopFolds) OnInventoryReserved(context.Context, *PlaceOrderData, *v1.InventoryReserved) error {
+func (PlaceOrderNoopFolds) OnInventoryReserved(context.Context, *PlaceOrderData, *inventoryv1.InventoryReserved) error {
 	return nil
 }
 
@@ -421,17 +421,17 @@ func (PlaceOrderNoopFolds) OnOrderApproved(context.Context, *PlaceOrderData, *Or
 }
 
 // OnPaymentAuthorizationFailed does nothing.
-func (PlaceOrderNoopFolds) OnPaymentAuthorizationFailed(context.Context, *PlaceOrderData, *v11.PaymentAuthorizationFailed) error {
+func (PlaceOrderNoopFolds) OnPaymentAuthorizationFailed(context.Context, *PlaceOrderData, *paymentv1.PaymentAuthorizationFailed) error {
 	return nil
 }
 
 // OnPaymentAuthorized does nothing.
-func (PlaceOrderNoopFolds) OnPaymentAuthorized(context.Context, *PlaceOrderData, *v11.PaymentAuthorized) error {
+func (PlaceOrderNoopFolds) OnPaymentAuthorized(context.Context, *PlaceOrderData, *paymentv1.PaymentAuthorized) error {
 	return nil
 }
 
 // OnShippingScheduled does nothing.
-func (PlaceOrderNoopFolds) OnShippingScheduled(context.Context, *PlaceOrderData, *v12.ShippingScheduled) error {
+func (PlaceOrderNoopFolds) OnShippingScheduled(context.Context, *PlaceOrderData, *shippingv1.ShippingScheduled) error {
 	return nil
 }
 
@@ -518,19 +518,19 @@ func (h placeOrderHooks) Apply(ctx context.Context, data proto.Message, msg mess
 		return fmt.Errorf("saga shop.order.v1.PlaceOrder: saga data is %T, want *PlaceOrderData", data)
 	}
 	switch m := msg.(type) {
-	case *v1.InventoryReleased:
+	case *inventoryv1.InventoryReleased:
 		return h.d.OnInventoryReleased(ctx, d, m)
-	case *v1.InventoryReservationFailed:
+	case *inventoryv1.InventoryReservationFailed:
 		return h.d.OnInventoryReservationFailed(ctx, d, m)
-	case *v1.InventoryReserved:
+	case *inventoryv1.InventoryReserved:
 		return h.d.OnInventoryReserved(ctx, d, m)
 	case *OrderApproved:
 		return h.d.OnOrderApproved(ctx, d, m)
-	case *v11.PaymentAuthorizationFailed:
+	case *paymentv1.PaymentAuthorizationFailed:
 		return h.d.OnPaymentAuthorizationFailed(ctx, d, m)
-	case *v11.PaymentAuthorized:
+	case *paymentv1.PaymentAuthorized:
 		return h.d.OnPaymentAuthorized(ctx, d, m)
-	case *v12.ShippingScheduled:
+	case *shippingv1.ShippingScheduled:
 		return h.d.OnShippingScheduled(ctx, d, m)
 	}
 	return nil
@@ -555,7 +555,7 @@ func NewPlaceOrder(cfg saga.Config, d PlaceOrderDecider) (*PlaceOrder, error) {
 	cfg.Definition = def
 	cfg.Hooks = placeOrderHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(PlaceOrderRequestInfo, v1.ReleaseInventoryInfo, v1.ReserveInventoryInfo, ApproveOrderInfo, v11.AuthorizePaymentInfo, v12.ScheduleShippingInfo, v1.InventoryReleasedInfo, v1.InventoryReservationFailedInfo, v1.InventoryReservedInfo, OrderApprovedInfo, v11.PaymentAuthorizationFailedInfo, v11.PaymentAuthorizedInfo, v12.ShippingScheduledInfo)
+		reg, err := message.NewRegistry(PlaceOrderRequestInfo, inventoryv1.ReleaseInventoryInfo, inventoryv1.ReserveInventoryInfo, ApproveOrderInfo, paymentv1.AuthorizePaymentInfo, shippingv1.ScheduleShippingInfo, inventoryv1.InventoryReleasedInfo, inventoryv1.InventoryReservationFailedInfo, inventoryv1.InventoryReservedInfo, OrderApprovedInfo, paymentv1.PaymentAuthorizationFailedInfo, paymentv1.PaymentAuthorizedInfo, shippingv1.ShippingScheduledInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga shop.order.v1.PlaceOrder: %w", err)
 		}
@@ -582,7 +582,7 @@ func (s *PlaceOrder) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key order_id: a second start returns the same saga id with created=false.
-func (s *PlaceOrder) StartTx(ctx context.Context, tx v5.Tx, start *PlaceOrderRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *PlaceOrder) StartTx(ctx context.Context, tx pgx.Tx, start *PlaceOrderRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 

@@ -6,7 +6,7 @@ package paymentv1
 import (
 	context "context"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
+	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -46,7 +46,7 @@ func (x *AuthorizePayment) CorrelationKey() string { return x.GetOrderId() }
 // PublishAuthorizePayment writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.payment.v1.commands" with routing key "command.shop.payment.v1.authorize-payment" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAuthorizePayment(ctx context.Context, tx v5.Tx, m *AuthorizePayment, meta envelope.Meta) (string, error) {
+func PublishAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -81,7 +81,7 @@ func (x *PaymentAuthorizationFailed) CorrelationKey() string { return x.GetOrder
 // PublishPaymentAuthorizationFailed writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.payment.v1.replies" with routing key "reply.shop.payment.v1.payment-authorization-failed" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPaymentAuthorizationFailed(ctx context.Context, tx v5.Tx, m *PaymentAuthorizationFailed, meta envelope.Meta) (string, error) {
+func PublishPaymentAuthorizationFailed(ctx context.Context, tx pgx.Tx, m *PaymentAuthorizationFailed, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -109,7 +109,7 @@ func (x *PaymentAuthorized) CorrelationKey() string { return x.GetOrderId() }
 // PublishPaymentAuthorized writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.payment.v1.replies" with routing key "reply.shop.payment.v1.payment-authorized" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPaymentAuthorized(ctx context.Context, tx v5.Tx, m *PaymentAuthorized, meta envelope.Meta) (string, error) {
+func PublishPaymentAuthorized(ctx context.Context, tx pgx.Tx, m *PaymentAuthorized, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -123,7 +123,7 @@ func (*PaymentAuthorized) isAuthorizePaymentResult() {}
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type PaymentParticipant interface {
 	// AuthorizePayment handles the command shop.payment.v1.AuthorizePayment.
-	AuthorizePayment(ctx context.Context, tx v5.Tx, cmd *AuthorizePayment) (AuthorizePaymentResult, error)
+	AuthorizePayment(ctx context.Context, tx pgx.Tx, cmd *AuthorizePayment) (AuthorizePaymentResult, error)
 }
 
 // PaymentParticipantFunc returns a participant.Func that dispatches each command of service
@@ -131,7 +131,7 @@ type PaymentParticipant interface {
 // participant.Handler; RegisterPaymentParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func PaymentParticipantFunc(impl PaymentParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *AuthorizePayment:
 			return participant.Reply(impl.AuthorizePayment(ctx, tx, c))

@@ -6,7 +6,7 @@ package shippingv1
 import (
 	context "context"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
+	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -46,7 +46,7 @@ func (x *ScheduleShipping) CorrelationKey() string { return x.GetOrderId() }
 // PublishScheduleShipping writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.shipping.v1.commands" with routing key "command.shop.shipping.v1.schedule-shipping" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishScheduleShipping(ctx context.Context, tx v5.Tx, m *ScheduleShipping, meta envelope.Meta) (string, error) {
+func PublishScheduleShipping(ctx context.Context, tx pgx.Tx, m *ScheduleShipping, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -79,7 +79,7 @@ func (x *ShippingScheduled) CorrelationKey() string { return x.GetOrderId() }
 // PublishShippingScheduled writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.shipping.v1.replies" with routing key "reply.shop.shipping.v1.shipping-scheduled" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishShippingScheduled(ctx context.Context, tx v5.Tx, m *ShippingScheduled, meta envelope.Meta) (string, error) {
+func PublishShippingScheduled(ctx context.Context, tx pgx.Tx, m *ShippingScheduled, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -93,7 +93,7 @@ func (*ShippingScheduled) isScheduleShippingResult() {}
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type ShippingParticipant interface {
 	// ScheduleShipping handles the command shop.shipping.v1.ScheduleShipping.
-	ScheduleShipping(ctx context.Context, tx v5.Tx, cmd *ScheduleShipping) (ScheduleShippingResult, error)
+	ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *ScheduleShipping) (ScheduleShippingResult, error)
 }
 
 // ShippingParticipantFunc returns a participant.Func that dispatches each command of service
@@ -101,7 +101,7 @@ type ShippingParticipant interface {
 // participant.Handler; RegisterShippingParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func ShippingParticipantFunc(impl ShippingParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *ScheduleShipping:
 			return participant.Reply(impl.ScheduleShipping(ctx, tx, c))

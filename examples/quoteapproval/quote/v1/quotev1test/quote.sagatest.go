@@ -6,8 +6,8 @@
 package quotev1test
 
 import (
-	v11 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
-	v1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
+	pricingv1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
+	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	message "github.com/protosaga/saga/runtime/message"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	sagatest "github.com/protosaga/saga/runtime/sagatest"
@@ -26,34 +26,34 @@ type QuoteApproval struct {
 }
 
 // NewQuoteApproval returns a harness for the saga with decider d.
-func NewQuoteApproval(t testing.TB, d v1.QuoteApprovalDecider) *QuoteApproval {
+func NewQuoteApproval(t testing.TB, d quotev1.QuoteApprovalDecider) *QuoteApproval {
 	t.Helper()
-	return &QuoteApproval{Harness: sagatest.New(t, v1.QuoteApprovalDefinition(), v1.QuoteApprovalHooks(d))}
+	return &QuoteApproval{Harness: sagatest.New(t, quotev1.QuoteApprovalDefinition(), quotev1.QuoteApprovalHooks(d))}
 }
 
 // Begin starts the instance from a typed start message.
-func (h *QuoteApproval) Begin(start *v1.SubmitQuote) sagadef.Result { return h.Start(start) }
+func (h *QuoteApproval) Begin(start *quotev1.SubmitQuote) sagadef.Result { return h.Start(start) }
 
 // Data returns the instance's saga data.
-func (h *QuoteApproval) Data() *v1.QuoteApprovalData {
-	d, _ := h.Instance().Data.(*v1.QuoteApprovalData)
+func (h *QuoteApproval) Data() *quotev1.QuoteApprovalData {
+	d, _ := h.Instance().Data.(*quotev1.QuoteApprovalData)
 	return d
 }
 
 // SentPriceQuote returns the last pricing.v1.PriceQuote the saga sent; it fails the test when none was sent.
-func (h *QuoteApproval) SentPriceQuote() *v11.PriceQuote {
-	m, _ := h.LastSent("pricing.v1.PriceQuote").Message.(*v11.PriceQuote)
+func (h *QuoteApproval) SentPriceQuote() *pricingv1.PriceQuote {
+	m, _ := h.LastSent("pricing.v1.PriceQuote").Message.(*pricingv1.PriceQuote)
 	return m
 }
 
 // SentReleasePrice returns the last pricing.v1.ReleasePrice the saga sent; it fails the test when none was sent.
-func (h *QuoteApproval) SentReleasePrice() *v11.ReleasePrice {
-	m, _ := h.LastSent("pricing.v1.ReleasePrice").Message.(*v11.ReleasePrice)
+func (h *QuoteApproval) SentReleasePrice() *pricingv1.ReleasePrice {
+	m, _ := h.LastSent("pricing.v1.ReleasePrice").Message.(*pricingv1.ReleasePrice)
 	return m
 }
 
 // SentSubmitOrder returns the last quote.v1.SubmitOrder the saga sent; it fails the test when none was sent.
-func (h *QuoteApproval) SentSubmitOrder() *v1.SubmitOrder {
-	m, _ := h.LastSent("quote.v1.SubmitOrder").Message.(*v1.SubmitOrder)
+func (h *QuoteApproval) SentSubmitOrder() *quotev1.SubmitOrder {
+	m, _ := h.LastSent("quote.v1.SubmitOrder").Message.(*quotev1.SubmitOrder)
 	return m
 }

@@ -8,7 +8,7 @@ import (
 	embed "embed"
 	errors "errors"
 	fmt "fmt"
-	v5 "github.com/jackc/pgx/v5"
+	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
@@ -58,7 +58,7 @@ func (x *Account_Open) CorrelationKey() string { return x.GetHolder().GetId() }
 // PublishAccount_Open writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.commands" with routing key "command.legacy.v1.account-open" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAccount_Open(ctx context.Context, tx v5.Tx, m *Account_Open, meta envelope.Meta) (string, error) {
+func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -91,7 +91,7 @@ func (x *Account_Opened) CorrelationKey() string { return x.GetHolderId() }
 // PublishAccount_Opened writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.replies" with routing key "reply.legacy.v1.account-opened" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAccount_Opened(ctx context.Context, tx v5.Tx, m *Account_Opened, meta envelope.Meta) (string, error) {
+func PublishAccount_Opened(ctx context.Context, tx pgx.Tx, m *Account_Opened, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -119,7 +119,7 @@ func (x *Account_Refused) CorrelationKey() string { return x.GetHolderId() }
 // PublishAccount_Refused writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.replies" with routing key "reply.legacy.v1.account-refused" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAccount_Refused(ctx context.Context, tx v5.Tx, m *Account_Refused, meta envelope.Meta) (string, error) {
+func PublishAccount_Refused(ctx context.Context, tx pgx.Tx, m *Account_Refused, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -147,7 +147,7 @@ func (x *OpenAccountRequest) CorrelationKey() string { return x.GetHolderId() }
 // PublishOpenAccountRequest writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.events" with routing key "event.legacy.v1.open-account-request" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishOpenAccountRequest(ctx context.Context, tx v5.Tx, m *OpenAccountRequest, meta envelope.Meta) (string, error) {
+func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta envelope.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -159,7 +159,7 @@ func PublishOpenAccountRequest(ctx context.Context, tx v5.Tx, m *OpenAccountRequ
 // per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
 type AccountsParticipant interface {
 	// Account_Open handles the command legacy.v1.Account.Open.
-	Account_Open(ctx context.Context, tx v5.Tx, cmd *Account_Open) (Account_OpenResult, error)
+	Account_Open(ctx context.Context, tx pgx.Tx, cmd *Account_Open) (Account_OpenResult, error)
 }
 
 // AccountsParticipantFunc returns a participant.Func that dispatches each command of service
@@ -167,7 +167,7 @@ type AccountsParticipant interface {
 // participant.Handler; RegisterAccountsParticipant uses it as is. A method that answers
 // later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
 func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
-	return func(ctx context.Context, tx v5.Tx, cmd message.Message) (message.Message, error) {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
 		case *Account_Open:
 			return participant.Reply(impl.Account_Open(ctx, tx, c))
@@ -412,7 +412,7 @@ func (s *Onboarding) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key holder_id: a second start returns the same saga id with created=false.
-func (s *Onboarding) StartTx(ctx context.Context, tx v5.Tx, start *OpenAccountRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Onboarding) StartTx(ctx context.Context, tx pgx.Tx, start *OpenAccountRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 

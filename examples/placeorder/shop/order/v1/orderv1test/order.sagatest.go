@@ -6,10 +6,10 @@
 package orderv1test
 
 import (
-	v11 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
-	v1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
-	v12 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
-	v13 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
+	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	message "github.com/protosaga/saga/runtime/message"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	sagatest "github.com/protosaga/saga/runtime/sagatest"
@@ -28,46 +28,46 @@ type PlaceOrder struct {
 }
 
 // NewPlaceOrder returns a harness for the saga with decider d.
-func NewPlaceOrder(t testing.TB, d v1.PlaceOrderDecider) *PlaceOrder {
+func NewPlaceOrder(t testing.TB, d orderv1.PlaceOrderDecider) *PlaceOrder {
 	t.Helper()
-	return &PlaceOrder{Harness: sagatest.New(t, v1.PlaceOrderDefinition(), v1.PlaceOrderHooks(d))}
+	return &PlaceOrder{Harness: sagatest.New(t, orderv1.PlaceOrderDefinition(), orderv1.PlaceOrderHooks(d))}
 }
 
 // Begin starts the instance from a typed start message.
-func (h *PlaceOrder) Begin(start *v1.PlaceOrderRequest) sagadef.Result { return h.Start(start) }
+func (h *PlaceOrder) Begin(start *orderv1.PlaceOrderRequest) sagadef.Result { return h.Start(start) }
 
 // Data returns the instance's saga data.
-func (h *PlaceOrder) Data() *v1.PlaceOrderData {
-	d, _ := h.Instance().Data.(*v1.PlaceOrderData)
+func (h *PlaceOrder) Data() *orderv1.PlaceOrderData {
+	d, _ := h.Instance().Data.(*orderv1.PlaceOrderData)
 	return d
 }
 
 // SentReleaseInventory returns the last shop.inventory.v1.ReleaseInventory the saga sent; it fails the test when none was sent.
-func (h *PlaceOrder) SentReleaseInventory() *v11.ReleaseInventory {
-	m, _ := h.LastSent("shop.inventory.v1.ReleaseInventory").Message.(*v11.ReleaseInventory)
+func (h *PlaceOrder) SentReleaseInventory() *inventoryv1.ReleaseInventory {
+	m, _ := h.LastSent("shop.inventory.v1.ReleaseInventory").Message.(*inventoryv1.ReleaseInventory)
 	return m
 }
 
 // SentReserveInventory returns the last shop.inventory.v1.ReserveInventory the saga sent; it fails the test when none was sent.
-func (h *PlaceOrder) SentReserveInventory() *v11.ReserveInventory {
-	m, _ := h.LastSent("shop.inventory.v1.ReserveInventory").Message.(*v11.ReserveInventory)
+func (h *PlaceOrder) SentReserveInventory() *inventoryv1.ReserveInventory {
+	m, _ := h.LastSent("shop.inventory.v1.ReserveInventory").Message.(*inventoryv1.ReserveInventory)
 	return m
 }
 
 // SentApproveOrder returns the last shop.order.v1.ApproveOrder the saga sent; it fails the test when none was sent.
-func (h *PlaceOrder) SentApproveOrder() *v1.ApproveOrder {
-	m, _ := h.LastSent("shop.order.v1.ApproveOrder").Message.(*v1.ApproveOrder)
+func (h *PlaceOrder) SentApproveOrder() *orderv1.ApproveOrder {
+	m, _ := h.LastSent("shop.order.v1.ApproveOrder").Message.(*orderv1.ApproveOrder)
 	return m
 }
 
 // SentAuthorizePayment returns the last shop.payment.v1.AuthorizePayment the saga sent; it fails the test when none was sent.
-func (h *PlaceOrder) SentAuthorizePayment() *v12.AuthorizePayment {
-	m, _ := h.LastSent("shop.payment.v1.AuthorizePayment").Message.(*v12.AuthorizePayment)
+func (h *PlaceOrder) SentAuthorizePayment() *paymentv1.AuthorizePayment {
+	m, _ := h.LastSent("shop.payment.v1.AuthorizePayment").Message.(*paymentv1.AuthorizePayment)
 	return m
 }
 
 // SentScheduleShipping returns the last shop.shipping.v1.ScheduleShipping the saga sent; it fails the test when none was sent.
-func (h *PlaceOrder) SentScheduleShipping() *v13.ScheduleShipping {
-	m, _ := h.LastSent("shop.shipping.v1.ScheduleShipping").Message.(*v13.ScheduleShipping)
+func (h *PlaceOrder) SentScheduleShipping() *shippingv1.ScheduleShipping {
+	m, _ := h.LastSent("shop.shipping.v1.ScheduleShipping").Message.(*shippingv1.ScheduleShipping)
 	return m
 }

@@ -9,7 +9,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	sagatest "github.com/protosaga/saga/runtime/sagatest"
-	v1 "github.com/protosaga/saga/testdata/golden/editions/ed/v1"
+	edv1 "github.com/protosaga/saga/testdata/golden/editions/ed/v1"
 	testing "testing"
 )
 
@@ -25,16 +25,16 @@ type CollectSignature struct {
 }
 
 // NewCollectSignature returns a harness for the saga with decider d.
-func NewCollectSignature(t testing.TB, d v1.CollectSignatureDecider) *CollectSignature {
+func NewCollectSignature(t testing.TB, d edv1.CollectSignatureDecider) *CollectSignature {
 	t.Helper()
-	return &CollectSignature{Harness: sagatest.New(t, v1.CollectSignatureDefinition(), v1.CollectSignatureHooks(d))}
+	return &CollectSignature{Harness: sagatest.New(t, edv1.CollectSignatureDefinition(), edv1.CollectSignatureHooks(d))}
 }
 
 // Begin starts the instance from a typed start message.
-func (h *CollectSignature) Begin(start *v1.Requested) sagadef.Result { return h.Start(start) }
+func (h *CollectSignature) Begin(start *edv1.Requested) sagadef.Result { return h.Start(start) }
 
 // Data returns the instance's saga data.
-func (h *CollectSignature) Data() *v1.SignatureData {
-	d, _ := h.Instance().Data.(*v1.SignatureData)
+func (h *CollectSignature) Data() *edv1.SignatureData {
+	d, _ := h.Instance().Data.(*edv1.SignatureData)
 	return d
 }

@@ -9,7 +9,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	sagatest "github.com/protosaga/saga/runtime/sagatest"
-	v1 "github.com/protosaga/saga/testdata/golden/proto2/legacy/v1"
+	legacyv1 "github.com/protosaga/saga/testdata/golden/proto2/legacy/v1"
 	testing "testing"
 )
 
@@ -25,22 +25,22 @@ type Onboarding struct {
 }
 
 // NewOnboarding returns a harness for the saga with decider d.
-func NewOnboarding(t testing.TB, d v1.OnboardingDecider) *Onboarding {
+func NewOnboarding(t testing.TB, d legacyv1.OnboardingDecider) *Onboarding {
 	t.Helper()
-	return &Onboarding{Harness: sagatest.New(t, v1.OnboardingDefinition(), v1.OnboardingHooks(d))}
+	return &Onboarding{Harness: sagatest.New(t, legacyv1.OnboardingDefinition(), legacyv1.OnboardingHooks(d))}
 }
 
 // Begin starts the instance from a typed start message.
-func (h *Onboarding) Begin(start *v1.OpenAccountRequest) sagadef.Result { return h.Start(start) }
+func (h *Onboarding) Begin(start *legacyv1.OpenAccountRequest) sagadef.Result { return h.Start(start) }
 
 // Data returns the instance's saga data.
-func (h *Onboarding) Data() *v1.OnboardingData {
-	d, _ := h.Instance().Data.(*v1.OnboardingData)
+func (h *Onboarding) Data() *legacyv1.OnboardingData {
+	d, _ := h.Instance().Data.(*legacyv1.OnboardingData)
 	return d
 }
 
 // SentAccount_Open returns the last legacy.v1.Account.Open the saga sent; it fails the test when none was sent.
-func (h *Onboarding) SentAccount_Open() *v1.Account_Open {
-	m, _ := h.LastSent("legacy.v1.Account.Open").Message.(*v1.Account_Open)
+func (h *Onboarding) SentAccount_Open() *legacyv1.Account_Open {
+	m, _ := h.LastSent("legacy.v1.Account.Open").Message.(*legacyv1.Account_Open)
 	return m
 }
