@@ -2,10 +2,12 @@ package app_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,6 +53,7 @@ type testBundle struct {
 	amqpURL string
 	clock   *clock
 	script  *app.Script
+	stop    func() error // stops the app and returns Run's error (once)
 }
 
 // setup runs one Place Order fleet on a fresh schema and vhost with short
@@ -79,14 +82,21 @@ func setup(t *testing.T) *testBundle {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- a.Run(runCtx) }()
+	var once sync.Once
+	var runErr error
+	b.stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(20 * time.Second):
+				runErr = errors.New("app did not stop within 20s")
+			}
+		})
+		return runErr
+	}
 	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			require.NoError(t, err)
-		case <-time.After(20 * time.Second):
-			t.Error("app did not stop within 20s")
-		}
+		require.NoError(t, b.stop())
 		a.Close()
 	})
 	return b
@@ -617,4 +627,38 @@ FROM saga_outbox WHERE saga_id = $1 AND published_at IS NOT NULL ORDER BY id LIM
 	require.True(t, bornLeased(handed), "started under WithRelay: handed over after the commit")
 	require.False(t, bornLeased(claimed), "started without it: claimed by a relay")
 	require.Positive(t, b.app.RelayStats().HandedOff)
+}
+
+// TestShutdownPublishesWhatTheLastBatchesCommit: a participant's handler is
+// still running when the app is told to stop. The consumer drains (the
+// handler finishes and its batch commits), and the relays run until every
+// consumer has drained, so the reply that last batch committed is
+// published before Run returns rather than left to another process.
+func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	paused, resume := b.script.Pause("o-drain", authorizePayment)
+	id := b.start(t, request("o-drain"))
+	select {
+	case <-paused:
+	case <-time.After(waitFor):
+		t.Fatal("the payment command never reached its handler")
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.stop() }()
+	time.Sleep(100 * time.Millisecond) // the app is stopping: its consumers take nothing new
+	resume()
+	require.NoError(t, <-stopped)
+
+	ctx := context.Background()
+	var unpublished int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE published_at IS NULL`).Scan(&unpublished))
+	require.Zero(t, unpublished, "every row the draining consumers committed was published before Run returned")
+	var replies int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE saga_id = $1 AND message_type = $2`,
+		id, paymentv1.PaymentAuthorizedInfo.FullName).Scan(&replies))
+	require.Equal(t, 1, replies, "the paused handler's reply was committed")
+	st, err := b.app.PlaceOrder.Status(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, orderv1.PlaceOrderStateAuthorizePayment, st.State, "nothing consumed the reply: the app had stopped")
 }

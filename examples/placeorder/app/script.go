@@ -30,7 +30,12 @@ type Script struct {
 	duplicate  map[scriptKey]bool
 	held       map[string][]heldReply // by order id, oldest first
 	heldIDs    map[string]bool        // command message ids already held
+	pause      map[scriptKey]*pause
 }
+
+// pause holds one delivery in its handler: entered is closed when it
+// arrives, release when it may go on.
+type pause struct{ entered, release chan struct{} }
 
 type scriptKey struct{ orderID, command string }
 
@@ -49,7 +54,29 @@ func NewScript() *Script {
 		duplicate:  map[scriptKey]bool{},
 		held:       map[string][]heldReply{},
 		heldIDs:    map[string]bool{},
+		pause:      map[scriptKey]*pause{},
 	}
+}
+
+// Pause holds the next delivery of command for orderID in its handler,
+// before any effect, until resume is called; paused is closed once it is
+// held. Later deliveries are not held.
+func (s *Script) Pause(orderID, command string) (paused <-chan struct{}, resume func()) {
+	p := &pause{entered: make(chan struct{}), release: make(chan struct{})}
+	s.mu.Lock()
+	s.pause[scriptKey{orderID, command}] = p
+	s.mu.Unlock()
+	var once sync.Once
+	return p.entered, func() { once.Do(func() { close(p.release) }) }
+}
+
+// paused takes the pause set for k, if any.
+func (s *Script) paused(k scriptKey) *pause {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pause[k]
+	delete(s.pause, k)
+	return p
 }
 
 // FailTransiently makes the next times deliveries of command (a message full
@@ -154,6 +181,10 @@ func (a *App) scripted(h consumer.HandlerFunc) consumer.HandlerFunc {
 	}
 	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 		k := scriptKey{d.Message.CorrelationKey(), d.Envelope.MessageType}
+		if p := s.paused(k); p != nil {
+			close(p.entered)
+			<-p.release
+		}
 		switch s.next(k) {
 		case actFail:
 			return failure.Transient(fmt.Errorf("scripted transient failure of %s for order %s (attempt %d)",
