@@ -11,10 +11,11 @@ import (
 
 // TestRowsOfAGoneRelayWaitForNoLease: a relay that died with rows claimed
 // (here after publishing them, before marking them) leaves them leased for
-// an hour, yet another relay publishes them at once, because no session
-// holds the dead relay's liveness lock any more. Rows leased to a relay
-// whose session still holds its lock are left alone until that session
-// ends.
+// an hour, yet another relay publishes them within a few polls, because no
+// session holds the dead relay's liveness lock any more. Rows leased to a
+// registered relay whose session still holds its lock are left alone until
+// that session ends, and rows of an owner that never registered (a relay
+// that could not take its lock) wait for their lease.
 func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
@@ -25,7 +26,7 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 		conn, err := b.pool.Acquire(ctx)
 		require.NoError(t, err)
 		defer conn.Release()
-		require.NoError(t, conn.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || $2::text, 0))`,
+		require.NoError(t, conn.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`,
 			livenessLockPrefix, owner).Scan(&free))
 		return !free
 	}
@@ -41,7 +42,8 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 		}})
 	awaitCrash(t, ctx, res, errCrash)
 	waitUnpublished(t, ctx, b.pool, 20) // published, not marked, leased for an hour
-	require.False(t, lockedBy("doomed"), "the crashed relay's session is gone")
+	require.Eventually(t, func() bool { return !lockedBy("doomed") }, 10*time.Second, 10*time.Millisecond,
+		"the crashed relay's session ends (the server notices its connection close)")
 
 	// A relay that is alive: a session holds its lock.
 	alive := enqueue(t, ctx, b.pool, 5, routedKey)
@@ -49,25 +51,56 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 	require.NoError(t, err)
 	holder := pc.Hijack() // out of the pool, which waits for it when the test ends
 	t.Cleanup(func() { _ = holder.Close(context.Background()) })
-	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || $2::text, 0))`, livenessLockPrefix, "alive")
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`, livenessLockPrefix, "alive")
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, registerSQL, "alive")
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'alive', lease_until = now() + interval '1 hour', attempts = 1
 WHERE message_id = ANY($1)`, alive)
 	require.NoError(t, err)
 
+	// An owner that never registered.
+	stranger := enqueue(t, ctx, b.pool, 3, routedKey)
+	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'stranger', lease_until = now() + interval '1 hour', attempts = 1
+WHERE message_id = ANY($1)`, stranger)
+	require.NoError(t, err)
+	registered := func(owner string) bool {
+		t.Helper()
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_relays WHERE owner = $1`, owner).Scan(&n))
+		return n == 1
+	}
+	require.True(t, registered("doomed"), "a crashed relay leaves its registration")
+
 	survivor, _ := startRelay(t, b, RelayConfig{Owner: "survivor", LeaseDuration: time.Hour})
-	waitUnpublished(t, ctx, b.pool, len(alive))
-	requireEach(t, drain(t, b), ids, 2)    // once by the doomed relay, once by the survivor
-	time.Sleep(10 * 50 * time.Millisecond) // ten of the survivor's polls
+	waitUnpublished(t, ctx, b.pool, len(alive)+len(stranger))
+	require.False(t, registered("doomed"), "the gone relay's registration is deleted with its rows released")
+	requireEach(t, drain(t, b), ids, 2) // once by the doomed relay, once by the survivor
+	// Its session loses the lock for moments at a time, as a relay whose
+	// LISTEN connection is re-established quickly: shorter than the grace
+	// (three polls), so the relay is not taken for dead.
+	for range 10 {
+		_, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`, livenessLockPrefix, "alive")
+		require.NoError(t, err)
+		time.Sleep(30 * time.Millisecond)
+		_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`, livenessLockPrefix, "alive")
+		require.NoError(t, err)
+		time.Sleep(100 * time.Millisecond)
+	}
 	var leasedToAlive int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
 WHERE published_at IS NULL AND lease_owner = 'alive' AND message_id = ANY($1)`, alive).Scan(&leasedToAlive))
 	require.Equal(t, len(alive), leasedToAlive, "the rows of a relay that holds its lock are its own")
 	require.True(t, lockedBy("survivor"), "a running relay holds its liveness lock")
+	require.True(t, registered("survivor"), "and is registered")
 
 	// Its session ends as its process dies: the rows go to the survivor.
 	require.NoError(t, holder.Close(ctx))
-	waitUnpublished(t, ctx, b.pool, 0)
+	waitUnpublished(t, ctx, b.pool, len(stranger))
 	requireEach(t, drain(t, b), alive, 1)
 	require.EqualValues(t, len(ids)+len(alive), survivor.Stats().Published)
+	var leasedToStranger int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
+WHERE published_at IS NULL AND lease_owner = 'stranger' AND lease_until > now()`).Scan(&leasedToStranger))
+	require.Equal(t, len(stranger), leasedToStranger, "an owner that never registered keeps its lease")
 }

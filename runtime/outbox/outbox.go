@@ -10,7 +10,8 @@
 //     outcome (nack, return, confirm timeout, channel or connection loss,
 //     relay crash) leaves it unpublished, and it is published again.
 //   - Delivery is therefore at-least-once. A row can be published twice (a
-//     relay dies between publish and mark, or its lease runs out mid-batch);
+//     relay dies between publish and mark, its lease runs out mid-batch, or
+//     other relays take it for dead while its database session is cut);
 //     both copies carry the same message id, and consumers drop the second
 //     through the inbox. There is no global order: a relay publishes its
 //     batch in id order (so messages of one transaction keep their order
@@ -29,13 +30,16 @@
 // hands each a disjoint batch.
 //
 // Liveness: a running relay also holds an advisory lock named after its
-// owner on its LISTEN connection, which PostgreSQL drops when the session
-// ends, as it does when the process dies. About once per PollInterval each
-// relay releases the leased rows of owners whose lock nobody holds, so the
-// rows of a relay that died (claimed, or handed over by a consumer of its
-// process) wait about a poll, not LeaseDuration. Releasing the rows of a
-// relay that is alive but lost its session can only cause a duplicate,
-// which the lease allows already.
+// schema and owner on its LISTEN connection, which PostgreSQL drops when the
+// session ends, as it does when the process dies, and registers in
+// saga_outbox_relays while it holds it. About once per PollInterval each
+// relay looks at the registered owners; one whose lock has stayed free for
+// three polls is gone, and its leased rows (claimed, or handed over by a
+// consumer of its process) are released at once instead of waiting for
+// LeaseDuration. A relay that cannot take its lock is not registered and
+// keeps the lease as its only guard. Taking a live relay for dead (its
+// session cut for longer than the grace) can only cause a duplicate. Relays
+// need session-level connections: not a pooler in transaction mode.
 //
 // No transaction is held across network I/O: a transaction open while
 // waiting for the broker would pin row locks, a connection and the xmin

@@ -28,7 +28,8 @@ import (
 // RelayConfig configures a Relay. Pool and Conn are required.
 type RelayConfig struct {
 	// Pool is the database holding saga_outbox. The relay takes one
-	// connection out of it for LISTEN and its liveness lock.
+	// connection out of it for LISTEN and its liveness lock, so it must
+	// reach PostgreSQL directly or through a session-mode pooler.
 	Pool *pgxpool.Pool
 	// Conn is the broker connection to publish on. Use a connection of its
 	// own, not the one consumers use.
@@ -59,9 +60,9 @@ type RelayConfig struct {
 	// being published, and being marked: when it runs out first, another
 	// relay may publish the same rows again (a duplicate, never a loss). A
 	// crashed relay's rows wait this long only when its death cannot be
-	// told: other relays release them within about PollInterval once its
-	// database session, which holds its liveness lock, has ended (see the
-	// package documentation).
+	// told: other relays release them about four polls after its database
+	// session, which holds its liveness lock, has ended (see the package
+	// documentation).
 	LeaseDuration time.Duration
 	// ConfirmTimeout bounds the wait for the oldest outstanding publisher
 	// confirm, and the drain after Run's context ends; default
@@ -218,28 +219,26 @@ func (r *Relay) Stats() RelayStats {
 // returns an error only for a simulated crash in tests.
 func (r *Relay) Run(ctx context.Context) error {
 	defer r.pub.Close()
-	r.setOpen(true) // hand-offs queue until the pipeline runs
+	r.setOpen(true)
 	defer r.setOpen(false)
 	listenCtx, stopListen := context.WithCancel(ctx)
 	wake := make(chan struct{}, 1)
 	listenDone := make(chan struct{})
-	started := make(chan struct{})
-	var once sync.Once
 	go func() {
 		defer close(listenDone)
-		r.listen(listenCtx, wake, func() { once.Do(func() { close(started) }) })
+		r.listen(listenCtx, wake)
 	}()
 	defer func() {
 		stopListen()
 		<-listenDone
 	}()
-	// Claim nothing before the liveness lock is tried (for at most a
-	// poll): other relays release the rows of owners whose lock is free.
-	select {
-	case <-started:
-	case <-time.After(r.cfg.PollInterval):
+	err := r.runPipeline(ctx, wake)
+	if err == nil {
+		// Stopped, not crashed: nothing of ours is left leased. (A crash
+		// leaves the registration for other relays to find the lock free.)
+		r.unregister(ctx)
 	}
-	return r.runPipeline(ctx, wake)
+	return err
 }
 
 // runPipeline runs the claimer, sender, awaiter and settler (see [Relay])
@@ -580,8 +579,10 @@ type relayKey struct{}
 //     commit is done, the rows are released (lease cleared, relays woken)
 //     for any relay to claim;
 //   - when the process dies between commit and publish, the rows are
-//     published by any relay once their lease runs out (LeaseDuration), as
-//     for a relay that died holding a claim.
+//     published by any relay once it finds r gone (a few polls after its
+//     database session ends, see the package documentation) or at the
+//     latest when their lease runs out, as for a relay that died holding a
+//     claim.
 //
 // Enqueue in a transaction of the caller's own is not affected, nor is
 // Enqueue on a savepoint a handler opened (its rows are claimed as usual).
