@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/broker"
 )
@@ -18,8 +19,11 @@ const listenHealthInterval = 15 * time.Second
 // listen keeps a LISTEN connection open until ctx ends and signals wake on
 // every notification. Every (re)connect signals wake too, since
 // notifications sent while nobody listened are lost. The connection also
-// holds the relay's liveness lock (see liveness.go), tried again every poll
-// while another session holds it.
+// holds the relay's liveness lock and keeps its registration (see
+// liveness.go), tried again every poll while either is missing. When ctx
+// ends with errStopped as its cause (a clean stop, once the relay's rows are
+// finished), the registration is deleted before the lock goes with the
+// connection.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	signal := func() {
 		select {
@@ -27,11 +31,11 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		default: // a wake-up is already pending
 		}
 	}
-	var lock livenessState
+	lock := &livenessState{}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		conn, err := r.listenConn(ctx)
 		if err == nil {
-			err = lock.try(ctx, r, conn)
+			err = lock.check(ctx, r, conn, false)
 		}
 		if err == nil {
 			attempt = 0
@@ -39,14 +43,20 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 				r.cfg.onListen()
 			}
 			signal()
-			err = r.waitLoop(ctx, conn, signal, &lock)
+			err = r.waitLoop(ctx, conn, signal, lock)
 		}
 		if conn != nil {
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_ = conn.Close(closeCtx)
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			if lock.locked && errors.Is(context.Cause(ctx), errStopped) {
+				if _, err := conn.Exec(stopCtx, unregisterSQL, r.cfg.Owner, lock.key); err != nil {
+					r.cfg.Logger.Warn("outbox relay: could not delete its registration; other relays delete it once its lock is free",
+						"owner", r.cfg.Owner, "error", err)
+				}
+			}
+			_ = conn.Close(stopCtx)
 			cancel()
 		}
-		lock.held = false // it went with the session
+		lock.locked, lock.registered = false, false // they went with the session
 		if ctx.Err() != nil {
 			return
 		}
@@ -62,30 +72,76 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
-// livenessState is whether the relay holds its liveness lock, and whether
-// it said it does not.
-type livenessState struct{ held, warned bool }
+// errStopped is the cause the relay's listener is stopped with on a clean
+// stop (see listen).
+var errStopped = errors.New("outbox relay stopped")
 
-// try takes the lock on conn unless it is held already, and logs a change.
-// An error means the connection failed.
-func (l *livenessState) try(ctx context.Context, r *Relay, conn *pgx.Conn) error {
-	if l.held {
+// livenessState is the listener's view of the relay's liveness lock and
+// registration.
+type livenessState struct {
+	key                   int64 // the lock key (lockKeySQL), once known
+	haveKey               bool
+	locked, registered    bool
+	lockWarned, regWarned bool
+	nextTry               time.Time // when to try again what is missing
+}
+
+func (l *livenessState) complete() bool { return l.locked && l.registered }
+
+// check takes the lock if the relay does not hold it, and registers if it
+// is not registered or force is set (the health check re-registers, so a
+// row deleted meanwhile comes back). Another session holding the lock (a
+// relay with the same Owner, this relay's previous session not yet ended,
+// or another relay's look) is no error, nor is a registration the server
+// refuses (migration 0006 not applied, say): both are tried again a poll
+// later. An error means the connection failed.
+func (l *livenessState) check(ctx context.Context, r *Relay, conn *pgx.Conn, force bool) error {
+	l.nextTry = time.Now().Add(r.cfg.PollInterval)
+	if !l.haveKey {
+		if err := conn.QueryRow(ctx, lockKeySQL, livenessLockPrefix, r.cfg.Owner).Scan(&l.key); err != nil {
+			return fmt.Errorf("compute the liveness lock key: %w", err)
+		}
+		l.haveKey = true
+	}
+	if !l.locked {
+		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, l.key).Scan(&l.locked); err != nil {
+			return fmt.Errorf("take the liveness lock: %w", err)
+		}
+		switch {
+		case l.locked && l.lockWarned:
+			r.cfg.Logger.Info("outbox relay: holds its liveness lock now", "owner", r.cfg.Owner)
+			l.lockWarned = false
+		case !l.locked && !l.lockWarned:
+			r.cfg.Logger.Warn("outbox relay: another session holds this owner's liveness lock (a relay with the same Owner, this relay's previous connection, or another relay looking); trying every poll, and until then a crash leaves its rows for their lease",
+				"owner", r.cfg.Owner, "lease", r.cfg.LeaseDuration)
+			l.lockWarned = true
+		}
+		if !l.locked {
+			return nil
+		}
+	}
+	if l.registered && !force {
 		return nil
 	}
-	held, err := r.lockLiveness(ctx, conn)
-	if err != nil {
-		return err
-	}
+	_, err := conn.Exec(ctx, registerSQL, r.cfg.Owner, l.key, r.reapGrace().Milliseconds())
+	var pgErr *pgconn.PgError
 	switch {
-	case held && l.warned:
-		r.cfg.Logger.Info("outbox relay: holds its liveness lock again", "owner", r.cfg.Owner)
-		l.warned = false
-	case !held && !l.warned:
-		r.cfg.Logger.Warn("outbox relay: another session holds this owner's liveness lock (a relay with the same Owner, or this relay's previous connection); trying every poll, and until then a crash leaves its rows for their lease",
-			"owner", r.cfg.Owner, "lease", r.cfg.LeaseDuration)
-		l.warned = true
+	case errors.As(err, &pgErr):
+		if !l.regWarned {
+			r.cfg.Logger.Warn("outbox relay: could not register in saga_outbox_relays (are the runtime's migrations applied?); trying every poll, and until then a crash leaves its rows for their lease",
+				"owner", r.cfg.Owner, "error", err)
+			l.regWarned = true
+		}
+		l.registered = false
+		return nil
+	case err != nil:
+		return fmt.Errorf("register in saga_outbox_relays: %w", err)
 	}
-	l.held = held
+	if l.regWarned {
+		r.cfg.Logger.Info("outbox relay: registered in saga_outbox_relays now", "owner", r.cfg.Owner)
+		l.regWarned = false
+	}
+	l.registered = true
 	return nil
 }
 
@@ -105,15 +161,39 @@ func (r *Relay) listenConn(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // waitLoop waits for notifications until ctx ends or the connection fails.
-// While the relay does not hold its liveness lock it wakes every poll to
-// try again.
+// It checks the connection every listenHealthInterval (and registers
+// again), and while the liveness lock or registration is missing it tries
+// again every poll, whether or not notifications arrive meanwhile.
 func (r *Relay) waitLoop(ctx context.Context, conn *pgx.Conn, signal func(), lock *livenessState) error {
+	nextHealth := time.Now().Add(listenHealthInterval)
 	for {
-		wait := listenHealthInterval
-		if !lock.held {
-			wait = r.cfg.PollInterval
+		if !lock.complete() && !time.Now().Before(lock.nextTry) {
+			if err := lock.check(ctx, r, conn, false); err != nil {
+				return err
+			}
 		}
-		waitCtx, cancel := context.WithTimeout(ctx, wait)
+		if !time.Now().Before(nextHealth) {
+			pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := conn.Ping(pingCtx)
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("ping LISTEN connection: %w", err)
+			}
+			if lock.locked {
+				if err := lock.check(ctx, r, conn, true); err != nil {
+					return err
+				}
+			}
+			nextHealth = time.Now().Add(listenHealthInterval)
+		}
+		wait := time.Until(nextHealth)
+		if !lock.complete() {
+			wait = min(wait, time.Until(lock.nextTry))
+		}
+		waitCtx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
 		_, err := conn.WaitForNotification(waitCtx)
 		cancel()
 		switch {
@@ -122,18 +202,7 @@ func (r *Relay) waitLoop(ctx context.Context, conn *pgx.Conn, signal func(), loc
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.Is(err, context.DeadlineExceeded):
-			if !lock.held {
-				if err := lock.try(ctx, r, conn); err != nil {
-					return err
-				}
-				continue
-			}
-			pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err = conn.Ping(pingCtx)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("ping LISTEN connection: %w", err)
-			}
+			// a check is due
 		default:
 			return fmt.Errorf("wait for notification: %w", err)
 		}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,12 +24,15 @@ import (
 // Safety does not depend on the lock. Releasing the rows of a relay that is
 // in fact alive can only make another relay publish them too: a duplicate
 // with the same message id that consumers' inboxes drop, as when a lease
-// runs out. That needs its LISTEN session to be gone for longer than
-// reapGrace while it runs on (the listener reconnects within a poll once
-// PostgreSQL answers, and takes the lock and registers again). A relay
-// that does not hold its lock is not registered and is never released this
-// way: its rows wait for their lease, as before, and it tries again every
-// poll. Behind a pooler in transaction mode (PgBouncer) neither LISTEN nor
+// runs out. That needs its LISTEN session to be gone for longer than its
+// grace while it runs on (the listener reconnects at most a poll apart once
+// PostgreSQL answers, then takes the lock and registers again; a session
+// that died silently is found by the health check within ~20 s, which a
+// partition shorter than that does not outlast). A relay that does not hold
+// its lock is not registered and is never released this way: its rows wait
+// for their lease, as before, and it tries again every poll. On a clean
+// stop a relay finishes its rows, deletes its registration, and only then
+// lets go of the lock. Behind a pooler in transaction mode (PgBouncer) neither LISTEN nor
 // session locks work: give relays a direct or session-mode connection.
 
 // livenessLockPrefix namespaces the advisory lock keys of relay owners:
@@ -37,61 +41,41 @@ import (
 // a key.
 const livenessLockPrefix = "protosaga.outbox.relay:"
 
-// reapGrace is how long an owner's lock must stay free before its rows
-// are released: three polls, so a relay whose LISTEN connection is being
-// re-established (at most a poll apart) is not taken for dead.
+// reapGrace is how long this relay's lock must stay free before other
+// relays release its rows (recorded with its registration): three of its
+// polls, so that it is not taken for dead while its LISTEN connection is
+// re-established (at most a poll apart). A look uses the longer of its own
+// grace and the registered one.
 func (r *Relay) reapGrace() time.Duration { return 3 * r.cfg.PollInterval }
 
-const lockLivenessSQL = `SELECT pg_try_advisory_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`
+// lockKeySQL is the relay's lock key: its schema and owner, so that relays
+// of outboxes in different schemas of one database never share a key.
+const lockKeySQL = `SELECT hashtextextended($1::text || current_schema() || ':' || $2::text, 0)`
 
-// registerSQL records the relay as running; it runs once the relay holds
-// its lock.
-const registerSQL = `INSERT INTO saga_outbox_relays (owner) VALUES ($1)
-ON CONFLICT (owner) DO UPDATE SET registered_at = now(), free_since = NULL`
+// registerSQL records the relay as running; it runs while the relay holds
+// its lock (and again at each health check, so a lost row comes back).
+const registerSQL = `INSERT INTO saga_outbox_relays (owner, lock_key, grace_ms) VALUES ($1, $2, $3)
+ON CONFLICT (owner) DO UPDATE SET lock_key = $2, grace_ms = $3, free_since = NULL`
 
-// lockLiveness takes the owner's liveness lock on conn, the relay's LISTEN
-// connection, and registers the relay once it holds it. It reports whether
-// the relay holds the lock and is registered. Another session holding the
-// lock (a relay with the same Owner, this relay's previous session not yet
-// ended, or another relay's look at it) is no error: the listener tries
-// again every poll.
-func (r *Relay) lockLiveness(ctx context.Context, conn *pgx.Conn) (bool, error) {
-	var held bool
-	if err := conn.QueryRow(ctx, lockLivenessSQL, livenessLockPrefix, r.cfg.Owner).Scan(&held); err != nil {
-		return false, fmt.Errorf("take the liveness lock: %w", err)
-	}
-	if !held {
-		return false, nil
-	}
-	if _, err := conn.Exec(ctx, registerSQL, r.cfg.Owner); err != nil {
-		return false, fmt.Errorf("register in saga_outbox_relays: %w", err)
-	}
-	return true, nil
-}
-
-// unregister deletes the relay's registration when it stops; its lock goes
-// with its LISTEN connection.
-func (r *Relay) unregister(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
-	defer cancel()
-	if _, err := r.cfg.Pool.Exec(ctx, `DELETE FROM saga_outbox_relays WHERE owner = $1`, r.cfg.Owner); err != nil {
-		r.cfg.Logger.Warn("outbox relay: could not delete its registration; other relays delete it once its lock is free",
-			"owner", r.cfg.Owner, "error", err)
-	}
-}
+// unregisterSQL deletes the registration on a clean stop, sent on the
+// connection that holds the lock (so it never deletes the row of another
+// relay that has the same Owner and the lock).
+const unregisterSQL = `DELETE FROM saga_outbox_relays WHERE owner = $1 AND lock_key = $2`
 
 // lookSQL lists the other registered owners with whether their lock is
-// free now (taken for this transaction only, so a relay coming back cannot
-// take it until the look is over) and whether it was already free for
-// reapGrace ($3, in milliseconds).
+// free now and whether it was already free for the grace ($2 ms, or the
+// owner's own if longer). The lock is tried shared and for this
+// transaction only: looks of several relays do not see each other as the
+// owner, and a relay coming back cannot take its lock until the look is
+// over (it tries again a poll later).
 const lookSQL = `
 WITH others AS MATERIALIZED (
-  SELECT owner, free_since FROM saga_outbox_relays WHERE owner <> $1
+  SELECT owner, lock_key, grace_ms, free_since FROM saga_outbox_relays WHERE owner <> $1
 )
 SELECT owner,
-  pg_try_advisory_xact_lock(hashtextextended($2::text || current_schema() || ':' || owner, 0)) AS free,
+  pg_try_advisory_xact_lock_shared(lock_key) AS free,
   free_since IS NOT NULL AS was_free,
-  coalesce(free_since <= now() - $3 * interval '1 millisecond', false) AS due
+  coalesce(free_since <= now() - greatest($2, grace_ms) * interval '1 millisecond', false) AS due
 FROM others ORDER BY owner`
 
 // releaseGoneSQL releases the leased rows of gone owners and deletes their
@@ -112,7 +96,7 @@ SELECT owner, count(*) FROM released GROUP BY owner`
 func (r *Relay) reap(ctx context.Context) (int, error) {
 	released := map[string]int{}
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, lookSQL, r.cfg.Owner, livenessLockPrefix, r.reapGrace().Milliseconds())
+		rows, err := tx.Query(ctx, lookSQL, r.cfg.Owner, r.reapGrace().Milliseconds())
 		if err != nil {
 			return err
 		}
@@ -168,8 +152,12 @@ func (r *Relay) reap(ctx context.Context) (int, error) {
 	total := 0
 	for o, n := range released {
 		total += n
-		r.cfg.Logger.Warn("outbox relay: released the rows of a relay that is gone (its liveness lock was free for the grace period)",
-			"owner", r.cfg.Owner, "gone", o, "rows", n, "grace", r.reapGrace())
+		level := slog.LevelWarn
+		if n == 0 {
+			level = slog.LevelInfo
+		}
+		r.cfg.Logger.Log(ctx, level, "outbox relay: released the rows of a relay that is gone (its liveness lock stayed free for its grace period)",
+			"owner", r.cfg.Owner, "gone", o, "rows", n)
 	}
 	return total, nil
 }

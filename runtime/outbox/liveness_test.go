@@ -53,7 +53,9 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 	t.Cleanup(func() { _ = holder.Close(context.Background()) })
 	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`, livenessLockPrefix, "alive")
 	require.NoError(t, err)
-	_, err = holder.Exec(ctx, registerSQL, "alive")
+	var key int64
+	require.NoError(t, holder.QueryRow(ctx, lockKeySQL, livenessLockPrefix, "alive").Scan(&key))
+	_, err = holder.Exec(ctx, registerSQL, "alive", key, 150)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'alive', lease_until = now() + interval '1 hour', attempts = 1
 WHERE message_id = ANY($1)`, alive)
@@ -103,4 +105,29 @@ WHERE published_at IS NULL AND lease_owner = 'alive' AND message_id = ANY($1)`, 
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
 WHERE published_at IS NULL AND lease_owner = 'stranger' AND lease_until > now()`).Scan(&leasedToStranger))
 	require.Equal(t, len(stranger), leasedToStranger, "an owner that never registered keeps its lease")
+}
+
+// TestRelayRegistersWhileRunning: a running relay is registered and holds
+// its lock; a clean stop deletes its registration and lets go of the lock.
+func TestRelayRegistersWhileRunning(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, Owner: "registered", PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	res := make(chan error, 1)
+	go func() { res <- r.Run(runCtx) }()
+	registered := func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_relays WHERE owner = 'registered'`).Scan(&n))
+		return n == 1
+	}
+	require.Eventually(t, registered, 10*time.Second, 10*time.Millisecond)
+	var free bool
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(lock_key) FROM saga_outbox_relays WHERE owner = 'registered'`).Scan(&free))
+	require.False(t, free, "the running relay holds its lock")
+	cancel()
+	require.NoError(t, <-res)
+	require.False(t, registered(), "a clean stop deletes the registration")
 }

@@ -34,11 +34,12 @@
 // session ends, as it does when the process dies, and registers in
 // saga_outbox_relays while it holds it. About once per PollInterval each
 // relay looks at the registered owners; one whose lock has stayed free for
-// three polls is gone, and its leased rows (claimed, or handed over by a
+// its grace (three of its polls) is gone, and its leased rows (claimed, or handed over by a
 // consumer of its process) are released at once instead of waiting for
 // LeaseDuration. A relay that cannot take its lock is not registered and
-// keeps the lease as its only guard. Taking a live relay for dead (its
-// session cut for longer than the grace) can only cause a duplicate. Relays
+// keeps the lease as its only guard; a relay that stops cleanly deletes its
+// registration before it lets go of the lock. Taking a live relay for dead
+// (its session cut for longer than the grace) can only cause a duplicate. Relays
 // need session-level connections: not a pooler in transaction mode.
 //
 // No transaction is held across network I/O: a transaction open while

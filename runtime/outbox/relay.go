@@ -221,22 +221,23 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.pub.Close()
 	r.setOpen(true)
 	defer r.setOpen(false)
-	listenCtx, stopListen := context.WithCancel(ctx)
+	// The listener, which holds the liveness lock, outlives ctx until the
+	// pipeline has finished the rows in flight (see listen).
+	listenCtx, stopListen := context.WithCancelCause(context.WithoutCancel(ctx))
 	wake := make(chan struct{}, 1)
 	listenDone := make(chan struct{})
 	go func() {
 		defer close(listenDone)
 		r.listen(listenCtx, wake)
 	}()
+	cause := errors.New("outbox relay crashed")
 	defer func() {
-		stopListen()
+		stopListen(cause)
 		<-listenDone
 	}()
 	err := r.runPipeline(ctx, wake)
 	if err == nil {
-		// Stopped, not crashed: nothing of ours is left leased. (A crash
-		// leaves the registration for other relays to find the lock free.)
-		r.unregister(ctx)
+		cause = errStopped // nothing of ours is left leased: unregister
 	}
 	return err
 }
