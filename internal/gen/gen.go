@@ -141,11 +141,7 @@ func Response(req *pluginpb.CodeGeneratorRequest, warn io.Writer) *pluginpb.Code
 		if !strings.HasSuffix(f.GetName(), ".go") {
 			continue
 		}
-		src, err := readableImports([]byte(f.GetContent()), names)
-		if err != nil {
-			return &pluginpb.CodeGeneratorResponse{Error: proto.String(fmt.Sprintf("protoc-gen-saga: rename the imports of %s: %v", f.GetName(), err))}
-		}
-		f.Content = proto.String(string(src))
+		f.Content = proto.String(string(readableImports([]byte(f.GetContent()), names)))
 	}
 	return resp
 }
