@@ -96,8 +96,9 @@ func setup(t *testing.T) *testBundle {
 		return runErr
 	}
 	t.Cleanup(func() {
-		require.NoError(t, b.stop())
+		err := b.stop()
 		a.Close()
+		require.NoError(t, err)
 	})
 	return b
 }
@@ -497,6 +498,26 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 
 // publishPoison publishes a ReserveInventory whose body is not protobuf
 // straight to the inventory's command exchange, as a broken client would.
+// waitNoConsumers waits until the broker lists no consumer on the queues:
+// a stopping app's consumers cancel their subscriptions before they drain.
+func (b *testBundle) waitNoConsumers(t *testing.T, queues ...string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := broker.Dial(ctx, b.amqpURL, broker.ConnConfig{Name: "observer"})
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel(ctx)
+	require.NoError(t, err)
+	defer ch.Close()
+	for _, q := range queues {
+		require.Eventually(t, func() bool {
+			st, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+			require.NoError(t, err)
+			return st.Consumers == 0
+		}, waitFor, 10*time.Millisecond, "consumers of %s", q)
+	}
+}
+
 func (b *testBundle) publishPoison(t *testing.T, id string) {
 	t.Helper()
 	ctx := context.Background()
@@ -638,6 +659,7 @@ func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	paused, resume := b.script.Pause("o-drain", authorizePayment)
+	t.Cleanup(resume) // runs before setup's stop, should the test end early
 	id := b.start(t, request("o-drain"))
 	select {
 	case <-paused:
@@ -646,7 +668,9 @@ func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
 	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- b.stop() }()
-	time.Sleep(100 * time.Millisecond) // the app is stopping: its consumers take nothing new
+	// Stopping: the saga's consumer has cancelled its subscription. (The
+	// paused one's stays listed while it holds an unacknowledged message.)
+	b.waitNoConsumers(t, "order.saga.place_order")
 	resume()
 	require.NoError(t, <-stopped)
 

@@ -59,8 +59,8 @@ func NewScript() *Script {
 }
 
 // Pause holds the next delivery of command for orderID in its handler,
-// before any effect, until resume is called; paused is closed once it is
-// held. Later deliveries are not held.
+// before any effect, until resume is called (or the handler's context
+// ends); paused is closed once it is held. Later deliveries are not held.
 func (s *Script) Pause(orderID, command string) (paused <-chan struct{}, resume func()) {
 	p := &pause{entered: make(chan struct{}), release: make(chan struct{})}
 	s.mu.Lock()
@@ -183,7 +183,11 @@ func (a *App) scripted(h consumer.HandlerFunc) consumer.HandlerFunc {
 		k := scriptKey{d.Message.CorrelationKey(), d.Envelope.MessageType}
 		if p := s.paused(k); p != nil {
 			close(p.entered)
-			<-p.release
+			select {
+			case <-p.release:
+			case <-ctx.Done(): // the drain ran out
+				return ctx.Err()
+			}
 		}
 		switch s.next(k) {
 		case actFail:
