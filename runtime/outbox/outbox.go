@@ -57,8 +57,9 @@
 // batch and waits only while Window confirms are outstanding across
 // batches; the awaiter collects each batch's confirms in order; the settler
 // merges the outcomes that queued up while its last statement ran into one
-// statement. On shutdown, batches already sent are finished and batches
-// claimed but not sent are released at once, bounded by ConfirmTimeout.
+// statement. On shutdown, batches already sent are finished, hand-offs
+// already queued are sent, and batches claimed but not sent are released at
+// once, bounded by ConfirmTimeout.
 //
 // Hand-off: a relay given to the consumers' context with [WithRelay] gets
 // the rows their handlers enqueue straight after each commit, inserted

@@ -159,10 +159,10 @@ func (c *RelayConfig) validate() error {
 //
 // Each batch carries a context bounded by its lease, so a batch that cannot
 // finish within LeaseDuration is abandoned (its rows are claimed again
-// later). When Run's context ends the claimer stops, batches not yet sent
-// are released unpublished (claimable again at once), and the batches
-// already sent are finished: confirms awaited, rows marked. The drain is
-// bounded by ConfirmTimeout.
+// later). When Run's context ends the claimer stops, claimed batches not
+// yet sent are released unpublished (claimable again at once), hand-offs
+// already queued are still sent, and the batches sent are finished:
+// confirms awaited, rows marked. The drain is bounded by ConfirmTimeout.
 type Relay struct {
 	cfg RelayConfig
 	pub *broker.Publisher
@@ -324,6 +324,7 @@ type batch struct {
 	work   context.Context
 	finish context.CancelFunc
 
+	handed  bool // handed over by a consumer's commit (see WithRelay), not claimed
 	sent    bool // published (false: released unpublished)
 	spans   []trace.Span
 	pending *broker.Pending
@@ -437,15 +438,18 @@ func (p *pipeline) merge(b *batch) *batch {
 }
 
 // forward gives b, claimed or handed off, its work context — bounded by its
-// lease and by the drain — and sends it, or passes it on unsent (after ctx
-// ended), or drops it (after a crash).
+// lease and by the drain — and sends it, or passes it on unsent, or drops
+// it (after a crash). After ctx ended a claimed batch goes on unsent, to be
+// released; a handed-over one, which the relay accepted while it was open,
+// is still sent within the drain, so that what a stopping process's
+// consumers committed last is published rather than left for a claim.
 func (p *pipeline) forward(b *batch, out chan<- *batch) {
 	b.work, b.finish = context.WithDeadline(p.grace, b.deadline)
 	switch {
 	case p.hasCrashed():
 		b.finish()
 		return
-	case p.ctx.Err() == nil:
+	case p.ctx.Err() == nil, b.handed && b.work.Err() == nil:
 		p.send(b)
 	}
 	out <- b
@@ -676,7 +680,7 @@ func (r *Relay) handoff(ctx context.Context, h *handoff) {
 	queued := false
 	if r.open {
 		select {
-		case r.direct <- &batch{rows: h.rows, claimedAt: r.cfg.Now(), deadline: h.deadline}:
+		case r.direct <- &batch{rows: h.rows, claimedAt: r.cfg.Now(), deadline: h.deadline, handed: true}:
 			queued = true
 		default:
 		}

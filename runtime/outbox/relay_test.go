@@ -346,3 +346,58 @@ FROM saga_outbox`).Scan(&released, &kept))
 	require.Equal(t, 1, kept, "a row leased to another relay since is not touched")
 	require.Zero(t, r.Stats().HandedOff)
 }
+
+// TestHandoffsQueuedAtStopArePublished: rows a consumer handed over while
+// the relay was open, still queued when Run's context ends, are published
+// within the drain; the claimed batches not yet sent are released.
+func TestHandoffsQueuedAtStopArePublished(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	claimed := enqueue(t, ctx, b.pool, 100, routedKey)
+	// Three rows committed by a consumer of this process: born leased to
+	// the relay, not claimable.
+	envs := []envelope.Envelope{env(routedKey), env(routedKey), env(routedKey)}
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, envs...) }))
+	h := &handoff{deadline: time.Now().Add(time.Hour)}
+	var handed []string
+	for _, e := range envs {
+		var id int64
+		require.NoError(t, b.pool.QueryRow(ctx, `UPDATE saga_outbox SET lease_owner = 'drainer', lease_until = now() + interval '1 hour', attempts = 1
+WHERE message_id = $1 RETURNING id`, e.MessageID).Scan(&id))
+		h.rows = append(h.rows, row{id: id, attempts: 1, env: e})
+		handed = append(handed, e.MessageID)
+	}
+
+	// Hold the first batch after its confirms until the pipeline behind
+	// it is full (the sender waits), queue the hand-off, end Run's
+	// context, then let the pipeline go on.
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var r *Relay
+	held := false
+	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, Owner: "drainer", BatchSize: 10, Window: 10, LeaseDuration: time.Minute,
+		afterPublish: func([]int64) error {
+			if !held {
+				held = true
+				if err := waitLeased(ctx, b.pool, pipelineDepth(10, 10)+len(handed)); err != nil {
+					return err
+				}
+				r.handoff(ctx, h)
+				cancel()
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	require.NoError(t, r.Run(runCtx))
+
+	require.EqualValues(t, len(handed), r.Stats().HandedOff)
+	var unpublishedHanded int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE message_id = ANY($1) AND published_at IS NULL`, handed).Scan(&unpublishedHanded))
+	require.Zero(t, unpublishedHanded, "the queued hand-off was published during the drain")
+	seen := drain(t, b)
+	requireEach(t, seen, handed, 1)
+	var releasedClaimed int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE message_id = ANY($1) AND published_at IS NULL AND lease_owner IS NULL`, claimed).Scan(&releasedClaimed))
+	require.Positive(t, releasedClaimed, "claimed batches not yet sent are still released")
+}
