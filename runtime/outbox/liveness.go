@@ -152,6 +152,7 @@ func (r *Relay) reap(ctx context.Context) (int, error) {
 	total := 0
 	for o, n := range released {
 		total += n
+		r.tel.metrics.GoneRelayRowsReleased(ctx, n)
 		level := slog.LevelWarn
 		if n == 0 {
 			level = slog.LevelInfo

@@ -7,6 +7,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // TestRowsOfAGoneRelayWaitForNoLease: a relay that died with rows claimed
@@ -74,9 +78,29 @@ WHERE message_id = ANY($1)`, stranger)
 	}
 	require.True(t, registered("doomed"), "a crashed relay leaves its registration")
 
-	survivor, _ := startRelay(t, b, RelayConfig{Owner: "survivor", LeaseDuration: time.Hour})
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	survivor, _ := startRelay(t, b, RelayConfig{Owner: "survivor", LeaseDuration: time.Hour, Telemetry: telemetry.Providers{Meter: mp}})
+	goneRows := func() int64 {
+		t.Helper()
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(ctx, &rm))
+		var n int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == telemetry.MetricGoneRelayRows {
+					for _, dp := range sum.DataPoints {
+						n += dp.Value
+					}
+				}
+			}
+		}
+		return n
+	}
 	waitUnpublished(t, ctx, b.pool, len(alive)+len(stranger))
 	require.False(t, registered("doomed"), "the gone relay's registration is deleted with its rows released")
+	require.EqualValues(t, len(ids), goneRows(), "the released rows are counted")
 	requireEach(t, drain(t, b), ids, 2) // once by the doomed relay, once by the survivor
 	// Its session loses the lock for moments at a time, as a relay whose
 	// LISTEN connection is re-established quickly: shorter than the grace
@@ -101,6 +125,7 @@ WHERE published_at IS NULL AND lease_owner = 'alive' AND message_id = ANY($1)`, 
 	waitUnpublished(t, ctx, b.pool, len(stranger))
 	requireEach(t, drain(t, b), alive, 1)
 	require.EqualValues(t, len(ids)+len(alive), survivor.Stats().Published)
+	require.EqualValues(t, len(ids)+len(alive), goneRows())
 	var leasedToStranger int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
 WHERE published_at IS NULL AND lease_owner = 'stranger' AND lease_until > now()`).Scan(&leasedToStranger))

@@ -30,6 +30,7 @@ const (
 	MetricSent             = "messaging.client.sent.messages"
 	MetricPublishDelay     = "saga.outbox.publish.delay"
 	MetricListenReconnects = "saga.outbox.listen.reconnects"
+	MetricGoneRelayRows    = "saga.outbox.gone_relay.rows"
 	MetricInstances        = "saga.instances"
 	MetricStuck            = "saga.instances.stuck"
 	MetricOutboxBacklog    = "saga.outbox.backlog"
@@ -59,8 +60,8 @@ type Metrics struct {
 	consumed, consumerMessages, retries, parked, restarts metric.Int64Counter
 	processDuration                                       metric.Float64Histogram
 
-	sent, listenReconnects metric.Int64Counter
-	publishDelay           metric.Float64Histogram
+	sent, listenReconnects, goneRelayRows metric.Int64Counter
+	publishDelay                          metric.Float64Histogram
 }
 
 // NewMetrics creates every instrument from p.Meter. With metrics disabled
@@ -99,6 +100,7 @@ func NewMetrics(p Providers) (*Metrics, error) {
 
 		sent:             counter(MetricSent, metricMessageUnit, "Outbox rows published by the relay; error.type is set when the broker did not confirm (nacked, returned, ...)."),
 		listenReconnects: counter(MetricListenReconnects, "{reconnect}", "Relay LISTEN connections lost and re-established."),
+		goneRelayRows:    counter(MetricGoneRelayRows, "{row}", "Outbox rows released from relays found gone (their liveness lock stayed free), to be claimed by others."),
 		publishDelay:     histogram(MetricPublishDelay, "From a message's occurred-at to the broker's confirm of its publish."),
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -262,6 +264,15 @@ func (m *Metrics) ListenReconnected(ctx context.Context) {
 		return
 	}
 	m.listenReconnects.Add(ctx, 1)
+}
+
+// GoneRelayRowsReleased counts outbox rows a relay released from another
+// relay it found gone.
+func (m *Metrics) GoneRelayRowsReleased(ctx context.Context, rows int) {
+	if !m.Enabled() || rows <= 0 {
+		return
+	}
+	m.goneRelayRows.Add(ctx, int64(rows))
 }
 
 // StepOf returns the step a state of def belongs to ("" for terminal and

@@ -76,10 +76,11 @@ func Build(defs []*sagadef.Definition, opts Options) ([]byte, error) {
 		target{`sum by (messaging_destination_name) (saga_parked_messages)`, "{{messaging_destination_name}}"})
 	b.panel("Process duration p95", "From a delivery's receipt to its acknowledgement.", "s",
 		target{`histogram_quantile(0.95, sum by (le, messaging_destination_name) (rate(messaging_process_duration_seconds_bucket[$__rate_interval])))`, "{{messaging_destination_name}}"})
-	b.panel("Reconnects", "Broker connections re-established, consumer sessions restarted and relay LISTEN connections lost.", "short",
+	b.panel("Reconnects", "Broker connections re-established, consumer sessions restarted, relay LISTEN connections lost, and outbox rows released from relays found gone (a process died holding them).", "short",
 		target{`sum by (saga_connection_name) (increase(saga_broker_reconnects_total[$__rate_interval]))`, "broker {{saga_connection_name}}"},
 		target{`sum by (messaging_consumer_group_name) (increase(saga_consumer_reconnects_total[$__rate_interval]))`, "consumer {{messaging_consumer_group_name}}"},
-		target{`sum(increase(saga_outbox_listen_reconnects_total[$__rate_interval]))`, "relay LISTEN"})
+		target{`sum(increase(saga_outbox_listen_reconnects_total[$__rate_interval]))`, "relay LISTEN"},
+		target{`sum(increase(saga_outbox_gone_relay_rows_total[$__rate_interval]))`, "rows of gone relays"})
 
 	for _, d := range sorted {
 		sel := "saga_type=" + strconv.Quote(d.Name)

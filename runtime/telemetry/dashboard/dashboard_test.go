@@ -77,7 +77,7 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 		telemetry.MetricTransitions, telemetry.MetricStepLatency, telemetry.MetricTimeouts, telemetry.MetricCompensations,
 		telemetry.MetricManualReviews, telemetry.MetricConsumed, telemetry.MetricProcessDuration, telemetry.MetricConsumerMessages,
 		telemetry.MetricConsumerRetries, telemetry.MetricConsumerParked, telemetry.MetricConsumerRestarts, telemetry.MetricSent,
-		telemetry.MetricPublishDelay, telemetry.MetricListenReconnects, broker.MetricReconnects, telemetry.MetricInstances, telemetry.MetricStuck,
+		telemetry.MetricPublishDelay, telemetry.MetricListenReconnects, telemetry.MetricGoneRelayRows, broker.MetricReconnects, telemetry.MetricInstances, telemetry.MetricStuck,
 		telemetry.MetricOutboxBacklog, telemetry.MetricOutboxOldestAge, telemetry.MetricParkedMessages,
 	} {
 		exported[strings.ReplaceAll(name, ".", "_")] = true
