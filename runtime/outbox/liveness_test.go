@@ -7,9 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -78,26 +77,9 @@ WHERE message_id = ANY($1)`, stranger)
 	}
 	require.True(t, registered("doomed"), "a crashed relay leaves its registration")
 
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp := metrictest.New(t)
 	survivor, _ := startRelay(t, b, RelayConfig{Owner: "survivor", LeaseDuration: time.Hour, Telemetry: telemetry.Providers{Meter: mp}})
-	goneRows := func() int64 {
-		t.Helper()
-		var rm metricdata.ResourceMetrics
-		require.NoError(t, reader.Collect(ctx, &rm))
-		var n int64
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == telemetry.MetricGoneRelayRows {
-					for _, dp := range sum.DataPoints {
-						n += dp.Value
-					}
-				}
-			}
-		}
-		return n
-	}
+	goneRows := func() int64 { return mp.Sum(t, telemetry.MetricGoneRelayRows) }
 	waitUnpublished(t, ctx, b.pool, len(alive)+len(stranger))
 	require.False(t, registered("doomed"), "the gone relay's registration is deleted with its rows released")
 	require.EqualValues(t, len(ids), goneRows(), "the released rows are counted")

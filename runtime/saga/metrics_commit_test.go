@@ -7,9 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/saga"
@@ -25,26 +24,9 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{})
 	ctx := context.Background()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(ctx) })
+	mp := metrictest.New(t)
 	eng := b.newEngine(t, func(c *saga.Config) { c.Telemetry = telemetry.Providers{Meter: mp} })
-	starts := func() int64 {
-		t.Helper()
-		var rm metricdata.ResourceMetrics
-		require.NoError(t, reader.Collect(ctx, &rm))
-		var n int64
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == telemetry.MetricTransitions {
-					for _, p := range sum.DataPoints {
-						n += p.Value
-					}
-				}
-			}
-		}
-		return n
-	}
+	starts := func() int64 { return mp.Sum(t, telemetry.MetricTransitions) }
 	// startInHandler starts a saga as a consumer's handler would, and
 	// keeps or discards the handler's scope as the consumer does after
 	// success or failure.
