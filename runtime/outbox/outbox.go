@@ -200,13 +200,18 @@ type rowset struct {
 // newRowset checks envs and encodes them as rows.
 func newRowset(envs []envelope.Envelope) (*rowset, error) {
 	n := len(envs)
+	// The twelve text columns share one allocation; each column's capacity
+	// ends at its own rows, so add reallocates rather than overwrite the
+	// next column.
+	text := make([]string, 12*n)
+	col := func(i int) []string { return text[i*n : (i+1)*n : (i+1)*n] }
 	rs := &rowset{
 		envs: envs,
-		ids:  make([]string, n), exchanges: make([]string, n), keys: make([]string, n), types: make([]string, n),
+		ids:  col(0), exchanges: col(1), keys: col(2), types: col(3),
 		versions:     make([]int32, n),
-		correlations: make([]string, n), causations: make([]string, n), sagaIDs: make([]string, n),
-		sagaTypes: make([]string, n), idemKeys: make([]string, n),
-		parents: make([]string, n), states: make([]string, n), headers: make([]string, n),
+		correlations: col(4), causations: col(5), sagaIDs: col(6),
+		sagaTypes: col(7), idemKeys: col(8),
+		parents: col(9), states: col(10), headers: col(11),
 		bodies:   make([][]byte, n),
 		occurred: make([]time.Time, n),
 	}
@@ -220,12 +225,13 @@ func newRowset(envs []envelope.Envelope) (*rowset, error) {
 		case e.SchemaVersion < 1:
 			errs = append(errs, fmt.Errorf("message %s: schema version %d, want at least 1", e.MessageID, e.SchemaVersion))
 		}
-		h := []byte("{}")
+		h := "{}"
 		if len(e.Headers) > 0 {
-			var err error
-			if h, err = json.Marshal(e.Headers); err != nil {
+			b, err := json.Marshal(e.Headers)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("message %s: encode headers: %w", e.MessageID, err))
 			}
+			h = string(b)
 		}
 		body := e.Body
 		if body == nil {
@@ -238,7 +244,7 @@ func newRowset(envs []envelope.Envelope) (*rowset, error) {
 		rs.ids[i], rs.exchanges[i], rs.keys[i], rs.types[i], rs.versions[i] = e.MessageID, e.Exchange, e.RoutingKey, e.MessageType, e.SchemaVersion
 		rs.correlations[i], rs.causations[i], rs.sagaIDs[i], rs.sagaTypes[i] = e.CorrelationID, e.CausationID, e.SagaID, e.SagaType
 		rs.idemKeys[i], rs.parents[i], rs.states[i] = e.IdempotencyKey, e.Traceparent, e.Tracestate
-		rs.headers[i], rs.bodies[i], rs.occurred[i] = string(h), body, at
+		rs.headers[i], rs.bodies[i], rs.occurred[i] = h, body, at
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -260,9 +266,11 @@ func (rs *rowset) add(o *rowset) {
 }
 
 // args are the insert statements' first 15 parameters.
+// The columns go as pointers, which pgx dereferences: boxing a slice into
+// an interface would allocate for each.
 func (rs *rowset) args() []any {
-	return []any{rs.ids, rs.exchanges, rs.keys, rs.types, rs.versions, rs.correlations, rs.causations,
-		rs.sagaIDs, rs.sagaTypes, rs.idemKeys, rs.parents, rs.states, rs.headers, rs.bodies, rs.occurred}
+	return []any{&rs.ids, &rs.exchanges, &rs.keys, &rs.types, &rs.versions, &rs.correlations, &rs.causations,
+		&rs.sagaIDs, &rs.sagaTypes, &rs.idemKeys, &rs.parents, &rs.states, &rs.headers, &rs.bodies, &rs.occurred}
 }
 
 // stagedKey names the outbox's part of a txq.Stage.
