@@ -114,12 +114,23 @@ WHERE published_at IS NULL AND lease_owner = 'stranger' AND lease_until > now()`
 	require.Equal(t, len(stranger), leasedToStranger, "an owner that never registered keeps its lease")
 }
 
-// TestRelayRegistersWhileRunning: a running relay is registered and holds
-// its lock; a clean stop deletes its registration and lets go of the lock.
+// TestRelayRegistersWhileRunning: a relay whose lock another session holds
+// runs unregistered and takes the lock within polls once it is free (while
+// notifications keep arriving); a running relay is registered and holds its
+// lock; a clean stop deletes its registration and lets go of the lock.
 func TestRelayRegistersWhileRunning(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
 	b := setup(t)
+	pc, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	holder := pc.Hijack()
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
+	var key int64
+	require.NoError(t, holder.QueryRow(ctx, lockKeySQL, livenessLockPrefix, "registered").Scan(&key))
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, key)
+	require.NoError(t, err)
+
 	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, Owner: "registered", PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
@@ -130,7 +141,27 @@ func TestRelayRegistersWhileRunning(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_relays WHERE owner = 'registered'`).Scan(&n))
 		return n == 1
 	}
-	require.Eventually(t, registered, 10*time.Second, 10*time.Millisecond)
+	// Notifications every few milliseconds: the retry must not wait for a
+	// quiet poll.
+	for range 20 {
+		enqueue(t, ctx, b.pool, 1, routedKey)
+		time.Sleep(15 * time.Millisecond)
+	}
+	require.False(t, registered(), "not registered while another session holds its lock")
+	require.NoError(t, holder.Close(ctx))
+	stopNotes := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stopNotes:
+				return
+			case <-time.After(15 * time.Millisecond):
+				_, _ = b.pool.Exec(ctx, `SELECT pg_notify('`+NotifyChannel+`', '')`)
+			}
+		}
+	}()
+	require.Eventually(t, registered, 10*time.Second, 10*time.Millisecond, "takes its lock once it is free")
+	close(stopNotes)
 	var free bool
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(lock_key) FROM saga_outbox_relays WHERE owner = 'registered'`).Scan(&free))
 	require.False(t, free, "the running relay holds its lock")
