@@ -395,6 +395,15 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 	guard := &guardedTx{Tx: tx}
 	stage := txq.NewStage(guard, wakes)
 	guard.stage = stage
+	// chargeNone sends the whole batch, rolled back, down the savepoint
+	// path with no attempt charged: the failure was the batch's, not one
+	// delivery's.
+	chargeNone := func() error {
+		for _, p := range pending {
+			p.outcome = outcomePending
+		}
+		return errFallBack
+	}
 	// stagedFailed handles a failure to write the staged rows: which
 	// handler's row was at fault is not known here, so no attempt is
 	// charged and the savepoint path, where nothing is staged, applies the
@@ -407,10 +416,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			return fmt.Errorf("roll back after the batch's staged writes failed (%v): %w", err, rerr)
 		}
 		c.log.Debug("batch's staged writes failed; applying the batch again with a savepoint per delivery", slog.Any("error", err))
-		for _, p := range pending {
-			p.outcome = outcomePending
-		}
-		return errFallBack
+		return chargeNone()
 	}
 	batch := make([]*Delivery, 0, len(pending))
 	for i, it := range pending {
@@ -457,10 +463,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			// be the batch's doing rather than this delivery's, as is a
 			// failure of work a handler did for the whole batch: charge
 			// no attempt, the savepoint path applies it again.
-			for _, p := range pending {
-				p.outcome = outcomePending
-			}
-			return errFallBack
+			return chargeNone()
 		}
 		for _, p := range pending[:i] {
 			p.outcome = outcomePending
