@@ -292,8 +292,8 @@ func (s *staged) Queue(ctx context.Context, tx pgx.Tx) {
 	results := txq.Results(s.results)
 	// With a scope in ctx, write queues and returns nil.
 	_ = write(ctx, tx, &s.rows, func(tag pgconn.CommandTag, err error) error {
-		if results(tag, err) == nil {
-			return nil
+		if e := results(tag, err); e == nil || err == nil {
+			return e // nothing failed, or a caller's own check did
 		}
 		// The server's error names the row; each Enqueue's own would
 		// name its first message, not the culprit.

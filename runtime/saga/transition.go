@@ -230,8 +230,8 @@ ORDER BY ord`
 func (r *auditRows) Queue(ctx context.Context, tx pgx.Tx) {
 	results := txq.Results(r.results)
 	_ = txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
-		if results(tag, err) == nil {
-			return nil
+		if e := results(tag, err); e == nil || err == nil {
+			return e // nothing failed, or a caller's own check did
 		}
 		return fmt.Errorf("insert the batch's %d audit rows (sagas %s…): %w", len(r.sagaIDs), r.sagaIDs[0], err)
 	}, insertAuditRowsSQL, r.sagaIDs, r.sagaTypes, r.froms, r.tos,
