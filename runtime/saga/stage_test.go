@@ -210,6 +210,14 @@ func TestBatchLockedAhead(t *testing.T) {
 		require.Equal(t, "AUTHORIZE_PAYMENT", b.status(t, id).State)
 	}
 	require.Equal(t, "RESERVE_INVENTORY", b.status(t, ids[2]).State)
+
+	// The control: without a batch the engine locks by id, and the counter
+	// sees that statement (so the zero above is not a pattern that stopped
+	// matching).
+	alone := b.stagedBatchOn(t, traced)
+	st := b.status(t, ids[2])
+	require.NoError(t, alone.reply(ids[2], st.BusinessKey, st.PendingMessageID, msgInventoryReserved))
+	require.Equal(t, lockCount{one: 1, many: 1}, locks.count())
 }
 
 // lockCounter is a pgx tracer counting the instance locks a connection
