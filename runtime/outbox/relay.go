@@ -342,7 +342,7 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 		if time.Since(reaped) >= r.cfg.PollInterval {
 			// Rows of relays that died wait for no lease (liveness.go).
 			reaped = time.Now()
-			if _, err := r.reap(p.stop); err != nil && p.stop.Err() == nil {
+			if err := r.reap(p.stop); err != nil && p.stop.Err() == nil {
 				r.cfg.Logger.Warn("outbox relay: could not look for relays that are gone", "owner", r.cfg.Owner, "error", err)
 			}
 		}
