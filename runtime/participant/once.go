@@ -195,10 +195,10 @@ func claimAhead(ctx context.Context, tx pgx.Tx, service string) error {
 SELECT $1, k FROM unnest($2::text[]) AS k ORDER BY k
 ON CONFLICT (service, idempotency_key) DO NOTHING
 RETURNING idempotency_key`, service, keys)
-	if err != nil {
-		return consumer.BatchFault(fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err))
+	var inserted []string
+	if err == nil {
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return consumer.BatchFault(fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err))
 	}

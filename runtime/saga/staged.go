@@ -186,20 +186,16 @@ func (e *Engine) prefetch(ctx context.Context, tx pgx.Tx) (*prefetched, error) {
 		return p, nil
 	}
 	rows, err := tx.Query(ctx, e.q.lockMany, ids)
+	var ws []row
+	if err == nil {
+		ws, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) { return scanRow(r) })
+	}
 	if err != nil {
 		return nil, consumer.BatchFault(fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err))
 	}
-	defer rows.Close()
-	p.rows = make(map[string]row, len(ids))
-	for rows.Next() {
-		w, err := scanRow(rows)
-		if err != nil {
-			return nil, consumer.BatchFault(fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err))
-		}
+	p.rows = make(map[string]row, len(ws))
+	for _, w := range ws {
 		p.rows[w.ID] = w
-	}
-	if err := rows.Err(); err != nil {
-		return nil, consumer.BatchFault(fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err))
 	}
 	return p, nil
 }
