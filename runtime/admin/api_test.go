@@ -232,6 +232,9 @@ func TestTimeline(t *testing.T) {
 	require.Contains(t, triggers, "shop.payment.v1.PaymentAuthorized")
 	require.Contains(t, triggers, "timeout")
 
+	// A relay published the first command.
+	b.markPublished(t, first)
+
 	// Then into manual review through two retries.
 	for range 3 {
 		b.clock.Advance(2 * time.Minute)
@@ -272,6 +275,14 @@ func TestTimeline(t *testing.T) {
 		case admin.EventMessage:
 			require.Equal(t, "out", e.Direction)
 			sent = append(sent, e.MessageType)
+			if e.MessageID == first {
+				require.NotNil(t, e.PublishedAt, "the published command shows when")
+				require.Equal(t, 1, e.PublishAttempts)
+				require.NotContains(t, e.Summary, "not yet published")
+			} else {
+				require.Nil(t, e.PublishedAt, "%s is not published", e.MessageType)
+				require.Contains(t, e.Summary, "not yet published")
+			}
 		case admin.EventParked:
 			parked = &tl.Events[i]
 		}

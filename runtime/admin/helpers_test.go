@@ -186,6 +186,18 @@ func (b *bundle) reply(t *testing.T, id string, m message.Message) {
 	require.NoError(t, b.deliver(t, b.replyEnvelope(t, id, m), m))
 }
 
+// markPublished records the outbox row of messageID as a relay does once
+// the broker confirmed it: no longer pending, sent by relay "test".
+func (b *bundle) markPublished(t *testing.T, messageID string) {
+	t.Helper()
+	tag, err := b.pool.Exec(t.Context(), `WITH done AS (
+  DELETE FROM saga_outbox_pending WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1) RETURNING id, attempts
+)
+INSERT INTO saga_outbox_sent (id, published_at, attempts, relay) SELECT id, now(), attempts + 1, 'test' FROM done`, messageID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "outbox row %s is not pending", messageID)
+}
+
 // park records env as the consumer of queue would after a permanent
 // failure, and returns the saga_parked id.
 func (b *bundle) park(t *testing.T, env envelope.Envelope, queue, reason string) int64 {

@@ -55,9 +55,10 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Tim
 	if len(hist) > maxTimelineRows {
 		hist = hist[len(hist)-maxTimelineRows:]
 	}
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT message_id, message_type, exchange, routing_key, causation_id,
-	body, occurred_at, published_at, attempts
-FROM saga_outbox WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRows)
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT o.message_id, o.message_type, o.exchange, o.routing_key, o.causation_id,
+	o.body, o.occurred_at, s.published_at, coalesce(p.attempts, s.attempts, o.attempts)
+FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id LEFT JOIN saga_outbox_pending p ON p.id = o.id
+WHERE o.saga_id = $1 ORDER BY o.id LIMIT $2`, st.ID, maxTimelineRows)
 	if err != nil {
 		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
 	}

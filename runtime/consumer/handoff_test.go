@@ -67,7 +67,7 @@ func (b *testBundle) waitPublished(messageID string) {
 	b.t.Helper()
 	require.Eventually(b.t, func() bool {
 		var published bool
-		err := b.pool.QueryRow(b.ctx, `SELECT published_at IS NOT NULL FROM saga_outbox WHERE message_id = $1`, messageID).Scan(&published)
+		err := b.pool.QueryRow(b.ctx, `SELECT published_at IS NOT NULL FROM saga_outbox_state WHERE message_id = $1`, messageID).Scan(&published)
 		return err == nil && published
 	}, testTimeout, poll, "outbox row %s never published", messageID)
 }
@@ -87,16 +87,16 @@ func (b *testBundle) waitPublishedCount(r *outbox.Relay, want int64) {
 type outboxRow struct {
 	published  bool
 	attempts   int
-	owner      string // lease_owner, "" when NULL
-	bornLeased bool   // its lease began with its insert (the relays' lease is a minute)
+	owner      string // the relay that published it, or that holds its lease; "" for none
+	bornLeased bool   // its lease (or the one it was published under) began with its insert
 }
 
 func (b *testBundle) outboxRow(messageID string) (outboxRow, bool) {
 	b.t.Helper()
 	var r outboxRow
-	err := b.pool.QueryRow(b.ctx, `SELECT published_at IS NOT NULL, attempts, coalesce(lease_owner, ''),
-  coalesce(lease_until = created_at + interval '1 minute', false)
-FROM saga_outbox WHERE message_id = $1`, messageID).Scan(&r.published, &r.attempts, &r.owner, &r.bornLeased)
+	err := b.pool.QueryRow(b.ctx, `SELECT published_at IS NOT NULL, attempts, coalesce(published_by, lease_owner, ''),
+  born_leased AND attempts = 1 AND (published_at IS NOT NULL OR lease_owner IS NOT NULL)
+FROM saga_outbox_state WHERE message_id = $1`, messageID).Scan(&r.published, &r.attempts, &r.owner, &r.bornLeased)
 	if err == pgx.ErrNoRows {
 		return r, false
 	}

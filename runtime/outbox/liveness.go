@@ -84,9 +84,9 @@ const releaseGoneSQL = `
 WITH forgotten AS (
   DELETE FROM saga_outbox_relays WHERE owner = ANY($1)
 ), released AS (
-  UPDATE saga_outbox o SET lease_owner = NULL, lease_until = NULL
+  UPDATE saga_outbox_pending p SET lease_owner = NULL, lease_until = NULL
   FROM unnest($1::text[]) AS g(owner)
-  WHERE o.lease_owner = g.owner AND o.published_at IS NULL
+  WHERE p.lease_owner = g.owner
   RETURNING g.owner
 )
 SELECT owner, count(*) FROM released GROUP BY owner`

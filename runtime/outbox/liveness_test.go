@@ -60,14 +60,14 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 	require.NoError(t, holder.QueryRow(ctx, lockKeySQL, livenessLockPrefix, "alive").Scan(&key))
 	_, err = holder.Exec(ctx, registerSQL, "alive", key, 150)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'alive', lease_until = now() + interval '1 hour', attempts = 1
-WHERE message_id = ANY($1)`, alive)
+	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'alive', lease_until = now() + interval '1 hour', attempts = 1
+WHERE id IN (SELECT id FROM saga_outbox WHERE message_id = ANY($1))`, alive)
 	require.NoError(t, err)
 
 	// An owner that never registered.
 	stranger := enqueue(t, ctx, b.pool, 3, routedKey)
-	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'stranger', lease_until = now() + interval '1 hour', attempts = 1
-WHERE message_id = ANY($1)`, stranger)
+	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'stranger', lease_until = now() + interval '1 hour', attempts = 1
+WHERE id IN (SELECT id FROM saga_outbox WHERE message_id = ANY($1))`, stranger)
 	require.NoError(t, err)
 	registered := func(owner string) bool {
 		t.Helper()
@@ -96,7 +96,7 @@ WHERE message_id = ANY($1)`, stranger)
 		time.Sleep(100 * time.Millisecond)
 	}
 	var leasedToAlive int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state
 WHERE published_at IS NULL AND lease_owner = 'alive' AND message_id = ANY($1)`, alive).Scan(&leasedToAlive))
 	require.Equal(t, len(alive), leasedToAlive, "the rows of a relay that holds its lock are its own")
 	require.True(t, lockedBy("survivor"), "a running relay holds its liveness lock")
@@ -109,7 +109,7 @@ WHERE published_at IS NULL AND lease_owner = 'alive' AND message_id = ANY($1)`, 
 	require.EqualValues(t, len(ids)+len(alive), survivor.Stats().Published)
 	require.EqualValues(t, len(ids)+len(alive), goneRows())
 	var leasedToStranger int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state
 WHERE published_at IS NULL AND lease_owner = 'stranger' AND lease_until > now()`).Scan(&leasedToStranger))
 	require.Equal(t, len(stranger), leasedToStranger, "an owner that never registered keeps its lease")
 }

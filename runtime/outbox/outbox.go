@@ -20,9 +20,19 @@
 //
 // # How the relay works
 //
-// Leases: one statement claims a batch — UPDATE … WHERE id = ANY(ARRAY(SELECT
-// … ORDER BY id LIMIT n FOR UPDATE SKIP LOCKED)) — setting lease_owner,
-// lease_until = now() + LeaseDuration and attempts = attempts + 1, and
+// Storage: an outbox row is written once and never updated. A trigger
+// gives every inserted row, whoever writes it, a row in
+// saga_outbox_pending; the relay deletes that row once the broker
+// confirmed the message and records the publish in saga_outbox_sent (when,
+// by which relay, after how many leases). Leases live on the narrow pending
+// row, so neither a lease nor a publish copies the message body or adds
+// index entries to the outbox (schema migration 0007; the view
+// saga_outbox_state joins the three).
+//
+// Leases: one statement claims a batch — UPDATE saga_outbox_pending …
+// WHERE id = ANY(ARRAY(SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP
+// LOCKED)) — setting lease_owner, lease_until = now() + LeaseDuration and
+// attempts = attempts + 1, reading the messages from saga_outbox, and
 // commits at once. Row locks are held only for that statement; the lease is
 // what keeps other relays off the rows while they are published, and
 // because it expires, a relay that dies holding one delays its rows by at
@@ -45,8 +55,8 @@
 // No transaction is held across network I/O: a transaction open while
 // waiting for the broker would pin row locks, a connection and the xmin
 // horizon for as long as the broker is slow or gone. Instead the claim
-// commits before publishing and a batched UPDATE afterwards marks the
-// confirmed rows (published_at) and releases the failed ones (lease cleared,
+// commits before publishing and one statement afterwards records the
+// confirmed rows as sent and releases the failed ones (lease cleared,
 // retried after a short backoff for nacks and returns, at once for lost
 // connections) — at most one commit per batch, not per message.
 //

@@ -131,7 +131,7 @@ func waitUnpublished(t *testing.T, ctx context.Context, pool *pgxpool.Pool, want
 	t.Helper()
 	for {
 		var n int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox WHERE published_at IS NULL").Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox_pending").Scan(&n))
 		if n == want {
 			return
 		}
@@ -188,7 +188,7 @@ func TestRelayPublishesCommittedRowsOnce(t *testing.T) {
 	require.Equal(t, RelayStats{Published: int64(len(ids))}, r.Stats())
 
 	var attempts, owners int
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(attempts), count(DISTINCT lease_owner) FROM saga_outbox").Scan(&attempts, &owners))
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT max(attempts), count(DISTINCT published_by) FROM saga_outbox_state").Scan(&attempts, &owners))
 	require.Equal(t, 1, attempts)
 	require.Equal(t, 1, owners)
 }
@@ -251,7 +251,7 @@ func TestRelayCrashAfterPublishBeforeMark(t *testing.T) {
 			// and no row lock is held: no transaction spans network I/O.
 			var leased int
 			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-				return tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM saga_outbox WHERE lease_owner = 'doomed' FOR UPDATE NOWAIT) l").Scan(&leased)
+				return tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM saga_outbox_pending WHERE lease_owner = 'doomed' FOR UPDATE NOWAIT) l").Scan(&leased)
 			})
 			if err != nil || leased != 20 {
 				return fmt.Errorf("claim not committed or rows still locked: %d leased: %w", leased, err)
@@ -271,7 +271,7 @@ func TestRelayCrashAfterPublishBeforeMark(t *testing.T) {
 
 	var attempts int
 	var owner string
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT min(attempts), min(lease_owner) FROM saga_outbox").Scan(&attempts, &owner))
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT min(attempts), min(published_by) FROM saga_outbox_state").Scan(&attempts, &owner))
 	require.Equal(t, 2, attempts)
 	require.Equal(t, "survivor", owner)
 }
@@ -373,7 +373,7 @@ func TestRelayUnroutableIsNotMarked(t *testing.T) {
 	for {
 		var attempts int
 		var published bool
-		require.NoError(t, b.pool.QueryRow(ctx, "SELECT attempts, published_at IS NOT NULL FROM saga_outbox WHERE message_id = $1", lost).Scan(&attempts, &published))
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT attempts, published_at IS NOT NULL FROM saga_outbox_state WHERE message_id = $1", lost).Scan(&attempts, &published))
 		require.False(t, published)
 		if attempts >= 3 {
 			break
@@ -408,7 +408,7 @@ func TestRelayMissingExchangeBlocksNothing(t *testing.T) {
 	require.Len(t, seen, len(ids))
 	requireEach(t, seen, ids, 1)
 	var published bool
-	require.NoError(t, b.pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM saga_outbox WHERE message_id = $1", bad.MessageID).Scan(&published))
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM saga_outbox_state WHERE message_id = $1", bad.MessageID).Scan(&published))
 	require.False(t, published)
 }
 

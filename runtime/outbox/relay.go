@@ -570,8 +570,9 @@ type relayKey struct{}
 // runtime runs in this process (a consumer handler, a participant, the saga
 // engine inside one) or from saga.Engine.Start, hands its rows to r once
 // that transaction commits, instead of waking relays to claim them. The
-// rows are inserted already leased to r (lease_owner, lease_until = the
-// transaction's start + LeaseDuration, attempts 1), so no relay claims them
+// rows are inserted already leased to r (their pending rows have
+// lease_owner, lease_until = the transaction's start + LeaseDuration,
+// attempts 1), so no relay claims them
 // meanwhile and r publishes them
 // without a claim statement: the claim and its row update are skipped, and
 // so is the notification round trip. The guarantees do not change:
@@ -709,8 +710,8 @@ func (r *Relay) handoff(ctx context.Context, h *handoff) {
 // them, and wakes relays to claim them.
 const releaseHandoffSQL = `
 WITH released AS (
-  UPDATE saga_outbox SET lease_owner = NULL, lease_until = NULL
-  WHERE id = ANY($1::bigint[]) AND lease_owner = $2 AND attempts = 1 AND published_at IS NULL
+  UPDATE saga_outbox_pending SET lease_owner = NULL, lease_until = NULL
+  WHERE id = ANY($1::bigint[]) AND lease_owner = $2 AND attempts = 1
   RETURNING id
 )
 SELECT pg_notify('` + NotifyChannel + `', '') WHERE EXISTS (SELECT FROM released)`
@@ -777,18 +778,22 @@ func retryDelay(err error, attempts int32) time.Duration {
 }
 
 const claimSQL = `
-UPDATE saga_outbox
-SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond', attempts = attempts + 1
-WHERE id = ANY(ARRAY(
-  SELECT id FROM saga_outbox
-  WHERE published_at IS NULL AND (lease_until IS NULL OR lease_until < now())
-  ORDER BY id
-  LIMIT $3
-  FOR UPDATE SKIP LOCKED
-))
-RETURNING id, attempts, message_id, exchange, routing_key, message_type, schema_version,
-  correlation_id, causation_id, saga_id, saga_type, idempotency_key, traceparent, tracestate,
-  headers, body, occurred_at`
+WITH claimed AS (
+  UPDATE saga_outbox_pending
+  SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond', attempts = attempts + 1
+  WHERE id = ANY(ARRAY(
+    SELECT id FROM saga_outbox_pending
+    WHERE lease_until IS NULL OR lease_until < now()
+    ORDER BY id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+  ))
+  RETURNING id, attempts
+)
+SELECT c.id, c.attempts, o.message_id, o.exchange, o.routing_key, o.message_type, o.schema_version,
+  o.correlation_id, o.causation_id, o.saga_id, o.saga_type, o.idempotency_key, o.traceparent, o.tracestate,
+  o.headers, o.body, o.occurred_at
+FROM claimed c, LATERAL (SELECT * FROM saga_outbox WHERE id = c.id) o`
 
 // claim leases up to BatchSize publishable rows to this relay, in one
 // committed statement. The ids are collected into an array first so that
@@ -845,23 +850,25 @@ func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[st
 
 const settleSQL = `
 WITH done AS (
-  UPDATE saga_outbox SET published_at = now()
-  WHERE id = ANY($1::bigint[]) AND published_at IS NULL
-  RETURNING id
+  DELETE FROM saga_outbox_pending WHERE id = ANY($1::bigint[])
+  RETURNING id, attempts
+), sent AS (
+  INSERT INTO saga_outbox_sent (id, published_at, attempts, relay)
+  SELECT id, now(), attempts, $5 FROM done
+  ON CONFLICT (id) DO NOTHING
 ), released AS (
-  UPDATE saga_outbox o SET lease_owner = NULL, lease_until = now() + f.delay * interval '1 millisecond'
+  UPDATE saga_outbox_pending p SET lease_owner = NULL, lease_until = now() + f.delay * interval '1 millisecond'
   FROM unnest($2::bigint[], $3::bigint[], $4::int4[]) AS f(id, delay, attempts)
-  WHERE o.id = f.id AND o.lease_owner = $5 AND o.attempts = f.attempts AND o.published_at IS NULL
-  RETURNING o.id
+  WHERE p.id = f.id AND p.lease_owner = $5 AND p.attempts = f.attempts
+  RETURNING p.id
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 
-// settle marks done rows published and releases failed rows, in one
-// statement. A published row keeps the lease it was published under: which
-// relay it was (lease_owner) and, for a row handed over by a consumer, a
-// lease that began with its insert (lease_until = created_at +
-// LeaseDuration; a claim starts its lease later) (one commit for however many batches s covers). A row already
-// marked by another relay (after our lease ran out) is not marked again; a
+// settle records done rows as published and releases failed rows, in one
+// statement (one commit for however many batches s covers): a published
+// row's pending row is deleted and a saga_outbox_sent row says when, by
+// which relay and after how many leases. A row already recorded by another
+// relay (after our lease ran out) is not recorded again; a
 // failed row is released only while the claim it was published under is
 // still the row's latest and ours (same owner and attempts), so a late
 // release never frees a row that was claimed again since. Database errors

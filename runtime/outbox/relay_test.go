@@ -26,7 +26,7 @@ func waitLeased(ctx context.Context, pool *pgxpool.Pool, want int) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var n int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox WHERE published_at IS NULL AND lease_until > now()").Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox_pending WHERE lease_until > now()").Scan(&n); err != nil {
 			return err
 		}
 		if n >= want {
@@ -92,7 +92,7 @@ func TestRelayPipelineKeepsOutcomesWithTheirRows(t *testing.T) {
 	for {
 		var marked, retried int
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE published_at IS NOT NULL),
-  count(*) FILTER (WHERE published_at IS NULL AND attempts >= 2) FROM saga_outbox`).Scan(&marked, &retried))
+  count(*) FILTER (WHERE published_at IS NULL AND attempts >= 2) FROM saga_outbox_state`).Scan(&marked, &retried))
 		if marked == len(routed)+5 && retried == failing {
 			break
 		}
@@ -119,7 +119,7 @@ func TestRelayPipelineKeepsOutcomesWithTheirRows(t *testing.T) {
 		}
 		delivered[d.MessageId]++
 	}
-	rows, err := b.pool.Query(ctx, "SELECT message_id, published_at IS NOT NULL FROM saga_outbox")
+	rows, err := b.pool.Query(ctx, "SELECT message_id, published_at IS NOT NULL FROM saga_outbox_state")
 	require.NoError(t, err)
 	var id string
 	var published bool
@@ -167,7 +167,7 @@ func TestRelayCancelReleasesUnsentBatches(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE published_at IS NOT NULL),
   count(*) FILTER (WHERE published_at IS NULL AND attempts = 1 AND lease_owner IS NULL AND lease_until <= now()),
   count(*) FILTER (WHERE published_at IS NULL AND lease_until > now())
-FROM saga_outbox`).Scan(&marked, &released, &leased))
+FROM saga_outbox_state`).Scan(&marked, &released, &leased))
 	require.Zero(t, leased, "no row is left leased")
 	require.Positive(t, released, "claimed but unsent rows are released")
 	require.Equal(t, int64(marked), r.Stats().Published)
@@ -207,7 +207,7 @@ func TestRelayCrashWithBatchesInFlight(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE published_at IS NOT NULL),
   count(*) FILTER (WHERE attempts > 0),
   count(*) FILTER (WHERE lease_owner = 'doomed' AND lease_until > now())
-FROM saga_outbox`).Scan(&marked, &claimed, &leased))
+FROM saga_outbox_state`).Scan(&marked, &claimed, &leased))
 	require.Zero(t, marked)
 	require.GreaterOrEqual(t, claimed, pipelineDepth(10, 10))
 	require.Equal(t, claimed, leased)
@@ -259,7 +259,7 @@ func TestSettlerMergesQueuedBatches(t *testing.T) {
 	// A stale claim: its lease ran out and this relay claimed the rows
 	// again, so its late failure must not release them.
 	stale := claim()
-	_, err = pool.Exec(ctx, "UPDATE saga_outbox SET lease_until = now() - interval '1 second' WHERE attempts = 1")
+	_, err = pool.Exec(ctx, "UPDATE saga_outbox_pending SET lease_until = now() - interval '1 second' WHERE attempts = 1")
 	require.NoError(t, err)
 	again := claim()
 	require.Equal(t, stale.rows[0].id, again.rows[0].id)
@@ -282,7 +282,7 @@ func TestSettlerMergesQueuedBatches(t *testing.T) {
 
 	// The statement's now(): released rows back off from it (or not).
 	var settledAt time.Time
-	require.NoError(t, pool.QueryRow(ctx, "SELECT published_at FROM saga_outbox WHERE id = $1", ok.rows[0].id).Scan(&settledAt))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT published_at FROM saga_outbox_state WHERE id = $1", ok.rows[0].id).Scan(&settledAt))
 	state := func(bt *batch) (marked, backingOff, free, leased int) {
 		ids := make([]int64, len(bt.rows))
 		for i, rw := range bt.rows {
@@ -292,7 +292,7 @@ func TestSettlerMergesQueuedBatches(t *testing.T) {
   count(*) FILTER (WHERE published_at IS NULL AND lease_owner IS NULL AND lease_until > $2),
   count(*) FILTER (WHERE published_at IS NULL AND lease_owner IS NULL AND lease_until = $2),
   count(*) FILTER (WHERE published_at IS NULL AND lease_owner = 'me' AND lease_until > now())
-FROM saga_outbox WHERE id = ANY($1)`, ids, settledAt).Scan(&marked, &backingOff, &free, &leased))
+FROM saga_outbox_state WHERE id = ANY($1)`, ids, settledAt).Scan(&marked, &backingOff, &free, &leased))
 		return
 	}
 	for _, tt := range []struct {
@@ -320,9 +320,10 @@ func TestHandoffToAStoppedRelayReleases(t *testing.T) {
 	ctx := testCtx(t)
 	b := setup(t)
 	ids := enqueue(t, ctx, b.pool, 3, routedKey)
-	_, err := b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'me', lease_until = now() + interval '1 hour', attempts = 1`)
+	_, err := b.pool.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'me', lease_until = now() + interval '1 hour', attempts = 1`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'someone else' WHERE message_id = $1`, ids[2])
+	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'someone else'
+WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1)`, ids[2])
 	require.NoError(t, err)
 	h := &handoff{}
 	var rowIDs []int64
@@ -341,7 +342,7 @@ func TestHandoffToAStoppedRelayReleases(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT
   count(*) FILTER (WHERE lease_owner IS NULL AND lease_until IS NULL AND published_at IS NULL),
   count(*) FILTER (WHERE lease_owner = 'someone else' AND lease_until > now())
-FROM saga_outbox`).Scan(&released, &kept))
+FROM saga_outbox_state`).Scan(&released, &kept))
 	require.Equal(t, 2, released, "the relay's own rows are free for any relay to claim")
 	require.Equal(t, 1, kept, "a row leased to another relay since is not touched")
 	require.Zero(t, r.Stats().HandedOff)
@@ -363,8 +364,8 @@ func TestHandoffsQueuedAtStopArePublished(t *testing.T) {
 	var handed []string
 	for _, e := range envs {
 		var id int64
-		require.NoError(t, b.pool.QueryRow(ctx, `UPDATE saga_outbox SET lease_owner = 'drainer', lease_until = now() + interval '1 hour', attempts = 1
-WHERE message_id = $1 RETURNING id`, e.MessageID).Scan(&id))
+		require.NoError(t, b.pool.QueryRow(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'drainer', lease_until = now() + interval '1 hour', attempts = 1
+WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1) RETURNING id`, e.MessageID).Scan(&id))
 		h.rows = append(h.rows, row{id: id, attempts: 1, env: e})
 		handed = append(handed, e.MessageID)
 	}
@@ -393,11 +394,11 @@ WHERE message_id = $1 RETURNING id`, e.MessageID).Scan(&id))
 
 	require.EqualValues(t, len(handed), r.Stats().HandedOff)
 	var unpublishedHanded int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE message_id = ANY($1) AND published_at IS NULL`, handed).Scan(&unpublishedHanded))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state WHERE message_id = ANY($1) AND published_at IS NULL`, handed).Scan(&unpublishedHanded))
 	require.Zero(t, unpublishedHanded, "the queued hand-off was published during the drain")
 	seen := drain(t, b)
 	requireEach(t, seen, handed, 1)
 	var releasedClaimed int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE message_id = ANY($1) AND published_at IS NULL AND lease_owner IS NULL`, claimed).Scan(&releasedClaimed))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state WHERE message_id = ANY($1) AND published_at IS NULL AND lease_owner IS NULL`, claimed).Scan(&releasedClaimed))
 	require.Positive(t, releasedClaimed, "claimed batches not yet sent are still released")
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,25 +13,30 @@ import (
 // Republish makes the relay publish env again, keeping its message id, in
 // the caller's transaction: an operator's replay of a parked message. When the
 // outbox already holds that message id (it was published from this database),
-// its row is released — unpublished, unleased — rather than copied, so the
+// its row is made pending again, unleased, rather than copied, so the
 // message id stays unique in the outbox; a row not yet published is left as it
 // is. Otherwise env is enqueued as a new row. Consumers' inboxes drop the
 // replay of a message they already applied, so a replay never has a second
 // effect.
 func Republish(ctx context.Context, tx pgx.Tx, env envelope.Envelope) error {
-	var published *time.Time
-	err := tx.QueryRow(ctx, `SELECT published_at FROM saga_outbox WHERE message_id = $1 FOR UPDATE`, env.MessageID).Scan(&published)
+	// The outbox row's lock serializes replays of one message; a relay's
+	// settle of the pending row takes no lock on it.
+	var id int64
+	var pending bool
+	err := tx.QueryRow(ctx, `SELECT o.id, EXISTS (SELECT FROM saga_outbox_pending p WHERE p.id = o.id)
+FROM saga_outbox o WHERE o.message_id = $1 FOR UPDATE OF o`, env.MessageID).Scan(&id, &pending)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Enqueue(ctx, tx, env)
 	case err != nil:
 		return fmt.Errorf("republish %s %s: find its outbox row: %w", env.MessageType, env.MessageID, err)
-	case published == nil:
+	case pending:
 		return nil // not yet published: the relay will
 	}
-	if _, err := tx.Exec(ctx, `UPDATE saga_outbox SET published_at = NULL, lease_owner = NULL, lease_until = NULL
-WHERE message_id = $1`, env.MessageID); err != nil {
-		return fmt.Errorf("republish %s %s: release its outbox row: %w", env.MessageType, env.MessageID, err)
+	if _, err := tx.Exec(ctx, `WITH sent AS (DELETE FROM saga_outbox_sent WHERE id = $1 RETURNING attempts)
+INSERT INTO saga_outbox_pending (id, attempts) SELECT $1, coalesce((SELECT attempts FROM sent), 0)
+ON CONFLICT (id) DO NOTHING`, id); err != nil {
+		return fmt.Errorf("republish %s %s: release its outbox row %d: %w", env.MessageType, env.MessageID, id, err)
 	}
 	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, NotifyChannel); err != nil {
 		return fmt.Errorf("republish %s %s: notify relays: %w", env.MessageType, env.MessageID, err)

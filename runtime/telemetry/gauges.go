@@ -187,7 +187,8 @@ GROUP BY t.state`, g.states, g.slaMS)
 //
 //   - saga.outbox.backlog: unpublished outbox rows;
 //   - saga.outbox.oldest_age (s): age of the oldest unpublished row by the
-//     database clock (0 when there is none);
+//     database clock (0 when there is none); the oldest is taken to be the
+//     one with the lowest id, found through the primary keys;
 //   - saga.parked.messages{messaging.destination.name}: parked messages not
 //     replayed, per original queue.
 func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeOption) (metric.Registration, error) {
@@ -218,8 +219,9 @@ func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeO
 			secs float64
 		)
 		err := pool.QueryRow(ctx, `
-SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
-FROM saga_outbox WHERE published_at IS NULL`).Scan(&n, &secs)
+SELECT (SELECT count(*) FROM saga_outbox_pending),
+  COALESCE((SELECT EXTRACT(EPOCH FROM now() - created_at)::float8 FROM saga_outbox
+    WHERE id = (SELECT min(id) FROM saga_outbox_pending)), 0)`).Scan(&n, &secs)
 		if err != nil {
 			return fmt.Errorf("measure outbox backlog: %w", err)
 		}

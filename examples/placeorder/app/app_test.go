@@ -209,7 +209,7 @@ func (b *testBundle) outbox(t *testing.T, sagaID string) []string {
 	ctx := context.Background()
 	eventually(t, "every outbox row to be published", func() bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE published_at IS NULL`).Scan(&n))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_pending`).Scan(&n))
 		return n == 0
 	})
 	rows, err := b.pool.Query(ctx, `SELECT message_type FROM saga_outbox WHERE saga_id = $1 ORDER BY id`, sagaID)
@@ -636,13 +636,13 @@ func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
 	b.waitState(t, handed, orderv1.PlaceOrderStateCompleted)
 	b.waitState(t, claimed, orderv1.PlaceOrderStateCompleted)
 
-	// The first command of each: born leased (its lease began with its
-	// insert, so it ends exactly a default lease after created_at) or not.
+	// The first command of each: born leased to the local relay and
+	// published under that lease, or not.
 	bornLeased := func(sagaID string) bool {
 		t.Helper()
 		var leased bool
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT lease_until = created_at + interval '30 seconds'
-FROM saga_outbox WHERE saga_id = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, sagaID).Scan(&leased))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT born_leased AND attempts = 1
+FROM saga_outbox_state WHERE saga_id = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, sagaID).Scan(&leased))
 		return leased
 	}
 	require.True(t, bornLeased(handed), "started under WithRelay: handed over after the commit")
@@ -676,7 +676,7 @@ func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
 
 	ctx := context.Background()
 	var unpublished int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE published_at IS NULL`).Scan(&unpublished))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_pending`).Scan(&unpublished))
 	require.Zero(t, unpublished, "every row the draining consumers committed was published before Run returned")
 	var replies int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE saga_id = $1 AND message_type = $2`,

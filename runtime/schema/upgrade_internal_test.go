@@ -1,0 +1,99 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
+)
+
+// TestOutboxPendingUpgrade: a database as release 0006 left it, with free,
+// leased and published outbox rows, keeps each row's state through 0007;
+// afterwards every inserted row is pending, however it was written, and a
+// relay of the old release fails at its claim instead of publishing every
+// row again.
+func TestOutboxPendingUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	require.NoError(t, migrate(ctx, pool, 6, nil))
+
+	publishedAt := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var free, leased, published int64
+	insert := `INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version, body, occurred_at,
+  attempts, lease_owner, lease_until, published_at)
+VALUES ($1, 'x', 'k', 't', 1, '\x00', now(), $2, $3, $4, $5) RETURNING id`
+	require.NoError(t, pool.QueryRow(ctx, insert, "free", 0, nil, nil, nil).Scan(&free))
+	require.NoError(t, pool.QueryRow(ctx, insert, "leased", 2, "r1", time.Now().Add(time.Hour), nil).Scan(&leased))
+	require.NoError(t, pool.QueryRow(ctx, insert, "published", 1, "r2", publishedAt.Add(-time.Second), publishedAt).Scan(&published))
+
+	require.NoError(t, Migrate(ctx, pool))
+
+	type pendingRow struct {
+		ID       int64
+		Attempts int
+		Owner    *string
+		Leased   bool
+	}
+	rows, err := pool.Query(ctx, `SELECT id, attempts, lease_owner, coalesce(lease_until > now(), false) FROM saga_outbox_pending ORDER BY id`)
+	require.NoError(t, err)
+	pending, err := pgx.CollectRows(rows, pgx.RowToStructByPos[pendingRow])
+	require.NoError(t, err)
+	r1 := "r1"
+	require.Equal(t, []pendingRow{{ID: free}, {ID: leased, Attempts: 2, Owner: &r1, Leased: true}}, pending,
+		"unpublished rows stay unpublished, a lease stays with its relay")
+
+	var (
+		sentID       int64
+		sentAt       time.Time
+		sentAttempts int
+		relay        string
+	)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id, published_at, attempts, relay FROM saga_outbox_sent`).
+		Scan(&sentID, &sentAt, &sentAttempts, &relay))
+	require.Equal(t, published, sentID)
+	require.True(t, publishedAt.Equal(sentAt), "published at %s, recorded %s", publishedAt, sentAt)
+	require.Equal(t, 1, sentAttempts)
+	require.Equal(t, "r2", relay)
+
+	// Rows written by plain SQL, several in one statement, are pending with
+	// the lease they were written with.
+	_, err = pool.Exec(ctx, `INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version, body, occurred_at,
+  attempts, lease_owner, lease_until)
+VALUES ('by-hand-1', 'x', 'k', 't', 1, '\x00', now(), 0, NULL, NULL),
+       ('by-hand-2', 'x', 'k', 't', 1, '\x00', now(), 1, 'local', now() + interval '1 minute'),
+       ('by-hand-3', 'x', 'k', 't', 1, '\x00', now(), 0, NULL, NULL)`)
+	require.NoError(t, err)
+	type stateRow struct {
+		MessageID  string
+		Pending    bool
+		Owner      *string
+		BornLeased bool
+	}
+	rows, err = pool.Query(ctx, `SELECT message_id, pending, lease_owner, born_leased FROM saga_outbox_state ORDER BY id`)
+	require.NoError(t, err)
+	state, err := pgx.CollectRows(rows, pgx.RowToStructByPos[stateRow])
+	require.NoError(t, err)
+	local := "local"
+	require.Equal(t, []stateRow{
+		{MessageID: "free", Pending: true},
+		{MessageID: "leased", Pending: true, Owner: &r1, BornLeased: true},
+		{MessageID: "published", BornLeased: true},
+		{MessageID: "by-hand-1", Pending: true},
+		{MessageID: "by-hand-2", Pending: true, Owner: &local, BornLeased: true},
+		{MessageID: "by-hand-3", Pending: true},
+	}, state)
+
+	// The old release's claim names the dropped column.
+	_, err = pool.Exec(ctx, `UPDATE saga_outbox SET lease_owner = 'old', attempts = attempts + 1
+WHERE published_at IS NULL AND (lease_until IS NULL OR lease_until < now())`)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "an old relay's claim must fail, got %v", err)
+	require.Equal(t, "42703", pgErr.Code, "undefined column: %v", err)
+}
