@@ -19,18 +19,22 @@ import (
 // replay of a message they already applied, so a replay never has a second
 // effect.
 func Republish(ctx context.Context, tx pgx.Tx, env envelope.Envelope) error {
-	// The outbox row's lock serializes replays of one message; a relay's
-	// settle of the pending row takes no lock on it.
+	// The outbox row's lock serializes replays of one message; the pending
+	// row's waits for a relay's settle in flight, so a row that settle is
+	// recording as sent is released again rather than taken for pending.
 	var id int64
-	var pending bool
-	err := tx.QueryRow(ctx, `SELECT o.id, EXISTS (SELECT FROM saga_outbox_pending p WHERE p.id = o.id)
-FROM saga_outbox o WHERE o.message_id = $1 FOR UPDATE OF o`, env.MessageID).Scan(&id, &pending)
+	err := tx.QueryRow(ctx, `SELECT id FROM saga_outbox WHERE message_id = $1 FOR UPDATE`, env.MessageID).Scan(&id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Enqueue(ctx, tx, env)
 	case err != nil:
 		return fmt.Errorf("republish %s %s: find its outbox row: %w", env.MessageType, env.MessageID, err)
-	case pending:
+	}
+	var pending bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM saga_outbox_pending WHERE id = $1 FOR UPDATE)`, id).Scan(&pending); err != nil {
+		return fmt.Errorf("republish %s %s: read its outbox row %d: %w", env.MessageType, env.MessageID, id, err)
+	}
+	if pending {
 		return nil // not yet published: the relay will
 	}
 	if _, err := tx.Exec(ctx, `WITH sent AS (DELETE FROM saga_outbox_sent WHERE id = $1 RETURNING attempts)

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -44,4 +45,45 @@ func TestRepublish(t *testing.T) {
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, foreign) }))
 	require.Equal(t, foreign.MessageID, receive())
 	waitUnpublished(t, ctx, b.pool, 0)
+}
+
+// TestRepublishWaitsForASettleInFlight: a relay's settle has recorded a
+// row as sent but not committed when an operator replays the message. The
+// replay must wait for it and then release the row again, not take the row
+// for pending and leave it sent.
+func TestRepublishWaitsForASettleInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testCtx(t)
+	ids := enqueue(t, ctx, b.pool, 1, routedKey)
+
+	settle, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = settle.Rollback(ctx) }()
+	var rowID int64
+	require.NoError(t, settle.QueryRow(ctx, `SELECT id FROM saga_outbox WHERE message_id = $1`, ids[0]).Scan(&rowID))
+	var marked, released int64
+	require.NoError(t, settle.QueryRow(ctx, settleSQL, []int64{rowID}, []int64{}, []int64{}, []int32{}, "relay").Scan(&marked, &released))
+	require.EqualValues(t, 1, marked)
+
+	replayed := make(chan error, 1)
+	go func() {
+		e := env(routedKey)
+		e.MessageID = ids[0]
+		replayed <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, e) })
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%saga_outbox_pending%')`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the replay did not wait for the settle")
+	require.NoError(t, settle.Commit(ctx))
+	require.NoError(t, <-replayed)
+
+	var pending, sent bool
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pending, published_at IS NOT NULL FROM saga_outbox_state WHERE id = $1`, rowID).
+		Scan(&pending, &sent))
+	require.True(t, pending, "the replay made the row pending again")
+	require.False(t, sent)
 }

@@ -14,7 +14,8 @@ import (
 )
 
 // TestOutboxPendingUpgrade: a database as release 0006 left it, with free,
-// leased and published outbox rows, keeps each row's state through 0007;
+// leased and published outbox rows and a writer's insert not yet
+// committed, keeps each row's state through 0007;
 // afterwards every inserted row is pending, however it was written, and a
 // relay of the old release fails at its claim instead of publishing every
 // row again.
@@ -33,7 +34,24 @@ VALUES ($1, 'x', 'k', 't', 1, '\x00', now(), $2, $3, $4, $5) RETURNING id`
 	require.NoError(t, pool.QueryRow(ctx, insert, "leased", 2, "r1", time.Now().Add(time.Hour), nil).Scan(&leased))
 	require.NoError(t, pool.QueryRow(ctx, insert, "published", 1, "r2", publishedAt.Add(-time.Second), publishedAt).Scan(&published))
 
-	require.NoError(t, Migrate(ctx, pool))
+	// A writer of the old release is inside its transaction, its row
+	// inserted, when the migration starts; it commits while the migration
+	// waits. Its row must not fall between the copy and the trigger.
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = writer.Rollback(ctx) }()
+	var inFlight int64
+	require.NoError(t, writer.QueryRow(ctx, insert, "in-flight", 0, nil, nil, nil).Scan(&inFlight))
+	migrated := make(chan error, 1)
+	go func() { migrated <- Migrate(ctx, pool) }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%saga_outbox_pending%')`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, "the migration never waited for the writer")
+	require.NoError(t, writer.Commit(ctx))
+	require.NoError(t, <-migrated)
 
 	type pendingRow struct {
 		ID       int64
@@ -46,7 +64,7 @@ VALUES ($1, 'x', 'k', 't', 1, '\x00', now(), $2, $3, $4, $5) RETURNING id`
 	pending, err := pgx.CollectRows(rows, pgx.RowToStructByPos[pendingRow])
 	require.NoError(t, err)
 	r1 := "r1"
-	require.Equal(t, []pendingRow{{ID: free}, {ID: leased, Attempts: 2, Owner: &r1, Leased: true}}, pending,
+	require.Equal(t, []pendingRow{{ID: free}, {ID: leased, Attempts: 2, Owner: &r1, Leased: true}, {ID: inFlight}}, pending,
 		"unpublished rows stay unpublished, a lease stays with its relay")
 
 	var (
@@ -85,6 +103,7 @@ VALUES ('by-hand-1', 'x', 'k', 't', 1, '\x00', now(), 0, NULL, NULL),
 		{MessageID: "free", Pending: true},
 		{MessageID: "leased", Pending: true, Owner: &r1, BornLeased: true},
 		{MessageID: "published", BornLeased: true},
+		{MessageID: "in-flight", Pending: true},
 		{MessageID: "by-hand-1", Pending: true},
 		{MessageID: "by-hand-2", Pending: true, Owner: &local, BornLeased: true},
 		{MessageID: "by-hand-3", Pending: true},

@@ -220,8 +220,8 @@ func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeO
 		)
 		err := pool.QueryRow(ctx, `
 SELECT (SELECT count(*) FROM saga_outbox_pending),
-  COALESCE((SELECT EXTRACT(EPOCH FROM now() - created_at)::float8 FROM saga_outbox
-    WHERE id = (SELECT min(id) FROM saga_outbox_pending)), 0)`).Scan(&n, &secs)
+  COALESCE((SELECT EXTRACT(EPOCH FROM now() - o.created_at)::float8
+    FROM saga_outbox_pending p JOIN saga_outbox o ON o.id = p.id ORDER BY p.id LIMIT 1), 0)`).Scan(&n, &secs)
 		if err != nil {
 			return fmt.Errorf("measure outbox backlog: %w", err)
 		}

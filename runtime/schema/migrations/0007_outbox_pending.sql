@@ -23,6 +23,14 @@
 --
 -- published_at is dropped so that a relay of an older version, which would
 -- publish every row again, fails at its claim instead.
+--
+-- The lock comes first: an outbox row committed by a writer of the older
+-- version after the copy below read the table, but before the trigger
+-- existed, would have no pending row and never be published. Writers wait
+-- for the migration instead (and a transaction already holding an insert
+-- commits before the copy reads).
+LOCK TABLE saga_outbox IN ACCESS EXCLUSIVE MODE;
+
 CREATE TABLE saga_outbox_pending (
   id bigint PRIMARY KEY,
   attempts integer NOT NULL DEFAULT 0,
