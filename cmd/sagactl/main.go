@@ -3,6 +3,7 @@
 // through the admin API (package runtime/admin) of a running service.
 //
 //	sagactl migrate [-database-url URL] [-source NAME=DIR]... [-status]
+//	sagactl prune [-database-url URL] [-outbox AGE] [-inbox AGE]
 //	sagactl sagas list [--type T] [--state S] [--stuck] [--review] [--key K] [--limit N] [--all]
 //	sagactl sagas show ID [--type T]
 //	sagactl sagas retry|compensate|cancel ID --reason WHY [--version N]
@@ -24,6 +25,10 @@
 // is a no-op. -status lists every migration and whether it is applied
 // instead. The database URL comes from -database-url, else
 // SAGA_DATABASE_URL, else DATABASE_URL; its password is never printed.
+//
+// prune deletes, from the same database, outbox rows published longer ago
+// than -outbox (never an unpublished one) and inbox claims received longer
+// ago than -inbox; run it from a scheduler.
 //
 // Exit status: 0 on success, 1 when the command failed (including an API
 // refusal such as a version conflict), 2 on a usage error.
@@ -49,6 +54,7 @@ const usage = `usage: sagactl <command> [flags]
 
 commands:
   migrate        apply the runtime's and generated sagas' SQL migrations (-status to list them)
+  prune          delete old published outbox rows and inbox claims: -outbox AGE, -inbox AGE
   sagas list     list sagas: --type, --state, --stuck, --review, --key
   sagas show     one saga's timeline and position: sagas show ID
   sagas retry|compensate|cancel ID --reason WHY
@@ -80,6 +86,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	switch args[0] {
 	case "migrate":
 		err = migrate(ctx, args[1:], stdout, stderr, getenv)
+	case "prune":
+		err = prune(ctx, args[1:], stdout, stderr, getenv)
 	case "sagas", "parked":
 		if len(args) < 2 {
 			fmt.Fprintf(stderr, "sagactl %s: missing subcommand\n%s", args[0], usage)

@@ -66,3 +66,51 @@ func TestMigrateCommandErrors(t *testing.T) {
 	require.NotContains(t, errOut.String(), "s3cret")
 	require.Contains(t, errOut.String(), "postgres://u:xxxxx@127.0.0.1:1/db")
 }
+
+// TestPruneCommand: prune deletes the old published outbox rows and old
+// inbox claims it is asked to, and nothing else.
+func TestPruneCommand(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	env := func(k string) string {
+		if k == "SAGA_DATABASE_URL" {
+			return dsn
+		}
+		return ""
+	}
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(ctx, []string{"migrate"}, &out, &errOut, env), errOut.String())
+	pool, _, err := openDatabase(ctx, dsn, env)
+	require.NoError(t, err)
+	defer pool.Close()
+	// Three outbox rows: published three days ago, published an hour ago,
+	// never published. Two inbox claims: forty days old and new.
+	_, err = pool.Exec(ctx, `INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version, body, occurred_at)
+SELECT m, 'x', 'k', 't', 1, '\x00', now() FROM unnest(ARRAY['old', 'recent', 'unpublished']) AS m`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `WITH done AS (DELETE FROM saga_outbox_pending p USING saga_outbox o
+  WHERE o.id = p.id AND o.message_id IN ('old', 'recent') RETURNING p.id, o.message_id)
+INSERT INTO saga_outbox_sent (id, published_at, attempts, relay)
+SELECT id, CASE message_id WHEN 'old' THEN now() - interval '3 days' ELSE now() - interval '1 hour' END, 1, 'test' FROM done`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO saga_inbox (consumer, message_id, received_at)
+VALUES ('c', 'ancient', now() - interval '40 days'), ('c', 'fresh', now())`)
+	require.NoError(t, err)
+
+	out.Reset()
+	require.Equal(t, 0, run(ctx, []string{"prune", "-outbox", "48h", "-inbox", "720h"}, &out, &errOut, env), errOut.String())
+	require.Regexp(t, `(?m)^outbox: deleted 1 rows published before `, out.String())
+	require.Regexp(t, `(?m)^inbox: deleted 1 claims received before `, out.String())
+	var outboxLeft, inboxLeft []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(message_id ORDER BY id) FROM saga_outbox`).Scan(&outboxLeft))
+	require.Equal(t, []string{"recent", "unpublished"}, outboxLeft)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(message_id) FROM saga_inbox`).Scan(&inboxLeft))
+	require.Equal(t, []string{"fresh"}, inboxLeft)
+
+	for _, args := range [][]string{{"prune"}, {"prune", "-outbox", "-1h"}, {"prune", "-outbox", "1h", "extra"}} {
+		errOut.Reset()
+		require.Equal(t, 2, run(ctx, args, &out, &errOut, env), "%v", args)
+		require.Contains(t, errOut.String(), "sagactl prune:", "%v", args)
+	}
+}

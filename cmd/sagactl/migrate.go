@@ -48,26 +48,11 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	u := *dbURL
-	for _, env := range []string{"SAGA_DATABASE_URL", "DATABASE_URL"} {
-		if u == "" {
-			u = getenv(env)
-		}
-	}
-	if u == "" {
-		return errors.New("no database URL: pass -database-url or set SAGA_DATABASE_URL")
-	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(u)
+	pool, u, err := openDatabase(ctx, *dbURL, getenv)
 	if err != nil {
-		// pgx's parse errors may quote the URL; do not repeat it.
-		return fmt.Errorf("parse database URL %s: invalid", redact(u))
-	}
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w", redact(u), err)
+		return err
 	}
 	defer pool.Close()
 
@@ -104,6 +89,31 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		fmt.Fprintf(stdout, "%d pending\n", pending)
 	}
 	return nil
+}
+
+// openDatabase connects to flagURL, else $SAGA_DATABASE_URL, else
+// $DATABASE_URL, and returns the pool with the URL it used.
+func openDatabase(ctx context.Context, flagURL string, getenv func(string) string) (*pgxpool.Pool, string, error) {
+	u := flagURL
+	for _, env := range []string{"SAGA_DATABASE_URL", "DATABASE_URL"} {
+		if u == "" {
+			u = getenv(env)
+		}
+	}
+	if u == "" {
+		return nil, "", errors.New("no database URL: pass -database-url or set SAGA_DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		// pgx's parse errors may quote the URL; do not repeat it.
+		return nil, "", fmt.Errorf("parse database URL %s: invalid", redact(u))
+	}
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("connect to %s: %w", redact(u), err)
+	}
+	return pool, u, nil
 }
 
 // redact hides the password of a URL-form connection string; a key=value
