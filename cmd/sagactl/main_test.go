@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -57,7 +58,7 @@ func TestMigrateCommandErrors(t *testing.T) {
 	require.Equal(t, 2, run(ctx, []string{"frobnicate"}, &out, &errOut, none))
 	require.Equal(t, 1, run(ctx, []string{"migrate"}, &out, &errOut, none))
 	require.Contains(t, errOut.String(), "no database URL")
-	require.Equal(t, 1, run(ctx, []string{"migrate", "-source", "x"}, &out, &errOut, none))
+	require.Equal(t, 2, run(ctx, []string{"migrate", "-source", "x"}, &out, &errOut, none), "a malformed flag is a usage error")
 	require.Contains(t, errOut.String(), "want NAME=DIR")
 
 	errOut.Reset()
@@ -108,9 +109,16 @@ VALUES ('c', 'ancient', now() - interval '40 days'), ('c', 'fresh', now())`)
 	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(message_id) FROM saga_inbox`).Scan(&inboxLeft))
 	require.Equal(t, []string{"fresh"}, inboxLeft)
 
-	for _, args := range [][]string{{"prune"}, {"prune", "-outbox", "-1h"}, {"prune", "-outbox", "1h", "extra"}} {
+	for args, msg := range map[string]string{
+		"":                      "sagactl prune: pass -outbox AGE, -inbox AGE or both",
+		"-outbox -1h":           "sagactl prune: ages must not be negative",
+		"-outbox 1h extra":      `sagactl prune: unexpected arguments ["extra"]`,
+		"-outbox 7d":            `sagactl prune: invalid value "7d" for flag -outbox: parse error`,
+		"-inbox 1h -timeout 0s": "sagactl prune: -timeout must be positive",
+	} {
 		errOut.Reset()
-		require.Equal(t, 2, run(ctx, args, &out, &errOut, env), "%v", args)
-		require.Contains(t, errOut.String(), "sagactl prune:", "%v", args)
+		require.Equal(t, 2, run(ctx, append([]string{"prune"}, strings.Fields(args)...), &out, &errOut, env), "%q", args)
+		require.Contains(t, errOut.String(), msg+"\n", "%q", args)
+		require.NotContains(t, errOut.String(), "sagactl prune: sagactl prune:", "%q", args)
 	}
 }

@@ -42,7 +42,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	var sources sourceFlags
 	fs.Var(&sources, "source", "NAME=DIR: a directory of .sql migrations recorded under NAME (repeatable, applied in order)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -89,6 +89,16 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		fmt.Fprintf(stdout, "%d pending\n", pending)
 	}
 	return nil
+}
+
+// parseFlags parses a database command's flags; a malformed flag is a usage
+// error (exit status 2).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return &usageError{err.Error()}
+	}
+	return err
 }
 
 // openDatabase connects to flagURL, else $SAGA_DATABASE_URL, else

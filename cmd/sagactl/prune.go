@@ -21,16 +21,18 @@ func prune(ctx context.Context, args []string, stdout, stderr io.Writer, getenv 
 	inboxAge := fs.Duration("inbox", 0, "delete inbox claims received longer ago than this, e.g. 720h (0: keep all); "+
 		"a message redelivered after its claim is gone is handled again")
 	timeout := fs.Duration("timeout", time.Hour, "give up after this long")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	switch {
 	case fs.NArg() > 0:
-		return usagef("sagactl prune: unexpected arguments %q", fs.Args())
+		return usagef("unexpected arguments %q", fs.Args())
 	case *outboxAge < 0 || *inboxAge < 0:
-		return usagef("sagactl prune: ages must not be negative")
+		return usagef("ages must not be negative")
 	case *outboxAge == 0 && *inboxAge == 0:
-		return usagef("sagactl prune: pass -outbox AGE, -inbox AGE or both")
+		return usagef("pass -outbox AGE, -inbox AGE or both")
+	case *timeout <= 0:
+		return usagef("-timeout must be positive")
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()

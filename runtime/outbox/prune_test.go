@@ -96,8 +96,55 @@ SELECT count(*) FROM o`, pruneBatch+7)
   WHERE o.id = p.id AND o.message_id LIKE 'bulk-%' RETURNING p.id, p.attempts)
 INSERT INTO saga_outbox_sent (id, published_at, attempts, relay) SELECT id, $1, 1, 'test' FROM done`, old)
 	require.NoError(t, err)
+	// A sent record whose outbox row was deleted by hand sits at the head:
+	// it is passed over, not a reason to stop.
+	_, err = b.pool.Exec(ctx, `INSERT INTO saga_outbox_sent (id, published_at, attempts, relay) VALUES (-1, $1, 1, 'orphan')`, old)
+	require.NoError(t, err)
 	n, err = Prune(ctx, b.pool, now)
 	require.NoError(t, err)
 	require.EqualValues(t, pruneBatch+7, n)
+	_, err = b.pool.Exec(ctx, `DELETE FROM saga_outbox_sent WHERE id = -1`)
+	require.NoError(t, err)
 	require.Equal(t, ids[9:11], remaining())
+}
+
+// TestPruneLeavesARowReplayedMeanwhile: a replay that commits after the
+// pruning statement read the row as published (it deleted the sent record
+// and made the row pending) must not lose the row.
+func TestPruneLeavesARowReplayedMeanwhile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testCtx(t)
+	ids := enqueue(t, ctx, b.pool, 1, routedKey)
+	_, err := b.pool.Exec(ctx, `WITH done AS (DELETE FROM saga_outbox_pending RETURNING id, attempts)
+INSERT INTO saga_outbox_sent (id, published_at, attempts, relay) SELECT id, now() - interval '2 hours', 1, 'test' FROM done`)
+	require.NoError(t, err)
+
+	// The replay's change to the sent record is in flight when the pruning
+	// statement starts; the statement waits on that record, then finds it
+	// gone.
+	replay, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = replay.Rollback(ctx) }()
+	_, err = replay.Exec(ctx, `WITH sent AS (DELETE FROM saga_outbox_sent RETURNING id, attempts)
+INSERT INTO saga_outbox_pending (id, attempts) SELECT id, attempts FROM sent`)
+	require.NoError(t, err)
+	pruned := make(chan error, 1)
+	var n int64
+	go func() {
+		var err error
+		n, err = Prune(ctx, b.pool, time.Now().Add(-time.Hour))
+		pruned <- err
+	}()
+	waitBlocked(t, b.pool, "%head AS%", "the pruning never waited for the replay")
+	require.NoError(t, replay.Commit(ctx))
+	require.NoError(t, <-pruned)
+	require.Zero(t, n)
+	var state struct {
+		exists, pending bool
+	}
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM saga_outbox WHERE message_id = $1),
+  EXISTS (SELECT FROM saga_outbox_pending)`, ids[0]).Scan(&state.exists, &state.pending))
+	require.True(t, state.exists, "the replayed row is kept")
+	require.True(t, state.pending)
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -72,12 +73,7 @@ func TestRepublishWaitsForASettleInFlight(t *testing.T) {
 		e.MessageID = ids[0]
 		replayed <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, e) })
 	}()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%saga_outbox_pending%')`).Scan(&waiting)
-		return err == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the replay did not wait for the settle")
+	waitBlocked(t, b.pool, "%saga_outbox_pending%", "the replay did not wait for the settle")
 	require.NoError(t, settle.Commit(ctx))
 	require.NoError(t, <-replayed)
 
@@ -86,4 +82,16 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 		Scan(&pending, &sent))
 	require.True(t, pending, "the replay made the row pending again")
 	require.False(t, sent)
+}
+
+// waitBlocked waits until a statement whose text matches the LIKE pattern
+// waits for a lock.
+func waitBlocked(t *testing.T, pool *pgxpool.Pool, pattern, failure string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, pattern).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond, failure)
 }
