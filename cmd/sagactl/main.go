@@ -1,9 +1,10 @@
 // Command sagactl operates a protoc-gen-saga deployment: it applies
-// migrations, and it finds, explains and repairs sagas and parked messages
-// through the admin API (package runtime/admin) of a running service.
+// migrations and prunes old outbox rows and inbox claims in the database,
+// and it finds, explains and repairs sagas and parked messages through the
+// admin API (package runtime/admin) of a running service.
 //
 //	sagactl migrate [-database-url URL] [-source NAME=DIR]... [-status]
-//	sagactl prune [-database-url URL] [-outbox AGE] [-inbox AGE]
+//	sagactl prune [-database-url URL] [-outbox AGE] [-inbox AGE] [-timeout D]
 //	sagactl sagas list [--type T] [--state S] [--stuck] [--review] [--key K] [--limit N] [--all]
 //	sagactl sagas show ID [--type T]
 //	sagactl sagas retry|compensate|cancel ID --reason WHY [--version N]
@@ -28,7 +29,7 @@
 //
 // prune deletes, from the same database, outbox rows published longer ago
 // than -outbox (never an unpublished one) and inbox claims received longer
-// ago than -inbox; run it from a scheduler.
+// ago than -inbox (Go durations: 168h, not 7d); run it from a scheduler.
 //
 // Exit status: 0 on success, 1 when the command failed (including an API
 // refusal such as a version conflict), 2 on a usage error.

@@ -46,7 +46,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return usagef("unexpected arguments %q", fs.Args())
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()

@@ -386,7 +386,7 @@ func (r *run) checkMessages(ctx context.Context, rep *Report) error {
 		routes[k] = append(routes[k], b.Queue)
 	}
 	rows, err := r.pool.Query(ctx, `SELECT o.message_id, o.exchange, o.routing_key, o.message_type,
-  s.id IS NOT NULL, coalesce(p.attempts, s.attempts, o.attempts)
+  s.id IS NOT NULL AND p.id IS NULL, coalesce(p.attempts, s.attempts, o.attempts)
 FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id LEFT JOIN saga_outbox_pending p ON p.id = o.id`)
 	if err != nil {
 		return fmt.Errorf("check: outbox: %w", err)
@@ -406,7 +406,8 @@ FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id LEFT JOIN saga_ou
 	}
 	rep.OutboxRows = len(all)
 	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox o JOIN saga_outbox_sent s ON s.id = o.id
-WHERE o.lease_owner IS NOT NULL AND s.attempts = 1`).Scan(&rep.HandedOff); err != nil {
+WHERE o.lease_owner = s.relay AND s.attempts = 1 AND o.lease_until = o.created_at + $1 * interval '1 millisecond'`,
+		relayLease.Milliseconds()).Scan(&rep.HandedOff); err != nil {
 		return fmt.Errorf("check: outbox hand-offs: %w", err)
 	}
 	seen := map[[2]string]bool{}

@@ -569,7 +569,7 @@ func (r *run) quiescent(ctx context.Context) (bool, string, error) {
 	var open, unpublished int
 	if err := r.pool.QueryRow(ctx, `SELECT
   (SELECT count(*) FROM saga_place_order WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW')),
-  (SELECT count(*) FROM saga_outbox_pending)`).Scan(&open, &unpublished); err != nil {
+  (SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL)`).Scan(&open, &unpublished); err != nil {
 		return false, "", err
 	}
 	qs, err := r.cfg.Services.Queues(ctx, r.vhost)

@@ -18,7 +18,7 @@ type outboxRow struct {
 	Count                int
 	Exchange, RoutingKey string
 	SagaID, Causation    string
-	Published            bool
+	Published, Pending   bool
 	Body                 []byte
 }
 
@@ -27,8 +27,10 @@ func (b *bundle) outboxOf(t *testing.T, messageID string) outboxRow {
 	var r outboxRow
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*), coalesce(max(exchange), ''), coalesce(max(routing_key), ''),
 	coalesce(max(saga_id), ''), coalesce(max(causation_id), ''), coalesce(bool_or(s.id IS NOT NULL), false),
+	coalesce(bool_or(EXISTS (SELECT FROM saga_outbox_pending p WHERE p.id = o.id)), false),
 	coalesce((array_agg(body))[1], ''::bytea)
-FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id WHERE message_id = $1`, messageID).Scan(&r.Count, &r.Exchange, &r.RoutingKey, &r.SagaID, &r.Causation, &r.Published, &r.Body))
+FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id WHERE message_id = $1`, messageID).
+		Scan(&r.Count, &r.Exchange, &r.RoutingKey, &r.SagaID, &r.Causation, &r.Published, &r.Pending, &r.Body))
 	return r
 }
 
@@ -70,7 +72,7 @@ func TestReplayParkedReply(t *testing.T) {
 	require.Equal(t, "alice", res.Parked.ReplayedBy)
 	o := b.outboxOf(t, env.MessageID)
 	require.Equal(t, outboxRow{Count: 1, Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-reserved",
-		SagaID: id, Causation: env.CausationID, Body: env.Body}, o, "same message id, original routing, unpublished")
+		SagaID: id, Causation: env.CausationID, Pending: true, Body: env.Body}, o, "same message id, original routing, unpublished")
 	a := b.lastAudit(t, id)
 	require.Equal(t, admin.TriggerReplay, a.Trigger)
 	require.Equal(t, "alice", a.Operator)
@@ -118,6 +120,7 @@ func TestReplayRepublishesOutboxRow(t *testing.T) {
 	o := b.outboxOf(t, env.MessageID)
 	require.Equal(t, 1, o.Count, "the original row is released, not copied")
 	require.False(t, o.Published)
+	require.True(t, o.Pending, "the released row is pending again")
 
 	res = postJSON[admin.ReplayResult](t, b, "/api/parked/"+itoa(other)+"/replay",
 		admin.ReplayRequest{Reason: "retry after fix"}, http.StatusOK)

@@ -94,9 +94,10 @@ type outboxRow struct {
 func (b *testBundle) outboxRow(messageID string) (outboxRow, bool) {
 	b.t.Helper()
 	var r outboxRow
-	err := b.pool.QueryRow(b.ctx, `SELECT published_at IS NOT NULL, attempts, coalesce(published_by, lease_owner, ''),
-  born_leased AND attempts = 1 AND (published_at IS NOT NULL OR lease_owner IS NOT NULL)
-FROM saga_outbox_state WHERE message_id = $1`, messageID).Scan(&r.published, &r.attempts, &r.owner, &r.bornLeased)
+	err := b.pool.QueryRow(b.ctx, `SELECT s.published_at IS NOT NULL, s.attempts, coalesce(s.published_by, s.lease_owner, ''),
+  coalesce(o.lease_owner = coalesce(s.published_by, s.lease_owner) AND s.attempts = 1
+    AND o.lease_until = o.created_at + interval '1 minute', false)
+FROM saga_outbox_state s JOIN saga_outbox o ON o.id = s.id WHERE s.message_id = $1`, messageID).Scan(&r.published, &r.attempts, &r.owner, &r.bornLeased)
 	if err == pgx.ErrNoRows {
 		return r, false
 	}

@@ -29,6 +29,10 @@
 // index entries to the outbox (schema migration 0007; the view
 // saga_outbox_state joins the three).
 //
+// Retention: published rows are kept, with their saga_outbox_sent records,
+// until [Prune] deletes them (sagactl prune runs it); an operator's
+// [Republish] of a message still in the outbox makes its row pending again.
+//
 // Leases: one statement claims a batch — UPDATE saga_outbox_pending …
 // WHERE id = ANY(ARRAY(SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP
 // LOCKED)) — setting lease_owner, lease_until = now() + LeaseDuration and

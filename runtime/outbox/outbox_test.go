@@ -131,7 +131,7 @@ func waitUnpublished(t *testing.T, ctx context.Context, pool *pgxpool.Pool, want
 	t.Helper()
 	for {
 		var n int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox_pending").Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL").Scan(&n))
 		if n == want {
 			return
 		}

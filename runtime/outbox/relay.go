@@ -34,8 +34,10 @@ type RelayConfig struct {
 	// Conn is the broker connection to publish on. Use a connection of its
 	// own, not the one consumers use.
 	Conn *broker.Conn
-	// Owner identifies this relay in lease_owner; default
-	// "<hostname>-<pid>-<random>". Each running relay needs its own.
+	// Owner identifies this relay in the leases it takes
+	// (saga_outbox_pending.lease_owner) and the publishes it records
+	// (saga_outbox_sent.relay); default "<hostname>-<pid>-<random>". Each
+	// running relay needs its own.
 	Owner string
 	// BatchSize is how many rows one claim takes; default 500. Claims run
 	// ahead of publishing by up to two batches, so a batch is claimed
@@ -796,12 +798,14 @@ SELECT c.id, c.attempts, o.message_id, o.exchange, o.routing_key, o.message_type
 FROM claimed c, LATERAL (SELECT * FROM saga_outbox WHERE id = c.id) o`
 
 // claim leases up to BatchSize publishable rows to this relay, in one
-// committed statement. The ids are collected into an array first so that
-// the rows are then found through the primary key: written as id IN
-// (subquery), the planner may hash-join the subquery against a sequential
-// scan of the whole table, published rows included (it did on a freshly
-// filled outbox: 29 ms instead of 13 ms for 500 of 30,000 rows), so claims
-// got slower the longer the outbox grew.
+// committed statement, and reads their messages from saga_outbox. The ids
+// are collected into an array first so that the rows are then found through
+// the primary key: written as id IN (subquery), the planner may hash-join
+// the subquery against a sequential scan of the whole table (it did on a
+// freshly filled outbox before migration 0007, when published rows were
+// still in the claimed table: 29 ms instead of 13 ms for 500 of 30,000
+// rows). The array keeps the pending rows' update, and the join to
+// saga_outbox after it, on primary keys.
 func (r *Relay) claim(ctx context.Context) ([]row, error) {
 	rows, err := r.cfg.Pool.Query(ctx, claimSQL, r.cfg.Owner, r.cfg.LeaseDuration.Milliseconds(), r.cfg.BatchSize)
 	if err != nil {

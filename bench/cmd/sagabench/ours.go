@@ -254,7 +254,7 @@ func relayBench(ctx context.Context, env *benv.Env, relays, batch, window, n int
 		return nil, fmt.Errorf("relay bench: %d of %d rows published within %s", done, n, limit)
 	}
 	var unpublished int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_pending`).Scan(&unpublished); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
 		return nil, fmt.Errorf("relay bench: count unpublished: %w", err)
 	}
 	if unpublished != 0 {

@@ -209,7 +209,7 @@ func (b *testBundle) outbox(t *testing.T, sagaID string) []string {
 	ctx := context.Background()
 	eventually(t, "every outbox row to be published", func() bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_pending`).Scan(&n))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL`).Scan(&n))
 		return n == 0
 	})
 	rows, err := b.pool.Query(ctx, `SELECT message_type FROM saga_outbox WHERE saga_id = $1 ORDER BY id`, sagaID)
@@ -641,8 +641,10 @@ func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
 	bornLeased := func(sagaID string) bool {
 		t.Helper()
 		var leased bool
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT born_leased AND attempts = 1
-FROM saga_outbox_state WHERE saga_id = $1 AND published_at IS NOT NULL ORDER BY id LIMIT 1`, sagaID).Scan(&leased))
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(o.lease_owner = s.published_by AND s.attempts = 1
+  AND o.lease_until = o.created_at + interval '30 seconds', false)
+FROM saga_outbox_state s JOIN saga_outbox o ON o.id = s.id
+WHERE s.saga_id = $1 AND s.published_at IS NOT NULL ORDER BY s.id LIMIT 1`, sagaID).Scan(&leased))
 		return leased
 	}
 	require.True(t, bornLeased(handed), "started under WithRelay: handed over after the commit")
@@ -676,7 +678,7 @@ func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
 
 	ctx := context.Background()
 	var unpublished int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_pending`).Scan(&unpublished))
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL`).Scan(&unpublished))
 	require.Zero(t, unpublished, "every row the draining consumers committed was published before Run returned")
 	var replies int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE saga_id = $1 AND message_type = $2`,

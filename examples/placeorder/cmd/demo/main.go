@@ -447,7 +447,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 		err := d.pool.QueryRow(ctx, `SELECT
   (SELECT count(*) FROM saga_audit a WHERE a.saga_id = $1::uuid AND a.class = 'late'),
   (SELECT count(*) FROM saga_audit a WHERE a.saga_id = $2::uuid AND a.class = 'duplicate'),
-  (SELECT count(*) FROM saga_outbox_pending)`, silent.sagaID, late.sagaID).Scan(&lateRows, &dupRows, &unpublished)
+  (SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL)`, silent.sagaID, late.sagaID).Scan(&lateRows, &dupRows, &unpublished)
 		return lateRows >= 1 && dupRows >= 1 && unpublished == 0, err
 	}); err != nil {
 		return res, err
@@ -642,9 +642,8 @@ FROM saga_audit a JOIN saga_place_order s ON s.id = a.saga_id WHERE s.business_k
 		return nil, fmt.Errorf("read audit: %w", err)
 	}
 	var outboxRows, unpublished int
-	if err := d.pool.QueryRow(ctx, `SELECT count(*), count(p.id)
-FROM saga_outbox o JOIN saga_place_order s ON o.saga_id = s.id::text
-LEFT JOIN saga_outbox_pending p ON p.id = o.id WHERE s.business_key LIKE $1`, d.runID+"-%").
+	if err := d.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE o.published_at IS NULL)
+FROM saga_outbox_state o JOIN saga_place_order s ON o.saga_id = s.id::text WHERE s.business_key LIKE $1`, d.runID+"-%").
 		Scan(&outboxRows, &unpublished); err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}
