@@ -15,17 +15,22 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 )
 
-func TestMigrateCommand(t *testing.T) {
-	t.Parallel()
-	dsn := testenv.PostgresURL(t)
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "0001_orders.sql"), []byte("CREATE TABLE saga_orders (id uuid PRIMARY KEY);"), 0o600))
-	env := func(k string) string {
+// databaseEnv is an environment with only SAGA_DATABASE_URL set, to dsn.
+func databaseEnv(dsn string) func(string) string {
+	return func(k string) string {
 		if k == "SAGA_DATABASE_URL" {
 			return dsn
 		}
 		return ""
 	}
+}
+
+func TestMigrateCommand(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "0001_orders.sql"), []byte("CREATE TABLE saga_orders (id uuid PRIMARY KEY);"), 0o600))
+	env := databaseEnv(dsn)
 	ctx := context.Background()
 
 	var out, errOut bytes.Buffer
@@ -73,12 +78,7 @@ func TestMigrateCommandErrors(t *testing.T) {
 func TestPruneCommand(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.PostgresURL(t)
-	env := func(k string) string {
-		if k == "SAGA_DATABASE_URL" {
-			return dsn
-		}
-		return ""
-	}
+	env := databaseEnv(dsn)
 	ctx := context.Background()
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run(ctx, []string{"migrate"}, &out, &errOut, env), errOut.String())

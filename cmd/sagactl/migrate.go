@@ -37,26 +37,23 @@ func (s *sourceFlags) Set(v string) error {
 func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dbURL := fs.String("database-url", "", "PostgreSQL URL (default $SAGA_DATABASE_URL, then $DATABASE_URL)")
+	var db dbFlags
+	db.register(fs, 5*time.Minute)
 	status := fs.Bool("status", false, "list migrations and whether they are applied; change nothing")
-	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	var sources sourceFlags
 	fs.Var(&sources, "source", "NAME=DIR: a directory of .sql migrations recorded under NAME (repeatable, applied in order)")
-	if err := parseFlags(fs, args); err != nil {
+	if err := db.parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("unexpected arguments %q", fs.Args())
-	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	pool, u, err := openDatabase(ctx, *dbURL, getenv)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+	return db.run(ctx, getenv, func(ctx context.Context, pool *pgxpool.Pool, u string) error {
+		return migrateIn(ctx, pool, u, *status, sources, stdout)
+	})
+}
 
-	if !*status {
+// migrateIn applies sources (unless status) and prints every migration's
+// state.
+func migrateIn(ctx context.Context, pool *pgxpool.Pool, u string, status bool, sources []schema.Source, stdout io.Writer) error {
+	if !status {
 		if err := schema.Migrate(ctx, pool, sources...); err != nil {
 			return fmt.Errorf("%s: %w", redact(u), err)
 		}
@@ -83,7 +80,7 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if !*status {
+	if !status {
 		fmt.Fprintf(stdout, "database %s is up to date\n", redact(u))
 	} else if pending > 0 {
 		fmt.Fprintf(stdout, "%d pending\n", pending)
@@ -91,14 +88,43 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	return nil
 }
 
-// parseFlags parses a database command's flags; a malformed flag is a usage
-// error (exit status 2).
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	err := fs.Parse(args)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		return &usageError{err.Error()}
+// dbFlags are the flags of the commands that work straight in the
+// database (migrate, prune) rather than through the admin API.
+type dbFlags struct {
+	url     string
+	timeout time.Duration
+}
+
+func (d *dbFlags) register(fs *flag.FlagSet, timeout time.Duration) {
+	fs.StringVar(&d.url, "database-url", "", "PostgreSQL URL (default $SAGA_DATABASE_URL, then $DATABASE_URL)")
+	fs.DurationVar(&d.timeout, "timeout", timeout, "give up after this long")
+}
+
+// parse parses args as parse does; these commands take no positional
+// arguments.
+func (d *dbFlags) parse(fs *flag.FlagSet, args []string) error {
+	pos, err := parse(fs, args)
+	switch {
+	case err != nil:
+		return err
+	case len(pos) > 0:
+		return usagef("unexpected arguments %q", pos)
+	case d.timeout <= 0:
+		return usagef("-timeout must be positive")
 	}
-	return err
+	return nil
+}
+
+// run connects to the database and calls do, all within the timeout.
+func (d *dbFlags) run(ctx context.Context, getenv func(string) string, do func(ctx context.Context, pool *pgxpool.Pool, u string) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	pool, u, err := openDatabase(ctx, d.url, getenv)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return do(ctx, pool, u)
 }
 
 // openDatabase connects to flagURL, else $SAGA_DATABASE_URL, else

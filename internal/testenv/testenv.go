@@ -165,6 +165,32 @@ func KillPostgresConnections(t testing.TB, pool *pgxpool.Pool) int {
 	return n
 }
 
+// WaitBlocked waits until a statement of pool's connections (by
+// application_name, so never another test's) whose text matches the LIKE
+// pattern waits for a lock, and fails the test after 10 s.
+func WaitBlocked(t testing.TB, pool *pgxpool.Pool, pattern string) {
+	t.Helper()
+	app := pool.Config().ConnConfig.RuntimeParams["application_name"]
+	if app == "" {
+		t.Fatalf("testenv: pool has no application_name; use testenv.Postgres")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting bool
+		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE $2)`, app, pattern).Scan(&waiting)
+		switch {
+		case err != nil:
+			t.Fatalf("testenv: look for a blocked statement like %q: %v", pattern, err)
+		case waiting:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("testenv: no statement like %q waited for a lock within 10 s", pattern)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // rabbitAPI performs a management API call on the shared services (path is
 // already escaped, e.g. "/vhosts/"+url.PathEscape(name)) and decodes a JSON
 // answer into out when out is not nil.

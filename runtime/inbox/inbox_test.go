@@ -132,13 +132,7 @@ func TestClaim(t *testing.T) {
 			}()
 
 			// Wait until the second claim is blocked on the first one's row lock.
-			require.Eventually(t, func() bool {
-				var waiting int
-				err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO saga_inbox%'
-					AND application_name = current_setting('application_name')`).Scan(&waiting)
-				return err == nil && waiting == 1
-			}, 10*time.Second, 10*time.Millisecond)
+			testenv.WaitBlocked(t, b.pool, "INSERT INTO saga_inbox%")
 
 			if commitFirst {
 				require.NoError(t, tx1.Commit(ctx))

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/metrictest"
@@ -29,8 +30,7 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 		conn, err := b.pool.Acquire(ctx)
 		require.NoError(t, err)
 		defer conn.Release()
-		require.NoError(t, conn.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`,
-			livenessLockPrefix, owner).Scan(&free))
+		require.NoError(t, conn.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, lockKey(t, b.pool, owner)).Scan(&free))
 		return !free
 	}
 
@@ -54,10 +54,9 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 	require.NoError(t, err)
 	holder := pc.Hijack() // out of the pool, which waits for it when the test ends
 	t.Cleanup(func() { _ = holder.Close(context.Background()) })
-	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`, livenessLockPrefix, "alive")
+	key := lockKey(t, b.pool, "alive")
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, key)
 	require.NoError(t, err)
-	var key int64
-	require.NoError(t, holder.QueryRow(ctx, lockKeySQL, livenessLockPrefix, "alive").Scan(&key))
 	_, err = holder.Exec(ctx, registerSQL, "alive", key, 150)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'alive', lease_until = now() + interval '1 hour', attempts = 1
@@ -88,10 +87,10 @@ WHERE id IN (SELECT id FROM saga_outbox WHERE message_id = ANY($1))`, stranger)
 	// LISTEN connection is re-established quickly: shorter than the grace
 	// (three polls), so the relay is not taken for dead.
 	for range 10 {
-		_, err := holder.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`, livenessLockPrefix, "alive")
+		_, err := holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, key)
 		require.NoError(t, err)
 		time.Sleep(30 * time.Millisecond)
-		_, err = holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1::text || current_schema() || ':' || $2::text, 0))`, livenessLockPrefix, "alive")
+		_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, key)
 		require.NoError(t, err)
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -168,4 +167,13 @@ func TestRelayRegistersWhileRunning(t *testing.T) {
 	cancel()
 	require.NoError(t, <-res)
 	require.False(t, registered(), "a clean stop deletes the registration")
+}
+
+// lockKey is the liveness lock key of owner's relay in pool's schema, as the
+// relay computes it.
+func lockKey(t *testing.T, pool *pgxpool.Pool, owner string) int64 {
+	t.Helper()
+	var key int64
+	require.NoError(t, pool.QueryRow(t.Context(), lockKeySQL, livenessLockPrefix, owner).Scan(&key))
+	return key
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
 )
 
 // TestPrune: published rows older than the cut are deleted with their sent
@@ -136,7 +138,7 @@ INSERT INTO saga_outbox_pending (id, attempts) SELECT id, attempts FROM sent`)
 		n, err = Prune(ctx, b.pool, time.Now().Add(-time.Hour))
 		pruned <- err
 	}()
-	waitBlocked(t, b.pool, "%head AS%", "the pruning never waited for the replay")
+	testenv.WaitBlocked(t, b.pool, "%head AS%") // the pruning waits for the replay
 	require.NoError(t, replay.Commit(ctx))
 	require.NoError(t, <-pruned)
 	require.Zero(t, n)

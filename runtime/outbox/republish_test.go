@@ -2,11 +2,11 @@ package outbox
 
 import (
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
 )
 
 // TestRepublish: a published row is released and published again with the
@@ -73,7 +73,7 @@ func TestRepublishWaitsForASettleInFlight(t *testing.T) {
 		e.MessageID = ids[0]
 		replayed <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, e) })
 	}()
-	waitBlocked(t, b.pool, "%saga_outbox_pending%", "the replay did not wait for the settle")
+	testenv.WaitBlocked(t, b.pool, "%saga_outbox_pending%") // the replay waits for the settle
 	require.NoError(t, settle.Commit(ctx))
 	require.NoError(t, <-replayed)
 
@@ -82,16 +82,4 @@ func TestRepublishWaitsForASettleInFlight(t *testing.T) {
 		Scan(&pending, &sent))
 	require.True(t, pending, "the replay made the row pending again")
 	require.False(t, sent)
-}
-
-// waitBlocked waits until a statement whose text matches the LIKE pattern
-// waits for a lock.
-func waitBlocked(t *testing.T, pool *pgxpool.Pool, pattern, failure string) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1)`, pattern).Scan(&waiting)
-		return err == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, failure)
 }

@@ -44,12 +44,7 @@ VALUES ($1, 'x', 'k', 't', 1, '\x00', now(), $2, $3, $4, $5) RETURNING id`
 	require.NoError(t, writer.QueryRow(ctx, insert, "in-flight", 0, nil, nil, nil).Scan(&inFlight))
 	migrated := make(chan error, 1)
 	go func() { migrated <- Migrate(ctx, pool) }()
-	require.Eventually(t, func() bool {
-		var waiting bool
-		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%saga_outbox_pending%')`).Scan(&waiting)
-		return err == nil && waiting
-	}, 10*time.Second, 5*time.Millisecond, "the migration never waited for the writer")
+	testenv.WaitBlocked(t, pool, "%saga_outbox_pending%") // the migration waits for the writer
 	require.NoError(t, writer.Commit(ctx))
 	require.NoError(t, <-migrated)
 

@@ -562,6 +562,12 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	// Release ×1.
 	require.Equal(t, 6.0, m.value(telemetry.MetricOutboxBacklog, nil))
 	require.Greater(t, m.value(telemetry.MetricOutboxOldestAge, nil), 0.0)
+	// A pending row whose outbox row was deleted by hand counts in the
+	// backlog but does not hide the age of the oldest real one.
+	_, err = gaugePool.Exec(w.ctx, `INSERT INTO saga_outbox_pending (id) VALUES (-1)`)
+	require.NoError(t, err)
+	require.Equal(t, 7.0, m.value(telemetry.MetricOutboxBacklog, nil))
+	require.Greater(t, m.value(telemetry.MetricOutboxOldestAge, nil), 0.0)
 	require.Equal(t, 1.0, m.value(telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
 }
 
