@@ -729,6 +729,7 @@ func (p *pipeline) settle(bs []*batch) {
 				s.unsent++
 			case b.errs[i] == nil:
 				s.done = append(s.done, rw.id)
+				s.doneAttempts = append(s.doneAttempts, rw.attempts)
 			default:
 				s.release(rw, retryDelay(b.errs[i], rw.attempts))
 				r.cfg.Logger.Warn("outbox relay: publish failed; will retry",
@@ -755,6 +756,7 @@ func (p *pipeline) settle(bs []*batch) {
 // settlement is what one settle statement records.
 type settlement struct {
 	done           []int64
+	doneAttempts   []int32 // the attempts of the claim each done row was published under
 	failed, delays []int64 // released rows, with their backoff in ms
 	attempts       []int32 // and the attempts of the claim they were published under
 	unsent         int     // released rows that were never published
@@ -854,8 +856,10 @@ func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[st
 
 const settleSQL = `
 WITH done AS (
-  DELETE FROM saga_outbox_pending WHERE id = ANY($1::bigint[])
-  RETURNING id, attempts
+  DELETE FROM saga_outbox_pending p
+  USING unnest($1::bigint[], $6::int4[]) AS d(id, attempts)
+  WHERE p.id = d.id AND p.lease_owner = $5 AND p.attempts = d.attempts
+  RETURNING p.id, p.attempts
 ), sent AS (
   INSERT INTO saga_outbox_sent (id, published_at, attempts, relay)
   SELECT id, now(), attempts, $5 FROM done
@@ -871,17 +875,19 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 // settle records done rows as published and releases failed rows, in one
 // statement (one commit for however many batches s covers): a published
 // row's pending row is deleted and a saga_outbox_sent row says when, by
-// which relay and after how many leases. A row already recorded by another
-// relay (after our lease ran out) is not recorded again; a
-// failed row is released only while the claim it was published under is
-// still the row's latest and ours (same owner and attempts), so a late
-// release never frees a row that was claimed again since. Database errors
+// which relay and after how many leases. Both happen only while the claim
+// a row was published under is still the row's latest and ours (same owner
+// and attempts). A late settle, after our lease ran out, therefore neither
+// frees nor records a row that was claimed again since (its new claim
+// settles it), nor one an operator's Republish made pending again after
+// another relay recorded it: Republish carries the attempts over, so the
+// replayed row never matches an older claim, and the replay is published. Database errors
 // are retried for up to LeaseDuration from start (and while ctx lasts):
 // giving up early only causes duplicates.
 func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error {
-	done, failed, delays, attempts := s.done, s.failed, s.delays, s.attempts
+	done, doneAttempts, failed, delays, attempts := s.done, s.doneAttempts, s.failed, s.delays, s.attempts
 	if done == nil {
-		done = []int64{}
+		done, doneAttempts = []int64{}, []int32{}
 	}
 	if failed == nil {
 		failed, delays, attempts = []int64{}, []int64{}, []int32{}
@@ -889,7 +895,7 @@ func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error
 	deadline := start.Add(r.cfg.LeaseDuration)
 	for attempt := 0; ; attempt++ {
 		var marked, released int64
-		err := r.cfg.Pool.QueryRow(ctx, settleSQL, done, failed, delays, attempts, r.cfg.Owner).Scan(&marked, &released)
+		err := r.cfg.Pool.QueryRow(ctx, settleSQL, done, failed, delays, attempts, r.cfg.Owner, doneAttempts).Scan(&marked, &released)
 		if err == nil {
 			r.published.Add(marked)
 			r.failed.Add(int64(len(failed) - s.unsent))

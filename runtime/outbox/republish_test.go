@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -62,10 +63,9 @@ func TestRepublishWaitsForASettleInFlight(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = settle.Rollback(ctx) }()
 	var rowID int64
-	require.NoError(t, settle.QueryRow(ctx, `SELECT id FROM saga_outbox WHERE message_id = $1`, ids[0]).Scan(&rowID))
-	var marked, released int64
-	require.NoError(t, settle.QueryRow(ctx, settleSQL, []int64{rowID}, []int64{}, []int64{}, []int32{}, "relay").Scan(&marked, &released))
-	require.EqualValues(t, 1, marked)
+	require.NoError(t, b.pool.QueryRow(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'relay', lease_until = now() + interval '1 minute', attempts = 1
+WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1) RETURNING id`, ids[0]).Scan(&rowID))
+	require.EqualValues(t, 1, settleRows(t, settle, "relay", rowID, 1))
 
 	replayed := make(chan error, 1)
 	go func() {
@@ -82,4 +82,81 @@ func TestRepublishWaitsForASettleInFlight(t *testing.T) {
 		Scan(&pending, &sent))
 	require.True(t, pending, "the replay made the row pending again")
 	require.False(t, sent)
+}
+
+// settleRows runs the relay's settle for one row published under the claim
+// (owner, attempts) and returns how many rows it recorded as sent.
+func settleRows(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, owner string, id int64, attempts int32) int64 {
+	t.Helper()
+	var marked, released int64
+	require.NoError(t, q.QueryRow(testCtx(t), settleSQL, []int64{id}, []int64{}, []int64{}, []int32{}, owner, []int32{attempts}).
+		Scan(&marked, &released))
+	return marked
+}
+
+// TestLateSettleLeavesAReplay: a relay publishes a row, its lease runs out
+// before it settles, another relay claims the row again, publishes it and
+// records it, and an operator replays the message. The first relay's late
+// settle must then leave the replayed row pending, so the replay is
+// published; nor may a settle record a row claimed again since its claim.
+func TestLateSettleLeavesAReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testCtx(t)
+	ids := enqueue(t, ctx, b.pool, 2, routedKey)
+	rowID := func(messageID string) (id int64) {
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM saga_outbox WHERE message_id = $1`, messageID).Scan(&id))
+		return id
+	}
+	claimAs := func(owner string, id int64) (attempts int32) {
+		require.NoError(t, b.pool.QueryRow(ctx, `UPDATE saga_outbox_pending
+SET lease_owner = $1, lease_until = now() + interval '1 minute', attempts = attempts + 1
+WHERE id = $2 RETURNING attempts`, owner, id).Scan(&attempts))
+		return attempts
+	}
+	state := func(id int64) (pending bool, owner *string, sentBy *string) {
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT pending, lease_owner, published_by FROM saga_outbox_state WHERE id = $1`, id).
+			Scan(&pending, &owner, &sentBy))
+		return
+	}
+
+	replayed := rowID(ids[0])
+	slow := claimAs("slow", replayed)
+	fast := claimAs("fast", replayed) // after slow's lease ran out
+	require.EqualValues(t, 1, settleRows(t, b.pool, "fast", replayed, fast))
+	e := env(routedKey)
+	e.MessageID = ids[0]
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, e) }))
+	require.Zero(t, settleRows(t, b.pool, "slow", replayed, slow), "a late settle recorded a replayed row")
+	pending, owner, sentBy := state(replayed)
+	require.True(t, pending, "a late settle cancelled the replay")
+	require.Nil(t, owner)
+	require.Nil(t, sentBy)
+
+	// Claimed again by the same relay: the older claim's settle records
+	// nothing, the newer one's records the row.
+	again := rowID(ids[1])
+	first := claimAs("slow", again)
+	second := claimAs("slow", again)
+	require.Zero(t, settleRows(t, b.pool, "slow", again, first))
+	pending, _, _ = state(again)
+	require.True(t, pending)
+	require.EqualValues(t, 1, settleRows(t, b.pool, "slow", again, second))
+	pending, _, sentBy = state(again)
+	require.False(t, pending)
+	require.Equal(t, "slow", *sentBy)
+
+	// The replay is published by a running relay.
+	deliveries, err := b.ch.Consume(testQueue, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	startRelay(t, b, RelayConfig{})
+	waitUnpublished(t, ctx, b.pool, 0)
+	select {
+	case d := <-deliveries:
+		require.Equal(t, ids[0], d.MessageId)
+	case <-ctx.Done():
+		t.Fatal("the replay was not published")
+	}
 }
