@@ -12,6 +12,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/internal/retain"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -136,6 +137,16 @@ type Config struct {
 	// alongside it are handled normally. Defaults to 10; -1 turns the guard
 	// off. Classic queues do not count deliveries.
 	MaxRedeliveries int
+	// KeepClaims is how long the consumer keeps its inbox claims (the
+	// saga_inbox rows that say it handled a message) before it deletes
+	// them with inbox.PruneConsumer; default 30 days. A message that comes
+	// again after its claim is gone is handled again, so keep claims far
+	// longer than any redelivery, relay republish or replay you expect. A
+	// negative value keeps them until something else prunes them (sagactl
+	// prune). Only this consumer's claims (by Name) are pruned.
+	KeepClaims time.Duration
+	// PruneInterval is how often the consumer prunes; default 1 minute.
+	PruneInterval time.Duration
 	// DrainTimeout bounds how long a graceful shutdown waits for in-flight
 	// deliveries; after it their contexts are cancelled and they are left
 	// unacknowledged for redelivery. Defaults to 30s.
@@ -180,6 +191,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = defaultDrainTimeout
+	}
+	if c.KeepClaims == 0 {
+		c.KeepClaims = retain.DefaultKeepClaims
+	}
+	if c.PruneInterval <= 0 {
+		c.PruneInterval = retain.DefaultInterval
 	}
 	c.Logger = c.Telemetry.LoggerOr(c.Logger, slog.Default())
 }

@@ -15,6 +15,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/inbox"
+	"github.com/protosaga/saga/runtime/internal/retain"
 )
 
 // Backoff bounds between sessions that ended in a failure.
@@ -53,6 +55,8 @@ type Consumer struct {
 	// fast and fallBack count transactions committed on the fast path and
 	// fast-path attempts that fell back to a savepoint per delivery (tests).
 	fast, fallBack atomic.Int64
+	// pruned counts the inbox claims the consumer deleted (KeepClaims).
+	pruned atomic.Int64
 }
 
 // New validates cfg (after filling in defaults) and returns a consumer.
@@ -72,6 +76,18 @@ func New(cfg Config) (*Consumer, error) {
 		pub: broker.NewPublisher(cfg.PublishConn, broker.PublisherConfig{}),
 		tel: tel,
 	}, nil
+}
+
+// retention deletes the consumer's inbox claims older than KeepClaims.
+func (c *Consumer) retention() retain.Job {
+	return retain.Job{
+		What: "inbox claims", Keep: c.cfg.KeepClaims, Interval: c.cfg.PruneInterval, Now: c.now,
+		Prune: func(ctx context.Context, olderThan time.Time) (int64, error) {
+			return inbox.PruneConsumer(ctx, c.cfg.Pool, c.cfg.Name, olderThan)
+		},
+		Pruned: func(n int64) { c.pruned.Add(n) },
+		Logger: c.log,
+	}
 }
 
 // crashError is returned by Run when the afterCommit test hook simulated a
@@ -96,6 +112,7 @@ func (e *topologyError) Error() string {
 // Config.PublishConn was closed.
 func (c *Consumer) Run(ctx context.Context) error {
 	defer func() { _ = c.pub.Close() }()
+	defer c.retention().Start(ctx)()
 	backoff := minBackoff
 	for {
 		err := c.checkTopology(ctx)

@@ -921,6 +921,34 @@ func TestConsumer(t *testing.T) {
 	})
 }
 
+// TestConsumerPrunesItsClaims: a running consumer deletes its own inbox
+// claims older than KeepClaims, every PruneInterval, and nobody else's; a
+// message whose claim is kept is still recognized when it comes again.
+func TestConsumerPrunesItsClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO saga_inbox (consumer, message_id, received_at)
+SELECT c, 'old-' || i, now() - interval '2 hours' FROM generate_series(1, 3) AS i, unnest(ARRAY['notes-consumer', 'other']) AS c`)
+	require.NoError(t, err)
+	claims := func(consumer, like string) (n int) {
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM saga_inbox WHERE consumer = $1 AND message_id LIKE $2`,
+			consumer, like).Scan(&n))
+		return n
+	}
+
+	r := b.start(func(c *consumer.Config) { c.KeepClaims = time.Hour; c.PruneInterval = 20 * time.Millisecond }, nil)
+	b.send("kept", doOK, nil)
+	b.waitSettled("kept", "done")
+	require.Eventually(t, func() bool { return claims("notes-consumer", "old-%") == 0 }, testTimeout, poll,
+		"the consumer's old claims were not pruned")
+	require.EqualValues(t, 3, consumer.Pruned(r.c))
+	require.Equal(t, 3, claims("other", "old-%"), "another consumer's claims were pruned")
+	b.send("kept", doOK, nil)
+	b.waitSettled("kept", "duplicate")
+	b.stop(r)
+	require.Equal(t, []int{1}, b.effects("kept"))
+}
+
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 

@@ -26,3 +26,6 @@ func Buffered(c *Consumer) int {
 // Paths returns how many batch transactions committed on the fast path and
 // how many fast-path attempts fell back to a savepoint per delivery.
 func Paths(c *Consumer) (fast, fallBack int64) { return c.fast.Load(), c.fallBack.Load() }
+
+// Pruned is how many inbox claims c deleted (KeepClaims).
+func Pruned(c *Consumer) int64 { return c.pruned.Load() }

@@ -20,10 +20,12 @@
 //   - The consumer name is part of the key, so several consumers (a saga and
 //     a projection, say) can each handle the same message once.
 //
-// Claims are needed only as long as a duplicate can still arrive. [Prune]
-// deletes old claims; run it with a horizon far beyond the longest
-// redelivery window (retry tiers, relay lease timeout, parked-message
-// replays), e.g. days, never minutes.
+// Claims are needed only as long as a duplicate can still arrive. Each
+// running consumer deletes its own claims once they are older than its
+// KeepClaims (30 days by default) with [PruneConsumer]; [Prune] deletes
+// every consumer's. Keep claims far beyond the longest redelivery window
+// (retry tiers, relay lease timeout, parked-message replays): days, never
+// minutes.
 package inbox
 
 import (
@@ -111,22 +113,61 @@ RETURNING message_id`, consumer, sorted)
 	return first, nil
 }
 
-// Prune deletes claims received before olderThan, in batches, and returns how
-// many it deleted. A message redelivered after its claim was pruned would be
-// handled again, so olderThan must lie well before any possible redelivery.
+// Prune deletes the claims of every consumer received before olderThan, in
+// batches, and returns how many it deleted. A message redelivered after its
+// claim was pruned would be handled again, so olderThan must lie well before
+// any possible redelivery. (Each [consumer.Consumer] prunes its own claims
+// on its own; Prune is for a retention of your own, as sagactl prune runs
+// it.)
 func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Time) (int64, error) {
-	var total int64
-	for {
-		tag, err := pool.Exec(ctx, `
+	return prune(ctx, pool, "prune inbox claims before "+olderThan.Format(time.RFC3339), pruneAllSQL, olderThan)
+}
+
+// PruneConsumer is [Prune] for the claims of one consumer only, read
+// through the index on (consumer, received_at): a statement reads only
+// what it deletes, so pruning often is cheap.
+func PruneConsumer(ctx context.Context, pool *pgxpool.Pool, consumer string, olderThan time.Time) (int64, error) {
+	what := fmt.Sprintf("prune inbox claims of consumer %q before %s", consumer, olderThan.Format(time.RFC3339))
+	return prune(ctx, pool, what, pruneConsumerSQL, olderThan, consumer)
+}
+
+// pruneAllSQL and pruneConsumerSQL delete up to $2 claims received before
+// $1 (of consumer $3). pruneAllSQL reads the table in physical order until
+// it has found $2 of them: sagactl prune runs it by hand.
+const pruneAllSQL = `
 DELETE FROM saga_inbox
 WHERE (consumer, message_id) IN (
   SELECT consumer, message_id FROM saga_inbox
   WHERE received_at < $1
   LIMIT $2
   FOR UPDATE SKIP LOCKED
-)`, olderThan, pruneBatch)
+)`
+
+// pruneConsumerSQL collects the ids into an array first, oldest first, so
+// that both the selection (index on consumer, received_at) and the delete
+// (primary key) use an index under a generic plan; written as IN
+// (subquery), PostgreSQL 15 scanned the table and then all the consumer's
+// claims (1M claims over 5 consumers: 111–215 ms for 5,000 deleted, against
+// 36 ms; 0.05 ms when there is nothing to delete).
+const pruneConsumerSQL = `
+DELETE FROM saga_inbox
+WHERE consumer = $3 AND message_id = ANY(ARRAY(
+  SELECT message_id FROM saga_inbox
+  WHERE consumer = $3 AND received_at < $1
+  ORDER BY received_at
+  LIMIT $2
+  FOR UPDATE SKIP LOCKED
+))`
+
+// prune runs sql with olderThan, pruneBatch and extra until a statement
+// deletes fewer than pruneBatch claims; what names the work in its error.
+func prune(ctx context.Context, pool *pgxpool.Pool, what, sql string, olderThan time.Time, extra ...any) (int64, error) {
+	args := append([]any{olderThan, pruneBatch}, extra...)
+	var total int64
+	for {
+		tag, err := pool.Exec(ctx, sql, args...)
 		if err != nil {
-			return total, fmt.Errorf("prune inbox claims before %s: %w", olderThan.Format(time.RFC3339), err)
+			return total, fmt.Errorf("%s: %w", what, err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < pruneBatch {

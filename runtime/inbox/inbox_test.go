@@ -192,6 +192,33 @@ func TestPrune(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestPruneConsumer: only the named consumer's old claims go, however many
+// batches they take; other consumers' claims stay, old or not.
+func TestPruneConsumer(t *testing.T) {
+	t.Parallel()
+
+	ctx, b := setup(t)
+	now := time.Now()
+	_, err := b.pool.Exec(ctx, `INSERT INTO saga_inbox (consumer, message_id, received_at)
+		SELECT c, 'old-' || i, $1::timestamptz FROM generate_series(1, 12000) AS i, unnest(ARRAY['orders', 'billing']) AS c`,
+		now.Add(-48*time.Hour))
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `INSERT INTO saga_inbox (consumer, message_id, received_at)
+		SELECT 'orders', 'new-' || i, $1::timestamptz FROM generate_series(1, 3) AS i`, now)
+	require.NoError(t, err)
+
+	n, err := inbox.PruneConsumer(ctx, b.pool, "orders", now.Add(-24*time.Hour))
+	require.NoError(t, err)
+	require.EqualValues(t, 12000, n)
+	var orders, billing int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE consumer = 'orders'),
+  count(*) FILTER (WHERE consumer = 'billing') FROM saga_inbox`).Scan(&orders, &billing))
+	require.Equal(t, 3, orders)
+	require.Equal(t, 12000, billing, "another consumer's claims were pruned")
+	require.True(t, claim(ctx, t, b.pool, "orders", "old-1"))
+	require.False(t, claim(ctx, t, b.pool, "billing", "old-1"))
+}
+
 func TestClaimAll(t *testing.T) {
 	t.Parallel()
 

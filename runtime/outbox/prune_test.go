@@ -150,3 +150,31 @@ INSERT INTO saga_outbox_pending (id, attempts) SELECT id, attempts FROM sent`)
 	require.True(t, state.exists, "the replayed row is kept")
 	require.True(t, state.pending)
 }
+
+// TestRelayPrunes: a running relay deletes the rows published longer ago
+// than KeepPublished, every PruneInterval, and keeps the others; with a
+// negative KeepPublished it keeps them all.
+func TestRelayPrunes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testCtx(t)
+	ids := enqueue(t, ctx, b.pool, 6, routedKey)
+	r, _ := startRelay(t, b, RelayConfig{KeepPublished: time.Hour, PruneInterval: 20 * time.Millisecond})
+	waitUnpublished(t, ctx, b.pool, 0)
+	_, err := b.pool.Exec(ctx, `UPDATE saga_outbox_sent SET published_at = now() - interval '2 hours'
+WHERE id IN (SELECT id FROM saga_outbox WHERE message_id = ANY($1))`, ids[:4])
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.Stats().Pruned == 4 }, 10*time.Second, 20*time.Millisecond,
+		"the relay did not prune the rows published two hours ago")
+	var left []string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT array_agg(message_id ORDER BY id) FROM saga_outbox_state`).Scan(&left))
+	require.Equal(t, ids[4:], left)
+
+	keeper, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, KeepPublished: -1})
+	require.NoError(t, err)
+	require.Negative(t, keeper.retention().Keep, "a negative KeepPublished must switch pruning off")
+	defaults, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn})
+	require.NoError(t, err)
+	require.Equal(t, 7*24*time.Hour, defaults.retention().Keep)
+	require.Equal(t, time.Minute, defaults.retention().Interval)
+}

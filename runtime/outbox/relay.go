@@ -22,6 +22,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/internal/retain"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -77,8 +78,19 @@ type RelayConfig struct {
 	// a child of the row's traceparent) and metrics; the zero value
 	// disables them.
 	Telemetry telemetry.Providers
-	// Now is the relay's clock (for deadlines and logs; leases use the
-	// database clock so relays on skewed hosts agree); default time.Now.
+	// KeepPublished is how long a published row stays in saga_outbox, with
+	// its saga_outbox_sent record, before the relay deletes it with
+	// [Prune]; default 7 days. Until then the saga's timeline lists the
+	// message and [Republish] releases the same row again. A negative
+	// value keeps published rows until something else prunes them
+	// (sagactl prune). Every running relay prunes; their prunes take
+	// disjoint rows.
+	KeepPublished time.Duration
+	// PruneInterval is how often the relay prunes; default 1 minute.
+	PruneInterval time.Duration
+	// Now is the relay's clock (for deadlines, logs and the pruning cut;
+	// leases use the database clock so relays on skewed hosts agree);
+	// default time.Now.
 	Now func() time.Time
 
 	// afterPublish runs after a batch's confirms were awaited and before
@@ -112,6 +124,12 @@ func (c *RelayConfig) setDefaults() {
 	}
 	if c.ConfirmTimeout <= 0 {
 		c.ConfirmTimeout = c.LeaseDuration / 3
+	}
+	if c.KeepPublished == 0 {
+		c.KeepPublished = retain.DefaultKeepPublished
+	}
+	if c.PruneInterval <= 0 {
+		c.PruneInterval = retain.DefaultInterval
 	}
 	c.Logger = c.Telemetry.LoggerOr(c.Logger, slog.New(slog.DiscardHandler))
 	if c.Now == nil {
@@ -170,7 +188,7 @@ type Relay struct {
 	pub *broker.Publisher
 	tel relayTelemetry
 
-	published, failed atomic.Int64
+	published, failed, pruned atomic.Int64
 
 	// Hand-offs (see WithRelay): open while Run accepts them, into
 	// direct, which only the sender reads.
@@ -191,6 +209,8 @@ type RelayStats struct {
 	// WithRelay) rather than claimed. They are published like claimed
 	// rows, or released unsent if the relay stops first.
 	HandedOff int64
+	// Pruned counts published rows the relay deleted (KeepPublished).
+	Pruned int64
 }
 
 // NewRelay validates cfg and returns a relay. Call Run to start it.
@@ -213,7 +233,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() RelayStats {
-	return RelayStats{Published: r.published.Load(), Failed: r.failed.Load(), HandedOff: r.handed.Load()}
+	return RelayStats{Published: r.published.Load(), Failed: r.failed.Load(), HandedOff: r.handed.Load(), Pruned: r.pruned.Load()}
 }
 
 // Run relays until ctx is canceled, then drains (see [Relay]) and returns
@@ -237,11 +257,24 @@ func (r *Relay) Run(ctx context.Context) error {
 		stopListen(cause)
 		<-listenDone
 	}()
+	defer r.retention().Start(ctx)()
 	err := r.runPipeline(ctx, wake)
 	if err == nil {
 		cause = errStopped // nothing of ours is left leased: unregister
 	}
 	return err
+}
+
+// retention deletes published rows older than KeepPublished.
+func (r *Relay) retention() retain.Job {
+	return retain.Job{
+		What: "published outbox rows", Keep: r.cfg.KeepPublished, Interval: r.cfg.PruneInterval, Now: r.cfg.Now,
+		Prune: func(ctx context.Context, olderThan time.Time) (int64, error) {
+			return Prune(ctx, r.cfg.Pool, olderThan)
+		},
+		Pruned: func(n int64) { r.pruned.Add(n) },
+		Logger: r.cfg.Logger.With("owner", r.cfg.Owner),
+	}
 }
 
 // runPipeline runs the claimer, sender, awaiter and settler (see [Relay])

@@ -1,0 +1,105 @@
+package retain
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestJob: each tick prunes with the cut Now()-Keep and counts what was
+// deleted; a failed prune is logged and tried again at the next tick; a
+// negative Keep never prunes; Run returns when its context ends.
+func TestJob(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+	t.Run("PrunesEachTickAndSurvivesFailures", func(t *testing.T) {
+		t.Parallel()
+		var (
+			mu     sync.Mutex
+			cuts   []time.Time
+			pruned int64
+			logs   bytes.Buffer
+		)
+		calls := make(chan int, 16)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		j := Job{
+			What: "test rows", Keep: time.Hour, Interval: time.Millisecond, Now: func() time.Time { return now },
+			Prune: func(_ context.Context, olderThan time.Time) (int64, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				cuts = append(cuts, olderThan)
+				n := len(cuts)
+				select {
+				case calls <- n:
+				default: // the test has seen enough
+				}
+				if n == 1 {
+					return 2, errors.New("database gone")
+				}
+				return 5, nil
+			},
+			Pruned: func(n int64) { mu.Lock(); pruned += n; mu.Unlock() },
+			Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs, mu: &mu}, nil)),
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); j.Run(ctx) }()
+		for n := range calls {
+			if n == 2 {
+				break
+			}
+		}
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range cuts {
+			if !c.Equal(now.Add(-time.Hour)) {
+				t.Fatalf("cut %v, want %v", c, now.Add(-time.Hour))
+			}
+		}
+		if pruned < 7 {
+			t.Fatalf("pruned %d, want at least 2+5 (the failed prune's rows count too)", pruned)
+		}
+		out := logs.String()
+		for _, want := range []string{"level=WARN msg=\"pruning test rows failed", "error=\"database gone\"", "level=INFO msg=\"pruned test rows\"", "deleted=5"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("log lacks %q:\n%s", want, out)
+			}
+		}
+	})
+
+	t.Run("NegativeKeepNeverPrunes", func(t *testing.T) {
+		t.Parallel()
+		j := Job{Keep: -1, Interval: time.Millisecond, Now: time.Now,
+			Prune: func(context.Context, time.Time) (int64, error) {
+				t.Error("pruned with a negative Keep")
+				return 0, nil
+			}}
+		done := make(chan struct{})
+		go func() { defer close(done); j.Run(context.Background()) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run with a negative Keep did not return at once")
+		}
+	})
+}
+
+// syncWriter serializes writes to w under mu.
+type syncWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
