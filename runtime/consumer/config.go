@@ -143,7 +143,10 @@ type Config struct {
 	// again after its claim is gone is handled again, so keep claims far
 	// longer than any redelivery, relay republish or replay you expect. A
 	// negative value keeps them until something else prunes them (sagactl
-	// prune). Only this consumer's claims (by Name) are pruned.
+	// prune). Only this consumer's claims (by Name) are pruned, when Run
+	// starts and then every PruneInterval, against the database's clock;
+	// each prune that deleted claims is logged (Info), each failed one
+	// (Warn).
 	KeepClaims time.Duration
 	// PruneInterval is how often the consumer prunes; default 1 minute.
 	PruneInterval time.Duration

@@ -81,7 +81,8 @@ func New(cfg Config) (*Consumer, error) {
 // retention deletes the consumer's inbox claims older than KeepClaims.
 func (c *Consumer) retention() retain.Job {
 	return retain.Job{
-		What: "inbox claims", Keep: c.cfg.KeepClaims, Interval: c.cfg.PruneInterval, Now: c.now,
+		What: "inbox claims", Keep: c.cfg.KeepClaims, Interval: c.cfg.PruneInterval,
+		Clock: retain.DatabaseClock(c.cfg.Pool),
 		Prune: func(ctx context.Context, olderThan time.Time) (int64, error) {
 			return inbox.PruneConsumer(ctx, c.cfg.Pool, c.cfg.Name, olderThan)
 		},

@@ -83,13 +83,14 @@ type RelayConfig struct {
 	// [Prune]; default 7 days. Until then the saga's timeline lists the
 	// message and [Republish] releases the same row again. A negative
 	// value keeps published rows until something else prunes them
-	// (sagactl prune). Every running relay prunes; their prunes take
-	// disjoint rows.
+	// (sagactl prune). Every running relay prunes, when it starts and then
+	// every PruneInterval; their prunes take disjoint rows. Each prune that
+	// deleted rows is logged (Info), and each failed one (Warn).
 	KeepPublished time.Duration
 	// PruneInterval is how often the relay prunes; default 1 minute.
 	PruneInterval time.Duration
-	// Now is the relay's clock (for deadlines, logs and the pruning cut;
-	// leases use the database clock so relays on skewed hosts agree);
+	// Now is the relay's clock (for deadlines and logs; leases and the
+	// pruning cut use the database clock so relays on skewed hosts agree);
 	// default time.Now.
 	Now func() time.Time
 
@@ -268,7 +269,8 @@ func (r *Relay) Run(ctx context.Context) error {
 // retention deletes published rows older than KeepPublished.
 func (r *Relay) retention() retain.Job {
 	return retain.Job{
-		What: "published outbox rows", Keep: r.cfg.KeepPublished, Interval: r.cfg.PruneInterval, Now: r.cfg.Now,
+		What: "published outbox rows", Keep: r.cfg.KeepPublished, Interval: r.cfg.PruneInterval,
+		Clock: retain.DatabaseClock(r.cfg.Pool),
 		Prune: func(ctx context.Context, olderThan time.Time) (int64, error) {
 			return Prune(ctx, r.cfg.Pool, olderThan)
 		},
@@ -932,6 +934,10 @@ func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error
 		if err == nil {
 			r.published.Add(marked)
 			r.failed.Add(int64(len(failed) - s.unsent))
+			if lost := int64(len(done)) - marked; lost > 0 {
+				r.cfg.Logger.Warn("outbox relay: confirmed rows were no longer under this relay's claim (its lease ran out, or it was taken for dead); another claim publishes them again",
+					"owner", r.cfg.Owner, "rows", lost, "confirmed", len(done), "lease", r.cfg.LeaseDuration)
+			}
 			return nil
 		}
 		wait := broker.Backoff(attempt, 20*time.Millisecond, time.Second)

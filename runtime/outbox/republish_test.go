@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -129,7 +132,13 @@ WHERE id = $2 RETURNING attempts`, owner, id).Scan(&attempts))
 	e := env(routedKey)
 	e.MessageID = ids[0]
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, e) }))
-	require.Zero(t, settleRows(t, b.pool, "slow", replayed, slow), "a late settle recorded a replayed row")
+	var logs bytes.Buffer
+	slowRelay, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, Owner: "slow", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	require.NoError(t, slowRelay.settle(ctx, time.Now(), settlement{done: []int64{replayed}, doneAttempts: []int32{slow}}))
+	require.Zero(t, slowRelay.Stats().Published, "a late settle recorded a replayed row")
+	require.Contains(t, logs.String(), `level=WARN msg="outbox relay: confirmed rows were no longer under this relay's claim`)
+	require.Contains(t, logs.String(), "rows=1 confirmed=1")
 	pending, owner, sentBy := state(replayed)
 	require.True(t, pending, "a late settle cancelled the replay")
 	require.Nil(t, owner)

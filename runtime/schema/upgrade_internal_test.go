@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/testenv"
@@ -110,4 +111,66 @@ WHERE published_at IS NULL AND (lease_until IS NULL OR lease_until < now())`)
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "an old relay's claim must fail, got %v", err)
 	require.Equal(t, "42703", pgErr.Code, "undefined column: %v", err)
+}
+
+// TestInboxIndexUpgrade: migration 0008 builds saga_inbox_by_age; one an
+// operator built beforehand is kept, and one a failed concurrent build
+// left invalid is built again.
+func TestInboxIndexUpgrade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	index := func(t *testing.T, pool interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) (def string, valid bool) {
+		t.Helper()
+		err := pool.QueryRow(ctx, `SELECT pg_get_indexdef(c.oid), i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE c.relname = 'saga_inbox_by_age' AND c.relnamespace = current_schema()::regnamespace`).Scan(&def, &valid)
+		require.NoError(t, err)
+		return def, valid
+	}
+	// migrated runs every migration and requires the index built as 0008
+	// builds it, and valid.
+	migrated := func(t *testing.T, pool *pgxpool.Pool) {
+		t.Helper()
+		require.NoError(t, Migrate(ctx, pool))
+		def, valid := index(t, pool)
+		require.Regexp(t, `^CREATE INDEX saga_inbox_by_age ON \S+\.saga_inbox USING btree \(consumer, received_at\)$`, def)
+		require.True(t, valid)
+	}
+
+	t.Run("Fresh", func(t *testing.T) {
+		t.Parallel()
+		migrated(t, testenv.Postgres(t))
+	})
+
+	t.Run("InvalidLeftByAFailedConcurrentBuild", func(t *testing.T) {
+		t.Parallel()
+		pool := testenv.Postgres(t)
+		require.NoError(t, migrate(ctx, pool, 7, nil))
+		_, err := pool.Exec(ctx, `INSERT INTO saga_inbox (consumer, message_id) VALUES ('a', '1'), ('a', '2')`)
+		require.NoError(t, err)
+		// A unique build over duplicate consumers fails and leaves the
+		// index behind, invalid.
+		_, err = pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY saga_inbox_by_age ON saga_inbox (consumer)`)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "23505", pgErr.Code)
+		_, valid := index(t, pool)
+		require.False(t, valid)
+		migrated(t, pool)
+	})
+
+	t.Run("BuiltBeforehand", func(t *testing.T) {
+		t.Parallel()
+		pool := testenv.Postgres(t)
+		require.NoError(t, migrate(ctx, pool, 7, nil))
+		_, err := pool.Exec(ctx, `CREATE INDEX CONCURRENTLY saga_inbox_by_age ON saga_inbox (consumer, received_at)`)
+		require.NoError(t, err)
+		var oid uint32
+		require.NoError(t, pool.QueryRow(ctx, `SELECT 'saga_inbox_by_age'::regclass::oid`).Scan(&oid))
+		require.NoError(t, Migrate(ctx, pool))
+		var after uint32
+		require.NoError(t, pool.QueryRow(ctx, `SELECT 'saga_inbox_by_age'::regclass::oid`).Scan(&after))
+		require.Equal(t, oid, after, "the index built beforehand was built again")
+	})
 }

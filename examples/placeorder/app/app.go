@@ -42,8 +42,9 @@ func Migrations() schema.Source {
 // required; everything else has a default.
 type Config struct {
 	// Pool is the database of the sagas, the runtime tables and the
-	// services. Size it for 3 × Relays (each holds a LISTEN connection and
-	// claims while it settles) + 5 consumers × Concurrency + 2.
+	// services. Size it for 4 × Relays (each holds a LISTEN connection,
+	// claims while it settles, and prunes) + 5 consumers × (Concurrency + 1
+	// while it prunes its inbox claims) + 2.
 	Pool *pgxpool.Pool
 	// AMQPURL is the broker (amqp:// or amqps://).
 	AMQPURL string
@@ -90,6 +91,11 @@ type Config struct {
 	// Rows of a relay that crashed are published again by another relay
 	// once its database session is gone, or at the latest when it runs out.
 	RelayLease time.Duration
+	// KeepPublished and KeepClaims are how long published outbox rows and
+	// the consumers' inbox claims are kept (outbox.RelayConfig.KeepPublished,
+	// consumer.Config.KeepClaims); zero takes the runtime's defaults (7 and
+	// 30 days), negative keeps them.
+	KeepPublished, KeepClaims time.Duration
 	// Crashes arms crash points (chaos runs); nil arms none. Install
 	// Crashes.Tracer on Pool's connections for the runtime's points.
 	Crashes *Crashes
@@ -302,6 +308,7 @@ func (a *App) build() error {
 		}
 		r, err := outbox.NewRelay(outbox.RelayConfig{
 			Pool: a.cfg.Pool, Conn: a.pub, Logger: a.cfg.Logger, LeaseDuration: a.cfg.RelayLease, Telemetry: a.cfg.Telemetry,
+			KeepPublished: a.cfg.KeepPublished,
 		})
 		if err != nil {
 			return fmt.Errorf("place order app: relay %d: %w", i, err)
@@ -328,6 +335,7 @@ func (a *App) build() error {
 			BatchSize:    a.cfg.BatchSize,
 			Retry:        a.cfg.Retry,
 			DrainTimeout: a.cfg.DrainTimeout,
+			KeepClaims:   a.cfg.KeepClaims,
 			Logger:       a.cfg.Logger.With("queue", queue),
 			Telemetry:    a.cfg.Telemetry,
 		})

@@ -5,8 +5,11 @@ package retain
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults of the retention settings: outbox.RelayConfig.KeepPublished,
@@ -23,11 +26,13 @@ type Job struct {
 	What string
 	// Keep is how long rows are kept; negative disables the job.
 	Keep time.Duration
-	// Interval is the time between two prunes; the first runs one
-	// Interval after Run starts.
+	// Interval is the time between two prunes; the first runs when Run
+	// starts, so a process that restarts often still prunes.
 	Interval time.Duration
-	// Now is the clock the cut is taken from.
-	Now func() time.Time
+	// Clock reads the clock the cut is taken from: the database's (see
+	// DatabaseClock), which wrote the rows' times, so that a host whose
+	// clock is ahead does not delete rows early.
+	Clock func(ctx context.Context) (time.Time, error)
 	// Prune deletes the rows older than the cut and says how many it
 	// deleted, also when it fails part way.
 	Prune func(ctx context.Context, olderThan time.Time) (int64, error)
@@ -53,8 +58,8 @@ func (j Job) Start(ctx context.Context) (stop func()) {
 	}
 }
 
-// Run prunes every Interval until ctx ends. A failed prune is logged and
-// tried again at the next tick.
+// Run prunes at once and then every Interval until ctx ends. A failed
+// prune is logged and tried again at the next tick.
 func (j Job) Run(ctx context.Context) {
 	if j.Keep < 0 {
 		return
@@ -62,22 +67,44 @@ func (j Job) Run(ctx context.Context) {
 	t := time.NewTicker(j.Interval)
 	defer t.Stop()
 	for {
+		j.once(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		cut := j.Now().Add(-j.Keep)
-		n, err := j.Prune(ctx, cut)
+	}
+}
+
+// once prunes the rows older than the clock's now - Keep.
+func (j Job) once(ctx context.Context) {
+	var (
+		cut time.Time
+		n   int64
+	)
+	now, err := j.Clock(ctx)
+	if err == nil {
+		cut = now.Add(-j.Keep)
+		n, err = j.Prune(ctx, cut)
 		if j.Pruned != nil {
 			j.Pruned(n)
 		}
-		switch {
-		case err != nil && ctx.Err() == nil:
-			j.Logger.Warn("pruning "+j.What+" failed; trying again at the next interval",
-				"older_than", cut, "deleted", n, "interval", j.Interval, "error", err)
-		case n > 0:
-			j.Logger.Info("pruned "+j.What, "older_than", cut, "deleted", n)
-		}
+	} else {
+		err = fmt.Errorf("read the database clock: %w", err)
+	}
+	switch {
+	case err != nil && ctx.Err() == nil:
+		j.Logger.Warn("pruning "+j.What+" failed; trying again at the next interval",
+			"older_than", cut, "deleted", n, "interval", j.Interval, "error", err)
+	case n > 0:
+		j.Logger.Info("pruned "+j.What, "older_than", cut, "deleted", n)
+	}
+}
+
+// DatabaseClock reads now() from pool's database.
+func DatabaseClock(pool *pgxpool.Pool) func(ctx context.Context) (time.Time, error) {
+	return func(ctx context.Context) (now time.Time, err error) {
+		err = pool.QueryRow(ctx, "SELECT now()").Scan(&now)
+		return now, err
 	}
 }

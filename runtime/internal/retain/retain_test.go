@@ -11,9 +11,10 @@ import (
 	"time"
 )
 
-// TestJob: each tick prunes with the cut Now()-Keep and counts what was
-// deleted; a failed prune is logged and tried again at the next tick; a
-// negative Keep never prunes; Run returns when its context ends.
+// TestJob: Run prunes at once and at each tick with the cut Clock()-Keep
+// and counts what was deleted; a failed prune, or a clock that cannot be
+// read, is logged and tried again at the next tick; a negative Keep never
+// prunes; Run returns when its context ends.
 func TestJob(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -30,7 +31,8 @@ func TestJob(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		j := Job{
-			What: "test rows", Keep: time.Hour, Interval: time.Millisecond, Now: func() time.Time { return now },
+			What: "test rows", Keep: time.Hour, Interval: time.Millisecond,
+			Clock: func(context.Context) (time.Time, error) { return now, nil },
 			Prune: func(_ context.Context, olderThan time.Time) (int64, error) {
 				mu.Lock()
 				defer mu.Unlock()
@@ -75,9 +77,27 @@ func TestJob(t *testing.T) {
 		}
 	})
 
+	t.Run("NoClockNoPrune", func(t *testing.T) {
+		t.Parallel()
+		var logs bytes.Buffer
+		Job{What: "test rows", Keep: time.Hour, Interval: time.Hour,
+			Clock: func(context.Context) (time.Time, error) { return time.Time{}, errors.New("connection refused") },
+			Prune: func(context.Context, time.Time) (int64, error) {
+				t.Error("pruned without reading the clock")
+				return 0, nil
+			},
+			Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		}.once(context.Background())
+		if !strings.Contains(logs.String(), `level=WARN msg="pruning test rows failed; trying again at the next interval"`) ||
+			!strings.Contains(logs.String(), "read the database clock: connection refused") {
+			t.Fatalf("log:\n%s", logs.String())
+		}
+	})
+
 	t.Run("NegativeKeepNeverPrunes", func(t *testing.T) {
 		t.Parallel()
-		j := Job{Keep: -1, Interval: time.Millisecond, Now: time.Now,
+		j := Job{Keep: -1, Interval: time.Millisecond,
+			Clock: func(context.Context) (time.Time, error) { return time.Now(), nil },
 			Prune: func(context.Context, time.Time) (int64, error) {
 				t.Error("pruned with a negative Keep")
 				return 0, nil
