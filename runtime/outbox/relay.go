@@ -893,7 +893,7 @@ const settleSQL = `
 WITH done AS (
   DELETE FROM saga_outbox_pending p
   USING unnest($1::bigint[], $6::int4[]) AS d(id, attempts)
-  WHERE p.id = d.id AND p.lease_owner = $5 AND p.attempts = d.attempts
+  WHERE p.id = d.id AND p.attempts = d.attempts AND (p.lease_owner = $5 OR p.lease_owner IS NULL)
   RETURNING p.id, p.attempts
 ), sent AS (
   INSERT INTO saga_outbox_sent (id, published_at, attempts, relay)
@@ -911,12 +911,17 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 // statement (one commit for however many batches s covers): a published
 // row's pending row is deleted and a saga_outbox_sent row says when, by
 // which relay and after how many leases. Both happen only while the claim
-// a row was published under is still the row's latest and ours (same owner
-// and attempts). A late settle, after our lease ran out, therefore neither
-// frees nor records a row that was claimed again since (its new claim
-// settles it), nor one an operator's Republish made pending again after
-// another relay recorded it: Republish carries the attempts over, so the
-// replayed row never matches an older claim, and the replay is published. Database errors
+// a row was published under is still the row's latest (same attempts) and
+// ours. A late settle, after our lease ran out, therefore neither frees
+// nor records a row that was claimed again since (its new claim settles
+// it), nor one an operator's Republish made pending again after another
+// relay recorded it: Republish carries over the attempts of the claim that
+// was recorded, so the replayed row never matches an older claim, and the
+// replay is published. A confirmed row whose lease was cleared but not
+// claimed again (other relays took this one for dead and released its
+// rows) is still recorded: its attempts are still our claim's, and no
+// other claim can have published it yet. A failed row is released only
+// while the lease is still ours. Database errors
 // are retried for up to LeaseDuration from start (and while ctx lasts):
 // giving up early only causes duplicates.
 func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error {
@@ -935,7 +940,7 @@ func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error
 			r.published.Add(marked)
 			r.failed.Add(int64(len(failed) - s.unsent))
 			if lost := int64(len(done)) - marked; lost > 0 {
-				r.cfg.Logger.Warn("outbox relay: confirmed rows were no longer under this relay's claim (its lease ran out, or it was taken for dead); another claim publishes them again",
+				r.cfg.Logger.Warn("outbox relay: confirmed rows were claimed again since this relay's claim (its lease ran out, or it was taken for dead); the newer claim publishes them again",
 					"owner", r.cfg.Owner, "rows", lost, "confirmed", len(done), "lease", r.cfg.LeaseDuration)
 			}
 			return nil

@@ -104,11 +104,13 @@ func settleRows(t *testing.T, q interface {
 // records it, and an operator replays the message. The first relay's late
 // settle must then leave the replayed row pending, so the replay is
 // published; nor may a settle record a row claimed again since its claim.
+// A relay taken for dead, whose lease was cleared but whose row nobody
+// claimed again, still records what it published.
 func TestLateSettleLeavesAReplay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := testCtx(t)
-	ids := enqueue(t, ctx, b.pool, 2, routedKey)
+	ids := enqueue(t, ctx, b.pool, 3, routedKey)
 	rowID := func(messageID string) (id int64) {
 		require.NoError(t, b.pool.QueryRow(ctx, `SELECT id FROM saga_outbox WHERE message_id = $1`, messageID).Scan(&id))
 		return id
@@ -137,7 +139,7 @@ WHERE id = $2 RETURNING attempts`, owner, id).Scan(&attempts))
 	require.NoError(t, err)
 	require.NoError(t, slowRelay.settle(ctx, time.Now(), settlement{done: []int64{replayed}, doneAttempts: []int32{slow}}))
 	require.Zero(t, slowRelay.Stats().Published, "a late settle recorded a replayed row")
-	require.Contains(t, logs.String(), `level=WARN msg="outbox relay: confirmed rows were no longer under this relay's claim`)
+	require.Contains(t, logs.String(), `level=WARN msg="outbox relay: confirmed rows were claimed again since this relay's claim`)
 	require.Contains(t, logs.String(), "rows=1 confirmed=1")
 	pending, owner, sentBy := state(replayed)
 	require.True(t, pending, "a late settle cancelled the replay")
@@ -157,6 +159,18 @@ WHERE id = $2 RETURNING attempts`, owner, id).Scan(&attempts))
 	require.False(t, pending)
 	require.Equal(t, "slow", *sentBy)
 
+	// Taken for dead: another relay cleared the lease (releaseGoneSQL)
+	// before anyone claimed the row again. The confirmed publish is still
+	// recorded, so the row is not published once more.
+	released := rowID(ids[2])
+	gone := claimAs("gone", released)
+	_, err = b.pool.Exec(ctx, releaseGoneSQL, []string{"gone"})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, settleRows(t, b.pool, "gone", released, gone))
+	pending, _, sentBy = state(released)
+	require.False(t, pending)
+	require.Equal(t, "gone", *sentBy)
+
 	// The replay is published by a running relay.
 	deliveries, err := b.ch.Consume(testQueue, "", true, false, false, false, nil)
 	require.NoError(t, err)
@@ -164,7 +178,7 @@ WHERE id = $2 RETURNING attempts`, owner, id).Scan(&attempts))
 	waitUnpublished(t, ctx, b.pool, 0)
 	select {
 	case d := <-deliveries:
-		require.Equal(t, ids[0], d.MessageId)
+		require.Equal(t, ids[0], d.MessageId, "only the replay is published")
 	case <-ctx.Done():
 		t.Fatal("the replay was not published")
 	}
