@@ -44,8 +44,10 @@ type Config struct {
 	// Now is the clock. Default: time.Now. Tests inject a fixed clock to
 	// drive timeouts.
 	Now func() time.Time
-	// NewID returns a new saga or message id; it must return a UUID string.
-	// Default: UUID v7.
+	// NewID returns a new saga or message id; it must return a UUID string,
+	// in any form uuid.Parse accepts: the engine uses its canonical form
+	// (lower case, hyphens), as PostgreSQL's uuid columns return it, and
+	// New calls NewID once to check it. Default: UUID v7.
 	NewID func() string
 	// Logger receives operational logs. Default: Telemetry.Logger, then
 	// slog.Default().
@@ -76,6 +78,8 @@ func (c *Config) setDefaults() {
 	}
 	if c.NewID == nil {
 		c.NewID = newUUIDv7
+	} else {
+		c.NewID = canonicalIDs(c.NewID)
 	}
 	c.Logger = c.Telemetry.LoggerOr(c.Logger, slog.Default())
 	if c.TimeoutBatch <= 0 {
@@ -121,6 +125,11 @@ func (c *Config) Validate() error {
 	if c.TimeoutBatch < 0 {
 		errs = append(errs, errors.New("TimeoutBatch must not be negative"))
 	}
+	if c.NewID != nil {
+		if id := c.NewID(); uuid.Validate(id) != nil {
+			errs = append(errs, fmt.Errorf("NewID returned %q, not a UUID", id))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("saga config: %w", err)
 	}
@@ -153,6 +162,21 @@ func newUUIDv7() string {
 		return uuid.NewString()
 	}
 	return id.String()
+}
+
+// canonicalIDs returns newID with its UUIDs in canonical form. The ids
+// stored in uuid columns (saga ids, the pending command's id) come back
+// from PostgreSQL in that form, and replies are matched against the ids the
+// engine sent: an upper-case id sent would never match. A value that is not
+// a UUID is returned as it is (Validate refuses such a NewID).
+func canonicalIDs(newID func() string) func() string {
+	return func() string {
+		raw := newID()
+		if id, err := uuid.Parse(raw); err == nil {
+			return id.String()
+		}
+		return raw
+	}
 }
 
 // Engine runs the instances of one saga type. It is safe for concurrent use

@@ -39,10 +39,32 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorContains(t, err, "Hooks is required")
 	require.ErrorContains(t, err, "not a plain SQL identifier")
 
+	_, err = saga.New(saga.Config{Definition: def, NewID: func() string { return "order-17" }})
+	require.ErrorContains(t, err, `NewID returned "order-17", not a UUID`)
+
 	uncompiled := &sagadef.Definition{Name: "x", Table: "saga_x", DataMessage: "no.such.Message"}
 	_, err = saga.New(saga.Config{Definition: uncompiled})
 	require.ErrorContains(t, err, "call Definition.Compile first")
 	require.ErrorContains(t, err, "NewData is required")
+}
+
+// TestUpperCaseNewID: ids from a NewID that returns upper-case UUIDs are
+// used in canonical form, as PostgreSQL returns the saga's uuid columns, so
+// a reply that answers a command as it was sent (its outbox message id)
+// advances the saga instead of being taken for a late reply.
+func TestUpperCaseNewID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.NewID = func() string { return strings.ToUpper(newID()) } })
+	id := b.start(t, "order-up")
+	require.Equal(t, strings.ToLower(id), id)
+	out := b.outbox(t, id)
+	require.Len(t, out, 1, "the first command is listed under the saga id the database holds")
+	require.Equal(t, strings.ToLower(out[0].MessageID), out[0].MessageID)
+	_, err := b.reply(t, id, msg(msgInventoryReserved, "order-up"), out[0].MessageID)
+	require.NoError(t, err)
+	require.Equal(t, stPayment, b.status(t, id).State)
+	require.Equal(t, []string{"start:new:>" + stReserve, "InventoryReserved:new:" + stReserve + ">" + stPayment}, trail(b.history(t, id)))
 }
 
 func TestStartIdempotentOnBusinessKey(t *testing.T) {
