@@ -3,16 +3,13 @@ package broker_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 )
 
@@ -100,14 +97,14 @@ func TestPublisherStalledConfirms(t *testing.T) {
 	ctx := testCtx(t)
 	b := setup(t)
 	declareRouted(t, ctx, b.ch, nil)
-	px := newProxy(t, b.url)
-	conn, err := broker.Dial(ctx, px.url, broker.ConnConfig{Name: t.Name(), Heartbeat: time.Minute, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	px := testenv.NewProxy(t, b.url)
+	conn, err := broker.Dial(ctx, px.URL, broker.ConnConfig{Name: t.Name(), Heartbeat: time.Minute, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	require.NoError(t, err)
-	t.Cleanup(func() { px.hold(false); _ = conn.Close() })
+	t.Cleanup(func() { px.Hold(false); _ = conn.Close() })
 	p := broker.NewPublisher(conn, broker.PublisherConfig{Window: 4, ConfirmTimeout: 2 * time.Second})
 	require.Equal(t, []error{nil}, p.Publish(ctx, out("warm", 1))) // channel open, exchange checked
 
-	px.hold(true)
+	px.Hold(true)
 	// The window counts across batches: three messages of one batch and
 	// one of the next fill it, and the rest of the second batch cannot be
 	// sent before its ctx ends.
@@ -127,9 +124,9 @@ func TestPublisherStalledConfirms(t *testing.T) {
 	}
 
 	// A caller may stop waiting sooner; the messages then count as failed.
-	px.hold(false)
+	px.Hold(false)
 	require.Equal(t, []error{nil}, p.Publish(ctx, out("fresh", 1)), "a new channel after the timeout")
-	px.hold(true)
+	px.Hold(true)
 	pending := p.Send(ctx, out("c", 2))
 	start := time.Now()
 	short, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
@@ -147,79 +144,6 @@ func TestPublisherStalledConfirms(t *testing.T) {
 		_ = p.Close()
 	}()
 	require.ErrorIs(t, pending.Wait(ctx)[0], broker.ErrChannelClosed)
-	px.hold(false) // the channel's close-ok
+	px.Hold(false) // the channel's close-ok
 	<-closed
-}
-
-// proxy forwards TCP connections to an AMQP broker; hold stops forwarding
-// what the broker sends until it is released.
-type proxy struct {
-	url string
-
-	mu      sync.Mutex
-	held    bool
-	release chan struct{}
-}
-
-func newProxy(t *testing.T, amqpURL string) *proxy {
-	t.Helper()
-	u, err := url.Parse(amqpURL)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ln.Close() })
-	target := u.Host
-	u.Host = ln.Addr().String()
-	px := &proxy{url: u.String(), release: make(chan struct{})}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			t.Cleanup(func() { _ = c.Close(); _ = s.Close() })
-			go func() { _, _ = io.Copy(s, c) }()
-			go px.copyHeld(c, s)
-		}
-	}()
-	return px
-}
-
-func (px *proxy) hold(on bool) {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	if px.held && !on {
-		close(px.release)
-		px.release = make(chan struct{})
-	}
-	px.held = on
-}
-
-func (px *proxy) copyHeld(dst io.Writer, src io.Reader) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		for {
-			px.mu.Lock()
-			held, release := px.held, px.release
-			px.mu.Unlock()
-			if !held {
-				break
-			}
-			<-release
-		}
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
 }

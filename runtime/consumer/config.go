@@ -152,7 +152,11 @@ type Config struct {
 	PruneInterval time.Duration
 	// DrainTimeout bounds how long a graceful shutdown waits for in-flight
 	// deliveries; after it their contexts are cancelled and they are left
-	// unacknowledged for redelivery. Defaults to 30s.
+	// unacknowledged for redelivery. Closing the channel afterwards waits
+	// for the broker at most as long again, so Run returns within about
+	// twice DrainTimeout of its context's end even when the broker has
+	// stopped answering (a resource alarm, a half-dead connection), once
+	// handlers return on their cancelled contexts. Defaults to 30s.
 	DrainTimeout time.Duration
 	// Logger receives the consumer's logs. Defaults to Telemetry.Logger,
 	// then slog.Default().

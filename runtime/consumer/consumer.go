@@ -57,6 +57,8 @@ type Consumer struct {
 	fast, fallBack atomic.Int64
 	// pruned counts the inbox claims the consumer deleted (KeepClaims).
 	pruned atomic.Int64
+	// interrupted: see interruptedSet.
+	interrupted interruptedSet
 }
 
 // New validates cfg (after filling in defaults) and returns a consumer.
@@ -150,7 +152,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if errors.Is(err, broker.ErrClosed) {
 			return fmt.Errorf("consumer %q: %w", c.cfg.Name, err)
 		}
-		if progress {
+		if restartsAfresh(progress, err) {
 			backoff = minBackoff
 		}
 		c.log.Warn("consumer session ended; starting a new one", slog.Any("error", err), slog.Duration("backoff", backoff))
@@ -215,7 +217,10 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("open consuming channel: %w", err)
 	}
-	defer func() { _ = ch.Close() }()
+	// cancelled is closed once the drain's consumer cancel has its answer
+	// (nil: no cancel was sent).
+	var cancelled chan struct{}
+	defer func() { c.closeChannel(ch, cancelled) }()
 
 	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return false, fmt.Errorf("set prefetch %d: %w", c.cfg.Prefetch, err)
@@ -275,14 +280,22 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 
 	// Stop consuming, then drain: workers finish their current batch and
 	// acknowledge it; prefetched deliveries nobody started are returned to
-	// the queue when the channel closes.
+	// the queue when the channel closes. The cancel waits for the broker's
+	// answer, which a broker that stopped reading the connection (a
+	// resource alarm blocks a connection that publishes; a half-dead
+	// network path) never sends: it runs on its own, so that it cannot hold
+	// the drain past DrainTimeout.
+	timer := time.NewTimer(c.cfg.DrainTimeout)
+	defer timer.Stop()
 	if !ch.IsClosed() {
-		_ = ch.Cancel(tag, false)
+		cancelled = make(chan struct{})
+		go func() {
+			defer close(cancelled)
+			_ = ch.Cancel(tag, false)
+		}()
 	}
 	drained := make(chan struct{})
 	go func() { wg.Wait(); close(drained) }()
-	timer := time.NewTimer(c.cfg.DrainTimeout)
-	defer timer.Stop()
 	select {
 	case <-drained:
 	case <-timer.C:
@@ -292,6 +305,38 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 	}
 	s.acker.close()
 	return s.progress.Load(), reason
+}
+
+// closeChannel closes ch once the consumer cancel in flight on it (if
+// cancelled is not nil) has its answer, waiting at most DrainTimeout in all
+// for the broker (see the drain in session); amqp091-go cannot wait for two
+// answers on one channel at once. A channel that cannot be closed now goes
+// with its connection, and the deliveries left on it are redelivered then.
+func (c *Consumer) closeChannel(ch *amqp.Channel, cancelled <-chan struct{}) {
+	t := time.NewTimer(c.cfg.DrainTimeout)
+	defer t.Stop()
+	stuck := func(what string) {
+		c.log.Warn("the broker did not answer the consuming channel's "+what+"; leaving the channel to the connection",
+			slog.Duration("waited", c.cfg.DrainTimeout))
+	}
+	if cancelled != nil {
+		select {
+		case <-cancelled:
+		case <-t.C:
+			stuck("cancel")
+			return
+		}
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = ch.Close()
+	}()
+	select {
+	case <-closed:
+	case <-t.C:
+		stuck("close")
+	}
 }
 
 // amqpCloseError turns a close notification into an error (nil means a
@@ -391,6 +436,18 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // nextBackoff doubles d up to maxBackoff, with ±25% jitter so that many
 // consumers do not reconnect in lockstep.
+// restartsAfresh reports whether the next session may start after the
+// shortest backoff: the last one acknowledged something, and did not end
+// because a retry or parked copy could not be published. That failure
+// repeats for as long as its cause (a tier queue or parking lot deleted
+// under the consumer, a broker refusing them) does, and the deliveries
+// acknowledged around it must not keep its backoff short, or the same
+// message would be handled and fail to be routed ten times a second.
+func restartsAfresh(progress bool, err error) bool {
+	var re *routeError
+	return progress && !errors.As(err, &re)
+}
+
 func nextBackoff(d time.Duration) time.Duration {
 	d *= 2
 	if d > maxBackoff {

@@ -19,3 +19,25 @@ func TestLockConflict(t *testing.T) {
 		t.Error("lockConflict of an error without a PostgreSQL code")
 	}
 }
+
+// TestRestartsAfresh: a session that acknowledged something restarts after
+// the shortest backoff, unless it ended because failed deliveries could
+// not be routed, which repeats however much else it acknowledged.
+func TestRestartsAfresh(t *testing.T) {
+	route := fmt.Errorf("worker: %w", &routeError{errors.New("publish to \"q.retry.1s\": no route")})
+	for _, tt := range []struct {
+		progress bool
+		err      error
+		want     bool
+	}{
+		{true, errors.New("consuming channel closed"), true},
+		{true, nil, true},
+		{false, errors.New("database unavailable"), false},
+		{true, route, false},
+		{false, route, false},
+	} {
+		if got := restartsAfresh(tt.progress, tt.err); got != tt.want {
+			t.Errorf("restartsAfresh(%v, %v) = %v, want %v", tt.progress, tt.err, got, tt.want)
+		}
+	}
+}

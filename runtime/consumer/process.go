@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -177,12 +178,54 @@ VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, 
 		return fmt.Errorf("message %q, redelivered %d times: record it before handling it alone: %w", it.messageID(), it.redeliveries, err)
 	}
 	it.suspect = true
-	it.stoppedBefore = tag.RowsAffected() == 0
+	it.stoppedBefore = tag.RowsAffected() == 0 && !c.interrupted.take(it.messageID())
 	if it.stoppedBefore {
 		c.log.Warn("message redelivered without an acknowledgement after its handling stopped the consumer; parking it",
 			slog.String("message_id", it.messageID()), slog.Int("redeliveries", it.redeliveries))
 	}
 	return nil
+}
+
+// interruptedSet remembers the messages handled alone whose handling this
+// process saw end with an error (the database went away mid-transaction,
+// say) rather than stop the consumer: their saga_consumer_suspect row
+// stays, and without this memory their next delivery would be parked as if
+// they had stopped it. A process that dies forgets them, as it should.
+type interruptedSet struct {
+	mu  sync.Mutex
+	ids map[string]struct{}
+}
+
+// maxInterrupted bounds the set; past it the set starts over (an entry lost
+// costs only a park that the guard would have made before this set existed).
+const maxInterrupted = 4096
+
+func (s *interruptedSet) add(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil || len(s.ids) >= maxInterrupted {
+		s.ids = map[string]struct{}{}
+	}
+	s.ids[id] = struct{}{}
+}
+
+// take reports whether id is in the set and removes it.
+func (s *interruptedSet) take(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.ids[id]
+	delete(s.ids, id)
+	return ok
+}
+
+// clearSuspectsAlone deletes the saga_consumer_suspect rows of items that
+// need no transaction of their own (routed to retry after a rejected
+// commit): nothing else would delete them.
+func (c *Consumer) clearSuspectsAlone(ctx context.Context, items []*item) error {
+	if !slices.ContainsFunc(items, func(it *item) bool { return it.suspect }) {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, c.cfg.Pool, func(tx pgx.Tx) error { return c.clearSuspects(ctx, tx, items) })
 }
 
 // clearSuspects deletes, in tx, the saga_consumer_suspect rows of the items
@@ -291,6 +334,11 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error)
 		err = c.transact(ctx, items)
 	}
 	if err != nil {
+		if items[0].suspect {
+			// Alive to see the error: this handling did not stop the
+			// consumer, whatever the row left behind says next time.
+			c.interrupted.add(items[0].messageID())
+		}
 		return err
 	}
 	if c.afterCommit != nil {
@@ -332,7 +380,7 @@ func (c *Consumer) transact(ctx context.Context, items []*item) error {
 		}
 	}
 	if pending+park == 0 {
-		return nil
+		return c.clearSuspectsAlone(ctx, items)
 	}
 	if pending > 0 {
 		err := c.transactFast(ctx, items)
@@ -741,5 +789,15 @@ func (s *session) finish(ctx context.Context, items []*item) error {
 			}
 		}
 	}
-	return routeErr
+	if routeErr != nil {
+		return &routeError{routeErr}
+	}
+	return nil
 }
+
+// routeError: retry or parked copies could not be published, so their
+// deliveries were not acknowledged (see restartsAfresh).
+type routeError struct{ err error }
+
+func (e *routeError) Error() string { return "route failed deliveries: " + e.err.Error() }
+func (e *routeError) Unwrap() error { return e.err }

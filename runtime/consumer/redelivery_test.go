@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
@@ -124,4 +125,50 @@ func TestRedeliveryGuardOff(t *testing.T) {
 	b.stop(r)
 	require.Equal(t, []int{1}, b.effects("again"))
 	require.Empty(t, b.parked())
+}
+
+// TestRedeliveryGuardSparesADatabaseLoss: a message over the limit, handled
+// alone under a suspect record, whose transaction dies with the database
+// connection, did not stop the consumer: the consumer saw the error, so its
+// next delivery runs the handler again instead of parking the message.
+func TestRedeliveryGuardSparesADatabaseLoss(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send("g", doBlock, nil)
+	b.returnUnacked(3, 1)
+	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = 3; c.Concurrency = 1; c.BatchSize = 1 }, nil)
+	require.Equal(t, "g", <-b.entered)
+	require.Equal(t, 1, b.suspects())
+	require.Positive(t, testenv.KillPostgresConnections(t, b.pool))
+	close(b.release)
+	b.waitSettled("g", "done")
+	b.stop(r)
+	require.Len(t, b.callsOf("g"), 2, "run again after the failed transaction")
+	require.Equal(t, []int{1}, b.effects("g"))
+	require.Empty(t, b.parked())
+	require.Zero(t, b.suspects())
+}
+
+// TestRedeliveryGuardClearsARejectedCommit: a message over the limit whose
+// commit the server rejects (a deferred constraint) is routed to retry
+// without a transaction of its own; its suspect record must still go, or
+// a later redelivery of the same message would be parked on sight.
+func TestRedeliveryGuardClearsARejectedCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `
+CREATE FUNCTION reject_first() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.message_id = 'dt' AND NEW.attempt = 1 THEN RAISE EXCEPTION 'rejected at commit'; END IF; RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER reject_first AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION reject_first();`)
+	require.NoError(t, err)
+	b.send("dt", doOK, nil)
+	b.returnUnacked(3, 1)
+	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = 3 }, nil)
+	b.waitSettled("dt", "retry")
+	b.waitSettled("dt", "done")
+	b.stop(r)
+	require.Equal(t, []int{1, 2}, b.attemptsOf("dt"))
+	require.Equal(t, []int{2}, b.effects("dt"))
+	require.Zero(t, b.suspects(), "the suspect record outlived the message's handling")
 }
