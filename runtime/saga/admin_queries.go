@@ -48,7 +48,7 @@ func (e *Engine) NoteTx(ctx context.Context, tx pgx.Tx, n Note) (Status, error) 
 		errs = append(errs, fmt.Errorf("saga id %q is not a UUID", n.SagaID))
 	}
 	switch n.Trigger {
-	case "", sagadef.TriggerStart, sagadef.TriggerTimeout, sagadef.TriggerDeadline,
+	case "", sagadef.TriggerStart, sagadef.TriggerTimeout, sagadef.TriggerDeadline, sagadef.TriggerStuck,
 		sagadef.TriggerOperatorRetry, sagadef.TriggerOperatorCompensate,
 		sagadef.TriggerOperatorResolve, sagadef.TriggerOperatorCancel:
 		errs = append(errs, fmt.Errorf("note trigger %q is empty or reserved for the state machine", n.Trigger))

@@ -68,6 +68,13 @@ type Config struct {
 	// its timeout transition failed (a hook error), so one broken instance
 	// cannot make the scanner spin. Default: 30 s.
 	FailureBackoff time.Duration
+	// MaxDeferrals is how many times in a row the scanner may fail to apply
+	// an instance's due timeout or deadline before it sends the saga to
+	// manual review (trigger sagadef.TriggerStuck, audited, with the last
+	// error as the reason), so that a saga whose compensation cannot even
+	// be sent does not wait silently forever. Default: 10 (about five
+	// minutes at the default FailureBackoff); -1 defers for ever.
+	MaxDeferrals int
 }
 
 var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -87,6 +94,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.FailureBackoff <= 0 {
 		c.FailureBackoff = 30 * time.Second
+	}
+	if c.MaxDeferrals == 0 {
+		c.MaxDeferrals = 10
 	}
 	if c.NewData == nil && c.Definition != nil && c.Definition.DataMessage != "" {
 		mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(c.Definition.DataMessage))
@@ -124,6 +134,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TimeoutBatch < 0 {
 		errs = append(errs, errors.New("TimeoutBatch must not be negative"))
+	}
+	if c.MaxDeferrals < -1 {
+		errs = append(errs, fmt.Errorf("MaxDeferrals is %d, want -1 (never give up) or more", c.MaxDeferrals))
 	}
 	if c.NewID != nil {
 		if id := c.NewID(); uuid.Validate(id) != nil {

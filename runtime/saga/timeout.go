@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -28,7 +29,10 @@ import (
 //
 // An instance whose transition fails (a hook error) is rolled back to a
 // savepoint, gets the error in last_error and is left alone for
-// Config.FailureBackoff; the others in the batch still commit.
+// Config.FailureBackoff; the others in the batch still commit. After
+// Config.MaxDeferrals such failures in a row, the instance goes to manual
+// review instead ([sagadef.TriggerStuck]), with the last error as the
+// reason.
 func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		limit = e.cfg.TimeoutBatch
@@ -74,11 +78,17 @@ func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, w row, now time.Time) (
 	if w.DeadlineAt != nil && !w.DeadlineAt.After(now) {
 		kind = sagadef.TriggerDeadline
 	}
+	trig := sagadef.Trigger{Kind: kind}
+	if n := deferrals(w); e.cfg.MaxDeferrals >= 0 && n >= e.cfg.MaxDeferrals {
+		trig = sagadef.Trigger{Kind: sagadef.TriggerStuck,
+			Reason: fmt.Sprintf("the scanner could not apply its due timeout or deadline %d times in a row; last error: %s", n, w.LastError)}
+		kind = trig.Kind
+	}
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("savepoint for saga %s: %w", w.ID, err)
 	}
-	out, terr := e.transition(ctx, sp, w, sagadef.Trigger{Kind: kind}, origin{Link: e.pendingTrace(ctx, sp, w)})
+	out, terr := e.transition(ctx, sp, w, trig, origin{Link: e.pendingTrace(ctx, sp, w)})
 	if terr == nil && e.stillDue(out.Result.Instance, now) {
 		// A transition that leaves the instance due would be claimed
 		// again by the next scan, forever: keep it, but defer it.
@@ -109,6 +119,17 @@ func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, w row, now time.Time) (
 	e.cfg.Logger.InfoContext(ctx, "saga "+kind+" fired", "saga_type", e.def.Name, "saga_id", w.ID,
 		"class", out.Result.Class.String(), "from", w.State, "to", out.Result.Instance.State, "version", out.Version)
 	return true, nil
+}
+
+// deferrals is how many times in a row the scanner deferred w (see
+// Config.MaxDeferrals); unreadable progress counts as none (the transition
+// reports it).
+func deferrals(w row) int {
+	var p struct {
+		Deferrals int `json:"deferrals"`
+	}
+	_ = json.Unmarshal(w.Progress, &p)
+	return p.Deferrals
 }
 
 func (e *Engine) stillDue(inst sagadef.Instance, now time.Time) bool {

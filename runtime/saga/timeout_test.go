@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -248,6 +249,60 @@ func TestScannerDefersAFailingInstance(t *testing.T) {
 	st = b.status(t, bad)
 	require.Equal(t, 2, st.Attempt)
 	require.Equal(t, int64(2), st.Version)
+}
+
+// TestScannerSendsAStuckInstanceToManualReview: an instance whose due
+// timeout keeps failing (its next command cannot be built) is deferred
+// MaxDeferrals times, then sent to manual review with the last error,
+// audited; an instance whose transition succeeds in between starts
+// counting afresh.
+func TestScannerSendsAStuckInstanceToManualReview(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{reserveTimeout: sagadef.TimeoutRetry, reserveMax: 5})
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.MaxDeferrals = 3 })
+	stuck := b.start(t, "poison-1")
+	recovers := b.start(t, "poison-2")
+	deferred := func(id string) (n *int) {
+		require.NoError(t, b.pool.QueryRow(context.Background(),
+			`SELECT (progress->>'deferrals')::int FROM saga_place_order WHERE id = $1`, id).Scan(&n))
+		return n
+	}
+	b.broken.Store(true)
+	b.clock.Advance(stepTimeout)
+	for i := 1; i <= 3; i++ {
+		require.Zero(t, b.fire(t), "deferral %d", i)
+		require.Equal(t, i, *deferred(stuck))
+		if i == 2 {
+			// poison-2's next attempt can be built again: it moves on,
+			// and its count starts over.
+			b.broken.Store(false)
+			_, err := b.pool.Exec(context.Background(), `UPDATE saga_place_order SET timeout_at = timeout_at + interval '1 year' WHERE id = $1`, stuck)
+			require.NoError(t, err)
+			b.clock.Advance(time.Minute)
+			require.Equal(t, 1, b.fire(t))
+			require.Nil(t, deferred(recovers), "an applied transition resets the count")
+			require.Equal(t, 2, b.status(t, recovers).Attempt)
+			_, err = b.pool.Exec(context.Background(), `UPDATE saga_place_order SET timeout_at = timeout_at - interval '1 year' WHERE id = $1`, stuck)
+			require.NoError(t, err)
+			b.broken.Store(true)
+		}
+		b.clock.Advance(time.Minute)
+	}
+	_, err := b.pool.Exec(context.Background(), `UPDATE saga_place_order SET timeout_at = NULL WHERE id = $1`, recovers)
+	require.NoError(t, err)
+
+	require.Equal(t, 1, b.fire(t), "the fourth time, the stuck instance goes to review")
+	st := b.status(t, stuck)
+	require.Equal(t, stManualReview, st.State)
+	require.Contains(t, st.ReviewReason, "could not apply its due timeout or deadline 3 times in a row")
+	require.Contains(t, st.ReviewReason, "pricing service says no")
+	require.True(t, st.TimeoutAt.IsZero())
+	require.True(t, st.DeadlineAt.IsZero())
+	require.Nil(t, deferred(stuck))
+	require.Equal(t, []string{"start:new:>" + stReserve, "stuck:new:" + stReserve + ">" + stManualReview}, trail(b.history(t, stuck)))
+	b.clock.Advance(time.Hour)
+	b.fire(t)
+	require.Equal(t, st.Version, b.status(t, stuck).Version, "the scanner leaves it alone in review")
 }
 
 func TestRunTimeouts(t *testing.T) {

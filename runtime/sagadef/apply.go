@@ -185,6 +185,8 @@ func (d *Definition) apply(ctx context.Context, env Env, inst Instance, trig Tri
 		err = w.onTimeout()
 	case TriggerDeadline:
 		w.onDeadline()
+	case TriggerStuck:
+		w.onStuck()
 	case TriggerOperatorRetry, TriggerOperatorCompensate, TriggerOperatorResolve, TriggerOperatorCancel:
 		err = w.onOperator()
 	default:
@@ -243,6 +245,9 @@ func (w *work) result() (Result, []string, error) {
 	if w.noChange {
 		res.To, res.Instance = w.in.State, w.in
 		return res, nil, nil
+	}
+	if w.in.Progress.Deferrals != 0 {
+		w.progress().Deferrals = 0 // the instance moved on
 	}
 	w.out.Version = w.in.Version + 1
 	res.To, res.Instance, res.Emit = w.out.State, w.out, w.emit
@@ -691,6 +696,23 @@ func (w *work) onDeadline() {
 	default:
 		w.class = ClassLate
 		w.note("deadline passed in state %s, which it no longer bounds; cleared", w.in.State)
+	}
+}
+
+// onStuck sends a saga whose due timeout or deadline kept failing to manual
+// review, keeping its timeout and deadline cleared there as review does.
+func (w *work) onStuck() {
+	switch w.state().Kind {
+	case StateKindStep, StateKindCompensating:
+		w.class = ClassNew
+		reason := strings.TrimSpace(w.trig.Reason)
+		if reason == "" {
+			reason = "its due timeout or deadline could not be applied"
+		}
+		w.out.DeadlineAt = time.Time{}
+		w.review(reason)
+	default:
+		w.noop(ClassLate, "stuck in state %s, which no clock acts on; nothing to do", w.in.State)
 	}
 }
 

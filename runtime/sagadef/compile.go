@@ -181,8 +181,8 @@ func (d *Definition) states() []State {
 var operatorTriggers = []string{TriggerOperatorRetry, TriggerOperatorCompensate, TriggerOperatorResolve, TriggerOperatorCancel}
 
 // triggerRanks orders triggers for the table: the start message, then every
-// incoming message in step order, then timeout, deadline and the operator
-// triggers.
+// incoming message in step order, then timeout, deadline, stuck and the
+// operator triggers.
 func (d *Definition) triggerRanks() map[string]int {
 	rank := map[string]int{TriggerStart: 0}
 	add := func(names ...string) {
@@ -200,13 +200,13 @@ func (d *Definition) triggerRanks() map[string]int {
 		}
 		add(s.CompensationFailureReplies...)
 	}
-	add(TriggerTimeout, TriggerDeadline)
+	add(TriggerTimeout, TriggerDeadline, TriggerStuck)
 	add(operatorTriggers...)
 	return rank
 }
 
 // reservedTriggers are trigger names no message may take.
-var reservedTriggers = []string{TriggerStart, TriggerTimeout, TriggerDeadline,
+var reservedTriggers = []string{TriggerStart, TriggerTimeout, TriggerDeadline, TriggerStuck,
 	TriggerOperatorRetry, TriggerOperatorCompensate, TriggerOperatorResolve, TriggerOperatorCancel}
 
 // validate checks the definition and builds its message index.

@@ -119,7 +119,7 @@ func (d *Definition) probes(inst Instance) []Trigger {
 	if IsTerminal(inst.State) {
 		return out // timers are cleared and operators refused in terminal states
 	}
-	out = append(out, Trigger{Kind: TriggerTimeout}, Trigger{Kind: TriggerDeadline})
+	out = append(out, Trigger{Kind: TriggerTimeout}, Trigger{Kind: TriggerDeadline}, Trigger{Kind: TriggerStuck, Reason: "explore"})
 	op := func(kind, to string) Trigger {
 		return Trigger{Kind: kind, Operator: "explore", Reason: "explore", ResolveTo: to}
 	}

@@ -155,6 +155,10 @@ const (
 	TriggerStart    = "start"
 	TriggerTimeout  = "timeout"
 	TriggerDeadline = "deadline"
+	// TriggerStuck sends a saga to manual review whose due timeout or
+	// deadline could not be applied (a hook kept failing) too many times
+	// in a row: Progress.Deferrals counts them. Trigger.Reason says why.
+	TriggerStuck = "stuck"
 	// Operator triggers (audited with who and why).
 	TriggerOperatorRetry      = "operator.retry"
 	TriggerOperatorCompensate = "operator.compensate"
@@ -239,6 +243,10 @@ type Progress struct {
 	// ReviewFrom is the state the saga was in when it entered
 	// MANUAL_REVIEW: what an operator retry resumes. Empty outside review.
 	ReviewFrom string `json:"review_from,omitempty"`
+	// Deferrals counts the times in a row the timeout scanner failed to
+	// apply a due timeout or deadline (see TriggerStuck); any applied
+	// transition resets it.
+	Deferrals int `json:"deferrals,omitempty"`
 }
 
 // Trigger is what happens to an instance: a message, a timeout, an operator.
@@ -250,7 +258,8 @@ type Trigger struct {
 	// MessageID and CausationID come from the envelope.
 	MessageID   string
 	CausationID string
-	// Operator and Reason are set for operator triggers.
+	// Operator and Reason are set for operator triggers; Reason also says
+	// why for TriggerStuck.
 	Operator string
 	Reason   string
 	// ResolveTo is the target state for TriggerOperatorResolve.

@@ -133,6 +133,7 @@ func (d *Definition) derive() []Transition {
 		if d.Deadline > 0 {
 			toReview(st, TriggerDeadline)
 		}
+		toReview(st, TriggerStuck)
 		add(st, TriggerOperatorRetry, enter(i))
 		add(st, TriggerOperatorCompensate, compensateFrom(i))
 		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
@@ -171,6 +172,7 @@ func (d *Definition) derive() []Transition {
 			add(st, TriggerTimeout, resend)
 		}
 		toReview(st, TriggerTimeout)
+		toReview(st, TriggerStuck)
 		add(st, TriggerOperatorRetry, resend)
 		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
 	}

@@ -105,6 +105,7 @@ const (
 	TriggerStart    = "start"
 	TriggerTimeout  = "timeout"
 	TriggerDeadline = "deadline"
+	TriggerStuck    = "stuck"
 	TriggerOperator = "operator"
 )
 

@@ -130,6 +130,8 @@ func TriggerType(kind string) string {
 		return TriggerTimeout
 	case kind == sagadef.TriggerDeadline:
 		return TriggerDeadline
+	case kind == sagadef.TriggerStuck:
+		return TriggerStuck
 	case strings.HasPrefix(kind, "operator."):
 		return TriggerOperator
 	default:

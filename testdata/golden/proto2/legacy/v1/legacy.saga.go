@@ -260,6 +260,7 @@ func OnboardingDefinition() *sagadef.Definition {
 			{From: OnboardingStateOpenAccount, Trigger: "legacy.v1.Account.Opened", To: OnboardingStateCompleted},
 			{From: OnboardingStateOpenAccount, Trigger: "legacy.v1.Account.Refused", To: OnboardingStateFailed},
 			{From: OnboardingStateOpenAccount, Trigger: "timeout", To: OnboardingStateManualReview},
+			{From: OnboardingStateOpenAccount, Trigger: "stuck", To: OnboardingStateManualReview},
 			{From: OnboardingStateOpenAccount, Trigger: "operator.retry", To: OnboardingStateOpenAccount, Emits: []string{"legacy.v1.Account.Open"}},
 			{From: OnboardingStateOpenAccount, Trigger: "operator.compensate", To: OnboardingStateFailed},
 			{From: OnboardingStateOpenAccount, Trigger: "operator.cancel", To: OnboardingStateCancelled},
