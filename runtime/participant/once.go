@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
@@ -60,7 +62,8 @@ func Idempotent(service string, reg *message.Registry, fn Func) Func {
 			return nil, failure.Permanent(fmt.Errorf("participant %s: command %s has no idempotency key",
 				service, cmd.SagaMessageInfo().FullName))
 		}
-		key := CommandKey(cmd)
+		env, _ := Command(ctx)
+		key := onceKey(cmd, env)
 		if err := claimAhead(ctx, tx, service); err != nil {
 			return nil, err
 		}
@@ -98,8 +101,25 @@ WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInf
 // CommandKey is the key [Idempotent] records a command under: its type's full
 // name and its idempotency key ("shop.inventory.v1.ReleaseInventory/o-42").
 // Use it with [Once] for effects that must happen once per command.
+// (Idempotent adds an operator's retry count to it; see onceKey.)
 func CommandKey(cmd message.Message) string {
 	return cmd.SagaMessageInfo().FullName + "/" + cmd.IdempotencyKey()
+}
+
+// onceKey is the key [Idempotent] records cmd under: [CommandKey], and for a
+// command an operator retried after its step recorded a failure
+// (envelope.HeaderOperatorRetry on env), the retry's count too
+// ("…/o-42#operator-retry-1"). The retry then runs the command again
+// instead of answering with the failure stored for the first try, and the
+// retry's own resends (after a timeout) share its key.
+func onceKey(cmd message.Message, env *envelope.Envelope) string {
+	key := CommandKey(cmd)
+	if env != nil {
+		if n, ok, err := envelope.HeaderInt(env.Headers, envelope.HeaderOperatorRetry); ok && err == nil && n > 0 {
+			key += "#operator-retry-" + strconv.FormatInt(n, 10)
+		}
+	}
+	return key
 }
 
 func storedReply(ctx context.Context, tx pgx.Tx, service, key string, reg *message.Registry) (message.Message, error) {
@@ -177,7 +197,7 @@ func claimAhead(ctx context.Context, tx pgx.Tx, service string) error {
 	var keys []string
 	for _, d := range consumer.Batch(ctx) {
 		if d.Message != nil && d.Message.IdempotencyKey() != "" {
-			keys = append(keys, CommandKey(d.Message))
+			keys = append(keys, onceKey(d.Message, &d.Envelope))
 		}
 	}
 	if len(keys) < 2 {

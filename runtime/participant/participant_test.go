@@ -293,6 +293,52 @@ func TestIdempotentResentCommand(t *testing.T) {
 	require.Equal(t, int32(3), calls.Load())
 }
 
+// TestIdempotentRunsAnOperatorRetryAgain: a command an operator retried
+// after its step recorded a business failure (envelope.HeaderOperatorRetry)
+// runs the effect again instead of replaying the stored failure; resends of
+// that retry replay its own reply, and a second retry runs again.
+func TestIdempotentRunsAnOperatorRetryAgain(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	reg := registry(t)
+
+	var calls atomic.Int32
+	h := participant.Handler(participant.Idempotent("inventory", reg,
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			if calls.Add(1) == 1 {
+				return msg(failedInfo, cmd.(testMsg).GetValue()), nil // out of stock
+			}
+			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+		}))
+	retry := func(n any) *consumer.Delivery {
+		d := command(t, "order-7")
+		if n != nil {
+			d.Envelope.Headers = map[string]any{envelope.HeaderOperatorRetry: n}
+		}
+		return d
+	}
+	replies := func() []string {
+		var types []string
+		for _, r := range outbox(t, pool) {
+			types = append(types, r.MessageType)
+		}
+		return types
+	}
+
+	require.NoError(t, run(ctx, pool, h, retry(nil)))
+	require.NoError(t, run(ctx, pool, h, retry(nil)), "a resend of the first try")
+	require.Equal(t, int32(1), calls.Load())
+	require.NoError(t, run(ctx, pool, h, retry(int32(1))), "the operator's retry")
+	require.Equal(t, int32(2), calls.Load(), "the retry ran the effect again")
+	require.NoError(t, run(ctx, pool, h, retry(int64(1))), "a resend of the retry (any integer encoding)")
+	require.Equal(t, int32(2), calls.Load())
+	require.NoError(t, run(ctx, pool, h, retry(2)), "a second retry")
+	require.Equal(t, int32(3), calls.Load())
+	f, r := failedInfo.FullName, reservedInfo.FullName
+	require.Equal(t, []string{f, f, r, r, r}, replies())
+}
+
 // TestIdempotentReplaysWithinOneWriteScope answers one command twice inside
 // one handler run by a consumer, whose write scope holds the first reply's
 // stored copy back until the handler returns: the second answer must still

@@ -53,8 +53,9 @@ var (
 	msgPaymentDeclined    = newInfo("PaymentDeclined", message.KindReply)
 	msgScheduleShipping   = newInfo("ScheduleShipping", message.KindCommand)
 	msgShippingScheduled  = newInfo("ShippingScheduled", message.KindReply)
+	msgShippingFailed     = newInfo("ShippingFailed", message.KindReply)
 	msgUnrelatedEvent     = newInfo("SomethingElse", message.KindEvent)
-	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgUnrelatedEvent}
+	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour
@@ -143,6 +144,9 @@ type defOptions struct {
 	reserveMax     int
 	shippingMax    int
 	deadline       time.Duration
+	// shippingFails gives ScheduleShipping a business failure reply
+	// (ShippingFailed), which sends the saga to manual review.
+	shippingFails bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -203,6 +207,9 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 				Late:           o.late,
 			},
 		},
+	}
+	if o.shippingFails {
+		def.Steps[2].FailureReplies = []string{msgShippingFailed.FullName}
 	}
 	require.NoError(t, def.Compile())
 	return def

@@ -7,8 +7,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -187,4 +189,30 @@ func TestOperatorRacesLiveReply(t *testing.T) {
 		}
 		require.Equal(t, int64(2), st.Version, "exactly one of the two changed the saga")
 	}
+}
+
+// TestOperatorRetryAfterARecordedFailure: a retry of a step whose business
+// failure was recorded sends its command with envelope.HeaderOperatorRetry
+// (1, then 2), so that an idempotent participant runs it again instead of
+// replaying the failure; the first command carries no such header.
+func TestOperatorRetryAfterARecordedFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{shippingFails: true})
+	id := b.toShipping(t, "order-1")
+	retries := func() []any {
+		t.Helper()
+		rows, err := b.pool.Query(context.Background(), `SELECT headers->'`+envelope.HeaderOperatorRetry+`'
+FROM saga_outbox WHERE saga_id = $1 AND message_type = $2 ORDER BY id`, id, msgScheduleShipping.FullName)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[any])
+		require.NoError(t, err)
+		return out
+	}
+	for n := 1; n <= 2; n++ {
+		require.Equal(t, stManualReview, b.mustReply(t, id, msgShippingFailed).State)
+		st, err := b.engine.Retry(context.Background(), id, b.status(t, id).Version, "alice", "carrier fixed")
+		require.NoError(t, err)
+		require.Equal(t, stShipping, st.State)
+	}
+	require.Equal(t, []any{nil, float64(1), float64(2)}, retries())
 }

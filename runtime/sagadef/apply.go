@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -340,7 +341,7 @@ func (w *work) send(command, step string, sent *map[string]string) (string, erro
 		if name != command {
 			return "", fmt.Errorf("build %s for step %s: hook returned a %s", command, step, name)
 		}
-		w.emit = append(w.emit, Outgoing{MessageID: id, Message: msg})
+		w.emit = append(w.emit, Outgoing{MessageID: id, Message: msg, Retry: w.out.Progress.Retries[command]})
 	}
 	w.emitNames = append(w.emitNames, command)
 	if *sent == nil {
@@ -798,6 +799,7 @@ func (w *work) operatorRetry(st State) error {
 				return w.advance(i)
 			}
 			delete(p.Outcomes, rs.Step)
+			w.retriedAfterFailure(w.step(i).Command)
 			w.note("retrying step %s despite %s", rs.Step, shortName(rec))
 		}
 		return w.enterStep(i, 1)
@@ -812,6 +814,7 @@ func (w *work) operatorRetry(st State) error {
 				return w.compensate()
 			}
 			delete(p.CompensationOutcomes, rs.Step)
+			w.retriedAfterFailure(w.step(i).Compensation)
 			w.note("retrying the compensation of step %s despite %s", rs.Step, shortName(rec))
 		}
 		return w.enterCompensation(i, 1)
@@ -822,6 +825,19 @@ func (w *work) operatorRetry(st State) error {
 	}
 	return fmt.Errorf("nothing to retry: the saga entered manual review from %s; resolve, compensate or cancel it: %w",
 		from, ErrInvalidTrigger)
+}
+
+// retriedAfterFailure counts an operator retry of command after its
+// recorded failure (see Progress.Retries).
+func (w *work) retriedAfterFailure(command string) {
+	if command == "" {
+		return // an external step sends nothing
+	}
+	p := w.progress()
+	if p.Retries == nil {
+		p.Retries = map[string]int{}
+	}
+	p.Retries[command]++
 }
 
 func (w *work) operatorCompensate(st State) error {
@@ -869,6 +885,8 @@ func (p Progress) clone() Progress {
 		SentCompensations:    cloneMap(p.SentCompensations),
 		CompensationOutcomes: cloneMap(p.CompensationOutcomes),
 		ReviewFrom:           p.ReviewFrom,
+		Retries:              maps.Clone(p.Retries),
+		Deferrals:            p.Deferrals,
 	}
 }
 

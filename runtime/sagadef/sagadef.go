@@ -243,6 +243,10 @@ type Progress struct {
 	// ReviewFrom is the state the saga was in when it entered
 	// MANUAL_REVIEW: what an operator retry resumes. Empty outside review.
 	ReviewFrom string `json:"review_from,omitempty"`
+	// Retries counts, by command full name, the operator retries of a
+	// command after its step (or compensation) recorded a failure; the
+	// command is sent with the count (Outgoing.Retry) from then on.
+	Retries map[string]int `json:"retries,omitempty"`
 	// Deferrals counts the times in a row the timeout scanner failed to
 	// apply a due timeout or deadline (see TriggerStuck); any applied
 	// transition resets it.
@@ -296,6 +300,10 @@ type Result struct {
 type Outgoing struct {
 	MessageID string
 	Message   message.Message
+	// Retry is Progress.Retries of the command: above 0, an operator
+	// retried it after a recorded failure, and the engine says so in the
+	// envelope (envelope.HeaderOperatorRetry).
+	Retry int
 }
 
 // Env is what [Definition.Apply] needs from outside: the clock, an id source

@@ -3,6 +3,7 @@ package sagatest
 import (
 	"context"
 	"fmt"
+	"maps"
 	"reflect"
 	"testing"
 	"time"
@@ -355,6 +356,6 @@ func deepProgress(p sagadef.Progress) sagadef.Progress {
 		Completed: cl(p.Completed), Compensated: cl(p.Compensated), Stopped: cl(p.Stopped),
 		Outcomes: cp(p.Outcomes), Sent: cp(p.Sent),
 		SentCompensations: cp(p.SentCompensations), CompensationOutcomes: cp(p.CompensationOutcomes),
-		ReviewFrom: p.ReviewFrom,
+		ReviewFrom: p.ReviewFrom, Retries: maps.Clone(p.Retries), Deferrals: p.Deferrals,
 	}
 }
