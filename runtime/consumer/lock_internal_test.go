@@ -41,3 +41,19 @@ func TestRestartsAfresh(t *testing.T) {
 		}
 	}
 }
+
+// TestServerRejected: a commit the server refused for the batch's content
+// charges an attempt; one it could not do for its own reasons does not.
+func TestServerRejected(t *testing.T) {
+	for code, want := range map[string]bool{
+		"23505": true, "23503": true, "40001": true, "40P01": true, "P0001": true,
+		"08006": false, "57P01": false, "53100": false, "53200": false, "58030": false, "F0000": false, "XX000": false,
+	} {
+		if got := (&commitError{err: fmt.Errorf("commit: %w", &pgconn.PgError{Code: code})}).serverRejected(); got != want {
+			t.Errorf("serverRejected(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if (&commitError{err: errors.New("conn closed")}).serverRejected() {
+		t.Error("an error without a PostgreSQL code was taken for the server's refusal")
+	}
+}

@@ -262,16 +262,23 @@ func (e *commitError) Error() string { return "commit: " + e.err.Error() }
 func (e *commitError) Unwrap() error { return e.err }
 
 // serverRejected reports whether the server answered the commit with an
-// error while the connection stays usable: the failure belongs to the
-// batch's content (a deferred constraint, a serialization failure), not to
-// the database's availability.
+// error that belongs to the batch's content (a deferred constraint, a
+// serialization failure), not to the database's availability: connection
+// exceptions (08), an operator or shutdown intervention (57P), insufficient
+// resources such as a full disk or memory (53), system and I/O errors (58),
+// configuration file errors (F0) and internal errors (XX) are the
+// database's, and charge no delivery an attempt.
 func (e *commitError) serverRejected() bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(e.err, &pgErr) {
 		return false
 	}
-	code := pgErr.Code
-	return !strings.HasPrefix(code, "08") && !strings.HasPrefix(code, "57P")
+	for _, class := range [...]string{"08", "57P", "53", "58", "F0", "XX"} {
+		if strings.HasPrefix(pgErr.Code, class) {
+			return false
+		}
+	}
+	return true
 }
 
 // deliveryFault reports a handler that broke the shared transaction in a
