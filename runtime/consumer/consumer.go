@@ -379,7 +379,7 @@ func (s *session) worker(ctx context.Context) {
 		if batch == nil {
 			return
 		}
-		if err := s.handle(ctx, batch); err != nil {
+		if err := s.handle(ctx, batch, true); err != nil {
 			select {
 			case s.failed <- err:
 			default:

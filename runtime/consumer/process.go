@@ -290,10 +290,11 @@ type deliveryFault struct{ err error }
 func (e *deliveryFault) Error() string { return e.err.Error() }
 func (e *deliveryFault) Unwrap() error { return e.err }
 
-// handle takes a batch from decoding to acknowledgement. A non-nil error
+// handle takes a batch from decoding to acknowledgement, counting its
+// deliveries as consumed when count is set. A non-nil error
 // means some deliveries were left unacknowledged and the session must end
 // so that they are redelivered.
-func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error) {
+func (s *session) handle(ctx context.Context, batch []amqp.Delivery, count bool) (err error) {
 	c := s.c
 	items := make([]*item, len(batch))
 	for i := range batch {
@@ -301,13 +302,13 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error)
 	}
 	if slices.ContainsFunc(items, c.overLimit) {
 		if len(items) > 1 {
-			return s.handleEach(ctx, batch)
+			return s.handleEach(ctx, batch, count)
 		}
 		if err := c.markSuspect(ctx, items[0]); err != nil {
 			return err
 		}
 	}
-	c.tel.begin(ctx, items)
+	c.tel.begin(ctx, items, count)
 	defer func() { c.tel.end(items, err) }()
 	err = c.transact(ctx, items)
 	var ce *commitError
@@ -317,7 +318,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error)
 		if len(items) > 1 {
 			c.log.Warn("a handler broke the batch transaction; applying its deliveries one by one",
 				slog.Int("batch", len(items)), slog.Any("error", err))
-			return s.handleEach(ctx, batch)
+			return s.handleEach(ctx, batch, false) // counted above
 		}
 		items[0].outcome = outcomePending
 		items[0].reason = "handler_fault"
@@ -329,7 +330,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error)
 			// applying them one by one.
 			c.log.Warn("batch commit rejected; applying its deliveries one by one",
 				slog.Int("batch", len(items)), slog.Any("error", err))
-			return s.handleEach(ctx, batch)
+			return s.handleEach(ctx, batch, false) // counted above
 		}
 		it := items[0]
 		if it.outcome != outcomeDone {
@@ -360,10 +361,12 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery) (err error)
 	return s.finish(ctx, items)
 }
 
-// handleEach handles every delivery of batch in a transaction of its own.
-func (s *session) handleEach(ctx context.Context, batch []amqp.Delivery) error {
+// handleEach handles every delivery of batch in a transaction of its own;
+// count is false when the deliveries were already counted as consumed (a
+// batch split after it began).
+func (s *session) handleEach(ctx context.Context, batch []amqp.Delivery, count bool) error {
 	for i := range batch {
-		if err := s.handle(ctx, batch[i:i+1]); err != nil {
+		if err := s.handle(ctx, batch[i:i+1], count); err != nil {
 			return err
 		}
 	}

@@ -39,9 +39,13 @@ func newConsumerTelemetry(cfg *Config) (consumerTelemetry, error) {
 
 // begin gives every item of a batch the context its handler runs in: the
 // message's identity for logs and, with tracing, a "process QUEUE" consumer
-// span that continues the trace context the message carries.
-func (t consumerTelemetry) begin(ctx context.Context, items []*item) {
-	t.metrics.Consumed(ctx, t.labels, len(items))
+// span that continues the trace context the message carries. count counts
+// the items as consumed (not again when a batch is applied once more one
+// delivery at a time).
+func (t consumerTelemetry) begin(ctx context.Context, items []*item, count bool) {
+	if count {
+		t.metrics.Consumed(ctx, t.labels, len(items))
+	}
 	for _, it := range items {
 		it.ctx = ctx
 		if it.d != nil {

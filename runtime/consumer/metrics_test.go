@@ -1,0 +1,50 @@
+package consumer_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/telemetry"
+)
+
+// TestConsumedCountsASplitBatchOnce: a batch that a handler broke is
+// applied again one delivery at a time; its deliveries were received once
+// and are counted once.
+func TestConsumedCountsASplitBatchOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	r := b.start(func(c *consumer.Config) {
+		c.Concurrency, c.BatchSize = 1, 16
+		c.Telemetry = telemetry.Providers{Meter: mp}
+	}, nil)
+	b.sendOneBatch(r, [2]string{"ok1", doOK}, [2]string{"close-tx", doCloseTx}, [2]string{"ok2", doOK})
+	b.waitSettled("ok1", "done")
+	b.waitSettled("close-tx", "park")
+	b.waitSettled("ok2", "done")
+	b.stop(r)
+	_, fellBack := consumer.Paths(r.c)
+	require.Zero(t, fellBack, "a broken transaction splits the batch; it does not fall back")
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var consumed int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != telemetry.MetricConsumed {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				consumed += dp.Value
+			}
+		}
+	}
+	require.EqualValues(t, 4, consumed, "the gate and the three notes, each once")
+}
