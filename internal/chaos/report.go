@@ -75,7 +75,7 @@ func isStepState(state string) bool {
 
 func isReply(trigger string) bool {
 	switch {
-	case trigger == "start", trigger == "timeout", trigger == "deadline", strings.HasPrefix(trigger, "operator"):
+	case trigger == "start", trigger == "timeout", trigger == "deadline", trigger == "stuck", strings.HasPrefix(trigger, "operator"):
 		return false
 	}
 	return true

@@ -133,7 +133,12 @@ type Config struct {
 	// before its handler runs and removed with the handler's transaction;
 	// if the row is still there when the message comes back, handling it
 	// stopped the consumer, and it is parked (with its saga and the count)
-	// instead of being run again. Messages that were only prefetched
+	// instead of being run again. A handling that ended with an error the
+	// consumer saw while nothing cancelled it (the database went away
+	// mid-transaction) did not stop it: its row is deleted as soon as the
+	// database answers again, and this process does not park the message
+	// for it meanwhile. A handling cancelled because it hung past the
+	// drain did stop it. Messages that were only prefetched
 	// alongside it are handled normally. Defaults to 10; -1 turns the guard
 	// off. Classic queues do not count deliveries.
 	MaxRedeliveries int
@@ -153,10 +158,13 @@ type Config struct {
 	// DrainTimeout bounds how long a graceful shutdown waits for in-flight
 	// deliveries; after it their contexts are cancelled and they are left
 	// unacknowledged for redelivery. Closing the channel afterwards waits
-	// for the broker at most as long again, so Run returns within about
-	// twice DrainTimeout of its context's end even when the broker has
-	// stopped answering (a resource alarm, a half-dead connection), once
-	// handlers return on their cancelled contexts. Defaults to 30s.
+	// for the broker at most as long again (then the close goes on in the
+	// background, and the channel's prefetched deliveries return to the
+	// queue once the broker answers or the connection ends), so Run
+	// returns within about twice DrainTimeout of its context's end even
+	// when the broker has stopped answering (a resource alarm, a
+	// half-dead connection), once handlers return on their cancelled
+	// contexts. Defaults to 30s.
 	DrainTimeout time.Duration
 	// Logger receives the consumer's logs. Defaults to Telemetry.Logger,
 	// then slog.Default().

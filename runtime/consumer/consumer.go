@@ -213,6 +213,7 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 	if err := c.cfg.Pool.Ping(ctx); err != nil {
 		return false, fmt.Errorf("database unavailable: %w", err)
 	}
+	c.clearInterrupted(ctx)
 	ch, err := c.cfg.Conn.Channel(ctx)
 	if err != nil {
 		return false, fmt.Errorf("open consuming channel: %w", err)
@@ -308,34 +309,29 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 }
 
 // closeChannel closes ch once the consumer cancel in flight on it (if
-// cancelled is not nil) has its answer, waiting at most DrainTimeout in all
-// for the broker (see the drain in session); amqp091-go cannot wait for two
-// answers on one channel at once. A channel that cannot be closed now goes
-// with its connection, and the deliveries left on it are redelivered then.
+// cancelled is not nil) has its answer (amqp091-go cannot wait for two
+// answers on one channel at once), waiting at most DrainTimeout in all for
+// the broker (see the drain in session).
 func (c *Consumer) closeChannel(ch *amqp.Channel, cancelled <-chan struct{}) {
 	t := time.NewTimer(c.cfg.DrainTimeout)
 	defer t.Stop()
-	stuck := func(what string) {
-		c.log.Warn("the broker did not answer the consuming channel's "+what+"; leaving the channel to the connection",
-			slog.Duration("waited", c.cfg.DrainTimeout))
-	}
-	if cancelled != nil {
-		select {
-		case <-cancelled:
-		case <-t.C:
-			stuck("cancel")
-			return
-		}
-	}
+	// The close waits for the cancel's answer, in the background when the
+	// broker is not answering: once it answers again (an alarm cleared),
+	// the channel closes and its prefetched deliveries go back to the
+	// queue; until then they wait with the connection.
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)
+		if cancelled != nil {
+			<-cancelled
+		}
 		_ = ch.Close()
 	}()
 	select {
 	case <-closed:
 	case <-t.C:
-		stuck("close")
+		c.log.Warn("the broker did not answer the consuming channel's cancel or close; closing it in the background",
+			slog.Duration("waited", c.cfg.DrainTimeout))
 	}
 }
 
@@ -434,8 +430,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// nextBackoff doubles d up to maxBackoff, with ±25% jitter so that many
-// consumers do not reconnect in lockstep.
 // restartsAfresh reports whether the next session may start after the
 // shortest backoff: the last one acknowledged something, and did not end
 // because a retry or parked copy could not be published. That failure
@@ -448,6 +442,8 @@ func restartsAfresh(progress bool, err error) bool {
 	return progress && !errors.As(err, &re)
 }
 
+// nextBackoff doubles d up to maxBackoff, with ±25% jitter so that many
+// consumers do not reconnect in lockstep.
 func nextBackoff(d time.Duration) time.Duration {
 	d *= 2
 	if d > maxBackoff {

@@ -29,3 +29,7 @@ func Paths(c *Consumer) (fast, fallBack int64) { return c.fast.Load(), c.fallBac
 
 // Pruned is how many inbox claims c deleted (KeepClaims).
 func Pruned(c *Consumer) int64 { return c.pruned.Load() }
+
+// Interrupted records that c saw the suspect handling of messageID end
+// with an error (see interruptedSet).
+func Interrupted(c *Consumer, messageID string) { c.interrupted.add(messageID) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -209,6 +210,40 @@ func (s *interruptedSet) add(id string) {
 	s.ids[id] = struct{}{}
 }
 
+// all returns the ids in the set.
+func (s *interruptedSet) all() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Collect(maps.Keys(s.ids))
+}
+
+// forget removes ids from the set.
+func (s *interruptedSet) forget(ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		delete(s.ids, id)
+	}
+}
+
+// clearInterrupted deletes the saga_consumer_suspect rows of the
+// interrupted set once the database answers again (at the start of a
+// session), so that a redelivery to another process, which cannot know
+// this one saw the handling fail, is not parked for them either. A row that
+// cannot be deleted now stays in the set for this process.
+func (c *Consumer) clearInterrupted(ctx context.Context) {
+	ids := c.interrupted.all()
+	if len(ids) == 0 {
+		return
+	}
+	if _, err := c.cfg.Pool.Exec(ctx, `DELETE FROM saga_consumer_suspect WHERE consumer = $1 AND message_id = ANY($2)`, c.cfg.Name, ids); err != nil {
+		c.log.Warn("could not clear the suspect records of handlings that ended with an error; this process still spares them",
+			slog.Int("messages", len(ids)), slog.Any("error", err))
+		return
+	}
+	c.interrupted.forget(ids)
+}
+
 // take reports whether id is in the set and removes it.
 func (s *interruptedSet) take(id string) bool {
 	s.mu.Lock()
@@ -342,9 +377,12 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery, count bool)
 		err = c.transact(ctx, items)
 	}
 	if err != nil {
-		if items[0].suspect {
-			// Alive to see the error: this handling did not stop the
-			// consumer, whatever the row left behind says next time.
+		if items[0].suspect && ctx.Err() == nil {
+			// The handling ended with an error of its own (the database
+			// went away, say), seen while nothing was cancelling it: it
+			// did not stop the consumer, whatever the row left behind
+			// says. A handling cancelled because it hung past a drain is
+			// not remembered: that is what the guard is for.
 			c.interrupted.add(items[0].messageID())
 		}
 		return err

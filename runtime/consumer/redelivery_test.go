@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -171,4 +172,65 @@ CREATE CONSTRAINT TRIGGER reject_first AFTER INSERT ON effects DEFERRABLE INITIA
 	require.Equal(t, []int{1, 2}, b.attemptsOf("dt"))
 	require.Equal(t, []int{2}, b.effects("dt"))
 	require.Zero(t, b.suspects(), "the suspect record outlived the message's handling")
+}
+
+// TestRedeliveryGuardParksAHangInOneProcess: a handling that hangs until
+// the drain cancels it stops the consumer, even when the same Consumer's
+// Run is called again in the same process: the guard parks the message as
+// it does across processes, instead of taking the cancelled handling for
+// an error it merely saw.
+func TestRedeliveryGuardParksAHangInOneProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send("crasher", doStopConsumer, nil)
+	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = 2; c.DrainTimeout = 50 * time.Millisecond }, nil)
+	require.NoError(t, <-r.done, "run 1")
+	for run := 2; run <= 4; run++ {
+		ctx, cancel := context.WithCancel(b.ctx)
+		b.mu.Lock()
+		b.stopRun = cancel
+		b.mu.Unlock()
+		done := make(chan error, 1)
+		go func() { done <- r.c.Run(ctx) }()
+		if run == 4 {
+			b.waitSettled("crasher", "park")
+			cancel()
+		}
+		select {
+		case err := <-done:
+			require.NoError(t, err, "run %d", run)
+		case <-time.After(testTimeout):
+			t.Fatalf("run %d did not stop", run)
+		}
+		cancel()
+	}
+	r.done <- nil // for the cleanup
+	require.Len(t, b.callsOf("crasher"), 3, "not run a fourth time")
+	require.Contains(t, b.parked()["crasher"].Reason, "stopped the consumer")
+}
+
+// TestSessionClearsTheSuspectsItSawFail: the suspect records of handlings
+// this process saw end with an error are deleted once a session starts,
+// so a redelivery to another process is not parked for them either.
+func TestSessionClearsTheSuspectsItSawFail(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO saga_consumer_suspect (consumer, message_id, redeliveries)
+VALUES ('notes-consumer', 'seen-fail', 3), ('notes-consumer', 'never-seen', 3)`)
+	require.NoError(t, err)
+	c, err := consumer.New(consumer.Config{Name: "notes-consumer", Queue: b.queue, Pool: b.pool, Conn: b.conn,
+		Registry: b.reg, Handler: b.handle, Retry: b.policy})
+	require.NoError(t, err)
+	consumer.Interrupted(c, "seen-fail")
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var left []string
+	require.Eventually(t, func() bool {
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT array_agg(message_id) FROM saga_consumer_suspect`).Scan(&left))
+		return len(left) == 1
+	}, testTimeout, poll)
+	require.Equal(t, []string{"never-seen"}, left, "only the record of a handling this process saw fail goes")
+	cancel()
+	require.NoError(t, <-done)
 }

@@ -48,7 +48,9 @@ VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, ide
 
 // Idempotent wraps fn so that it runs once per command type and idempotency
 // key for service, and a command resent with the same key gets the first reply
-// again (decoded through reg) instead of a second effect. The first reply is
+// again (decoded through reg) instead of a second effect. An operator's retry
+// after the step recorded a failure (envelope.HeaderOperatorRetry) is a new
+// command to it: it runs fn again, once per retry. The first reply is
 // stored in the same transaction as the effect. Commands without an
 // idempotency key are refused as permanent failures: the contract must name
 // one for every command.
@@ -100,8 +102,10 @@ WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInf
 
 // CommandKey is the key [Idempotent] records a command under: its type's full
 // name and its idempotency key ("shop.inventory.v1.ReleaseInventory/o-42").
-// Use it with [Once] for effects that must happen once per command.
-// (Idempotent adds an operator's retry count to it; see onceKey.)
+// Use it with [Once] for effects that must happen once per command; unlike
+// [Idempotent], such effects are not run again for an operator's retry
+// after a recorded failure (Idempotent adds the retry's count to the key;
+// see onceKey).
 func CommandKey(cmd message.Message) string {
 	return cmd.SagaMessageInfo().FullName + "/" + cmd.IdempotencyKey()
 }

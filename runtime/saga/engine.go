@@ -73,7 +73,10 @@ type Config struct {
 	// manual review (trigger sagadef.TriggerStuck, audited, with the last
 	// error as the reason), so that a saga whose compensation cannot even
 	// be sent does not wait silently forever. Default: 10 (about five
-	// minutes at the default FailureBackoff); -1 defers for ever.
+	// minutes at the default FailureBackoff): a hook or database failure
+	// that lasts that long sends the saga to review too, where an
+	// operator's retry resumes it. A transition that applies but leaves the
+	// instance due counts as one deferral. -1 defers for ever.
 	MaxDeferrals int
 }
 

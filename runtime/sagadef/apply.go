@@ -866,7 +866,10 @@ func (w *work) operatorCompensate(st State) error {
 						p.Compensated = append(p.Compensated, rs.Step)
 					}
 				} else {
+					// Compensated again despite the recorded failure: as
+					// a retry does (see retriedAfterFailure).
 					delete(p.CompensationOutcomes, rs.Step)
+					w.retriedAfterFailure(w.step(w.stepIndex(rs.Step)).Compensation)
 				}
 			}
 		}

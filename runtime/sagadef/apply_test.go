@@ -295,6 +295,19 @@ func TestScenarios(t *testing.T) {
 			h.RequireClass(sagadef.ClassNew)
 			h.RequireState(sagadef.StateFailed)
 		}},
+		{"operator compensate after a recorded compensation failure marks the resend as a retry", placeOrder, func(t *testing.T, h *sagatest.Harness) {
+			h.Start(msg(pPlaceOrder))
+			h.Reply(msg(pInventoryReserved))
+			h.Reply(msg(pPaymentDeclined))
+			h.Reply(msg(pInventoryReleaseFailed))
+			h.RequireState(sagadef.StateManualReview)
+			h.Operator(sagadef.TriggerOperatorCompensate, "warehouse back online")
+			h.RequireState(sCompReserve)
+			h.RequireSent(pReleaseInventory)
+			require.Equal(t, 1, h.LastSent(pReleaseInventory).Retry)
+			h.Reply(msg(pInventoryReleased))
+			h.RequireState(sagadef.StateFailed)
+		}},
 		{"compensation timeout resends then goes to manual review", placeOrder, func(t *testing.T, h *sagatest.Harness) {
 			h.Start(msg(pPlaceOrder))
 			h.Reply(msg(pInventoryReserved))

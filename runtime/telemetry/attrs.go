@@ -32,7 +32,7 @@ const (
 	// a sagadef.Trigger* constant (spans only).
 	KeySagaTrigger = attribute.Key("saga.trigger")
 	// KeySagaTriggerType is the kind of trigger in metrics: message, start,
-	// timeout, deadline or operator.
+	// timeout, deadline, stuck or operator.
 	KeySagaTriggerType = attribute.Key("saga.trigger.type")
 	// KeySagaVersion is the instance version after a transition.
 	KeySagaVersion = attribute.Key("saga.version")

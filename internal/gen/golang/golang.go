@@ -222,7 +222,8 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P("// return the success reply or a business-failure reply (a reply, not an error).")
 	g.P("// An error means the command could not be processed now; the consumer retries")
 	g.P("// it through its retry tiers, then parks it. Guard effects that must happen once")
-	g.P("// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).")
+	g.P("// per command with participant.Idempotent (which also runs an operator's retry")
+	g.P("// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).")
 	g.P("type ", typ, " interface {")
 	for _, c := range p.Commands {
 		g.P("// ", c.Proto.GoIdent.GoName, " handles the command ", c.FullName, ".")

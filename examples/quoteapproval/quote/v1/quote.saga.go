@@ -129,7 +129,8 @@ func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta env
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
+// per command with participant.Idempotent (which also runs an operator's retry
+// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
 type OrderingParticipant interface {
 	// SubmitOrder handles the command quote.v1.SubmitOrder.
 	SubmitOrder(ctx context.Context, tx pgx.Tx, cmd *SubmitOrder) (SubmitOrderResult, error)

@@ -218,7 +218,8 @@ func (*Tx) isMessageResult() {}
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
+// per command with participant.Idempotent (which also runs an operator's retry
+// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
 type SelectParticipant interface {
 	// Info handles the command collide.message.Info.
 	Info(ctx context.Context, tx pgx.Tx, cmd *Info) (InfoResult, error)

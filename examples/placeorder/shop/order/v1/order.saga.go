@@ -130,7 +130,8 @@ func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderReque
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
+// per command with participant.Idempotent (which also runs an operator's retry
+// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
 type OrderParticipant interface {
 	// ApproveOrder handles the command shop.order.v1.ApproveOrder.
 	ApproveOrder(ctx context.Context, tx pgx.Tx, cmd *ApproveOrder) (ApproveOrderResult, error)

@@ -156,7 +156,8 @@ func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountReq
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
 // it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent, or participant.Once on participant.CommandKey(cmd).
+// per command with participant.Idempotent (which also runs an operator's retry
+// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
 type AccountsParticipant interface {
 	// Account_Open handles the command legacy.v1.Account.Open.
 	Account_Open(ctx context.Context, tx pgx.Tx, cmd *Account_Open) (Account_OpenResult, error)
