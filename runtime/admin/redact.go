@@ -43,7 +43,10 @@ func (s *Server) body(typ string, raw []byte) *Body {
 // message its definition names redacted (saga data usually copies them). It
 // shows nothing when one of those messages is unknown to the registries:
 // its sensitive fields are then unknown too.
-func (s *Server) data(t *sagaType, m proto.Message) *Body {
+func (s *Server) data(t *sagaType, m proto.Message, unreadable string) *Body {
+	if unreadable != "" {
+		return &Body{Type: t.def.DataMessage, Note: unreadable + "; only cancel and resolve apply until it is repaired"}
+	}
 	if m == nil {
 		return nil
 	}

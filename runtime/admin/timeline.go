@@ -73,7 +73,7 @@ WHERE o.saga_id = $1 ORDER BY o.id LIMIT $2`, st.ID, maxTimelineRows)
 
 	tl := Timeline{
 		Saga:     t.view(rowOf(st), now),
-		Data:     s.data(t, st.Data),
+		Data:     s.data(t, st.Data, st.DataError),
 		Steps:    stepViews(t.def),
 		Mermaid:  t.def.Mermaid(),
 		Progress: ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped},

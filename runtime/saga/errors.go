@@ -10,6 +10,16 @@ import (
 // exist is parked with the reason.
 var ErrNotFound = errors.New("saga instance not found")
 
+// ErrUnreadableData is matched (errors.Is) by the error of a transition on
+// an instance whose stored saga data cannot be decoded (written by hand,
+// or by a data message the contract has since changed incompatibly). No
+// retry can help: a message for it is parked at once, and a due timeout is
+// deferred until the scanner sends the saga to manual review
+// (sagadef.TriggerStuck). Cancel and resolve, which need no data, still
+// work, and keep the stored bytes as they are; Status reports the problem
+// in Status.DataError.
+var ErrUnreadableData = errors.New("saga data cannot be decoded")
+
 // ErrVersionConflict is returned (wrapped in a [*VersionConflictError]) when
 // an operator action names a version the instance no longer has: something
 // else (a reply, a timeout, another operator) changed it first. Reload the

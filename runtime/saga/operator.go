@@ -112,7 +112,11 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 		return Status{}, &VersionConflictError{SagaID: w.ID, Expected: op.ExpectedVersion, Actual: w.Version, State: w.State}
 	}
 	trig := sagadef.Trigger{Kind: op.Trigger, Operator: op.Operator, Reason: op.Reason, ResolveTo: op.ResolveTo}
-	inst, err := e.instance(w)
+	inst, err := e.instanceFor(w, op.Trigger)
+	if errors.Is(err, ErrUnreadableData) {
+		return Status{}, &RejectedError{SagaID: w.ID, State: w.State, Trigger: op.Trigger,
+			Err: fmt.Errorf("%w; only cancel and resolve apply until it is repaired", err)}
+	}
 	if err != nil {
 		return Status{}, err
 	}

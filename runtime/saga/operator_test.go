@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -215,4 +217,54 @@ FROM saga_outbox WHERE saga_id = $1 AND message_type = $2 ORDER BY id`, id, msgS
 		require.Equal(t, stShipping, st.State)
 	}
 	require.Equal(t, []any{nil, float64(1), float64(2)}, retries())
+}
+
+// TestUnreadableData: an instance whose stored data cannot be decoded is
+// still shown (Status.DataError), a message for it is parked at once
+// (permanent), an operator's retry is refused with the reason, a due
+// timeout ends in manual review after MaxDeferrals, and cancel applies,
+// all keeping the stored bytes as they are.
+func TestUnreadableData(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.MaxDeferrals = 2 })
+	ctx := context.Background()
+	id := b.start(t, "order-1")
+	garbage := []byte{0xff, 0xff, 0xff}
+	_, err := b.pool.Exec(ctx, `UPDATE saga_place_order SET data = $2 WHERE id = $1`, id, garbage)
+	require.NoError(t, err)
+	stored := func() []byte {
+		var data []byte
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT data FROM saga_place_order WHERE id = $1`, id).Scan(&data))
+		return data
+	}
+
+	st := b.status(t, id)
+	require.Nil(t, st.Data)
+	require.Contains(t, st.DataError, "saga data cannot be decoded")
+	require.Equal(t, stReserve, st.State)
+
+	_, err = b.reply(t, id, msg(msgInventoryReserved, "order-1"), st.PendingMessageID)
+	require.ErrorIs(t, err, saga.ErrUnreadableData)
+	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err), "parked at once: no retry can decode it")
+
+	_, err = b.engine.Retry(ctx, id, st.Version, "alice", "try again")
+	require.ErrorIs(t, err, saga.ErrRejected)
+	require.ErrorContains(t, err, "only cancel and resolve apply")
+
+	b.clock.Advance(stepTimeout)
+	require.Zero(t, b.fire(t))
+	b.clock.Advance(time.Minute)
+	require.Zero(t, b.fire(t))
+	b.clock.Advance(time.Minute)
+	require.Equal(t, 1, b.fire(t), "after MaxDeferrals, the stuck trigger needs no data")
+	st = b.status(t, id)
+	require.Equal(t, stManualReview, st.State)
+	require.Contains(t, st.ReviewReason, "saga data cannot be decoded")
+	require.Equal(t, garbage, stored())
+
+	st, err = b.engine.Cancel(ctx, id, st.Version, "alice", "data lost; refunded by hand")
+	require.NoError(t, err)
+	require.Equal(t, stCancelled, st.State)
+	require.Equal(t, garbage, stored(), "the stored bytes are kept for whoever repairs them")
 }

@@ -52,7 +52,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	if inst.BusinessKey == "" {
 		return "", false, failure.Permanent(fmt.Errorf("start saga %s: hooks returned an empty business key", e.def.Name))
 	}
-	enc, err := encode(inst)
+	enc, err := encode(inst, nil)
 	if err != nil {
 		return "", false, err
 	}

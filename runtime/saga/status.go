@@ -28,8 +28,10 @@ type Status struct {
 	Attempt          int
 	PendingMessageID string
 	// Data is the decoded saga data. It may hold sensitive fields: redact
-	// before display (message.Info.SensitiveFields).
+	// before display (message.Info.SensitiveFields). Nil when the stored
+	// data cannot be decoded; DataError then says why.
 	Data       proto.Message
+	DataError  string
 	Progress   sagadef.Progress
 	TimeoutAt  time.Time // zero: no timeout armed
 	DeadlineAt time.Time // zero: no deadline
@@ -45,10 +47,15 @@ func (s Status) Terminal() bool { return s.StateKind == sagadef.StateKindTermina
 
 func (e *Engine) status(w row) (Status, error) {
 	inst, err := e.instance(w)
+	dataErr := ""
+	if errors.Is(err, ErrUnreadableData) {
+		dataErr, err = err.Error(), nil
+	}
 	if err != nil {
 		return Status{}, err
 	}
 	return Status{
+		DataError:        dataErr,
 		ID:               w.ID,
 		Type:             e.def.Name,
 		BusinessKey:      w.BusinessKey,

@@ -124,11 +124,14 @@ func loadRow(ctx context.Context, q interface {
 	return w, err
 }
 
-// instance decodes a row into the machine's view of it.
-func (e *Engine) instance(w row) (sagadef.Instance, error) {
+// instance decodes a row into the machine's view of it. Data it cannot
+// decode leaves inst.Data nil and returns inst with an error matching
+// ErrUnreadableData (see dataFree).
+func (e *Engine) instance(w row) (inst sagadef.Instance, err error) {
 	data := e.cfg.NewData()
-	if err := proto.Unmarshal(w.Data, data); err != nil {
-		return sagadef.Instance{}, fmt.Errorf("decode data of saga %s: %w", w.ID, err)
+	if derr := proto.Unmarshal(w.Data, data); derr != nil {
+		data = nil
+		err = fmt.Errorf("saga %s: %w (%d bytes): %v", w.ID, ErrUnreadableData, len(w.Data), derr)
 	}
 	var p sagadef.Progress
 	if len(w.Progress) > 0 {
@@ -136,7 +139,7 @@ func (e *Engine) instance(w row) (sagadef.Instance, error) {
 			return sagadef.Instance{}, fmt.Errorf("decode progress of saga %s: %w", w.ID, err)
 		}
 	}
-	inst := sagadef.Instance{
+	inst = sagadef.Instance{
 		ID:               w.ID,
 		Type:             e.def.Name,
 		BusinessKey:      w.BusinessKey,
@@ -155,7 +158,27 @@ func (e *Engine) instance(w row) (sagadef.Instance, error) {
 	if w.DeadlineAt != nil {
 		inst.DeadlineAt = w.DeadlineAt.UTC()
 	}
-	return inst, nil
+	return inst, err
+}
+
+// dataFree reports the triggers that neither read nor change saga data, so
+// they apply to an instance whose data cannot be decoded.
+func dataFree(kind string) bool {
+	switch kind {
+	case sagadef.TriggerOperatorCancel, sagadef.TriggerOperatorResolve, sagadef.TriggerStuck:
+		return true
+	}
+	return false
+}
+
+// instanceFor is instance for applying trigger kind: unreadable data is an
+// error only when the trigger needs the data.
+func (e *Engine) instanceFor(w row, kind string) (sagadef.Instance, error) {
+	inst, err := e.instance(w)
+	if errors.Is(err, ErrUnreadableData) && dataFree(kind) {
+		return inst, nil
+	}
+	return inst, err
 }
 
 // encoded is an instance in its stored form.
@@ -166,13 +189,19 @@ type encoded struct {
 	DeadlineAt *time.Time
 }
 
-func encode(inst sagadef.Instance) (encoded, error) {
-	if inst.Data == nil {
+// encode stores inst; stored is the data as stored, kept when inst.Data is
+// nil (data that could not be decoded, which a data-free trigger leaves as
+// it is).
+func encode(inst sagadef.Instance, stored []byte) (encoded, error) {
+	data := stored
+	if inst.Data != nil {
+		var err error
+		data, err = proto.MarshalOptions{Deterministic: true}.Marshal(inst.Data)
+		if err != nil {
+			return encoded{}, fmt.Errorf("encode data of saga %s: %w", inst.ID, err)
+		}
+	} else if stored == nil {
 		return encoded{}, fmt.Errorf("encode saga %s: data is nil", inst.ID)
-	}
-	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(inst.Data)
-	if err != nil {
-		return encoded{}, fmt.Errorf("encode data of saga %s: %w", inst.ID, err)
 	}
 	progress, err := json.Marshal(inst.Progress)
 	if err != nil {

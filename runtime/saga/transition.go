@@ -45,7 +45,10 @@ type outcome struct {
 func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.Trigger, o origin) (out outcome, err error) {
 	ctx, span := e.tel.startTransition(ctx, telemetry.SpanTransition, w, trig, o)
 	defer func() { e.tel.endTransition(ctx, tx, span, w, trig, o, out, err) }()
-	inst, err := e.instance(w)
+	inst, err := e.instanceFor(w, trig.Kind)
+	if errors.Is(err, ErrUnreadableData) {
+		return outcome{}, failure.Permanent(fmt.Errorf("%s: %w", trig.Kind, err))
+	}
 	if err != nil {
 		return outcome{}, err
 	}
@@ -71,7 +74,7 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Result, trig sagadef.Trigger, o origin) (outcome, error) {
 	after := res.Instance
 	after.ID = w.ID
-	enc, err := encode(after)
+	enc, err := encode(after, w.Data)
 	if err != nil {
 		return outcome{}, err
 	}
