@@ -114,9 +114,13 @@ func (e *Engine) handleStart(ctx context.Context, tx pgx.Tx, d *consumer.Deliver
 // lockFor finds and locks the instance a delivery belongs to.
 func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consumer.Delivery) (row, error) {
 	if sagaID != "" {
-		if _, err := uuid.Parse(sagaID); err != nil {
+		id, err := uuid.Parse(sagaID)
+		if err != nil {
 			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga id %q is not a UUID", d.Envelope.MessageID, sagaID))
 		}
+		// Every form uuid.Parse takes (urn:uuid:, braces, upper case), as
+		// a batch's prefetch takes it: PostgreSQL takes only some of them.
+		sagaID = id.String()
 		w, err := e.loadIn(ctx, tx, e.q.lockByID, sagaID)
 		if errors.Is(err, ErrNotFound) {
 			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga %s %s: %w",

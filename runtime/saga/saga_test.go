@@ -256,6 +256,19 @@ func TestConflictingReplyGoesToManualReview(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// TestSagaIDInAnyUUIDForm: a reply whose saga id header holds the saga's
+// UUID in another form uuid.Parse accepts (urn:uuid:, upper case) reaches
+// its saga, alone as in a batch.
+func TestSagaIDInAnyUUIDForm(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	id := b.start(t, "order-1")
+	st := b.status(t, id)
+	_, err := b.reply(t, "urn:uuid:"+strings.ToUpper(id), msg(msgInventoryReserved, "order-1"), st.PendingMessageID)
+	require.NoError(t, err)
+	require.Equal(t, stPayment, b.status(t, id).State)
+}
+
 func TestHandleRefusesMessagesItCannotPlace(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{})
