@@ -289,19 +289,34 @@ func KillAMQPConnections(t testing.TB, amqpURL string) int {
 // amqpURL, as the management API reports it (it lags by up to a second).
 func QueueDepth(t testing.TB, amqpURL, queue string) int {
 	t.Helper()
+	return queueStats(t, amqpURL, queue).Messages
+}
+
+// QueueConsumers returns how many consumers queue has on amqpURL's vhost,
+// through the management API.
+func QueueConsumers(t testing.TB, amqpURL, queue string) int {
+	t.Helper()
+	return queueStats(t, amqpURL, queue).Consumers
+}
+
+type queueCounts struct {
+	Messages  int `json:"messages"`
+	Consumers int `json:"consumers"`
+}
+
+func queueStats(t testing.TB, amqpURL, queue string) queueCounts {
+	t.Helper()
 	vhost, err := VHost(amqpURL)
 	if err != nil {
 		t.Fatalf("testenv: vhost of %s: %v", redact(amqpURL), err)
 	}
-	var q struct {
-		Messages int `json:"messages"`
-	}
+	var q queueCounts
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := rabbitAPI(ctx, http.MethodGet, "/queues/"+url.PathEscape(vhost)+"/"+url.PathEscape(queue), nil, &q); err != nil {
 		t.Fatalf("testenv: queue %s: %v", queue, err)
 	}
-	return q.Messages
+	return q
 }
 
 // redact hides the password of a URL for messages.

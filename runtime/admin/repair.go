@@ -235,6 +235,9 @@ func (s *Server) predict(ctx context.Context, t *sagaType, w sagaRow, a action, 
 	if err != nil {
 		return OutcomeError, "", errorText(operateError(err, w.ID))
 	}
+	if st.DataError != "" && a.trigger != sagadef.TriggerOperatorCancel && a.trigger != sagadef.TriggerOperatorResolve {
+		return OutcomeWouldReject, "", st.DataError + "; only cancel and resolve apply until it is repaired"
+	}
 	inst := sagadef.Instance{
 		ID: st.ID, Type: st.Type, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Data: st.Data,
 		Attempt: st.Attempt, PendingMessageID: st.PendingMessageID, Progress: st.Progress,

@@ -190,3 +190,36 @@ func TestBulkRepair(t *testing.T) {
 	}
 	require.Equal(t, "RESERVE_INVENTORY", b.status(t, fresh).State)
 }
+
+// TestRepairsOfASagaWithUnreadableData: for a saga whose stored data cannot
+// be decoded, a dry run says retry would be refused (cancel would apply),
+// the timeline shows the decode error where the data would be, and the
+// check of a parked reply for it says the reply would be parked again.
+func TestRepairsOfASagaWithUnreadableData(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-garbled")
+	_, err := b.pool.Exec(t.Context(), `UPDATE saga_place_order SET data = '\xffffff'::bytea WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	req := admin.BulkRequest{Filter: admin.SagaFilter{BusinessKey: "order-garbled"}, Reason: "try", DryRun: true}
+	retry := postJSON[admin.BulkResult](t, b, "/api/bulk/sagas/retry", req, http.StatusOK)
+	require.Equal(t, map[string]int{admin.OutcomeWouldReject: 1}, retry.Counts)
+	require.Contains(t, retry.Items[0].Error, "saga data cannot be decoded")
+	cancel := postJSON[admin.BulkResult](t, b, "/api/bulk/sagas/cancel", req, http.StatusOK)
+	require.Equal(t, map[string]int{admin.OutcomeWouldApply: 1}, cancel.Counts)
+
+	tl := getJSON[admin.Timeline](t, b, "/api/sagas/"+id)
+	require.NotNil(t, tl.Data)
+	require.Empty(t, tl.Data.JSON)
+	require.Contains(t, tl.Data.Note, "saga data cannot be decoded")
+
+	reply := &inventoryv1.InventoryReserved{OrderId: "order-garbled"}
+	parked := b.park(t, b.replyEnvelope(t, id, reply), "order.saga.place_order", "garbled")
+	code, raw := b.call(t, repairToken, http.MethodPost, "/api/parked/"+itoa(parked)+"/replay", admin.ReplayRequest{Reason: "r", DryRun: true})
+	require.Equal(t, http.StatusConflict, code, string(raw))
+	e := apiError(t, raw)
+	require.Equal(t, "refused", e.Code)
+	require.Contains(t, e.Message, "saga data cannot be decoded")
+	require.Contains(t, e.Message, "would be parked again")
+}

@@ -318,6 +318,11 @@ func (s *Server) check(ctx context.Context, row parkedRow) (*sagaType, *saga.Sta
 		c.Explanation = "the body does not decode: it would be parked again"
 		return t, &st, c
 	}
+	if st.DataError != "" {
+		c.Class = "invalid"
+		c.Explanation = "the saga's data cannot be decoded (" + st.DataError + "): a message for it would be parked again"
+		return t, &st, c
+	}
 	causation, _, _ := envelope.HeaderString(row.headerMap(), envelope.HeaderCausationID)
 	inst := sagadef.Instance{
 		ID: st.ID, Type: st.Type, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Data: st.Data,

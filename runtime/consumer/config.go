@@ -135,10 +135,15 @@ type Config struct {
 	// stopped the consumer, and it is parked (with its saga and the count)
 	// instead of being run again. A handling that ended with an error the
 	// consumer saw while nothing cancelled it (the database went away
-	// mid-transaction) did not stop it: its row is deleted as soon as the
-	// database answers again, and this process does not park the message
-	// for it meanwhile. A handling cancelled because it hung past the
-	// drain did stop it. Messages that were only prefetched
+	// mid-transaction) did not stop it: its row is deleted at once if the
+	// database answers within two seconds, before the message goes back to
+	// the queue (and to any process), else when this consumer's next
+	// session starts, and this process does not park the message for it
+	// meanwhile. That is done twice per message and process: a failure the
+	// message's own content causes every time (a database error at commit
+	// such as running out of lock memory) ends in the parking lot. A
+	// handling cancelled because it hung past the drain did stop the
+	// consumer. Messages that were only prefetched
 	// alongside it are handled normally. Defaults to 10; -1 turns the guard
 	// off. Classic queues do not count deliveries.
 	MaxRedeliveries int

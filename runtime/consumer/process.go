@@ -195,19 +195,38 @@ VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, 
 type interruptedSet struct {
 	mu  sync.Mutex
 	ids map[string]struct{}
+	// spared counts, per message, the handlings spared so far.
+	spared map[string]int
 }
 
 // maxInterrupted bounds the set; past it the set starts over (an entry lost
 // costs only a park that the guard would have made before this set existed).
 const maxInterrupted = 4096
 
-func (s *interruptedSet) add(id string) {
+// maxSpared is how many times one message's failed suspect handling is
+// spared: a failure that comes back every time (a database error its own
+// content causes at commit, such as running out of lock memory) must end in
+// the parking lot, not in an endless loop of redeliveries.
+const maxSpared = 2
+
+// clearTimeout bounds the attempt to clear a spared handling's record at
+// once, before its session ends.
+const clearTimeout = 2 * time.Second
+
+// add remembers id, unless it was spared maxSpared times already; it
+// reports whether it did.
+func (s *interruptedSet) add(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ids == nil || len(s.ids) >= maxInterrupted {
-		s.ids = map[string]struct{}{}
+	if s.ids == nil || len(s.ids)+len(s.spared) >= maxInterrupted {
+		s.ids, s.spared = map[string]struct{}{}, map[string]int{}
 	}
+	if s.spared[id] >= maxSpared {
+		return false
+	}
+	s.spared[id]++
 	s.ids[id] = struct{}{}
+	return true
 }
 
 // all returns the ids in the set.
@@ -377,13 +396,18 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery, count bool)
 		err = c.transact(ctx, items)
 	}
 	if err != nil {
-		if items[0].suspect && ctx.Err() == nil {
+		if items[0].suspect && ctx.Err() == nil && c.interrupted.add(items[0].messageID()) {
 			// The handling ended with an error of its own (the database
 			// went away, say), seen while nothing was cancelling it: it
 			// did not stop the consumer, whatever the row left behind
-			// says. A handling cancelled because it hung past a drain is
-			// not remembered: that is what the guard is for.
-			c.interrupted.add(items[0].messageID())
+			// says. Clear the row now if the database answers, before
+			// the delivery goes back to the queue and to another process.
+			// A handling cancelled because it hung past a drain is not
+			// remembered: that is what the guard is for; nor one spared
+			// too often already (see interruptedSet.add).
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), clearTimeout)
+			c.clearInterrupted(cctx)
+			cancel()
 		}
 		return err
 	}

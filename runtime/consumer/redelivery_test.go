@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/testenv"
@@ -233,4 +234,56 @@ VALUES ('notes-consumer', 'seen-fail', 3), ('notes-consumer', 'never-seen', 3)`)
 	require.Equal(t, []string{"never-seen"}, left, "only the record of a handling this process saw fail goes")
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// TestRedeliveryGuardParksARecurringCommitFailure: a database error at
+// commit that the message's own content causes every time (out of shared
+// memory, an internal error on the row it touches) is spared only
+// maxSpared times, then the guard parks the message instead of letting it
+// come back for ever.
+func TestRedeliveryGuardParksARecurringCommitFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `
+CREATE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.message_id = 'poison' THEN RAISE EXCEPTION 'out of shared memory, every time' USING ERRCODE = '53200'; END IF; RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION fail_commit();`)
+	require.NoError(t, err)
+	b.send("poison", doOK, nil)
+	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = 3; c.Concurrency = 1; c.BatchSize = 1 }, nil)
+	b.waitSettled("poison", "park")
+	b.stop(r)
+	require.Empty(t, b.effects("poison"))
+	require.Contains(t, b.parked()["poison"].Reason, "stopped the consumer")
+	require.Zero(t, b.suspects())
+}
+
+// TestRedeliveryGuardClearsBeforeAnotherProcess: a suspect handling that
+// loses its database connection is spared by every process, not only by
+// the one that saw it fail: its record is deleted before the delivery goes
+// back to the queue, so an idle consumer of another process that gets the
+// redelivery runs it instead of parking it.
+func TestRedeliveryGuardClearsBeforeAnotherProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.send("g", doBlock, nil)
+	b.returnUnacked(3, 1)
+	edit := func(c *consumer.Config) { c.MaxRedeliveries = 3; c.Concurrency = 1; c.BatchSize = 1 }
+	ra := b.start(edit, nil)
+	require.Equal(t, "g", <-b.entered)
+	cfg := b.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["application_name"] += "-other-process"
+	other, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+	rb := b.start(func(c *consumer.Config) { edit(c); c.Pool = other }, nil)
+	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, b.amqpURL, b.queue) == 2 }, testTimeout, poll)
+	require.Positive(t, testenv.KillPostgresConnections(t, b.pool))
+	close(b.release)
+	b.waitSettled("g", "done")
+	b.stop(ra)
+	b.stop(rb)
+	require.Empty(t, b.parked(), "parked for a record of a handling that merely failed")
+	require.Equal(t, []int{1}, b.effects("g"))
 }

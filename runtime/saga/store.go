@@ -165,7 +165,7 @@ func (e *Engine) instance(w row) (inst sagadef.Instance, err error) {
 // they apply to an instance whose data cannot be decoded.
 func dataFree(kind string) bool {
 	switch kind {
-	case sagadef.TriggerOperatorCancel, sagadef.TriggerOperatorResolve, sagadef.TriggerStuck:
+	case sagadef.TriggerOperatorCancel, sagadef.TriggerOperatorResolve, sagadef.TriggerStuck, sagadef.TriggerDeadline:
 		return true
 	}
 	return false
