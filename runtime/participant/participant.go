@@ -105,7 +105,12 @@ func Defer(ctx context.Context, tx pgx.Tx, what, sql string, args ...any) error 
 // commits the handler's effects and sends no reply now: the participant
 // answers later, in another transaction, with [ReplyEnvelope] built from the
 // command's envelope (see [Command]). The saga's step timeout still bounds the
-// wait.
+// wait. Under [Idempotent], a resend of that command (the step timed out and
+// retried it) is absorbed: the command answered later is the first one, so
+// the reply cites the first attempt. Give such a step the late-reply policy
+// "apply if still waiting" (LATE_REPLY_APPLY_IF_WAITING), under which a
+// reply to an earlier attempt completes the step while the saga still waits
+// on it; under "ignore" it would be dropped as late.
 var ErrReplyLater = errors.New("participant: reply later")
 
 type commandKey struct{}
