@@ -29,7 +29,10 @@
 //
 // prune deletes, from the same database, outbox rows published longer ago
 // than -outbox (never an unpublished one) and inbox claims received longer
-// ago than -inbox (Go durations: 168h, not 7d); run it from a scheduler.
+// ago than -inbox (Go durations: 168h, not 7d), for every consumer at once.
+// Running relays and consumers prune on their own (RelayConfig.KeepPublished,
+// consumer.Config.KeepClaims); prune catches up by hand, or serves processes
+// that keep rows (negative ages).
 //
 // Exit status: 0 on success, 1 when the command failed (including an API
 // refusal such as a version conflict), 2 on a usage error.

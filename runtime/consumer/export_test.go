@@ -1,5 +1,7 @@
 package consumer
 
+import "errors"
+
 // SetAfterCommit installs a hook that runs after a batch committed and
 // before anything of it is acknowledged or routed; a non-nil error simulates
 // a crash at that point (Run returns it).
@@ -32,4 +34,6 @@ func Pruned(c *Consumer) int64 { return c.pruned.Load() }
 
 // Interrupted records that c saw the suspect handling of messageID end
 // with an error (see interruptedSet).
-func Interrupted(c *Consumer, messageID string) { c.interrupted.add(messageID) }
+func Interrupted(c *Consumer, messageID string) {
+	c.interrupted.add(messageID, errors.New("seen failing"))
+}

@@ -76,6 +76,10 @@ type item struct {
 	// row was already there, so the handler is not run and it is parked.
 	redeliveries           int
 	suspect, stoppedBefore bool
+	// failedBefore, set with stoppedBefore, is the error its last handlings
+	// kept failing with, when the consumer saw them fail rather than stop
+	// (see interruptedSet).
+	failedBefore string
 
 	received time.Time       // when the worker took the delivery
 	reason   string          // coarse failure reason for metrics; "" = by class
@@ -181,6 +185,9 @@ VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, 
 	it.suspect = true
 	it.stoppedBefore = tag.RowsAffected() == 0 && !c.interrupted.take(it.messageID())
 	if it.stoppedBefore {
+		it.failedBefore = c.interrupted.failure(it.messageID())
+	}
+	if it.stoppedBefore && it.failedBefore == "" {
 		c.log.Warn("message redelivered without an acknowledgement after its handling stopped the consumer; parking it",
 			slog.String("message_id", it.messageID()), slog.Int("redeliveries", it.redeliveries))
 	}
@@ -195,8 +202,11 @@ VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, 
 type interruptedSet struct {
 	mu  sync.Mutex
 	ids map[string]struct{}
-	// spared counts, per message, the handlings spared so far.
+	// spared counts, per message, the handlings spared so far; failed
+	// holds the error of a message spared maxSpared times that failed
+	// again, for its park reason.
 	spared map[string]int
+	failed map[string]string
 }
 
 // maxInterrupted bounds the set; past it the set starts over (an entry lost
@@ -213,20 +223,31 @@ const maxSpared = 2
 // once, before its session ends.
 const clearTimeout = 2 * time.Second
 
-// add remembers id, unless it was spared maxSpared times already; it
-// reports whether it did.
-func (s *interruptedSet) add(id string) bool {
+// add remembers id, whose handling failed with err, unless it was spared
+// maxSpared times already; it reports whether it did. (The set starts over
+// past maxInterrupted messages, counts included: a message may then be
+// spared again, which costs redeliveries, never a false park.)
+func (s *interruptedSet) add(id string, err error) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ids == nil || len(s.ids)+len(s.spared) >= maxInterrupted {
-		s.ids, s.spared = map[string]struct{}{}, map[string]int{}
+	if s.ids == nil || len(s.spared)+len(s.failed) >= maxInterrupted {
+		s.ids, s.spared, s.failed = map[string]struct{}{}, map[string]int{}, map[string]string{}
 	}
 	if s.spared[id] >= maxSpared {
+		s.failed[id] = err.Error()
 		return false
 	}
 	s.spared[id]++
 	s.ids[id] = struct{}{}
 	return true
+}
+
+// failure returns the error id kept failing with once it was spared
+// maxSpared times, or "".
+func (s *interruptedSet) failure(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed[id]
 }
 
 // all returns the ids in the set.
@@ -257,7 +278,7 @@ func (c *Consumer) clearInterrupted(ctx context.Context) {
 	}
 	if _, err := c.cfg.Pool.Exec(ctx, `DELETE FROM saga_consumer_suspect WHERE consumer = $1 AND message_id = ANY($2)`, c.cfg.Name, ids); err != nil {
 		c.log.Warn("could not clear the suspect records of handlings that ended with an error; this process still spares them",
-			slog.Int("messages", len(ids)), slog.Any("error", err))
+			slog.Any("message_ids", ids), slog.Any("error", err))
 		return
 	}
 	c.interrupted.forget(ids)
@@ -396,18 +417,23 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery, count bool)
 		err = c.transact(ctx, items)
 	}
 	if err != nil {
-		if items[0].suspect && ctx.Err() == nil && c.interrupted.add(items[0].messageID()) {
-			// The handling ended with an error of its own (the database
-			// went away, say), seen while nothing was cancelling it: it
-			// did not stop the consumer, whatever the row left behind
-			// says. Clear the row now if the database answers, before
-			// the delivery goes back to the queue and to another process.
-			// A handling cancelled because it hung past a drain is not
-			// remembered: that is what the guard is for; nor one spared
-			// too often already (see interruptedSet.add).
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), clearTimeout)
-			c.clearInterrupted(cctx)
-			cancel()
+		// A handling that ended with an error of its own (the database
+		// went away, say), seen while nothing was cancelling it, did not
+		// stop the consumer, whatever the row left behind says: clear the
+		// row now if the database answers, before the delivery goes back
+		// to the queue and to another process. A handling cancelled
+		// because it hung past a drain is not remembered: that is what
+		// the guard is for; nor one spared too often already (see
+		// interruptedSet.add), whose next delivery is parked.
+		if it := items[0]; it.suspect && ctx.Err() == nil {
+			if c.interrupted.add(it.messageID(), err) {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), clearTimeout)
+				c.clearInterrupted(cctx)
+				cancel()
+			} else {
+				c.log.Warn("message handled alone failed again after being spared twice; its next delivery is parked",
+					slog.String("message_id", it.messageID()), slog.Int("redeliveries", it.redeliveries), slog.Any("error", err))
+			}
 		}
 		return err
 	}
@@ -683,6 +709,12 @@ func (c *Consumer) sendWakes(ctx context.Context, wakes *txq.Wakes) {
 // transaction, or not at all (a failure after this point fails the whole
 // transaction, and the wake set is dropped with it).
 func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, it *item) error {
+	if it.stoppedBefore && it.failedBefore != "" {
+		it.reason = "redelivered"
+		return failure.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
+			"and handling it alone failed %d times in a row with a database error that ends the session: %s: not run again",
+			it.redeliveries, c.cfg.MaxRedeliveries, maxSpared+1, it.failedBefore))
+	}
 	if it.stoppedBefore {
 		// Not a duplicate (its inbox claim was the first), and its last
 		// handling never finished: do not risk it again.

@@ -255,7 +255,10 @@ CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIAL
 	b.waitSettled("poison", "park")
 	b.stop(r)
 	require.Empty(t, b.effects("poison"))
-	require.Contains(t, b.parked()["poison"].Reason, "stopped the consumer")
+	reason := b.parked()["poison"].Reason
+	require.Contains(t, reason, "failed 3 times in a row with a database error")
+	require.Contains(t, reason, "out of shared memory, every time")
+	require.NotContains(t, reason, "stopped the consumer")
 	require.Zero(t, b.suspects())
 }
 

@@ -30,8 +30,9 @@ const (
 	HeaderIdempotency   = "x-idempotency-key"
 	// HeaderAttempt counts deliveries through the retry tiers (1 = first).
 	HeaderAttempt = "x-attempt"
-	// HeaderOperatorRetry is on a command an operator retried after its
-	// step recorded a failure: how many times that happened (1, 2, ...).
+	// HeaderOperatorRetry is on a command an operator retried (or
+	// compensated again) after its step or compensation recorded a
+	// failure: how many times that happened (1, 2, ...).
 	// An idempotent participant (participant.Idempotent) then runs the
 	// command again rather than answer with the failure it stored.
 	HeaderOperatorRetry = "x-saga-operator-retry"

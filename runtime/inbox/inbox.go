@@ -116,9 +116,9 @@ RETURNING message_id`, consumer, sorted)
 // Prune deletes the claims of every consumer received before olderThan, in
 // batches, and returns how many it deleted. A message redelivered after its
 // claim was pruned would be handled again, so olderThan must lie well before
-// any possible redelivery. (Each [consumer.Consumer] prunes its own claims
-// on its own; Prune is for a retention of your own, as sagactl prune runs
-// it.)
+// any possible redelivery. (Each running consumer of runtime/consumer
+// prunes its own claims on its own; Prune is for a retention of your own,
+// as sagactl prune runs it.)
 func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Time) (int64, error) {
 	return prune(ctx, pool, "prune inbox claims before "+olderThan.Format(time.RFC3339), pruneAllSQL, olderThan)
 }

@@ -31,9 +31,10 @@
 //
 // Retention: published rows are kept, with their saga_outbox_sent records,
 // for RelayConfig.KeepPublished (7 days by default); every running relay
-// deletes older ones with [Prune] once a minute. sagactl prune runs the same
-// by hand. An operator's [Republish] of a message still in the outbox makes
-// its row pending again; of a pruned one, it enqueues a new row.
+// deletes older ones with [Prune] every PruneInterval (a minute by default).
+// sagactl prune runs the same by hand. An operator's [Republish] of a
+// message still in the outbox makes its row pending again; of a pruned one,
+// it enqueues a new row.
 //
 // Leases: one statement claims a batch — UPDATE saga_outbox_pending …
 // WHERE id = ANY(ARRAY(SELECT … ORDER BY id LIMIT n FOR UPDATE SKIP

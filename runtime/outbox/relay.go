@@ -940,7 +940,7 @@ func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error
 			r.published.Add(marked)
 			r.failed.Add(int64(len(failed) - s.unsent))
 			if lost := int64(len(done)) - marked; lost > 0 {
-				r.cfg.Logger.Warn("outbox relay: confirmed rows were claimed again since this relay's claim (its lease ran out, or it was taken for dead); the newer claim publishes them again",
+				r.cfg.Logger.Warn("outbox relay: confirmed rows were claimed again since this relay's claim (its lease ran out, or it was taken for dead); the newer claim, or an operator's replay, publishes them again",
 					"owner", r.cfg.Owner, "rows", lost, "confirmed", len(done), "lease", r.cfg.LeaseDuration)
 			}
 			return nil

@@ -104,8 +104,8 @@ WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInf
 // name and its idempotency key ("shop.inventory.v1.ReleaseInventory/o-42").
 // Use it with [Once] for effects that must happen once per command; unlike
 // [Idempotent], such effects are not run again for an operator's retry
-// after a recorded failure (Idempotent adds the retry's count to the key;
-// see onceKey).
+// after a recorded failure (Idempotent records CommandKey plus
+// "#operator-retry-N" for such a command).
 func CommandKey(cmd message.Message) string {
 	return cmd.SagaMessageInfo().FullName + "/" + cmd.IdempotencyKey()
 }

@@ -15,9 +15,9 @@ var ErrNotFound = errors.New("saga instance not found")
 // or by a data message the contract has since changed incompatibly). No
 // retry can help: a message for it is parked at once, and a due timeout is
 // deferred until the scanner sends the saga to manual review
-// (sagadef.TriggerStuck). Cancel and resolve, which need no data, still
-// work, and keep the stored bytes as they are; Status reports the problem
-// in Status.DataError.
+// (sagadef.TriggerStuck); a passed deadline sends it there at once. Cancel
+// and resolve, which need no data, still work, and keep the stored bytes as
+// they are; Status reports the problem in Status.DataError.
 var ErrUnreadableData = errors.New("saga data cannot be decoded")
 
 // ErrVersionConflict is returned (wrapped in a [*VersionConflictError]) when

@@ -29,8 +29,10 @@ type Status struct {
 	PendingMessageID string
 	// Data is the decoded saga data. It may hold sensitive fields: redact
 	// before display (message.Info.SensitiveFields). Nil when the stored
-	// data cannot be decoded; DataError then says why.
-	Data       proto.Message
+	// data cannot be decoded.
+	Data proto.Message
+	// DataError says why the stored data cannot be decoded (see
+	// ErrUnreadableData); empty when Data is set.
 	DataError  string
 	Progress   sagadef.Progress
 	TimeoutAt  time.Time // zero: no timeout armed

@@ -76,7 +76,7 @@ ORDER BY least(timeout_at, deadline_at)
 LIMIT $2
 FOR UPDATE SKIP LOCKED`,
 		deferDue: `UPDATE ` + table + ` SET last_error = $2,
-	progress = jsonb_set(coalesce(progress, '{}'), '{deferrals}', to_jsonb(coalesce((progress->>'deferrals')::int, 0) + 1)),
+	progress = jsonb_set(coalesce(progress, '{}'), '{deferrals}', to_jsonb($4::int)),
 	timeout_at = CASE WHEN timeout_at IS NOT NULL AND timeout_at < $3 THEN $3 ELSE timeout_at END,
 	deadline_at = CASE WHEN deadline_at IS NOT NULL AND deadline_at < $3 THEN $3 ELSE deadline_at END
 WHERE id = $1::uuid`,

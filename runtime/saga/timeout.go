@@ -143,7 +143,10 @@ func (e *Engine) stillDue(inst sagadef.Instance, now time.Time) bool {
 func (e *Engine) deferDue(ctx context.Context, tx pgx.Tx, w row, kind string, cause error, now time.Time) error {
 	e.cfg.Logger.ErrorContext(ctx, "saga "+kind+" failed; deferred", "saga_type", e.def.Name, "saga_id", w.ID,
 		"state", w.State, "retry_after", e.cfg.FailureBackoff, "error", cause)
-	if _, err := tx.Exec(ctx, e.q.deferDue, w.ID, fmt.Sprintf("%s: %v", kind, cause), now.Add(e.cfg.FailureBackoff)); err != nil {
+	// The count is the claimed row's plus one, whether the transition was
+	// rolled back or applied and left the instance due (which reset the
+	// stored count): a transition that keeps leaving it due is stuck too.
+	if _, err := tx.Exec(ctx, e.q.deferDue, w.ID, fmt.Sprintf("%s: %v", kind, cause), now.Add(e.cfg.FailureBackoff), deferrals(w)+1); err != nil {
 		return fmt.Errorf("defer %s of saga %s: %w", kind, w.ID, err)
 	}
 	return nil

@@ -159,8 +159,8 @@ func (e *Engine) emit(ctx context.Context, tx pgx.Tx, sagaID string, msgs []saga
 		if err != nil {
 			return fmt.Errorf("saga %s: envelope for %s: %w", sagaID, m.Message.SagaMessageInfo().FullName, err)
 		}
-		if m.Retry > 0 {
-			env.Headers = map[string]any{envelope.HeaderOperatorRetry: m.Retry}
+		if m.OperatorRetry > 0 {
+			env.Headers = map[string]any{envelope.HeaderOperatorRetry: m.OperatorRetry}
 		}
 		envs = append(envs, env)
 	}

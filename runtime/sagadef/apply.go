@@ -341,7 +341,7 @@ func (w *work) send(command, step string, sent *map[string]string) (string, erro
 		if name != command {
 			return "", fmt.Errorf("build %s for step %s: hook returned a %s", command, step, name)
 		}
-		w.emit = append(w.emit, Outgoing{MessageID: id, Message: msg, Retry: w.out.Progress.Retries[command]})
+		w.emit = append(w.emit, Outgoing{MessageID: id, Message: msg, OperatorRetry: w.out.Progress.OperatorRetries[command]})
 	}
 	w.emitNames = append(w.emitNames, command)
 	if *sent == nil {
@@ -701,7 +701,8 @@ func (w *work) onDeadline() {
 }
 
 // onStuck sends a saga whose due timeout or deadline kept failing to manual
-// review, keeping its timeout and deadline cleared there as review does.
+// review, with its deadline cleared too (unlike review, which keeps it): the
+// scanner has nothing left to do for it.
 func (w *work) onStuck() {
 	switch w.state().Kind {
 	case StateKindStep, StateKindCompensating:
@@ -828,16 +829,16 @@ func (w *work) operatorRetry(st State) error {
 }
 
 // retriedAfterFailure counts an operator retry of command after its
-// recorded failure (see Progress.Retries).
+// recorded failure (see Progress.OperatorRetries).
 func (w *work) retriedAfterFailure(command string) {
 	if command == "" {
 		return // an external step sends nothing
 	}
 	p := w.progress()
-	if p.Retries == nil {
-		p.Retries = map[string]int{}
+	if p.OperatorRetries == nil {
+		p.OperatorRetries = map[string]int{}
 	}
-	p.Retries[command]++
+	p.OperatorRetries[command]++
 }
 
 func (w *work) operatorCompensate(st State) error {
@@ -888,7 +889,7 @@ func (p Progress) clone() Progress {
 		SentCompensations:    cloneMap(p.SentCompensations),
 		CompensationOutcomes: cloneMap(p.CompensationOutcomes),
 		ReviewFrom:           p.ReviewFrom,
-		Retries:              maps.Clone(p.Retries),
+		OperatorRetries:      maps.Clone(p.OperatorRetries),
 		Deferrals:            p.Deferrals,
 	}
 }

@@ -280,7 +280,7 @@ func TestScenarios(t *testing.T) {
 			h.RequireState(sagadef.StateManualReview)
 			require.Equal(t, sCompReserve, h.Instance().Progress.ReviewFrom)
 			require.Contains(t, h.Instance().ReviewReason, "compensation of step ReserveInventory failed")
-			require.Zero(t, h.LastSent(pReleaseInventory).Retry)
+			require.Zero(t, h.LastSent(pReleaseInventory).OperatorRetry)
 			h.Operator(sagadef.TriggerOperatorRetry, "warehouse back online")
 			h.RequireState(sCompReserve)
 			h.RequireSent(pReleaseInventory)
@@ -288,9 +288,9 @@ func TestScenarios(t *testing.T) {
 			require.Equal(t, 1, h.Instance().Attempt)
 			// Retried after a recorded failure: the command says so, and so
 			// do its resends, so an idempotent participant runs it again.
-			require.Equal(t, 1, h.LastSent(pReleaseInventory).Retry)
+			require.Equal(t, 1, h.LastSent(pReleaseInventory).OperatorRetry)
 			h.Timeout()
-			require.Equal(t, 1, h.LastSent(pReleaseInventory).Retry)
+			require.Equal(t, 1, h.LastSent(pReleaseInventory).OperatorRetry)
 			h.Reply(msg(pInventoryReleased))
 			h.RequireClass(sagadef.ClassNew)
 			h.RequireState(sagadef.StateFailed)
@@ -304,7 +304,7 @@ func TestScenarios(t *testing.T) {
 			h.Operator(sagadef.TriggerOperatorCompensate, "warehouse back online")
 			h.RequireState(sCompReserve)
 			h.RequireSent(pReleaseInventory)
-			require.Equal(t, 1, h.LastSent(pReleaseInventory).Retry)
+			require.Equal(t, 1, h.LastSent(pReleaseInventory).OperatorRetry)
 			h.Reply(msg(pInventoryReleased))
 			h.RequireState(sagadef.StateFailed)
 		}},
@@ -337,7 +337,7 @@ func TestScenarios(t *testing.T) {
 			h.Operator(sagadef.TriggerOperatorRetry, "participant redeployed")
 			h.RequireState(sReserve)
 			h.RequireSent(pReserveInventory)
-			require.Zero(t, h.LastSent(pReserveInventory).Retry, "no failure was recorded: the same command again")
+			require.Zero(t, h.LastSent(pReserveInventory).OperatorRetry, "no failure was recorded: the same command again")
 			require.NotEqual(t, first, h.Instance().PendingMessageID)
 			require.Contains(t, h.Last().Note, "by sagatest: participant redeployed")
 			// The answer to the first attempt is late (policy: ignore).

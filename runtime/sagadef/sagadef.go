@@ -156,8 +156,9 @@ const (
 	TriggerTimeout  = "timeout"
 	TriggerDeadline = "deadline"
 	// TriggerStuck sends a saga to manual review whose due timeout or
-	// deadline could not be applied (a hook kept failing) too many times
-	// in a row: Progress.Deferrals counts them. Trigger.Reason says why.
+	// deadline could not be applied too many times in a row (a hook or
+	// the database kept failing, or the saga data cannot be decoded):
+	// Progress.Deferrals counts them. Trigger.Reason says why.
 	TriggerStuck = "stuck"
 	// Operator triggers (audited with who and why).
 	TriggerOperatorRetry      = "operator.retry"
@@ -243,10 +244,11 @@ type Progress struct {
 	// ReviewFrom is the state the saga was in when it entered
 	// MANUAL_REVIEW: what an operator retry resumes. Empty outside review.
 	ReviewFrom string `json:"review_from,omitempty"`
-	// Retries counts, by command full name, the operator retries of a
-	// command after its step (or compensation) recorded a failure; the
-	// command is sent with the count (Outgoing.Retry) from then on.
-	Retries map[string]int `json:"retries,omitempty"`
+	// OperatorRetries counts, by command full name, an operator's retries
+	// (and compensates) of a command after its step or compensation
+	// recorded a failure; the command is sent with the count
+	// (Outgoing.OperatorRetry) from then on.
+	OperatorRetries map[string]int `json:"operator_retries,omitempty"`
 	// Deferrals counts the times in a row the timeout scanner failed to
 	// apply a due timeout or deadline (see TriggerStuck); any applied
 	// transition resets it.
@@ -300,10 +302,10 @@ type Result struct {
 type Outgoing struct {
 	MessageID string
 	Message   message.Message
-	// Retry is Progress.Retries of the command: above 0, an operator
-	// retried it after a recorded failure, and the engine says so in the
-	// envelope (envelope.HeaderOperatorRetry).
-	Retry int
+	// OperatorRetry is Progress.OperatorRetries of the command: above 0,
+	// an operator retried or compensated again after a recorded failure,
+	// and the engine says so in the envelope (envelope.HeaderOperatorRetry).
+	OperatorRetry int
 }
 
 // Env is what [Definition.Apply] needs from outside: the clock, an id source

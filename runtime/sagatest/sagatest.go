@@ -356,6 +356,6 @@ func deepProgress(p sagadef.Progress) sagadef.Progress {
 		Completed: cl(p.Completed), Compensated: cl(p.Compensated), Stopped: cl(p.Stopped),
 		Outcomes: cp(p.Outcomes), Sent: cp(p.Sent),
 		SentCompensations: cp(p.SentCompensations), CompensationOutcomes: cp(p.CompensationOutcomes),
-		ReviewFrom: p.ReviewFrom, Retries: maps.Clone(p.Retries), Deferrals: p.Deferrals,
+		ReviewFrom: p.ReviewFrom, OperatorRetries: maps.Clone(p.OperatorRetries), Deferrals: p.Deferrals,
 	}
 }

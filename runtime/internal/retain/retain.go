@@ -93,6 +93,9 @@ func (j Job) once(ctx context.Context) {
 		err = fmt.Errorf("read the database clock: %w", err)
 	}
 	switch {
+	case err != nil && ctx.Err() == nil && cut.IsZero():
+		j.Logger.Warn("pruning "+j.What+" failed; trying again at the next interval",
+			"interval", j.Interval, "error", err)
 	case err != nil && ctx.Err() == nil:
 		j.Logger.Warn("pruning "+j.What+" failed; trying again at the next interval",
 			"older_than", cut, "deleted", n, "interval", j.Interval, "error", err)
