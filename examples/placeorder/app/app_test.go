@@ -629,6 +629,12 @@ func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
+	// setup starts Run in a goroutine and returns: a start made before the
+	// relay's Run has begun is (rightly) written unleased and claimed. A
+	// first saga completes only once the relay runs.
+	warm, _, err := b.app.PlaceOrder.Start(ctx, request("o-warm-up"), envelope.Meta{})
+	require.NoError(t, err)
+	b.waitState(t, warm, orderv1.PlaceOrderStateCompleted)
 	handed, _, err := b.app.PlaceOrder.Start(b.app.WithRelay(ctx), request("o-handed"), envelope.Meta{})
 	require.NoError(t, err)
 	claimed, _, err := b.app.PlaceOrder.Start(ctx, request("o-claimed"), envelope.Meta{})
