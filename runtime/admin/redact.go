@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/protosaga/saga/runtime/saga"
 )
 
 // Redacted replaces the value of every sensitive field in bodies and saga
@@ -45,7 +47,7 @@ func (s *Server) body(typ string, raw []byte) *Body {
 // its sensitive fields are then unknown too.
 func (s *Server) data(t *sagaType, m proto.Message, unreadable string) *Body {
 	if unreadable != "" {
-		return &Body{Type: t.def.DataMessage, Note: unreadable + "; only cancel and resolve apply until it is repaired"}
+		return &Body{Type: t.def.DataMessage, Note: unreadable + "; " + saga.UnreadableDataHint}
 	}
 	if m == nil {
 		return nil

@@ -235,8 +235,8 @@ func (s *Server) predict(ctx context.Context, t *sagaType, w sagaRow, a action, 
 	if err != nil {
 		return OutcomeError, "", errorText(operateError(err, w.ID))
 	}
-	if st.DataError != "" && a.trigger != sagadef.TriggerOperatorCancel && a.trigger != sagadef.TriggerOperatorResolve {
-		return OutcomeWouldReject, "", st.DataError + "; only cancel and resolve apply until it is repaired"
+	if st.DataError != "" && !saga.AppliesWithoutData(a.trigger) {
+		return OutcomeWouldReject, "", st.DataError + "; " + saga.UnreadableDataHint
 	}
 	inst := sagadef.Instance{
 		ID: st.ID, Type: st.Type, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Data: st.Data,

@@ -320,7 +320,7 @@ func (s *Server) check(ctx context.Context, row parkedRow) (*sagaType, *saga.Sta
 	}
 	if st.DataError != "" {
 		c.Class = "invalid"
-		c.Explanation = "the saga's data cannot be decoded (" + st.DataError + "): a message for it would be parked again"
+		c.Explanation = st.DataError + ": a message for it would be parked again"
 		return t, &st, c
 	}
 	causation, _, _ := envelope.HeaderString(row.headerMap(), envelope.HeaderCausationID)

@@ -20,6 +20,10 @@ var ErrNotFound = errors.New("saga instance not found")
 // they are; Status reports the problem in Status.DataError.
 var ErrUnreadableData = errors.New("saga data cannot be decoded")
 
+// UnreadableDataHint follows the error of an instance whose data cannot be
+// decoded wherever an operator reads it.
+const UnreadableDataHint = "only cancel and resolve apply until it is repaired"
+
 // ErrVersionConflict is returned (wrapped in a [*VersionConflictError]) when
 // an operator action names a version the instance no longer has: something
 // else (a reply, a timeout, another operator) changed it first. Reload the

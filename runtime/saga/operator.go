@@ -115,7 +115,7 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 	inst, err := e.instanceFor(w, op.Trigger)
 	if errors.Is(err, ErrUnreadableData) {
 		return Status{}, &RejectedError{SagaID: w.ID, State: w.State, Trigger: op.Trigger,
-			Err: fmt.Errorf("%w; only cancel and resolve apply until it is repaired", err)}
+			Err: fmt.Errorf("%w; %s", err, UnreadableDataHint)}
 	}
 	if err != nil {
 		return Status{}, err

@@ -126,7 +126,7 @@ func loadRow(ctx context.Context, q interface {
 
 // instance decodes a row into the machine's view of it. Data it cannot
 // decode leaves inst.Data nil and returns inst with an error matching
-// ErrUnreadableData (see dataFree).
+// ErrUnreadableData (see AppliesWithoutData).
 func (e *Engine) instance(w row) (inst sagadef.Instance, err error) {
 	data := e.cfg.NewData()
 	if derr := proto.Unmarshal(w.Data, data); derr != nil {
@@ -161,9 +161,10 @@ func (e *Engine) instance(w row) (inst sagadef.Instance, err error) {
 	return inst, err
 }
 
-// dataFree reports the triggers that neither read nor change saga data, so
-// they apply to an instance whose data cannot be decoded.
-func dataFree(kind string) bool {
+// AppliesWithoutData reports the triggers that neither read nor change saga
+// data, so they apply to an instance whose data cannot be decoded
+// (ErrUnreadableData); UnreadableDataHint says so to operators.
+func AppliesWithoutData(kind string) bool {
 	switch kind {
 	case sagadef.TriggerOperatorCancel, sagadef.TriggerOperatorResolve, sagadef.TriggerStuck, sagadef.TriggerDeadline:
 		return true
@@ -175,7 +176,7 @@ func dataFree(kind string) bool {
 // error only when the trigger needs the data.
 func (e *Engine) instanceFor(w row, kind string) (sagadef.Instance, error) {
 	inst, err := e.instance(w)
-	if errors.Is(err, ErrUnreadableData) && dataFree(kind) {
+	if errors.Is(err, ErrUnreadableData) && AppliesWithoutData(kind) {
 		return inst, nil
 	}
 	return inst, err
