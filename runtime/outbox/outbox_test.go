@@ -1,9 +1,12 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -410,6 +413,58 @@ func TestRelayMissingExchangeBlocksNothing(t *testing.T) {
 	var published bool
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT published_at IS NOT NULL FROM saga_outbox_state WHERE message_id = $1", bad.MessageID).Scan(&published))
 	require.False(t, published)
+}
+
+// A pending row whose outbox row was deleted by hand has nothing to
+// publish: the relay deletes it, says which, and publishes the rest.
+func TestRelayDropsPendingRowsWithoutOutboxRow(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	ids := enqueue(t, ctx, b.pool, 5, routedKey)
+	var gone int64
+	require.NoError(t, b.pool.QueryRow(ctx, "DELETE FROM saga_outbox WHERE message_id = $1 RETURNING id", ids[2]).Scan(&gone))
+
+	var logs lockedBuffer
+	r, _ := startRelay(t, b, RelayConfig{BatchSize: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for {
+		var pending int
+		require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM saga_outbox_pending").Scan(&pending))
+		if pending == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d pending rows left", pending)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	seen := drain(t, b)
+	require.Len(t, seen, 4)
+	requireEach(t, seen, append(ids[:2:2], ids[3:]...), 1)
+	stats := r.Stats()
+	require.EqualValues(t, 4, stats.Published)
+	require.EqualValues(t, 1, stats.Orphans)
+	require.Contains(t, logs.String(), `level=ERROR msg="outbox relay: pending rows had no outbox row`)
+	require.Contains(t, logs.String(), fmt.Sprintf("outbox_ids=[%d]", gone))
+}
+
+// lockedBuffer is a log destination for a running relay.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 func TestRunDrainsOnCancel(t *testing.T) {
