@@ -92,7 +92,8 @@ func (c *Consumer) retryPublishing(it *item) amqp.Publishing {
 
 // parkPublishing is the copy of it sent to the parking lot, with the reason
 // and origin in headers. A message without an id (an invalid envelope) gets
-// one here, so the parked copy and its saga_parked row can be matched.
+// one (see parkIDFor), so the parked copy and its saga_parked row can be
+// matched.
 func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
 	h := maps.Clone(it.raw.Headers)
 	if h == nil {
@@ -122,11 +123,7 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error 
 	if it.parkID == "" {
 		it.parkID = it.raw.MessageId
 		if it.parkID == "" {
-			id, err := uuid.NewV7()
-			if err != nil {
-				return fmt.Errorf("generate id for a parked message without one: %w", err)
-			}
-			it.parkID = id.String()
+			it.parkID = parkIDFor(c.cfg.Queue, it.raw)
 		}
 	}
 	raw := it.raw
@@ -160,6 +157,36 @@ WHERE NOT EXISTS (
 		return fmt.Errorf("record parked message: %w", err)
 	}
 	return nil
+}
+
+// parkNamespace names the ids parkIDFor derives.
+var parkNamespace = uuid.MustParse("8f0c1d9e-4b1a-4c57-9a53-7e0f6a2d5b11")
+
+// parkIDFor derives the id a message without one is parked under from what
+// it carries, so that the same message delivered again (a lost ack, a
+// failed parking-lot publish) gets the same id and keeps one saga_parked
+// row. What the broker or this consumer add on the way (delivery counts,
+// dead-letter history, the retry's attempt and error) is left out.
+func parkIDFor(queue string, raw *amqp.Delivery) string {
+	h := maps.Clone(raw.Headers)
+	for _, k := range []string{headerDeliveryCount, "x-death", "x-first-death-exchange", "x-first-death-queue",
+		"x-first-death-reason", "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
+		HeaderLastError, envelope.HeaderAttempt, envelope.HeaderFirstFailureAt} {
+		delete(h, k)
+	}
+	headers, err := json.Marshal(jsonValue(map[string]any(h))) // map keys sorted
+	if err != nil {
+		headers = []byte(err.Error())
+	}
+	exchange, routingKey := routing(raw)
+	name := make([]byte, 0, 256+len(raw.Body)+len(headers))
+	for _, part := range []string{queue, exchange, routingKey, raw.Type, raw.CorrelationId, raw.AppId,
+		raw.Timestamp.UTC().Format(time.RFC3339Nano), string(headers)} {
+		name = append(name, part...)
+		name = append(name, 0)
+	}
+	name = append(name, raw.Body...)
+	return uuid.NewSHA1(parkNamespace, name).String()
 }
 
 // text makes s storable in a PostgreSQL text column.
