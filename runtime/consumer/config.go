@@ -169,7 +169,12 @@ type Config struct {
 	// returns within about twice DrainTimeout of its context's end even
 	// when the broker has stopped answering (a resource alarm, a
 	// half-dead connection), once handlers return on their cancelled
-	// contexts. Defaults to 30s.
+	// contexts. A handler that does not return within DrainTimeout of its
+	// cancel is not waited for: the consumer stops without it, logs its
+	// message ids (error level), and leaves its deliveries unacknowledged
+	// for redelivery (the inbox drops a redelivery if its transaction
+	// commits after all). It still holds its database connection, which
+	// pgxpool.Pool.Close waits for. Defaults to 30s.
 	DrainTimeout time.Duration
 	// Logger receives the consumer's logs. Defaults to Telemetry.Logger,
 	// then slog.Default().

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -203,6 +204,36 @@ type session struct {
 	stop     chan struct{}
 	failed   chan error
 	progress atomic.Bool
+
+	// busy holds each worker's batch while it is handled, for the log of
+	// a drain that gives up on it.
+	busyMu sync.Mutex
+	busy   map[int][]amqp.Delivery
+}
+
+// setBusy records (batch not nil) or clears worker w's batch.
+func (s *session) setBusy(w int, batch []amqp.Delivery) {
+	s.busyMu.Lock()
+	defer s.busyMu.Unlock()
+	if batch == nil {
+		delete(s.busy, w)
+		return
+	}
+	s.busy[w] = batch
+}
+
+// busyIDs returns the message ids of the batches being handled.
+func (s *session) busyIDs() []string {
+	s.busyMu.Lock()
+	defer s.busyMu.Unlock()
+	var ids []string
+	for _, batch := range s.busy {
+		for i := range batch {
+			ids = append(ids, batch[i].MessageId)
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // session consumes on a new channel until ctx is cancelled, the channel or
@@ -240,6 +271,7 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 		work:   make(chan amqp.Delivery, c.cfg.Prefetch),
 		stop:   make(chan struct{}),
 		failed: make(chan error, 1),
+		busy:   make(map[int][]amqp.Delivery),
 	}
 	// In-flight work outlives ctx: shutdown drains it. Cancelled only when
 	// the drain times out or the session crashes.
@@ -251,8 +283,8 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 	dispatched := make(chan struct{})
 	go s.dispatch(deliveries, dispatched)
 	var wg sync.WaitGroup
-	for range c.cfg.Concurrency {
-		wg.Go(func() { s.worker(procCtx) })
+	for w := range c.cfg.Concurrency {
+		wg.Go(func() { s.worker(procCtx, w) })
 	}
 	c.log.Debug("consumer session started", slog.String("consumer_tag", tag))
 
@@ -302,7 +334,18 @@ func (c *Consumer) session(ctx context.Context) (progress bool, err error) {
 	case <-timer.C:
 		c.log.Warn("drain timed out; cancelling in-flight deliveries", slog.Duration("drain_timeout", c.cfg.DrainTimeout))
 		procCancel()
-		<-drained
+		// A handler that ignores its cancelled context is not waited for
+		// without end: after DrainTimeout more the session ends without
+		// it. Its deliveries are not acknowledged (the acker is closed
+		// below), so they come again; if its transaction commits after
+		// all, the inbox makes the redelivery a duplicate.
+		timer.Reset(c.cfg.DrainTimeout)
+		select {
+		case <-drained:
+		case <-timer.C:
+			c.log.Error("handlers did not return after their context was cancelled; stopping without them (their messages are redelivered)",
+				slog.Any("message_ids", s.busyIDs()), slog.Duration("waited", 2*c.cfg.DrainTimeout))
+		}
 	}
 	s.acker.close()
 	return s.progress.Load(), reason
@@ -369,13 +412,16 @@ func (s *session) dispatch(deliveries <-chan amqp.Delivery, done chan<- struct{}
 
 // worker handles batches until the session stops or a batch fails in a way
 // that needs a new session.
-func (s *session) worker(ctx context.Context) {
+func (s *session) worker(ctx context.Context, w int) {
 	for {
 		batch := s.next()
 		if batch == nil {
 			return
 		}
-		if err := s.handle(ctx, batch, true); err != nil {
+		s.setBusy(w, batch)
+		err := s.handle(ctx, batch, true)
+		s.setBusy(w, nil)
+		if err != nil {
 			select {
 			case s.failed <- err:
 			default:

@@ -2,6 +2,8 @@ package consumer_test
 
 import (
 	"context"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,4 +64,51 @@ func TestShutdownBoundedWhenTheBrokerStopsAnswering(t *testing.T) {
 	b.waitSettled("held", "duplicate")
 	b.stop(r2)
 	require.Equal(t, []int{1}, b.effects("held"))
+}
+
+// TestShutdownBoundedWhenAHandlerIgnoresItsContext: a handler that does not
+// return when its context is cancelled does not hold Run: about
+// DrainTimeout after the cancel, the consumer stops without it and logs
+// its message id. The message, never acknowledged, is handled by the next
+// consumer once the abandoned transaction has ended.
+func TestShutdownBoundedWhenAHandlerIgnoresItsContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var logs testenv.LogBuffer
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r := b.start(func(c *consumer.Config) {
+		c.Concurrency, c.BatchSize = 1, 1
+		c.DrainTimeout = 300 * time.Millisecond
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		next := c.Handler
+		c.Handler = func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				close(entered)
+				<-release // ignores ctx
+			}
+			return next(ctx, tx, d)
+		}
+	}, nil)
+	b.send("stuck", doOK, nil)
+	<-entered
+	r.cancel()
+	select {
+	case err := <-r.done:
+		require.NoError(t, err)
+		r.done <- nil // for the cleanup
+	case <-time.After(testTimeout):
+		close(release)
+		t.Fatal("Run waited for a handler that ignores its context")
+	}
+	require.Contains(t, logs.String(), `level=ERROR msg="handlers did not return after their context was cancelled`)
+	require.Contains(t, logs.String(), "message_ids=[stuck]")
+
+	close(release) // its transaction ends (its context is cancelled: nothing commits)
+	r2 := b.start(nil, nil)
+	b.waitSettled("stuck", "done")
+	b.stop(r2)
+	require.Equal(t, []int{1}, b.effects("stuck"))
 }

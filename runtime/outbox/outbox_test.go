@@ -1,12 +1,10 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -425,7 +423,7 @@ func TestRelayDropsPendingRowsWithoutOutboxRow(t *testing.T) {
 	var gone int64
 	require.NoError(t, b.pool.QueryRow(ctx, "DELETE FROM saga_outbox WHERE message_id = $1 RETURNING id", ids[2]).Scan(&gone))
 
-	var logs lockedBuffer
+	var logs testenv.LogBuffer
 	r, _ := startRelay(t, b, RelayConfig{BatchSize: 2, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	for {
 		var pending int
@@ -447,24 +445,6 @@ func TestRelayDropsPendingRowsWithoutOutboxRow(t *testing.T) {
 	require.EqualValues(t, 1, stats.Orphans)
 	require.Contains(t, logs.String(), `level=ERROR msg="outbox relay: pending rows had no outbox row`)
 	require.Contains(t, logs.String(), fmt.Sprintf("outbox_ids=[%d]", gone))
-}
-
-// lockedBuffer is a log destination for a running relay.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 func TestRunDrainsOnCancel(t *testing.T) {
