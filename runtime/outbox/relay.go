@@ -969,7 +969,8 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 // it), nor one an operator's Republish made pending again after another
 // relay recorded it: Republish carries over the attempts of the claim that
 // was recorded, so the replayed row never matches an older claim, and the
-// replay is published. A confirmed row whose lease was cleared but not
+// replay is published; and a replay of a row still pending counts one claim
+// more, so no claim from before it matches either. A confirmed row whose lease was cleared but not
 // claimed again (other relays took this one for dead and released its
 // rows) is still recorded: its attempts are still our claim's, and no
 // other claim can have published it yet. A failed row is released only

@@ -87,6 +87,34 @@ WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1) RETURNING id`, ids
 	require.False(t, sent)
 }
 
+// TestRepublishBeforeTheSettle: a relay has published a row and the broker
+// confirmed it, but its settle has not run yet, when an operator replays the
+// message (its first copy was parked meanwhile). The settle must not record
+// the replay as sent: the row stays pending, claimable at once.
+func TestRepublishBeforeTheSettle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := testCtx(t)
+	ids := enqueue(t, ctx, b.pool, 1, routedKey)
+	var rowID int64
+	require.NoError(t, b.pool.QueryRow(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'relay', lease_until = now() + interval '1 minute', attempts = 1
+WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1) RETURNING id`, ids[0]).Scan(&rowID))
+
+	e := env(routedKey)
+	e.MessageID = ids[0]
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, e) }))
+	require.Zero(t, settleRows(t, b.pool, "relay", rowID, 1), "the settle of the publish before the replay recorded the replay")
+
+	var pending bool
+	var owner *string
+	var leasedUntil *time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT pending, lease_owner, lease_until FROM saga_outbox_state WHERE id = $1`, rowID).
+		Scan(&pending, &owner, &leasedUntil))
+	require.True(t, pending, "the replay is not published")
+	require.Nil(t, owner)
+	require.Nil(t, leasedUntil)
+}
+
 // settleRows runs the relay's settle for one row published under the claim
 // (owner, attempts) and returns how many rows it recorded as sent.
 func settleRows(t *testing.T, q interface {
