@@ -215,9 +215,11 @@ func (p *Publisher) Send(ctx context.Context, msgs []Outgoing) *Pending {
 			}
 		}
 	}
-	for i, m := range msgs {
-		if m.Publishing.MessageId == "" {
+	for i := range msgs {
+		if msgs[i].Publishing.MessageId == "" {
 			pd.errs[i] = errors.New("publish: message id required (returns are matched by it)")
+		} else if err := checkOutgoing(&msgs[i]); err != nil {
+			pd.errs[i] = fmt.Errorf("publish %s: %w", truncateName(msgs[i].Publishing.MessageId), err)
 		}
 	}
 	s, err := p.session(ctx)

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,38 @@ func TestPublisherNackInPipelinedBatch(t *testing.T) {
 	// Nacks keep the channel: once there is room, the next batch goes out.
 	get(t, ctx, b.ch, "routed")
 	require.Equal(t, []error{nil}, p.Publish(ctx, out("d", 1)))
+}
+
+// A message AMQP cannot carry fails alone, unsent; the channel, and every
+// other message of the batch, go on. Written to the connection, it would
+// have closed the connection and failed them all.
+func TestPublisherRefusesUnsendableMessages(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	declareRouted(t, ctx, b.ch, nil)
+	p := broker.NewPublisher(b.conn, broker.PublisherConfig{})
+	require.Equal(t, []error{nil}, p.Publish(ctx, out("warm", 1)))
+	require.Equal(t, "warm-0", get(t, ctx, b.ch, "routed").MessageId)
+
+	msgs := out("m", 6)
+	long := strings.Repeat("x", 256)
+	msgs[1].Publishing.CorrelationId = long
+	msgs[2].RoutingKey = long
+	msgs[3].Publishing.Headers = amqp.Table{"nested": amqp.Table{long: 1}}
+	msgs[4].Publishing.Headers = amqp.Table{"f": func() {}}
+	errs := p.Publish(ctx, msgs)
+	for i, want := range []string{"", "correlation id is 256 bytes", "routing key is 256 bytes", `header "nested": message cannot be sent over AMQP: header name xxx`, "value func() not supported", ""} {
+		if want == "" {
+			require.NoError(t, errs[i], "message %d", i)
+			continue
+		}
+		require.ErrorIs(t, errs[i], broker.ErrInvalidMessage, "message %d", i)
+		require.ErrorContains(t, errs[i], want)
+	}
+	require.Equal(t, "m-0", get(t, ctx, b.ch, "routed").MessageId)
+	require.Equal(t, "m-5", get(t, ctx, b.ch, "routed").MessageId)
+	require.False(t, b.ch.IsClosed(), "the connection (and the test's channel on it) was closed")
 }
 
 // TestPublisherStalledConfirms holds back everything the broker sends (a

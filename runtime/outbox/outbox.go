@@ -113,6 +113,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
@@ -241,6 +242,10 @@ func newRowset(envs []envelope.Envelope) (*rowset, error) {
 			errs = append(errs, fmt.Errorf("message %s: empty message type", e.MessageID))
 		case e.SchemaVersion < 1:
 			errs = append(errs, fmt.Errorf("message %s: schema version %d, want at least 1", e.MessageID, e.SchemaVersion))
+		default:
+			if err := checkAMQP(&envs[i]); err != nil {
+				errs = append(errs, fmt.Errorf("message %.60s: %w", e.MessageID, err))
+			}
 		}
 		h := "{}"
 		if len(e.Headers) > 0 {
@@ -364,4 +369,19 @@ func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta envelope.Me
 		return "", fmt.Errorf("publish %s: %w", e.MessageType, err)
 	}
 	return e.MessageID, nil
+}
+
+// checkAMQP refuses, at enqueue, what the relay could never publish: a
+// name or property that does not fit an AMQP short string. Such a row would
+// be claimed, fail and be released for ever.
+func checkAMQP(e *envelope.Envelope) error {
+	for _, f := range [...]struct{ what, v string }{
+		{"message id", e.MessageID}, {"correlation id", e.CorrelationID}, {"message type", e.MessageType},
+		{"exchange", e.Exchange}, {"routing key", e.RoutingKey},
+	} {
+		if err := broker.CheckShortString(f.what, f.v); err != nil {
+			return err
+		}
+	}
+	return broker.CheckHeaderNames(e.Headers)
 }

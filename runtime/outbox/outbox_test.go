@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -447,6 +448,37 @@ func TestRelayDropsPendingRowsWithoutOutboxRow(t *testing.T) {
 	require.Contains(t, logs.String(), fmt.Sprintf("outbox_ids=[%d]", gone))
 }
 
+// A row written around Enqueue's checks that AMQP cannot carry (here a
+// correlation id longer than a short string) fails alone: the messages
+// behind it in its batches go out, and it backs off instead of being
+// claimed again at once.
+func TestRelayUnsendableRowBlocksNothing(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	var bad int64
+	require.NoError(t, b.pool.QueryRow(ctx, `INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version, correlation_id, body, occurred_at)
+VALUES ($1, $2, $3, 'shop.v1.OrderPlaced', 1, repeat('c', 300), '', now()) RETURNING id`,
+		uuid.Must(uuid.NewV7()).String(), testExchange, routedKey).Scan(&bad))
+	ids := enqueue(t, ctx, b.pool, 50, routedKey)
+
+	var logs testenv.LogBuffer
+	startRelay(t, b, RelayConfig{BatchSize: 10, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	waitUnpublished(t, ctx, b.pool, 1)
+	seen := drain(t, b)
+	require.Len(t, seen, len(ids))
+	requireEach(t, seen, ids, 1)
+	require.Contains(t, logs.String(), "message cannot be sent over AMQP: correlation id is 300 bytes")
+
+	// Backing off: 100 ms, 200 ms, 400 ms… between its claims, where a row
+	// failed by a connection-level error was claimed again about every
+	// 5 ms (about 200 claims a second).
+	time.Sleep(2 * time.Second)
+	var attempts int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT attempts FROM saga_outbox_pending WHERE id = $1`, bad).Scan(&attempts))
+	require.Less(t, attempts, 12, "the unsendable row is claimed again without backing off")
+}
+
 func TestRunDrainsOnCancel(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -509,6 +541,14 @@ func TestPublishAndEnqueueErrors(t *testing.T) {
 		{envelope.Envelope{MessageID: "m", MessageType: "t"}, "message m: schema version 0"},
 		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, Headers: map[string]any{"f": func() {}}}, "message m: encode headers"},
 		{envelope.Envelope{MessageID: id, MessageType: "t", SchemaVersion: 1}, fmt.Sprintf("enqueue outbox message %s", id)},
+		// What the relay could never publish is refused here, not claimed
+		// and failed for ever.
+		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, CorrelationID: strings.Repeat("c", 256)},
+			"message m: message cannot be sent over AMQP: correlation id is 256 bytes, at most 255 fit"},
+		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, RoutingKey: strings.Repeat("k", 300)}, "routing key is 300 bytes"},
+		{envelope.Envelope{MessageID: strings.Repeat("i", 256), MessageType: "t", SchemaVersion: 1}, "message id is 256 bytes"},
+		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, Headers: map[string]any{"x-outer": map[string]any{strings.Repeat("h", 256): 1}}},
+			`header "x-outer": message cannot be sent over AMQP: header name hhhh`},
 	}
 	for _, tt := range tests {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, tt.env) })

@@ -807,16 +807,24 @@ func (s *settlement) release(rw row, delay time.Duration) {
 }
 
 // retryDelay is how long a row whose publish failed waits before it can be
-// claimed again. Nacks, returns and missing exchanges (a broker that
-// refuses, a missing binding or exchange) back off exponentially with the
-// row's attempts, so a row that cannot be routed does not spin;
-// connection-level failures retry at once (the relay's own backoff and the
-// Conn's reconnect pace those).
+// claimed again. Nacks, returns, missing exchanges and messages AMQP cannot
+// carry (a broker that refuses, a missing binding or exchange, a row written
+// around Enqueue's checks) back off exponentially with the row's attempts,
+// so a row that cannot be published does not spin. Connection-level
+// failures retry at once the first two times (the Conn's reconnect paces
+// those), then back off too: a row whose publish makes the broker close the
+// channel (a body over its max_message_size) fails every message in flight
+// with it, and must not come back at once to do it again.
 func retryDelay(err error, attempts int32) time.Duration {
-	if !errors.Is(err, broker.ErrNacked) && !errors.Is(err, broker.ErrReturned) && !errors.Is(err, broker.ErrNoExchange) {
+	const minDelay, maxDelay = 100 * time.Millisecond, 30 * time.Second
+	if errors.Is(err, broker.ErrNacked) || errors.Is(err, broker.ErrReturned) || errors.Is(err, broker.ErrNoExchange) ||
+		errors.Is(err, broker.ErrInvalidMessage) {
+		return broker.Backoff(int(attempts)-1, minDelay, maxDelay)
+	}
+	if attempts < 3 {
 		return 0
 	}
-	return broker.Backoff(int(attempts)-1, 100*time.Millisecond, 30*time.Second)
+	return broker.Backoff(int(attempts)-3, minDelay, maxDelay)
 }
 
 const claimSQL = `

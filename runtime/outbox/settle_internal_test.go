@@ -3,8 +3,13 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/runtime/broker"
 )
 
 // TestSettleContext: a settle is bounded by LeaseDuration while the relay
@@ -67,4 +72,28 @@ func TestSettleContext(t *testing.T) {
 			t.Fatal("a settle survived a crash")
 		}
 	})
+}
+
+// A row failed by a connection-level error is retried at once twice, then
+// backs off like a refused one: its own publish may be what closes the
+// channel (a body over the broker's max_message_size).
+func TestRetryDelay(t *testing.T) {
+	lost := fmt.Errorf("%w: connection reset", broker.ErrChannelClosed)
+	refused := fmt.Errorf("%w: correlation id too long", broker.ErrInvalidMessage)
+	for _, tt := range []struct {
+		err      error
+		attempts int32
+		zero     bool
+	}{
+		{lost, 1, true}, {lost, 2, true}, {lost, 3, false}, {lost, 20, false},
+		{refused, 1, false}, {broker.ErrReturned, 1, false}, {broker.ErrNacked, 1, false}, {broker.ErrNoExchange, 1, false},
+	} {
+		d := retryDelay(tt.err, tt.attempts)
+		if tt.zero {
+			require.Zero(t, d, "%v after %d attempts", tt.err, tt.attempts)
+			continue
+		}
+		require.Positive(t, d, "%v after %d attempts", tt.err, tt.attempts)
+		require.LessOrEqual(t, d, 30*time.Second)
+	}
 }
