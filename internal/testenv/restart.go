@@ -199,6 +199,23 @@ func (s *Services) RestartRabbitMQ(ctx context.Context) error {
 	return s.StartRabbitMQ(ctx)
 }
 
+// RabbitCtl runs rabbitmqctl with args against the node (for example
+// set_vm_memory_high_watermark, to raise a resource alarm) and returns its
+// output.
+func (s *Services) RabbitCtl(ctx context.Context, args ...string) (string, error) {
+	env, err := s.rabbitEnv()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), args...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("rabbitmqctl %s in %s: %w\n%s", strings.Join(args, " "), s.Dir, err, out)
+	}
+	return string(out), nil
+}
+
 // StopRabbitMQ stops the RabbitMQ node and waits for it to exit.
 func (s *Services) StopRabbitMQ(ctx context.Context) error {
 	env, err := s.rabbitEnv()

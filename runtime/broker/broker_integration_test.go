@@ -364,3 +364,33 @@ func TestDefinitionsImport(t *testing.T) {
 	// on top of it is accepted (any argument difference would be refused).
 	require.NoError(t, broker.Declare(ctx, b.ch, top))
 }
+
+// TestChannelGivesUpWhenTheBrokerStopsAnswering: a broker that stops
+// reading the connection never answers a channel open; Channel returns when
+// its context ends instead of waiting for it.
+func TestChannelGivesUpWhenTheBrokerStopsAnswering(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	proxy := testenv.NewProxy(t, testenv.AMQP(t))
+	conn, err := broker.Dial(ctx, proxy.URL, broker.ConnConfig{Name: t.Name(), Heartbeat: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { go func() { _ = conn.Close() }() }) // frozen: may never finish
+	ch, err := conn.Channel(ctx)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+
+	proxy.Freeze()
+	opened := make(chan error, 1)
+	go func() {
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		_, err := conn.Channel(short)
+		opened <- err
+	}()
+	select {
+	case err := <-opened:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-ctx.Done():
+		t.Fatal("Channel waited for a broker that does not answer, past its context")
+	}
+}

@@ -98,6 +98,42 @@ type Conn struct {
 type generation struct {
 	conn *amqp.Connection
 	lost chan struct{} // closed when conn is gone
+
+	mu      sync.Mutex
+	blocked string // why the broker blocked conn (a resource alarm); "" when it is not
+}
+
+// watchBlocked keeps g.blocked up to date until conn is gone.
+func (g *generation) watchBlocked(blocks <-chan amqp.Blocking) {
+	for b := range blocks { // closed with the connection
+		reason := ""
+		if b.Active {
+			reason = b.Reason
+			if reason == "" {
+				reason = "no reason given"
+			}
+		}
+		g.mu.Lock()
+		g.blocked = reason
+		g.mu.Unlock()
+	}
+}
+
+// Blocked reports whether the broker has blocked the current connection
+// (connection.blocked: a memory or disk alarm stops it reading from
+// connections that publish), and why. A blocked connection takes no
+// publish: written anyway, it fills the socket and holds the writer until
+// the alarm clears.
+func (c *Conn) Blocked() (reason string, blocked bool) {
+	c.mu.Lock()
+	g := c.cur
+	c.mu.Unlock()
+	if g == nil {
+		return "", false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.blocked, g.blocked != ""
 }
 
 // Dial connects to the broker at url (amqp:// or amqps://) and keeps the
@@ -154,9 +190,12 @@ func (c *Conn) Channel(ctx context.Context) (*amqp.Channel, error) {
 				return nil, fmt.Errorf("open channel on %s: waiting for a connection: %w", c.redacted, ctx.Err())
 			}
 		}
-		ch, err := g.conn.Channel()
+		ch, err := openChannel(ctx, g.conn)
 		if err == nil {
 			return ch, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("open channel on %s: %w", c.redacted, err)
 		}
 		if !g.conn.IsClosed() {
 			return nil, fmt.Errorf("open channel on %s: %w", c.redacted, err)
@@ -169,6 +208,32 @@ func (c *Conn) Channel(ctx context.Context) (*amqp.Channel, error) {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("open channel on %s: waiting for a connection: %w", c.redacted, ctx.Err())
 		}
+	}
+}
+
+// openChannel opens a channel on conn, giving up when ctx ends: a broker
+// that stopped reading the connection (a resource alarm, a half-dead path)
+// never answers the open. A channel opened after that is closed at once.
+func openChannel(ctx context.Context, conn *amqp.Connection) (*amqp.Channel, error) {
+	type opened struct {
+		ch  *amqp.Channel
+		err error
+	}
+	res := make(chan opened, 1)
+	go func() {
+		ch, err := conn.Channel()
+		res <- opened{ch, err}
+	}()
+	select {
+	case r := <-res:
+		return r.ch, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-res; r.ch != nil {
+				_ = r.ch.Close()
+			}
+		}()
+		return nil, fmt.Errorf("waiting for the broker to open a channel: %w", ctx.Err())
 	}
 }
 
@@ -185,6 +250,7 @@ func (c *Conn) String() string { return c.redacted }
 
 func (c *Conn) setCurrent(conn *amqp.Connection) *generation {
 	g := &generation{conn: conn, lost: make(chan struct{})}
+	go g.watchBlocked(conn.NotifyBlocked(make(chan amqp.Blocking, 4)))
 	c.mu.Lock()
 	c.cur = g
 	close(c.ready)

@@ -35,6 +35,9 @@ var (
 	// close the channel and fail every other message in flight: one bad row
 	// would otherwise block everything behind it.
 	ErrNoExchange = errors.New("exchange does not exist")
+	// ErrBlocked: the broker has blocked the connection (a memory or disk
+	// alarm); nothing is published on it until the alarm clears.
+	ErrBlocked = errors.New("broker blocked the connection")
 )
 
 // PublisherConfig tunes a Publisher. The zero value is usable.
@@ -221,6 +224,10 @@ func (p *Publisher) Send(ctx context.Context, msgs []Outgoing) *Pending {
 		} else if err := checkOutgoing(&msgs[i]); err != nil {
 			pd.errs[i] = fmt.Errorf("publish %s: %w", truncateName(msgs[i].Publishing.MessageId), err)
 		}
+	}
+	if reason, blocked := p.conn.Blocked(); blocked {
+		fail(0, fmt.Errorf("%w: %w: %s", ErrNotSent, ErrBlocked, reason))
+		return pd
 	}
 	s, err := p.session(ctx)
 	if err != nil {
@@ -478,7 +485,11 @@ func (s *session) run() {
 				case e := <-s.fifo:
 					s.finish(e)
 				default:
-					_ = s.ch.Close()
+					// The close waits for the broker's answer, which a
+					// broker that blocked or stopped reading the
+					// connection does not send: it must not hold the
+					// session's end, which Send and Close wait for.
+					go func() { _ = s.ch.Close() }()
 					return
 				}
 			}

@@ -180,3 +180,60 @@ func TestPublisherStalledConfirms(t *testing.T) {
 	px.Hold(false) // the channel's close-ok
 	<-closed
 }
+
+// TestPublisherUnderAResourceAlarm raises a real memory alarm on a broker of
+// the test's own: the broker blocks the publishing connection, the Conn
+// reports it, and the publisher fails messages at once with ErrBlocked
+// instead of writing into a connection nobody reads. Once the alarm clears,
+// publishing goes on.
+func TestPublisherUnderAResourceAlarm(t *testing.T) {
+	t.Parallel()
+	svc := testenv.PrivateServices(t)
+	ctx := testCtx(t)
+	conn, err := broker.Dial(ctx, svc.AMQPURL, broker.ConnConfig{Name: t.Name()})
+	require.NoError(t, err)
+	t.Cleanup(func() { go func() { _ = conn.Close() }() })
+	ch, err := conn.Channel(ctx)
+	require.NoError(t, err)
+	declareRouted(t, ctx, ch, nil)
+	p := broker.NewPublisher(conn, broker.PublisherConfig{ConfirmTimeout: 2 * time.Second})
+	require.Equal(t, []error{nil}, p.Publish(ctx, out("before", 1)))
+
+	_, err = svc.RabbitCtl(ctx, "set_vm_memory_high_watermark", "0.000001")
+	require.NoError(t, err)
+	cleared := false
+	clear := func() {
+		if !cleared {
+			_, err := svc.RabbitCtl(context.Background(), "set_vm_memory_high_watermark", "0.4")
+			require.NoError(t, err)
+			cleared = true
+		}
+	}
+	t.Cleanup(clear)
+	require.Eventually(t, func() bool {
+		alarms, err := svc.RabbitCtl(ctx, "eval", "rabbit_alarm:get_alarms().")
+		return err == nil && strings.Contains(alarms, "memory")
+	}, 30*time.Second, 100*time.Millisecond, "no memory alarm")
+	// The broker blocks a connection when it next publishes: this message
+	// is read, then waits for its confirm until the alarm clears.
+	first := p.Send(ctx, out("first", 1))
+	require.Eventually(t, func() bool { _, blocked := conn.Blocked(); return blocked }, 30*time.Second, 50*time.Millisecond,
+		"the broker did not block the connection")
+	reason, _ := conn.Blocked()
+	require.NotEmpty(t, reason)
+	for _, err := range p.Publish(ctx, out("during", 3)) {
+		require.ErrorIs(t, err, broker.ErrBlocked)
+		require.ErrorIs(t, err, broker.ErrNotSent)
+	}
+
+	clear()
+	require.Eventually(t, func() bool { _, blocked := conn.Blocked(); return !blocked }, 30*time.Second, 50*time.Millisecond,
+		"the broker did not unblock the connection")
+	require.Equal(t, []error{nil}, p.Publish(ctx, out("after", 1)))
+	// The message that met the alarm was read by the broker: confirmed
+	// once the alarm cleared, or failed by the confirm timeout before.
+	t.Log("the message that met the alarm:", first.Wait(ctx)[0])
+	for _, id := range []string{"before-0", "first-0", "after-0"} {
+		require.Equal(t, id, get(t, ctx, ch, "routed").MessageId)
+	}
+}

@@ -39,9 +39,15 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
+	return setupOn(t, testenv.AMQP(t))
+}
+
+// setupOn is setup on the broker at amqpURL.
+func setupOn(t *testing.T, amqpURL string) *testBundle {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t)}
+	b := &testBundle{pool: testenv.Postgres(t), amqpURL: amqpURL}
 	require.NoError(t, schema.Migrate(ctx, b.pool))
 
 	var err error
@@ -477,6 +483,102 @@ VALUES ($1, $2, $3, 'shop.v1.OrderPlaced', 1, repeat('c', 300), '', now()) RETUR
 	var attempts int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT attempts FROM saga_outbox_pending WHERE id = $1`, bad).Scan(&attempts))
 	require.Less(t, attempts, 12, "the unsendable row is claimed again without backing off")
+}
+
+// stoppable runs a relay with cfg (Pool and PollInterval as startRelay
+// sets them) and returns a stop that cancels it and fails the test, naming
+// what, unless Run returns nil soon after.
+func stoppable(t *testing.T, b *testBundle, cfg RelayConfig, what string) (r *Relay, stop func()) {
+	t.Helper()
+	cfg.Pool, cfg.PollInterval = b.pool, 50*time.Millisecond
+	r, err := NewRelay(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	res := make(chan error, 1)
+	go func() { res <- r.Run(ctx) }()
+	return r, func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-res:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("Run did not return while %s", what)
+		}
+	}
+}
+
+// TestRelayStopsWhileTheBrokerStopsAnswering: the broker stops reading and
+// answering the relay's connection (a resource alarm, a half-dead path)
+// while rows are in flight. Their confirms time out, the channel's close is
+// never answered, and a new channel cannot be opened; Run must still return
+// once its context ends.
+func TestRelayStopsWhileTheBrokerStopsAnswering(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	b := setup(t)
+	proxy := testenv.NewProxy(t, b.amqpURL)
+	conn, err := broker.Dial(ctx, proxy.URL, broker.ConnConfig{Name: "frozen-relay", Heartbeat: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { go func() { _ = conn.Close() }() }) // frozen: may never finish
+
+	enqueue(t, ctx, b.pool, 5, routedKey)
+	r, stop := stoppable(t, b, RelayConfig{Conn: conn, LeaseDuration: 3 * time.Second, ConfirmTimeout: time.Second},
+		"the broker was not answering")
+	waitUnpublished(t, ctx, b.pool, 0)
+
+	proxy.Freeze()
+	enqueue(t, ctx, b.pool, 5, routedKey)
+	require.Eventually(t, func() bool { return r.Stats().Failed >= 5 }, 20*time.Second, 20*time.Millisecond,
+		"the confirms of the rows sent into the frozen connection did not time out")
+	stop()
+}
+
+// TestRelayUnderAResourceAlarm raises a real memory alarm on a broker of the
+// test's own while a relay runs. The broker blocks the relay's connection at
+// its next publish; the relay then claims nothing (no rows claimed and
+// failed over and over), still stops when asked, and a relay started after
+// the alarm clears publishes every row.
+func TestRelayUnderAResourceAlarm(t *testing.T) {
+	t.Parallel()
+	svc := testenv.PrivateServices(t)
+	ctx := testCtx(t)
+	b := setupOn(t, svc.AMQPURL)
+
+	first := enqueue(t, ctx, b.pool, 3, routedKey)
+	var logs testenv.LogBuffer
+	_, stop := stoppable(t, b, RelayConfig{Conn: b.conn, LeaseDuration: 3 * time.Second, ConfirmTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, "the broker blocked its connection")
+	waitUnpublished(t, ctx, b.pool, 0)
+
+	_, err := svc.RabbitCtl(ctx, "set_vm_memory_high_watermark", "0.000001")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = svc.RabbitCtl(context.Background(), "set_vm_memory_high_watermark", "0.4") })
+	require.Eventually(t, func() bool {
+		alarms, err := svc.RabbitCtl(ctx, "eval", "rabbit_alarm:get_alarms().")
+		return err == nil && strings.Contains(alarms, "memory")
+	}, 30*time.Second, 100*time.Millisecond, "no memory alarm")
+	second := enqueue(t, ctx, b.pool, 20, routedKey)
+	require.Eventually(t, func() bool { _, blocked := b.conn.Blocked(); return blocked }, 30*time.Second, 20*time.Millisecond,
+		"the broker did not block the relay's connection")
+	time.Sleep(2 * time.Second) // what a relay claiming while blocked would spin through
+	var attempts int
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT coalesce(max(attempts), 0) FROM saga_outbox_pending").Scan(&attempts))
+	require.LessOrEqual(t, attempts, 2, "rows were claimed again and again while the connection was blocked")
+	require.Contains(t, logs.String(), "the broker blocked the connection; claiming nothing until it unblocks")
+
+	stop()
+
+	_, err = svc.RabbitCtl(ctx, "set_vm_memory_high_watermark", "0.4")
+	require.NoError(t, err)
+	startRelay(t, b, RelayConfig{})
+	waitUnpublished(t, ctx, b.pool, 0)
+	seen := drain(t, b)
+	requireEach(t, seen, first, 1)
+	for _, id := range second {
+		require.GreaterOrEqual(t, seen[id], 1, "message %s", id)
+	}
 }
 
 func TestRunDrainsOnCancel(t *testing.T) {

@@ -378,6 +378,7 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
 	var reaped time.Time
+	wasBlocked := false
 	for failures := 0; p.stop.Err() == nil; {
 		if time.Since(reaped) >= r.cfg.PollInterval {
 			// Rows of relays that died wait for no lease (liveness.go).
@@ -385,6 +386,26 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 			if err := r.reap(p.stop); err != nil && p.stop.Err() == nil {
 				r.cfg.Logger.Warn("outbox relay: could not look for relays that are gone", "owner", r.cfg.Owner, "error", err)
 			}
+		}
+		// While the broker blocks the connection (a resource alarm),
+		// nothing can be published: rows stay unclaimed rather than being
+		// claimed, failed and released over and over.
+		if reason, blocked := r.cfg.Conn.Blocked(); blocked {
+			if !wasBlocked {
+				r.cfg.Logger.Warn("outbox relay: the broker blocked the connection; claiming nothing until it unblocks",
+					"owner", r.cfg.Owner, "reason", reason)
+				wasBlocked = true
+			}
+			select {
+			case <-p.stop.Done():
+				return
+			case <-time.After(r.cfg.PollInterval):
+			}
+			continue
+		}
+		if wasBlocked {
+			r.cfg.Logger.Info("outbox relay: the broker unblocked the connection", "owner", r.cfg.Owner)
+			wasBlocked = false
 		}
 		// A claim runs under grace, not ctx: once it has started it
 		// completes, so a claim committed just as ctx ended is released
