@@ -166,12 +166,8 @@ func parseParkedID(raw string) (int64, error) {
 // loadParked returns one parked message joined to its saga, with its body.
 func (s *Server) loadParked(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, id int64, lock bool) (parkedRow, error) {
-	sql := `SELECT ` + parkedColumns + ` FROM saga_parked WHERE id = $1`
-	if lock {
-		sql += ` FOR UPDATE`
-	}
-	rows, err := q.Query(ctx, sql, id)
+}, id int64) (parkedRow, error) {
+	rows, err := q.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked WHERE id = $1`, id)
 	if err != nil {
 		return parkedRow{}, fmt.Errorf("load parked message %d: %w", id, err)
 	}
@@ -193,7 +189,7 @@ func (s *Server) handleParked(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p, err := s.loadParked(r.Context(), s.cfg.Pool, id, false)
+	p, err := s.loadParked(r.Context(), s.cfg.Pool, id)
 	if err != nil {
 		return err
 	}

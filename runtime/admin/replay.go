@@ -111,9 +111,14 @@ func (s *Server) replay(ctx context.Context, p Principal, id int64, reason strin
 	var res ReplayResult
 	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
 		res = ReplayResult{}
-		row, err := s.loadParked(ctx, tx, id, !dryRun)
+		row, err := s.loadParked(ctx, tx, id)
 		if err != nil {
 			return err
+		}
+		if !dryRun {
+			if row, err = lockSiblings(ctx, tx, row); err != nil {
+				return err
+			}
 		}
 		rows := []parkedRow{row}
 		if err := s.join(ctx, rows); err != nil {
@@ -127,7 +132,7 @@ func (s *Server) replay(ctx context.Context, p Principal, id int64, reason strin
 			res.Check = ReplayCheck{Explanation: fmt.Sprintf("replayed at %s by %s", row.ReplayedAt.Format(time.RFC3339), row.ReplayedBy)}
 			return nil
 		}
-		t, st, check := s.check(ctx, row)
+		t, st, check := s.check(ctx, tx, row)
 		res.Check = check
 		switch {
 		case dryRun && check.Allowed:
@@ -179,6 +184,31 @@ WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS 
 			"parked_id", id, "message_id", res.MessageID, "saga_id", res.Parked.SagaID, "forced", !res.Check.Allowed)
 	}
 	return res, nil
+}
+
+// lockSiblings locks the parked rows of row's message and routing that are
+// still open, with row itself, in id order, and returns row as it is now.
+// Replays of two such rows (one message parked by two subscribers) then
+// queue up here, and the second finds its row replayed, instead of each
+// locking its own row and deadlocking on the other's mark, or both
+// republishing the message.
+func lockSiblings(ctx context.Context, tx pgx.Tx, row parkedRow) (parkedRow, error) {
+	rows, err := tx.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked
+WHERE message_id = $1 AND exchange = $2 AND routing_key = $3 AND (replayed_at IS NULL OR id = $4)
+ORDER BY id FOR UPDATE`, row.MessageID, row.Exchange, row.RoutingKey, row.ID)
+	if err != nil {
+		return parkedRow{}, fmt.Errorf("lock parked message %d: %w", row.ID, err)
+	}
+	locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedRow, error) { return scanParked(r) })
+	if err != nil {
+		return parkedRow{}, fmt.Errorf("lock parked message %d: %w", row.ID, err)
+	}
+	for _, l := range locked {
+		if l.ID == row.ID {
+			return l, nil
+		}
+	}
+	return parkedRow{}, apiErr(http.StatusNotFound, "not_found", "no parked message %d", row.ID)
 }
 
 // republish puts the parked message back into the outbox with its own
@@ -263,8 +293,12 @@ func envelopeOf(row parkedRow) (envelope.Envelope, error) {
 }
 
 // check decides whether replaying row now makes sense for its saga. It
-// returns the saga's type and status when the saga exists.
-func (s *Server) check(ctx context.Context, row parkedRow) (*sagaType, *saga.Status, ReplayCheck) {
+// returns the saga's type and status when the saga exists. The saga's row
+// stays locked in tx from the check on, so what the check saw still holds
+// when the replay commits: a timeout, a reply or an operator that would
+// move the saga meanwhile waits for the replay (or, when it came first,
+// the check sees its outcome).
+func (s *Server) check(ctx context.Context, tx pgx.Tx, row parkedRow) (*sagaType, *saga.Status, ReplayCheck) {
 	if row.SagaID == "" {
 		return nil, nil, ReplayCheck{Allowed: true, Explanation: "the message names no saga: nothing to check; its consumer decides"}
 	}
@@ -276,7 +310,7 @@ func (s *Server) check(ctx context.Context, row parkedRow) (*sagaType, *saga.Sta
 	if err != nil {
 		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga id %q is not a UUID: the message would be parked again", row.SagaID)}
 	}
-	st, err := t.engine.Status(ctx, id)
+	st, err := t.engine.StatusTx(ctx, tx, id)
 	if errors.Is(err, saga.ErrNotFound) {
 		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga %s does not exist: the message would be parked again", id)}
 	}

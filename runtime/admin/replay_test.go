@@ -1,10 +1,13 @@
 package admin_test
 
 import (
+	"context"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
@@ -157,12 +160,7 @@ func TestReplayChecksSagaState(t *testing.T) {
 
 	// A command the saga no longer waits for.
 	id2 := b.start(t, "order-stale")
-	st := b.status(t, id2)
-	var cmdEnv envelope.Envelope
-	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT message_id, message_type, exchange, routing_key, body FROM saga_outbox WHERE message_id = $1`,
-		st.PendingMessageID).Scan(&cmdEnv.MessageID, &cmdEnv.MessageType, &cmdEnv.Exchange, &cmdEnv.RoutingKey, &cmdEnv.Body))
-	cmdEnv.SagaID, cmdEnv.SagaType, cmdEnv.SchemaVersion = id2, st.Type, 1
-	cmd := b.park(t, cmdEnv, "inventory.commands", "inventory DB down")
+	cmd, _ := b.parkPendingCommand(t, id2)
 	dryCmd := postJSON[admin.ReplayResult](t, b, "/api/parked/"+itoa(cmd)+"/replay", admin.ReplayRequest{Reason: "r", DryRun: true}, http.StatusOK)
 	require.Equal(t, admin.OutcomeWouldReplay, dryCmd.Outcome, "the saga still waits on this command")
 	b.clock.Advance(time.Minute)
@@ -184,4 +182,138 @@ func TestReplayChecksSagaState(t *testing.T) {
 	bulk := postJSON[admin.BulkReplayResult](t, b, "/api/bulk/parked/replay",
 		admin.BulkReplayRequest{Filter: admin.ParkedFilter{Queue: "order.saga.place_order"}, Reason: "sweep", DryRun: true}, http.StatusOK)
 	require.Equal(t, map[string]int{admin.OutcomeRefused: 1}, bulk.Counts, "the ghost; the forced one is replayed already")
+}
+
+// parkPendingCommand parks the command saga id waits on (its outbox row),
+// as the participant's consumer would, and returns the parked id and the
+// command's envelope.
+func (b *bundle) parkPendingCommand(t *testing.T, id string) (int64, envelope.Envelope) {
+	t.Helper()
+	st := b.status(t, id)
+	var env envelope.Envelope
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT message_id, message_type, exchange, routing_key, body FROM saga_outbox WHERE message_id = $1`,
+		st.PendingMessageID).Scan(&env.MessageID, &env.MessageType, &env.Exchange, &env.RoutingKey, &env.Body))
+	env.SagaID, env.SagaType, env.SchemaVersion = id, st.Type, 1
+	return b.park(t, env, "inventory.commands", "inventory DB down"), env
+}
+
+// TestReplayCheckHoldsUntilCommit: the saga-state check of a replay holds
+// until the replay commits. Here the replay of a parked command is paused
+// after its check (its outbox row is locked) while the step's timeout
+// comes due: either the timeout waits for the replay, which then goes out
+// while the saga still waits on that command, or the replay sees the
+// compensating saga and refuses. Never a replay audited as checked against
+// a state the saga had already left.
+func TestReplayCheckHoldsUntilCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-race")
+	pid, cmd := b.parkPendingCommand(t, id)
+
+	hold, holder := b.holdOutboxRow(t, cmd.MessageID)
+	done := b.replayAsync(t, pid, "inventory DB back")
+	b.awaitBlocked(t, holder, 1)
+
+	b.clock.Advance(time.Minute) // the step's timeout is due
+	fired, err := b.engine.FireTimeouts(t.Context(), 10)
+	require.NoError(t, err)
+	require.NoError(t, hold.Rollback(t.Context()))
+	a := <-done
+
+	switch fired {
+	case 0: // the timeout waited for the replay
+		require.Equal(t, http.StatusOK, a.code, string(a.raw))
+		var res admin.ReplayResult
+		require.NoError(t, json.Unmarshal(a.raw, &res))
+		require.Equal(t, admin.OutcomeReplayed, res.Outcome)
+		require.Equal(t, "RESERVE_INVENTORY", res.Check.SagaState)
+		note := b.lastAudit(t, id)
+		require.Equal(t, admin.TriggerReplay, note.Trigger)
+		require.Equal(t, res.Check.SagaState, note.To, "the audited check is the state the replay was recorded in")
+	default: // the timeout went first: the replay saw it
+		require.Equal(t, http.StatusConflict, a.code, string(a.raw))
+		require.Contains(t, apiError(t, a.raw).Message, "no longer waits for this command")
+	}
+	for _, h := range b.audit(t, id) {
+		if h.Trigger == admin.TriggerReplay {
+			require.Equal(t, "RESERVE_INVENTORY", h.To, "a replay recorded against a saga that had moved on")
+		}
+	}
+}
+
+// holdOutboxRow locks the outbox row of messageID in a transaction the
+// caller rolls back, and returns it with its backend pid: a replay of that
+// message then waits at its republish.
+func (b *bundle) holdOutboxRow(t *testing.T, messageID string) (pgx.Tx, int32) {
+	t.Helper()
+	hold, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hold.Rollback(context.Background()) })
+	var holder int32
+	require.NoError(t, hold.QueryRow(t.Context(), `SELECT pg_backend_pid() FROM saga_outbox WHERE message_id = $1 FOR UPDATE`,
+		messageID).Scan(&holder))
+	return hold, holder
+}
+
+// answer is an API answer's status and body.
+type answer struct {
+	code int
+	raw  []byte
+}
+
+// replayAsync replays parked message pid in the background.
+func (b *bundle) replayAsync(t *testing.T, pid int64, reason string) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		code, raw := b.call(t, repairToken, http.MethodPost, "/api/parked/"+itoa(pid)+"/replay", admin.ReplayRequest{Reason: reason})
+		done <- answer{code, raw}
+	}()
+	return done
+}
+
+// awaitBlocked waits until n sessions wait, directly or through each
+// other, for the locks of session holder.
+func (b *bundle) awaitBlocked(t *testing.T, holder int32, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, b.pool.QueryRow(t.Context(), `WITH RECURSIVE w(pid) AS (
+  SELECT pid FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))
+  UNION SELECT a.pid FROM pg_stat_activity a JOIN w ON w.pid = ANY(pg_blocking_pids(a.pid)))
+SELECT count(*) FROM w`, holder).Scan(&waiting))
+		return waiting >= n
+	}, 10*time.Second, 10*time.Millisecond, "%d session(s) never waited for the held lock", n)
+}
+
+// TestConcurrentReplaysOfSiblings: two operators replay the two parked
+// rows of one message (two subscribers parked it) at the same time. One
+// replays it, the other finds it replayed; neither gets an error.
+func TestConcurrentReplaysOfSiblings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-siblings")
+	env := b.replyEnvelope(t, id, &inventoryv1.InventoryReserved{OrderId: "order-siblings"})
+	b.publishReply(t, env)
+	b.markPublished(t, env.MessageID)
+	first := b.park(t, env, "order.saga.place_order", "boom")
+	second := b.park(t, env, "audit.replies", "boom")
+
+	// Both replays start while the message's outbox row is held, so that
+	// each has got as far as it goes before the other moves on.
+	hold, holder := b.holdOutboxRow(t, env.MessageID)
+	answers := []<-chan answer{b.replayAsync(t, second, "fixed"), b.replayAsync(t, first, "fixed")}
+	b.awaitBlocked(t, holder, 2)
+	require.NoError(t, hold.Rollback(t.Context()))
+
+	outcomes := map[string]int{}
+	for _, ch := range answers {
+		a := <-ch
+		require.Equal(t, http.StatusOK, a.code, string(a.raw))
+		var res admin.ReplayResult
+		require.NoError(t, json.Unmarshal(a.raw, &res))
+		outcomes[res.Outcome]++
+	}
+	require.Equal(t, map[string]int{admin.OutcomeReplayed: 1, admin.OutcomeAlreadyReplay: 1}, outcomes)
+	require.Equal(t, 1, b.outboxOf(t, env.MessageID).Count)
+	require.Empty(t, getJSON[admin.ParkedPage](t, b, "/api/parked").Items)
 }

@@ -21,6 +21,28 @@ import (
 // nil when it has none. Operator views decode message bodies through it.
 func (e *Engine) Registry() *message.Registry { return e.cfg.Registry }
 
+// StatusTx returns the instance with id sagaID as tx sees it, and locks its
+// row (FOR UPDATE) until tx ends: nothing else changes the instance
+// meanwhile, so a decision made on this status (an operator's check before
+// a replay) still holds when tx commits. It returns an error wrapping
+// ErrNotFound when there is none.
+func (e *Engine) StatusTx(ctx context.Context, tx pgx.Tx, sagaID string) (Status, error) {
+	if _, err := uuid.Parse(sagaID); err != nil {
+		return Status{}, fmt.Errorf("saga %s %q: %w (not a UUID)", e.def.Name, sagaID, ErrNotFound)
+	}
+	if err := txq.Sync(ctx, tx); err != nil {
+		return Status{}, err
+	}
+	w, err := e.loadIn(ctx, tx, e.q.lockByID, sagaID)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return Status{}, fmt.Errorf("saga %s %s: %w", e.def.Name, sagaID, err)
+		}
+		return Status{}, fmt.Errorf("lock saga %s %s: %w", e.def.Name, sagaID, err)
+	}
+	return e.status(w)
+}
+
 // Note is an audited operator action that goes around the state machine:
 // it changes nothing about the instance but belongs in its audit trail (for
 // example, replaying one of its parked messages).
