@@ -40,15 +40,26 @@ func (s *Server) parkedRows(ctx context.Context, where string, args ...any) ([]p
 }
 
 // parkedListSQL selects open (or all) parked messages matching a filter,
-// newest first: $1 include replayed, $2 saga type, $3 saga id, $4 queue,
-// $5 message type, $6 before id (0 = from the newest), $7 limit.
-const parkedListSQL = `WHERE ($1::bool OR replayed_at IS NULL)
+// in order (newest first for listing, oldest first for replaying): $1
+// include replayed, $2 saga type, $3 saga id, $4 queue, $5 message type,
+// $6 before id (0 = from the newest), $7 limit.
+func parkedListSQL(order parkedOrder) string {
+	return `WHERE ($1::bool OR replayed_at IS NULL)
   AND ($2::text = '' OR saga_type = $2)
   AND ($3::text = '' OR saga_id = $3)
   AND ($4::text = '' OR queue = $4)
   AND ($5::text = '' OR message_type = $5)
   AND ($6::bigint = 0 OR id < $6)
-ORDER BY id DESC LIMIT $7`
+ORDER BY id ` + string(order) + ` LIMIT $7`
+}
+
+// parkedOrder is the order of a list of parked messages.
+type parkedOrder string
+
+const (
+	newestFirst parkedOrder = "DESC" // listing: what was parked last comes first
+	oldestFirst parkedOrder = "ASC"  // replaying: messages go out again in the order they were parked
+)
 
 func (f ParkedFilter) validate() error {
 	if f.SagaID != "" {
@@ -64,11 +75,11 @@ func (f ParkedFilter) validate() error {
 	return nil
 }
 
-func (s *Server) listParked(ctx context.Context, f ParkedFilter, before int64, limit int) ([]parkedRow, error) {
+func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrder, before int64, limit int) ([]parkedRow, error) {
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
-	rows, err := s.parkedRows(ctx, parkedListSQL, f.IncludeReplayed, f.SagaType, f.SagaID, f.Queue, f.MessageType, before, limit)
+	rows, err := s.parkedRows(ctx, parkedListSQL(order), f.IncludeReplayed, f.SagaType, f.SagaID, f.Queue, f.MessageType, before, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list parked messages: %w", err)
 	}
@@ -138,7 +149,7 @@ func (s *Server) handleListParked(w http.ResponseWriter, r *http.Request) error 
 			return badRequest("cursor %q is not a cursor this server issued", c)
 		}
 	}
-	rows, err := s.listParked(r.Context(), f, before, limit+1)
+	rows, err := s.listParked(r.Context(), f, newestFirst, before, limit+1)
 	if err != nil {
 		return err
 	}

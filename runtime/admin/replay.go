@@ -68,7 +68,7 @@ func (s *Server) handleBulkReplay(w http.ResponseWriter, r *http.Request) error 
 	if f.IncludeReplayed {
 		return badRequest("filter: include_replayed cannot be used to replay (replayed messages are never replayed again)")
 	}
-	rows, err := s.listParked(r.Context(), f, 0, n+1)
+	rows, err := s.listParked(r.Context(), f, oldestFirst, 0, n+1)
 	if err != nil {
 		return err
 	}

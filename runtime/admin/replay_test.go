@@ -317,3 +317,32 @@ func TestConcurrentReplaysOfSiblings(t *testing.T) {
 	require.Equal(t, 1, b.outboxOf(t, env.MessageID).Count)
 	require.Empty(t, getJSON[admin.ParkedPage](t, b, "/api/parked").Items)
 }
+
+// TestBulkReplayInParkingOrder: a bulk replay republishes the oldest parked
+// messages first, in the order they were parked, and with max it takes the
+// oldest.
+func TestBulkReplayInParkingOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var parked []int64
+	var messages []string
+	for _, order := range []string{"order-a", "order-b", "order-c"} {
+		id := b.start(t, order)
+		env := b.replyEnvelope(t, id, &inventoryv1.InventoryReserved{OrderId: order})
+		parked = append(parked, b.park(t, env, "order.saga.place_order", "boom"))
+		messages = append(messages, env.MessageID)
+	}
+	bulk := postJSON[admin.BulkReplayResult](t, b, "/api/bulk/parked/replay",
+		admin.BulkReplayRequest{Filter: admin.ParkedFilter{Queue: "order.saga.place_order"}, Reason: "sweep", Max: 2}, http.StatusOK)
+	require.True(t, bulk.Truncated)
+	var got []int64
+	for _, it := range bulk.Items {
+		require.Equal(t, admin.OutcomeReplayed, it.Outcome, it.Check.Explanation)
+		got = append(got, it.Parked.ID)
+	}
+	require.Equal(t, parked[:2], got, "the oldest, oldest first")
+	var out []string
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT array_agg(message_id ORDER BY id) FROM saga_outbox WHERE message_id = ANY($1)`,
+		messages).Scan(&out))
+	require.Equal(t, messages[:2], out, "republished in the order they were parked")
+}
