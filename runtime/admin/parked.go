@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -87,8 +86,9 @@ func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrd
 }
 
 // join fills in each parked row's saga: business key, state and the step
-// its message belongs to. Rows of saga types this server does not serve, or
-// without a saga, are left as they are.
+// its message belongs to. Rows of saga types this server does not serve,
+// without a saga, or whose saga id is not a UUID in the form parseSagaID
+// accepts (a consumer parks whatever a message said), are left as they are.
 func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 	ids := map[string][]string{}
 	for i := range rows {
@@ -100,8 +100,8 @@ func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 		if ref, ok := t.def.Lookup(p.MessageType); ok {
 			p.Step = ref.Step
 		}
-		if _, err := uuid.Parse(p.SagaID); err == nil {
-			ids[p.SagaType] = append(ids[p.SagaType], p.SagaID)
+		if id, err := parseSagaID(p.SagaID); err == nil {
+			ids[p.SagaType] = append(ids[p.SagaType], id)
 		}
 	}
 	type keyState struct{ key, state string }
@@ -122,7 +122,11 @@ func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 		}
 	}
 	for i := range rows {
-		if ks, ok := found[rows[i].SagaType+"/"+rows[i].SagaID]; ok {
+		id, err := parseSagaID(rows[i].SagaID)
+		if err != nil {
+			continue
+		}
+		if ks, ok := found[rows[i].SagaType+"/"+id]; ok {
 			rows[i].BusinessKey, rows[i].SagaState = ks.key, ks.state
 		}
 	}

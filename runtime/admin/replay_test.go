@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -345,4 +346,41 @@ func TestBulkReplayInParkingOrder(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT array_agg(message_id ORDER BY id) FROM saga_outbox WHERE message_id = ANY($1)`,
 		messages).Scan(&out))
 	require.Equal(t, messages[:2], out, "republished in the order they were parked")
+}
+
+// TestParkedWithOddSagaIDs: a parked message names its saga id as its
+// producer wrote it. One in upper case is joined to its saga; one in a form
+// PostgreSQL does not read as a uuid (urn:uuid:...) is listed without its
+// saga and refused for replay, and breaks neither the list, nor the single
+// view, nor a bulk dry run.
+func TestParkedWithOddSagaIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-odd")
+	env := b.replyEnvelope(t, id, &inventoryv1.InventoryReserved{OrderId: "order-odd"})
+	upper := env
+	upper.SagaID = strings.ToUpper(id)
+	up := b.park(t, upper, "order.saga.place_order", "boom")
+	urn := env
+	urn.SagaID = "urn:uuid:" + id
+	odd := b.park(t, urn, "order.saga.place_order", "boom")
+
+	page := getJSON[admin.ParkedPage](t, b, "/api/parked")
+	require.Len(t, page.Items, 2)
+	for _, p := range page.Items {
+		switch p.ID {
+		case up:
+			require.Equal(t, "order-odd", p.BusinessKey, "joined on the canonical id")
+		case odd:
+			require.Empty(t, p.BusinessKey)
+		}
+	}
+	p := getJSON[admin.Parked](t, b, "/api/parked/"+itoa(odd))
+	require.Equal(t, urn.SagaID, p.SagaID, "shown as parked")
+	require.Equal(t, "order-odd", getJSON[admin.Parked](t, b, "/api/parked/"+itoa(up)).BusinessKey)
+
+	bulk := postJSON[admin.BulkReplayResult](t, b, "/api/bulk/parked/replay",
+		admin.BulkReplayRequest{Filter: admin.ParkedFilter{Queue: "order.saga.place_order"}, Reason: "sweep", DryRun: true}, http.StatusOK)
+	require.Equal(t, map[string]int{admin.OutcomeWouldReplay: 1, admin.OutcomeRefused: 1}, bulk.Counts)
+	require.Contains(t, bulk.Items[1].Check.Explanation, "is not a UUID")
 }
