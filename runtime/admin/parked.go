@@ -60,22 +60,27 @@ const (
 	oldestFirst parkedOrder = "ASC"  // replaying: messages go out again in the order they were parked
 )
 
-func (f ParkedFilter) validate() error {
+// normalized validates f and returns it with its saga id in canonical form
+// (the form consumers record, and /api/sagas/{id} accepts in any case).
+func (f ParkedFilter) normalized() (ParkedFilter, error) {
 	if f.SagaID != "" {
-		if _, err := parseSagaID(f.SagaID); err != nil {
-			return err
+		id, err := parseSagaID(f.SagaID)
+		if err != nil {
+			return f, err
+		}
+		f.SagaID = id
+	}
+	for _, c := range []struct{ name, v string }{{"saga_type", f.SagaType}, {"queue", f.Queue}, {"message_type", f.MessageType}} {
+		if err := checkText(c.name, c.v, 255); err != nil {
+			return f, err
 		}
 	}
-	for name, v := range map[string]string{"saga_type": f.SagaType, "queue": f.Queue, "message_type": f.MessageType} {
-		if len(v) > 255 {
-			return badRequest("%s: at most 255 bytes", name)
-		}
-	}
-	return nil
+	return f, nil
 }
 
 func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrder, before int64, limit int) ([]parkedRow, error) {
-	if err := f.validate(); err != nil {
+	f, err := f.normalized()
+	if err != nil {
 		return nil, err
 	}
 	rows, err := s.parkedRows(ctx, parkedListSQL(order), f.IncludeReplayed, f.SagaType, f.SagaID, f.Queue, f.MessageType, before, limit)

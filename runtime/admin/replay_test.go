@@ -60,6 +60,8 @@ func TestReplayParkedReply(t *testing.T) {
 	require.Equal(t, 1, p.Attempts)
 	require.Equal(t, "OnInventoryReserved: boom", p.Reason)
 	require.Nil(t, p.ReplayedAt)
+	require.Equal(t, page, getJSON[admin.ParkedPage](t, b, "/api/parked?saga_id="+strings.ToUpper(id)),
+		"the saga id filter reads ids as /api/sagas/{id} does, in any case")
 
 	// Dry run: the check passes, nothing changes.
 	dry := postJSON[admin.ReplayResult](t, b, "/api/parked/"+itoa(pid)+"/replay",

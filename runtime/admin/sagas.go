@@ -167,8 +167,8 @@ func (s *Server) scope(f SagaFilter) ([]*sagaType, error) {
 			return nil, badRequest("state %q is not a state of %s", f.State, strings.Join(namesOf(types), " or "))
 		}
 	}
-	if len(f.BusinessKey) > 1000 || strings.ContainsRune(f.BusinessKey, 0) {
-		return nil, badRequest("business_key: at most 1000 bytes, no NUL")
+	if err := checkText("business_key", f.BusinessKey, 1000); err != nil {
+		return nil, err
 	}
 	if f.Review && f.State != "" && f.State != sagadef.StateManualReview {
 		return nil, badRequest("review selects state %s; state=%s contradicts it", sagadef.StateManualReview, f.State)

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -396,6 +397,21 @@ func (q query) limit() (int, error) {
 		return 0, badRequest("limit=%q: want a whole number from 1 to %d", v, MaxPageSize)
 	}
 	return n, nil
+}
+
+// checkText validates a filter's text: PostgreSQL refuses NUL and invalid
+// UTF-8 in text (SQLSTATE 22021), which would be a 500, not the caller's
+// mistake it is.
+func checkText(name, v string, maxBytes int) error {
+	switch {
+	case len(v) > maxBytes:
+		return badRequest("%s: at most %d bytes", name, maxBytes)
+	case !utf8.ValidString(v):
+		return badRequest("%s: not valid UTF-8", name)
+	case strings.ContainsRune(v, 0):
+		return badRequest("%s: contains NUL", name)
+	}
+	return nil
 }
 
 // checkReason validates a repair's reason.
