@@ -285,6 +285,10 @@ func TestParkedCommands(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &pp))
 	require.Len(t, pp.Items, 1)
 	require.Equal(t, "cli-op", pp.Items[0].ReplayedBy)
+	require.Equal(t, "handler fixed", pp.Items[0].ReplayReason)
+	code, out, errOut = f.sagactl(t, readTok, "parked", "show", sid)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^replayed +\S+ by cli-op: handler fixed$`, out)
 
 	// Bulk replay over a filter: nothing left open.
 	code, out, errOut = f.sagactl(t, repairTok, "parked", "replay", "--queue", "order.saga.place_order", "--reason", "sweep", "--dry-run")

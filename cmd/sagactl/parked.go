@@ -87,6 +87,9 @@ func parkedList(ctx context.Context, env *cliEnv, args []string) error {
 		replayedBy := ""
 		if p.ReplayedAt != nil {
 			replayedBy = p.ReplayedBy + " " + stamp(*p.ReplayedAt)
+			if p.ReplayForced {
+				replayedBy += " FORCED"
+			}
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", p.ID, short(p.MessageType), p.SagaID, p.BusinessKey,
 			p.Step, p.Queue, p.Class, p.Attempts, stamp(p.FirstFailureAt), stamp(p.ParkedAt), replayedBy, oneLine(p.Reason, 100))
@@ -139,7 +142,14 @@ func printParked(w io.Writer, p admin.Parked) {
 		{"failures", "first " + stamp(p.FirstFailureAt) + ", last " + stamp(p.ParkedAt)}, {"reason", p.Reason},
 	}
 	if p.ReplayedAt != nil {
-		rows = append(rows, [2]string{"replayed", stamp(*p.ReplayedAt) + " by " + p.ReplayedBy})
+		replayed := stamp(*p.ReplayedAt) + " by " + p.ReplayedBy
+		if p.ReplayForced {
+			replayed += ", FORCED past a refused check"
+		}
+		if p.ReplayReason != "" {
+			replayed += ": " + p.ReplayReason
+		}
+		rows = append(rows, [2]string{"replayed", replayed})
 	}
 	if p.Body != nil {
 		if len(p.Body.JSON) > 0 {

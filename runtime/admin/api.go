@@ -118,6 +118,11 @@ type Parked struct {
 	ParkedAt       time.Time  `json:"parked_at"`
 	ReplayedAt     *time.Time `json:"replayed_at,omitempty"`
 	ReplayedBy     string     `json:"replayed_by,omitempty"`
+	// ReplayReason is the operator's reason for the replay, and
+	// ReplayForced is set when it was forced past a refused saga-state
+	// check (empty for rows replayed before runtime migration 0009).
+	ReplayReason string `json:"replay_reason,omitempty"`
+	ReplayForced bool   `json:"replay_forced,omitempty"`
 	// Body is set on GET /api/parked/{id} only.
 	Body *Body `json:"body,omitempty"`
 }
@@ -243,13 +248,15 @@ type Event struct {
 	Body            *Body      `json:"body,omitempty"`
 
 	// Parked messages.
-	ParkedID   int64      `json:"parked_id,omitempty"`
-	Queue      string     `json:"queue,omitempty"`
-	ParkClass  string     `json:"park_class,omitempty"`
-	Reason     string     `json:"reason,omitempty"`
-	Attempts   int        `json:"attempts,omitempty"`
-	ReplayedAt *time.Time `json:"replayed_at,omitempty"`
-	ReplayedBy string     `json:"replayed_by,omitempty"`
+	ParkedID     int64      `json:"parked_id,omitempty"`
+	Queue        string     `json:"queue,omitempty"`
+	ParkClass    string     `json:"park_class,omitempty"`
+	Reason       string     `json:"reason,omitempty"`
+	Attempts     int        `json:"attempts,omitempty"`
+	ReplayedAt   *time.Time `json:"replayed_at,omitempty"`
+	ReplayedBy   string     `json:"replayed_by,omitempty"`
+	ReplayReason string     `json:"replay_reason,omitempty"`
+	ReplayForced bool       `json:"replay_forced,omitempty"`
 }
 
 // Actions on one saga (POST /api/sagas/{id}/{action}).

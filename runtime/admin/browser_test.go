@@ -203,5 +203,5 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.WaitVisible("tr.parked-row", chromedp.ByQuery),
 		chromedp.Text("#parked-rows", &readOnly, chromedp.ByQuery),
 	))
-	require.Contains(t, readOnly, "replayed by alice")
+	require.Contains(t, readOnly, "replayed by alice fixed the fold, replaying", "who and why")
 }

@@ -18,13 +18,14 @@ type parkedRow struct {
 }
 
 const parkedColumns = `id, message_id, queue, message_type, saga_id, saga_type, correlation_id, class, reason,
-	attempts, exchange, routing_key, headers, body, first_failure_at, parked_at, replayed_at, replayed_by`
+	attempts, exchange, routing_key, headers, body, first_failure_at, parked_at, replayed_at, replayed_by,
+	replay_reason, replay_forced`
 
 func scanParked(r pgx.Row) (parkedRow, error) {
 	var p parkedRow
 	err := r.Scan(&p.ID, &p.MessageID, &p.Queue, &p.MessageType, &p.SagaID, &p.SagaType, &p.CorrelationID,
 		&p.Class, &p.Reason, &p.Attempts, &p.Exchange, &p.RoutingKey, &p.headers, &p.body,
-		&p.FirstFailureAt, &p.ParkedAt, &p.ReplayedAt, &p.ReplayedBy)
+		&p.FirstFailureAt, &p.ParkedAt, &p.ReplayedAt, &p.ReplayedBy, &p.ReplayReason, &p.ReplayForced)
 	p.FirstFailureAt, p.ParkedAt, p.ReplayedAt = p.FirstFailureAt.UTC(), p.ParkedAt.UTC(), utcPtr(p.ReplayedAt)
 	return p, err
 }

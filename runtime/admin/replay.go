@@ -146,9 +146,10 @@ func (s *Server) replay(ctx context.Context, p Principal, id int64, reason strin
 			return err
 		}
 		now := s.cfg.Now().UTC()
-		rs, err := tx.Query(ctx, `UPDATE saga_parked SET replayed_at = $2, replayed_by = $3
+		forced := !check.Allowed
+		rs, err := tx.Query(ctx, `UPDATE saga_parked SET replayed_at = $2, replayed_by = $3, replay_reason = $6, replay_forced = $7
 WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS NULL RETURNING id`,
-			row.MessageID, now, p.Name, row.Exchange, row.RoutingKey)
+			row.MessageID, now, p.Name, row.Exchange, row.RoutingKey, reason, forced)
 		if err != nil {
 			return fmt.Errorf("mark parked message %d replayed: %w", id, err)
 		}
@@ -163,7 +164,7 @@ WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS 
 		}
 		if t != nil && st != nil {
 			detail := fmt.Sprintf("replayed parked message %d (%s) from queue %s; check: %s", id, short(row.MessageType), row.Queue, check.Explanation)
-			if !check.Allowed {
+			if forced {
 				detail = "FORCED past a refused check; " + detail
 			}
 			if _, err := t.engine.NoteTx(ctx, tx, saga.Note{SagaID: st.ID, Trigger: TriggerReplay, MessageID: row.MessageID,
@@ -173,7 +174,7 @@ WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS 
 		}
 		res.Outcome = OutcomeReplayed
 		res.MessageID = row.MessageID
-		res.Parked.ReplayedAt, res.Parked.ReplayedBy = &now, p.Name
+		res.Parked.ReplayedAt, res.Parked.ReplayedBy, res.Parked.ReplayReason, res.Parked.ReplayForced = &now, p.Name, reason, forced
 		return nil
 	})
 	if err != nil {

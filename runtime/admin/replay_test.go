@@ -386,3 +386,43 @@ func TestParkedWithOddSagaIDs(t *testing.T) {
 	require.Equal(t, map[string]int{admin.OutcomeWouldReplay: 1, admin.OutcomeRefused: 1}, bulk.Counts)
 	require.Contains(t, bulk.Items[1].Check.Explanation, "is not a UUID")
 }
+
+// TestReplayWithoutAuditTrailRecordsWhy: a replay that cannot be noted on a
+// saga (the message names none, or its saga does not exist) records who,
+// why and whether forced on the parked rows it marks.
+func TestReplayWithoutAuditTrailRecordsWhy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-why")
+	sagaless := b.replyEnvelope(t, id, &inventoryv1.InventoryReserved{OrderId: "order-why"})
+	sagaless.SagaID, sagaless.SagaType, sagaless.CorrelationID = "", "", ""
+	free := b.park(t, sagaless, "audit.replies", "no saga")
+	ghost := b.replyEnvelope(t, id, &inventoryv1.InventoryReserved{OrderId: "ghost"})
+	ghost.SagaID = newID()
+	gid := b.park(t, ghost, "order.saga.place_order", "saga not found")
+	sibling := b.park(t, ghost, "audit.replies", "saga not found")
+
+	res := postJSON[admin.ReplayResult](t, b, "/api/parked/"+itoa(free)+"/replay",
+		admin.ReplayRequest{Reason: "audit consumer fixed"}, http.StatusOK)
+	require.Equal(t, admin.OutcomeReplayed, res.Outcome)
+	require.Equal(t, "audit consumer fixed", res.Parked.ReplayReason)
+	require.False(t, res.Parked.ReplayForced)
+	res = postJSON[admin.ReplayResult](t, b, "/api/parked/"+itoa(gid)+"/replay",
+		admin.ReplayRequest{Reason: "saga restored from backup", Force: true}, http.StatusOK)
+	require.Equal(t, admin.OutcomeReplayed, res.Outcome)
+	require.True(t, res.Parked.ReplayForced)
+
+	want := map[int64][3]any{
+		free:    {"alice", "audit consumer fixed", false},
+		gid:     {"alice", "saga restored from backup", true},
+		sibling: {"alice", "saga restored from backup", true},
+	}
+	page := getJSON[admin.ParkedPage](t, b, "/api/parked?include_replayed=true")
+	require.Len(t, page.Items, 3)
+	for _, p := range page.Items {
+		require.Equal(t, want[p.ID], [3]any{p.ReplayedBy, p.ReplayReason, p.ReplayForced}, "parked %d", p.ID)
+	}
+	one := getJSON[admin.Parked](t, b, "/api/parked/"+itoa(gid))
+	require.Equal(t, "saga restored from backup", one.ReplayReason)
+	require.True(t, one.ReplayForced)
+}

@@ -136,7 +136,7 @@ WHERE o.saga_id = $1 ORDER BY o.id LIMIT $2`, st.ID, maxTimelineRows)
 			Direction: direction(t.def, p.MessageType),
 			Queue:     p.Queue, ParkClass: p.Class, Reason: p.Reason, Attempts: p.Attempts,
 			Exchange: p.Exchange, RoutingKey: p.RoutingKey, ReplayedAt: p.ReplayedAt, ReplayedBy: p.ReplayedBy,
-			Body: s.body(p.MessageType, p.body),
+			ReplayReason: p.ReplayReason, ReplayForced: p.ReplayForced, Body: s.body(p.MessageType, p.body),
 		}
 		e.Summary = fmt.Sprintf("parked %s from %s after %d attempt(s) (%s): %s", short(p.MessageType), p.Queue, p.Attempts, p.Class, firstLine(p.Reason))
 		if p.ReplayedAt != nil {

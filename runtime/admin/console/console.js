@@ -225,7 +225,11 @@
   // replayControl is the replay button of a parked message: it asks for a
   // reason, then POSTs api/parked/{id}/replay and shows the outcome.
   function replayControl(p) {
-    if (p.replayed_at) return el("span", { class: "badge replayed" }, "replayed by " + p.replayed_by);
+    if (p.replayed_at) {
+      return el("span", {},
+        el("span", { class: "badge replayed" }, "replayed by " + p.replayed_by + (p.replay_forced ? " (forced)" : "")),
+        p.replay_reason ? " " + p.replay_reason : "");
+    }
     if (!canRepair()) return el("span", { class: "muted" }, "read-only");
     const box = el("div", { class: "replay" });
     const start = el("button", { class: "replay-button", "data-id": p.id, onclick: () => {
@@ -299,7 +303,8 @@
     }
     let extra = "";
     if (e.kind === "parked") {
-      extra = replayControl({ id: e.parked_id, replayed_at: e.replayed_at, replayed_by: e.replayed_by });
+      extra = replayControl({ id: e.parked_id, replayed_at: e.replayed_at, replayed_by: e.replayed_by,
+        replay_reason: e.replay_reason, replay_forced: e.replay_forced });
     }
     return el("tr", { class: "event kind-" + e.kind },
       el("td", {}, fmtTime(e.at)),
