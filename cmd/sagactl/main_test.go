@@ -71,6 +71,18 @@ func TestMigrateCommandErrors(t *testing.T) {
 	require.Equal(t, 1, run(ctx, []string{"migrate", "-timeout", "2s", "-database-url", u.String()}, &out, &errOut, none))
 	require.NotContains(t, errOut.String(), "s3cret")
 	require.Contains(t, errOut.String(), "postgres://u:xxxxx@127.0.0.1:1/db")
+
+	// A password can be given as a query parameter too.
+	for _, q := range []string{"password=s3cret", "sslmode=disable&Password=s3cret", "sslpassword=s3cret&password=s3cret", "pass%77ord=s3cret"} {
+		errOut.Reset()
+		u := "postgres://u@127.0.0.1:1/db?" + q
+		require.Equal(t, 1, run(ctx, []string{"migrate", "-timeout", "2s", "-database-url", u}, &out, &errOut, none))
+		require.NotContains(t, errOut.String(), "s3cret", q)
+		require.Contains(t, errOut.String(), "postgres://u@127.0.0.1:1/db?", q)
+		require.Contains(t, errOut.String(), "=xxxxx", q)
+	}
+	require.Equal(t, "postgres://u@h/db?sslmode=require&password=xxxxx&application_name=x",
+		redact("postgres://u@h/db?sslmode=require&password=s3cret&application_name=x"), "other parameters stay as they are")
 }
 
 // TestPruneCommand: prune deletes the old published outbox rows and old

@@ -152,12 +152,26 @@ func openDatabase(ctx context.Context, flagURL string, getenv func(string) strin
 	return pool, u, nil
 }
 
-// redact hides the password of a URL-form connection string; a key=value
-// DSN is not echoed at all.
+// redact hides the passwords of a URL-form connection string, the one in
+// its user info and those given as query parameters (password,
+// sslpassword); a key=value DSN is not echoed at all.
 func redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.Scheme == "" {
 		return "<connection string>"
 	}
+	if u.RawQuery != "" {
+		params := strings.Split(u.RawQuery, "&")
+		for i, p := range params {
+			key, _, _ := strings.Cut(p, "=")
+			if k, err := url.QueryUnescape(key); err != nil || secretParams[strings.ToLower(k)] {
+				params[i] = key + "=xxxxx"
+			}
+		}
+		u.RawQuery = strings.Join(params, "&")
+	}
 	return u.Redacted()
 }
+
+// secretParams are the connection parameters that hold a secret.
+var secretParams = map[string]bool{"password": true, "sslpassword": true}
