@@ -338,3 +338,41 @@ func TestAdminCommandErrors(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, `state "NOPE" is not a state of shop.order.v1.PlaceOrder`)
 }
+
+// TestHumanOutputEscapesControlCharacters: text from elsewhere (a business
+// key, a handler's error) reaches the operator's terminal escaped: no
+// escape sequence acts, no line break or tab forges a row or a cell. JSON
+// output stays JSON.
+func TestHumanOutputEscapesControlCharacters(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const evil = "evil\x1b[31m\r\nFORGED\trow\u2028\u0085\x7f\u009b2J"
+	const escaped = `evil\x1b[31m\r\nFORGED\trow\u2028\u0085\x7f\u009b2J`
+	id := f.start(t, evil)
+	pid := f.park(t, id)
+	_, err := f.pool.Exec(context.Background(), `UPDATE saga_parked SET reason = $1`, "handler failed: "+evil)
+	require.NoError(t, err)
+	sid := strconv.FormatInt(pid, 10)
+
+	for _, args := range [][]string{
+		{"sagas", "list"},
+		{"sagas", "show", id},
+		{"sagas", "cancel", "--key", evil, "--reason", "r", "--dry-run"},
+		{"parked", "list"},
+		{"parked", "show", sid},
+	} {
+		code, out, errOut := f.sagactl(t, repairTok, args...)
+		require.Equal(t, 0, code, "%v: %s", args, errOut)
+		require.Contains(t, out, escaped, "%v", args)
+		require.False(t, strings.ContainsFunc(out, func(r rune) bool {
+			return r != '\n' && (r < 0x20 || (r >= 0x7f && r <= 0x9f) || r == '\u2028' || r == '\u2029')
+		}), "%v printed a control character: %q", args, out)
+		require.NotRegexp(t, `(?m)^FORGED`, out, "%v", args)
+	}
+
+	code, out, errOut := f.sagactl(t, readTok, "sagas", "list", "--json")
+	require.Equal(t, 0, code, errOut)
+	var page admin.SagaPage
+	require.NoError(t, json.Unmarshal([]byte(out), &page))
+	require.Equal(t, evil, page.Items[0].BusinessKey, "JSON carries the text as it is")
+}

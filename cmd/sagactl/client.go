@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/protosaga/saga/internal/termtext"
 	"github.com/protosaga/saga/runtime/admin"
 )
 
@@ -105,8 +106,10 @@ type apiFailure struct {
 	raw    []byte
 }
 
+// Error is the status, code and message, escaped (termtext.Escape): the
+// message may quote what a request or the database held.
 func (e *apiFailure) Error() string {
-	return fmt.Sprintf("%d %s: %s", e.status, e.body.Code, e.body.Message)
+	return fmt.Sprintf("%d %s: %s", e.status, termtext.Escape(e.body.Code), termtext.Escape(e.body.Message))
 }
 
 // call sends one request; a 2xx answer's body is returned raw (and decoded

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/protosaga/saga/runtime/admin"
 )
@@ -91,7 +92,7 @@ func parkedList(ctx context.Context, env *cliEnv, args []string) error {
 				replayedBy += " FORCED"
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", p.ID, short(p.MessageType), p.SagaID, p.BusinessKey,
+		printf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", p.ID, short(p.MessageType), p.SagaID, p.BusinessKey,
 			p.Step, p.Queue, p.Class, p.Attempts, stamp(p.FirstFailureAt), stamp(p.ParkedAt), replayedBy, oneLine(p.Reason, 100))
 	}
 	if err := tw.Flush(); err != nil {
@@ -100,7 +101,7 @@ func parkedList(ctx context.Context, env *cliEnv, args []string) error {
 	if next != "" {
 		fmt.Fprintln(env.stdout, "more: use --all")
 	} else {
-		fmt.Fprintf(env.stdout, "%d parked message(s)\n", len(items))
+		printf(env.stdout, "%d parked message(s)\n", len(items))
 	}
 	return nil
 }
@@ -160,7 +161,7 @@ func printParked(w io.Writer, p admin.Parked) {
 	}
 	for _, r := range rows {
 		if r[1] != "" {
-			fmt.Fprintf(w, "%-11s %s\n", r[0], r[1])
+			printf(w, "%-11s %s\n", r[0], r[1])
 		}
 	}
 }
@@ -215,12 +216,12 @@ func parkedReplay(ctx context.Context, env *cliEnv, args []string) error {
 		tw := table(env.stdout)
 		fmt.Fprintln(tw, "ID\tMESSAGE\tSAGA\tOUTCOME\tCHECK")
 		for _, it := range res.Items {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", it.Parked.ID, short(it.Parked.MessageType), it.Parked.SagaID, it.Outcome, it.Check.Explanation)
+			printf(tw, "%d\t%s\t%s\t%s\t%s\n", it.Parked.ID, short(it.Parked.MessageType), it.Parked.SagaID, it.Outcome, it.Check.Explanation)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(env.stdout, "replay %s: %s", map[bool]string{true: "dry run", false: "done"}[res.DryRun], counts(res.Counts))
+		printf(env.stdout, "replay %s: %s", map[bool]string{true: "dry run", false: "done"}[res.DryRun], counts(res.Counts))
 		if res.Truncated {
 			fmt.Fprint(env.stdout, " (more match: raise --max or run again)")
 		}
@@ -244,20 +245,25 @@ func parkedReplay(ctx context.Context, env *cliEnv, args []string) error {
 	if c.json {
 		return printJSON(env.stdout, raw)
 	}
-	fmt.Fprintf(env.stdout, "parked message %d: %s\n", res.Parked.ID, strings.ReplaceAll(res.Outcome, "_", " "))
-	fmt.Fprintf(env.stdout, "check: %s\n", res.Check.Explanation)
+	printf(env.stdout, "parked message %d: %s\n", res.Parked.ID, strings.ReplaceAll(res.Outcome, "_", " "))
+	printf(env.stdout, "check: %s\n", res.Check.Explanation)
 	if res.Outcome == admin.OutcomeReplayed {
-		fmt.Fprintf(env.stdout, "message %s is back in the outbox to %s / %s\n", res.MessageID, res.Parked.Exchange, res.Parked.RoutingKey)
+		printf(env.stdout, "message %s is back in the outbox to %s / %s\n", res.MessageID, res.Parked.Exchange, res.Parked.RoutingKey)
 		if len(res.AlsoMarked) > 0 {
-			fmt.Fprintf(env.stdout, "also marked replayed: %v\n", res.AlsoMarked)
+			printf(env.stdout, "also marked replayed: %v\n", res.AlsoMarked)
 		}
 	}
 	return nil
 }
 
+// oneLine is the first line of s, cut to at most n bytes (at a character
+// boundary).
 func oneLine(s string, n int) string {
 	s = firstLine(s)
 	if len(s) > n {
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
 		s = s[:n] + "…"
 	}
 	return s

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/protosaga/saga/internal/termtext"
 	"github.com/protosaga/saga/runtime/admin"
 )
 
@@ -101,16 +102,16 @@ func sagasList(ctx context.Context, env *cliEnv, args []string) error {
 	tw := table(env.stdout)
 	fmt.Fprintln(tw, "ID\tTYPE\tBUSINESS KEY\tSTATE\tVERSION\tUPDATED\tATTENTION")
 	for _, s := range items {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ID, short(s.Type), s.BusinessKey, s.State, s.Version,
+		printf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", s.ID, short(s.Type), s.BusinessKey, s.State, s.Version,
 			stamp(s.UpdatedAt), attention(s))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	if next != "" {
-		fmt.Fprintf(env.stdout, "more: --all, or the next page with the API cursor %s\n", next)
+		printf(env.stdout, "more: --all, or the next page with the API cursor %s\n", next)
 	} else {
-		fmt.Fprintf(env.stdout, "%d saga(s)\n", len(items))
+		printf(env.stdout, "%d saga(s)\n", len(items))
 	}
 	return nil
 }
@@ -162,13 +163,13 @@ func sagasShow(ctx context.Context, env *cliEnv, args []string) error {
 
 func printTimeline(w io.Writer, tl admin.Timeline) error {
 	s, p := tl.Saga, tl.Position
-	fmt.Fprintf(w, "saga      %s\ntype      %s\nkey       %s\nstate     %s (%s), version %d, attempt %d\n",
+	printf(w, "saga      %s\ntype      %s\nkey       %s\nstate     %s (%s), version %d, attempt %d\n",
 		s.ID, s.Type, s.BusinessKey, s.State, s.StateKind, s.Version, s.Attempt)
-	fmt.Fprintf(w, "created   %s, updated %s\n", stamp(s.CreatedAt), stamp(s.UpdatedAt))
+	printf(w, "created   %s, updated %s\n", stamp(s.CreatedAt), stamp(s.UpdatedAt))
 	if a := attention(s); a != "" {
-		fmt.Fprintf(w, "attention %s\n", a)
+		printf(w, "attention %s\n", a)
 	}
-	fmt.Fprintf(w, "\nwhere     %s\n", p.Summary)
+	printf(w, "\nwhere     %s\n", p.Summary)
 	var states []string
 	for _, st := range tl.States {
 		switch {
@@ -180,7 +181,7 @@ func printTimeline(w io.Writer, tl admin.Timeline) error {
 			states = append(states, st.Name)
 		}
 	}
-	fmt.Fprintf(w, "states    %s   ([current], *visited)\n", strings.Join(states, " "))
+	printf(w, "states    %s   ([current], *visited)\n", strings.Join(states, " "))
 	for i, n := range p.Next {
 		label := "next"
 		if i > 0 {
@@ -194,17 +195,17 @@ func printTimeline(w io.Writer, tl admin.Timeline) error {
 		if strings.Count(trigger, ".") > 1 { // a message full name, not a trigger kind
 			trigger = short(trigger)
 		}
-		fmt.Fprintf(w, "%-9s %s → %s%s\n", label, trigger, n.To, emits)
+		printf(w, "%-9s %s → %s%s\n", label, trigger, n.To, emits)
 	}
 	if tl.Data != nil {
 		if len(tl.Data.JSON) > 0 {
-			fmt.Fprintf(w, "data      %s\n", compact(tl.Data.JSON))
+			printf(w, "data      %s\n", compact(tl.Data.JSON))
 		} else {
-			fmt.Fprintf(w, "data      (%s)\n", tl.Data.Note)
+			printf(w, "data      (%s)\n", tl.Data.Note)
 		}
 	}
 	c := tl.Counts
-	fmt.Fprintf(w, "\ntimeline: %d transitions, %d sent, %d received, %d retries, %d parked\n",
+	printf(w, "\ntimeline: %d transitions, %d sent, %d received, %d retries, %d parked\n",
 		c.Transitions, c.MessagesOut, c.MessagesIn, c.Retries, c.Parked)
 	tw := table(w)
 	fmt.Fprintln(tw, "TIME\tKIND\tWHAT\tCAUSE")
@@ -213,7 +214,7 @@ func printTimeline(w io.Writer, tl admin.Timeline) error {
 		if e.Direction != "" {
 			kind += " " + e.Direction
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", stamp(e.At), kind, e.Summary, cause(e))
+		printf(tw, "%s\t%s\t%s\t%s\n", stamp(e.At), kind, e.Summary, cause(e))
 	}
 	return tw.Flush()
 }
@@ -300,12 +301,12 @@ func sagasRepair(ctx context.Context, env *cliEnv, action string, args []string)
 		tw := table(env.stdout)
 		fmt.Fprintln(tw, "SAGA\tTYPE\tBUSINESS KEY\tSTATE\tVERSION\tOUTCOME\tTO\tERROR")
 		for _, it := range res.Items {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", it.SagaID, short(it.Type), it.BusinessKey, it.State, it.Version, it.Outcome, it.To, it.Error)
+			printf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", it.SagaID, short(it.Type), it.BusinessKey, it.State, it.Version, it.Outcome, it.To, it.Error)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(env.stdout, "%s %s: %s", action, map[bool]string{true: "dry run", false: "done"}[res.DryRun], counts(res.Counts))
+		printf(env.stdout, "%s %s: %s", action, map[bool]string{true: "dry run", false: "done"}[res.DryRun], counts(res.Counts))
 		if res.Truncated {
 			fmt.Fprint(env.stdout, " (more sagas match: raise --max or run again)")
 		}
@@ -324,7 +325,7 @@ func sagasRepair(ctx context.Context, env *cliEnv, action string, args []string)
 			return err
 		}
 		*version = tl.Saga.Version
-		fmt.Fprintf(env.stderr, "deciding on version %d (state %s)\n", tl.Saga.Version, tl.Saga.State)
+		printf(env.stderr, "deciding on version %d (state %s)\n", tl.Saga.Version, tl.Saga.State)
 	}
 	var res admin.ActionResult
 	raw, err := cl.call(ctx, http.MethodPost, "api/sagas/"+url.PathEscape(id)+"/"+action, nil,
@@ -335,7 +336,7 @@ func sagasRepair(ctx context.Context, env *cliEnv, action string, args []string)
 	if c.json {
 		return printJSON(env.stdout, raw)
 	}
-	fmt.Fprintf(env.stdout, "%s %s: saga %s is %s (version %d)\n", action, strings.ReplaceAll(res.Outcome, "_", " "), res.Saga.ID, res.Saga.State, res.Saga.Version)
+	printf(env.stdout, "%s %s: saga %s is %s (version %d)\n", action, strings.ReplaceAll(res.Outcome, "_", " "), res.Saga.ID, res.Saga.State, res.Saga.Version)
 	return nil
 }
 
@@ -357,6 +358,20 @@ func counts(m map[string]int) string {
 }
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+// printf is fmt.Fprintf for human output. Every string argument is
+// escaped first (termtext.Escape): most hold text from elsewhere (business
+// keys, handlers' errors, operators' reasons) whose control characters a
+// terminal would act on, or whose tabs and line breaks would forge table
+// cells and rows. Only the format lays out the output.
+func printf(w io.Writer, format string, args ...any) {
+	for i, a := range args {
+		if s, ok := a.(string); ok {
+			args[i] = termtext.Escape(s)
+		}
+	}
+	fmt.Fprintf(w, format, args...)
+}
 
 func stamp(t time.Time) string {
 	if t.IsZero() {

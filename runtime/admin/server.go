@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protosaga/saga/internal/termtext"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -422,8 +423,8 @@ func checkReason(reason string) (string, error) {
 		return "", badRequest("reason is required: every repair records why")
 	case len(reason) > MaxReasonLength:
 		return "", badRequest("reason is %d bytes; at most %d", len(reason), MaxReasonLength)
-	case strings.ContainsFunc(reason, func(r rune) bool { return r < ' ' && r != '\t' }):
-		return "", badRequest("reason contains control characters")
+	case strings.ContainsFunc(reason, func(r rune) bool { return termtext.IsControl(r) && r != '\t' }):
+		return "", badRequest("reason contains control characters (C0 other than tab, DEL, C1, U+2028, U+2029)")
 	}
 	return reason, nil
 }
