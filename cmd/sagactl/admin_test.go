@@ -376,3 +376,12 @@ func TestHumanOutputEscapesControlCharacters(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &page))
 	require.Equal(t, evil, page.Items[0].BusinessKey, "JSON carries the text as it is")
 }
+
+func TestPrintTimelineSaysWhenCut(t *testing.T) {
+	t.Parallel()
+	for _, cut := range []bool{false, true} {
+		var out bytes.Buffer
+		require.NoError(t, printTimeline(&out, admin.Timeline{Truncated: cut}))
+		require.Equal(t, cut, strings.Contains(out.String(), "CUT: the saga has more than 1000"), out.String())
+	}
+}

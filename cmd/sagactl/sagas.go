@@ -207,6 +207,9 @@ func printTimeline(w io.Writer, tl admin.Timeline) error {
 	c := tl.Counts
 	printf(w, "\ntimeline: %d transitions, %d sent, %d received, %d retries, %d parked\n",
 		c.Transitions, c.MessagesOut, c.MessagesIn, c.Retries, c.Parked)
+	if tl.Truncated {
+		fmt.Fprintln(w, "CUT: the saga has more than 1000 transitions, sent messages or parked messages; only the newest 1000 of each are shown")
+	}
 	tw := table(w)
 	fmt.Fprintln(tw, "TIME\tKIND\tWHAT\tCAUSE")
 	for _, e := range tl.Events {

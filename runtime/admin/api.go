@@ -162,6 +162,11 @@ type Timeline struct {
 	Events   []Event       `json:"events"`
 	Progress ProgressView  `json:"progress"`
 	Counts   TimelineCount `json:"counts"`
+	// Truncated is set when the saga has more audit rows, sent messages or
+	// parked messages than a timeline holds (1000 of each): Events then
+	// holds the newest of each, and the visited states, counts and attempt
+	// numbers cover only those.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // ProgressView summarises the instance's per-step memory.

@@ -386,3 +386,42 @@ func TestRedaction(t *testing.T) {
 	require.Contains(t, u.Body.Note, "unknown")
 
 }
+
+// TestTimelineKeepsTheNewest: a saga with more audit rows, sent messages
+// and parked messages than a timeline holds shows the newest of each, and
+// says it was cut.
+func TestTimelineKeepsTheNewest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-long")
+	require.False(t, getJSON[admin.Timeline](t, b, "/api/sagas/"+id).Truncated)
+
+	const n = 1003 // more than the 1000 of each a timeline holds
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO saga_audit (saga_id, saga_type, from_state, to_state, trigger, class, note, version)
+SELECT $1::uuid, 'shop.order.v1.PlaceOrder', 'RESERVE_INVENTORY', 'RESERVE_INVENTORY', 'operator.note', 'new', 'note-' || i, 1
+FROM generate_series(1, $2::int) AS i`, id, n)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version, saga_id, body, occurred_at)
+SELECT 'out-' || i, 'x', 'k', 'shop.inventory.v1.ReserveInventory', 1, $1, '\x00', now() FROM generate_series(1, $2::int) AS i`, id, n)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `INSERT INTO saga_parked (message_id, queue, message_type, saga_id, saga_type, class, reason, attempts, body, first_failure_at)
+SELECT 'park-' || i, 'q', 'shop.inventory.v1.InventoryReserved', $1, 'shop.order.v1.PlaceOrder', 'permanent', 'boom', 1, '\x00', now()
+FROM generate_series(1, $2::int) AS i`, id, n)
+	require.NoError(t, err)
+
+	tl := getJSON[admin.Timeline](t, b, "/api/sagas/"+id)
+	require.True(t, tl.Truncated)
+	require.Equal(t, 1000, tl.Counts.Transitions)
+	require.Equal(t, 1000, tl.Counts.MessagesOut)
+	require.Equal(t, 1000, tl.Counts.Parked)
+	seen := map[string]bool{}
+	for _, e := range tl.Events {
+		seen[e.Note], seen[e.MessageID] = true, true
+	}
+	for _, newest := range []string{"note-1003", "out-1003", "park-1003", "note-4", "out-4", "park-4"} {
+		require.True(t, seen[newest], "%s is among the newest 1000", newest)
+	}
+	for _, oldest := range []string{"note-3", "out-3", "park-3"} {
+		require.False(t, seen[oldest], "%s is older than the newest 1000", oldest)
+	}
+}

@@ -204,4 +204,16 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Text("#parked-rows", &readOnly, chromedp.ByQuery),
 	))
 	require.Contains(t, readOnly, "replayed by alice fixed the fold, replaying", "who and why")
+
+	// A timeline cut to the newest rows says so.
+	_, err := b.pool.Exec(t.Context(), `INSERT INTO saga_audit (saga_id, saga_type, from_state, to_state, trigger, class, version)
+SELECT $1::uuid, 'shop.order.v1.PlaceOrder', 'RESERVE_INVENTORY', 'RESERVE_INVENTORY', 'operator.note', 'new', 1 FROM generate_series(1, 1001)`, stuck)
+	require.NoError(t, err)
+	var cut string
+	require.NoError(t, chromedp.Run(ctx,
+		chromedp.Navigate(b.http.URL+"/#/saga/"+stuck),
+		chromedp.WaitVisible("#timeline-truncated", chromedp.ByQuery),
+		chromedp.Text("#timeline-truncated", &cut, chromedp.ByQuery),
+	))
+	require.Contains(t, cut, "only the newest 1000 of each are shown")
 }

@@ -48,17 +48,14 @@ type outboxRow struct {
 // and its parked messages.
 func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Timeline, error) {
 	now := s.cfg.Now()
-	hist, err := t.engine.History(ctx, st.ID)
+	hist, histCut, err := t.engine.RecentHistory(ctx, st.ID, maxTimelineRows)
 	if err != nil {
 		return Timeline{}, err
-	}
-	if len(hist) > maxTimelineRows {
-		hist = hist[len(hist)-maxTimelineRows:]
 	}
 	rows, err := s.cfg.Pool.Query(ctx, `SELECT o.message_id, o.message_type, o.exchange, o.routing_key, o.causation_id,
 	o.body, o.occurred_at, s.published_at, coalesce(p.attempts, s.attempts, o.attempts)
 FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id LEFT JOIN saga_outbox_pending p ON p.id = o.id
-WHERE o.saga_id = $1 ORDER BY o.id LIMIT $2`, st.ID, maxTimelineRows)
+WHERE o.saga_id = $1 ORDER BY o.id DESC LIMIT $2`, st.ID, maxTimelineRows+1)
 	if err != nil {
 		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
 	}
@@ -66,17 +63,20 @@ WHERE o.saga_id = $1 ORDER BY o.id LIMIT $2`, st.ID, maxTimelineRows)
 	if err != nil {
 		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
 	}
-	parked, err := s.parkedRows(ctx, `WHERE saga_id = $1 ORDER BY id LIMIT $2`, st.ID, maxTimelineRows)
+	parked, err := s.parkedRows(ctx, `WHERE saga_id = $1 ORDER BY id DESC LIMIT $2`, st.ID, maxTimelineRows+1)
 	if err != nil {
 		return Timeline{}, fmt.Errorf("parked messages of saga %s: %w", st.ID, err)
 	}
+	out, outCut := newest(out)
+	parked, parkedCut := newest(parked)
 
 	tl := Timeline{
-		Saga:     t.view(rowOf(st), now),
-		Data:     s.data(t, st.Data, st.DataError),
-		Steps:    stepViews(t.def),
-		Mermaid:  t.def.Mermaid(),
-		Progress: ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped},
+		Truncated: histCut || outCut || parkedCut,
+		Saga:      t.view(rowOf(st), now),
+		Data:      s.data(t, st.Data, st.DataError),
+		Steps:     stepViews(t.def),
+		Mermaid:   t.def.Mermaid(),
+		Progress:  ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped},
 	}
 	visited := map[string]bool{}
 	for _, a := range hist {
@@ -147,6 +147,18 @@ WHERE o.saga_id = $1 ORDER BY o.id LIMIT $2`, st.ID, maxTimelineRows)
 	}
 	slices.SortStableFunc(tl.Events, func(a, b Event) int { return a.At.Compare(b.At) })
 	return tl, nil
+}
+
+// newest takes rows read newest first, maxTimelineRows+1 at most, and
+// returns the newest maxTimelineRows oldest first, and whether there were
+// more.
+func newest[T any](rows []T) ([]T, bool) {
+	cut := len(rows) > maxTimelineRows
+	if cut {
+		rows = rows[:maxTimelineRows]
+	}
+	slices.Reverse(rows)
+	return rows, cut
 }
 
 // direction says whether a message type is sent by the saga ("out") or

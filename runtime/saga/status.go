@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -128,14 +129,36 @@ type AuditRecord struct {
 
 // History returns the audit trail of one instance, oldest first.
 func (e *Engine) History(ctx context.Context, sagaID string) ([]AuditRecord, error) {
+	recs, _, err := e.history(ctx, sagaID, 0)
+	return recs, err
+}
+
+// RecentHistory returns the newest limit rows (limit > 0) of one instance's
+// audit trail, oldest first, and whether older rows were left out. It reads
+// only those rows, however long the trail.
+func (e *Engine) RecentHistory(ctx context.Context, sagaID string, limit int) ([]AuditRecord, bool, error) {
+	if limit <= 0 {
+		return nil, false, fmt.Errorf("saga history %s: limit %d: want a positive limit", sagaID, limit)
+	}
+	return e.history(ctx, sagaID, limit)
+}
+
+// history reads the newest limit rows (0: all) of an instance's audit
+// trail, newest first through the (saga_id, id) index, and returns them
+// oldest first with whether older rows were left out.
+func (e *Engine) history(ctx context.Context, sagaID string, limit int) ([]AuditRecord, bool, error) {
 	if _, err := uuid.Parse(sagaID); err != nil {
-		return nil, fmt.Errorf("saga history %q: %w (not a UUID)", sagaID, ErrNotFound)
+		return nil, false, fmt.Errorf("saga history %q: %w (not a UUID)", sagaID, ErrNotFound)
+	}
+	var lim any // NULL: no limit
+	if limit > 0 {
+		lim = limit + 1
 	}
 	rows, err := e.cfg.Pool.Query(ctx, `SELECT id, saga_id::text, saga_type, from_state, to_state, trigger, class,
 	message_id, causation_id, operator, note, version, at
-FROM saga_audit WHERE saga_id = $1::uuid ORDER BY id`, sagaID)
+FROM saga_audit WHERE saga_id = $1::uuid ORDER BY id DESC LIMIT $2::bigint`, sagaID, lim)
 	if err != nil {
-		return nil, fmt.Errorf("saga history %s: %w", sagaID, err)
+		return nil, false, fmt.Errorf("saga history %s: %w", sagaID, err)
 	}
 	defer rows.Close()
 	var out []AuditRecord
@@ -143,12 +166,17 @@ FROM saga_audit WHERE saga_id = $1::uuid ORDER BY id`, sagaID)
 		var a AuditRecord
 		if err := rows.Scan(&a.ID, &a.SagaID, &a.SagaType, &a.From, &a.To, &a.Trigger, &a.Class,
 			&a.MessageID, &a.CausationID, &a.Operator, &a.Note, &a.Version, &a.At); err != nil {
-			return nil, fmt.Errorf("saga history %s: %w", sagaID, err)
+			return nil, false, fmt.Errorf("saga history %s: %w", sagaID, err)
 		}
 		out = append(out, a)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("saga history %s: %w", sagaID, err)
+		return nil, false, fmt.Errorf("saga history %s: %w", sagaID, err)
 	}
-	return out, nil
+	more := limit > 0 && len(out) > limit
+	if more {
+		out = out[:limit]
+	}
+	slices.Reverse(out)
+	return out, more, nil
 }

@@ -287,6 +287,8 @@
       canRepair() ? actions(s) : "",
       el("h3", {}, "Timeline ", el("span", { class: "muted" },
         `${tl.counts.transitions} transitions, ${tl.counts.messages_out} sent, ${tl.counts.messages_in} received, ${tl.counts.retries} retries, ${tl.counts.parked} parked`)),
+      tl.truncated ? el("p", { class: "warning", id: "timeline-truncated" },
+        "Cut: this saga has more than 1000 transitions, sent messages or parked messages; only the newest 1000 of each are shown.") : "",
       el("table", { id: "timeline" }, el("thead", {}, el("tr", {}, ["When", "Kind", "What", "Cause / detail", ""].map((h) => el("th", {}, h)))), events),
       tl.data ? el("div", { class: "card" }, el("h3", {}, "Saga data ", el("span", { class: "muted" }, tl.data.redacted && tl.data.redacted.length ? "(redacted: " + tl.data.redacted.join(", ") + ")" : "")),
         tl.data.json ? el("pre", { id: "saga-data" }, JSON.stringify(tl.data.json, null, 2)) : el("p", { class: "muted" }, tl.data.note)) : "");
