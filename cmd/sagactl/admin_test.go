@@ -320,23 +320,44 @@ func TestAdminCommandErrors(t *testing.T) {
 		{[]string{"sagas", "resolve", "id", "--reason", "r"}, 2, "resolve needs --to"},
 		{[]string{"parked", "replay", "--reason", "r"}, 2, "want a parked message ID, or filter flags"},
 		{[]string{"parked", "replay", "--queue", "q", "--reason", "r", "--force"}, 2, "--force replays one message"},
+		{[]string{"sagas", "list", "--timeout", "0s"}, 2, "--timeout must be positive"},
+		{[]string{"parked", "list", "--timeout", "-1s", "--server", "http://x", "--token", "t"}, 2, "--timeout must be positive"},
+		{[]string{"sagas", "retry", "id", "--reason", "r", "--version", "-1"}, 2, "--version -1: want the positive version"},
+		{[]string{"sagas", "retry", "id", "--reason", "r", "--to", "COMPLETED"}, 2, "--to is only for resolve"},
 	}
 	for _, c := range cases {
 		var out, errOut bytes.Buffer
 		require.Equal(t, c.code, run(ctx, c.args, &out, &errOut, none), "%v: %s", c.args, errOut.String())
 		require.Contains(t, errOut.String(), c.msg, "%v", c.args)
 	}
-	// Against a server: a wrong token and a bad id are reported with the API's words.
+	for _, args := range [][]string{{"help"}, {"-h"}, {"sagas", "-h"}, {"parked", "--help"}, {"sagas", "list", "-h"}} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 0, run(ctx, args, &out, &errOut, none), "%v: %s", args, errOut.String())
+		require.Contains(t, strings.ToLower(out.String()+errOut.String()), "usage", "%v", args)
+	}
+	// Against a server: a wrong token and a bad id are reported with the
+	// API's words; what the server refuses as malformed (400) is a usage
+	// error.
 	f := newFixture(t)
 	code, _, errOut := f.sagactl(t, "not-a-valid-token-0000000", "sagas", "list")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "401 unauthenticated")
-	code, _, errOut = f.sagactl(t, readTok, "sagas", "show", "nope")
-	require.Equal(t, 1, code)
-	require.Contains(t, errOut, `400 bad_request: saga id "nope" is not a UUID`)
-	code, _, errOut = f.sagactl(t, readTok, "sagas", "list", "--state", "NOPE")
-	require.Equal(t, 1, code)
-	require.Contains(t, errOut, `state "NOPE" is not a state of shop.order.v1.PlaceOrder`)
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"sagas", "show", "nope"}, `400 bad_request: saga id "nope" is not a UUID`},
+		{[]string{"sagas", "list", "--state", "NOPE"}, `state "NOPE" is not a state of shop.order.v1.PlaceOrder`},
+		{[]string{"sagas", "list", "--limit", "0"}, `limit="0": want a whole number from 1 to 200`},
+		{[]string{"parked", "show", "0"}, "want a positive whole number"},
+	} {
+		code, _, errOut = f.sagactl(t, readTok, c.args...)
+		require.Equal(t, 2, code, "%v: %s", c.args, errOut)
+		require.Contains(t, errOut, c.msg, "%v", c.args)
+	}
+	code, _, errOut = f.sagactl(t, readTok, "sagas", "show", "01a22c76-0fb8-7a57-a81a-91aa2350331d")
+	require.Equal(t, 1, code, "a saga that does not exist is no usage error")
+	require.Contains(t, errOut, "404 not_found")
 }
 
 // TestHumanOutputEscapesControlCharacters: text from elsewhere (a business

@@ -85,6 +85,9 @@ func (c *common) client(env *cliEnv) (*client, error) {
 	if token == "" {
 		token = env.getenv("SAGACTL_TOKEN")
 	}
+	if c.timeout <= 0 {
+		return nil, usagef("--timeout must be positive")
+	}
 	if server == "" {
 		return nil, usagef("no admin server: pass --server URL or set SAGACTL_SERVER")
 	}

@@ -35,7 +35,8 @@
 // that keep rows (negative ages).
 //
 // Exit status: 0 on success, 1 when the command failed (including an API
-// refusal such as a version conflict), 2 on a usage error.
+// refusal such as a version conflict), 2 on a usage error (including a
+// request the admin server refuses with 400 bad_request).
 package main
 
 import (
@@ -44,6 +45,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 )
@@ -73,7 +75,18 @@ admin commands need --server URL (or $SAGACTL_SERVER) and --token (or $SAGACTL_T
 --json prints the API's JSON. Run "sagactl <command> -h" for a command's flags.
 `
 
-// usageError is a mistake in the command line (exit status 2).
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	switch arg {
+	case "help", "-h", "-help", "--help":
+		return true
+	}
+	return false
+}
+
+// usageError is a mistake in the command line (exit status 2). So is a
+// request the admin server refuses as malformed (400 bad_request: a bad id,
+// a limit out of range, a state the saga type does not have).
 type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
@@ -87,15 +100,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	var err error
 	name := args[0]
-	switch args[0] {
-	case "migrate":
+	switch {
+	case isHelp(args[0]):
+		fmt.Fprint(stdout, usage)
+		return 0
+	case args[0] == "migrate":
 		err = migrate(ctx, args[1:], stdout, stderr, getenv)
-	case "prune":
+	case args[0] == "prune":
 		err = prune(ctx, args[1:], stdout, stderr, getenv)
-	case "sagas", "parked":
+	case args[0] == "sagas", args[0] == "parked":
 		if len(args) < 2 {
 			fmt.Fprintf(stderr, "sagactl %s: missing subcommand\n%s", args[0], usage)
 			return 2
+		}
+		if isHelp(args[1]) {
+			fmt.Fprint(stdout, usage)
+			return 0
 		}
 		name = args[0] + " " + args[1]
 		env := &cliEnv{stdout: stdout, stderr: stderr, getenv: getenv}
@@ -104,20 +124,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		} else {
 			err = parkedCommand(ctx, env, args[1], args[2:])
 		}
-	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
 	default:
 		fmt.Fprintf(stderr, "sagactl: unknown command %q\n%s", args[0], usage)
 		return 2
 	}
 	var ue *usageError
+	var af *apiFailure
 	switch {
 	case err == nil:
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), errors.As(err, &af) && af.status == http.StatusBadRequest:
 		fmt.Fprintf(stderr, "sagactl %s: %v\n", name, err)
 		return 2
 	default:

@@ -268,8 +268,13 @@ func sagasRepair(ctx context.Context, env *cliEnv, action string, args []string)
 	if strings.TrimSpace(*reason) == "" {
 		return usagef("--reason is required: every repair records why")
 	}
-	if action == admin.ActionResolve && *to == "" {
+	switch {
+	case action == admin.ActionResolve && *to == "":
 		return usagef("resolve needs --to COMPLETED, FAILED or CANCELLED")
+	case action != admin.ActionResolve && *to != "":
+		return usagef("--to is only for resolve")
+	case *version < 0:
+		return usagef("--version %d: want the positive version you decided on (or none: the saga's current one)", *version)
 	}
 	filter := f.filter()
 	bulk := len(pos) == 0

@@ -137,6 +137,7 @@ func TestValidation(t *testing.T) {
 		{"POST", "/api/sagas/" + id + "/retry", map[string]any{"reason": "   ", "expected_version": 1}, 400, "reason is required"},
 		{"POST", "/api/sagas/" + id + "/retry", map[string]any{"reason": strings.Repeat("x", 1001), "expected_version": 1}, 400, "at most 1000"},
 		{"POST", "/api/sagas/" + id + "/retry", map[string]any{"reason": "x"}, 400, "expected_version is required"},
+		{"POST", "/api/sagas/" + id + "/retry", map[string]any{"reason": "x", "expected_version": -1}, 400, "expected_version=-1: versions start at 1"},
 		{"POST", "/api/sagas/" + id + "/retry", map[string]any{"reason": "a\x1b[2Jb", "expected_version": 1}, 400, "control characters"},
 		{"POST", "/api/sagas/" + id + "/retry", map[string]any{"reason": "a\x7fb", "expected_version": 1}, 400, "control characters"},
 		{"POST", "/api/sagas/" + id + "/retry", map[string]any{"reason": "a\u009bb", "expected_version": 1}, 400, "control characters"},
@@ -152,13 +153,24 @@ func TestValidation(t *testing.T) {
 		{"POST", "/api/parked/1/replay", map[string]any{}, 400, "reason is required"},
 		{"POST", "/api/parked/1/replay", strings.Repeat(" ", 70<<10) + "{}", 413, "over"},
 		{"GET", "/api/frobnicate", nil, 404, "no such API endpoint"},
+		{"PUT", "/api/sagas", nil, 405, "/api/sagas takes GET, HEAD only"},
+		{"DELETE", "/api/sagas/" + id, nil, 405, "/api/sagas/{id} takes GET, HEAD only"},
+		{"GET", "/api/sagas/" + id + "/cancel", nil, 405, "takes POST only"},
+		{"DELETE", "/api/parked/1", nil, 405, "takes GET, HEAD only"},
+		{"PUT", "/api/bulk/parked/replay", nil, 405, "takes POST only"},
+		{"POST", "/api/whoami", nil, 405, "takes GET, HEAD only"},
 	}
 	for _, c := range cases {
 		code, raw := b.call(t, repairToken, c.method, c.path, c.body)
 		require.Equal(t, c.code, code, "%s %s: %s", c.method, c.path, raw)
 		e := apiError(t, raw)
 		require.Contains(t, e.Message, c.msg, "%s %s", c.method, c.path)
+		if code == http.StatusMethodNotAllowed {
+			require.Equal(t, "method_not_allowed", e.Code)
+		}
 	}
+	code, raw := b.call(t, "", http.MethodPut, "/api/sagas", nil)
+	require.Equal(t, http.StatusUnauthorized, code, "a wrong method still needs a token first: %s", raw)
 	require.Equal(t, int64(1), b.status(t, id).Version, "no invalid request changed the saga")
 }
 

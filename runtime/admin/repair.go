@@ -79,8 +79,11 @@ func (s *Server) handleAction(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if req.ExpectedVersion <= 0 {
+	switch {
+	case req.ExpectedVersion == 0:
 		return badRequest("expected_version is required: the version you decided on (from GET /api/sagas/%s)", id)
+	case req.ExpectedVersion < 0:
+		return badRequest("expected_version=%d: versions start at 1", req.ExpectedVersion)
 	}
 	t, _, err := s.find(r.Context(), id, req.Type)
 	if err != nil {

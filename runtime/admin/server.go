@@ -224,22 +224,34 @@ func principalOf(ctx context.Context) Principal {
 
 func (s *Server) routes() http.Handler {
 	api := http.NewServeMux()
-	read := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-		api.Handle(pattern, s.endpoint(RoleRead, h))
+	routes := []struct {
+		method, path string
+		role         Role
+		h            func(http.ResponseWriter, *http.Request) error
+	}{
+		{http.MethodGet, "/api/whoami", RoleRead, s.handleWhoAmI},
+		{http.MethodGet, "/api/types", RoleRead, s.handleTypes},
+		{http.MethodGet, "/api/sagas", RoleRead, s.handleListSagas},
+		{http.MethodGet, "/api/sagas/{id}", RoleRead, s.handleTimeline},
+		{http.MethodPost, "/api/sagas/{id}/{action}", RoleRepair, s.handleAction},
+		{http.MethodPost, "/api/bulk/sagas/{action}", RoleRepair, s.handleBulk},
+		{http.MethodGet, "/api/parked", RoleRead, s.handleListParked},
+		{http.MethodGet, "/api/parked/{id}", RoleRead, s.handleParked},
+		{http.MethodPost, "/api/parked/{id}/replay", RoleRepair, s.handleReplay},
+		{http.MethodPost, "/api/bulk/parked/replay", RoleRepair, s.handleBulkReplay},
 	}
-	repair := func(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-		api.Handle(pattern, s.endpoint(RoleRepair, h))
+	for _, rt := range routes {
+		api.Handle(rt.method+" "+rt.path, s.endpoint(rt.role, rt.h))
+		// The path with any other method: 405, not the catch-all's 404.
+		allow := rt.method
+		if rt.method == http.MethodGet {
+			allow += ", " + http.MethodHead
+		}
+		api.Handle(rt.path, s.endpoint(RoleRead, func(w http.ResponseWriter, _ *http.Request) error {
+			w.Header().Set("Allow", allow)
+			return apiErr(http.StatusMethodNotAllowed, "method_not_allowed", "%s takes %s only", rt.path, allow)
+		}))
 	}
-	read("GET /api/whoami", s.handleWhoAmI)
-	read("GET /api/types", s.handleTypes)
-	read("GET /api/sagas", s.handleListSagas)
-	read("GET /api/sagas/{id}", s.handleTimeline)
-	repair("POST /api/sagas/{id}/{action}", s.handleAction)
-	repair("POST /api/bulk/sagas/{action}", s.handleBulk)
-	read("GET /api/parked", s.handleListParked)
-	read("GET /api/parked/{id}", s.handleParked)
-	repair("POST /api/parked/{id}/replay", s.handleReplay)
-	repair("POST /api/bulk/parked/replay", s.handleBulkReplay)
 	api.Handle("/api/", s.endpoint(RoleRead, func(http.ResponseWriter, *http.Request) error {
 		return apiErr(http.StatusNotFound, "not_found", "no such API endpoint")
 	}))
