@@ -22,11 +22,23 @@ func IsControl(r rune) bool {
 	return r < 0x20 || (r >= 0x7f && r <= 0x9f) || r == '\u2028' || r == '\u2029'
 }
 
-// Escape returns s with every control character (IsControl) written as its
-// Go escape and every byte that is not UTF-8 as \xNN; other text, including
-// backslashes, is left as it is.
+// IsBidiControl reports whether r is one of the invisible characters that
+// reorder the text around them (the bidirectional embeddings, overrides,
+// isolates and marks): shown as they are, they make a table cell read as
+// something else than it holds.
+func IsBidiControl(r rune) bool {
+	return (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) || r == 0x200e || r == 0x200f || r == 0x061c
+}
+
+// escaped reports whether Escape writes r as an escape.
+func escaped(r rune) bool { return IsControl(r) || IsBidiControl(r) }
+
+// Escape returns s with every control character (IsControl) and
+// bidirectional control (IsBidiControl) written as its Go escape and every
+// byte that is not UTF-8 as \xNN; other text, including backslashes, is
+// left as it is.
 func Escape(s string) string {
-	if utf8.ValidString(s) && !strings.ContainsFunc(s, IsControl) {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, escaped) {
 		return s
 	}
 	var b strings.Builder
@@ -39,6 +51,9 @@ func Escape(s string) string {
 		case IsControl(r):
 			q := strconv.QuoteRune(r) // '\x1b', '\n', '\u2028'
 			b.WriteString(q[1 : len(q)-1])
+		case IsBidiControl(r): // printable to strconv, so quoted by hand
+			b.WriteString(`\u`)
+			b.WriteString(strconv.FormatUint(uint64(r)|0x10000, 16)[1:])
 		default:
 			b.WriteString(s[i : i+n])
 		}

@@ -716,6 +716,24 @@ func TestConsumer(t *testing.T) {
 		require.Zero(t, b.ready(b.queue))
 	})
 
+	t.Run("ParkedUnderTheCanonicalSagaID", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		// A saga id in another UUID form is stored in the form saga
+		// tables, timelines and filters use.
+		b.send("odd-id", doPermanent, func(p *amqp.Publishing) {
+			p.Headers[envelope.HeaderSagaID] = "urn:uuid:0190B1E2-7C3A-7D4E-8F60-1A2B3C4D5E6F"
+		})
+		b.send("not-a-uuid", doPermanent, nil)
+		b.waitSettled("odd-id", "park")
+		b.waitSettled("not-a-uuid", "park")
+		b.stop(r)
+		rows := b.parked()
+		require.Equal(t, "0190b1e2-7c3a-7d4e-8f60-1a2b3c4d5e6f", rows["odd-id"].SagaID)
+		require.Equal(t, "saga-not-a-uuid", rows["not-a-uuid"].SagaID, "a saga id that is no UUID is kept as it came")
+	})
+
 	t.Run("BrokenHandlerTransactionsAreRoutedNotLooped", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

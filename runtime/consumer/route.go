@@ -134,6 +134,9 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error 
 		sagaID, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaID)
 		sagaType, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaType)
 	}
+	if id, err := uuid.Parse(sagaID); err == nil {
+		sagaID = id.String() // the form saga tables, timelines and filters use
+	}
 	headers, err := json.Marshal(jsonValue(map[string]any(raw.Headers)))
 	if err != nil {
 		return fmt.Errorf("encode headers of parked message: %w", err)
