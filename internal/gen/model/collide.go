@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"slices"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/compiler/protogen"
 
@@ -60,12 +62,14 @@ const (
 	TopologyWithFunc = "TopologyWith"
 )
 
-// Lower returns s with its first letter lower-cased.
+// Lower returns s with its first letter lower-cased; anything else (a
+// digit, '_', an already lower-case letter) is kept as it is.
 func Lower(s string) string {
-	if s == "" {
+	r, n := utf8.DecodeRuneInString(s)
+	if n == 0 {
 		return s
 	}
-	return string(s[0]|0x20) + s[1:]
+	return string(unicode.ToLower(r)) + s[n:]
 }
 
 // messageMethods are the methods generated on every annotated message.

@@ -37,12 +37,20 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 	f, o, base := d.file, d.opts, d.base
 	pkg := d.msg.Desc.ParentFile().Package()
 	s := &Saga{Data: d.msg, File: f, Name: o.GetName(), Generate: f.Generate}
-	if s.Name == "" {
-		s.Name = strings.TrimSuffix(string(d.msg.Desc.Name()), "Data")
+	switch {
+	case s.Name == "":
+		// The name derived from the data message names the same generated
+		// identifiers as an explicit one, so it is held to the same rule.
+		data := string(d.msg.Desc.Name())
+		s.Name = strings.TrimSuffix(data, "Data")
 		if s.Name == "" {
-			s.Name = string(d.msg.Desc.Name())
+			s.Name = data
 		}
-	} else if !camelRE.MatchString(s.Name) {
+		if !camelRE.MatchString(s.Name) {
+			b.errorf(f, base, "saga-name", "set name: \"PlaceOrder\" (a CamelCase name) in the saga option, or rename the data message",
+				"saga name %q, derived from data message %s, is not a CamelCase identifier", s.Name, data)
+		}
+	case !camelRE.MatchString(s.Name):
 		b.errorf(f, path(base, sagaName), "saga-name", "use a CamelCase name such as \"PlaceOrder\"",
 			"invalid saga name %q", s.Name)
 	}
