@@ -19,10 +19,11 @@ func messageNames(ms []*model.Message) []string {
 }
 
 func genSaga(g *protogen.GeneratedFile, s *model.Saga, migrations []string) {
+	l := sagaLocals(s)
 	genDefinition(g, s)
-	genDecider(g, s)
-	genHooks(g, s)
-	genWrapper(g, s)
+	genDecider(g, s, l)
+	genHooks(g, s, l)
+	genWrapper(g, s, l)
 	genMigrations(g, s, migrations)
 }
 
@@ -119,8 +120,9 @@ func stateRef(s *model.Saga, name string) string {
 func buildMethod(m *model.Message) string { return model.BuildMethod(m) }
 func foldMethod(m *model.Message) string  { return model.FoldMethod(m) }
 
-func genDecider(g *protogen.GeneratedFile, s *model.Saga) {
+func genDecider(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	data := s.Data.GoIdent
+	ctx, start, dataVar, msg := l.name("ctx"), l.name("start"), l.name("data"), l.name("msg")
 	typ := s.DeciderType()
 	g.P("// ", typ, " holds the business decisions of saga ", s.FullName, ":")
 	g.P("// the saga data a start message begins with, each command built from the")
@@ -129,14 +131,14 @@ func genDecider(g *protogen.GeneratedFile, s *model.Saga) {
 	g.P("// to implement only the On methods you need.")
 	g.P("type ", typ, " interface {")
 	g.P("// Start returns the saga data for a new instance.")
-	g.P("Start(ctx ", contextPkg.Ident("Context"), ", start *", s.Start.Proto.GoIdent, ") (*", data, ", error)")
+	g.P("Start(", ctx, " ", contextPkg.Ident("Context"), ", ", start, " *", s.Start.Proto.GoIdent, ") (*", data, ", error)")
 	for _, c := range s.Commands {
 		g.P("// ", buildMethod(c), " builds the command ", c.FullName, " from the saga data.")
-		g.P(buildMethod(c), "(ctx ", contextPkg.Ident("Context"), ", data *", data, ") (*", c.Proto.GoIdent, ", error)")
+		g.P(buildMethod(c), "(", ctx, " ", contextPkg.Ident("Context"), ", ", dataVar, " *", data, ") (*", c.Proto.GoIdent, ", error)")
 	}
 	for _, r := range s.Handles {
 		g.P("// ", foldMethod(r), " folds ", r.FullName, " into the saga data before the transition.")
-		g.P(foldMethod(r), "(ctx ", contextPkg.Ident("Context"), ", data *", data, ", msg *", r.Proto.GoIdent, ") error")
+		g.P(foldMethod(r), "(", ctx, " ", contextPkg.Ident("Context"), ", ", dataVar, " *", data, ", ", msg, " *", r.Proto.GoIdent, ") error")
 	}
 	g.P("}")
 	g.P()
@@ -151,51 +153,54 @@ func genDecider(g *protogen.GeneratedFile, s *model.Saga) {
 	}
 }
 
-func genHooks(g *protogen.GeneratedFile, s *model.Saga) {
-	h := s.HooksType()
+func genHooks(g *protogen.GeneratedFile, s *model.Saga, l locals) {
+	typ := s.HooksType()
 	data := s.Data.GoIdent
+	h, d, ctx, start, dataVar, msg := l.name("h"), l.name("d"), l.name("ctx"), l.name("start"), l.name("data"), l.name("msg")
+	m, ok, err := l.name("m"), l.name("ok"), l.name("err")
 	errf := func(format string, args ...string) string {
 		return g.QualifiedGoIdent(fmtPkg.Ident("Errorf")) + "(" + strconv.Quote("saga "+s.FullName+": "+format) + joinArgs(args) + ")"
 	}
 	g.P("// ", s.HooksFunc(), " adapts d to the runtime's sagadef.Hooks (", s.NewFunc(), " does this for")
 	g.P("// you; use it to drive the definition directly, e.g. with runtime/sagatest).")
-	g.P("func ", s.HooksFunc(), "(d ", s.DeciderType(), ") ", sagadefPkg.Ident("Hooks"), " { return ", h, "{d: d} }")
+	g.P("func ", s.HooksFunc(), "(", d, " ", s.DeciderType(), ") ", sagadefPkg.Ident("Hooks"), " { return ", typ, "{d: ", d, "} }")
 	g.P()
-	g.P("// ", h, " adapts a ", s.DeciderType(), " to sagadef.Hooks.")
-	g.P("type ", h, " struct{ d ", s.DeciderType(), " }")
+	g.P("// ", typ, " adapts a ", s.DeciderType(), " to sagadef.Hooks.")
+	g.P("type ", typ, " struct{ d ", s.DeciderType(), " }")
 	g.P()
-	g.P("func (h ", h, ") Start(ctx ", contextPkg.Ident("Context"), ", start ", messagePkg.Ident("Message"), ") (", protoPkg.Ident("Message"), ", string, error) {")
-	g.P("m, ok := start.(*", s.Start.Proto.GoIdent, ")")
-	g.P("if !ok {")
-	g.P(`return nil, "", `, errf("start message is %T, want *"+s.Start.Proto.GoIdent.GoName, "start"))
+	g.P("func (", h, " ", typ, ") Start(", ctx, " ", contextPkg.Ident("Context"), ", ", start, " ", messagePkg.Ident("Message"), ") (", protoPkg.Ident("Message"), ", string, error) {")
+	g.P(m, ", ", ok, " := ", start, ".(*", s.Start.Proto.GoIdent, ")")
+	g.P("if !", ok, " {")
+	g.P(`return nil, "", `, errf("start message is %T, want *"+s.Start.Proto.GoIdent.GoName, start))
 	g.P("}")
-	g.P("data, err := h.d.Start(ctx, m)")
-	g.P("if err != nil {")
-	g.P(`return nil, "", err`)
+	g.P(dataVar, ", ", err, " := ", h, ".d.Start(", ctx, ", ", m, ")")
+	g.P("if ", err, " != nil {")
+	g.P(`return nil, "", `, err)
 	g.P("}")
-	g.P("if data == nil {")
+	g.P("if ", dataVar, " == nil {")
 	g.P(`return nil, "", `, errf("Start returned no saga data"))
 	g.P("}")
-	g.P("return data, ", keyExpr(g, "m", s.BusinessKey, false), ", nil")
+	g.P("return ", dataVar, ", ", keyExpr(g, m, s.BusinessKey, false), ", nil")
 	g.P("}")
 	g.P()
-	g.P("func (h ", h, ") Build(ctx ", contextPkg.Ident("Context"), ", command string, data ", protoPkg.Ident("Message"), ") (", messagePkg.Ident("Message"), ", error) {")
+	command := l.name("command")
+	g.P("func (", h, " ", typ, ") Build(", ctx, " ", contextPkg.Ident("Context"), ", ", command, " string, ", dataVar, " ", protoPkg.Ident("Message"), ") (", messagePkg.Ident("Message"), ", error) {")
 	if len(s.Commands) == 0 {
-		g.P("return nil, ", errf("no command %s in this saga (it sends none)", "command"))
+		g.P("return nil, ", errf("no command %s in this saga (it sends none)", command))
 		g.P("}")
 		g.P()
 	} else {
-		genBuild(g, s, errf)
+		genBuild(g, s, l, errf)
 	}
-	g.P("func (h ", h, ") Apply(ctx ", contextPkg.Ident("Context"), ", data ", protoPkg.Ident("Message"), ", msg ", messagePkg.Ident("Message"), ") error {")
-	g.P("d, ok := data.(*", data, ")")
-	g.P("if !ok {")
-	g.P("return ", errf("saga data is %T, want *"+data.GoName, "data"))
+	g.P("func (", h, " ", typ, ") Apply(", ctx, " ", contextPkg.Ident("Context"), ", ", dataVar, " ", protoPkg.Ident("Message"), ", ", msg, " ", messagePkg.Ident("Message"), ") error {")
+	g.P(d, ", ", ok, " := ", dataVar, ".(*", data, ")")
+	g.P("if !", ok, " {")
+	g.P("return ", errf("saga data is %T, want *"+data.GoName, dataVar))
 	g.P("}")
-	g.P("switch m := msg.(type) {")
+	g.P("switch ", m, " := ", msg, ".(type) {")
 	for _, r := range s.Handles {
 		g.P("case *", r.Proto.GoIdent, ":")
-		g.P("return h.d.", foldMethod(r), "(ctx, d, m)")
+		g.P("return ", h, ".d.", foldMethod(r), "(", ctx, ", ", d, ", ", m, ")")
 	}
 	g.P("}")
 	g.P("return nil")
@@ -210,9 +215,11 @@ func joinArgs(args []string) string {
 	return ", " + strings.Join(args, ", ")
 }
 
-func genWrapper(g *protogen.GeneratedFile, s *model.Saga) {
+func genWrapper(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	typ := s.GoName()
 	start := s.Start.Proto.GoIdent
+	recv, cfg, d, def, err, reg, e := l.name("s"), l.name("cfg"), l.name("d"), l.name("def"), l.name("err"), l.name("reg"), l.name("e")
+	ctx, tx, startVar, meta, sagaID, created, statusURL := l.name("ctx"), l.name("tx"), l.name("start"), l.name("meta"), l.name("sagaID"), l.name("created"), l.name("statusURL")
 	g.P("// ", typ, " runs saga ", s.FullName, " on a *saga.Engine with typed methods.")
 	g.P("// Its queue is ", strconv.Quote(s.Queue), "; register ", typ, ".Handler() as that queue's consumer handler.")
 	g.P("type ", typ, " struct {")
@@ -221,72 +228,76 @@ func genWrapper(g *protogen.GeneratedFile, s *model.Saga) {
 	g.P()
 	g.P("// ", s.NewFunc(), " returns the saga over cfg with decider d. It sets cfg.Definition")
 	g.P("// and cfg.Hooks, and cfg.Registry and cfg.NewData when they are nil.")
-	g.P("func ", s.NewFunc(), "(cfg ", sagaPkg.Ident("Config"), ", d ", s.DeciderType(), ") (*", typ, ", error) {")
-	g.P("if d == nil {")
+	g.P("func ", s.NewFunc(), "(", cfg, " ", sagaPkg.Ident("Config"), ", ", d, " ", s.DeciderType(), ") (*", typ, ", error) {")
+	g.P("if ", d, " == nil {")
 	g.P("return nil, ", errorsPkg.Ident("New"), "(", strconv.Quote("saga "+s.FullName+": decider is nil"), ")")
 	g.P("}")
-	g.P("def := ", s.DefinitionFunc(), "()")
-	g.P("if err := def.CompileGenerated(); err != nil {")
-	g.P("return nil, ", fmtPkg.Ident("Errorf"), "(", strconv.Quote("saga "+s.FullName+": %w"), ", err)")
+	wrapErr := func() {
+		g.P("return nil, ", fmtPkg.Ident("Errorf"), "(", strconv.Quote("saga "+s.FullName+": %w"), ", ", err, ")")
+	}
+	g.P(def, " := ", s.DefinitionFunc(), "()")
+	g.P("if ", err, " := ", def, ".CompileGenerated(); ", err, " != nil {")
+	wrapErr()
 	g.P("}")
-	g.P("cfg.Definition = def")
-	g.P("cfg.Hooks = ", s.HooksType(), "{d: d}")
-	g.P("if cfg.Registry == nil {")
+	g.P(cfg, ".Definition = ", def)
+	g.P(cfg, ".Hooks = ", s.HooksType(), "{d: ", d, "}")
+	g.P("if ", cfg, ".Registry == nil {")
 	infos := []string{g.QualifiedGoIdent(infoIdent(s.Start))}
 	for _, m := range msgUnion(s.Commands, s.Handles) {
 		if m != s.Start {
 			infos = append(infos, g.QualifiedGoIdent(infoIdent(m)))
 		}
 	}
-	g.P("reg, err := ", messagePkg.Ident("NewRegistry"), "(", strings.Join(infos, ", "), ")")
-	g.P("if err != nil {")
-	g.P("return nil, ", fmtPkg.Ident("Errorf"), "(", strconv.Quote("saga "+s.FullName+": %w"), ", err)")
+	g.P(reg, ", ", err, " := ", messagePkg.Ident("NewRegistry"), "(", strings.Join(infos, ", "), ")")
+	g.P("if ", err, " != nil {")
+	wrapErr()
 	g.P("}")
-	g.P("cfg.Registry = reg")
+	g.P(cfg, ".Registry = ", reg)
 	g.P("}")
-	g.P("if cfg.NewData == nil {")
-	g.P("cfg.NewData = func() ", protoPkg.Ident("Message"), " { return new(", s.Data.GoIdent, ") }")
+	g.P("if ", cfg, ".NewData == nil {")
+	g.P(cfg, ".NewData = func() ", protoPkg.Ident("Message"), " { return new(", s.Data.GoIdent, ") }")
 	g.P("}")
-	g.P("e, err := ", sagaPkg.Ident("New"), "(cfg)")
-	g.P("if err != nil {")
-	g.P("return nil, err")
+	g.P(e, ", ", err, " := ", sagaPkg.Ident("New"), "(", cfg, ")")
+	g.P("if ", err, " != nil {")
+	g.P("return nil, ", err)
 	g.P("}")
-	g.P("return &", typ, "{engine: e}, nil")
+	g.P("return &", typ, "{engine: ", e, "}, nil")
 	g.P("}")
 	g.P()
 	g.P("// Engine returns the underlying engine (timeouts, operator actions).")
-	g.P("func (s *", typ, ") Engine() *", sagaPkg.Ident("Engine"), " { return s.engine }")
+	g.P("func (", recv, " *", typ, ") Engine() *", sagaPkg.Ident("Engine"), " { return ", recv, ".engine }")
 	g.P()
 	g.P("// Queue returns the queue the saga consumes its replies and events from.")
-	g.P("func (s *", typ, ") Queue() string { return ", strconv.Quote(s.Queue), " }")
+	g.P("func (", recv, " *", typ, ") Queue() string { return ", strconv.Quote(s.Queue), " }")
 	g.P()
 	g.P("// Handler returns the consumer handler of the saga's queue.")
-	g.P("func (s *", typ, ") Handler() ", consumerPkg.Ident("HandlerFunc"), " { return s.engine.Handle }")
+	g.P("func (", recv, " *", typ, ") Handler() ", consumerPkg.Ident("HandlerFunc"), " { return ", recv, ".engine.Handle }")
 	g.P()
+	results := " (" + sagaID + " string, " + created + " bool, " + err + " error)"
 	g.P("// StartTx starts an instance in the caller's transaction. It is idempotent on")
 	g.P("// the business key ", s.BusinessKey.Path, ": a second start returns the same saga id with created=false.")
-	g.P("func (s *", typ, ") StartTx(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", start *", start,
-		", meta ", envelopePkg.Ident("Meta"), ") (sagaID string, created bool, err error) {")
-	g.P("return s.engine.StartTx(ctx, tx, start, meta)")
+	g.P("func (", recv, " *", typ, ") StartTx(", ctx, " ", contextPkg.Ident("Context"), ", ", tx, " ", pgxPkg.Ident("Tx"), ", ", startVar, " *", start,
+		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+	g.P("return ", recv, ".engine.StartTx(", ctx, ", ", tx, ", ", startVar, ", ", meta, ")")
 	g.P("}")
 	g.P()
 	g.P("// Start is StartTx in a transaction of its own.")
-	g.P("func (s *", typ, ") Start(ctx ", contextPkg.Ident("Context"), ", start *", start,
-		", meta ", envelopePkg.Ident("Meta"), ") (sagaID string, created bool, err error) {")
-	g.P("return s.engine.Start(ctx, start, meta)")
+	g.P("func (", recv, " *", typ, ") Start(", ctx, " ", contextPkg.Ident("Context"), ", ", startVar, " *", start,
+		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+	g.P("return ", recv, ".engine.Start(", ctx, ", ", startVar, ", ", meta, ")")
 	g.P("}")
 	g.P()
 	g.P("// Status returns a snapshot of instance sagaID.")
-	g.P("func (s *", typ, ") Status(ctx ", contextPkg.Ident("Context"), ", sagaID string) (", sagaPkg.Ident("Status"), ", error) {")
-	g.P("return s.engine.Status(ctx, sagaID)")
+	g.P("func (", recv, " *", typ, ") Status(", ctx, " ", contextPkg.Ident("Context"), ", ", sagaID, " string) (", sagaPkg.Ident("Status"), ", error) {")
+	g.P("return ", recv, ".engine.Status(", ctx, ", ", sagaID, ")")
 	g.P("}")
 	g.P()
 	g.P("// HTTPHandler returns a handler that starts the saga from a POSTed JSON")
 	g.P("// (protojson) ", start.GoName, " and answers 202 Accepted with the saga id and")
 	g.P("// statusURL(sagaID), without waiting for any step. The W3C trace context of")
 	g.P("// the request continues in the saga's messages.")
-	g.P("func (s *", typ, ") HTTPHandler(statusURL func(sagaID string) string) ", httpPkg.Ident("Handler"), " {")
-	g.P("return s.engine.StartHandler(func() ", messagePkg.Ident("Message"), " { return new(", start, ") }, statusURL)")
+	g.P("func (", recv, " *", typ, ") HTTPHandler(", statusURL, " func(", sagaID, " string) string) ", httpPkg.Ident("Handler"), " {")
+	g.P("return ", recv, ".engine.StartHandler(func() ", messagePkg.Ident("Message"), " { return new(", start, ") }, ", statusURL, ")")
 	g.P("}")
 	g.P()
 }
@@ -331,26 +342,28 @@ func genMigrations(g *protogen.GeneratedFile, s *model.Saga, files []string) {
 	g.P()
 }
 
-func genBuild(g *protogen.GeneratedFile, s *model.Saga, errf func(string, ...string) string) {
+func genBuild(g *protogen.GeneratedFile, s *model.Saga, l locals, errf func(string, ...string) string) {
 	data := s.Data.GoIdent
-	g.P("d, ok := data.(*", data, ")")
-	g.P("if !ok {")
-	g.P("return nil, ", errf("saga data is %T, want *"+data.GoName, "data"))
+	h, d, ctx, dataVar, command := l.name("h"), l.name("d"), l.name("ctx"), l.name("data"), l.name("command")
+	c, ok, err := l.name("c"), l.name("ok"), l.name("err")
+	g.P(d, ", ", ok, " := ", dataVar, ".(*", data, ")")
+	g.P("if !", ok, " {")
+	g.P("return nil, ", errf("saga data is %T, want *"+data.GoName, dataVar))
 	g.P("}")
-	g.P("switch command {")
-	for _, c := range s.Commands {
-		g.P("case ", strconv.Quote(c.FullName), ":")
-		g.P("c, err := h.d.", buildMethod(c), "(ctx, d)")
-		g.P("if err != nil {")
-		g.P("return nil, err")
+	g.P("switch ", command, " {")
+	for _, cmd := range s.Commands {
+		g.P("case ", strconv.Quote(cmd.FullName), ":")
+		g.P(c, ", ", err, " := ", h, ".d.", buildMethod(cmd), "(", ctx, ", ", d, ")")
+		g.P("if ", err, " != nil {")
+		g.P("return nil, ", err)
 		g.P("}")
-		g.P("if c == nil {")
-		g.P("return nil, ", errf(buildMethod(c)+" returned no command"))
+		g.P("if ", c, " == nil {")
+		g.P("return nil, ", errf(buildMethod(cmd)+" returned no command"))
 		g.P("}")
-		g.P("return c, nil")
+		g.P("return ", c, ", nil")
 	}
 	g.P("}")
-	g.P("return nil, ", errf("no command %s in this saga", "command"))
+	g.P("return nil, ", errf("no command %s in this saga", command))
 	g.P("}")
 	g.P()
 }

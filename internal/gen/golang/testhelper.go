@@ -50,6 +50,8 @@ func TestHelpers(gen *protogen.Plugin, f *model.File) {
 
 func genTestHelper(g *protogen.GeneratedFile, s *model.Saga) {
 	pkg := s.Data.GoIdent.GoImportPath
+	l := sagaLocals(s, pkg)
+	t, d, h, m, start := l.name("t"), l.name("d"), l.name("h"), l.name("m"), l.name("start")
 	typ := s.Name
 	g.P("// ", typ, " drives one instance of saga ", s.FullName, " in memory. The")
 	g.P("// embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires")
@@ -60,26 +62,26 @@ func genTestHelper(g *protogen.GeneratedFile, s *model.Saga) {
 	g.P("}")
 	g.P()
 	g.P("// New", typ, " returns a harness for the saga with decider d.")
-	g.P("func New", typ, "(t ", testingPkg.Ident("TB"), ", d ", pkg.Ident(s.DeciderType()), ") *", typ, " {")
-	g.P("t.Helper()")
-	g.P("return &", typ, "{Harness: ", sagatestPkg.Ident("New"), "(t, ", pkg.Ident(s.DefinitionFunc()), "(), ", pkg.Ident(s.HooksFunc()), "(d))}")
+	g.P("func New", typ, "(", t, " ", testingPkg.Ident("TB"), ", ", d, " ", pkg.Ident(s.DeciderType()), ") *", typ, " {")
+	g.P(t, ".Helper()")
+	g.P("return &", typ, "{Harness: ", sagatestPkg.Ident("New"), "(", t, ", ", pkg.Ident(s.DefinitionFunc()), "(), ", pkg.Ident(s.HooksFunc()), "(", d, "))}")
 	g.P("}")
 	g.P()
 	g.P("// Begin starts the instance from a typed start message.")
-	g.P("func (h *", typ, ") Begin(start *", s.Start.Proto.GoIdent, ") ", sagadefPkg.Ident("Result"), " { return h.Start(start) }")
+	g.P("func (", h, " *", typ, ") Begin(", start, " *", s.Start.Proto.GoIdent, ") ", sagadefPkg.Ident("Result"), " { return ", h, ".Start(", start, ") }")
 	g.P()
 	g.P("// Data returns the instance's saga data.")
-	g.P("func (h *", typ, ") Data() *", s.Data.GoIdent, " {")
-	g.P("d, _ := h.Instance().Data.(*", s.Data.GoIdent, ")")
-	g.P("return d")
+	g.P("func (", h, " *", typ, ") Data() *", s.Data.GoIdent, " {")
+	g.P(d, ", _ := ", h, ".Instance().Data.(*", s.Data.GoIdent, ")")
+	g.P("return ", d)
 	g.P("}")
 	g.P()
 	for _, c := range s.Commands {
 		name := "Sent" + c.Proto.GoIdent.GoName
 		g.P("// ", name, " returns the last ", c.FullName, " the saga sent; it fails the test when none was sent.")
-		g.P("func (h *", typ, ") ", name, "() *", c.Proto.GoIdent, " {")
-		g.P("m, _ := h.LastSent(", strconv.Quote(c.FullName), ").Message.(*", c.Proto.GoIdent, ")")
-		g.P("return m")
+		g.P("func (", h, " *", typ, ") ", name, "() *", c.Proto.GoIdent, " {")
+		g.P(m, ", _ := ", h, ".LastSent(", strconv.Quote(c.FullName), ").Message.(*", c.Proto.GoIdent, ")")
+		g.P("return ", m)
 		g.P("}")
 		g.P()
 	}

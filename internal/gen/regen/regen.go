@@ -50,6 +50,10 @@ func Targets() []Target {
 		{Name: "golden/proto2", Root: "testdata/golden/proto2", Saga: true, Files: []string{"legacy/v1/legacy.proto"}},
 		{Name: "golden/editions", Root: "testdata/golden/editions", Saga: true, Files: []string{"ed/v1/ed.proto"}},
 		{Name: "golden/collide", Root: "testdata/golden/collide", Saga: true, Files: []string{"message/message.proto"}},
+		{Name: "golden/shadow", Root: "testdata/golden/shadow", Saga: true, Files: []string{
+			"cfg/cfg.proto", "ctx/ctx.proto", "d/d.proto", "data/data.proto", "def/def.proto", "h/h.proto",
+			"msg/msg.proto", "ok/ok.proto", "s/s.proto", "start/start.proto", "statusURL/statusURL.proto", "t/t.proto",
+		}},
 		{Name: "golden/noopts", Root: "testdata/golden/noopts", Saga: true, Files: []string{"plain/v1/plain.proto"}},
 	}
 }
