@@ -114,14 +114,17 @@ func (b *builder) collisions() {
 			}
 		})
 	}
-	claim := func(f *protogen.File, p []int32, name, what string) {
+	claimHint := func(f *protogen.File, p []int32, name, what, hint string) {
 		sc := scope(f.GoImportPath)
 		if prev, ok := sc[name]; ok {
-			b.errorf(f, p, "name-collision", "rename the message, saga or service, or move it to another Go package",
+			b.errorf(f, p, "name-collision", hint,
 				"generated Go identifier %s for %s collides with %s", name, what, prev)
 			return
 		}
 		sc[name] = what
+	}
+	claim := func(f *protogen.File, p []int32, name, what string) {
+		claimHint(f, p, name, what, "rename the message, saga or service, or move it to another Go package")
 	}
 	for _, m := range b.sortedMessages() {
 		if !m.Generate {
@@ -202,6 +205,17 @@ func (b *builder) collisions() {
 		for _, n := range []string{s.GoName(), s.NewFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
 			s.HooksType(), s.HooksFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
 			claim(d.file, path(d.base, sagaName), n, "saga "+s.FullName)
+		}
+		if s.Definition == nil {
+			continue // not compiled: reported by another rule
+		}
+		for _, st := range s.Definition.States {
+			p := path(d.base, sagaName)
+			if i := slices.IndexFunc(s.Steps, func(x *Step) bool { return x.Name == st.Step }); st.Step != "" && i >= 0 {
+				p = path(d.base, sagaSteps, int32(i), stepName)
+			}
+			claimHint(d.file, p, s.StateConst(st.Name), "state "+st.Name+" of saga "+s.FullName,
+				"rename the step (name: \"...\"), the saga or the message; state constants are named <Saga>State<State>")
 		}
 	}
 	claimed := map[protogen.GoImportPath]bool{}
