@@ -93,3 +93,73 @@ message Counted {
 	require.Contains(t, code, `{Name: "kinds.v1.commands", Kind: "direct"}`)
 	require.Contains(t, code, `{Name: "kinds.shared", Kind: "topic"}`)
 }
+
+// TestSagaQueueBindsStart: a saga's queue is bound to its start message
+// when the saga consumes it (an event, or a command without owner), since
+// the engine starts an instance from a start message delivered on its
+// queue; a start command owned by the saga's own service goes to that
+// service's command queue only.
+func TestSagaQueueBindsStart(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "bind", "v1"), 0o755))
+	src := `syntax = "proto3";
+package bind.v1;
+import "saga/v1/saga.proto";
+option go_package = "example.com/bind/v1;bindv1";
+
+message Opened {
+  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
+  string id = 1;
+}
+message Open {
+  option (saga.v1.message) = {kind: KIND_COMMAND, idempotency_key: ["id"]};
+  string id = 1;
+}
+message Close {
+  option (saga.v1.message) = {kind: KIND_COMMAND, owner: "desk", idempotency_key: ["id"]};
+  string id = 1;
+}
+message Approved {
+  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
+  string id = 1;
+}
+message Signed {
+  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
+  string id = 1;
+}
+message Filed {
+  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
+  string id = 1;
+}
+message ByEventData {
+  option (saga.v1.saga) = {start: "Opened", business_key: "id", steps: {role: ROLE_PIVOT, external: true, success: "Approved", timeout: "1h", late_reply: LATE_REPLY_IGNORE}};
+  string id = 1;
+}
+message ByCommandData {
+  option (saga.v1.saga) = {start: "Open", business_key: "id", steps: {role: ROLE_PIVOT, external: true, success: "Signed", timeout: "1h", late_reply: LATE_REPLY_IGNORE}};
+  string id = 1;
+}
+message ByOwnedData {
+  option (saga.v1.saga) = {start: "Close", business_key: "id", service: "desk", steps: {role: ROLE_PIVOT, external: true, success: "Filed", timeout: "1h", late_reply: LATE_REPLY_IGNORE}};
+  string id = 1;
+}
+`
+	require.NoError(t, os.WriteFile(filepath.Join(root, "bind", "v1", "bind.proto"), []byte(src), 0o644))
+	_, resp := outcome(compile(t, root, "paths=source_relative", "bind/v1/bind.proto"))
+	require.Nil(t, resp.Error, resp.GetError())
+	var defs struct {
+		Bindings []struct {
+			Destination string `json:"destination"`
+			RoutingKey  string `json:"routing_key"`
+		} `json:"bindings"`
+	}
+	require.NoError(t, json.Unmarshal(protoc.Files(resp)["bind/v1/topology.saga.json"], &defs))
+	queues := map[string][]string{} // routing key → queues
+	for _, b := range defs.Bindings {
+		queues[b.RoutingKey] = append(queues[b.RoutingKey], b.Destination)
+	}
+	require.Equal(t, []string{"by_event.saga.by_event"}, queues["event.bind.v1.opened"])
+	require.Equal(t, []string{"by_command.saga.by_command"}, queues["command.bind.v1.open"])
+	require.Equal(t, []string{"desk.commands"}, queues["command.bind.v1.close"])
+}

@@ -46,7 +46,7 @@ func Topology(p *model.Package) PackageTopology {
 	for _, f := range p.Files {
 		for _, s := range f.Sagas {
 			t.Queues = append(t.Queues, s.Queue)
-			for _, m := range s.Handles {
+			for _, m := range s.Consumes {
 				bind(s.Queue, m)
 			}
 		}

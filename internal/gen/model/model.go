@@ -130,9 +130,15 @@ type Saga struct {
 	// Definition is the compiled runtime definition (states and the
 	// transition table included).
 	Definition *sagadef.Definition
-	// Handles lists every message the saga consumes from its queue (replies
-	// and events), sorted by full name.
+	// Handles lists every reply and event the saga folds (its steps'
+	// replies and events), sorted by full name.
 	Handles []*Message
+	// Consumes lists every message bound to the saga's queue, sorted by
+	// full name: Handles, and the start message unless a participant owns
+	// it (an owner that is the saga's own service consumes it from its
+	// command queue). The engine starts an instance from a start message
+	// delivered on its queue.
+	Consumes []*Message
 	// Commands lists every command the saga sends (steps and
 	// compensations), sorted by full name.
 	Commands []*Message

@@ -144,6 +144,7 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 	if label == "" {
 		label = fmt.Sprintf("#%d", len(s.Steps)+1)
 	}
+	b.ownedCommand(f, path(base, stepCommand), s, st.Command, label, "sends")
 	for _, prev := range s.Steps {
 		if prev.Name == st.Name && st.Name != "" {
 			b.errorf(f, base, "step-name", "give each step a unique name (name: \"...\")",
@@ -171,6 +172,7 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 	}
 	if o.GetCompensation() != "" {
 		st.Compensation = b.ref(f, path(base, stepCompensation), pkg, o.GetCompensation(), sagav1.Kind_KIND_COMMAND, "compensation")
+		b.ownedCommand(f, path(base, stepCompensation), s, st.Compensation, label, "compensates with")
 	}
 	if o.GetCompensationReply() != "" {
 		st.CompensationReply = b.ref(f, path(base, stepCompensationReply), pkg, o.GetCompensationReply(), sagav1.Kind_KIND_REPLY, "compensation_reply")
@@ -221,6 +223,18 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 		}
 	}
 	return st
+}
+
+// ownedCommand reports a command a step sends that no participant owns:
+// nothing binds it to a queue (a saga consumes only its own start message),
+// so the relay's mandatory publish is returned and retried forever, and no
+// reply ever comes.
+func (b *builder) ownedCommand(f *protogen.File, p []int32, s *Saga, cmd *Message, step, verb string) {
+	if cmd == nil || cmd.Owner != "" {
+		return
+	}
+	b.errorf(f, p, "command-consumer", fmt.Sprintf("set owner: \"<service that handles it>\" on %s; a step's command is executed and answered by its owner", cmd.FullName),
+		"saga %s: step %s %s command %s, which has no owner, so no participant executes it or replies", s.FullName, step, verb, cmd.FullName)
 }
 
 func roleName(r sagav1.Role) string {
@@ -310,12 +324,19 @@ func (b *builder) conversation(f *protogen.File, base []int32, s *Saga, o *sagav
 func (b *builder) crossChecks() {
 	consumers := map[*Message][]string{}
 	waited := map[*Message]bool{}
+	// sent holds the commands that reviewed saga steps send; one without an
+	// owner is reported at the step (ownedCommand).
+	sent := map[*Message]bool{}
 	for _, d := range b.sagas {
 		s := d.saga
 		if s.Start != nil {
 			consumers[s.Start] = append(consumers[s.Start], "saga "+s.FullName+" (start, service "+s.Service+")")
 		}
 		for _, st := range s.Steps {
+			if d.file.Generate {
+				sent[st.Command] = true
+				sent[st.Compensation] = true
+			}
 			for _, r := range slices.Concat(st.Success, st.Failure, st.CompensationFailure, []*Message{st.CompensationReply}) {
 				if r != nil {
 					waited[r] = true
@@ -342,7 +363,7 @@ func (b *builder) crossChecks() {
 		}
 		base := path(m.Proto.Location.Path, fieldMessageOptions, extMessage)
 		switch n := owners + len(cs); {
-		case n == 0:
+		case n == 0 && !sent[m]:
 			b.errorf(m.File, base, "command-consumer", "set owner: \"<service that handles it>\"",
 				"command %s has no consumer", m.FullName)
 		case n > 1:
@@ -509,6 +530,10 @@ func (s *Saga) finish() {
 	}
 	s.Handles = sortMessages(handles)
 	s.Commands = sortMessages(commands)
+	s.Consumes = s.Handles
+	if s.Start != nil && s.Start.Owner == "" {
+		s.Consumes = sortMessages(append(handles, s.Start))
+	}
 }
 
 func (s *Saga) definition() *sagadef.Definition {

@@ -183,6 +183,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		),
 		Bindings: []broker.Binding{
 			{Queue: "ordering.commands", Exchange: "workflow.command", RoutingKey: "command.ordering.submit-order.v1"},
+			{Queue: "quote.saga.quote_approval", Exchange: "workflow.command", RoutingKey: "command.quote.submit-quote.v1"},
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-granted.v1"},
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-rejected.v1"},
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.ordering.order-submitted.v1"},
@@ -537,7 +538,8 @@ func NewQuoteApproval(cfg saga.Config, d QuoteApprovalDecider) (*QuoteApproval, 
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s *QuoteApproval) Engine() *saga.Engine { return s.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s *QuoteApproval) Queue() string { return "quote.saga.quote_approval" }
 
 // Handler returns the consumer handler of the saga's queue.

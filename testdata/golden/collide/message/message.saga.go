@@ -277,6 +277,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "select.commands", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.info"},
 			{Queue: "select.commands", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.message"},
+			{Queue: "select.saga.switch", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.context"},
 			{Queue: "select.saga.switch", Exchange: "collide.message.events", RoutingKey: "event.collide.message.meta"},
 			{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.engine"},
 			{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.tx"},
@@ -509,7 +510,8 @@ func NewSwitch(cfg saga.Config, d SwitchDecider) (*Switch, error) {
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s *Switch) Engine() *saga.Engine { return s.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s *Switch) Queue() string { return "select.saga.switch" }
 
 // Handler returns the consumer handler of the saga's queue.

@@ -88,6 +88,9 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Name: "shadow.h.replies", Kind: "direct"},
 			{Name: "shadow.msg.replies", Kind: "direct"},
 			{Name: "shadow.ok.replies", Kind: "direct"},
+			{Name: "shadow.s.commands", Kind: "direct"},
+			{Name: "shadow.start.commands", Kind: "direct"},
+			{Name: "shadow.statusURL.commands", Kind: "direct"},
 			{Name: "shadow.t.events", Kind: "topic"},
 		},
 		Queues: slices.Concat(
@@ -96,7 +99,9 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			broker.WorkQueue("fan_out.saga.fan_out", qt, p),
 		),
 		Bindings: []broker.Binding{
+			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.s.commands", RoutingKey: "command.shadow.s.begin"},
 			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
+			{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.statusURL.commands", RoutingKey: "command.shadow.statusurl.begin"},
 			{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
 			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.cfg.replies", RoutingKey: "reply.shadow.cfg.done-cfg"},
 			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.ctx.replies", RoutingKey: "reply.shadow.ctx.done-ctx"},
@@ -106,6 +111,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.h.replies", RoutingKey: "reply.shadow.h.done-h"},
 			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.msg.replies", RoutingKey: "reply.shadow.msg.done-msg"},
 			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.ok.replies", RoutingKey: "reply.shadow.ok.done-ok"},
+			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.start.commands", RoutingKey: "command.shadow.start.begin"},
 		},
 	}
 }
@@ -262,7 +268,8 @@ func NewByReceiver(cfg saga.Config, d ByReceiverDecider) (*ByReceiver, error) {
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s_ *ByReceiver) Engine() *saga.Engine { return s_.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s_ *ByReceiver) Queue() string { return "by_receiver.saga.by_receiver" }
 
 // Handler returns the consumer handler of the saga's queue.
@@ -457,7 +464,8 @@ func NewByStatusURL(cfg saga.Config, d ByStatusURLDecider) (*ByStatusURL, error)
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s *ByStatusURL) Engine() *saga.Engine { return s.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s *ByStatusURL) Queue() string { return "by_status_url.saga.by_status_url" }
 
 // Handler returns the consumer handler of the saga's queue.
@@ -934,7 +942,8 @@ func NewFanOut(cfg_ saga.Config, d_ FanOutDecider) (*FanOut, error) {
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s *FanOut) Engine() *saga.Engine { return s.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s *FanOut) Queue() string { return "fan_out.saga.fan_out" }
 
 // Handler returns the consumer handler of the saga's queue.

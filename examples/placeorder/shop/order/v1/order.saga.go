@@ -189,6 +189,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-released"},
 			{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-reservation-failed"},
 			{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-reserved"},
+			{Queue: "order.saga.place_order", Exchange: "shop.order.v1.commands", RoutingKey: "command.shop.order.v1.place-order-request"},
 			{Queue: "order.saga.place_order", Exchange: "shop.order.v1.replies", RoutingKey: "reply.shop.order.v1.order-approved"},
 			{Queue: "order.saga.place_order", Exchange: "shop.payment.v1.replies", RoutingKey: "reply.shop.payment.v1.payment-authorization-failed"},
 			{Queue: "order.saga.place_order", Exchange: "shop.payment.v1.replies", RoutingKey: "reply.shop.payment.v1.payment-authorized"},
@@ -580,7 +581,8 @@ func NewPlaceOrder(cfg saga.Config, d PlaceOrderDecider) (*PlaceOrder, error) {
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s *PlaceOrder) Engine() *saga.Engine { return s.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s *PlaceOrder) Queue() string { return "order.saga.place_order" }
 
 // Handler returns the consumer handler of the saga's queue.

@@ -129,6 +129,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		),
 		Bindings: []broker.Binding{
 			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.declined"},
+			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.requested"},
 			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.signed"},
 		},
 	}
@@ -310,7 +311,8 @@ func NewCollectSignature(cfg saga.Config, d CollectSignatureDecider) (*CollectSi
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s *CollectSignature) Engine() *saga.Engine { return s.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s *CollectSignature) Queue() string { return "collect_signature.saga.collect_signature" }
 
 // Handler returns the consumer handler of the saga's queue.

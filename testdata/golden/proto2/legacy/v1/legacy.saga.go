@@ -210,6 +210,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		),
 		Bindings: []broker.Binding{
 			{Queue: "accounts.commands", Exchange: "legacy.v1.commands", RoutingKey: "command.legacy.v1.account-open"},
+			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.events", RoutingKey: "event.legacy.v1.open-account-request"},
 			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-opened"},
 			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-refused"},
 		},
@@ -406,7 +407,8 @@ func NewOnboarding(cfg saga.Config, d OnboardingDecider) (*Onboarding, error) {
 // Engine returns the underlying engine (timeouts, operator actions).
 func (s *Onboarding) Engine() *saga.Engine { return s.engine }
 
-// Queue returns the queue the saga consumes its replies and events from.
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
 func (s *Onboarding) Queue() string { return "onboarding.saga.onboarding" }
 
 // Handler returns the consumer handler of the saga's queue.
