@@ -22,6 +22,7 @@ var Rules = []Rule{
 	{ID: "option-misuse"},
 	{ID: "command-consumer"},
 	{ID: "reply-unused", Warning: true},
+	{ID: "reply-consumer"},
 	{ID: "reply-answers"},
 	{ID: "reply-package"},
 	{ID: "saga-reference"},

@@ -323,7 +323,13 @@ func (b *builder) conversation(f *protogen.File, base []int32, s *Saga, o *sagav
 // waited-for replies, duplicate routing keys.
 func (b *builder) crossChecks() {
 	consumers := map[*Message][]string{}
-	waited := map[*Message]bool{}
+	// waited holds, for each reply, the first saga step waiting for it.
+	type waiter struct {
+		d    *sagaDecl
+		step string
+		p    []int32
+	}
+	waited := map[*Message]*waiter{}
 	// sent holds the commands that reviewed saga steps send; one without an
 	// owner is reported at the step (ownedCommand).
 	sent := map[*Message]bool{}
@@ -332,14 +338,41 @@ func (b *builder) crossChecks() {
 		if s.Start != nil {
 			consumers[s.Start] = append(consumers[s.Start], "saga "+s.FullName+" (start, service "+s.Service+")")
 		}
-		for _, st := range s.Steps {
+		for i, st := range s.Steps {
 			if d.file.Generate {
 				sent[st.Command] = true
 				sent[st.Compensation] = true
 			}
-			for _, r := range slices.Concat(st.Success, st.Failure, st.CompensationFailure, []*Message{st.CompensationReply}) {
-				if r != nil {
-					waited[r] = true
+			sp := path(d.base, sagaSteps, int32(i))
+			for _, l := range []struct {
+				field int32
+				ms    []*Message
+			}{
+				{stepSuccess, st.Success}, {stepFailure, st.Failure},
+				{stepCompensationReply, []*Message{st.CompensationReply}}, {stepCompensationFailure, st.CompensationFailure},
+			} {
+				for j, r := range l.ms {
+					if r == nil {
+						continue
+					}
+					w := &waiter{d: d, step: st.Name, p: path(sp, l.field, int32(j))}
+					prev := waited[r]
+					if prev == nil {
+						waited[r] = w
+						continue
+					}
+					// Within one saga this is saga-ambiguous; events may
+					// have any number of subscribers.
+					if prev.d == d || r.Kind != sagav1.Kind_KIND_REPLY {
+						continue
+					}
+					at := w
+					if !d.file.Generate {
+						at, prev = prev, w
+					}
+					b.errorf(at.d.file, at.p, "reply-consumer", "give each saga its own reply messages; a reply is routed to the queue of the one saga that waits for it",
+						"reply %s is awaited by saga %s (step %s) and by saga %s (step %s); both queues would bind it and each engine would park the copies meant for the other",
+						r.FullName, prev.d.saga.FullName, prev.step, at.d.saga.FullName, at.step)
 				}
 			}
 		}
@@ -376,7 +409,7 @@ func (b *builder) crossChecks() {
 		}
 	}
 	for _, m := range msgs {
-		if m.Kind == sagav1.Kind_KIND_REPLY && !waited[m] {
+		if m.Kind == sagav1.Kind_KIND_REPLY && waited[m] == nil {
 			b.report(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage), true, "reply-unused",
 				"list it in a saga step's success, failure or compensation replies, or remove it",
 				"reply %s is not awaited by any saga step", m.FullName)
