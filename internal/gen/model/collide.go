@@ -56,6 +56,9 @@ func (s *Saga) StateConst(state string) string {
 	return s.Name + "State" + Camel(Snake(state))
 }
 
+// ParticipantQueue is the queue service owner consumes its commands from.
+func ParticipantQueue(owner string) string { return owner + ".commands" }
+
 // Package-level identifiers.
 const (
 	TopologyFunc     = "Topology"

@@ -25,6 +25,7 @@ var Rules = []Rule{
 	{ID: "reply-consumer"},
 	{ID: "reply-answers"},
 	{ID: "reply-package"},
+	{ID: "owner-package"},
 	{ID: "saga-reference"},
 	{ID: "saga-name"},
 	{ID: "saga-start"},

@@ -415,6 +415,7 @@ func (b *builder) crossChecks() {
 				"reply %s is not awaited by any saga step", m.FullName)
 		}
 	}
+	b.ownerPackages(msgs)
 	type route struct{ exchange, key string }
 	routes := map[route]*Message{}
 	for _, m := range msgs {
@@ -476,6 +477,41 @@ func (b *builder) crossChecks() {
 	}
 }
 
+// ownerPackages refuses a service that owns commands in two Go packages:
+// each package generates a participant consuming the queue
+// <owner>.commands, so each would receive the other's commands and park
+// them.
+func (b *builder) ownerPackages(msgs []*Message) {
+	first := map[string]*Message{}
+	reported := map[string]bool{} // owner + import path
+	for _, m := range msgs {
+		if m.Kind != sagav1.Kind_KIND_COMMAND || m.Owner == "" {
+			continue
+		}
+		prev := first[m.Owner]
+		if prev == nil {
+			first[m.Owner] = m
+			continue
+		}
+		key := m.Owner + " " + string(m.File.GoImportPath)
+		if prev.File.GoImportPath == m.File.GoImportPath || reported[key] {
+			continue
+		}
+		reported[key] = true
+		at := m
+		if !m.File.Generate {
+			at, prev = prev, m
+		}
+		ownerPath := func(x *Message) []int32 {
+			return path(x.Proto.Location.Path, fieldMessageOptions, extMessage, msgOwner)
+		}
+		b.errorf(at.File, ownerPath(at), "owner-package",
+			"declare all commands of a service in one Go package, or give the services different names",
+			"service %s owns %s in Go package %s and %s (%s) in Go package %s; both packages' participants would consume queue %s and park each other's commands",
+			m.Owner, at.FullName, at.File.GoImportPath, prev.FullName, locate(prev.File, ownerPath(prev)), prev.File.GoImportPath, ParticipantQueue(m.Owner))
+	}
+}
+
 func (b *builder) sortedMessages() []*Message {
 	out := make([]*Message, 0, len(b.messages))
 	for _, m := range b.messages {
@@ -532,7 +568,7 @@ func (b *builder) finish() {
 				}
 				pt := byOwner[m.Owner]
 				if pt == nil {
-					pt = &Participant{Owner: m.Owner, GoName: Camel(m.Owner), Queue: m.Owner + ".commands"}
+					pt = &Participant{Owner: m.Owner, GoName: Camel(m.Owner), Queue: ParticipantQueue(m.Owner)}
 					byOwner[m.Owner] = pt
 					p.Participants = append(p.Participants, pt)
 				}

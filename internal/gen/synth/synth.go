@@ -42,8 +42,9 @@ func contract(i int) string {
 	msg := func(name, opt string) {
 		fmt.Fprintf(&b, "message %s {\n  option (saga.v1.message) = {%s};\n  string id = 1;\n  int64 amount = 2;\n  repeated string tags = 3;\n}\n", name, opt)
 	}
+	// One owner per file: a service owns commands in one Go package.
 	cmd := func(name string) {
-		msg(name, `kind: KIND_COMMAND, owner: "svc", idempotency_key: ["id"], correlation_field: "id"`)
+		msg(name, fmt.Sprintf(`kind: KIND_COMMAND, owner: "svc%03d", idempotency_key: ["id"], correlation_field: "id"`, i))
 	}
 	reply := func(name string) { msg(name, `kind: KIND_REPLY, correlation_field: "id"`) }
 	msg("Begin", `kind: KIND_COMMAND, idempotency_key: ["id"]`)
