@@ -2,8 +2,10 @@ package gen_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -108,28 +110,13 @@ package bind.v1;
 import "saga/v1/saga.proto";
 option go_package = "example.com/bind/v1;bindv1";
 
-message Opened {
-  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
-  string id = 1;
-}
+` + events("Opened", "Approved", "Signed", "Filed") + `
 message Open {
   option (saga.v1.message) = {kind: KIND_COMMAND, idempotency_key: ["id"]};
   string id = 1;
 }
 message Close {
   option (saga.v1.message) = {kind: KIND_COMMAND, owner: "desk", idempotency_key: ["id"]};
-  string id = 1;
-}
-message Approved {
-  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
-  string id = 1;
-}
-message Signed {
-  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
-  string id = 1;
-}
-message Filed {
-  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: "id"};
   string id = 1;
 }
 message ByEventData {
@@ -162,4 +149,14 @@ message ByOwnedData {
 	require.Equal(t, []string{"by_event.saga.by_event"}, queues["event.bind.v1.opened"])
 	require.Equal(t, []string{"by_command.saga.by_command"}, queues["command.bind.v1.open"])
 	require.Equal(t, []string{"desk.commands"}, queues["command.bind.v1.close"])
+}
+
+// events declares an annotated event message with a string field id for
+// each name, for contracts written by tests.
+func events(names ...string) string {
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "message %s {\n  option (saga.v1.message) = {kind: KIND_EVENT, correlation_field: \"id\"};\n  string id = 1;\n}\n", n)
+	}
+	return b.String()
 }

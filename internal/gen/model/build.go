@@ -214,6 +214,7 @@ func (b *builder) message(f *protogen.File, m *protogen.Message, mo *sagav1.Mess
 		if pkg != "" {
 			msg.Exchange = pkg + "." + msg.Exchange
 		}
+		b.checkAMQPName(f, base, full, "exchange", msg.Exchange)
 	} else if !exchangeRE.MatchString(msg.Exchange) || len(msg.Exchange) > 255 || strings.HasPrefix(msg.Exchange, "amq.") {
 		b.errorf(f, path(base, msgExchange), "routing-key", "exchange names use letters, digits, '-', '_', '.', ':' and do not start with \"amq.\"",
 			"%s: invalid exchange %q", full, msg.Exchange)
@@ -224,6 +225,7 @@ func (b *builder) message(f *protogen.File, m *protogen.Message, mo *sagav1.Mess
 			parts = append(parts, strings.ToLower(pkg))
 		}
 		msg.RoutingKey = strings.Join(append(parts, Kebab(rel)), ".")
+		b.checkAMQPName(f, base, full, "routing key", msg.RoutingKey)
 	} else if !routingKeyRE.MatchString(msg.RoutingKey) || len(msg.RoutingKey) > 255 {
 		b.errorf(f, path(base, msgRoutingKey), "routing-key", "use dot-separated words of [a-z0-9_-], e.g. \"command.inventory.reserve-inventory.v1\"; no wildcards",
 			"%s: invalid routing key %q", full, msg.RoutingKey)

@@ -44,6 +44,7 @@ var Rules = []Rule{
 	{ID: "compensatable-after-pivot"},
 	{ID: "non-retriable-after-pivot"},
 	{ID: "name-collision"},
+	{ID: "name-length"},
 	{ID: "go-package"},
 	{ID: "saga-definition", Defensive: true},
 }

@@ -60,6 +60,7 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 	}
 	s.Snake = Snake(s.Name)
 	s.Table = "saga_" + s.Snake
+	b.checkTable(f, path(base, sagaName), s)
 	s.Service = o.GetService()
 	if s.Service == "" {
 		s.Service = s.Snake
@@ -68,6 +69,11 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 			"saga %s: invalid service name %q", s.FullName, s.Service)
 	}
 	s.Queue = s.Service + ".saga." + s.Snake
+	queueAt := path(base, sagaName)
+	if o.GetService() != "" {
+		queueAt = path(base, sagaService)
+	}
+	b.checkQueue(f, queueAt, "saga "+s.FullName, s.Queue, "shorten the saga's service or name; its queue is \"<service>.saga.<snake_case name>\"")
 	if o.GetStart() == "" {
 		b.errorf(f, base, "saga-start", "add start: \"<message that starts the saga>\"",
 			"saga %s declares no start message", s.FullName)
@@ -480,7 +486,7 @@ func (b *builder) crossChecks() {
 // ownerPackages refuses a service that owns commands in two Go packages:
 // each package generates a participant consuming the queue
 // <owner>.commands, so each would receive the other's commands and park
-// them.
+// them. It also checks the length of each owner's queue name.
 func (b *builder) ownerPackages(msgs []*Message) {
 	first := map[string]*Message{}
 	reported := map[string]bool{} // owner + import path
@@ -491,6 +497,8 @@ func (b *builder) ownerPackages(msgs []*Message) {
 		prev := first[m.Owner]
 		if prev == nil {
 			first[m.Owner] = m
+			b.checkQueue(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgOwner), "service "+m.Owner,
+				ParticipantQueue(m.Owner), "shorten the owner name; its queue is \"<owner>.commands\"")
 			continue
 		}
 		key := m.Owner + " " + string(m.File.GoImportPath)
