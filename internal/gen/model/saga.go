@@ -3,6 +3,7 @@ package model
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -221,12 +222,16 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 				"saga %s: step %s retries on timeout but its budget is %d attempt(s), so it never retries", s.FullName, label, st.MaxAttempts)
 		}
 	}
-	if s.Deadline > 0 && st.Timeout > 0 && st.MaxAttempts > 0 {
-		if worst := st.Timeout * time.Duration(st.MaxAttempts); worst > s.Deadline {
-			b.errorf(f, path(base, stepTimeout), "retry-budget", "lower max_attempts or timeout, or raise the saga deadline",
-				"saga %s: step %s can wait %s (max_attempts %d × timeout %s), longer than the saga deadline %s",
-				s.FullName, label, worst, st.MaxAttempts, st.Timeout, s.Deadline)
+	// timeout × max_attempts > deadline, compared without multiplying: the
+	// product can overflow time.Duration (2 × "2000000h" wraps negative).
+	if n := time.Duration(st.MaxAttempts); s.Deadline > 0 && st.Timeout > 0 && n > 0 && st.Timeout > s.Deadline/n {
+		worst := "more than " + time.Duration(math.MaxInt64).Truncate(time.Hour).String()
+		if st.Timeout <= math.MaxInt64/n {
+			worst = (st.Timeout * n).String()
 		}
+		b.errorf(f, path(base, stepTimeout), "retry-budget", "lower max_attempts or timeout, or raise the saga deadline",
+			"saga %s: step %s can wait %s (max_attempts %d × timeout %s), longer than the saga deadline %s",
+			s.FullName, label, worst, st.MaxAttempts, st.Timeout, s.Deadline)
 	}
 	return st
 }
