@@ -2,6 +2,7 @@ package gen
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -12,27 +13,46 @@ import (
 )
 
 // checkGoPackages reports, as review findings, the files of req whose Go
-// import path cannot be determined: no go_package option and no
-// M<file>=<import path> parameter. protogen refuses such a request too, but
-// its error names no position and no rule.
+// import path protogen cannot determine or refuses: no go_package option
+// and no M<file>=<import path> parameter, an empty import path
+// (go_package ";name", or "M<file>=" without a value), or one without a '.'
+// or '/' (a package name written as a path). protogen refuses such a
+// request too, but its error names no position and no rule. Import paths
+// are read as protogen reads them: the text before ';', an M parameter
+// taking precedence over go_package when it gives a path.
 func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
-	mapped := map[string]bool{}
+	mapped := map[string]string{}
 	for _, p := range strings.Split(req.GetParameter(), ",") {
-		if k, _, ok := strings.Cut(strings.TrimSpace(p), "="); ok && strings.HasPrefix(k, "M") {
-			mapped[k[1:]] = true
+		if k, v, ok := strings.Cut(strings.TrimSpace(p), "="); ok && strings.HasPrefix(k, "M") {
+			if path := importPath(v); path != "" {
+				mapped[k[1:]] = path
+			}
 		}
 	}
 	var lines []string
 	for _, f := range req.GetProtoFile() {
-		if f.GetOptions().GetGoPackage() != "" || mapped[f.GetName()] {
+		name, goPackage := f.GetName(), f.GetOptions().GetGoPackage()
+		path, from := mapped[name], "M"+name+"="+mapped[name]
+		if path == "" {
+			path, from = importPath(goPackage), "go_package "+fmt.Sprintf("%q", goPackage)
+		}
+		var msg string
+		switch {
+		case path == "" && goPackage != "":
+			msg = fmt.Sprintf("%s: go_package %q has no import path before ';', so its Go import path is unknown", name, goPackage)
+		case path == "":
+			msg = name + " has no go_package option, so its Go import path is unknown"
+		case !strings.ContainsAny(path, "./"):
+			msg = fmt.Sprintf("%s: Go import path %q (from %s) has no '.' or '/'; it looks like a package name, not an import path", name, path, from)
+		default:
 			continue
 		}
 		line, col := statementPosition(f)
 		lines = append(lines, model.Diagnostic{
-			Pos:     model.Pos{File: f.GetName(), Line: line, Col: col},
+			Pos:     model.Pos{File: name, Line: line, Col: col},
 			Rule:    "go-package",
-			Message: f.GetName() + " has no go_package option, so its Go import path is unknown",
-			Hint:    `add option go_package = "<module path>/<directory>;<package name>"; or pass M` + f.GetName() + "=<import path> as a plugin parameter",
+			Message: msg,
+			Hint:    `add option go_package = "<module path>/<directory>;<package name>"; or pass M` + name + "=<import path> as a plugin parameter",
 		}.Error())
 	}
 	if len(lines) == 0 {
@@ -41,13 +61,21 @@ func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
 	return errors.New(strings.Join(lines, "\n"))
 }
 
-// statementPosition is where f's package statement is (1-based), else its
-// syntax statement, else 1:1.
+// importPath is the Go import path of a go_package option or an M
+// parameter's value: the text before ';' (protogen's
+// splitImportPathAndPackageName).
+func importPath(goPackage string) string {
+	path, _, _ := strings.Cut(goPackage, ";")
+	return path
+}
+
+// statementPosition is where f's go_package option is (1-based), else its
+// package statement, else its syntax statement, else 1:1.
 func statementPosition(f *descriptorpb.FileDescriptorProto) (line, col int) {
-	const fieldPackage, fieldSyntax = 2, 12
-	for _, field := range []int32{fieldPackage, fieldSyntax} {
+	const fieldOptions, fieldGoPackage, fieldPackage, fieldSyntax = 8, 11, 2, 12
+	for _, p := range [][]int32{{fieldOptions, fieldGoPackage}, {fieldPackage}, {fieldSyntax}} {
 		for _, loc := range f.GetSourceCodeInfo().GetLocation() {
-			if slices.Equal(loc.GetPath(), []int32{field}) && len(loc.GetSpan()) >= 2 {
+			if slices.Equal(loc.GetPath(), p) && len(loc.GetSpan()) >= 2 {
 				return int(loc.GetSpan()[0]) + 1, int(loc.GetSpan()[1]) + 1
 			}
 		}

@@ -162,3 +162,39 @@ func TestReviewProtocPositions(t *testing.T) {
 		require.True(t, strings.HasPrefix(l, fmt.Sprintf("step_timeout_late.proto:%d:3: ", line)), l)
 	}
 }
+
+// TestGoPackageFindings: every go_package or M parameter protogen cannot
+// take an import path from is a go-package finding with a position, not
+// protogen's "unable to determine Go import path" without one.
+func TestGoPackageFindings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, goPackage, param, want string
+	}{
+		{"package name only", `option go_package = ";a";`, "",
+			`a.proto:3:1: go-package: a.proto: go_package ";a" has no import path before ';', so its Go import path is unknown`},
+		{"empty M value", "", "Ma.proto=",
+			`a.proto:2:1: go-package: a.proto has no go_package option, so its Go import path is unknown`},
+		{"empty M value over go_package without path", `option go_package = ";a";`, "Ma.proto=",
+			`a.proto:3:1: go-package: a.proto: go_package ";a" has no import path before ';'`},
+		{"package name as path", `option go_package = "a";`, "",
+			`a.proto:3:1: go-package: a.proto: Go import path "a" (from go_package "a") has no '.' or '/'`},
+		{"package name as M path", "", "Ma.proto=a;a",
+			`a.proto:2:1: go-package: a.proto: Go import path "a" (from Ma.proto=a) has no '.' or '/'`},
+		{"M path wins", `option go_package = ";a";`, "Ma.proto=example.com/a", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			root := t.TempDir()
+			src := "syntax = \"proto3\";\npackage a;\n" + tc.goPackage + "\nmessage A {}\n"
+			require.NoError(t, os.WriteFile(filepath.Join(root, "a.proto"), []byte(src), 0o644))
+			got, resp := outcome(compile(t, root, tc.param, "a.proto"))
+			if tc.want == "" {
+				require.Nil(t, resp.Error, got)
+				return
+			}
+			require.True(t, strings.HasPrefix(got, tc.want), "got %s", got)
+			require.NotContains(t, got, "unable to determine")
+		})
+	}
+}
