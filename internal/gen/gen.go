@@ -31,15 +31,62 @@ import (
 // Params are the plugin parameters protoc-gen-saga accepts (besides
 // protogen's own paths=, module= and M...).
 type Params struct {
-	// Warnings is "error" to promote design-review warnings to errors.
+	// Warnings is "error" to promote design-review warnings to errors, or
+	// "warn" (also when empty) to print them.
 	Warnings string
 }
 
-// Flags returns a flag set binding p, for protogen.Options.ParamFunc.
+// accepted lists every parameter, for error messages.
+const accepted = "paths=import|source_relative, module=<prefix>, M<file>=<import path>, warnings=error|warn"
+
+// Flags returns a flag set binding p. Use [Params.Set] as
+// protogen.Options.ParamFunc: its errors name the plugin and the parameter.
 func (p *Params) Flags() *flag.FlagSet {
 	fs := flag.NewFlagSet("protoc-gen-saga", flag.ContinueOnError)
-	fs.StringVar(&p.Warnings, "warnings", "", `"error" promotes design-review warnings to errors`)
+	fs.Func("warnings", `"error" promotes design-review warnings to errors; "warn" prints them`, func(v string) error {
+		if err := checkWarnings(v); err != nil {
+			return err
+		}
+		p.Warnings = v
+		return nil
+	})
 	return fs
+}
+
+// Set binds the plugin parameter name=value to p (protogen.Options.ParamFunc
+// passes it every parameter protogen does not handle itself).
+func (p *Params) Set(name, value string) error {
+	fs := p.Flags()
+	if fs.Lookup(name) == nil {
+		return fmt.Errorf("protoc-gen-saga: unknown parameter %q; accepted: %s", name, accepted)
+	}
+	if err := fs.Set(name, value); err != nil {
+		return fmt.Errorf("protoc-gen-saga: parameter %s=%q: %w", name, value, err)
+	}
+	return nil
+}
+
+// checkWarnings validates the value of the warnings parameter. An empty
+// value is refused: "warnings" alone reads like "warnings on", which is
+// what happens without it.
+func checkWarnings(v string) error {
+	switch v {
+	case "error", "warn":
+		return nil
+	}
+	return errors.New(`want warnings=error (fail on design-review warnings) or warnings=warn (print them; the default)`)
+}
+
+// normalizeParameter removes the spaces around each comma-separated
+// parameter, so "Ma.proto=x, warnings=error" means what it reads as. It is
+// applied before protogen reads the parameter, so its own parameters
+// (paths=, module=, M...) and ours are read alike.
+func normalizeParameter(param string) string {
+	parts := strings.Split(param, ",")
+	for i, p := range parts {
+		parts[i] = strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ",")
 }
 
 // Configure declares the plugin's supported features on gen.
@@ -54,10 +101,10 @@ func Configure(gen *protogen.Plugin) {
 // warn (protoc and buf show a plugin's stderr).
 func Run(gen *protogen.Plugin, p Params, warn io.Writer) error {
 	Configure(gen)
-	switch p.Warnings {
-	case "", "warn", "error":
-	default:
-		return fmt.Errorf("protoc-gen-saga: parameter warnings=%q: want \"error\" or \"warn\"", p.Warnings)
+	if p.Warnings != "" {
+		if err := checkWarnings(p.Warnings); err != nil {
+			return fmt.Errorf("protoc-gen-saga: parameter warnings=%q: %w", p.Warnings, err)
+		}
 	}
 	m, err := model.Build(gen, model.Options{WarningsAsErrors: p.Warnings == "error"})
 	if err != nil {
@@ -118,14 +165,17 @@ func write(gen *protogen.Plugin, name string, content []byte) {
 
 // Response runs the plugin on req in-process, exactly as the
 // protoc-gen-saga binary does with a request on stdin, and returns the
-// response (its Error set when generation failed).
+// response (its Error set when generation failed). It removes the spaces
+// around the request's comma-separated parameters in place.
 func Response(req *pluginpb.CodeGeneratorRequest, warn io.Writer) *pluginpb.CodeGeneratorResponse {
+	if req.Parameter != nil {
+		req.Parameter = proto.String(normalizeParameter(req.GetParameter()))
+	}
 	if err := checkGoPackages(req); err != nil {
 		return &pluginpb.CodeGeneratorResponse{Error: proto.String(err.Error())}
 	}
 	var params Params
-	flags := params.Flags()
-	plugin, err := protogen.Options{ParamFunc: flags.Set}.New(req)
+	plugin, err := protogen.Options{ParamFunc: params.Set}.New(req)
 	if err != nil {
 		return &pluginpb.CodeGeneratorResponse{Error: proto.String(err.Error())}
 	}

@@ -23,7 +23,7 @@ import (
 func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
 	mapped := map[string]string{}
 	for _, p := range strings.Split(req.GetParameter(), ",") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(p), "="); ok && strings.HasPrefix(k, "M") {
+		if k, v, ok := strings.Cut(p, "="); ok && strings.HasPrefix(k, "M") {
 			if path := importPath(v); path != "" {
 				mapped[k[1:]] = path
 			}

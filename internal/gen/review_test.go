@@ -198,3 +198,30 @@ func TestGoPackageFindings(t *testing.T) {
 		})
 	}
 }
+
+// TestPluginParameters: spaces around comma-separated parameters are
+// ignored (for protogen's parameters and ours alike), and every parameter
+// error names the plugin and the parameter.
+func TestPluginParameters(t *testing.T) {
+	t.Parallel()
+	root := filepath.Join(repoRoot, "testdata", "review")
+	for _, tc := range []struct{ param, want string }{
+		{"paths=source_relative, warnings=error", "reply_unused.proto:15:3: reply-unused: reply "},
+		{" warnings=error ,paths=source_relative", "reply_unused.proto:15:3: reply-unused: reply "},
+		{"warnings", `protoc-gen-saga: parameter warnings="": want warnings=error (fail on design-review warnings) or warnings=warn`},
+		{"warnings=", `protoc-gen-saga: parameter warnings="": want warnings=error`},
+		{"warnings=loud", `protoc-gen-saga: parameter warnings="loud": want warnings=error`},
+		{"warning=error", `protoc-gen-saga: unknown parameter "warning"; accepted: paths=import|source_relative, module=<prefix>, M<file>=<import path>, warnings=error|warn`},
+	} {
+		t.Run(tc.param, func(t *testing.T) {
+			t.Parallel()
+			_, resp := outcome(compile(t, root, tc.param, "reply_unused.proto"))
+			require.True(t, strings.HasPrefix(resp.GetError(), tc.want), "got %q", resp.GetError())
+			require.Empty(t, resp.File)
+		})
+	}
+	warned, resp := outcome(compile(t, root, "warnings=warn, paths=source_relative", "reply_unused.proto"))
+	require.Nil(t, resp.Error)
+	require.Contains(t, warned, "reply-unused: warning: ")
+	require.Contains(t, protoc.Files(resp), "reply_unused.saga.go", "paths=source_relative after a space applies")
+}
