@@ -298,7 +298,9 @@ func (b *builder) fieldPath(f *protogen.File, p []int32, m *protogen.Message, s 
 		fp.Fields = append(fp.Fields, fld)
 		last := i == len(parts)-1
 		if !last {
-			if fld.Desc.Kind() != protoreflect.MessageKind || fld.Desc.IsList() || fld.Desc.IsMap() {
+			// GroupKind: a proto2 group or an editions DELIMITED field, a
+			// message field encoded differently.
+			if k := fld.Desc.Kind(); (k != protoreflect.MessageKind && k != protoreflect.GroupKind) || fld.Desc.IsList() || fld.Desc.IsMap() {
 				b.errorf(f, p, "field-path", "only singular message fields can be traversed",
 					"%s: field path %q: %s is not a singular message field", m.Desc.FullName(), s, name)
 				return nil

@@ -118,9 +118,10 @@ func (x *Signed) GetSigner() string {
 	return ""
 }
 
+// Correlated through a DELIMITED (group-encoded) message field.
 type Declined struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ticket        *int32                 `protobuf:"varint,1,opt,name=ticket" json:"ticket,omitempty"`
+	Case          *Declined_Case         `protobuf:"group,1,opt,name=Case,json=case" json:"case,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -155,11 +156,11 @@ func (*Declined) Descriptor() ([]byte, []int) {
 	return file_ed_v1_ed_proto_rawDescGZIP(), []int{2}
 }
 
-func (x *Declined) GetTicket() int32 {
-	if x != nil && x.Ticket != nil {
-		return *x.Ticket
+func (x *Declined) GetCase() *Declined_Case {
+	if x != nil {
+		return x.Case
 	}
-	return 0
+	return nil
 }
 
 type SignatureData struct {
@@ -206,6 +207,50 @@ func (x *SignatureData) GetTicket() int32 {
 	return 0
 }
 
+type Declined_Case struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ticket        *int32                 `protobuf:"varint,1,opt,name=ticket" json:"ticket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Declined_Case) Reset() {
+	*x = Declined_Case{}
+	mi := &file_ed_v1_ed_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Declined_Case) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Declined_Case) ProtoMessage() {}
+
+func (x *Declined_Case) ProtoReflect() protoreflect.Message {
+	mi := &file_ed_v1_ed_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Declined_Case.ProtoReflect.Descriptor instead.
+func (*Declined_Case) Descriptor() ([]byte, []int) {
+	return file_ed_v1_ed_proto_rawDescGZIP(), []int{2, 0}
+}
+
+func (x *Declined_Case) GetTicket() int32 {
+	if x != nil && x.Ticket != nil {
+		return *x.Ticket
+	}
+	return 0
+}
+
 var File_ed_v1_ed_proto protoreflect.FileDescriptor
 
 const file_ed_v1_ed_proto_rawDesc = "" +
@@ -216,10 +261,11 @@ const file_ed_v1_ed_proto_rawDesc = "" +
 	"\b\x02*\x06ticket\"Q\n" +
 	"\x06Signed\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x05R\x06ticket\x12\x1d\n" +
-	"\x06signer\x18\x02 \x01(\tB\x05\xaa\x01\x02\b\x02R\x06signer:\x10\xe2\xdd\x19\f\b\x02*\x06ticket8\x03\"2\n" +
-	"\bDeclined\x12\x16\n" +
-	"\x06ticket\x18\x01 \x01(\x05R\x06ticket:\x0e\xe2\xdd\x19\n" +
-	"\b\x02*\x06ticket\"\x7f\n" +
+	"\x06signer\x18\x02 \x01(\tB\x05\xaa\x01\x02\b\x02R\x06signer:\x10\xe2\xdd\x19\f\b\x02*\x06ticket8\x03\"p\n" +
+	"\bDeclined\x12/\n" +
+	"\x04case\x18\x01 \x01(\v2\x14.ed.v1.Declined.CaseB\x05\xaa\x01\x02(\x02R\x04case\x1a\x1e\n" +
+	"\x04Case\x12\x16\n" +
+	"\x06ticket\x18\x01 \x01(\x05R\x06ticket:\x13\xe2\xdd\x19\x0f\b\x02*\vcase.ticket\"\x7f\n" +
 	"\rSignatureData\x12\x16\n" +
 	"\x06ticket\x18\x01 \x01(\x05R\x06ticket:V\xea\xdd\x19R\n" +
 	"\x10CollectSignature\x12\tRequested\x1a\x06ticket\"\x04168h2%\n" +
@@ -237,19 +283,21 @@ func file_ed_v1_ed_proto_rawDescGZIP() []byte {
 	return file_ed_v1_ed_proto_rawDescData
 }
 
-var file_ed_v1_ed_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_ed_v1_ed_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_ed_v1_ed_proto_goTypes = []any{
 	(*Requested)(nil),     // 0: ed.v1.Requested
 	(*Signed)(nil),        // 1: ed.v1.Signed
 	(*Declined)(nil),      // 2: ed.v1.Declined
 	(*SignatureData)(nil), // 3: ed.v1.SignatureData
+	(*Declined_Case)(nil), // 4: ed.v1.Declined.Case
 }
 var file_ed_v1_ed_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	4, // 0: ed.v1.Declined.case:type_name -> ed.v1.Declined.Case
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_ed_v1_ed_proto_init() }
@@ -263,7 +311,7 @@ func file_ed_v1_ed_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ed_v1_ed_proto_rawDesc), len(file_ed_v1_ed_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

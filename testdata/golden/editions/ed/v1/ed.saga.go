@@ -45,8 +45,10 @@ func (*Declined) SagaMessageInfo() *message.Info { return DeclinedInfo }
 // IdempotencyKey returns "": the contract names no idempotency key.
 func (*Declined) IdempotencyKey() string { return "" }
 
-// CorrelationKey returns the correlation field ticket.
-func (x *Declined) CorrelationKey() string { return strconv.FormatInt(int64(x.GetTicket()), 10) }
+// CorrelationKey returns the correlation field case.ticket.
+func (x *Declined) CorrelationKey() string {
+	return strconv.FormatInt(int64(x.GetCase().GetTicket()), 10)
+}
 
 // PublishDeclined writes m to the outbox in the caller's transaction; the relay
 // publishes it to "ed.v1.events" with routing key "event.ed.v1.declined" after commit.

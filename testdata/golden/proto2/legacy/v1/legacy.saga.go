@@ -99,12 +99,13 @@ func (*Account_Opened) isAccount_OpenResult() {}
 
 // Account_RefusedInfo describes the reply legacy.v1.Account.Refused.
 var Account_RefusedInfo = &message.Info{
-	FullName:      "legacy.v1.Account.Refused",
-	Kind:          message.KindReply,
-	Exchange:      "legacy.v1.replies",
-	RoutingKey:    "reply.legacy.v1.account-refused",
-	SchemaVersion: 1,
-	New:           func() message.Message { return new(Account_Refused) },
+	FullName:        "legacy.v1.Account.Refused",
+	Kind:            message.KindReply,
+	Exchange:        "legacy.v1.replies",
+	RoutingKey:      "reply.legacy.v1.account-refused",
+	SchemaVersion:   1,
+	SensitiveFields: []string{"reason.detail"},
+	New:             func() message.Message { return new(Account_Refused) },
 }
 
 // SagaMessageInfo returns Account_RefusedInfo.
