@@ -140,6 +140,9 @@ func (b *builder) collisions() {
 			claim(m.File, p, ResultType(m), "command "+m.FullName)
 		}
 		for _, fld := range m.Proto.Fields {
+			if fld.Oneof != nil && !fld.Oneof.Desc.IsSynthetic() {
+				continue // a member of a real oneof is a field of its wrapper type (claimed above)
+			}
 			for _, meth := range messageMethods {
 				if fld.GoName == meth {
 					b.errorf(m.File, path(m.Proto.Location.Path, 2, int32(fld.Desc.Index())), "name-collision",
