@@ -54,11 +54,16 @@ ensure_installed() {
 # port_free PORT: nothing listens on 127.0.0.1:PORT.
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-# free_port: a free port in 20000–39999 whose +20000 (Erlang distribution) is free too.
+# free_port: a free port whose +20000 (Erlang distribution) is free too, both below the kernel's
+# ephemeral range: a port in that range can be taken by any outgoing connection (tests open
+# thousands) between the check here and the server's bind, which then fails with eaddrinuse.
 free_port() {
-	local p i
+	local p i lo top
+	lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+	top=$((lo - 20000)) # p + 20000 < lo
+	[ "$top" -gt 10100 ] || die "the ephemeral port range starts at $lo: no room below it for fixed ports (and +20000)"
 	for i in $(seq 1 200); do
-		p=$((20000 + RANDOM % 20000))
+		p=$((10000 + RANDOM % (top - 10000)))
 		if port_free "$p" && port_free $((p + 20000)); then echo "$p"; return; fi
 	done
 	die "no free port found"
