@@ -319,37 +319,14 @@ func (d *Definition) Mermaid() string {
 	if d.compiled == nil {
 		return ""
 	}
-	type edge struct{ from, to string }
-	var order []edge
-	labels := map[edge][]string{}
-	for _, t := range d.Transitions {
-		e := edge{t.From, t.To}
-		if _, ok := labels[e]; !ok {
-			order = append(order, e)
-		}
-		l := shortName(t.Trigger)
-		if strings.HasPrefix(t.Trigger, "operator.") {
-			l = t.Trigger
-		}
-		if len(t.Emits) > 0 {
-			short := make([]string, len(t.Emits))
-			for i, m := range t.Emits {
-				short[i] = shortName(m)
-			}
-			l += " / " + strings.Join(short, ", ")
-		}
-		if !slices.Contains(labels[e], l) {
-			labels[e] = append(labels[e], l)
-		}
-	}
 	var b strings.Builder
 	b.WriteString("stateDiagram-v2\n")
-	for _, e := range order {
+	for _, e := range d.edges() {
 		from := e.from
 		if from == "" {
 			from = "[*]"
 		}
-		fmt.Fprintf(&b, "    %s --> %s : %s\n", from, e.to, strings.Join(labels[e], "<br/>"))
+		fmt.Fprintf(&b, "    %s --> %s : %s\n", from, e.to, strings.Join(e.lines, "<br/>"))
 	}
 	for _, s := range d.States {
 		if s.Kind == StateKindTerminal {
@@ -357,4 +334,51 @@ func (d *Definition) Mermaid() string {
 		}
 	}
 	return b.String()
+}
+
+// edge is the rows of the transition table between two states, merged into
+// one arrow of a diagram.
+type edge struct {
+	from, to string // from is "" for the start row
+	// triggers are the rows' distinct triggers, short names ("timeout",
+	// "InventoryReserved", "operator.retry"), in table order.
+	triggers []string
+	// lines are the rows' distinct "trigger / emitted messages" lines.
+	lines []string
+}
+
+// edges merges the rows of the transition table by (from, to), in table
+// order: the arrows of the Mermaid and SVG diagrams.
+func (d *Definition) edges() []edge {
+	var out []edge
+	at := map[[2]string]int{}
+	for _, t := range d.Transitions {
+		k := [2]string{t.From, t.To}
+		i, ok := at[k]
+		if !ok {
+			i = len(out)
+			at[k] = i
+			out = append(out, edge{from: t.From, to: t.To})
+		}
+		e := &out[i]
+		trig := shortName(t.Trigger)
+		if strings.HasPrefix(t.Trigger, "operator.") {
+			trig = t.Trigger
+		}
+		l := trig
+		if len(t.Emits) > 0 {
+			short := make([]string, len(t.Emits))
+			for i, m := range t.Emits {
+				short[i] = shortName(m)
+			}
+			l += " / " + strings.Join(short, ", ")
+		}
+		if !slices.Contains(e.triggers, trig) {
+			e.triggers = append(e.triggers, trig)
+		}
+		if !slices.Contains(e.lines, l) {
+			e.lines = append(e.lines, l)
+		}
+	}
+	return out
 }
