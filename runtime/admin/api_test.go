@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -21,7 +22,7 @@ func TestAuthentication(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.start(t, "order-auth")
-	reads := []string{"/api/whoami", "/api/types", "/api/sagas", "/api/sagas/" + id, "/api/parked", "/api/parked/1", "/api/nope"}
+	reads := []string{"/api/whoami", "/api/types", "/api/types/shop.order.v1.PlaceOrder/diagram.svg", "/api/sagas", "/api/sagas/" + id, "/api/parked", "/api/parked/1", "/api/nope"}
 	repairs := []string{"/api/sagas/" + id + "/cancel", "/api/bulk/sagas/cancel", "/api/parked/1/replay", "/api/bulk/parked/replay"}
 
 	for _, p := range append(reads, repairs...) {
@@ -435,5 +436,51 @@ FROM generate_series(1, $2::int) AS i`, id, n)
 	}
 	for _, oldest := range []string{"note-3", "out-3", "park-3"} {
 		require.False(t, seen[oldest], "%s is older than the newest 1000", oldest)
+	}
+}
+
+// TestDiagram: GET /api/types/{type}/diagram.svg answers the type's state
+// diagram as SVG to a read token, the current state highlighted and the
+// visited ones marked; unknown types are 404, unknown states 400.
+func TestDiagram(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const path = "/api/types/shop.order.v1.PlaceOrder/diagram.svg"
+
+	req, err := http.NewRequest(http.MethodGet, b.http.URL+path+"?current=AUTHORIZE_PAYMENT&visited=RESERVE_INVENTORY", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+readToken)
+	res, err := b.http.Client().Do(req)
+	require.NoError(t, err)
+	raw, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, res.StatusCode, string(raw))
+	require.Equal(t, "image/svg+xml", res.Header.Get("Content-Type"))
+	require.Equal(t, "no-store", res.Header.Get("Cache-Control"))
+	require.Contains(t, res.Header.Get("Content-Security-Policy"), "default-src 'none'")
+	require.True(t, strings.HasPrefix(string(raw), "<svg xmlns=\"http://www.w3.org/2000/svg\""), "an SVG document")
+	require.Contains(t, string(raw), `<g class="state step current" data-state="AUTHORIZE_PAYMENT">`)
+	require.Contains(t, string(raw), `<g class="state step visited" data-state="RESERVE_INVENTORY">`)
+
+	code, plain := b.call(t, readToken, http.MethodGet, path, nil)
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, string(plain), "current")
+	require.NotContains(t, string(plain), "visited")
+
+	for _, c := range []struct {
+		method, path string
+		code         int
+		msg          string
+	}{
+		{"GET", path + "?current=SHIPPED", 400, `state "SHIPPED" is not a state of shop.order.v1.PlaceOrder`},
+		{"GET", path + "?visited=COMPLETED,nope", 400, `state "nope" is not a state of shop.order.v1.PlaceOrder`},
+		{"GET", path + "?colour=red", 400, `unknown query parameter "colour"`},
+		{"GET", "/api/types/shop.Nope/diagram.svg", 404, `no saga type "shop.Nope" (served: shop.order.v1.PlaceOrder)`},
+		{"POST", path, 405, "takes GET, HEAD only"},
+	} {
+		code, raw := b.call(t, readToken, c.method, c.path, nil)
+		require.Equal(t, c.code, code, "%s %s: %s", c.method, c.path, raw)
+		require.Contains(t, apiError(t, raw).Message, c.msg)
 	}
 }

@@ -231,6 +231,7 @@ func (s *Server) routes() http.Handler {
 	}{
 		{http.MethodGet, "/api/whoami", RoleRead, s.handleWhoAmI},
 		{http.MethodGet, "/api/types", RoleRead, s.handleTypes},
+		{http.MethodGet, "/api/types/{type}/diagram.svg", RoleRead, s.handleDiagram},
 		{http.MethodGet, "/api/sagas", RoleRead, s.handleListSagas},
 		{http.MethodGet, "/api/sagas/{id}", RoleRead, s.handleTimeline},
 		{http.MethodPost, "/api/sagas/{id}/{action}", RoleRepair, s.handleAction},
@@ -461,6 +462,38 @@ func (s *Server) handleTypes(w http.ResponseWriter, r *http.Request) error {
 		})
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// handleDiagram answers GET /api/types/{type}/diagram.svg: the saga type's
+// state diagram (sagadef.Definition.SVG), with the state named by ?current
+// highlighted and those in ?visited (comma-separated) marked.
+func (s *Server) handleDiagram(w http.ResponseWriter, r *http.Request) error {
+	q, err := parseQuery(r, "current", "visited")
+	if err != nil {
+		return err
+	}
+	name := r.PathValue("type")
+	t, ok := s.byName[name]
+	if !ok {
+		return apiErr(http.StatusNotFound, "not_found", "no saga type %q (served: %s)", name, strings.Join(s.typeNames(), ", "))
+	}
+	opts := sagadef.SVGOptions{Current: q.str("current")}
+	if v := q.str("visited"); v != "" {
+		opts.Visited = strings.Split(v, ",")
+	}
+	for _, st := range append([]string{opts.Current}, opts.Visited...) {
+		if _, ok := t.def.LookupState(st); st != "" && !ok {
+			return badRequest("state %q is not a state of %s", st, name)
+		}
+	}
+	svg, err := t.def.SVG(opts)
+	if err != nil {
+		return fmt.Errorf("diagram of %s: %w", name, err)
+	}
+	w.Header().Set("Content-Type", "image/svg+xml")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(svg)
 	return nil
 }
 
