@@ -172,6 +172,47 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.NotContains(t, page, "[object ", "every value renders as text, never as a stringified DOM node")
 	require.Contains(t, page, "<dt>Business key</dt>", "the saga's header lists its fields")
 
+	// Its state diagram: an inline SVG with the current state highlighted,
+	// the Mermaid source still there, folded.
+	var highlighted string
+	var ok bool
+	var diagram struct {
+		States, Current, Scripts int
+		MermaidFolded            bool
+	}
+	const inspect = `({
+		States: document.querySelectorAll("#diagram svg g.state").length,
+		Current: document.querySelectorAll("#diagram svg g.state.current").length,
+		Scripts: document.querySelectorAll("#diagram script, #diagram foreignObject").length,
+		MermaidFolded: !!document.querySelector("#mermaid") && !document.querySelector("#mermaid").closest("details").open,
+	})`
+	require.NoError(t, chromedp.Run(ctx,
+		chromedp.WaitVisible("#diagram svg g.state.current", chromedp.ByQuery),
+		chromedp.AttributeValue("#diagram svg g.state.current", "data-state", &highlighted, &ok, chromedp.ByQuery),
+		chromedp.Evaluate(inspect, &diagram),
+	))
+	require.True(t, ok)
+	require.Equal(t, "RESERVE_INVENTORY", highlighted)
+	require.Equal(t, 9, diagram.States, "every state of Place Order drawn")
+	require.Equal(t, 1, diagram.Current)
+	require.Zero(t, diagram.Scripts)
+	require.True(t, diagram.MermaidFolded, "the Mermaid source stays, folded")
+
+	// The saga type's page: the same diagram, nothing highlighted.
+	var typeName string
+	require.NoError(t, chromedp.Run(ctx,
+		chromedp.Click(".grid dd a", chromedp.ByQuery),
+		chromedp.WaitVisible("#type-name", chromedp.ByQuery),
+		chromedp.WaitVisible("#diagram svg g.state", chromedp.ByQuery),
+		chromedp.Text("#type-name", &typeName, chromedp.ByQuery),
+		chromedp.Evaluate(inspect, &diagram),
+		chromedp.NavigateBack(),
+		chromedp.WaitVisible("#events button.replay-button", chromedp.ByQuery),
+	))
+	require.Equal(t, "shop.order.v1.PlaceOrder", typeName)
+	require.Equal(t, 9, diagram.States)
+	require.Zero(t, diagram.Current, "no saga, no highlight")
+
 	// Replay it from the timeline.
 	require.NoError(t, chromedp.Run(ctx,
 		chromedp.Click("#events button.replay-button", chromedp.ByQuery),

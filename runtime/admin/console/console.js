@@ -1,6 +1,9 @@
 // Saga console: a small single-page client of the admin API (/api/...).
 // Everything is built with DOM calls and textContent, never innerHTML, so no
-// value from the API is ever interpreted as markup.
+// value from the API is ever interpreted as markup. The one exception is the
+// state diagram, an SVG the server draws: it is parsed as an XML document
+// (DOMParser, which runs nothing), pruned to an allowlist of SVG elements
+// and attributes, and only then adopted into the page (see diagramView).
 "use strict";
 
 (function () {
@@ -43,15 +46,17 @@
 
   // api calls the admin API with the session's token. A 401 forgets the
   // token and shows the sign-in form.
+  // With opts.text it returns the body of a successful answer as text.
   async function api(path, opts) {
     opts = opts || {};
-    const headers = { "Authorization": "Bearer " + token(), "Accept": "application/json" };
+    const headers = { "Authorization": "Bearer " + token(), "Accept": opts.text ? "*/*" : "application/json" };
     let body;
     if (opts.body !== undefined) {
       headers["Content-Type"] = "application/json";
       body = JSON.stringify(opts.body);
     }
     const res = await fetch("api/" + path, { method: opts.method || "GET", headers, body });
+    if (opts.text && res.ok) return res.text();
     let data = null;
     try { data = await res.json(); } catch (e) { data = null; }
     if (res.status === 401) {
@@ -97,6 +102,7 @@
       const { parts, params } = parseHash();
       for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.getAttribute("href") === location.hash);
       if (parts[0] === "saga" && parts[1]) await showSaga(parts[1]);
+      else if (parts[0] === "types") await showTypes(parts[1]);
       else if (parts[0] === "parked") await showParked(params);
       else await showSagas(params);
     } catch (e) {
@@ -256,6 +262,73 @@
     return box;
   }
 
+  // ---- state diagrams -----------------------------------------------------
+
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  // What the server's diagrams use; anything else is dropped before the
+  // SVG reaches the page (no script, foreignObject, use, links, styles or
+  // event handlers, whatever the answer holds).
+  const SVG_TAGS = new Set(["svg", "g", "title", "rect", "circle", "line", "polyline", "polygon", "text"]);
+  const SVG_ATTRS = new Set(["viewBox", "width", "height", "class", "role", "aria-label", "font-family", "font-size",
+    "font-weight", "text-anchor", "x", "y", "rx", "cx", "cy", "r", "x1", "y1", "x2", "y2", "points", "fill",
+    "fill-opacity", "stroke", "stroke-width", "stroke-dasharray", "data-state", "data-from", "data-to"]);
+
+  function pruneSVG(node) {
+    for (const a of [...node.attributes]) {
+      if (a.namespaceURI !== null || !SVG_ATTRS.has(a.name)) node.removeAttributeNode(a);
+    }
+    for (const c of [...node.children]) {
+      if (c.namespaceURI !== SVG_NS || !SVG_TAGS.has(c.localName)) c.remove();
+      else pruneSVG(c);
+    }
+  }
+
+  // diagramView loads a saga type's state diagram (GET
+  // api/types/{type}/diagram.svg, with the token like every call), the
+  // current state highlighted and the visited ones marked when given.
+  async function diagramView(type, current, visited) {
+    const box = el("div", { class: "diagram", id: "diagram" });
+    const q = new URLSearchParams();
+    if (current) q.set("current", current);
+    if (visited && visited.length) q.set("visited", visited.join(","));
+    try {
+      const text = await api("types/" + encodeURIComponent(type) + "/diagram.svg" + (q.toString() ? "?" + q : ""), { text: true });
+      const doc = new DOMParser().parseFromString(text, "image/svg+xml");
+      const root = doc.documentElement;
+      if (root.namespaceURI !== SVG_NS || root.localName !== "svg" || doc.getElementsByTagName("parsererror").length) {
+        throw new Error("the server's answer is not an SVG diagram");
+      }
+      pruneSVG(root);
+      box.append(document.importNode(root, true));
+    } catch (e) {
+      if (e instanceof APIError && e.status === 401) throw e;
+      box.append(el("p", { class: "muted" }, "The state diagram could not be shown: " + e.message));
+    }
+    return box;
+  }
+
+  // showTypes lists the saga types, or shows one: its state diagram, states
+  // and steps.
+  async function showTypes(name) {
+    const view = $("view");
+    if (!name) {
+      view.replaceChildren(el("h2", {}, "Saga types"),
+        el("ul", { id: "types" }, types.map((t) => el("li", {}, el("a", { href: "#/types/" + encodeURIComponent(t.name) }, t.name)))));
+      return;
+    }
+    const t = types.find((x) => x.name === name);
+    if (!t) throw new Error("no saga type " + name);
+    view.replaceChildren(
+      el("h2", {}, "Saga type ", el("span", { class: "mono", id: "type-name" }, t.name)),
+      el("div", { class: "card" }, el("h3", {}, "State diagram"), await diagramView(t.name),
+        el("details", {}, el("summary", {}, "Mermaid state diagram source"), el("pre", { id: "mermaid" }, t.mermaid))),
+      el("div", { class: "card" }, el("h3", {}, "Steps"),
+        el("ol", { id: "steps" }, t.steps.map((st) => el("li", {}, st.name + " (" + st.role + ")" +
+          (st.command ? " sends " + short(st.command) : " waits for an event") +
+          (st.timeout ? ", timeout " + st.timeout + ": " + st.on_timeout : "")))),
+        el("p", {}, el("a", { href: "#/sagas?type=" + encodeURIComponent(t.name) }, "Its sagas"))));
+  }
+
   // ---- one saga -----------------------------------------------------------
 
   async function showSaga(id) {
@@ -265,7 +338,7 @@
     const s = tl.saga;
     const view = $("view");
     const facts = el("dl", { class: "grid" },
-      [["Type", s.type], ["Business key", s.business_key], ["State", s.state], ["Version", s.version],
+      [["Type", el("a", { href: "#/types/" + encodeURIComponent(s.type) }, s.type)], ["Business key", s.business_key], ["State", s.state], ["Version", s.version],
         ["Attempt", s.attempt], ["Created", fmtTime(s.created_at)], ["Updated", fmtTime(s.updated_at)],
         ["Timeout at", fmtTime(s.timeout_at)], ["Deadline at", fmtTime(s.deadline_at)],
         ["Last error", s.last_error], ["Review reason", s.review_reason], ["Stuck", s.stuck_reason]]
@@ -276,6 +349,7 @@
     const pos = tl.position;
     const next = el("ul", {}, (pos.next || []).map((n) => el("li", {}, n.trigger + " → " + n.to + (n.emits && n.emits.length ? " (sends " + n.emits.map(short).join(", ") + ")" : ""))));
     const events = el("tbody", { id: "events" }, tl.events.map(eventRow));
+    const diagram = await diagramView(s.type, s.state, tl.states.filter((st) => st.visited).map((st) => st.name));
     view.replaceChildren(
       el("h2", {}, "Saga ", el("span", { class: "mono", id: "saga-id" }, s.id)),
       el("div", { class: "card" }, facts),
@@ -283,6 +357,7 @@
         el("h3", {}, "Where it is"), states,
         el("p", { id: "position-summary" }, pos.summary),
         pos.next && pos.next.length ? [el("h3", {}, "What can happen next"), next] : "",
+        el("h3", {}, "State diagram"), diagram,
         el("details", {}, el("summary", {}, "Mermaid state diagram source"), el("pre", { id: "mermaid" }, tl.mermaid))),
       canRepair() ? actions(s) : "",
       el("h3", {}, "Timeline ", el("span", { class: "muted" },
