@@ -63,7 +63,10 @@
 // static files need no token: the page asks for one and keeps it in the tab's
 // sessionStorage. Answers carry a strict Content-Security-Policy (same-origin
 // scripts and styles only; the console uses no external resources) and the
-// console builds its DOM from text, never from HTML strings. Message bodies
+// console builds its DOM from text, never from HTML strings; the one markup
+// it inserts, the state diagram the server draws (GET
+// /api/types/{type}/diagram.svg, sagadef.Definition.SVG), is parsed as XML
+// and pruned to an allowlist of SVG elements and attributes first. Message bodies
 // and saga data are decoded through the message registries and shown as
 // protojson with every field the contract marks sensitive replaced by
 // "[REDACTED]" (saga data with the sensitive paths of every message its saga
