@@ -23,8 +23,9 @@ const listenHealthInterval = 15 * time.Second
 // liveness.go), tried again every poll while either is missing. When ctx
 // ends with errStopped as its cause (a clean stop, once the relay's rows are
 // finished), the registration is deleted before the lock goes with the
-// connection.
-func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+// connection. tried is closed once the first try for the lock has ended,
+// taken or not.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, tried chan<- struct{}) {
 	signal := func() {
 		select {
 		case wake <- struct{}{}:
@@ -35,7 +36,14 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		conn, err := r.listenConn(ctx)
 		if err == nil {
+			if r.cfg.beforeLiveness != nil {
+				r.cfg.beforeLiveness()
+			}
 			err = lock.check(ctx, r, conn, false)
+		}
+		if tried != nil {
+			close(tried)
+			tried = nil
 		}
 		if err == nil {
 			attempt = 0

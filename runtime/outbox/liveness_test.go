@@ -37,6 +37,8 @@ func TestRowsOfAGoneRelayWaitForNoLease(t *testing.T) {
 	ids := enqueue(t, ctx, b.pool, 20, routedKey)
 	errCrash := errors.New("simulated crash")
 	_, res := startRelay(t, b, RelayConfig{Owner: "doomed", LeaseDuration: time.Hour,
+		// A slow listener: the first claim still waits for the lock.
+		beforeLiveness: func() { time.Sleep(300 * time.Millisecond) },
 		afterPublish: func([]int64) error {
 			if !lockedBy("doomed") {
 				return errors.New("the running relay does not hold its liveness lock")

@@ -102,6 +102,9 @@ type RelayConfig struct {
 	afterPublish func(ids []int64) error
 	// onListen runs each time the LISTEN connection is (re)established.
 	onListen func()
+	// beforeLiveness runs before each try for the liveness lock; tests
+	// use it to make the listener slow.
+	beforeLiveness func()
 }
 
 func (c *RelayConfig) setDefaults() {
@@ -252,9 +255,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	listenCtx, stopListen := context.WithCancelCause(context.WithoutCancel(ctx))
 	wake := make(chan struct{}, 1)
 	listenDone := make(chan struct{})
+	tried := make(chan struct{}) // closed once the listener first tried for the lock
 	go func() {
 		defer close(listenDone)
-		r.listen(listenCtx, wake)
+		r.listen(listenCtx, wake, tried)
 	}()
 	cause := errors.New("outbox relay crashed")
 	defer func() {
@@ -262,7 +266,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		<-listenDone
 	}()
 	defer r.retention().Start(ctx)()
-	err := r.runPipeline(ctx, wake)
+	err := r.runPipeline(ctx, wake, tried)
 	if err == nil {
 		cause = errStopped // nothing of ours is left leased: unregister
 	}
@@ -284,8 +288,8 @@ func (r *Relay) retention() retain.Job {
 
 // runPipeline runs the claimer, sender, awaiter and settler (see [Relay])
 // until ctx ends and everything in flight is finished or abandoned.
-func (r *Relay) runPipeline(ctx context.Context, wake <-chan struct{}) error {
-	p := &pipeline{r: r, ctx: ctx, crashed: make(chan struct{})}
+func (r *Relay) runPipeline(ctx context.Context, wake, lockTried <-chan struct{}) error {
+	p := &pipeline{r: r, ctx: ctx, lockTried: lockTried, crashed: make(chan struct{})}
 	// stop ends claiming and sending: ctx, or a crash. grace bounds
 	// everything already claimed: it outlives ctx by ConfirmTimeout (the
 	// drain) and ends at once on a crash.
@@ -325,6 +329,8 @@ type pipeline struct {
 	halt  context.CancelFunc
 	grace context.Context // parent of every batch's work context
 	abort context.CancelFunc
+
+	lockTried <-chan struct{} // closed once the listener first tried for the liveness lock
 
 	crashed  chan struct{} // closed when the afterPublish hook fails
 	crashErr error         // set before crashed is closed
@@ -377,6 +383,17 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 	r := p.r
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
+	// The first claim waits (a little) for the listener's first try at the
+	// liveness lock: rows claimed before the lock is held wait for their
+	// lease, not for the other relays' liveness check, if the process dies.
+	if p.lockTried != nil {
+		select {
+		case <-p.lockTried:
+		case <-time.After(max(r.cfg.PollInterval, time.Second)):
+		case <-p.stop.Done():
+			return
+		}
+	}
 	var reaped time.Time
 	wasBlocked := false
 	for failures := 0; p.stop.Err() == nil; {
