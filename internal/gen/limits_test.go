@@ -1,27 +1,30 @@
 package gen_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/gen/protoc"
+	"github.com/protosaga/saga/internal/testenv"
 )
 
 // TestTableIdentifiersFit generates a saga whose instance table name is as
-// long as the name-length rule allows and requires every identifier its
-// migrations declare from the table name (indexes, constraints) to fit
-// PostgreSQL's 63 bytes, with room for the ones PostgreSQL derives itself
-// (<table>_business_key_key, <table>_pkey). One byte more is refused.
+// long as the name-length rule allows and applies its migrations to
+// PostgreSQL: the identifiers they declare from the table name (indexes, a
+// constraint), cut to 63 bytes as PostgreSQL cuts them, must stay distinct,
+// and the migrations must run twice over (the states migration drops and
+// adds its constraint by name). One byte more is refused.
 func TestTableIdentifiersFit(t *testing.T) {
 	t.Parallel()
 	const maxPG = 63
-	implicit := len("_business_key_key") // the longest name PostgreSQL derives
-	longest := maxPG - implicit          // "saga_" + snake_case name
+	longest := maxPG - len("_state") - 1 // one byte more, "<table>_state_check" is cut to "<table>_state"
 	contract := func(name string) string {
 		return `syntax = "proto3";
 package fit.v1;
@@ -48,18 +51,40 @@ message FitData {
 	got, files := generate(name)
 	require.Empty(t, got)
 	ident := regexp.MustCompile(`\b` + table + `\w*`)
-	var sql int
+	cut := map[string]string{} // identifier as PostgreSQL keeps it -> as declared
+	var paths []string
 	for path, b := range files {
 		if !strings.HasSuffix(path, ".sql") {
 			continue
 		}
-		sql++
+		paths = append(paths, path)
 		for _, id := range ident.FindAllString(string(b), -1) {
-			require.LessOrEqual(t, len(id), maxPG, "%s declares %s", path, id)
+			kept := id[:min(len(id), maxPG)]
+			if other, ok := cut[kept]; ok {
+				require.Equal(t, other, id, "%s and %s are one name to PostgreSQL", other, id)
+			}
+			cut[kept] = id
 		}
 	}
-	require.Equal(t, 2, sql)
+	require.Len(t, paths, 2)
+	require.Len(t, cut, 5, "the table and its four declared identifiers: %v", cut)
+
+	slices.Sort(paths) // the create migration, then the states migration
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	for range 2 {
+		for _, path := range paths {
+			_, err := pool.Exec(ctx, string(files[path]))
+			if err != nil && strings.Contains(path, "create") {
+				continue // applied once only: its CREATE TABLE runs again below
+			}
+			require.NoError(t, err, "%s", path)
+		}
+	}
+	var indexes int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE tablename = $1`, table).Scan(&indexes))
+	require.Equal(t, 5, indexes, "primary key, business key and the three declared indexes")
 
 	got, _ = generate(name + "x")
-	require.Contains(t, got, "name-length: saga fit.v1."+name+"x: table name "+table+"x (47 bytes) is too long")
+	require.Contains(t, got, "name-length: saga fit.v1."+name+"x: table name "+table+"x (57 bytes) is too long")
 }

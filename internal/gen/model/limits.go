@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/compiler/protogen"
@@ -24,21 +25,42 @@ const (
 )
 
 // tableSuffixes are appended to a saga's instance table name to form the
-// identifiers its migrations declare (templates/saga_*.sql.tmpl) or that
-// PostgreSQL derives from them (the primary key and the unique constraint
-// on business_key). TestTableIdentifiersFit checks this list against the
-// rendered SQL.
-var tableSuffixes = []string{"_pkey", "_business_key_key", "_state", "_timeout_at", "_updated_at", "_state_check"}
+// identifiers its migrations declare (templates/saga_*.sql.tmpl).
+// TestTableIdentifiersFit checks this list against the rendered SQL.
+// PostgreSQL derives two more names itself (<table>_pkey and
+// <table>_business_key_key); it shortens the table part of those to fit,
+// so they never collide.
+var tableSuffixes = []string{"_state", "_timeout_at", "_updated_at", "_state_check"}
 
-// maxTable is the longest instance table name whose derived identifiers all
-// fit PostgreSQL's limit.
+// maxTable is the longest instance table name whose declared identifiers
+// stay distinct once PostgreSQL has cut them to 63 bytes: it cuts them the
+// same way wherever they are used, so a cut name works as long as it names
+// one thing. "<table>_state" and "<table>_state_check" become one name
+// first, at 57 bytes.
 var maxTable = func() int {
-	longest := 0
-	for _, s := range tableSuffixes {
-		longest = max(longest, len(s))
+	for n := maxPGIdentifier; ; n-- {
+		table := strings.Repeat("t", n)
+		seen := map[string]bool{truncateIdentifier(table): true}
+		distinct := true
+		for _, s := range tableSuffixes {
+			id := truncateIdentifier(table + s)
+			distinct = distinct && !seen[id]
+			seen[id] = true
+		}
+		if distinct {
+			return n
+		}
 	}
-	return maxPGIdentifier - longest
 }()
+
+// truncateIdentifier cuts s as PostgreSQL cuts an identifier (the names
+// here are ASCII).
+func truncateIdentifier(s string) string {
+	if len(s) > maxPGIdentifier {
+		return s[:maxPGIdentifier]
+	}
+	return s
+}
 
 // maxWorkQueue is the longest work queue name whose retry tier queues
 // ("<queue>.retry.<ttl>", for any ttl a retry policy can hold) and parking
@@ -55,8 +77,8 @@ func (b *builder) checkTable(f *protogen.File, p []int32, s *Saga) {
 		return
 	}
 	b.errorf(f, p, "name-length", fmt.Sprintf("shorten the saga name (name: \"...\"): \"saga_\" and its snake_case form may have at most %d bytes", maxTable),
-		"saga %s: table name %s (%d bytes) is too long: PostgreSQL truncates identifiers to %d bytes, so %s_business_key_key and the table's other index and constraint names would be cut short and collide",
-		s.FullName, s.Table, len(s.Table), maxPGIdentifier, s.Table)
+		"saga %s: table name %s (%d bytes) is too long: PostgreSQL truncates identifiers to %d bytes, so %s_state and %s_state_check would be cut to one name",
+		s.FullName, s.Table, len(s.Table), maxPGIdentifier, s.Table, s.Table)
 }
 
 // checkQueue reports a work queue name that leaves no room for its retry
