@@ -32,8 +32,8 @@ func CheckShortString(what, v string) error {
 // string.
 func CheckHeaderNames(h map[string]any) error {
 	for k, v := range h {
-		if err := CheckShortString("header name "+truncateName(k), k); err != nil {
-			return err
+		if len(k) > maxShortString { // checked first: the label allocates
+			return CheckShortString("header name "+truncateName(k), k)
 		}
 		if err := checkNestedNames(v); err != nil {
 			return fmt.Errorf("header %q: %w", truncateName(k), err)
@@ -66,12 +66,25 @@ func truncateName(s string) string {
 	return s[:40] + "…"
 }
 
+// CheckEnvelope reports, as ErrInvalidMessage, a routing or envelope field
+// that does not fit an AMQP short string, or a header name that does not
+// (outbox.Enqueue refuses such a message before it is stored).
+func CheckEnvelope(exchange, routingKey, messageID, correlationID, messageType string, headers map[string]any) error {
+	for _, f := range [...]struct{ what, v string }{
+		{"exchange", exchange}, {"routing key", routingKey},
+		{"message id", messageID}, {"correlation id", correlationID}, {"message type", messageType},
+	} {
+		if err := CheckShortString(f.what, f.v); err != nil {
+			return err
+		}
+	}
+	return CheckHeaderNames(headers)
+}
+
 // checkOutgoing reports why m cannot be published, as ErrInvalidMessage.
 func checkOutgoing(m *Outgoing) error {
 	p := &m.Publishing
 	for _, f := range [...]struct{ what, v string }{
-		{"exchange", m.Exchange}, {"routing key", m.RoutingKey},
-		{"message id", p.MessageId}, {"correlation id", p.CorrelationId}, {"type", p.Type},
 		{"content type", p.ContentType}, {"content encoding", p.ContentEncoding}, {"reply to", p.ReplyTo},
 		{"expiration", p.Expiration}, {"user id", p.UserId}, {"app id", p.AppId},
 	} {
@@ -79,7 +92,7 @@ func checkOutgoing(m *Outgoing) error {
 			return err
 		}
 	}
-	if err := CheckHeaderNames(p.Headers); err != nil {
+	if err := CheckEnvelope(m.Exchange, m.RoutingKey, p.MessageId, p.CorrelationId, p.Type, p.Headers); err != nil {
 		return err
 	}
 	if err := p.Headers.Validate(); err != nil {

@@ -375,13 +375,5 @@ func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta envelope.Me
 // name or property that does not fit an AMQP short string. Such a row would
 // be claimed, fail and be released for ever.
 func checkAMQP(e *envelope.Envelope) error {
-	for _, f := range [...]struct{ what, v string }{
-		{"message id", e.MessageID}, {"correlation id", e.CorrelationID}, {"message type", e.MessageType},
-		{"exchange", e.Exchange}, {"routing key", e.RoutingKey},
-	} {
-		if err := broker.CheckShortString(f.what, f.v); err != nil {
-			return err
-		}
-	}
-	return broker.CheckHeaderNames(e.Headers)
+	return broker.CheckEnvelope(e.Exchange, e.RoutingKey, e.MessageID, e.CorrelationID, e.MessageType, e.Headers)
 }

@@ -849,18 +849,21 @@ func (s *settlement) release(rw row, delay time.Duration) {
 // carry (a broker that refuses, a missing binding or exchange, a row written
 // around Enqueue's checks) back off exponentially with the row's attempts,
 // so a row that cannot be published does not spin. Connection-level
-// failures retry at once the first two times (the Conn's reconnect paces
-// those), then back off too: a row whose publish makes the broker close the
-// channel (a body over its max_message_size) fails every message in flight
-// with it, and must not come back at once to do it again.
+// failures of a row that was written retry at once the first two times
+// (the Conn's reconnect paces those), then back off too: a row whose
+// publish makes the broker close the channel (a body over its
+// max_message_size) fails every message in flight with it, and must not
+// come back at once to do it again. A row never written (ErrNotSent: no
+// connection, a blocked one, a failure before it in its batch) retries at
+// once, however often it was claimed.
 func retryDelay(err error, attempts int32) time.Duration {
 	const minDelay, maxDelay = 100 * time.Millisecond, 30 * time.Second
 	if errors.Is(err, broker.ErrNacked) || errors.Is(err, broker.ErrReturned) || errors.Is(err, broker.ErrNoExchange) ||
 		errors.Is(err, broker.ErrInvalidMessage) {
 		return broker.Backoff(int(attempts)-1, minDelay, maxDelay)
 	}
-	if attempts < 3 {
-		return 0
+	if attempts < 3 || errors.Is(err, broker.ErrNotSent) {
+		return 0 // a row never written cannot be what closed the channel
 	}
 	return broker.Backoff(int(attempts)-3, minDelay, maxDelay)
 }

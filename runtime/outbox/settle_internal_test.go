@@ -76,16 +76,19 @@ func TestSettleContext(t *testing.T) {
 
 // A row failed by a connection-level error is retried at once twice, then
 // backs off like a refused one: its own publish may be what closes the
-// channel (a body over the broker's max_message_size).
+// channel (a body over the broker's max_message_size). A row never written
+// is retried at once however often it was claimed (a long broker outage).
 func TestRetryDelay(t *testing.T) {
 	lost := fmt.Errorf("%w: connection reset", broker.ErrChannelClosed)
 	refused := fmt.Errorf("%w: correlation id too long", broker.ErrInvalidMessage)
+	unsent := fmt.Errorf("%w: %w: publisher closed", broker.ErrNotSent, broker.ErrChannelClosed)
 	for _, tt := range []struct {
 		err      error
 		attempts int32
 		zero     bool
 	}{
 		{lost, 1, true}, {lost, 2, true}, {lost, 3, false}, {lost, 20, false},
+		{unsent, 3, true}, {unsent, 20, true},
 		{refused, 1, false}, {broker.ErrReturned, 1, false}, {broker.ErrNacked, 1, false}, {broker.ErrNoExchange, 1, false},
 	} {
 		d := retryDelay(tt.err, tt.attempts)
