@@ -232,6 +232,12 @@ func (b *bundle) manualReview(t *testing.T, order string) string {
 // call makes an API request and returns the status and body.
 func (b *bundle) call(t *testing.T, token, method, path string, body any) (int, []byte) {
 	t.Helper()
+	return b.callCtx(t.Context(), t, token, method, path, body)
+}
+
+// callCtx is call bounded by ctx.
+func (b *bundle) callCtx(ctx context.Context, t *testing.T, token, method, path string, body any) (int, []byte) {
+	t.Helper()
 	var rd io.Reader
 	switch v := body.(type) {
 	case nil:
@@ -242,7 +248,7 @@ func (b *bundle) call(t *testing.T, token, method, path string, body any) (int, 
 		require.NoError(t, err)
 		rd = bytes.NewReader(raw)
 	}
-	req, err := http.NewRequest(method, b.http.URL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, b.http.URL+path, rd)
 	require.NoError(t, err)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)

@@ -132,7 +132,10 @@ func (s *Server) replay(ctx context.Context, p Principal, id int64, reason strin
 			res.Check = ReplayCheck{Explanation: fmt.Sprintf("replayed at %s by %s", row.ReplayedAt.Format(time.RFC3339), row.ReplayedBy)}
 			return nil
 		}
-		t, st, check := s.check(ctx, tx, row)
+		t, st, check, err := s.check(ctx, tx, row, dryRun)
+		if err != nil {
+			return err
+		}
 		res.Check = check
 		switch {
 		case dryRun && check.Allowed:
@@ -298,32 +301,42 @@ func envelopeOf(row parkedRow) (envelope.Envelope, error) {
 // stays locked in tx from the check on, so what the check saw still holds
 // when the replay commits: a timeout, a reply or an operator that would
 // move the saga meanwhile waits for the replay (or, when it came first,
-// the check sees its outcome).
-func (s *Server) check(ctx context.Context, tx pgx.Tx, row parkedRow) (*sagaType, *saga.Status, ReplayCheck) {
+// the check sees its outcome). A dry run reads the saga without locking it.
+// A saga that cannot be loaded (a database error) is an error: the
+// transaction may be aborted, so the replay cannot go on, forced or not.
+func (s *Server) check(ctx context.Context, tx pgx.Tx, row parkedRow, dryRun bool) (*sagaType, *saga.Status, ReplayCheck, error) {
 	if row.SagaID == "" {
-		return nil, nil, ReplayCheck{Allowed: true, Explanation: "the message names no saga: nothing to check; its consumer decides"}
+		return nil, nil, ReplayCheck{Allowed: true, Explanation: "the message names no saga: nothing to check; its consumer decides"}, nil
 	}
 	t, ok := s.byName[row.SagaType]
 	if !ok {
-		return nil, nil, ReplayCheck{Explanation: fmt.Sprintf("saga type %q is not served by this server: its state cannot be checked", row.SagaType)}
+		return nil, nil, ReplayCheck{Explanation: fmt.Sprintf("saga type %q is not served by this server: its state cannot be checked", row.SagaType)}, nil
 	}
 	id, err := parseSagaID(row.SagaID)
 	if err != nil {
-		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga id %q is not a UUID: the message would be parked again", row.SagaID)}
+		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga id %q is not a UUID: the message would be parked again", row.SagaID)}, nil
 	}
-	st, err := t.engine.StatusTx(ctx, tx, id)
+	// A replay decides on the saga row it holds locked until it commits;
+	// a dry run only looks (and locks nothing a live reply waits for).
+	var st saga.Status
+	if dryRun {
+		st, err = t.engine.Status(ctx, id)
+	} else {
+		st, err = t.engine.StatusTx(ctx, tx, id)
+	}
 	if errors.Is(err, saga.ErrNotFound) {
-		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga %s does not exist: the message would be parked again", id)}
+		return t, nil, ReplayCheck{Explanation: fmt.Sprintf("saga %s does not exist: the message would be parked again", id)}, nil
 	}
 	if err != nil {
-		s.cfg.Logger.ErrorContext(ctx, "replay check: load saga", "saga_id", id, "err", err)
-		return t, nil, ReplayCheck{Explanation: "the saga could not be loaded (see the server log)"}
+		// The transaction may be aborted: the replay cannot go on, forced
+		// or not.
+		return nil, nil, ReplayCheck{}, fmt.Errorf("replay check: load saga %s: %w", id, err)
 	}
 	c := ReplayCheck{SagaState: st.State}
 	ref, ok := t.def.Lookup(row.MessageType)
 	if !ok {
 		c.Explanation = fmt.Sprintf("%s is not a message of saga %s", row.MessageType, t.def.Name)
-		return t, &st, c
+		return t, &st, c, nil
 	}
 	switch ref.Use {
 	case sagadef.UseCommand, sagadef.UseCompensation:
@@ -338,25 +351,25 @@ func (s *Server) check(ctx context.Context, tx pgx.Tx, row parkedRow) (*sagaType
 			c.Class = "stale-command"
 			c.Explanation = fmt.Sprintf("the saga no longer waits for this command (state %s); use retry to resend its current step", st.State)
 		}
-		return t, &st, c
+		return t, &st, c, nil
 	}
 	info, ok := s.lookup(row.MessageType)
 	if !ok {
 		c.Class = "unknown"
 		c.Allowed = !st.Terminal()
 		c.Explanation = fmt.Sprintf("%s is unknown to this server, so it was not classified; the saga is in %s", row.MessageType, st.State)
-		return t, &st, c
+		return t, &st, c, nil
 	}
 	m := info.New()
 	if err := proto.Unmarshal(row.body, m); err != nil {
 		c.Class = "invalid"
 		c.Explanation = "the body does not decode: it would be parked again"
-		return t, &st, c
+		return t, &st, c, nil
 	}
 	if st.DataError != "" {
 		c.Class = "invalid"
 		c.Explanation = st.DataError + ": a message for it would be parked again"
-		return t, &st, c
+		return t, &st, c, nil
 	}
 	causation, _, _ := envelope.HeaderString(row.headerMap(), envelope.HeaderCausationID)
 	inst := sagadef.Instance{
@@ -382,7 +395,7 @@ func (s *Server) check(ctx context.Context, tx pgx.Tx, row parkedRow) (*sagaType
 	default:
 		c.Explanation = fmt.Sprintf("it is not part of the saga's conversation in state %s: it would only be audited", st.State)
 	}
-	return t, &st, c
+	return t, &st, c, nil
 }
 
 // bulkMax validates a bulk request's max.

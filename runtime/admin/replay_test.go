@@ -203,10 +203,9 @@ func (b *bundle) parkPendingCommand(t *testing.T, id string) (int64, envelope.En
 // TestReplayCheckHoldsUntilCommit: the saga-state check of a replay holds
 // until the replay commits. Here the replay of a parked command is paused
 // after its check (its outbox row is locked) while the step's timeout
-// comes due: either the timeout waits for the replay, which then goes out
-// while the saga still waits on that command, or the replay sees the
-// compensating saga and refuses. Never a replay audited as checked against
-// a state the saga had already left.
+// comes due: the timeout waits for the replay, which goes out while the
+// saga still waits on that command. Never a replay audited as checked
+// against a state the saga had already left.
 func TestReplayCheckHoldsUntilCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -223,25 +222,46 @@ func TestReplayCheckHoldsUntilCommit(t *testing.T) {
 	require.NoError(t, hold.Rollback(t.Context()))
 	a := <-done
 
-	switch fired {
-	case 0: // the timeout waited for the replay
-		require.Equal(t, http.StatusOK, a.code, string(a.raw))
-		var res admin.ReplayResult
-		require.NoError(t, json.Unmarshal(a.raw, &res))
-		require.Equal(t, admin.OutcomeReplayed, res.Outcome)
-		require.Equal(t, "RESERVE_INVENTORY", res.Check.SagaState)
-		note := b.lastAudit(t, id)
-		require.Equal(t, admin.TriggerReplay, note.Trigger)
-		require.Equal(t, res.Check.SagaState, note.To, "the audited check is the state the replay was recorded in")
-	default: // the timeout went first: the replay saw it
-		require.Equal(t, http.StatusConflict, a.code, string(a.raw))
-		require.Contains(t, apiError(t, a.raw).Message, "no longer waits for this command")
-	}
+	// The replay holds the saga row from its check on, so the scanner
+	// (SKIP LOCKED) passes the saga over until the replay has committed.
+	require.Zero(t, fired, "the timeout fired while the replay held its check")
+	require.Equal(t, http.StatusOK, a.code, string(a.raw))
+	var res admin.ReplayResult
+	require.NoError(t, json.Unmarshal(a.raw, &res))
+	require.Equal(t, admin.OutcomeReplayed, res.Outcome)
+	require.Equal(t, "RESERVE_INVENTORY", res.Check.SagaState)
+	note := b.lastAudit(t, id)
+	require.Equal(t, admin.TriggerReplay, note.Trigger)
+	require.Equal(t, res.Check.SagaState, note.To, "the audited check is the state the replay was recorded in")
 	for _, h := range b.audit(t, id) {
 		if h.Trigger == admin.TriggerReplay {
 			require.Equal(t, "RESERVE_INVENTORY", h.To, "a replay recorded against a saga that had moved on")
 		}
 	}
+}
+
+// TestReplayDryRunLocksNothing: a dry run reads the saga without locking
+// its row, so it answers while a live reply (here a transaction holding the
+// row) works on the saga, and holds up nothing.
+func TestReplayDryRunLocksNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-dry")
+	pid, _ := b.parkPendingCommand(t, id)
+
+	hold, err := b.pool.Begin(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hold.Rollback(context.Background()) })
+	_, err = hold.Exec(t.Context(), `SELECT 1 FROM saga_place_order WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	code, raw := b.callCtx(ctx, t, repairToken, http.MethodPost, "/api/parked/"+itoa(pid)+"/replay", admin.ReplayRequest{Reason: "look", DryRun: true})
+	require.Equal(t, http.StatusOK, code, string(raw))
+	var res admin.ReplayResult
+	require.NoError(t, json.Unmarshal(raw, &res))
+	require.Equal(t, admin.OutcomeWouldReplay, res.Outcome)
 }
 
 // holdOutboxRow locks the outbox row of messageID in a transaction the
