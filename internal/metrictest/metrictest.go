@@ -5,6 +5,7 @@ import (
 	"context"
 	"testing"
 
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -25,23 +26,93 @@ func New(t testing.TB) *Provider {
 	return &Provider{MeterProvider: mp, reader: reader}
 }
 
-// Sum collects the metrics and returns the total of the int64 counter
-// named name over all its data points (0 when it has recorded nothing).
-func (p *Provider) Sum(t testing.TB, name string) int64 {
+// Point is one data point of a metric: for counters and gauges Value is
+// its value, for histograms Value is the count of recorded values and Sum
+// their sum.
+type Point struct {
+	Attrs attribute.Set
+	Value float64
+	Sum   float64
+}
+
+// Matches reports whether the point carries every label of labels (as the
+// attribute's string form).
+func (p Point) Matches(labels map[string]string) bool {
+	for k, v := range labels {
+		got, ok := p.Attrs.Value(attribute.Key(k))
+		if !ok || got.Emit() != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Points collects the metrics and returns the data points of the metric
+// named name.
+func (p *Provider) Points(t testing.TB, name string) []Point {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := p.reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatalf("metrictest: collect: %v", err)
 	}
-	var n int64
+	var out []Point
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
-				for _, dp := range sum.DataPoints {
-					n += dp.Value
+			if m.Name != name {
+				continue
+			}
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range d.DataPoints {
+					out = append(out, Point{Attrs: dp.Attributes, Value: float64(dp.Value)})
 				}
+			case metricdata.Gauge[int64]:
+				for _, dp := range d.DataPoints {
+					out = append(out, Point{Attrs: dp.Attributes, Value: float64(dp.Value)})
+				}
+			case metricdata.Gauge[float64]:
+				for _, dp := range d.DataPoints {
+					out = append(out, Point{Attrs: dp.Attributes, Value: dp.Value})
+				}
+			case metricdata.Histogram[float64]:
+				for _, dp := range d.DataPoints {
+					out = append(out, Point{Attrs: dp.Attributes, Value: float64(dp.Count), Sum: dp.Sum})
+				}
+			default:
+				t.Fatalf("metrictest: metric %s: unexpected data %T", name, m.Data)
 			}
 		}
 	}
-	return n
+	return out
+}
+
+// Value adds up the values (histograms: the counts) of the points of name
+// that carry labels.
+func (p *Provider) Value(t testing.TB, name string, labels map[string]string) float64 {
+	t.Helper()
+	var v float64
+	for _, pt := range p.Points(t, name) {
+		if pt.Matches(labels) {
+			v += pt.Value
+		}
+	}
+	return v
+}
+
+// Sum collects the metrics and returns the total of the int64 counter
+// named name over all its data points (0 when it has recorded nothing).
+func (p *Provider) Sum(t testing.TB, name string) int64 {
+	t.Helper()
+	return int64(p.Value(t, name, nil))
+}
+
+// Has reports whether name has a point that carries labels.
+func (p *Provider) Has(t testing.TB, name string, labels map[string]string) bool {
+	t.Helper()
+	for _, pt := range p.Points(t, name) {
+		if pt.Matches(labels) {
+			return true
+		}
+	}
+	return false
 }

@@ -30,7 +30,7 @@ type Delivery struct {
 	// first. A broker redelivery (after a lost ack) does not count.
 	Attempt int
 	// ReceivedAt is when the consumer took the delivery from the broker
-	// (with a monotonic clock reading): the start of step latency.
+	// (with a monotonic clock reading), for handlers that time their work.
 	ReceivedAt time.Time
 }
 

@@ -240,7 +240,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	e.q = newQueries(e.table)
-	tel, err := newSagaTelemetry(cfg.Telemetry, cfg.Definition)
+	tel, err := newSagaTelemetry(cfg.Telemetry, cfg.Definition, cfg.Now)
 	if err != nil {
 		return nil, fmt.Errorf("saga %s: %w", cfg.Definition.Name, err)
 	}

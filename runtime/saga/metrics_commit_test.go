@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -12,6 +13,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -64,4 +66,65 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 		return err
 	}))
 	require.EqualValues(t, 2, starts(), "in the caller's own transaction the start counts at once")
+}
+
+// latencies returns, per saga.step/saga.step.phase, the samples of
+// saga.step.latency: their count and sum in seconds.
+func latencies(t *testing.T, mp *metrictest.Provider) map[string][2]float64 {
+	t.Helper()
+	out := map[string][2]float64{}
+	for _, p := range mp.Points(t, telemetry.MetricStepLatency) {
+		step, _ := p.Attrs.Value(telemetry.KeySagaStep)
+		phase, _ := p.Attrs.Value(telemetry.KeyStepPhase)
+		out[step.AsString()+"/"+phase.AsString()] = [2]float64{p.Value, p.Sum}
+	}
+	return out
+}
+
+// TestStepLatencyIsTheRoundTrip: saga.step.latency is each step's round
+// trip, from its command written to its reply applied, labelled by the
+// reply's step: the first step (whose command the start sends) and the
+// last one (whose reply sends nothing) included, a compensation's in its
+// own phase, and a command resent after a timeout measured from the resend.
+func TestStepLatencyIsTheRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	mp := metrictest.New(t)
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.Telemetry = telemetry.Providers{Meter: mp} })
+	ctx := context.Background()
+
+	// o-1 runs every step; ScheduleShipping times out once and is resent.
+	id := b.start(t, "o-1")
+	b.clock.Advance(1500 * time.Millisecond)
+	b.mustReply(t, id, msgInventoryReserved)
+	b.clock.Advance(700 * time.Millisecond)
+	b.mustReply(t, id, msgPaymentAuthorized)
+	b.clock.Advance(stepTimeout + time.Second)
+	fired, err := b.engine.FireTimeouts(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, fired)
+	b.clock.Advance(200 * time.Millisecond)
+	require.Equal(t, sagadef.StateCompleted, b.mustReply(t, id, msgShippingScheduled).State)
+
+	// o-2's payment is declined: ReserveInventory is compensated.
+	id2 := b.start(t, "o-2")
+	b.mustReply(t, id2, msgInventoryReserved)
+	b.clock.Advance(400 * time.Millisecond)
+	b.mustReply(t, id2, msgPaymentDeclined)
+	b.clock.Advance(300 * time.Millisecond)
+	require.Equal(t, sagadef.StateFailed, b.mustReply(t, id2, msgInventoryReleased).State)
+
+	got := latencies(t, mp)
+	want := map[string][2]float64{
+		"ReserveInventory/forward":      {2, 1.5},
+		"AuthorizePayment/forward":      {2, 0.7 + 0.4},
+		"ScheduleShipping/forward":      {1, 0.2},
+		"ReserveInventory/compensation": {1, 0.3},
+	}
+	require.Len(t, got, len(want), "%v", got)
+	for k, w := range want {
+		require.Contains(t, got, k)
+		require.Equal(t, w[0], got[k][0], "%s: samples", k)
+		require.InDelta(t, w[1], got[k][1], 1e-6, "%s: seconds", k)
+	}
 }

@@ -19,14 +19,15 @@ type sagaTelemetry struct {
 	tracer  trace.Tracer // nil: no spans
 	metrics *telemetry.Metrics
 	def     *sagadef.Definition
+	now     func() time.Time // the engine's clock, which writes updated_at
 }
 
-func newSagaTelemetry(p telemetry.Providers, def *sagadef.Definition) (sagaTelemetry, error) {
+func newSagaTelemetry(p telemetry.Providers, def *sagadef.Definition, now func() time.Time) (sagaTelemetry, error) {
 	m, err := telemetry.NewMetrics(p)
 	if err != nil {
 		return sagaTelemetry{}, err
 	}
-	t := sagaTelemetry{metrics: m, def: def}
+	t := sagaTelemetry{metrics: m, def: def, now: now}
 	if p.TracingEnabled() {
 		t.tracer = p.RuntimeTracer()
 	}
@@ -104,25 +105,16 @@ func (t sagaTelemetry) startTransition(ctx context.Context, name string, w row, 
 
 // endTransition ends the transition span and records the transition's
 // metrics (see afterCommit): its result, a fired timeout, compensations
-// sent, an entry into manual review and, for a delivered message that sent
-// the next command, the step latency (measured now, when the transition
-// that sends the command has been applied; its rows may still wait for the
-// batch's staged writes).
-func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.Span, w row, trig sagadef.Trigger, o origin, out outcome, err error) {
+// sent, an entry into manual review and, for the reply a step (or a
+// compensation) waited on, the step's round trip.
+func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.Span, w row, trig sagadef.Trigger, out outcome, err error) {
 	if err == nil {
 		res := out.Result
-		step, latency := "", time.Duration(0)
-		if !o.ReceivedAt.IsZero() && len(res.Emit) > 0 && t.metrics.Enabled() {
-			if info := res.Emit[0].Message.SagaMessageInfo(); info != nil {
-				if ref, ok := t.def.Lookup(info.FullName); ok {
-					step, latency = ref.Step, time.Since(o.ReceivedAt)
-				}
-			}
-		}
+		rt, measured := t.roundTrip(w, trig, res)
 		afterCommit(ctx, tx, func() {
 			t.metrics.Transition(ctx, t.def, trig.Kind, w.State, res)
-			if step != "" {
-				t.metrics.StepLatency(ctx, t.def.Name, step, latency)
+			if measured {
+				t.metrics.StepLatency(ctx, t.def.Name, rt.step, rt.phase, rt.d)
 			}
 		})
 		if span != nil {
@@ -138,6 +130,46 @@ func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.
 		}
 	}
 	endSpan(span, err)
+}
+
+// roundTrip is one sample of saga.step.latency.
+type roundTrip struct {
+	step, phase string
+	d           time.Duration
+}
+
+// roundTrip measures the round trip of the command the row w waited on,
+// when trig is the reply to it (success or failure; the step's outcome for
+// an external step) and res applied it: from the command written to the
+// outbox to the reply applied. The command was written by the transition
+// that entered the waiting state, and nothing else changes the row while
+// it waits (a resend after a timeout or an operator's retry re-enters it
+// with a new command; a deferred timeout does not touch updated_at), so
+// the row's updated_at is when the command the reply answers was written.
+// Only a reply classified new answers that command: a late reply applied
+// under the apply-if-waiting policy answers an earlier one, whose sending
+// time is gone, and is not measured.
+func (t sagaTelemetry) roundTrip(w row, trig sagadef.Trigger, res sagadef.Result) (roundTrip, bool) {
+	if !t.metrics.Enabled() || res.Class != sagadef.ClassNew || trig.Message == nil {
+		return roundTrip{}, false
+	}
+	ref, ok := t.def.Lookup(trig.Kind)
+	if !ok {
+		return roundTrip{}, false
+	}
+	var waiting, phase string
+	switch ref.Use {
+	case sagadef.UseSuccess, sagadef.UseFailure:
+		waiting, phase = sagadef.StateName(ref.Step), telemetry.PhaseForward
+	case sagadef.UseCompensationReply, sagadef.UseCompensationFailure:
+		waiting, phase = sagadef.CompensatingStateName(ref.Step), telemetry.PhaseCompensation
+	default:
+		return roundTrip{}, false
+	}
+	if w.State != waiting {
+		return roundTrip{}, false
+	}
+	return roundTrip{step: ref.Step, phase: phase, d: t.now().Sub(w.UpdatedAt)}, true
 }
 
 // endSpan ends span (if any), recording err.

@@ -16,6 +16,10 @@ const (
 	KeySagaType = attribute.Key("saga.type")
 	// KeySagaStep is the step a state or message belongs to.
 	KeySagaStep = attribute.Key("saga.step")
+	// KeyStepPhase says which round trip of a step saga.step.latency
+	// measures: PhaseForward (its command) or PhaseCompensation (its
+	// compensating command).
+	KeyStepPhase = attribute.Key("saga.step.phase")
 	// KeyStateFrom and KeyStateTo are the states before and after a
 	// transition.
 	KeyStateFrom = attribute.Key("saga.state.from")
@@ -107,6 +111,12 @@ const (
 	TriggerDeadline = "deadline"
 	TriggerStuck    = "stuck"
 	TriggerOperator = "operator"
+)
+
+// Step phases (KeyStepPhase values).
+const (
+	PhaseForward      = "forward"
+	PhaseCompensation = "compensation"
 )
 
 // KeyValue is attribute.KeyValue, so instrumented packages need not import

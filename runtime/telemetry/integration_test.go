@@ -14,14 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	_ "google.golang.org/protobuf/types/known/structpb" // saga data type
 
+	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
@@ -434,9 +433,7 @@ func (c *clock) Advance(d time.Duration) {
 func TestMetricsAfterKnownEvents(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp := metrictest.New(t)
 	p := telemetry.Providers{Meter: mp}
 
 	// The engine's clock runs an hour behind, so instances look idle for
@@ -470,11 +467,10 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 		require.NoError(t, err)
 		return st
 	}
-	m := &metrics{t: t, reader: reader}
 	eventually := func(name string, labels map[string]string, want float64) {
 		t.Helper()
-		require.Eventually(t, func() bool { return m.value(name, labels) == want }, 20*time.Second, 10*time.Millisecond,
-			"%s%v: have %v, want %v", name, labels, m.value(name, labels), want)
+		require.Eventually(t, func() bool { return mp.Value(t, name, labels) == want }, 20*time.Second, 10*time.Millisecond,
+			"%s%v: have %v, want %v", name, labels, mp.Value(t, name, labels), want)
 	}
 
 	ids := map[string]string{}
@@ -487,11 +483,11 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	}
 	eventually(telemetry.MetricTransitions, map[string]string{"saga.result": "applied", "saga.trigger.type": "start"}, 3)
 
-	// k1: Reserved is applied and sends Charge (one step latency).
+	// k1: Reserved is applied (Reserve's round trip) and sends Charge.
 	r1 := reply(ids["k1"], tReserved, "k1", pending["k1"])
 	send(r1)
 	eventually(telemetry.MetricTransitions, map[string]string{"saga.result": "applied", "saga.trigger.type": "message"}, 1)
-	eventually(telemetry.MetricStepLatency, map[string]string{"saga.type": "tel.v1.Order", "saga.step": "Charge"}, 1)
+	eventually(telemetry.MetricStepLatency, map[string]string{"saga.type": "tel.v1.Order", "saga.step": "Reserve", "saga.step.phase": "forward"}, 1)
 
 	// The same delivery again: the consumer's inbox drops it.
 	send(r1)
@@ -517,11 +513,11 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	fired, err := eng.FireTimeouts(w.ctx, 0)
 	require.NoError(t, err)
 	require.Equal(t, 3, fired)
-	require.Equal(t, 3.0, m.value(telemetry.MetricTimeouts, map[string]string{"saga.timeout.kind": "timeout"}))
-	require.Equal(t, 1.0, m.value(telemetry.MetricTimeouts, map[string]string{"saga.step": "Reserve"}))
-	require.Equal(t, 2.0, m.value(telemetry.MetricTimeouts, map[string]string{"saga.step": "Charge"}))
-	require.Equal(t, 1.0, m.value(telemetry.MetricCompensations, map[string]string{"saga.step": "Reserve"}))
-	require.Equal(t, 2.0, m.value(telemetry.MetricManualReviews, map[string]string{"saga.trigger.type": "timeout"}))
+	require.Equal(t, 3.0, mp.Value(t, telemetry.MetricTimeouts, map[string]string{"saga.timeout.kind": "timeout"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTimeouts, map[string]string{"saga.step": "Reserve"}))
+	require.Equal(t, 2.0, mp.Value(t, telemetry.MetricTimeouts, map[string]string{"saga.step": "Charge"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricCompensations, map[string]string{"saga.step": "Reserve"}))
+	require.Equal(t, 2.0, mp.Value(t, telemetry.MetricManualReviews, map[string]string{"saga.trigger.type": "timeout"}))
 
 	// k2's Reserved arrives after its timeout: late, ignored.
 	send(reply(ids["k2"], tReserved, "k2", pending["k2"]))
@@ -536,121 +532,39 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 
 	// Every settled delivery, by outcome.
 	for outcome, n := range map[string]float64{"processed": 4, "duplicate": 1, "retry": 1, "park": 1} {
-		require.Equal(t, n, m.value(telemetry.MetricConsumerMessages, map[string]string{"saga.consumer.outcome": outcome}), outcome)
-		require.Equal(t, n, m.value(telemetry.MetricProcessDuration, map[string]string{"saga.consumer.outcome": outcome}), outcome)
+		require.Equal(t, n, mp.Value(t, telemetry.MetricConsumerMessages, map[string]string{"saga.consumer.outcome": outcome}), outcome)
+		require.Equal(t, n, mp.Value(t, telemetry.MetricProcessDuration, map[string]string{"saga.consumer.outcome": outcome}), outcome)
 	}
-	require.Equal(t, 7.0, m.value(telemetry.MetricConsumed, map[string]string{"messaging.consumer.group.name": "orchestrator"}))
-	require.Equal(t, 0.0, m.value(telemetry.MetricTransitions, map[string]string{"saga.result": "invalid"}))
+	require.Equal(t, 7.0, mp.Value(t, telemetry.MetricConsumed, map[string]string{"messaging.consumer.group.name": "orchestrator"}))
+	require.Equal(t, 0.0, mp.Value(t, telemetry.MetricTransitions, map[string]string{"saga.result": "invalid"}))
 
 	// Database gauges.
 	state := func(s string) map[string]string {
 		return map[string]string{"saga.type": "tel.v1.Order", "saga.state": s}
 	}
-	require.Equal(t, 2.0, m.value(telemetry.MetricInstances, state(sagadef.StateManualReview)))
-	require.Equal(t, 1.0, m.value(telemetry.MetricInstances, state(sagadef.CompensatingStateName("Reserve"))))
-	require.Equal(t, 0.0, m.value(telemetry.MetricInstances, state(sagadef.StateName("Charge"))))
-	require.True(t, m.has(telemetry.MetricInstances, state(sagadef.StateName("Reserve"))), "empty states are reported as 0")
-	require.False(t, m.has(telemetry.MetricInstances, state(sagadef.StateCompleted)), "terminal states are off by default")
-	require.Equal(t, 1.0, m.value(telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
-	require.False(t, m.has(telemetry.MetricStuck, state(sagadef.StateManualReview)), "manual review is not 'stuck'")
+	require.Equal(t, 2.0, mp.Value(t, telemetry.MetricInstances, state(sagadef.StateManualReview)))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricInstances, state(sagadef.CompensatingStateName("Reserve"))))
+	require.Equal(t, 0.0, mp.Value(t, telemetry.MetricInstances, state(sagadef.StateName("Charge"))))
+	require.True(t, mp.Has(t, telemetry.MetricInstances, state(sagadef.StateName("Reserve"))), "empty states are reported as 0")
+	require.False(t, mp.Has(t, telemetry.MetricInstances, state(sagadef.StateCompleted)), "terminal states are off by default")
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
+	require.False(t, mp.Has(t, telemetry.MetricStuck, state(sagadef.StateManualReview)), "manual review is not 'stuck'")
 	// Progress now: no longer stuck.
 	_, err = gaugePool.Exec(w.ctx, `UPDATE saga_tel_order SET updated_at = now() WHERE business_key = 'k2'`)
 	require.NoError(t, err)
-	require.Equal(t, 0.0, m.value(telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
+	require.Equal(t, 0.0, mp.Value(t, telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
 
 	// Commands wait in the outbox (no relay runs): Reserve ×3, Charge ×2,
 	// Release ×1.
-	require.Equal(t, 6.0, m.value(telemetry.MetricOutboxBacklog, nil))
-	require.Greater(t, m.value(telemetry.MetricOutboxOldestAge, nil), 0.0)
+	require.Equal(t, 6.0, mp.Value(t, telemetry.MetricOutboxBacklog, nil))
+	require.Greater(t, mp.Value(t, telemetry.MetricOutboxOldestAge, nil), 0.0)
 	// A pending row whose outbox row was deleted by hand counts in the
 	// backlog but does not hide the age of the oldest real one.
 	_, err = gaugePool.Exec(w.ctx, `INSERT INTO saga_outbox_pending (id) VALUES (-1)`)
 	require.NoError(t, err)
-	require.Equal(t, 7.0, m.value(telemetry.MetricOutboxBacklog, nil))
-	require.Greater(t, m.value(telemetry.MetricOutboxOldestAge, nil), 0.0)
-	require.Equal(t, 1.0, m.value(telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
-}
-
-// metrics reads a ManualReader.
-type metrics struct {
-	t      *testing.T
-	reader *sdkmetric.ManualReader
-}
-
-// points collects and returns, for the metric name, each data point's
-// attributes and value (counters and gauges: the value; histograms: the
-// count).
-func (m *metrics) points(name string) []point {
-	m.t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(m.t, m.reader.Collect(context.Background(), &rm))
-	var out []point
-	for _, sm := range rm.ScopeMetrics {
-		for _, mt := range sm.Metrics {
-			if mt.Name != name {
-				continue
-			}
-			switch d := mt.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, dp := range d.DataPoints {
-					out = append(out, point{dp.Attributes, float64(dp.Value)})
-				}
-			case metricdata.Gauge[int64]:
-				for _, dp := range d.DataPoints {
-					out = append(out, point{dp.Attributes, float64(dp.Value)})
-				}
-			case metricdata.Gauge[float64]:
-				for _, dp := range d.DataPoints {
-					out = append(out, point{dp.Attributes, dp.Value})
-				}
-			case metricdata.Histogram[float64]:
-				for _, dp := range d.DataPoints {
-					out = append(out, point{dp.Attributes, float64(dp.Count)})
-				}
-			default:
-				m.t.Fatalf("metric %s: unexpected data %T", name, mt.Data)
-			}
-		}
-	}
-	return out
-}
-
-type point struct {
-	attrs attribute.Set
-	value float64
-}
-
-func (p point) matches(labels map[string]string) bool {
-	for k, v := range labels {
-		got, ok := p.attrs.Value(attribute.Key(k))
-		if !ok || got.Emit() != v {
-			return false
-		}
-	}
-	return true
-}
-
-// value sums the points of name whose attributes include labels.
-func (m *metrics) value(name string, labels map[string]string) float64 {
-	m.t.Helper()
-	sum := 0.0
-	for _, p := range m.points(name) {
-		if p.matches(labels) {
-			sum += p.value
-		}
-	}
-	return sum
-}
-
-// has reports whether name has a point whose attributes include labels.
-func (m *metrics) has(name string, labels map[string]string) bool {
-	m.t.Helper()
-	for _, p := range m.points(name) {
-		if p.matches(labels) {
-			return true
-		}
-	}
-	return false
+	require.Equal(t, 7.0, mp.Value(t, telemetry.MetricOutboxBacklog, nil))
+	require.Greater(t, mp.Value(t, telemetry.MetricOutboxOldestAge, nil), 0.0)
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
 }
 
 // TestTimeoutLinksToTheUnansweredCommand: a fired timeout starts a trace of

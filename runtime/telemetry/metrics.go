@@ -89,7 +89,7 @@ func NewMetrics(p Providers) (*Metrics, error) {
 		timeouts:      counter(MetricTimeouts, "{timeout}", "Step timeouts and saga deadlines fired."),
 		compensations: counter(MetricCompensations, "{command}", "Compensating commands sent."),
 		manualReviews: counter(MetricManualReviews, "{saga}", "Saga instances sent to manual review."),
-		stepLatency:   histogram(MetricStepLatency, "From a reply's receipt by the consumer to the next command written to the outbox."),
+		stepLatency:   histogram(MetricStepLatency, "A step's round trip: from its command written to the outbox to its reply applied to the saga."),
 
 		consumed:         counter(MetricConsumed, metricMessageUnit, "Messages delivered to a consumer."),
 		consumerMessages: counter(MetricConsumerMessages, metricMessageUnit, "Deliveries settled by a consumer, by outcome (processed, duplicate, retry, park)."),
@@ -174,13 +174,15 @@ func (m *Metrics) Transition(ctx context.Context, def *sagadef.Definition, trigg
 	}
 }
 
-// StepLatency records the time from a reply's receipt to the next command
-// of step being written to the outbox.
-func (m *Metrics) StepLatency(ctx context.Context, sagaType, step string, d time.Duration) {
+// StepLatency records a step's round trip: the time from its command (or,
+// in phase [PhaseCompensation], its compensating command) written to the
+// outbox to its reply applied.
+func (m *Metrics) StepLatency(ctx context.Context, sagaType, step, phase string, d time.Duration) {
 	if !m.Enabled() {
 		return
 	}
-	m.stepLatency.Record(ctx, d.Seconds(), metric.WithAttributes(KeySagaType.String(sagaType), KeySagaStep.String(step)))
+	m.stepLatency.Record(ctx, max(d, 0).Seconds(), metric.WithAttributes(KeySagaType.String(sagaType), KeySagaStep.String(step),
+		KeyStepPhase.String(phase)))
 }
 
 // ConsumerLabels are the attributes of one consumer's metrics; build them

@@ -118,7 +118,7 @@ func TestDisabledIsFree(t *testing.T) {
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(100, func() {
 		m.Transition(ctx, def, sagadef.TriggerTimeout, "RESERVE", res)
-		m.StepLatency(ctx, def.Name, "Charge", time.Millisecond)
+		m.StepLatency(ctx, def.Name, "Charge", telemetry.PhaseForward, time.Millisecond)
 		m.Consumed(ctx, labels, 1)
 		m.Settled(ctx, labels, "processed", time.Millisecond)
 		m.Sent(ctx, "x", "", time.Millisecond)
@@ -137,7 +137,7 @@ func TestPrometheusExposition(t *testing.T) {
 	ctx := context.Background()
 	emit := []sagadef.Outgoing{{Message: sagatest.NewMessage(tRelease, "k")}}
 	m.Transition(ctx, def, sagadef.TriggerTimeout, sagadef.StateName("Reserve"), sagadef.Result{Class: sagadef.ClassNew, Emit: emit})
-	m.StepLatency(ctx, def.Name, "Charge", 3*time.Millisecond)
+	m.StepLatency(ctx, def.Name, "Charge", telemetry.PhaseForward, 3*time.Millisecond)
 	m.Sent(ctx, "shop.commands", "nacked", 0)
 	m.Sent(ctx, "shop.commands", "", time.Second)
 	labels := telemetry.ConsumerAttributes("orders", "shop.replies")

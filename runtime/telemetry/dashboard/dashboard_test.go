@@ -56,6 +56,9 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 		}
 		for _, tg := range p.Targets {
 			legends = append(legends, tg.Legend)
+			if strings.Contains(tg.Expr, "saga_step_latency") {
+				require.Contains(t, tg.Expr, "saga_step_phase=", "a step's round trip and its compensation's are told apart")
+			}
 			for _, m := range metricRef.FindAllString(tg.Expr, -1) {
 				if !strings.HasPrefix(m, "saga_type") && !strings.HasPrefix(m, "saga_step") && !strings.HasPrefix(m, "saga_state") &&
 					!strings.HasPrefix(m, "saga_result") && !strings.HasPrefix(m, "saga_timeout_kind") && !strings.HasPrefix(m, "saga_consumer_outcome") &&
@@ -69,6 +72,7 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 	require.Contains(t, legends, "Reserve p95", "step latency has one query per step of the contract")
 	require.Contains(t, legends, "Charge p95")
 	require.Contains(t, legends, "Only p95")
+	require.Contains(t, legends, "compensate {{saga_step}} p95")
 
 	// Every metric the dashboard queries is one the runtime exports, in
 	// the Prometheus exporter's naming.
