@@ -68,6 +68,15 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 	require.EqualValues(t, 2, starts(), "in the caller's own transaction the start counts at once")
 }
 
+// setupMetered is setup with an engine that records metrics.
+func setupMetered(t *testing.T) (*testBundle, *metrictest.Provider) {
+	t.Helper()
+	b := setup(t, defOptions{})
+	mp := metrictest.New(t)
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.Telemetry = telemetry.Providers{Meter: mp} })
+	return b, mp
+}
+
 // latencies returns, per saga.step/saga.step.phase, the samples of
 // saga.step.latency: their count and sum in seconds.
 func latencies(t *testing.T, mp *metrictest.Provider) map[string][2]float64 {
@@ -88,9 +97,7 @@ func latencies(t *testing.T, mp *metrictest.Provider) map[string][2]float64 {
 // own phase, and a command resent after a timeout measured from the resend.
 func TestStepLatencyIsTheRoundTrip(t *testing.T) {
 	t.Parallel()
-	b := setup(t, defOptions{})
-	mp := metrictest.New(t)
-	b.engine = b.newEngine(t, func(c *saga.Config) { c.Telemetry = telemetry.Providers{Meter: mp} })
+	b, mp := setupMetered(t)
 	ctx := context.Background()
 
 	// o-1 runs every step; ScheduleShipping times out once and is resent.
@@ -127,4 +134,91 @@ func TestStepLatencyIsTheRoundTrip(t *testing.T) {
 		require.Equal(t, w[0], got[k][0], "%s: samples", k)
 		require.InDelta(t, w[1], got[k][1], 1e-6, "%s: seconds", k)
 	}
+}
+
+// refuseCommits makes every commit that wrote an audit row fail (a
+// deferred constraint trigger) while the returned switch is on.
+func refuseCommits(t *testing.T, b *testBundle) func(on bool) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `
+CREATE TABLE refuse_commits (on_ boolean);
+CREATE FUNCTION refuse_commits() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT FROM refuse_commits) THEN RAISE EXCEPTION 'commit refused by the test'; END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER refuse_commits AFTER INSERT ON saga_audit
+DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_commits();`)
+	require.NoError(t, err)
+	return func(on bool) {
+		t.Helper()
+		q := `DELETE FROM refuse_commits`
+		if on {
+			q = `INSERT INTO refuse_commits VALUES (true)`
+		}
+		_, err := b.pool.Exec(ctx, q)
+		require.NoError(t, err)
+	}
+}
+
+// TestScannerCountsCommittedTimeouts: a timeout scan whose commit fails
+// counts nothing, so the scan that fires the timeout again counts it once
+// (timeouts, the transition, the compensation it sends).
+func TestScannerCountsCommittedTimeouts(t *testing.T) {
+	t.Parallel()
+	b, mp := setupMetered(t)
+	refuse := refuseCommits(t, b)
+	ctx := context.Background()
+	id := b.start(t, "o-1")
+	b.clock.Advance(stepTimeout + time.Second)
+
+	refuse(true)
+	_, err := b.engine.FireTimeouts(ctx, 0)
+	require.ErrorContains(t, err, "commit refused by the test")
+	require.Equal(t, sagadef.StateName("ReserveInventory"), b.status(t, id).State)
+	require.Zero(t, mp.Value(t, telemetry.MetricTimeouts, nil), "a scan that did not commit counts no timeout")
+	require.Zero(t, mp.Value(t, telemetry.MetricCompensations, nil))
+	require.Zero(t, mp.Value(t, telemetry.MetricTransitions, map[string]string{"saga.trigger.type": "timeout"}))
+
+	refuse(false)
+	fired, err := b.engine.FireTimeouts(ctx, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, fired)
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTimeouts, map[string]string{
+		"saga.step": "ReserveInventory", "saga.timeout.kind": "timeout"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricCompensations, map[string]string{"saga.step": "ReserveInventory"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTransitions, map[string]string{
+		"saga.trigger.type": "timeout", "saga.result": "applied"}))
+}
+
+// TestOperatorMetrics: a conflicting reply counts as such and as an entry
+// into manual review; an operator's compensate counts its transition and
+// the compensation it sends, once it committed: one whose commit fails
+// counts nothing.
+func TestOperatorMetrics(t *testing.T) {
+	t.Parallel()
+	b, mp := setupMetered(t)
+	refuse := refuseCommits(t, b)
+	ctx := context.Background()
+
+	st := b.toManualReview(t, "o-1") // by a conflicting reply
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTransitions, map[string]string{
+		"saga.trigger.type": "message", "saga.result": "conflicting"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricManualReviews, map[string]string{"saga.trigger.type": "message"}))
+
+	operator := map[string]string{"saga.trigger.type": "operator", "saga.result": "applied"}
+	refuse(true)
+	_, err := b.engine.Compensate(ctx, st.ID, st.Version, "alice", "customer cancelled")
+	require.ErrorContains(t, err, "commit refused by the test")
+	require.Zero(t, mp.Value(t, telemetry.MetricTransitions, operator), "an action that did not commit counts nothing")
+	require.Zero(t, mp.Value(t, telemetry.MetricCompensations, nil))
+
+	refuse(false)
+	got, err := b.engine.Compensate(ctx, st.ID, st.Version, "alice", "customer cancelled")
+	require.NoError(t, err)
+	require.Equal(t, sagadef.CompensatingStateName("ReserveInventory"), got.State)
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTransitions, operator))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricCompensations, map[string]string{"saga.step": "ReserveInventory"}))
+	require.Zero(t, mp.Value(t, telemetry.MetricManualReviews, map[string]string{"saga.trigger.type": "operator"}))
 }

@@ -150,10 +150,13 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 	return e.status(after)
 }
 
-// Operate is [Engine.OperateTx] in a transaction of its own.
+// Operate is [Engine.OperateTx] in a transaction of its own. Like
+// [Engine.Start], it counts the action in the metrics only once it has
+// committed, and hands the commands it sends to the relay ctx carries
+// (outbox.WithRelay) or wakes relays after the commit.
 func (e *Engine) Operate(ctx context.Context, op Operation) (Status, error) {
 	var st Status
-	err := pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
+	err := e.inTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		st, err = e.OperateTx(ctx, tx, op)
 		return err

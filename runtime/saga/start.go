@@ -120,28 +120,27 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 // relays are woken to claim them; the start is counted in the metrics once
 // it committed.
 func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
-	var wakes *txq.Wakes
-	err = pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
-		wakes = txq.NewWakes(tx)
-		sctx, scope := txq.WithScope(wakes.Attach(ctx), tx)
-		scope.CommitsWith(wakes)
+	err = e.inTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
-		sagaID, created, err = e.StartTx(sctx, tx, start, meta)
-		if err == nil {
-			err = scope.Flush(sctx)
-		}
-		if err != nil {
-			scope.Discard(err)
-			return err
-		}
-		scope.Keep()
-		return nil
+		sagaID, created, err = e.StartTx(ctx, tx, start, meta)
+		return err
 	})
 	if err != nil {
 		return "", false, err
 	}
-	e.sendWakes(ctx, wakes)
 	return sagaID, created, nil
+}
+
+// inTx runs fn in a transaction of the engine's own, as a consumer runs a
+// handler (txq.BeginFunc): metrics and a local relay's hand-off run only
+// once the transaction has committed, followed by the relays' wake-up.
+func (e *Engine) inTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	wakes, err := txq.BeginFunc(ctx, e.cfg.Pool, fn)
+	if err != nil {
+		return err
+	}
+	e.sendWakes(ctx, wakes)
+	return nil
 }
 
 // sendWakes notifies relays after a commit. A failure costs only latency:

@@ -53,7 +53,7 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 			return fmt.Errorf("claim due saga %s instances: %w", e.def.Name, err)
 		}
 		for _, w := range due {
-			ok, err := e.fireOne(ctx, tx, w, now)
+			ok, err := e.fireOne(ctx, tx, wakes, w, now)
 			if err != nil {
 				return err
 			}
@@ -72,8 +72,11 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 
 // fireOne applies the due trigger to one claimed row under a savepoint. It
 // returns false (and a nil error) when the instance's transition failed and
-// was rolled back and deferred.
-func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, w row, now time.Time) (bool, error) {
+// was rolled back and deferred. The transition's writes go out through a
+// scope that commits with wakes, so its metrics are recorded only once the
+// scan's transaction has committed: a scan whose commit fails is counted
+// by the next one only.
+func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, w row, now time.Time) (bool, error) {
 	kind := sagadef.TriggerTimeout
 	if w.DeadlineAt != nil && !w.DeadlineAt.After(now) {
 		kind = sagadef.TriggerDeadline
@@ -88,7 +91,12 @@ func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, w row, now time.Time) (
 	if err != nil {
 		return false, fmt.Errorf("savepoint for saga %s: %w", w.ID, err)
 	}
-	out, terr := e.transition(ctx, sp, w, trig, origin{Link: e.pendingTrace(ctx, sp, w)})
+	var out outcome
+	terr := txq.Run(ctx, sp, wakes, func(ctx context.Context, sp pgx.Tx) error {
+		var err error
+		out, err = e.transition(ctx, sp, w, trig, origin{Link: e.pendingTrace(ctx, sp, w)})
+		return err
+	})
 	if terr == nil && e.stillDue(out.Result.Instance, now) {
 		// A transition that leaves the instance due would be claimed
 		// again by the next scan, forever: keep it, but defer it.

@@ -199,6 +199,47 @@ func (s *Scope) Keep() {
 	s.after = nil
 }
 
+// Run runs fn on tx (a transaction or a savepoint of it) as a consumer runs
+// a handler: fn's context carries a scope for tx that commits with w, whose
+// queued writes are sent when fn succeeds and whose after-commit work is
+// then kept for w; when fn or the send fails, the scope is discarded and
+// its work never runs.
+func Run(ctx context.Context, tx pgx.Tx, w *Wakes, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	sctx, s := WithScope(ctx, tx)
+	s.CommitsWith(w)
+	err := fn(sctx, tx)
+	if err == nil {
+		err = s.Flush(sctx)
+	}
+	if err != nil {
+		s.Discard(err)
+		return err
+	}
+	s.Keep()
+	return nil
+}
+
+// Beginner starts transactions (a pool).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// BeginFunc runs fn with [Run] in a new transaction of db, with a wake set
+// attached to its context, and commits. It returns the wake set to [Wakes.Send]
+// once it returned without error (the commit succeeded); on an error nothing
+// of fn's after-commit work may run.
+func BeginFunc(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (*Wakes, error) {
+	var w *Wakes
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		w = NewWakes(tx)
+		return Run(w.Attach(ctx), tx, w, fn)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
 // Sync sends what ctx's scope for tx has queued (nothing when there is no
 // scope or it is empty), so that a following read sees it. The runtime calls
 // it before reading a table it may have queued writes for.
