@@ -358,6 +358,10 @@ type row struct {
 	id       int64
 	attempts int32
 	env      envelope.Envelope
+	// pendingSince is when the row last became pending (claimed rows:
+	// saga_outbox_pending.pending_since; later than the message's
+	// occurred-at for a replay); zero for rows handed over by Enqueue.
+	pendingSince time.Time
 }
 
 // batch is one claim on its way through the pipeline.
@@ -879,9 +883,9 @@ WITH claimed AS (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
   ))
-  RETURNING id, attempts
+  RETURNING id, attempts, pending_since
 )
-SELECT c.id, c.attempts, o.id IS NULL,
+SELECT c.id, c.attempts, c.pending_since, o.id IS NULL,
   coalesce(o.message_id, ''), coalesce(o.exchange, ''), coalesce(o.routing_key, ''), coalesce(o.message_type, ''),
   coalesce(o.schema_version, 0), coalesce(o.correlation_id, ''), coalesce(o.causation_id, ''),
   coalesce(o.saga_id, ''), coalesce(o.saga_type, ''), coalesce(o.idempotency_key, ''),
@@ -924,7 +928,7 @@ func (r *Relay) claim(ctx context.Context) ([]row, error) {
 		headers []byte
 	)
 	e := &rw.env
-	_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.attempts, &orphan, &e.MessageID, &e.Exchange, &e.RoutingKey, &e.MessageType,
+	_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.attempts, &rw.pendingSince, &orphan, &e.MessageID, &e.Exchange, &e.RoutingKey, &e.MessageType,
 		&e.SchemaVersion, &e.CorrelationID, &e.CausationID, &e.SagaID, &e.SagaType, &e.IdempotencyKey,
 		&e.Traceparent, &e.Tracestate, &headers, &e.Body, &e.OccurredAt}, func() error {
 		if orphan {

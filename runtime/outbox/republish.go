@@ -35,7 +35,10 @@ func Republish(ctx context.Context, tx pgx.Tx, env envelope.Envelope) error {
 	}
 	// Settles match a row's claim by its attempts (settleSQL): counting
 	// one more makes every claim in flight stale.
-	tag, err := tx.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = NULL, lease_until = NULL, attempts = attempts + 1 WHERE id = $1`, id)
+	// pending_since restarts: the backlog's age and the publish delay
+	// count from the replay, not from the message's first publish.
+	tag, err := tx.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = NULL, lease_until = NULL, attempts = attempts + 1,
+  pending_since = now() WHERE id = $1`, id)
 	if err != nil {
 		return fmt.Errorf("republish %s %s: release its pending outbox row %d: %w", env.MessageType, env.MessageID, id, err)
 	}

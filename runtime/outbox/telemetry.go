@@ -112,10 +112,16 @@ func (t relayTelemetry) startSend(ctx context.Context, rw *row, owner string) tr
 	return span
 }
 
-// published records the outcome of one row's publish.
+// published records the outcome of one row's publish. Its delay runs from
+// when the message occurred, or from when the row became pending again if
+// that is later (an operator's replay of an old message).
 func (t relayTelemetry) published(ctx context.Context, span trace.Span, rw *row, err error, now time.Time) {
 	errType := publishErrorType(err)
-	t.metrics.Sent(ctx, rw.env.Exchange, errType, now.Sub(rw.env.OccurredAt))
+	from := rw.env.OccurredAt
+	if rw.pendingSince.After(from) {
+		from = rw.pendingSince
+	}
+	t.metrics.Sent(ctx, rw.env.Exchange, errType, now.Sub(from))
 	if span == nil {
 		return
 	}

@@ -186,9 +186,11 @@ GROUP BY t.state`, g.states, g.slaMS)
 // meter, read from pool at each collection:
 //
 //   - saga.outbox.backlog: unpublished outbox rows;
-//   - saga.outbox.oldest_age (s): age of the oldest unpublished row by the
-//     database clock (0 when there is none); the oldest is taken to be the
-//     one with the lowest id, found through the primary keys;
+//   - saga.outbox.oldest_age (s): how long the longest-waiting unpublished
+//     row has been pending (saga_outbox_pending.pending_since: since it was
+//     written, or since an operator's replay made it pending again), by the
+//     database clock (0 when there is none); the same scan of the pending
+//     rows gives the backlog;
 //   - saga.parked.messages{messaging.destination.name}: parked messages not
 //     replayed, per original queue.
 func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeOption) (metric.Registration, error) {
@@ -219,9 +221,7 @@ func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeO
 			secs float64
 		)
 		err := pool.QueryRow(ctx, `
-SELECT (SELECT count(*) FROM saga_outbox_pending),
-  COALESCE((SELECT EXTRACT(EPOCH FROM now() - o.created_at)::float8
-    FROM saga_outbox_pending p JOIN saga_outbox o ON o.id = p.id ORDER BY p.id LIMIT 1), 0)`).Scan(&n, &secs)
+SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(pending_since))::float8, 0) FROM saga_outbox_pending`).Scan(&n, &secs)
 		if err != nil {
 			return fmt.Errorf("measure outbox backlog: %w", err)
 		}
