@@ -2,7 +2,10 @@ package testenv
 
 import (
 	"bytes"
+	"encoding/json"
+	"strings"
 	"sync"
+	"testing"
 )
 
 // LogBuffer collects the logs of a component that writes them from several
@@ -23,4 +26,24 @@ func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()
+}
+
+// Records parses what was written as JSON lines (a slog.JSONHandler's
+// records) and returns those whose msg is msg.
+func (l *LogBuffer) Records(t testing.TB, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("testenv: log line is not JSON: %v: %s", err, line)
+		}
+		if rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
 }

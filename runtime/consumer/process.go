@@ -188,7 +188,7 @@ VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING`, c.cfg.Name, 
 		it.failedBefore = c.interrupted.failure(it.messageID())
 	}
 	if it.stoppedBefore && it.failedBefore == "" {
-		c.log.Warn("message redelivered without an acknowledgement after its handling stopped the consumer; parking it",
+		c.log.WarnContext(it.handlerContext(ctx), "message redelivered without an acknowledgement after its handling stopped the consumer; parking it",
 			slog.String("message_id", it.messageID()), slog.Int("redeliveries", it.redeliveries))
 	}
 	return nil
@@ -431,7 +431,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery, count bool)
 				c.clearInterrupted(cctx)
 				cancel()
 			} else {
-				c.log.Warn("message handled alone failed again after being spared twice; its next delivery is parked",
+				c.log.WarnContext(it.handlerContext(ctx), "message handled alone failed again after being spared twice; its next delivery is parked",
 					slog.String("message_id", it.messageID()), slog.Int("redeliveries", it.redeliveries), slog.Any("error", err))
 			}
 		}
@@ -826,7 +826,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wa
 func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, d *Delivery) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			c.log.Error("handler panicked", slog.String("message_id", d.Envelope.MessageID),
+			c.log.ErrorContext(ctx, "handler panicked", slog.String("message_id", d.Envelope.MessageID),
 				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			err = fmt.Errorf("panic: %v", r)
 		}
@@ -868,12 +868,15 @@ func (s *session) finish(ctx context.Context, items []*item) error {
 			}
 			tags = append(tags, it.raw.DeliveryTag)
 			settled = append(settled, it)
+			// The handler's context: a telemetry.NewLogHandler adds the
+			// delivery's saga, correlation and causation ids.
+			lctx := it.handlerContext(ctx)
 			if it.outcome == outcomeRetry {
-				c.log.Warn("message failed; retrying after a delay",
+				c.log.WarnContext(lctx, "message failed; retrying after a delay",
 					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
 					slog.String("class", it.class.String()), slog.Duration("delay", it.tier), slog.Any("error", it.err))
 			} else {
-				c.log.Error("message parked",
+				c.log.ErrorContext(lctx, "message parked",
 					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
 					slog.String("class", it.parkClass()), slog.Any("error", it.err))
 			}

@@ -814,6 +814,7 @@ func (p *pipeline) settle(bs []*batch) {
 				s.release(rw, retryDelay(b.errs[i], rw.attempts))
 				r.cfg.Logger.Warn("outbox relay: publish failed; will retry",
 					"owner", r.cfg.Owner, "message_id", rw.env.MessageID, "message_type", rw.env.MessageType,
+					"saga_id", rw.env.SagaID, "correlation_id", rw.env.CorrelationID, "causation_id", rw.env.CausationID,
 					"exchange", rw.env.Exchange, "routing_key", rw.env.RoutingKey, "attempts", rw.attempts, "error", b.errs[i])
 			}
 		}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/metrictest"
+	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -43,11 +45,13 @@ func TestRelayPublishMetrics(t *testing.T) {
 	old.OccurredAt = time.Now().Add(-days)
 	lost := env(routedKey)
 	lost.Exchange = "no-such-exchange"
+	lost.SagaID, lost.CausationID = "saga-1", "cause-1"
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, old, lost) }))
 	// Written then, too (the relays were down).
 	_, err := b.pool.Exec(ctx, `UPDATE saga_outbox_pending SET pending_since = now() - interval '72 hours'`)
 	require.NoError(t, err)
-	startRelay(t, b, RelayConfig{Telemetry: telemetry.Providers{Meter: mp}})
+	var logs testenv.LogBuffer
+	startRelay(t, b, RelayConfig{Telemetry: telemetry.Providers{Meter: mp}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 
 	require.Eventually(t, func() bool {
 		return sentPoints(t, mp, testExchange)[""] == 1 && sentPoints(t, mp, "no-such-exchange")["no_exchange"] >= 1
@@ -66,6 +70,17 @@ func TestRelayPublishMetrics(t *testing.T) {
 	require.EqualValues(t, 1, delay().Value, "one delay per confirmed publish")
 	require.InDelta(t, days.Seconds(), delay().Sum, 60, "since the message occurred")
 	require.Zero(t, mp.Value(t, telemetry.MetricPublishDelay, map[string]string{string(telemetry.KeyDestinationName): "no-such-exchange"}))
+	// The failure's log names the message's saga, correlation and cause.
+	var failed int
+	for _, rec := range logs.Records(t, "outbox relay: publish failed; will retry") {
+		if rec["message_id"] == lost.MessageID {
+			failed++
+			require.Equal(t, "saga-1", rec["saga_id"])
+			require.Equal(t, "corr", rec["correlation_id"])
+			require.Equal(t, "cause-1", rec["causation_id"])
+		}
+	}
+	require.NotZero(t, failed)
 
 	// The operator replays it: its delay counts from the replay.
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, old) }))

@@ -1,0 +1,37 @@
+package consumer_test
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/telemetry"
+)
+
+// TestFailureLogsCarryTheDeliveryIds: the records of a delivery's failure
+// (its handler's panic, its retry, its parking) are logged with the
+// delivery's context, so telemetry.NewLogHandler gives them its saga,
+// correlation and causation ids.
+func TestFailureLogsCarryTheDeliveryIds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var out testenv.LogBuffer
+	logger := slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(&out, nil), telemetry.LogOptions{}))
+	r := b.start(func(c *consumer.Config) { c.Logger = logger }, nil)
+	b.send("p1", doPanic, nil)
+	b.waitSettled("p1", "park")
+	b.stop(r)
+
+	for msg, n := range map[string]int{"handler panicked": 3, "message failed; retrying after a delay": 2, "message parked": 1} {
+		recs := out.Records(t, msg)
+		require.Len(t, recs, n, msg)
+		for _, rec := range recs {
+			require.Equal(t, "p1", rec["message_id"], msg)
+			require.Equal(t, "saga-p1", rec["saga_id"], msg)
+			require.Equal(t, "saga-p1", rec["correlation_id"], msg)
+		}
+	}
+}
