@@ -165,7 +165,7 @@ func TestSagasCommands(t *testing.T) {
 	f := newFixture(t)
 	rv := f.review(t, "cli-review")
 	stuck := f.start(t, "cli-stuck")
-	f.clock.Advance(time.Minute)
+	f.clock.Advance(2 * time.Minute) // past its 30 s timeout plus the 1 min grace
 
 	code, out, errOut := f.sagactl(t, readTok, "sagas", "list")
 	require.Equal(t, 0, code, errOut)

@@ -27,7 +27,7 @@ func (f *sagaFilterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.typ, "type", "", "saga type (full name, e.g. shop.order.v1.PlaceOrder)")
 	fs.StringVar(&f.state, "state", "", "state name, e.g. RESERVE_INVENTORY")
 	fs.StringVar(&f.key, "key", "", "business key")
-	fs.BoolVar(&f.stuck, "stuck", false, "only sagas with no progress beyond their step's SLA")
+	fs.BoolVar(&f.stuck, "stuck", false, "only stuck sagas: timeout or deadline overdue, or no progress beyond the step's timeout (plus the server's grace)")
 	fs.BoolVar(&f.review, "review", false, "only sagas in manual review")
 }
 

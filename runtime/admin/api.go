@@ -79,9 +79,10 @@ type Saga struct {
 	ReviewFrom string    `json:"review_from,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
 	UpdatedAt  time.Time `json:"updated_at"`
-	// Stuck is set when the saga made no progress within its step's SLA:
-	// its timeout or deadline is past due, or it has not changed for longer
-	// than the step's timeout. StuckReason says which.
+	// Stuck is set when the saga is stuck by telemetry.StuckRule (the rule
+	// of the saga.instances.stuck gauge): its timeout or deadline is past
+	// due, or it has not changed for longer than the step's timeout, by
+	// more than the grace. StuckReason says which.
 	Stuck       bool   `json:"stuck,omitempty"`
 	StuckReason string `json:"stuck_reason,omitempty"`
 }

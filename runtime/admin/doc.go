@@ -19,10 +19,12 @@
 // parking lot's index, joined to each message's saga and step). Nothing is
 // cached: every answer reflects the database at the time of the request.
 //
-// A saga is stuck when it waits on a step (or a compensation) and either its
-// timeout_at or deadline_at is past due, or it has not changed for longer
-// than the step's timeout from the contract. Sagas in manual review are
-// listed separately, with their reason.
+// A saga is stuck by telemetry.StuckRule, the rule of the
+// saga.instances.stuck gauge: it waits on a step (or a compensation) and,
+// by more than Config.StuckGrace, its timeout_at or deadline_at is past
+// due, or it has not changed for longer than the step's timeout from the
+// contract. Sagas in manual review are listed separately, with their
+// reason.
 //
 // # Repairs and their guarantees
 //

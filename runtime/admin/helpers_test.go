@@ -129,7 +129,7 @@ func setup(t *testing.T) *bundle {
 	po, err := orderv1.NewPlaceOrder(saga.Config{Pool: pool, Now: clk.Now, Logger: slog.New(slog.DiscardHandler)}, decider{broken: broken})
 	require.NoError(t, err)
 	srv, err := admin.New(admin.Config{Pool: pool, Sagas: []*saga.Engine{po.Engine()}, Tokens: tokens,
-		Logger: slog.New(slog.DiscardHandler), Now: clk.Now})
+		Logger: slog.New(slog.DiscardHandler), Now: clk.Now, StuckGrace: -1})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // sagaRow is the part of an instance row lists show.
@@ -50,8 +51,8 @@ func scanSaga(r pgx.Row) (sagaRow, error) {
 //
 //	$1 state ('' = any)          $2 business key ('' = any)
 //	$3 review only               $4 the manual review state
-//	$5 stuck only                $6 holding states (never stuck)
-//	$7 now                       $8, $9 waiting states and their SLAs (µs)
+//	$5 stuck only                $6 the stuck grace (µs)
+//	$7 now                       $8, $9 waiting states and their stuck limits (µs)
 //	$10, $11 cursor (created_at, id), NULL on the first page
 //	$12 limit
 func (t *sagaType) listSQL() string {
@@ -59,10 +60,7 @@ func (t *sagaType) listSQL() string {
 WHERE ($1::text = '' OR t.state = $1)
   AND ($2::text = '' OR t.business_key = $2)
   AND (NOT $3::bool OR t.state = $4)
-  AND (NOT $5::bool OR (t.state <> ALL($6::text[]) AND (
-        t.timeout_at < $7 OR t.deadline_at < $7
-        OR EXISTS (SELECT 1 FROM unnest($8::text[], $9::bigint[]) AS s(state, sla)
-                   WHERE s.state = t.state AND t.updated_at < $7 - s.sla * interval '1 microsecond'))))
+  AND (NOT $5::bool OR ` + telemetry.StuckSQL("$7", "$8", "$9", "$6") + `)
   AND ($10::timestamptz IS NULL OR (t.created_at, t.id) < ($10::timestamptz, $11::uuid))
 ORDER BY t.created_at DESC, t.id DESC
 LIMIT $12`
@@ -90,33 +88,10 @@ func (t *sagaType) view(w sagaRow, now time.Time) Saga {
 }
 
 // stuckReason says why an instance is stuck at now, or "" when it is not:
-// the same rule as the stuck filter of listSQL.
+// telemetry.StuckRule, the rule of the stuck filter of listSQL and of the
+// saga.instances.stuck gauge.
 func (t *sagaType) stuckReason(w sagaRow, now time.Time) string {
-	if slices.Contains(t.holding, w.State) {
-		return ""
-	}
-	if w.TimeoutAt != nil && w.TimeoutAt.Before(now) {
-		return fmt.Sprintf("timeout due %s ago and not fired (is a timeout scanner running?)", age(now.Sub(*w.TimeoutAt)))
-	}
-	if w.DeadlineAt != nil && w.DeadlineAt.Before(now) {
-		return fmt.Sprintf("saga deadline passed %s ago", age(now.Sub(*w.DeadlineAt)))
-	}
-	if i := slices.Index(t.slaStates, w.State); i >= 0 {
-		sla := time.Duration(t.slaMicros[i]) * time.Microsecond
-		if idle := now.Sub(w.UpdatedAt); idle > sla {
-			return fmt.Sprintf("no progress for %s; the step's timeout is %s", age(idle), sla)
-		}
-	}
-	return ""
-}
-
-// age formats a duration for people: whole seconds (or milliseconds below
-// one second).
-func age(d time.Duration) string {
-	if d < time.Second {
-		return d.Round(time.Millisecond).String()
-	}
-	return d.Round(time.Second).String()
+	return t.stuck.Reason(w.State, w.TimeoutAt, w.DeadlineAt, w.UpdatedAt, now)
 }
 
 func utcPtr(t *time.Time) *time.Time {
@@ -208,8 +183,9 @@ func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limi
 		if f.State != "" && !t.hasState(f.State) {
 			continue
 		}
+		states, limits, grace := t.stuck.Args()
 		rows, err := s.cfg.Pool.Query(ctx, t.listSQL(), f.State, f.BusinessKey, f.Review, sagadef.StateManualReview,
-			f.Stuck, t.holding, now, t.slaStates, t.slaMicros, curAt, curID, limit+1)
+			f.Stuck, grace, now, states, limits, curAt, curID, limit+1)
 		if err != nil {
 			return nil, false, fmt.Errorf("list %s sagas: %w", t.def.Name, err)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // Config configures a Server. Pool, Sagas and Tokens are required.
@@ -42,6 +43,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Now is the clock (stuck detection, replay timestamps). Default: time.Now.
 	Now func() time.Time
+	// StuckGrace is how far past due a saga must be to be listed as stuck
+	// (telemetry.StuckRule). Default: telemetry.DefaultStuckGrace, as the
+	// saga.instances.stuck gauge; give both the same value. Negative: none.
+	StuckGrace time.Duration
 }
 
 // Limits.
@@ -79,11 +84,8 @@ type sagaType struct {
 	engine *saga.Engine
 	def    *sagadef.Definition
 	table  string // quoted identifier
-	// holding are the states no clock acts on (terminal and manual review).
-	holding []string
-	// slaStates/slaMicros give each waiting state its step timeout.
-	slaStates []string
-	slaMicros []int64
+	// stuck decides which of its instances are stuck.
+	stuck telemetry.StuckRule
 	// sensitive is the union of the sensitive field paths of every message
 	// the definition names; unknown lists names not in any registry.
 	sensitive []string
@@ -97,6 +99,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.StuckGrace == 0 {
+		cfg.StuckGrace = telemetry.DefaultStuckGrace
 	}
 	var errs []error
 	if cfg.Pool == nil {
@@ -140,17 +145,7 @@ func (s *Server) newSagaType(e *saga.Engine) (*sagaType, error) {
 	}
 	parts := strings.Split(def.Table, ".")
 	t := &sagaType{engine: e, def: def, table: pgx.Identifier(parts).Sanitize()}
-	for _, st := range def.States {
-		switch st.Kind {
-		case sagadef.StateKindTerminal, sagadef.StateKindManualReview:
-			t.holding = append(t.holding, st.Name)
-		case sagadef.StateKindStep, sagadef.StateKindCompensating:
-			if step, ok := def.LookupStep(st.Step); ok && step.Timeout > 0 {
-				t.slaStates = append(t.slaStates, st.Name)
-				t.slaMicros = append(t.slaMicros, step.Timeout.Microseconds())
-			}
-		}
-	}
+	t.stuck = telemetry.NewStuckRule(def, s.cfg.StuckGrace)
 	seen := map[string]bool{}
 	for _, name := range messageNames(def) {
 		if seen[name] {

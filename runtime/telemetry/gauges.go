@@ -22,7 +22,6 @@ type GaugeOption func(*gaugeConfig)
 type gaugeConfig struct {
 	queryTimeout    time.Duration
 	stuckGrace      time.Duration
-	defaultSLA      time.Duration
 	includeTerminal bool
 }
 
@@ -31,17 +30,21 @@ func WithQueryTimeout(d time.Duration) GaugeOption {
 	return func(c *gaugeConfig) { c.queryTimeout = d }
 }
 
-// WithStuckGrace is how long past its step's timeout an instance must have
-// made no progress to count as stuck; default 1 minute (the timeout scanner
-// should have acted long before).
+// WithStuckGrace is how far past due an instance must be to count as stuck
+// (see [StuckRule]); default [DefaultStuckGrace]. Give the admin server the
+// same (its Config.StuckGrace), so that the console lists what the gauge
+// counts.
 func WithStuckGrace(d time.Duration) GaugeOption {
 	return func(c *gaugeConfig) { c.stuckGrace = d }
 }
 
-// WithDefaultSLA is the time without progress after which an instance in a
-// step without a timeout counts as stuck; default 1 hour.
-func WithDefaultSLA(d time.Duration) GaugeOption {
-	return func(c *gaugeConfig) { c.defaultSLA = d }
+// WithDefaultSLA does nothing.
+//
+// Deprecated: it was described as the limit for steps without a timeout,
+// but every step has one (sagadef.Definition.Compile refuses a step
+// without), so it never applied; stuck instances follow [StuckRule].
+func WithDefaultSLA(time.Duration) GaugeOption {
+	return func(*gaugeConfig) {}
 }
 
 // WithTerminalStates makes saga.instances count terminal states (COMPLETED,
@@ -53,7 +56,7 @@ func WithTerminalStates() GaugeOption {
 }
 
 func newGaugeConfig(opts []GaugeOption) gaugeConfig {
-	c := gaugeConfig{queryTimeout: 5 * time.Second, stuckGrace: time.Minute, defaultSLA: time.Hour}
+	c := gaugeConfig{queryTimeout: 5 * time.Second, stuckGrace: DefaultStuckGrace}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -65,7 +68,7 @@ type sagaGauge struct {
 	def    *sagadef.Definition
 	table  string // quoted
 	states []string
-	slaMS  []int64 // per state; -1: never stuck
+	stuck  StuckRule
 }
 
 // RegisterSagaGauges registers two observable gauges on meter, read from
@@ -75,9 +78,8 @@ type sagaGauge struct {
 //     non-terminal state of each definition is reported, 0 included;
 //     terminal states only with [WithTerminalStates]);
 //   - saga.instances.stuck{saga.type, saga.state}: instances in a step or
-//     compensating state that made no progress (updated_at) for longer than
-//     the step's timeout plus the grace ([WithStuckGrace]), or than the
-//     default SLA ([WithDefaultSLA]) for steps without a timeout.
+//     compensating state that are stuck by [StuckRule] with the grace of
+//     [WithStuckGrace], by the database clock.
 //
 // It issues one query per definition per collection. Unregister the
 // returned registration to stop.
@@ -100,7 +102,7 @@ func RegisterSagaGauges(meter metric.Meter, pool *pgxpool.Pool, defs []*sagadef.
 		return nil, fmt.Errorf("register saga gauges: %w", err)
 	}
 	stuck, err := meter.Int64ObservableGauge(MetricStuck, metric.WithUnit("{saga}"),
-		metric.WithDescription("Saga instances without progress beyond their step's timeout plus grace (or the default SLA)."))
+		metric.WithDescription("Saga instances waiting on a step past its timeout or their deadline, or without progress beyond the step's timeout, by more than the grace."))
 	if err != nil {
 		return nil, fmt.Errorf("register saga gauges: %w", err)
 	}
@@ -115,10 +117,10 @@ func RegisterSagaGauges(meter metric.Meter, pool *pgxpool.Pool, defs []*sagadef.
 				continue
 			}
 			typ := KeySagaType.String(g.def.Name)
-			for i, s := range g.states {
+			for _, s := range g.states {
 				st := KeySagaState.String(s)
 				o.ObserveInt64(instances, counts[s], metric.WithAttributes(typ, st))
-				if g.slaMS[i] >= 0 {
+				if g.stuck.Waits(s) {
 					o.ObserveInt64(stuck, stuckCounts[s], metric.WithAttributes(typ, st))
 				}
 			}
@@ -138,32 +140,24 @@ func newSagaGauge(d *sagadef.Definition, cfg gaugeConfig) (sagaGauge, error) {
 	if d.Table == "" {
 		return sagaGauge{}, fmt.Errorf("definition %s has no table", d.Name)
 	}
-	g := sagaGauge{def: d, table: pgx.Identifier(strings.Split(d.Table, ".")).Sanitize()}
+	g := sagaGauge{def: d, table: pgx.Identifier(strings.Split(d.Table, ".")).Sanitize(), stuck: NewStuckRule(d, cfg.stuckGrace)}
 	for _, s := range d.States {
 		if s.Kind == sagadef.StateKindTerminal && !cfg.includeTerminal {
 			continue
 		}
-		sla := int64(-1)
-		if s.Kind == sagadef.StateKindStep || s.Kind == sagadef.StateKindCompensating {
-			sla = cfg.defaultSLA.Milliseconds()
-			if step, ok := d.LookupStep(s.Step); ok && step.Timeout > 0 {
-				sla = (step.Timeout + cfg.stuckGrace).Milliseconds()
-			}
-		}
 		g.states = append(g.states, s.Name)
-		g.slaMS = append(g.slaMS, sla)
 	}
 	return g, nil
 }
 
 // query counts instances and stuck instances per state.
 func (g sagaGauge) query(ctx context.Context, pool *pgxpool.Pool) (counts, stuck map[string]int64, err error) {
+	states, limits, grace := g.stuck.Args()
 	rows, err := pool.Query(ctx, `
-SELECT t.state, count(*),
-  count(*) FILTER (WHERE s.sla_ms >= 0 AND t.updated_at < now() - s.sla_ms * interval '1 millisecond')
-FROM `+g.table+` t JOIN unnest($1::text[], $2::bigint[]) AS s(state, sla_ms) ON s.state = t.state
+SELECT t.state, count(*), count(*) FILTER (WHERE `+StuckSQL("now()", "$2", "$3", "$4")+`)
+FROM `+g.table+` t
 WHERE t.state = ANY($1::text[])
-GROUP BY t.state`, g.states, g.slaMS)
+GROUP BY t.state`, g.states, states, limits, grace)
 	if err != nil {
 		return nil, nil, fmt.Errorf("count saga %s instances: %w", g.def.Name, err)
 	}

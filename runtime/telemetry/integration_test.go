@@ -549,8 +549,13 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	require.False(t, mp.Has(t, telemetry.MetricInstances, state(sagadef.StateCompleted)), "terminal states are off by default")
 	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
 	require.False(t, mp.Has(t, telemetry.MetricStuck, state(sagadef.StateManualReview)), "manual review is not 'stuck'")
-	// Progress now: no longer stuck.
-	_, err = gaugePool.Exec(w.ctx, `UPDATE saga_tel_order SET updated_at = now() WHERE business_key = 'k2'`)
+	// Progress now, but its timeout overdue and not fired (no scanner
+	// runs): still stuck, as the admin console says (telemetry.StuckRule).
+	_, err = gaugePool.Exec(w.ctx, `UPDATE saga_tel_order SET updated_at = now(), timeout_at = now() - interval '1 minute' WHERE business_key = 'k2'`)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
+	// With its timeout armed anew: no longer stuck.
+	_, err = gaugePool.Exec(w.ctx, `UPDATE saga_tel_order SET timeout_at = now() + interval '1 minute' WHERE business_key = 'k2'`)
 	require.NoError(t, err)
 	require.Equal(t, 0.0, mp.Value(t, telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
 

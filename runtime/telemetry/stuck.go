@@ -1,0 +1,102 @@
+package telemetry
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// DefaultStuckGrace is how far past due an instance must be to count as
+// stuck, unless configured otherwise ([WithStuckGrace], the admin server's
+// Config.StuckGrace): the timeout scanner should have acted long before.
+const DefaultStuckGrace = time.Minute
+
+// StuckRule is the one definition of a stuck saga instance, behind the
+// saga.instances.stuck gauge and the admin server's stuck filter and
+// verdict. An instance is stuck when it waits on a step or a compensation
+// and, by more than the grace,
+//
+//   - its step timeout (timeout_at) or the saga's deadline (deadline_at) is
+//     past due without having been applied (no timeout scanner runs, or
+//     its transition keeps failing), or
+//   - it has not changed (updated_at) for longer than the step's timeout
+//     (a deferred timeout moves timeout_at on, but not updated_at).
+//
+// Instances in manual review or a terminal state are never stuck: they
+// wait for an operator, or for nothing.
+type StuckRule struct {
+	states []string        // the waiting states
+	limits []time.Duration // per state: the step's timeout + grace
+	grace  time.Duration
+}
+
+// NewStuckRule returns the rule for the instances of def with grace (0 or
+// more).
+func NewStuckRule(def *sagadef.Definition, grace time.Duration) StuckRule {
+	r := StuckRule{grace: max(grace, 0)}
+	for _, s := range def.States {
+		if s.Kind != sagadef.StateKindStep && s.Kind != sagadef.StateKindCompensating {
+			continue
+		}
+		step, _ := def.LookupStep(s.Step) // Compile requires every step's timeout
+		r.states = append(r.states, s.Name)
+		r.limits = append(r.limits, step.Timeout+r.grace)
+	}
+	return r
+}
+
+// Waits reports whether state is one the rule can find stuck.
+func (r StuckRule) Waits(state string) bool { return slices.Contains(r.states, state) }
+
+// StuckSQL is the rule as an SQL condition on the instance table aliased
+// t. now, states, limits and grace are the SQL expressions (placeholders)
+// of the clock (timestamptz) and of [StuckRule.Args]: the waiting states
+// (text[]), their limits and the grace in microseconds (bigint[], bigint).
+func StuckSQL(now, states, limits, grace string) string {
+	now = "(" + now + ")::timestamptz"
+	return `EXISTS (SELECT 1 FROM unnest(` + states + `::text[], ` + limits + `::bigint[]) AS stuck_rule(state, limit_us)
+  WHERE stuck_rule.state = t.state AND (
+    t.timeout_at < ` + now + ` - ` + grace + `::bigint * interval '1 microsecond'
+    OR t.deadline_at < ` + now + ` - ` + grace + `::bigint * interval '1 microsecond'
+    OR t.updated_at < ` + now + ` - stuck_rule.limit_us * interval '1 microsecond'))`
+}
+
+// Args returns the values of StuckSQL's states, limits and grace.
+func (r StuckRule) Args() (states []string, limitsMicros []int64, graceMicros int64) {
+	limits := make([]int64, len(r.limits))
+	for i, l := range r.limits {
+		limits[i] = l.Microseconds()
+	}
+	return r.states, limits, r.grace.Microseconds()
+}
+
+// Reason says why an instance in state, with its timeout, deadline (nil:
+// none) and last change, is stuck at now, or "" when it is not: the same
+// verdict as StuckSQL.
+func (r StuckRule) Reason(state string, timeoutAt, deadlineAt *time.Time, updatedAt, now time.Time) string {
+	i := slices.Index(r.states, state)
+	if i < 0 {
+		return ""
+	}
+	due := now.Add(-r.grace)
+	switch {
+	case timeoutAt != nil && timeoutAt.Before(due):
+		return fmt.Sprintf("timeout due %s ago and not fired (is a timeout scanner running?)", age(now.Sub(*timeoutAt)))
+	case deadlineAt != nil && deadlineAt.Before(due):
+		return fmt.Sprintf("saga deadline passed %s ago", age(now.Sub(*deadlineAt)))
+	case updatedAt.Before(now.Add(-r.limits[i])):
+		return fmt.Sprintf("no progress for %s; the step's timeout is %s", age(now.Sub(updatedAt)), r.limits[i]-r.grace)
+	}
+	return ""
+}
+
+// age formats a duration for people: whole seconds (or milliseconds below
+// one second).
+func age(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
