@@ -484,3 +484,19 @@ func TestDiagram(t *testing.T) {
 		require.Contains(t, apiError(t, raw).Message, c.msg)
 	}
 }
+
+// TestInternalErrorsAreLoggedUnderError: a request that fails inside the
+// server answers a generic 500 and logs the cause under the key "error",
+// the key every runtime log record uses.
+func TestInternalErrorsAreLoggedUnderError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(t.Context(), `DROP TABLE saga_place_order`)
+	require.NoError(t, err)
+	code, raw := b.call(t, repairToken, http.MethodGet, "/api/sagas", nil)
+	require.Equal(t, http.StatusInternalServerError, code, string(raw))
+	recs := b.logs.Records(t, "admin request failed")
+	require.Len(t, recs, 1)
+	require.Contains(t, recs[0]["error"], "saga_place_order", "the cause, under error")
+	require.NotContains(t, recs[0], "err")
+}

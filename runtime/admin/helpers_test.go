@@ -115,6 +115,7 @@ type bundle struct {
 	broken *atomic.Bool
 	server *admin.Server
 	http   *httptest.Server
+	logs   *testenv.LogBuffer // the server's log, as JSON
 }
 
 // setup gives a test its own schema with the Place Order tables, an engine
@@ -128,12 +129,13 @@ func setup(t *testing.T) *bundle {
 	broken := &atomic.Bool{}
 	po, err := orderv1.NewPlaceOrder(saga.Config{Pool: pool, Now: clk.Now, Logger: slog.New(slog.DiscardHandler)}, decider{broken: broken})
 	require.NoError(t, err)
+	logs := &testenv.LogBuffer{}
 	srv, err := admin.New(admin.Config{Pool: pool, Sagas: []*saga.Engine{po.Engine()}, Tokens: tokens,
-		Logger: slog.New(slog.DiscardHandler), Now: clk.Now, StuckGrace: -1})
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: clk.Now, StuckGrace: -1})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
-	return &bundle{pool: pool, engine: po.Engine(), clock: clk, broken: broken, server: srv, http: hs}
+	return &bundle{pool: pool, engine: po.Engine(), clock: clk, broken: broken, server: srv, http: hs, logs: logs}
 }
 
 // start starts a Place Order saga for order and returns its id.

@@ -222,7 +222,7 @@ func (s *Server) handleBulk(w http.ResponseWriter, r *http.Request) error {
 			case errors.As(err, &ae):
 				item.Outcome, item.Error = ae.body.Code, ae.body.Message
 			default:
-				s.cfg.Logger.ErrorContext(ctx, "bulk repair item failed", "saga_id", it.w.ID, "action", a.name, "err", err)
+				s.cfg.Logger.ErrorContext(ctx, "bulk repair item failed", "saga_id", it.w.ID, "action", a.name, "error", err)
 				item.Outcome, item.Error = OutcomeError, errorText(err)
 			}
 		}

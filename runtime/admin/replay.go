@@ -80,7 +80,7 @@ func (s *Server) handleBulkReplay(w http.ResponseWriter, r *http.Request) error 
 	for _, row := range rows {
 		res, err := s.replay(r.Context(), p, row.ID, reason, req.DryRun, false)
 		if err != nil {
-			s.cfg.Logger.ErrorContext(r.Context(), "bulk replay item failed", "parked_id", row.ID, "err", err)
+			s.cfg.Logger.ErrorContext(r.Context(), "bulk replay item failed", "parked_id", row.ID, "error", err)
 			res = ReplayResult{Outcome: OutcomeError, Parked: row.Parked, Check: ReplayCheck{Explanation: errorText(err)}}
 		}
 		out.Counts[res.Outcome]++

@@ -320,7 +320,7 @@ func (s *Server) endpoint(need Role, h func(http.ResponseWriter, *http.Request) 
 		}
 		var ae *apiError
 		if !errors.As(err, &ae) {
-			s.cfg.Logger.ErrorContext(r.Context(), "admin request failed", "principal", p.Name, "method", r.Method, "path", r.URL.Path, "err", err)
+			s.cfg.Logger.ErrorContext(r.Context(), "admin request failed", "principal", p.Name, "method", r.Method, "path", r.URL.Path, "error", err)
 			ae = apiErr(http.StatusInternalServerError, "internal", "internal error (see the server log)")
 		}
 		writeJSON(w, ae.status, ae.body)

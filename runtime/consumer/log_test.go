@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -14,13 +15,15 @@ import (
 // TestFailureLogsCarryTheDeliveryIds: the records of a delivery's failure
 // (its handler's panic, its retry, its parking) are logged with the
 // delivery's context, so telemetry.NewLogHandler gives them its saga,
-// correlation and causation ids.
+// correlation and causation ids. Its retries and parking are counted with
+// the reason panic.
 func TestFailureLogsCarryTheDeliveryIds(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var out testenv.LogBuffer
 	logger := slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(&out, nil), telemetry.LogOptions{}))
-	r := b.start(func(c *consumer.Config) { c.Logger = logger }, nil)
+	mp := metrictest.New(t)
+	r := b.start(func(c *consumer.Config) { c.Logger, c.Telemetry = logger, telemetry.Providers{Meter: mp} }, nil)
 	b.send("p1", doPanic, nil)
 	b.waitSettled("p1", "park")
 	b.stop(r)
@@ -34,4 +37,7 @@ func TestFailureLogsCarryTheDeliveryIds(t *testing.T) {
 			require.Equal(t, "saga-p1", rec["correlation_id"], msg)
 		}
 	}
+	require.Equal(t, 2.0, mp.Value(t, telemetry.MetricConsumerRetries, map[string]string{"saga.retry.reason": "panic"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricConsumerParked, map[string]string{
+		"saga.park.class": "exhausted", "saga.park.reason": "panic"}))
 }

@@ -81,6 +81,10 @@ type item struct {
 	// (see interruptedSet).
 	failedBefore string
 
+	// ranFast is set when the handler ran in a fast-path attempt (see
+	// consumerTelemetry.rolledBack).
+	ranFast bool
+
 	received time.Time       // when the worker took the delivery
 	reason   string          // coarse failure reason for metrics; "" = by class
 	ctx      context.Context // the handler's context (identity, span); nil = the batch's
@@ -489,6 +493,7 @@ func (c *Consumer) transact(ctx context.Context, items []*item) error {
 			return err
 		}
 		c.fallBack.Add(1)
+		c.tel.rolledBack(ctx, items)
 	}
 	return c.transactEach(ctx, items)
 }
@@ -577,6 +582,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			continue
 		}
 		hctx := WithBatch(stage.Attach(it.handlerContext(ctx)), batch)
+		it.ranFast = true
 		herr := c.runHandler(hctx, guard, wakes, it)
 		if guard.closed {
 			stage.Discard(errHandlerClosedTx)

@@ -88,6 +88,36 @@ func (t consumerTelemetry) begin(ctx context.Context, items []*item, count bool)
 	}
 }
 
+// rolledBack follows a fast-path attempt that rolled back (see
+// transactFast): each delivery whose handler ran in it and that is applied
+// again gets a new process span, and its first one ends with
+// saga.consumer.outcome=rolled_back. The spans its handler started in the
+// attempt (a transition, an outbox row's create span) ended looking
+// successful, but nothing they did committed: they are the children of
+// the rolled-back span, and what commits is under the new one.
+func (t consumerTelemetry) rolledBack(ctx context.Context, items []*item) {
+	var again []*item
+	for _, it := range items {
+		if it.ranFast && it.outcome == outcomePending && it.span != nil {
+			again = append(again, it)
+		}
+		it.ranFast = false
+	}
+	if len(again) == 0 {
+		return
+	}
+	for _, it := range again {
+		it.span.SetAttributes(telemetry.KeyConsumerOutcome.String(outcomeRolledBack))
+		it.span.End()
+		it.span = nil
+	}
+	t.begin(ctx, again, false)
+}
+
+// outcomeRolledBack is the saga.consumer.outcome of a process span whose
+// work was rolled back and applied again under another one.
+const outcomeRolledBack = "rolled_back"
+
 // end ends the spans of a batch's items. failed is the error that left
 // some of them unacknowledged (nil when the batch was settled).
 func (t consumerTelemetry) end(items []*item, failed error) {

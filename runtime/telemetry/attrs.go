@@ -58,7 +58,9 @@ const (
 	KeyRetryReason = attribute.Key("saga.retry.reason")
 	// KeyParkClass is permanent or exhausted; KeyParkReason a coarse
 	// reason (invalid_envelope, unknown_type, schema_mismatch, undecodable,
-	// handler, handler_fault, commit).
+	// handler_fault, commit, redelivered, panic, or the handler error's
+	// class: permanent, transient, unknown). KeyRetryReason takes the same
+	// values where they retry (transient, unknown, panic, commit).
 	KeyParkClass  = attribute.Key("saga.park.class")
 	KeyParkReason = attribute.Key("saga.park.reason")
 )
