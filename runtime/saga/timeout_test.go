@@ -9,8 +9,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // toShipping drives a new saga to SCHEDULE_SHIPPING.
@@ -90,6 +92,8 @@ func TestDeadlineSendsToManualReview(t *testing.T) {
 	t.Parallel()
 	deadline := 3 * stepTimeout
 	b := setup(t, defOptions{reserveTimeout: sagadef.TimeoutRetry, reserveMax: 5, deadline: deadline})
+	mp := metrictest.New(t)
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.Telemetry = telemetry.Providers{Meter: mp} })
 	id := b.start(t, "order-1")
 	require.Equal(t, baseTime.Add(deadline), b.status(t, id).DeadlineAt)
 	// Nobody answers; the step timeout retries until the saga's overall
@@ -104,6 +108,10 @@ func TestDeadlineSendsToManualReview(t *testing.T) {
 	last := h[len(h)-1]
 	require.Equal(t, sagadef.TriggerDeadline, last.Trigger)
 	require.Equal(t, stManualReview, last.To)
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTimeouts, map[string]string{
+		"saga.timeout.kind": "deadline", "saga.step": "ReserveInventory"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTransitions, map[string]string{"saga.trigger.type": "deadline"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricManualReviews, map[string]string{"saga.trigger.type": "deadline"}))
 }
 
 // TestScannersNeverDoubleFire runs several scanners against one table at
@@ -259,7 +267,8 @@ func TestScannerDefersAFailingInstance(t *testing.T) {
 func TestScannerSendsAStuckInstanceToManualReview(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{reserveTimeout: sagadef.TimeoutRetry, reserveMax: 5})
-	b.engine = b.newEngine(t, func(c *saga.Config) { c.MaxDeferrals = 3 })
+	mp := metrictest.New(t)
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.MaxDeferrals = 3; c.Telemetry = telemetry.Providers{Meter: mp} })
 	stuck := b.start(t, "poison-1")
 	recovers := b.start(t, "poison-2")
 	deferred := func(id string) (n *int) {
@@ -300,6 +309,9 @@ func TestScannerSendsAStuckInstanceToManualReview(t *testing.T) {
 	require.True(t, st.DeadlineAt.IsZero())
 	require.Nil(t, deferred(stuck))
 	require.Equal(t, []string{"start:new:>" + stReserve, "stuck:new:" + stReserve + ">" + stManualReview}, trail(b.history(t, stuck)))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTransitions, map[string]string{"saga.trigger.type": "stuck", "saga.result": "applied"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricManualReviews, map[string]string{"saga.trigger.type": "stuck"}))
+	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTimeouts, nil), "poison-2's retry; going to review as stuck is no fired timeout")
 	b.clock.Advance(time.Hour)
 	b.fire(t)
 	require.Equal(t, st.Version, b.status(t, stuck).Version, "the scanner leaves it alone in review")
