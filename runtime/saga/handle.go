@@ -82,7 +82,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		Message:     d.Message,
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
-	}, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt})
+	}, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt})
 	if err != nil {
 		return err
 	}

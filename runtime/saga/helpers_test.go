@@ -294,7 +294,7 @@ func (b *testBundle) reply(t *testing.T, sagaID string, m testMsg, causation str
 	t.Helper()
 	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: b.def.Name, CausationID: causation})
 	require.NoError(t, err)
-	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}
+	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1, ReceivedAt: time.Now()}
 	return env.MessageID, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
 		return b.engine.Handle(context.Background(), tx, d)
 	})

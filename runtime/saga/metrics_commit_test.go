@@ -77,12 +77,12 @@ func setupMetered(t *testing.T) (*testBundle, *metrictest.Provider) {
 	return b, mp
 }
 
-// latencies returns, per saga.step/saga.step.phase, the samples of
-// saga.step.latency: their count and sum in seconds.
-func latencies(t *testing.T, mp *metrictest.Provider) map[string][2]float64 {
+// latencies returns, per saga.step/saga.step.phase, the samples of the
+// histogram metric: their count and sum in seconds.
+func latencies(t *testing.T, mp *metrictest.Provider, metric string) map[string][2]float64 {
 	t.Helper()
 	out := map[string][2]float64{}
-	for _, p := range mp.Points(t, telemetry.MetricStepLatency) {
+	for _, p := range mp.Points(t, metric) {
 		step, _ := p.Attrs.Value(telemetry.KeySagaStep)
 		phase, _ := p.Attrs.Value(telemetry.KeyStepPhase)
 		out[step.AsString()+"/"+phase.AsString()] = [2]float64{p.Value, p.Sum}
@@ -90,12 +90,12 @@ func latencies(t *testing.T, mp *metrictest.Provider) map[string][2]float64 {
 	return out
 }
 
-// TestStepLatencyIsTheRoundTrip: saga.step.latency is each step's round
+// TestStepRoundTrip: saga.step.round_trip is each step's round
 // trip, from its command written to its reply applied, labelled by the
 // reply's step: the first step (whose command the start sends) and the
 // last one (whose reply sends nothing) included, a compensation's in its
 // own phase, and a command resent after a timeout measured from the resend.
-func TestStepLatencyIsTheRoundTrip(t *testing.T) {
+func TestStepRoundTrip(t *testing.T) {
 	t.Parallel()
 	b, mp := setupMetered(t)
 	ctx := context.Background()
@@ -121,7 +121,7 @@ func TestStepLatencyIsTheRoundTrip(t *testing.T) {
 	b.clock.Advance(300 * time.Millisecond)
 	require.Equal(t, sagadef.StateFailed, b.mustReply(t, id2, msgInventoryReleased).State)
 
-	got := latencies(t, mp)
+	got := latencies(t, mp, telemetry.MetricStepRoundTrip)
 	want := map[string][2]float64{
 		"ReserveInventory/forward":      {2, 1.5},
 		"AuthorizePayment/forward":      {2, 0.7 + 0.4},
@@ -134,6 +134,20 @@ func TestStepLatencyIsTheRoundTrip(t *testing.T) {
 		require.Equal(t, w[0], got[k][0], "%s: samples", k)
 		require.InDelta(t, w[1], got[k][1], 1e-6, "%s: seconds", k)
 	}
+
+	// saga.step.latency (reply in → next command out) is labelled by the
+	// command a delivered reply made the saga send: none for the replies
+	// that end a saga, none for the resend a timeout sent.
+	handled := latencies(t, mp, telemetry.MetricStepLatency)
+	samples := map[string]float64{}
+	for k, v := range handled {
+		samples[k] = v[0]
+	}
+	require.Equal(t, map[string]float64{
+		"AuthorizePayment/forward":      2, // o-1's and o-2's InventoryReserved
+		"ScheduleShipping/forward":      1, // o-1's PaymentAuthorized
+		"ReserveInventory/compensation": 1, // o-2's PaymentDeclined
+	}, samples)
 }
 
 // refuseCommits makes every commit that wrote an audit row fail (a

@@ -134,7 +134,7 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 	ctx, span := e.tel.startTransition(ctx, telemetry.SpanOperate, w, trig, origin{})
 	span = withOperator(span, op.Operator)
 	out, err := e.persist(ctx, tx, w, res, trig, origin{})
-	e.tel.endTransition(ctx, tx, span, w, trig, out, err)
+	e.tel.endTransition(ctx, tx, span, w, trig, origin{}, out, err)
 	if err != nil {
 		return Status{}, err
 	}

@@ -105,16 +105,23 @@ func (t sagaTelemetry) startTransition(ctx context.Context, name string, w row, 
 
 // endTransition ends the transition span and records the transition's
 // metrics (see afterCommit): its result, a fired timeout, compensations
-// sent, an entry into manual review and, for the reply a step (or a
-// compensation) waited on, the step's round trip.
-func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.Span, w row, trig sagadef.Trigger, out outcome, err error) {
+// sent, an entry into manual review; for the reply a step (or a
+// compensation) waited on, the step's round trip; and, for a delivered
+// message that made the saga send a command, the step latency (measured
+// now, when the transition that sends the command has been applied; its
+// rows may still wait for the batch's staged writes).
+func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.Span, w row, trig sagadef.Trigger, o origin, out outcome, err error) {
 	if err == nil {
 		res := out.Result
 		rt, measured := t.roundTrip(w, trig, res)
+		lat, handled := t.stepLatency(o, res)
 		afterCommit(ctx, tx, func() {
 			t.metrics.Transition(ctx, t.def, trig.Kind, w.State, res)
 			if measured {
-				t.metrics.StepLatency(ctx, t.def.Name, rt.step, rt.phase, rt.d)
+				t.metrics.StepRoundTrip(ctx, t.def.Name, rt.step, rt.phase, rt.d)
+			}
+			if handled {
+				t.metrics.StepLatency(ctx, t.def.Name, lat.step, lat.phase, lat.d)
 			}
 		})
 		if span != nil {
@@ -132,10 +139,33 @@ func (t sagaTelemetry) endTransition(ctx context.Context, tx pgx.Tx, span trace.
 	endSpan(span, err)
 }
 
-// roundTrip is one sample of saga.step.latency.
+// roundTrip is one sample of saga.step.round_trip or saga.step.latency.
 type roundTrip struct {
 	step, phase string
 	d           time.Duration
+}
+
+// stepLatency measures PRODUCT's step latency ("reply in → next command
+// out") when a delivered message (o.ReceivedAt set) made the saga send a
+// command: from the delivery taken from the broker to now, labelled with
+// the step and phase of the first command sent.
+func (t sagaTelemetry) stepLatency(o origin, res sagadef.Result) (roundTrip, bool) {
+	if o.ReceivedAt.IsZero() || len(res.Emit) == 0 || !t.metrics.Enabled() {
+		return roundTrip{}, false
+	}
+	info := res.Emit[0].Message.SagaMessageInfo()
+	if info == nil {
+		return roundTrip{}, false
+	}
+	ref, ok := t.def.Lookup(info.FullName)
+	if !ok {
+		return roundTrip{}, false
+	}
+	phase := telemetry.PhaseForward
+	if ref.Use == sagadef.UseCompensation {
+		phase = telemetry.PhaseCompensation
+	}
+	return roundTrip{step: ref.Step, phase: phase, d: time.Since(o.ReceivedAt)}, true
 }
 
 // roundTrip measures the round trip of the command the row w waited on,

@@ -23,9 +23,10 @@ import (
 type origin struct {
 	Traceparent string
 	Tracestate  string
-	// Attempt comes from a delivered message (a span attribute); zero
-	// otherwise.
-	Attempt int
+	// Attempt and ReceivedAt come from a delivered message (a span
+	// attribute; the start of the step latency); zero otherwise.
+	Attempt    int
+	ReceivedAt time.Time
 	// Link is a trace the transition's span links to: for a timeout, the
 	// trace of the command that went unanswered.
 	Link trace.SpanContext
@@ -43,7 +44,7 @@ type outcome struct {
 // just inserted the row).
 func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.Trigger, o origin) (out outcome, err error) {
 	ctx, span := e.tel.startTransition(ctx, telemetry.SpanTransition, w, trig, o)
-	defer func() { e.tel.endTransition(ctx, tx, span, w, trig, out, err) }()
+	defer func() { e.tel.endTransition(ctx, tx, span, w, trig, o, out, err) }()
 	inst, err := e.instanceFor(w, trig.Kind)
 	if errors.Is(err, ErrUnreadableData) {
 		return outcome{}, failure.Permanent(fmt.Errorf("%s: %w", trig.Kind, err))

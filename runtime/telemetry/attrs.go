@@ -16,9 +16,9 @@ const (
 	KeySagaType = attribute.Key("saga.type")
 	// KeySagaStep is the step a state or message belongs to.
 	KeySagaStep = attribute.Key("saga.step")
-	// KeyStepPhase says which round trip of a step saga.step.latency
-	// measures: PhaseForward (its command) or PhaseCompensation (its
-	// compensating command).
+	// KeyStepPhase says which command of a step saga.step.latency and
+	// saga.step.round_trip measure: PhaseForward (its command) or
+	// PhaseCompensation (its compensating command).
 	KeyStepPhase = attribute.Key("saga.step.phase")
 	// KeyStateFrom and KeyStateTo are the states before and after a
 	// transition.

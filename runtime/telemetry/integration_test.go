@@ -487,7 +487,10 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	r1 := reply(ids["k1"], tReserved, "k1", pending["k1"])
 	send(r1)
 	eventually(telemetry.MetricTransitions, map[string]string{"saga.result": "applied", "saga.trigger.type": "message"}, 1)
-	eventually(telemetry.MetricStepLatency, map[string]string{"saga.type": "tel.v1.Order", "saga.step": "Reserve", "saga.step.phase": "forward"}, 1)
+	eventually(telemetry.MetricStepRoundTrip, map[string]string{"saga.type": "tel.v1.Order", "saga.step": "Reserve", "saga.step.phase": "forward"}, 1)
+	// The reply made the saga send Charge's command: the step latency
+	// (reply in → next command out) is Charge's.
+	eventually(telemetry.MetricStepLatency, map[string]string{"saga.type": "tel.v1.Order", "saga.step": "Charge", "saga.step.phase": "forward"}, 1)
 
 	// The same delivery again: the consumer's inbox drops it.
 	send(r1)

@@ -18,6 +18,7 @@ import (
 const (
 	MetricTransitions      = "saga.transitions"
 	MetricStepLatency      = "saga.step.latency"
+	MetricStepRoundTrip    = "saga.step.round_trip"
 	MetricTimeouts         = "saga.timeouts"
 	MetricCompensations    = "saga.compensations"
 	MetricManualReviews    = "saga.manual_reviews"
@@ -55,7 +56,7 @@ type Metrics struct {
 	enabled bool
 
 	transitions, timeouts, compensations, manualReviews metric.Int64Counter
-	stepLatency                                         metric.Float64Histogram
+	stepLatency, stepRoundTrip                          metric.Float64Histogram
 
 	consumed, consumerMessages, retries, parked, restarts metric.Int64Counter
 	processDuration                                       metric.Float64Histogram
@@ -89,7 +90,8 @@ func NewMetrics(p Providers) (*Metrics, error) {
 		timeouts:      counter(MetricTimeouts, "{timeout}", "Step timeouts and saga deadlines fired."),
 		compensations: counter(MetricCompensations, "{command}", "Compensating commands sent."),
 		manualReviews: counter(MetricManualReviews, "{saga}", "Saga instances sent to manual review."),
-		stepLatency:   histogram(MetricStepLatency, "A step's round trip: from its command written to the outbox to its reply applied to the saga."),
+		stepLatency:   histogram(MetricStepLatency, "The orchestrator's part of a step: from a delivered reply taken from the broker to the next command written, by the step of that command."),
+		stepRoundTrip: histogram(MetricStepRoundTrip, "A step's round trip: from its command written to the outbox to its reply applied to the saga."),
 
 		consumed:         counter(MetricConsumed, metricMessageUnit, "Messages delivered to a consumer."),
 		consumerMessages: counter(MetricConsumerMessages, metricMessageUnit, "Deliveries settled by a consumer, by outcome (processed, duplicate, retry, park)."),
@@ -174,14 +176,27 @@ func (m *Metrics) Transition(ctx context.Context, def *sagadef.Definition, trigg
 	}
 }
 
-// StepLatency records a step's round trip: the time from its command (or,
-// in phase [PhaseCompensation], its compensating command) written to the
-// outbox to its reply applied.
+// StepLatency records the orchestrator's part of a step (PRODUCT's step
+// latency, "reply in → next command out"): the time from a delivered
+// message taken from the broker to the command it made the saga send,
+// labelled with that command's step and phase ([PhaseCompensation] for a
+// compensating command).
 func (m *Metrics) StepLatency(ctx context.Context, sagaType, step, phase string, d time.Duration) {
 	if !m.Enabled() {
 		return
 	}
 	m.stepLatency.Record(ctx, max(d, 0).Seconds(), metric.WithAttributes(KeySagaType.String(sagaType), KeySagaStep.String(step),
+		KeyStepPhase.String(phase)))
+}
+
+// StepRoundTrip records a step's round trip: the time from its command (or,
+// in phase [PhaseCompensation], its compensating command) written to the
+// outbox to its reply applied.
+func (m *Metrics) StepRoundTrip(ctx context.Context, sagaType, step, phase string, d time.Duration) {
+	if !m.Enabled() {
+		return
+	}
+	m.stepRoundTrip.Record(ctx, max(d, 0).Seconds(), metric.WithAttributes(KeySagaType.String(sagaType), KeySagaStep.String(step),
 		KeyStepPhase.String(phase)))
 }
 

@@ -94,17 +94,19 @@ func Build(defs []*sagadef.Definition, opts Options) ([]byte, error) {
 		var latency []target
 		for _, s := range d.Steps {
 			latency = append(latency, target{
-				"histogram_quantile(0.95, sum by (le) (rate(saga_step_latency_seconds_bucket{" + sel + ",saga_step=" + strconv.Quote(s.Name) +
+				"histogram_quantile(0.95, sum by (le) (rate(saga_step_round_trip_seconds_bucket{" + sel + ",saga_step=" + strconv.Quote(s.Name) +
 					",saga_step_phase=\"forward\"}[$__rate_interval])))",
 				s.Name + " p95",
 			})
 		}
 		latency = append(latency, target{
-			"histogram_quantile(0.95, sum by (le, saga_step) (rate(saga_step_latency_seconds_bucket{" + sel +
+			"histogram_quantile(0.95, sum by (le, saga_step) (rate(saga_step_round_trip_seconds_bucket{" + sel +
 				",saga_step_phase=\"compensation\"}[$__rate_interval])))",
 			"compensate {{saga_step}} p95",
 		})
-		b.panel("Step latency", "Each step's round trip, p95: its command written to the outbox → its reply applied (and the same for compensations).", "s", latency...)
+		b.panel("Step round trip", "Each step's round trip, p95: its command written to the outbox → its reply applied (and the same for compensations).", "s", latency...)
+		b.panel("Step latency", "The orchestrator's part of a step, p95: a reply taken from the broker → the next command written, by the step of that command.", "s",
+			target{"histogram_quantile(0.95, sum by (le, saga_step) (rate(saga_step_latency_seconds_bucket{" + sel + "}[$__rate_interval])))", "{{saga_step}} p95"})
 		b.panel("Timeouts", "Step timeouts and saga deadlines fired per second, by step.", "ops",
 			target{"sum by (saga_step, saga_timeout_kind) (rate(saga_timeouts_total{" + sel + "}[$__rate_interval]))", "{{saga_step}} {{saga_timeout_kind}}"})
 		b.panel("Compensations and manual reviews", "Compensating commands sent and instances sent to manual review, per second.", "ops",

@@ -56,7 +56,7 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 		}
 		for _, tg := range p.Targets {
 			legends = append(legends, tg.Legend)
-			if strings.Contains(tg.Expr, "saga_step_latency") {
+			if strings.Contains(tg.Expr, "saga_step_round_trip") {
 				require.Contains(t, tg.Expr, "saga_step_phase=", "a step's round trip and its compensation's are told apart")
 			}
 			for _, m := range metricRef.FindAllString(tg.Expr, -1) {
@@ -69,7 +69,7 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"Runtime", "Saga tel.v1.Another", "Saga tel.v1.Order"}, rows)
-	require.Contains(t, legends, "Reserve p95", "step latency has one query per step of the contract")
+	require.Contains(t, legends, "Reserve p95", "the step round trip has one query per step of the contract")
 	require.Contains(t, legends, "Charge p95")
 	require.Contains(t, legends, "Only p95")
 	require.Contains(t, legends, "compensate {{saga_step}} p95")
@@ -78,7 +78,7 @@ func TestDashboardDeterministicAndComplete(t *testing.T) {
 	// the Prometheus exporter's naming.
 	exported := map[string]bool{}
 	for _, name := range []string{
-		telemetry.MetricTransitions, telemetry.MetricStepLatency, telemetry.MetricTimeouts, telemetry.MetricCompensations,
+		telemetry.MetricTransitions, telemetry.MetricStepLatency, telemetry.MetricStepRoundTrip, telemetry.MetricTimeouts, telemetry.MetricCompensations,
 		telemetry.MetricManualReviews, telemetry.MetricConsumed, telemetry.MetricProcessDuration, telemetry.MetricConsumerMessages,
 		telemetry.MetricConsumerRetries, telemetry.MetricConsumerParked, telemetry.MetricConsumerRestarts, telemetry.MetricSent,
 		telemetry.MetricPublishDelay, telemetry.MetricListenReconnects, telemetry.MetricGoneRelayRows, broker.MetricReconnects, telemetry.MetricInstances, telemetry.MetricStuck,
