@@ -96,7 +96,7 @@
 // a fallback; notifications are only hints. [Enqueue] in a caller's own
 // transaction notifies inside it, so the notification arrives exactly when
 // the rows become visible. On the runtime's hot path (consumer handlers, the
-// saga engine's starts and timeouts) the notification is sent after the
+// saga engine's starts, timeouts and operator actions) the notification is sent after the
 // commit instead: a NOTIFY inside a transaction holds a cluster-wide lock
 // through the commit's WAL flush, which stops concurrent transactions from
 // sharing flushes (measured: 16 clients of a saga-step transaction commit

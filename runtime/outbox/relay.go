@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -358,10 +359,12 @@ type row struct {
 	id       int64
 	attempts int32
 	env      envelope.Envelope
-	// pendingSince is when the row last became pending (claimed rows:
-	// saga_outbox_pending.pending_since; later than the message's
-	// occurred-at for a replay); zero for rows handed over by Enqueue.
-	pendingSince time.Time
+	// pendingSince is when the row became pending again after it was
+	// published (an operator's replay: saga_outbox_pending.pending_since);
+	// invalid for every other row. The claim compares it with the outbox
+	// row's created_at, both the database's clock, and reports it only when
+	// later, so the publish delay of other rows uses one clock.
+	pendingSince pgtype.Timestamptz
 }
 
 // batch is one claim on its way through the pipeline.
@@ -650,8 +653,9 @@ type relayKey struct{}
 
 // WithRelay returns a context in which [Enqueue], called from a handler the
 // runtime runs in this process (a consumer handler, a participant, the saga
-// engine inside one) or from saga.Engine.Start, hands its rows to r once
-// that transaction commits, instead of waking relays to claim them. The
+// engine inside one) or from saga.Engine.Start, the timeout scanner
+// (FireTimeouts, RunTimeouts), saga.Engine.Operate and the admin server's
+// repairs, hands its rows to r once that transaction commits, instead of waking relays to claim them. The
 // rows are inserted already leased to r (their pending rows have
 // lease_owner, lease_until = the transaction's start + LeaseDuration,
 // attempts 1), so no relay claims them
@@ -886,7 +890,7 @@ WITH claimed AS (
   ))
   RETURNING id, attempts, pending_since
 )
-SELECT c.id, c.attempts, c.pending_since, o.id IS NULL,
+SELECT c.id, c.attempts, CASE WHEN c.pending_since > o.created_at THEN c.pending_since END, o.id IS NULL,
   coalesce(o.message_id, ''), coalesce(o.exchange, ''), coalesce(o.routing_key, ''), coalesce(o.message_type, ''),
   coalesce(o.schema_version, 0), coalesce(o.correlation_id, ''), coalesce(o.causation_id, ''),
   coalesce(o.saga_id, ''), coalesce(o.saga_type, ''), coalesce(o.idempotency_key, ''),

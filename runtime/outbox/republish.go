@@ -34,11 +34,12 @@ func Republish(ctx context.Context, tx pgx.Tx, env envelope.Envelope) error {
 		return fmt.Errorf("republish %s %s: find its outbox row: %w", env.MessageType, env.MessageID, err)
 	}
 	// Settles match a row's claim by its attempts (settleSQL): counting
-	// one more makes every claim in flight stale.
-	// pending_since restarts: the backlog's age and the publish delay
-	// count from the replay, not from the message's first publish.
-	tag, err := tx.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = NULL, lease_until = NULL, attempts = attempts + 1,
-  pending_since = now() WHERE id = $1`, id)
+	// one more makes every claim in flight stale. A row still pending keeps
+	// its pending_since: it has waited that long; a row made pending again
+	// below starts afresh (the default), so the backlog's age and the
+	// publish delay count from the replay, not from the first publish.
+	tag, err := tx.Exec(ctx, `UPDATE saga_outbox_pending SET lease_owner = NULL, lease_until = NULL, attempts = attempts + 1
+WHERE id = $1`, id)
 	if err != nil {
 		return fmt.Errorf("republish %s %s: release its pending outbox row %d: %w", env.MessageType, env.MessageID, id, err)
 	}

@@ -100,10 +100,17 @@ func TestRepublishBeforeTheSettle(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `UPDATE saga_outbox_pending SET lease_owner = 'relay', lease_until = now() + interval '1 minute', attempts = 1
 WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1) RETURNING id`, ids[0]).Scan(&rowID))
 
+	since := func() (at time.Time) {
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT pending_since FROM saga_outbox_pending WHERE id = $1`, rowID).Scan(&at))
+		return at
+	}
+	waiting := since()
+
 	e := env(routedKey)
 	e.MessageID = ids[0]
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, e) }))
 	require.Zero(t, settleRows(t, b.pool, "relay", rowID, 1), "the settle of the publish before the replay recorded the replay")
+	require.True(t, waiting.Equal(since()), "the replay of a row still pending hid how long it has waited")
 
 	var pending bool
 	var owner *string

@@ -118,8 +118,8 @@ func (t relayTelemetry) startSend(ctx context.Context, rw *row, owner string) tr
 func (t relayTelemetry) published(ctx context.Context, span trace.Span, rw *row, err error, now time.Time) {
 	errType := publishErrorType(err)
 	from := rw.env.OccurredAt
-	if rw.pendingSince.After(from) {
-		from = rw.pendingSince
+	if rw.pendingSince.Valid && rw.pendingSince.Time.After(from) {
+		from = rw.pendingSince.Time
 	}
 	t.metrics.Sent(ctx, rw.env.Exchange, errType, now.Sub(from))
 	if span == nil {

@@ -3,11 +3,15 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/runtime/envelope"
@@ -235,4 +239,44 @@ func TestOperatorMetrics(t *testing.T) {
 	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricTransitions, operator))
 	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricCompensations, map[string]string{"saga.step": "ReserveInventory"}))
 	require.Zero(t, mp.Value(t, telemetry.MetricManualReviews, map[string]string{"saga.trigger.type": "operator"}))
+}
+
+// TestFailedWritesEndTheSpanWithTheError: a timeout's transition (and an
+// operator's action) whose writes fail ends its span with the error, not
+// as a success: the writes are sent before the span ends.
+func TestFailedWritesEndTheSpanWithTheError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	b.engine = b.newEngine(t, func(c *saga.Config) { c.Telemetry = telemetry.Providers{Tracer: tp} })
+	ctx := context.Background()
+	timedOut := b.start(t, "o-timeout")
+	operated := b.start(t, "o-operator")
+	_, err := b.pool.Exec(ctx, `
+CREATE FUNCTION refuse_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'audit refused by the test'; END $$;
+CREATE TRIGGER refuse_audit BEFORE INSERT ON saga_audit FOR EACH ROW EXECUTE FUNCTION refuse_audit();`)
+	require.NoError(t, err)
+
+	b.clock.Advance(stepTimeout + time.Second)
+	_, err = b.engine.FireTimeouts(ctx, 0)
+	require.NoError(t, err) // deferred: the scan itself goes on
+	_, err = b.engine.Operate(ctx, saga.Operation{SagaID: operated, Trigger: sagadef.TriggerOperatorCancel, Operator: "alice", Reason: "test",
+		ExpectedVersion: b.status(t, operated).Version})
+	require.ErrorContains(t, err, "audit refused by the test")
+
+	failed := map[string]bool{} // span name prefix + saga id
+	for _, s := range rec.Ended() {
+		if s.Status().Code == codes.Error && strings.Contains(s.Status().Description, "audit refused by the test") {
+			for _, a := range s.Attributes() {
+				if a.Key == telemetry.KeyConversationID {
+					failed[strings.Fields(s.Name())[0]+" "+a.Value.AsString()] = true
+				}
+			}
+		}
+	}
+	require.True(t, failed[telemetry.SpanTransition+" "+timedOut], "the timeout's transition span ended without its error: %v", failed)
+	require.True(t, failed[telemetry.SpanOperate+" "+operated], "the operator action's span ended without its error: %v", failed)
 }

@@ -134,15 +134,18 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 	ctx, span := e.tel.startTransition(ctx, telemetry.SpanOperate, w, trig, origin{})
 	span = withOperator(span, op.Operator)
 	out, err := e.persist(ctx, tx, w, res, trig, origin{})
+	if err == nil {
+		// persist may only have queued the writes (in a handler's or an
+		// operator's scope): send them before the span ends and the
+		// action is logged, so that a failed write shows in both.
+		err = txq.Sync(ctx, tx)
+	}
 	e.tel.endTransition(ctx, tx, span, w, trig, origin{}, out, err)
 	if err != nil {
 		return Status{}, err
 	}
 	e.cfg.Logger.InfoContext(ctx, "saga operator action", "saga_type", e.def.Name, "saga_id", w.ID,
 		"trigger", op.Trigger, "operator", op.Operator, "from", w.State, "to", res.Instance.State, "version", out.Version)
-	if err := txq.Sync(ctx, tx); err != nil { // in a handler, persist only queued the update
-		return Status{}, err
-	}
 	after, err := e.loadIn(ctx, tx, e.q.selectByID, w.ID)
 	if err != nil {
 		return Status{}, fmt.Errorf("%s: reload saga %s: %w", op.Trigger, w.ID, err)

@@ -94,7 +94,7 @@ func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, w row
 	var out outcome
 	terr := txq.Run(ctx, sp, wakes, func(ctx context.Context, sp pgx.Tx) error {
 		var err error
-		out, err = e.transition(ctx, sp, w, trig, origin{Link: e.pendingTrace(ctx, sp, w)})
+		out, err = e.transition(ctx, sp, w, trig, origin{Link: e.pendingTrace(ctx, sp, w), Flush: true})
 		return err
 	})
 	if terr == nil && e.stillDue(out.Result.Instance, now) {

@@ -30,6 +30,11 @@ type origin struct {
 	// Link is a trace the transition's span links to: for a timeout, the
 	// trace of the command that went unanswered.
 	Link trace.SpanContext
+	// Flush sends the transition's queued writes before its span ends, so
+	// that a write that fails ends the span with the error. The timeout
+	// scanner sets it; a consumer's handler does not (its writes go out
+	// with the batch, and the consumer's span reports a failed batch).
+	Flush bool
 }
 
 // outcome is a transition as persisted.
@@ -44,7 +49,12 @@ type outcome struct {
 // just inserted the row).
 func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.Trigger, o origin) (out outcome, err error) {
 	ctx, span := e.tel.startTransition(ctx, telemetry.SpanTransition, w, trig, o)
-	defer func() { e.tel.endTransition(ctx, tx, span, w, trig, o, out, err) }()
+	defer func() {
+		if err == nil && o.Flush {
+			err = txq.Sync(ctx, tx)
+		}
+		e.tel.endTransition(ctx, tx, span, w, trig, o, out, err)
+	}()
 	inst, err := e.instanceFor(w, trig.Kind)
 	if errors.Is(err, ErrUnreadableData) {
 		return outcome{}, failure.Permanent(fmt.Errorf("%s: %w", trig.Kind, err))

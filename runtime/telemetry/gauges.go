@@ -31,11 +31,15 @@ func WithQueryTimeout(d time.Duration) GaugeOption {
 }
 
 // WithStuckGrace is how far past due an instance must be to count as stuck
-// (see [StuckRule]); default [DefaultStuckGrace]. Give the admin server the
-// same (its Config.StuckGrace), so that the console lists what the gauge
-// counts.
+// (see [StuckRule]): 0 keeps the default [DefaultStuckGrace], a negative
+// value means none, as for the admin server's Config.StuckGrace. Give both
+// the same value, so that the console lists what the gauge counts.
 func WithStuckGrace(d time.Duration) GaugeOption {
-	return func(c *gaugeConfig) { c.stuckGrace = d }
+	return func(c *gaugeConfig) {
+		if d != 0 {
+			c.stuckGrace = d
+		}
+	}
 }
 
 // WithDefaultSLA does nothing.

@@ -443,7 +443,7 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	eng := w.engine(p, hooks, clk.Now)
 	w.consume("orchestrator", replyQueue, p, eng.Handle)
 	gaugePool := w.pool()
-	_, err := telemetry.RegisterSagaGauges(mp.Meter("gauges"), gaugePool, []*sagadef.Definition{w.def}, telemetry.WithStuckGrace(0))
+	_, err := telemetry.RegisterSagaGauges(mp.Meter("gauges"), gaugePool, []*sagadef.Definition{w.def}, telemetry.WithStuckGrace(-1))
 	require.NoError(t, err)
 	_, err = telemetry.RegisterOutboxGauges(mp.Meter("gauges"), gaugePool)
 	require.NoError(t, err)

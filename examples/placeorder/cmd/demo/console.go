@@ -72,7 +72,7 @@ func (d *demo) startConsole(ctx context.Context, addr string, prom *promexport.E
 	c.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := c.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.ErrorContext(ctx, "console server stopped", "err", err)
+			logger.ErrorContext(ctx, "console server stopped", "error", err)
 		}
 	}()
 	c.out("Operator console %s/  ·  API %s/api/  ·  metrics %s/metrics\n", c.base, c.base, c.base)
