@@ -77,8 +77,8 @@ func Idempotent(service string, reg *message.Registry, fn Func) Func {
 			return storedReply(ctx, tx, service, key, reg)
 		}
 		reply, err := fn(ctx, tx, cmd)
-		if err != nil || reply == nil {
-			return reply, err
+		if err != nil || isNil(reply) {
+			return nil, err
 		}
 		body, err := proto.MarshalOptions{Deterministic: true}.Marshal(reply)
 		if err != nil {

@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -62,14 +63,14 @@ func Handler(fn Func) consumer.HandlerFunc {
 		cmd := &d.Envelope
 		ctx, span := startSpan(ctx, cmd)
 		defer func() { endSpan(span, err) }()
-		reply, err := fn(context.WithValue(ctx, commandKey{}, cmd), tx, d.Message)
+		reply, err := fn(WithCommand(ctx, cmd), tx, d.Message)
 		if errors.Is(err, ErrReplyLater) {
 			return nil // effects commit; the participant answers later with ReplyEnvelope
 		}
 		if err != nil {
 			return fmt.Errorf("participant: handle %s %s (saga %s): %w", cmd.MessageType, cmd.MessageID, cmd.SagaID, err)
 		}
-		if reply == nil {
+		if isNil(reply) {
 			return nil
 		}
 		env, err := ReplyEnvelope(cmd, reply)
@@ -115,6 +116,15 @@ var ErrReplyLater = errors.New("participant: reply later")
 
 type commandKey struct{}
 
+// WithCommand returns ctx carrying cmd as the envelope of the command being
+// handled, as [Handler] does for its Func: [Command] returns it, and
+// [Idempotent] reads the command's headers from it (an operator's retry is
+// recorded under a key of its own). Use it to run a Func, or a generated
+// participant method, outside Handler.
+func WithCommand(ctx context.Context, cmd *envelope.Envelope) context.Context {
+	return context.WithValue(ctx, commandKey{}, cmd)
+}
+
 // Command returns the envelope of the command being handled, inside a Func
 // run by [Handler]: keep it (it is small) to answer later with
 // [ReplyEnvelope].
@@ -129,6 +139,12 @@ func Command(ctx context.Context) (*envelope.Envelope, bool) {
 // is exported for participants that answer later, outside the command's
 // delivery (store the command's envelope, reply in another transaction).
 func ReplyEnvelope(cmd *envelope.Envelope, reply message.Message) (envelope.Envelope, error) {
+	if cmd == nil {
+		return envelope.Envelope{}, errors.New("participant: reply envelope without the command's envelope")
+	}
+	if isNil(reply) {
+		return envelope.Envelope{}, fmt.Errorf("participant: reply envelope for %s %s: nil reply", cmd.MessageType, cmd.MessageID)
+	}
 	env, err := envelope.New(reply, envelope.Meta{
 		CorrelationID: cmd.CorrelationID,
 		CausationID:   cmd.MessageID,
@@ -156,16 +172,27 @@ func Reply[R message.Message](reply R, err error) (message.Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	if any(reply) == nil {
+	if isNil(reply) {
 		return nil, failure.Permanent(errors.New("the handler returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 	}
 	return reply, nil
 }
 
+// isNil reports whether m holds no message: a nil interface, or a nil
+// pointer in one (a typed participant method's `var r *Reply; return r, nil`
+// must not go out as an empty reply).
+func isNil(m message.Message) bool {
+	if m == nil {
+		return true
+	}
+	v := reflect.ValueOf(m)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
 // NoReply is [Reply] for a command whose contract declares no reply: a nil
 // reply sends nothing.
 func NoReply[R message.Message](reply R, err error) (message.Message, error) {
-	if err != nil || any(reply) == nil {
+	if err != nil || isNil(reply) {
 		return nil, err
 	}
 	return reply, nil
