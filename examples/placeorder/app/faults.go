@@ -92,7 +92,7 @@ func (a *App) faulty(h consumer.HandlerFunc) consumer.HandlerFunc {
 				d.Envelope.MessageType, id, d.Attempt))
 		}
 		if f.roll(id, "slow") < f.Slow {
-			reply, err := a.answer(ctx, tx, d.Message)
+			reply, err := a.answer(ctx, tx, d)
 			if err != nil {
 				return err
 			}
@@ -106,7 +106,7 @@ func (a *App) faulty(h consumer.HandlerFunc) consumer.HandlerFunc {
 		if f.roll(id, "duplicate") < f.Duplicate {
 			// The effect is applied once; participant.Idempotent replays its
 			// reply, which goes out a second time with a new id.
-			reply, err := a.answer(ctx, tx, d.Message)
+			reply, err := a.answer(ctx, tx, d)
 			if err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -14,6 +15,7 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
@@ -125,12 +127,15 @@ WHERE order_id = $1`, orderID).QueryRow(func(r pgx.Row) error { return r.Scan(&r
 		// would leak it, since nobody will release it again.
 		return refuse("order already released")
 	}
-	want := map[string]int32{}
+	want := map[string]int64{} // summed wide: lines of one product could overflow int32
 	for _, l := range cmd.GetLines() {
 		if l.GetQuantity() <= 0 || l.GetProductId() == "" {
 			return refuse(fmt.Sprintf("invalid line %q x %d", l.GetProductId(), l.GetQuantity()))
 		}
-		want[l.GetProductId()] += l.GetQuantity()
+		want[l.GetProductId()] += int64(l.GetQuantity())
+		if want[l.GetProductId()] > math.MaxInt32 {
+			return refuse(fmt.Sprintf("quantity of %q over %d", l.GetProductId(), math.MaxInt32))
+		}
 	}
 	if len(want) == 0 {
 		return refuse("order has no lines")
@@ -142,7 +147,7 @@ WHERE order_id = $1`, orderID).QueryRow(func(r pgx.Row) error { return r.Scan(&r
 	slices.Sort(products) // lock rows in one order: no deadlocks between orders
 	quantities := make([]int32, len(products))
 	for i, p := range products {
-		quantities[i] = want[p]
+		quantities[i] = int32(want[p]) // at most MaxInt32, checked above
 	}
 	rows, err := tx.Query(ctx, `SELECT product_id, available FROM inventory_stock
 WHERE product_id = ANY($1) ORDER BY product_id FOR UPDATE`, products)
@@ -343,9 +348,13 @@ func (s *Approval) ApproveOrder(ctx context.Context, tx pgx.Tx, cmd *orderv1.App
 	})
 }
 
-// answer dispatches a command to the typed method of whichever service owns
-// it, for Script, which must run a participant without sending its reply.
-func (a *App) answer(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+// answer dispatches a delivered command to the typed method of whichever
+// service owns it, for Script and Faults, which must run a participant
+// without sending its reply. The command's envelope goes along, as
+// participant.Handler passes it, so that an operator's retry is recorded
+// under its own key.
+func (a *App) answer(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (message.Message, error) {
+	ctx, cmd := participant.WithCommand(ctx, &d.Envelope), d.Message
 	switch c := cmd.(type) {
 	case *inventoryv1.ReserveInventory:
 		return asMessage(a.inventory.ReserveInventory(ctx, tx, c))

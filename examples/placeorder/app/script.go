@@ -194,7 +194,7 @@ func (a *App) scripted(h consumer.HandlerFunc) consumer.HandlerFunc {
 			return failure.Transient(fmt.Errorf("scripted transient failure of %s for order %s (attempt %d)",
 				k.command, k.orderID, d.Attempt))
 		case actHold:
-			reply, err := a.answer(ctx, tx, d.Message)
+			reply, err := a.answer(ctx, tx, d)
 			if err != nil {
 				return err
 			}
@@ -206,7 +206,7 @@ func (a *App) scripted(h consumer.HandlerFunc) consumer.HandlerFunc {
 			}
 			// The effect is applied once; participant.Idempotent replays
 			// its reply, which goes out a second time with a new id.
-			reply, err := a.answer(ctx, tx, d.Message)
+			reply, err := a.answer(ctx, tx, d)
 			if err != nil {
 				return err
 			}
