@@ -8,6 +8,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/protosaga/saga/internal/metrictest"
+	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -47,4 +49,22 @@ func TestConsumedCountsASplitBatchOnce(t *testing.T) {
 		}
 	}
 	require.EqualValues(t, 4, consumed, "the gate and the three notes, each once")
+}
+
+// TestReconnectsAreCounted: a consumer whose connection the broker drops
+// starts a new session and counts it in saga.consumer.reconnects.
+func TestReconnectsAreCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mp := metrictest.New(t)
+	r := b.start(func(c *consumer.Config) { c.Telemetry = telemetry.Providers{Meter: mp} }, nil)
+	b.send("before", doOK, nil)
+	b.waitSettled("before", "done")
+	require.Zero(t, mp.Value(t, telemetry.MetricConsumerRestarts, nil))
+
+	require.Positive(t, testenv.KillAMQPConnections(t, b.amqpURL))
+	b.send("after", doOK, nil)
+	b.waitSettled("after", "done")
+	b.stop(r)
+	require.GreaterOrEqual(t, mp.Value(t, telemetry.MetricConsumerRestarts, nil), 1.0)
 }

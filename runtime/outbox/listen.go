@@ -33,6 +33,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, tried chan<- s
 		}
 	}
 	lock := &livenessState{}
+	lost := false // a connection was lost and not re-established yet
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		conn, err := r.listenConn(ctx)
 		if err == nil {
@@ -47,6 +48,12 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, tried chan<- s
 		}
 		if err == nil {
 			attempt = 0
+			if lost {
+				// Counted once per loss, when it is made good: the
+				// attempts that failed meanwhile are not reconnects.
+				r.tel.metrics.ListenReconnected(ctx)
+				lost = false
+			}
 			if r.cfg.onListen != nil {
 				r.cfg.onListen()
 			}
@@ -69,7 +76,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, tried chan<- s
 			return
 		}
 		r.cfg.Logger.Warn("outbox relay: LISTEN connection failed; polling until it is back", "owner", r.cfg.Owner, "error", err)
-		r.tel.metrics.ListenReconnected(ctx)
+		lost = true
 		// At most a poll apart, so that the relay takes its liveness lock
 		// again well within the grace other relays give it.
 		select {

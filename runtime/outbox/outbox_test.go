@@ -16,11 +16,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 const (
@@ -346,8 +348,11 @@ func TestNotifyWakesRelay(t *testing.T) {
 	ctx := testCtx(t)
 	b := setup(t)
 	listening := make(chan struct{}, 10)
-	startRelay(t, b, RelayConfig{PollInterval: time.Hour, onListen: func() { listening <- struct{}{} }})
+	mp := metrictest.New(t)
+	startRelay(t, b, RelayConfig{PollInterval: time.Hour, onListen: func() { listening <- struct{}{} },
+		Telemetry: telemetry.Providers{Meter: mp}})
 	<-listening
+	require.Zero(t, mp.Value(t, telemetry.MetricListenReconnects, nil))
 
 	// The relay found nothing at start and will not poll for an hour: only
 	// the notification from the commit can make it publish.
@@ -362,6 +367,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("listener did not reconnect")
 	}
+	require.EqualValues(t, 1, mp.Value(t, telemetry.MetricListenReconnects, nil), "the reconnect is counted")
 	second := enqueue(t, ctx, b.pool, 3, routedKey)
 	waitUnpublished(t, ctx, b.pool, 0)
 	requireEach(t, drain(t, b), second, 1)
