@@ -193,6 +193,9 @@ cmd_start() {
 	mkdir -p "$dir"
 	dir=$(cd "$dir" && pwd)
 	chmod 755 "$dir"
+	# A failed start (die exits) stops what did start, so that no server is
+	# left running: PostgreSQL, when RabbitMQ fails.
+	trap 'cmd_stop "$dir" >/dev/null 2>&1 || true' EXIT
 	ensure_installed
 	command -v curl >/dev/null || apt_install curl
 	make_tls "$dir"
@@ -208,6 +211,7 @@ export SAGA_TEST_TLS_CA='$dir/tls/ca.pem'
 export SAGA_TEST_PG_TLS_URL='postgres://postgres@localhost:$(cat "$dir/pg/port")/saga?sslmode=verify-full&sslrootcert=$dir/tls/ca.pem'
 export SAGA_TEST_AMQPS_URL='amqps://guest:guest@localhost:$(cat "$dir/rabbit/tls-port")/'
 EOF
+	trap - EXIT
 	log "ready: source $dir/env.sh"
 }
 
