@@ -728,23 +728,13 @@ func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, 
 		return failure.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
 			"and handling it alone stopped the consumer before: not run again", it.redeliveries, c.cfg.MaxRedeliveries))
 	}
-	ctx, scope := txq.WithScope(wakes.Attach(ctx), tx)
-	scope.CommitsWith(wakes)
-	herr := c.callHandler(ctx, tx, it.d)
-	if herr != nil {
-		scope.Discard(herr)
-		return herr
+	err := txq.Run(wakes.Attach(ctx), tx, wakes, func(ctx context.Context, tx pgx.Tx) error {
+		return c.callHandler(ctx, tx, it.d)
+	})
+	if errors.Is(err, txq.ErrAborted) {
+		return fmt.Errorf("handler %w", err)
 	}
-	if err := scope.Flush(ctx); err != nil {
-		scope.Discard(err)
-		return err
-	}
-	if tx.Conn().PgConn().TxStatus() == 'E' {
-		scope.Discard(nil)
-		return errors.New("handler returned success, but a statement in its transaction failed (was an error ignored?)")
-	}
-	scope.Keep()
-	return nil
+	return err
 }
 
 // guardedTx is the batch transaction as a fast-path handler sees it: it

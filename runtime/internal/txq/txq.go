@@ -27,6 +27,7 @@ package txq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -202,14 +203,18 @@ func (s *Scope) Keep() {
 // Run runs fn on tx (a transaction or a savepoint of it) as a consumer runs
 // a handler: fn's context carries a scope for tx that commits with w, whose
 // queued writes are sent when fn succeeds and whose after-commit work is
-// then kept for w; when fn or the send fails, the scope is discarded and
-// its work never runs.
+// then kept for w; when fn or the send fails, or fn returned success with
+// the transaction aborted (it ignored a statement's error), the scope is
+// discarded and its work never runs.
 func Run(ctx context.Context, tx pgx.Tx, w *Wakes, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	sctx, s := WithScope(ctx, tx)
 	s.CommitsWith(w)
 	err := fn(sctx, tx)
 	if err == nil {
 		err = s.Flush(sctx)
+	}
+	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
+		err = ErrAborted
 	}
 	if err != nil {
 		s.Discard(err)
@@ -218,6 +223,11 @@ func Run(ctx context.Context, tx pgx.Tx, w *Wakes, fn func(ctx context.Context, 
 	s.Keep()
 	return nil
 }
+
+// ErrAborted is Run's error when fn returned success but a statement in
+// its transaction failed: the transaction is aborted, so nothing fn wrote
+// can commit.
+var ErrAborted = errors.New("returned success, but a statement in its transaction failed (was an error ignored?)")
 
 // Beginner starts transactions (a pool).
 type Beginner interface {
