@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -108,9 +107,10 @@ func (s *Server) handleAction(w http.ResponseWriter, r *http.Request) error {
 // version mismatch is a 409 version_conflict.
 func (s *Server) operate(ctx context.Context, p Principal, t *sagaType, id string, a action, expectedVersion int64) (ActionResult, error) {
 	res := ActionResult{Action: a.name}
-	// As in saga.Engine.Operate, the action is counted in the metrics and
-	// its commands are announced to relays only once it has committed.
-	wakes, err := txq.BeginFunc(ctx, s.cfg.Pool, func(ctx context.Context, tx pgx.Tx) error {
+	// In the engine's transaction, as saga.Engine.Operate: the action is
+	// counted in the metrics and its commands are announced to relays only
+	// once it has committed.
+	err := t.engine.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		w, err := scanSaga(tx.QueryRow(ctx, `SELECT `+sagaColumns+` FROM `+t.table+` AS t WHERE t.id = $1::uuid FOR UPDATE`, id))
 		if errors.Is(err, pgx.ErrNoRows) {
 			return apiErr(http.StatusNotFound, "not_found", "no saga %s of type %s", id, t.def.Name)
@@ -145,10 +145,6 @@ WHERE saga_id = $1::uuid AND trigger = $2 AND operator = $3 AND version = $4 AND
 	})
 	if err != nil {
 		return ActionResult{}, err
-	}
-	if err := wakes.Send(ctx, s.cfg.Pool); err != nil {
-		s.cfg.Logger.WarnContext(ctx, "admin repair: wake-up after commit failed; relays will find the messages by polling",
-			"saga_type", t.def.Name, "saga_id", id, "error", err)
 	}
 	s.cfg.Logger.InfoContext(ctx, "admin repair", "operator", p.Name, "reason", a.reason, "action", a.name,
 		"saga_type", t.def.Name, "saga_id", id, "outcome", res.Outcome, "state", res.Saga.State, "version", res.Saga.Version)

@@ -159,7 +159,7 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 // (outbox.WithRelay) or wakes relays after the commit.
 func (e *Engine) Operate(ctx context.Context, op Operation) (Status, error) {
 	var st Status
-	err := e.inTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err := e.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		st, err = e.OperateTx(ctx, tx, op)
 		return err

@@ -120,7 +120,7 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 // relays are woken to claim them; the start is counted in the metrics once
 // it committed.
 func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
-	err = e.inTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+	err = e.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		sagaID, created, err = e.StartTx(ctx, tx, start, meta)
 		return err
@@ -131,10 +131,12 @@ func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope
 	return sagaID, created, nil
 }
 
-// inTx runs fn in a transaction of the engine's own, as a consumer runs a
-// handler (txq.BeginFunc): metrics and a local relay's hand-off run only
-// once the transaction has committed, followed by the relays' wake-up.
-func (e *Engine) inTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+// InTx runs fn in a transaction of the engine's pool, as a consumer runs a
+// handler: what the engine does in it through [Engine.OperateTx] and the
+// like counts its metrics and hands its rows to a local relay only once the
+// transaction has committed, and relays are woken after the commit. Start
+// and Operate use it; so does the admin server's repair.
+func (e *Engine) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	wakes, err := txq.BeginFunc(ctx, e.cfg.Pool, fn)
 	if err != nil {
 		return err
