@@ -46,10 +46,9 @@ func TestRelayPublishMetrics(t *testing.T) {
 	lost := env(routedKey)
 	lost.Exchange = "no-such-exchange"
 	lost.SagaID, lost.CausationID = "saga-1", "cause-1"
+	// Written now, as a message that occurred days ago: its delay runs from
+	// when it occurred, not from when its row became pending.
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, old, lost) }))
-	// Written then, too (the relays were down).
-	_, err := b.pool.Exec(ctx, `UPDATE saga_outbox_pending SET pending_since = now() - interval '72 hours'`)
-	require.NoError(t, err)
 	var logs testenv.LogBuffer
 	startRelay(t, b, RelayConfig{Telemetry: telemetry.Providers{Meter: mp}, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 
