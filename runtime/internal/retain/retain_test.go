@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/protosaga/saga/internal/testenv"
 )
 
 // TestJob: Run prunes at once and at each tick with the cut Clock()-Keep
@@ -25,7 +27,7 @@ func TestJob(t *testing.T) {
 			mu     sync.Mutex
 			cuts   []time.Time
 			pruned int64
-			logs   bytes.Buffer
+			logs   testenv.LogBuffer
 		)
 		calls := make(chan int, 16)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -48,7 +50,7 @@ func TestJob(t *testing.T) {
 				return 5, nil
 			},
 			Pruned: func(n int64) { mu.Lock(); pruned += n; mu.Unlock() },
-			Logger: slog.New(slog.NewTextHandler(&syncWriter{w: &logs, mu: &mu}, nil)),
+			Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		}
 		done := make(chan struct{})
 		go func() { defer close(done); j.Run(ctx) }()
@@ -110,16 +112,4 @@ func TestJob(t *testing.T) {
 			t.Fatal("Run with a negative Keep did not return at once")
 		}
 	})
-}
-
-// syncWriter serializes writes to w under mu.
-type syncWriter struct {
-	w  *bytes.Buffer
-	mu *sync.Mutex
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
