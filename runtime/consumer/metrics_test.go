@@ -1,12 +1,9 @@
 package consumer_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/internal/testenv"
@@ -20,9 +17,7 @@ import (
 func TestConsumedCountsASplitBatchOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp := metrictest.New(t)
 	r := b.start(func(c *consumer.Config) {
 		c.Concurrency, c.BatchSize = 1, 16
 		c.Telemetry = telemetry.Providers{Meter: mp}
@@ -35,20 +30,7 @@ func TestConsumedCountsASplitBatchOnce(t *testing.T) {
 	_, fellBack := consumer.Paths(r.c)
 	require.Zero(t, fellBack, "a broken transaction splits the batch; it does not fall back")
 
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var consumed int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != telemetry.MetricConsumed {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				consumed += dp.Value
-			}
-		}
-	}
-	require.EqualValues(t, 4, consumed, "the gate and the three notes, each once")
+	require.EqualValues(t, 4, mp.Value(t, telemetry.MetricConsumed, nil), "the gate and the three notes, each once")
 }
 
 // TestReconnectsAreCounted: a consumer whose connection the broker drops
