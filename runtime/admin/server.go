@@ -477,12 +477,10 @@ func (s *Server) handleDiagram(w http.ResponseWriter, r *http.Request) error {
 	if v := q.str("visited"); v != "" {
 		opts.Visited = strings.Split(v, ",")
 	}
-	for _, st := range append([]string{opts.Current}, opts.Visited...) {
-		if _, ok := t.def.LookupState(st); st != "" && !ok {
-			return badRequest("state %q is not a state of %s", st, name)
-		}
-	}
 	svg, err := t.def.SVG(opts)
+	if errors.Is(err, sagadef.ErrUnknownState) {
+		return badRequest("%v", err)
+	}
 	if err != nil {
 		return fmt.Errorf("diagram of %s: %w", name, err)
 	}

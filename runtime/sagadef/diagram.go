@@ -138,7 +138,7 @@ func (d *Definition) SVG(opts SVGOptions) ([]byte, error) {
 	}
 	for _, name := range append([]string{opts.Current}, opts.Visited...) {
 		if name != "" && !known(name) {
-			return nil, fmt.Errorf("saga %s: diagram: state %q: %w", d.Name, name, ErrUnknownState)
+			return nil, fmt.Errorf("diagram: state %q is not a state of %s: %w", name, d.Name, ErrUnknownState)
 		}
 	}
 	l := d.layout()
