@@ -97,6 +97,7 @@ func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrd
 // accepts (a consumer parks whatever a message said), are left as they are.
 func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 	ids := map[string][]string{}
+	canonical := make([]string, len(rows)) // "" where there is nothing to join
 	for i := range rows {
 		p := &rows[i]
 		t, ok := s.byName[p.SagaType]
@@ -108,6 +109,7 @@ func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 		}
 		if id, err := parseSagaID(p.SagaID); err == nil {
 			ids[p.SagaType] = append(ids[p.SagaType], id)
+			canonical[i] = id
 		}
 	}
 	type keyState struct{ key, state string }
@@ -128,11 +130,10 @@ func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 		}
 	}
 	for i := range rows {
-		id, err := parseSagaID(rows[i].SagaID)
-		if err != nil {
+		if canonical[i] == "" {
 			continue
 		}
-		if ks, ok := found[rows[i].SagaType+"/"+id]; ok {
+		if ks, ok := found[rows[i].SagaType+"/"+canonical[i]]; ok {
 			rows[i].BusinessKey, rows[i].SagaState = ks.key, ks.state
 		}
 	}
