@@ -130,7 +130,10 @@ ssl = on
 ssl_cert_file = '$dir/pg/server.pem'
 ssl_key_file = '$dir/pg/server.key'
 EOF
-	"${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" -w -t 60 start >/dev/null ||
+	# SAGA_SERVICES_PRELOAD: a library both servers load (bench/slowdisk/run.sh slows their flushes with it).
+	local preload=()
+	[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || preload=(env "LD_PRELOAD=$SAGA_SERVICES_PRELOAD")
+	"${run[@]}" "${preload[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" -w -t 60 start >/dev/null ||
 		{ tail -20 "$dir/pg/postgres.log" >&2; die "PostgreSQL did not start (log: $dir/pg/postgres.log)"; }
 	"${run[@]}" psql -h 127.0.0.1 -p "$port" -U postgres -qc 'CREATE DATABASE saga' >/dev/null ||
 		die "create database failed"
@@ -167,6 +170,7 @@ log.file.level = warning
 EOF
 	(
 		rmq_env "$dir"
+		[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || export LD_PRELOAD=$SAGA_SERVICES_PRELOAD
 		setsid "$RMQ_SERVER" >"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
 	)
 	# await_startup fails at once while the node is not yet reachable: retry until it answers.
