@@ -55,7 +55,8 @@ var (
 	msgShippingScheduled  = newInfo("ShippingScheduled", message.KindReply)
 	msgShippingFailed     = newInfo("ShippingFailed", message.KindReply)
 	msgUnrelatedEvent     = newInfo("SomethingElse", message.KindEvent)
-	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent}
+	msgPaymentApproved    = newInfo("PaymentApproved", message.KindEvent)
+	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour
@@ -147,6 +148,9 @@ type defOptions struct {
 	// shippingFails gives ScheduleShipping a business failure reply
 	// (ShippingFailed), which sends the saga to manual review.
 	shippingFails bool
+	// externalPayment makes AuthorizePayment an external step: the saga
+	// sends nothing and waits for the PaymentApproved event.
+	externalPayment bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -210,6 +214,10 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	}
 	if o.shippingFails {
 		def.Steps[2].FailureReplies = []string{msgShippingFailed.FullName}
+	}
+	if o.externalPayment {
+		def.Steps[1].External, def.Steps[1].Command = true, ""
+		def.Steps[1].SuccessReplies = []string{msgPaymentApproved.FullName}
 	}
 	require.NoError(t, def.Compile())
 	return def

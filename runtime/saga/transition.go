@@ -69,6 +69,9 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 			errors.Is(err, sagadef.ErrNotCompiled) {
 			// No retry can change the outcome: park the message.
 			err = failure.Permanent(err)
+		} else if errors.Is(err, sagadef.ErrNotReached) {
+			// The saga may get there: retry it, park it if it does not.
+			err = failure.Transient(err)
 		}
 		return outcome{}, err
 	}

@@ -466,6 +466,12 @@ func (w *work) onStepReply(i int, success bool) error {
 		reached := waiting || slices.Contains(in.Stopped, s.Name) ||
 			(w.in.State == StateManualReview && in.ReviewFrom == stepState)
 		if !reached {
+			if at, ok := w.forwardStep(); ok && at < i {
+				// It may be early rather than stray: the message that
+				// moves the saga on can be queued behind it.
+				return fmt.Errorf("%s for step %s while the saga is at step %s: %w",
+					shortName(w.kind), s.Name, w.step(at).Name, ErrNotReached)
+			}
 			w.noop(ClassInvalid, "%s for step %s, which the saga has not reached", shortName(w.kind), s.Name)
 			return nil
 		}
@@ -518,6 +524,24 @@ func (w *work) onStepReply(i int, success bool) error {
 			return nil
 		}
 	}
+}
+
+// forwardStep returns the index of the step the saga waits on while on its
+// forward path, or waited on when it entered manual review; false while it
+// compensates, after it ended, or in review from a compensation.
+func (w *work) forwardStep() (int, bool) {
+	st := w.state()
+	if st.Kind == StateKindManualReview {
+		rs, ok := w.reviewState()
+		if !ok {
+			return 0, false
+		}
+		st = rs
+	}
+	if st.Kind != StateKindStep {
+		return 0, false
+	}
+	return w.stepIndex(st.Step), true
 }
 
 // settle applies the outcome of step i in the state waiting for it.

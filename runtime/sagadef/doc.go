@@ -62,6 +62,14 @@
 //     to the definition, or answering no command this instance sent. No
 //     effect.
 //
+// An External step's event that arrives while the saga is still on its way
+// to that step (waiting on an earlier step, or in review from one) is none
+// of these: Apply returns [ErrNotReached] and changes nothing, and the
+// engine has the consumer retry it through its TTL tiers, so an approval
+// handled before the reply that leads to it is applied once the saga waits
+// for it (or parked with the reason when the saga does not get there within
+// the retry budget). For a saga that compensates or ended, it is invalid.
+//
 // # Timeouts and the deadline
 //
 // Entering a step arms TimeoutAt (now + the step's Timeout). When it fires,

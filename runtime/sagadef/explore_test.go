@@ -54,6 +54,9 @@ func (d *Definition) explore() ([]Transition, error) {
 				if errors.Is(err, ErrInvalidTrigger) || errors.Is(err, ErrTerminal) {
 					continue // an operator action the state refuses
 				}
+				if errors.Is(err, ErrNotReached) {
+					continue // an event retried until the saga reaches its step
+				}
 				return nil, err
 			}
 			if isTransition(res.From, res.To, res.Class, len(names)) {

@@ -1,0 +1,130 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/sagadef"
+)
+
+// TestEarlyEventWaitsForItsStep delivers the event an external step waits
+// for (a human approval, say) before the saga has reached that step: it was
+// published after the saga started, but the reply that moves the saga to the
+// step is still on its way (queued behind it, or in a retry tier). Messages
+// published in order are not handled in order; the event must not be lost.
+// Through a real consumer and queue, the event comes first and the reply
+// second: the event is retried through the TTL tiers, applied once the saga
+// waits for it, and nothing is parked.
+func TestEarlyEventWaitsForItsStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{externalPayment: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	quiet := slog.New(slog.DiscardHandler)
+	amqpURL := testenv.AMQP(t)
+	dial := func(name string) *broker.Conn {
+		c, err := broker.Dial(ctx, amqpURL, broker.ConnConfig{Name: name, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: quiet})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	consume, publish := dial("consume"), dial("publish")
+	const queue = "test.saga.early"
+	policy := retry.Policy{Tiers: []time.Duration{100 * time.Millisecond}, MaxAttempts: 50}
+	ch, err := publish.Channel(ctx)
+	require.NoError(t, err)
+	require.NoError(t, broker.Declare(ctx, ch, broker.Topology{Queues: broker.WorkQueue(queue, broker.QueueQuorum, policy)}))
+	require.NoError(t, ch.Confirm(false))
+
+	id := b.start(t, "o-early")
+	st := b.status(t, id)
+	require.Equal(t, stReserve, st.State)
+
+	// Directly: the event is refused as not yet expected — a transient
+	// failure the consumer retries, not an acknowledged no-op.
+	early := msg(msgPaymentApproved, "o-early")
+	_, err = b.reply(t, "", early, "")
+	require.Error(t, err, "an event for a step not reached yet is not acknowledged as handled")
+	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
+	require.True(t, errors.Is(err, sagadef.ErrNotReached), "%v", err)
+	require.Equal(t, stReserve, b.status(t, id).State)
+	require.Len(t, b.history(t, id), 1, "nothing audited: the event will come again")
+
+	// Through the broker: the event first, the reply that reaches the
+	// step second, one at a time.
+	var mu sync.Mutex
+	var handled []string
+	c, err := consumer.New(consumer.Config{Name: "test-early", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
+		Registry: testRegistry, Retry: policy, Concurrency: 1, BatchSize: 1, Prefetch: 1, Logger: quiet,
+		Handler: func(hctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+			mu.Lock()
+			handled = append(handled, d.Envelope.MessageType)
+			mu.Unlock()
+			return b.engine.Handle(hctx, tx, d)
+		}})
+	require.NoError(t, err)
+	send := func(env envelope.Envelope) {
+		t.Helper()
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, env.Publishing())
+		require.NoError(t, err)
+		require.True(t, dc.Wait(), "publish %s", env.MessageID)
+	}
+	event, err := envelope.New(early, envelope.Meta{})
+	require.NoError(t, err)
+	reply, err := envelope.New(msg(msgInventoryReserved, "o-early"), envelope.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
+	require.NoError(t, err)
+	send(event)
+	send(reply)
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	require.Eventually(t, func() bool {
+		return b.status(t, id).State == stShipping
+	}, 30*time.Second, 20*time.Millisecond, "the early event is applied once the saga waits for it")
+	mu.Lock()
+	require.Equal(t, msgPaymentApproved.FullName, handled[0], "the event was handled before the reply")
+	mu.Unlock()
+	h := b.history(t, id)
+	require.Equal(t, []string{"start:new:>RESERVE_INVENTORY", "InventoryReserved:new:RESERVE_INVENTORY>AUTHORIZE_PAYMENT",
+		"PaymentApproved:new:AUTHORIZE_PAYMENT>SCHEDULE_SHIPPING"}, trail(h))
+	require.Equal(t, event.MessageID, h[2].MessageID)
+	var parked int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked`).Scan(&parked))
+	require.Zero(t, parked)
+}
+
+// TestEventForAStepPassedIsAudited: an external step's event for a saga that
+// will never wait for it again (here: failed before reaching it) is not
+// retried; it is audited as invalid, as before.
+func TestEventForAStepPassedIsAudited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{externalPayment: true})
+	id := b.start(t, "o-passed")
+	require.Equal(t, sagadef.StateFailed, b.mustReply(t, id, msgInventoryFailed).State)
+	_, err := b.reply(t, "", msg(msgPaymentApproved, "o-passed"), "")
+	require.NoError(t, err)
+	h := b.history(t, id)
+	require.Equal(t, sagadef.ClassInvalid.String(), h[len(h)-1].Class)
+	require.Equal(t, sagadef.StateFailed, b.status(t, id).State)
+}
