@@ -22,6 +22,19 @@
 // same idempotency key, so effects that must happen once per business
 // operation are guarded with [Once] (or [Idempotent], which also replays the
 // first reply), keyed by the command's IdempotencyKey.
+//
+// A compensation can overtake the command it undoes. The saga compensates a
+// step that stopped waiting without an answer (a timeout, an operator's
+// compensate), since its effect may have happened; but the command may not
+// have run yet (it waits in a retry tier, or its handler is slow), so the
+// compensating command can be handled first and the command after it. Neither
+// the inbox nor [Idempotent] can see this: they are keyed per command type.
+// A compensating handler that finds nothing to undo must leave a tombstone
+// (a row for the business key) that the command's handler checks and
+// answers with its failure reply, or the late effect stays for good: the
+// saga only audits that late reply (its compensation "covers" it). The Place
+// Order example's inventory does this (examples/placeorder/app, release and
+// reserve; TestReleaseOvertakingItsReservation).
 package participant
 
 import (
