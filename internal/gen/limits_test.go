@@ -32,7 +32,7 @@ import "saga/v1/saga.proto";
 option go_package = "example.com/fit/v1;fitv1";
 ` + events("Placed", "Approved") + `
 message FitData {
-  option (saga.v1.saga) = {name: "` + name + `", service: "fit", start: "Placed", business_key: "id", steps: {role: ROLE_PIVOT, external: true, success: "Approved", timeout: "1h", late_reply: LATE_REPLY_IGNORE}};
+  option (saga.v1.saga) = {name: "` + name + `", service: "fit", start: "Placed", business_key: "id", steps: {role: ROLE_PIVOT, external: true, success: "Approved", timeout: "1h", late_reply: LATE_REPLY_MANUAL_REVIEW}};
   string id = 1;
 }
 `

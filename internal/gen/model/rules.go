@@ -40,6 +40,7 @@ var Rules = []Rule{
 	{ID: "step-compensation"},
 	{ID: "step-timeout"},
 	{ID: "step-late-reply"},
+	{ID: "pivot-late-reply", Warning: true},
 	{ID: "retry-budget"},
 	{ID: "compensatable-after-pivot"},
 	{ID: "non-retriable-after-pivot"},

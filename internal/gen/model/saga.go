@@ -19,7 +19,7 @@ func (b *builder) resolveSagas() {
 	for _, d := range b.sagas {
 		before := len(b.diags)
 		d.saga = b.saga(d)
-		if len(b.diags) > before || !d.file.Generate {
+		if b.errorsSince(before) || !d.file.Generate {
 			continue
 		}
 		// The runtime's own compiler is the last reviewer: the table it
@@ -32,6 +32,17 @@ func (b *builder) resolveSagas() {
 		}
 		d.saga.Definition = def
 	}
+}
+
+// errorsSince reports whether a diagnostic from index i on is an error (a
+// warning does not stop the saga from being compiled and rendered).
+func (b *builder) errorsSince(i int) bool {
+	for _, d := range b.diags[i:] {
+		if !d.Warning {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *builder) saga(d *sagaDecl) *Saga {
@@ -204,6 +215,17 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 	} else if st.Role == sagav1.Role_ROLE_RETRIABLE && st.OnTimeout == sagav1.TimeoutAction_TIMEOUT_ACTION_COMPENSATE {
 		b.errorf(f, path(base, stepOnTimeout), "step-timeout", "a retriable step runs after the pivot and cannot compensate; use TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW",
 			"saga %s: retriable step %s compensates on timeout", s.FullName, label)
+	}
+	if st.Role == sagav1.Role_ROLE_PIVOT && st.OnTimeout == sagav1.TimeoutAction_TIMEOUT_ACTION_COMPENSATE &&
+		st.Late != sagav1.LateReply_LATE_REPLY_UNSPECIFIED && st.Late != sagav1.LateReply_LATE_REPLY_MANUAL_REVIEW {
+		p := base
+		if o.GetLateReply() != sagav1.LateReply_LATE_REPLY_UNSPECIFIED {
+			p = path(base, stepLateReply)
+		}
+		b.report(f, p, true, "pivot-late-reply",
+			"set late_reply: LATE_REPLY_MANUAL_REVIEW, or on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW",
+			"saga %s: pivot step %s compensates on timeout but does not send late replies to manual review: a success arriving after the timeout (the point of no return passed) is only audited while the saga compensates and fails",
+			s.FullName, label)
 	}
 	if st.MaxAttempts < 0 {
 		b.errorf(f, path(base, stepMaxAttempts), "retry-budget", "use a positive max_attempts",

@@ -61,7 +61,7 @@ func contract(i int) string {
 	}
 	fmt.Fprintf(&b, "message FlowData {\n  option (saga.v1.saga) = {name: \"Flow%03d\" start: \"Begin\" business_key: \"id\" service: \"svc\" deadline: \"1h\"\n%s\n%s\n%s\n%s\n};\n  string id = 1;\n}\n", i,
 		step("Reserve", "ROLE_COMPENSATABLE", `failure: "ReserveFailed" compensation: "Release" compensation_reply: "Released"`),
-		step("Charge", "ROLE_PIVOT", `failure: "ChargeFailed"`),
+		step("Charge", "ROLE_PIVOT", `failure: "ChargeFailed" on_timeout: TIMEOUT_ACTION_MANUAL_REVIEW`),
 		step("Ship", "ROLE_RETRIABLE", `max_attempts: 3`),
 		step("Notify", "ROLE_RETRIABLE", `max_attempts: 3`))
 	return b.String()
