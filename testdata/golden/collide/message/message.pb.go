@@ -462,7 +462,7 @@ const file_message_message_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\tR\x04type:m\xea\xdd\x19i\n" +
 	"\x06Switch\x12\aContext\x1a\x04type2)\n" +
 	"\x04Case\x10\x01\x1a\aMessage\"\x02Tx2\x04Info:\x06EngineJ\x021s`\x012\x1d\n" +
-	"\vFallthrough\x10\x02\"\x04MetaJ\x021s`\x01h\x01:\x06selectBCZAgithub.com/protosaga/saga/testdata/golden/collide/message;messageb\x06proto3"
+	"\vFallthrough\x10\x02\"\x04MetaJ\x021s`\x02h\x01:\x06selectBCZAgithub.com/protosaga/saga/testdata/golden/collide/message;messageb\x06proto3"
 
 var (
 	file_message_message_proto_rawDescOnce sync.Once

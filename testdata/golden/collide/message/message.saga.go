@@ -328,7 +328,7 @@ func SwitchDefinition() *sagadef.Definition {
 				Timeout:        1 * time.Second,
 				OnTimeout:      sagadef.TimeoutCompensate,
 				MaxAttempts:    1,
-				Late:           sagadef.LateIgnore,
+				Late:           sagadef.LateManualReview,
 			},
 		},
 		States: []sagadef.State{
@@ -355,6 +355,7 @@ func SwitchDefinition() *sagadef.Definition {
 			{From: SwitchStateFallthrough, Trigger: "operator.compensate", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
 			{From: SwitchStateFallthrough, Trigger: "operator.cancel", To: SwitchStateCancelled},
 			{From: SwitchStateCompensatingCase, Trigger: "collide.message.Engine", To: SwitchStateFailed},
+			{From: SwitchStateCompensatingCase, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
 			{From: SwitchStateCompensatingCase, Trigger: "timeout", To: SwitchStateManualReview},
 			{From: SwitchStateCompensatingCase, Trigger: "stuck", To: SwitchStateManualReview},
 			{From: SwitchStateCompensatingCase, Trigger: "operator.retry", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
@@ -370,6 +371,9 @@ func SwitchDefinition() *sagadef.Definition {
 			{From: SwitchStateManualReview, Trigger: "operator.resolve", To: SwitchStateFailed},
 			{From: SwitchStateManualReview, Trigger: "operator.resolve", To: SwitchStateCancelled},
 			{From: SwitchStateManualReview, Trigger: "operator.cancel", To: SwitchStateCancelled},
+			{From: SwitchStateCompleted, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
+			{From: SwitchStateFailed, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
+			{From: SwitchStateCancelled, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
 		},
 	}
 }

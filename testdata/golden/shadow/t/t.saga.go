@@ -145,7 +145,7 @@ func ByReceiverDefinition() *sagadef.Definition {
 				Timeout:        1 * time.Hour,
 				OnTimeout:      sagadef.TimeoutCompensate,
 				MaxAttempts:    1,
-				Late:           sagadef.LateIgnore,
+				Late:           sagadef.LateManualReview,
 			},
 		},
 		States: []sagadef.State{
@@ -170,6 +170,9 @@ func ByReceiverDefinition() *sagadef.Definition {
 			{From: ByReceiverStateManualReview, Trigger: "operator.resolve", To: ByReceiverStateFailed},
 			{From: ByReceiverStateManualReview, Trigger: "operator.resolve", To: ByReceiverStateCancelled},
 			{From: ByReceiverStateManualReview, Trigger: "operator.cancel", To: ByReceiverStateCancelled},
+			{From: ByReceiverStateCompleted, Trigger: "shadow.t.Approved", To: ByReceiverStateManualReview},
+			{From: ByReceiverStateFailed, Trigger: "shadow.t.Approved", To: ByReceiverStateManualReview},
+			{From: ByReceiverStateCancelled, Trigger: "shadow.t.Approved", To: ByReceiverStateManualReview},
 		},
 	}
 }
@@ -339,7 +342,7 @@ func ByStatusURLDefinition() *sagadef.Definition {
 				Timeout:        1 * time.Hour,
 				OnTimeout:      sagadef.TimeoutCompensate,
 				MaxAttempts:    1,
-				Late:           sagadef.LateIgnore,
+				Late:           sagadef.LateManualReview,
 			},
 		},
 		States: []sagadef.State{
@@ -364,6 +367,9 @@ func ByStatusURLDefinition() *sagadef.Definition {
 			{From: ByStatusURLStateManualReview, Trigger: "operator.resolve", To: ByStatusURLStateFailed},
 			{From: ByStatusURLStateManualReview, Trigger: "operator.resolve", To: ByStatusURLStateCancelled},
 			{From: ByStatusURLStateManualReview, Trigger: "operator.cancel", To: ByStatusURLStateCancelled},
+			{From: ByStatusURLStateCompleted, Trigger: "shadow.t.Approved", To: ByStatusURLStateManualReview},
+			{From: ByStatusURLStateFailed, Trigger: "shadow.t.Approved", To: ByStatusURLStateManualReview},
+			{From: ByStatusURLStateCancelled, Trigger: "shadow.t.Approved", To: ByStatusURLStateManualReview},
 		},
 	}
 }
