@@ -17,6 +17,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -127,4 +128,74 @@ func TestEventForAStepPassedIsAudited(t *testing.T) {
 	h := b.history(t, id)
 	require.Equal(t, sagadef.ClassInvalid.String(), h[len(h)-1].Class)
 	require.Equal(t, sagadef.StateFailed, b.status(t, id).State)
+}
+
+// TestEventBeforeItsSagaStarts: the event an external step waits for
+// arrives before the saga exists (its start command was queued behind it,
+// or sat in a retry tier). Found by business key, no saga: it is retried,
+// not parked at once, and applied once the saga started and reached the
+// step. Through a real consumer and queue: the event first, the start
+// second; the reply that reaches the step is delivered once the saga exists.
+func TestEventBeforeItsSagaStarts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{externalPayment: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	quiet := slog.New(slog.DiscardHandler)
+	amqpURL := testenv.AMQP(t)
+	dial := func(name string) *broker.Conn {
+		c, err := broker.Dial(ctx, amqpURL, broker.ConnConfig{Name: name, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: quiet})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	consume, publish := dial("consume"), dial("publish")
+	const queue = "test.saga.before-start"
+	policy := retry.Policy{Tiers: []time.Duration{100 * time.Millisecond}, MaxAttempts: 50}
+	ch, err := publish.Channel(ctx)
+	require.NoError(t, err)
+	require.NoError(t, broker.Declare(ctx, ch, broker.Topology{Queues: broker.WorkQueue(queue, broker.QueueQuorum, policy)}))
+	require.NoError(t, ch.Confirm(false))
+
+	// Directly: no saga for the key yet is a transient failure.
+	_, err = b.reply(t, "", msg(msgPaymentApproved, "o-before"), "")
+	require.ErrorIs(t, err, saga.ErrNotFound)
+	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
+
+	c, err := consumer.New(consumer.Config{Name: "test-before-start", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
+		Registry: testRegistry, Retry: policy, Concurrency: 1, BatchSize: 1, Prefetch: 1, Logger: quiet, Handler: b.engine.Handle})
+	require.NoError(t, err)
+	send := func(m testMsg) {
+		t.Helper()
+		env, err := envelope.New(m, envelope.Meta{})
+		require.NoError(t, err)
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, env.Publishing())
+		require.NoError(t, err)
+		require.True(t, dc.Wait(), "publish %s", env.MessageID)
+	}
+	send(msg(msgPaymentApproved, "o-before"))
+	send(msg(msgPlaceOrder, "o-before"))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	var st saga.Status
+	require.Eventually(t, func() bool {
+		st, err = b.engine.StatusByBusinessKey(ctx, "o-before")
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond, "the saga starts")
+	_, err = b.reply(t, st.ID, msg(msgInventoryReserved, "o-before"), st.PendingMessageID)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return b.status(t, st.ID).State == stShipping
+	}, 30*time.Second, 20*time.Millisecond, "the early event is applied once the saga waits for it")
+	var parked int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked`).Scan(&parked))
+	require.Zero(t, parked)
 }

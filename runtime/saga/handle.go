@@ -32,9 +32,12 @@ import (
 // starts an instance through [Engine.StartTx], idempotently on its business
 // key, so one queue can carry a saga's start commands and its replies.
 //
-// Errors: a message for a saga that does not exist, for another saga type, or
-// without any way to find its saga is marked [failure.Permanent] (the consumer
-// parks it with the reason). Hook errors and database errors are returned as
+// Errors: a message for a saga id that does not exist, for another saga
+// type, or without any way to find its saga is marked [failure.Permanent]
+// (the consumer parks it with the reason). An event whose business key names
+// no saga yet, or that an external step the saga has not reached waits for
+// ([sagadef.ErrNotReached]), is marked [failure.Transient]: the saga may get
+// there, so the consumer retries it through its tiers before parking it. Hook errors and database errors are returned as
 // they are, classified by the consumer. Run by a consumer, the instance
 // update, the audit row and the outbox rows are not written by Handle: on
 // the consumer's fast path they are staged and written with those of the
@@ -145,7 +148,11 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 		}
 	}
 	if errors.Is(err, ErrNotFound) {
-		return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: no saga %s with business key %q: %w",
+		// Unlike a saga id, which exists before any message names it, a
+		// business key may name a saga whose start is still on its way
+		// (queued behind this event, or in a retry tier): retried, then
+		// parked when it never starts.
+		return row{}, failure.Transient(fmt.Errorf("saga handle: message %s: no saga %s with business key %q (yet): %w",
 			d.Envelope.MessageID, e.def.Name, key, ErrNotFound))
 	}
 	if err != nil {
