@@ -32,24 +32,6 @@ import (
 func TestEarlyEventWaitsForItsStep(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{externalPayment: true})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	quiet := slog.New(slog.DiscardHandler)
-	amqpURL := testenv.AMQP(t)
-	dial := func(name string) *broker.Conn {
-		c, err := broker.Dial(ctx, amqpURL, broker.ConnConfig{Name: name, MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: quiet})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
-	consume, publish := dial("consume"), dial("publish")
-	const queue = "test.saga.early"
-	policy := retry.Policy{Tiers: []time.Duration{100 * time.Millisecond}, MaxAttempts: 50}
-	ch, err := publish.Channel(ctx)
-	require.NoError(t, err)
-	require.NoError(t, broker.Declare(ctx, ch, broker.Topology{Queues: broker.WorkQueue(queue, broker.QueueQuorum, policy)}))
-	require.NoError(t, ch.Confirm(false))
-
 	id := b.start(t, "o-early")
 	st := b.status(t, id)
 	require.Equal(t, stReserve, st.State)
@@ -57,7 +39,7 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 	// Directly: the event is refused as not yet expected — a transient
 	// failure the consumer retries, not an acknowledged no-op.
 	early := msg(msgPaymentApproved, "o-early")
-	_, err = b.reply(t, "", early, "")
+	_, err := b.reply(t, "", early, "")
 	require.Error(t, err, "an event for a step not reached yet is not acknowledged as handled")
 	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
 	require.True(t, errors.Is(err, sagadef.ErrNotReached), "%v", err)
@@ -68,37 +50,18 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 	// step second, one at a time.
 	var mu sync.Mutex
 	var handled []string
-	c, err := consumer.New(consumer.Config{Name: "test-early", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
-		Registry: testRegistry, Retry: policy, Concurrency: 1, BatchSize: 1, Prefetch: 1, Logger: quiet,
-		Handler: func(hctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
-			mu.Lock()
-			handled = append(handled, d.Envelope.MessageType)
-			mu.Unlock()
-			return b.engine.Handle(hctx, tx, d)
-		}})
-	require.NoError(t, err)
-	send := func(env envelope.Envelope) {
-		t.Helper()
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, env.Publishing())
-		require.NoError(t, err)
-		require.True(t, dc.Wait(), "publish %s", env.MessageID)
-	}
+	send := runQueue(t, b, "test.saga.early", func(hctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+		mu.Lock()
+		handled = append(handled, d.Envelope.MessageType)
+		mu.Unlock()
+		return b.engine.Handle(hctx, tx, d)
+	})
 	event, err := envelope.New(early, envelope.Meta{})
 	require.NoError(t, err)
 	reply, err := envelope.New(msg(msgInventoryReserved, "o-early"), envelope.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
 	require.NoError(t, err)
 	send(event)
 	send(reply)
-
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("consumer: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	require.Eventually(t, func() bool {
 		return b.status(t, id).State == stShipping
@@ -111,7 +74,7 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 		"PaymentApproved:new:AUTHORIZE_PAYMENT>SCHEDULE_SHIPPING"}, trail(h))
 	require.Equal(t, event.MessageID, h[2].MessageID)
 	var parked int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked`).Scan(&parked))
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_parked`).Scan(&parked))
 	require.Zero(t, parked)
 }
 
@@ -139,8 +102,42 @@ func TestEventForAStepPassedIsAudited(t *testing.T) {
 func TestEventBeforeItsSagaStarts(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{externalPayment: true})
+	// Directly: no saga for the key yet is a transient failure.
+	_, err := b.reply(t, "", msg(msgPaymentApproved, "o-before"), "")
+	require.ErrorIs(t, err, saga.ErrNotFound)
+	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
+
+	send := runQueue(t, b, "test.saga.before-start", b.engine.Handle)
+	enveloped := func(m testMsg) envelope.Envelope {
+		t.Helper()
+		env, err := envelope.New(m, envelope.Meta{})
+		require.NoError(t, err)
+		return env
+	}
+	send(enveloped(msg(msgPaymentApproved, "o-before")))
+	send(enveloped(msg(msgPlaceOrder, "o-before")))
+
+	var st saga.Status
+	require.Eventually(t, func() bool {
+		st, err = b.engine.StatusByBusinessKey(context.Background(), "o-before")
+		return err == nil
+	}, 30*time.Second, 20*time.Millisecond, "the saga starts")
+	_, err = b.reply(t, st.ID, msg(msgInventoryReserved, "o-before"), st.PendingMessageID)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return b.status(t, st.ID).State == stShipping
+	}, 30*time.Second, 20*time.Millisecond, "the early event is applied once the saga waits for it")
+	var parked int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_parked`).Scan(&parked))
+	require.Zero(t, parked)
+}
+
+// runQueue runs a consumer of a quorum work queue of its own (one worker,
+// one delivery at a time, a 100 ms retry tier and room for 50 attempts) with
+// handler until the test ends, and returns a func that publishes to it.
+func runQueue(t *testing.T, b *testBundle, queue string, handler consumer.HandlerFunc) func(envelope.Envelope) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	quiet := slog.New(slog.DiscardHandler)
 	amqpURL := testenv.AMQP(t)
 	dial := func(name string) *broker.Conn {
@@ -150,31 +147,14 @@ func TestEventBeforeItsSagaStarts(t *testing.T) {
 		return c
 	}
 	consume, publish := dial("consume"), dial("publish")
-	const queue = "test.saga.before-start"
 	policy := retry.Policy{Tiers: []time.Duration{100 * time.Millisecond}, MaxAttempts: 50}
 	ch, err := publish.Channel(ctx)
 	require.NoError(t, err)
 	require.NoError(t, broker.Declare(ctx, ch, broker.Topology{Queues: broker.WorkQueue(queue, broker.QueueQuorum, policy)}))
 	require.NoError(t, ch.Confirm(false))
-
-	// Directly: no saga for the key yet is a transient failure.
-	_, err = b.reply(t, "", msg(msgPaymentApproved, "o-before"), "")
-	require.ErrorIs(t, err, saga.ErrNotFound)
-	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
-
-	c, err := consumer.New(consumer.Config{Name: "test-before-start", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
-		Registry: testRegistry, Retry: policy, Concurrency: 1, BatchSize: 1, Prefetch: 1, Logger: quiet, Handler: b.engine.Handle})
+	c, err := consumer.New(consumer.Config{Name: queue, Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
+		Registry: testRegistry, Retry: policy, Concurrency: 1, BatchSize: 1, Prefetch: 1, Logger: quiet, Handler: handler})
 	require.NoError(t, err)
-	send := func(m testMsg) {
-		t.Helper()
-		env, err := envelope.New(m, envelope.Meta{})
-		require.NoError(t, err)
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, env.Publishing())
-		require.NoError(t, err)
-		require.True(t, dc.Wait(), "publish %s", env.MessageID)
-	}
-	send(msg(msgPaymentApproved, "o-before"))
-	send(msg(msgPlaceOrder, "o-before"))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -184,18 +164,10 @@ func TestEventBeforeItsSagaStarts(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-
-	var st saga.Status
-	require.Eventually(t, func() bool {
-		st, err = b.engine.StatusByBusinessKey(ctx, "o-before")
-		return err == nil
-	}, 30*time.Second, 20*time.Millisecond, "the saga starts")
-	_, err = b.reply(t, st.ID, msg(msgInventoryReserved, "o-before"), st.PendingMessageID)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		return b.status(t, st.ID).State == stShipping
-	}, 30*time.Second, 20*time.Millisecond, "the early event is applied once the saga waits for it")
-	var parked int
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked`).Scan(&parked))
-	require.Zero(t, parked)
+	return func(env envelope.Envelope) {
+		t.Helper()
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, env.Publishing())
+		require.NoError(t, err)
+		require.True(t, dc.Wait(), "publish %s", env.MessageID)
+	}
 }
