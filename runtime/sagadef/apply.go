@@ -351,10 +351,15 @@ func (w *work) send(command, step string, sent *map[string]string) (string, erro
 	return id, nil
 }
 
-// advance continues after step i succeeded.
+// advance continues after step i succeeded, with the next step the saga has
+// not completed: an instance an earlier release of the definition ran may
+// have completed a step that this release orders later, and sending it
+// again would only wait for a reply its recorded outcome makes a duplicate.
 func (w *work) advance(i int) error {
-	if i+1 < len(w.d.Steps) {
-		return w.enterStep(i+1, 1)
+	for j := i + 1; j < len(w.d.Steps); j++ {
+		if !slices.Contains(w.progress().Completed, w.step(j).Name) {
+			return w.enterStep(j, 1)
+		}
 	}
 	w.finish(StateCompleted)
 	return nil

@@ -37,6 +37,14 @@
 // happened, and compensations are idempotent. Retriable steps must not
 // fail: a failure reply from one sends the saga to MANUAL_REVIEW.
 //
+// # Evolution
+//
+// An instance persisted under one release of a definition is continued by
+// the next one: Progress names steps, and the next step after a success is
+// the next one in the new order that the instance has not completed (a step
+// completed earlier is never sent again; a step inserted or moved before
+// the instance's current step is not run for it).
+//
 // # Classification
 //
 // Apply classifies every trigger before acting on it ([Class]):
