@@ -379,6 +379,21 @@ func (w *work) compensate() error {
 			return w.enterCompensation(i, 1)
 		}
 	}
+	// A step an earlier release of the definition ran, and this one no
+	// longer has (removed or renamed), cannot be compensated from here:
+	// its effect may still be in place, so an operator decides.
+	var gone []string
+	for _, name := range slices.Concat(p.Completed, p.Stopped) {
+		if _, known := w.d.compiled.steps[name]; !known && !slices.Contains(p.Compensated, name) && !slices.Contains(gone, name) {
+			gone = append(gone, name)
+		}
+	}
+	if len(gone) > 0 {
+		w.out.LastError = fmt.Sprintf("step %s ran under an earlier definition that this one no longer has; its compensation, if it had one, was not sent",
+			strings.Join(gone, ", "))
+		w.review(w.out.LastError + ": compensate it by hand, then resolve")
+		return nil
+	}
 	w.finish(StateFailed)
 	return nil
 }

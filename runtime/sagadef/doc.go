@@ -43,7 +43,11 @@
 // the next one: Progress names steps, and the next step after a success is
 // the next one in the new order that the instance has not completed (a step
 // completed earlier is never sent again; a step inserted or moved before
-// the instance's current step is not run for it).
+// the instance's current step is not run for it). When a saga compensates
+// and Progress names a step the definition no longer has (removed or
+// renamed after it ran), its compensation cannot be sent: after the known
+// steps are compensated, the saga goes to MANUAL_REVIEW naming it instead
+// of ending FAILED.
 //
 // # Classification
 //
