@@ -124,7 +124,15 @@ func (r *Registry) Decode(fullName string, body []byte) (Message, error) {
 	return m, nil
 }
 
-// SupportPackageIsVersion1 is referenced by generated code to assert at
+// SupportPackageIsVersion2 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
-// breaks generated code drops the old constant and adds the next one.
-const SupportPackageIsVersion1 = true
+// breaks generated code drops the old constant and adds the next one, and
+// a generator whose code needs something older runtimes lack (an
+// identifier, or a transition table sagadef did not compute yet) refers to
+// the next one.
+//
+// Version 2: generated participant dispatch calls participant.Reply and
+// participant.NoReply, and generated transition tables have the stuck rows
+// (sagadef.TriggerStuck). Code generated for version 1 fails at start with
+// sagadef.ErrStaleTable on this runtime, so version 1 is dropped.
+const SupportPackageIsVersion2 = true

@@ -64,8 +64,8 @@ func File(gen *protogen.Plugin, f *model.File, migrations map[*model.Saga][]stri
 	g.P()
 	g.P("package ", f.Proto.GoPackageName)
 	g.P()
-	g.P("// This file needs a runtime that supports generated code version 1.")
-	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion1"))
+	g.P("// This file needs a runtime that supports generated code version ", supportVersion, ".")
+	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion"+strconv.Itoa(supportVersion)))
 	g.P()
 	for _, m := range f.Messages {
 		genMessage(g, m)
@@ -277,6 +277,14 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 	}
 	return fmt.Sprintf("%d", int64(d))
 }
+
+// supportVersion is the generated-code version the output of this generator
+// needs: it asserts message.SupportPackageIsVersion<supportVersion>. Bump it
+// (and the runtime's constant) when generated code starts to need something
+// older runtimes lack: a runtime identifier they do not have (the internal/gen
+// test TestGeneratedRuntimeAPI lists those generated code uses) or a
+// transition table their sagadef does not compute.
+const supportVersion = 2
 
 var (
 	roleNames = map[sagadef.Role]string{

@@ -40,8 +40,8 @@ func TestHelpers(gen *protogen.Plugin, f *model.File) {
 	g.P("// a database or a broker, through scripted replies, timeouts and duplicates.")
 	g.P("package ", name)
 	g.P()
-	g.P("// This file needs a runtime that supports generated code version 1.")
-	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion1"))
+	g.P("// This file needs a runtime that supports generated code version ", supportVersion, ".")
+	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion"+strconv.Itoa(supportVersion)))
 	g.P()
 	for _, s := range f.Sagas {
 		genTestHelper(g, s)

@@ -20,8 +20,8 @@ import (
 	strconv "strconv"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // PriceQuoteInfo describes the command pricing.v1.PriceQuote.
 var PriceQuoteInfo = &message.Info{

@@ -29,8 +29,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // OrderSubmittedInfo describes the reply quote.v1.OrderSubmitted.
 var OrderSubmittedInfo = &message.Info{

@@ -29,8 +29,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // ContextInfo describes the command collide.message.Context.
 var ContextInfo = &message.Info{

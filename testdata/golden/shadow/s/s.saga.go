@@ -13,8 +13,8 @@ import (
 	retry "github.com/protosaga/saga/runtime/retry"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // BeginInfo describes the command shadow.s.Begin.
 var BeginInfo = &message.Info{

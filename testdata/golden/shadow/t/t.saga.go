@@ -36,8 +36,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // ApprovedInfo describes the event shadow.t.Approved.
 var ApprovedInfo = &message.Info{

@@ -30,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{

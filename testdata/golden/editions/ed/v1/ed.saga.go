@@ -26,8 +26,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // DeclinedInfo describes the event ed.v1.Declined.
 var DeclinedInfo = &message.Info{

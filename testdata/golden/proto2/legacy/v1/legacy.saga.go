@@ -29,8 +29,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 1.
-const _ = message.SupportPackageIsVersion1
+// This file needs a runtime that supports generated code version 2.
+const _ = message.SupportPackageIsVersion2
 
 // Account_OpenInfo describes the command legacy.v1.Account.Open.
 var Account_OpenInfo = &message.Info{
