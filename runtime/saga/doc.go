@@ -37,7 +37,9 @@
 //     start returns the first instance's id and sends nothing.
 //   - Timeouts live in the database (timeout_at, deadline_at), not in broker
 //     TTLs. Scanners claim due rows with FOR UPDATE SKIP LOCKED, so any number
-//     of them may run; a claimed row is re-checked against its newest
+//     of them may run, and each claims only rows in states its definition
+//     knows (during a rolling upgrade, a step only the new release has is
+//     left to the new release's scanners); a claimed row is re-checked against its newest
 //     version, so a timeout that raced a reply which already moved the
 //     instance on does not fire. A reply that arrives after the timeout fired
 //     is classified late and follows the step's late-reply policy.

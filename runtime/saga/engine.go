@@ -199,11 +199,15 @@ func canonicalIDs(newID func() string) func() string {
 // by many goroutines and many processes: the database serializes work on
 // each instance. See the package documentation for the design.
 type Engine struct {
-	cfg       Config
-	def       *sagadef.Definition
-	table     string // quoted identifier
-	terminal  []string
-	holding   []string // states no clock acts on: terminal states and manual review
+	cfg      Config
+	def      *sagadef.Definition
+	table    string // quoted identifier
+	terminal []string
+	// clocked are the states a timeout or the deadline acts on (step and
+	// compensating states) that this definition knows: the scanner claims
+	// only those, so a state another release of the definition added is
+	// left to that release's scanners.
+	clocked   []string
 	stateKind map[string]sagadef.StateKind
 	q         queries
 	tel       sagaTelemetry
@@ -234,9 +238,8 @@ func New(cfg Config) (*Engine, error) {
 		switch s.Kind {
 		case sagadef.StateKindTerminal:
 			e.terminal = append(e.terminal, s.Name)
-			e.holding = append(e.holding, s.Name)
-		case sagadef.StateKindManualReview:
-			e.holding = append(e.holding, s.Name)
+		case sagadef.StateKindStep, sagadef.StateKindCompensating:
+			e.clocked = append(e.clocked, s.Name)
 		}
 	}
 	e.q = newQueries(e.table)

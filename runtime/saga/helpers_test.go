@@ -56,7 +56,9 @@ var (
 	msgShippingFailed     = newInfo("ShippingFailed", message.KindReply)
 	msgUnrelatedEvent     = newInfo("SomethingElse", message.KindEvent)
 	msgPaymentApproved    = newInfo("PaymentApproved", message.KindEvent)
-	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved}
+	msgNotifyCustomer     = newInfo("NotifyCustomer", message.KindCommand) // a step a later release adds
+	msgCustomerNotified   = newInfo("CustomerNotified", message.KindReply)
+	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour

@@ -67,11 +67,13 @@ FROM unnest($1::uuid[], $2::int8[], $3::text[], $4::int8[], $5::bytea[], $6::int
   $9::timestamptz[], $10::timestamptz[], $11::text[], $12::text[], $13::timestamptz[])
   AS u(id, stored, state, version, data, attempt, pending, progress, timeout_at, deadline_at, last_error, review_reason, updated_at)
 WHERE t.id = ANY($1::uuid[]) AND t.id = u.id AND t.version = u.stored`,
-		// claimDue locks due instances that no other scanner holds. States
-		// no clock acts on are excluded by name ($3), so the partial index
-		// on timeout_at does the work.
+		// claimDue locks due instances that no other scanner holds, in the
+		// states a clock acts on that this engine's definition knows ($3):
+		// an instance in a state only another release of the definition
+		// has (a rolling upgrade) is left to that release's scanners instead
+		// of being deferred as a failure here.
 		claimDue: `SELECT ` + columns + ` FROM ` + table + `
-WHERE (timeout_at <= $1 OR deadline_at <= $1) AND state <> ALL($3::text[])
+WHERE (timeout_at <= $1 OR deadline_at <= $1) AND state = ANY($3::text[])
 ORDER BY least(timeout_at, deadline_at)
 LIMIT $2
 FOR UPDATE SKIP LOCKED`,

@@ -44,7 +44,7 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 		wakes = txq.NewWakes(tx)
 		ctx := wakes.Attach(ctx)
 		now := e.cfg.Now()
-		rows, err := tx.Query(ctx, e.q.claimDue, now, limit, e.holding)
+		rows, err := tx.Query(ctx, e.q.claimDue, now, limit, e.clocked)
 		if err != nil {
 			return fmt.Errorf("claim due saga %s instances: %w", e.def.Name, err)
 		}
