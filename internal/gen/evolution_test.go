@@ -16,6 +16,7 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	"github.com/protosaga/saga/internal/gen/regen"
 	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
@@ -141,4 +142,36 @@ func TestStatesMigrationRefusesAStateEnteredMeanwhile(t *testing.T) {
 	var applied int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM saga_schema_sources WHERE name LIKE '0002_states_%'`).Scan(&applied))
 	require.Equal(t, 1, applied, "only the first release's states file is applied")
+}
+
+// TestCheckStatesAfterARollback: release A, then B (ApproveOrder renamed
+// ConfirmOrder), then A again. A's states file is already recorded, so its
+// migration applies nothing and the constraint keeps B's states; the
+// engine's start-up check finds the instance in B's state and A's state the
+// constraint refuses.
+func TestCheckStatesAfterARollback(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	a := orderv1.PlaceOrderMigrations()
+	require.NoError(t, schema.Migrate(ctx, pool, a))
+	po, err := orderv1.NewPlaceOrder(saga.Config{Pool: pool}, placeOrder{})
+	require.NoError(t, err)
+	require.NoError(t, po.Engine().CheckStates(ctx))
+
+	b := nextPlaceOrderMigrations(t, func(s string) string {
+		return strings.Replace(s, `name: "ApproveOrder"`, `name: "ConfirmOrder"`, 1)
+	})
+	require.NoError(t, schema.Migrate(ctx, pool, b))
+	insertInstance(t, pool, "018f0000-0000-7000-8000-000000000001", "o-1", "CONFIRM_ORDER")
+
+	require.NoError(t, schema.Migrate(ctx, pool, a), "A's states file is recorded: nothing runs")
+	err = po.Engine().CheckStates(ctx)
+	require.ErrorIs(t, err, saga.ErrStatesMismatch)
+	require.ErrorContains(t, err, "table saga_place_order: instances in states the definition does not have: CONFIRM_ORDER (1)")
+	require.ErrorContains(t, err, "states of the definition its state constraint refuses: APPROVE_ORDER")
+
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM saga_place_order`).Scan(&n))
+	require.Equal(t, 1, n, "the check writes nothing")
 }

@@ -224,6 +224,9 @@ func New(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("place order app: %w", err)
 	}
+	if err := a.PlaceOrder.Engine().CheckStates(ctx); err != nil {
+		return nil, fmt.Errorf("place order app: %w", err)
+	}
 
 	if err := a.connect(ctx); err != nil {
 		a.Close()

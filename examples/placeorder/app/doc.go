@@ -20,7 +20,9 @@
 //  1. schema.Migrate applies the runtime's tables, participant.Migrations,
 //     orderv1.PlaceOrderMigrations() and the services' own tables
 //     (Migrations) in one transaction under an advisory lock; any number of
-//     processes may start at once.
+//     processes may start at once. Engine.CheckStates then refuses to start
+//     when the saga table holds instances in states the definition does not
+//     have, or refuses one of its states (a rolled-back release).
 //  2. Two broker connections: one publishes (relays, retry and parking
 //     copies), one consumes, so a publisher blocked by the broker's flow
 //     control never stalls acknowledgements.
