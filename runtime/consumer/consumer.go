@@ -168,15 +168,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 // checkTopology verifies that the work queue, the parking lot and every tier
 // the retry policy can use exist.
 func (c *Consumer) checkTopology(ctx context.Context) error {
-	queues := []string{c.cfg.Queue, broker.ParkingQueue(c.cfg.Queue)}
-	seen := map[time.Duration]bool{}
-	for attempt := 1; attempt < c.cfg.Retry.MaxAttempts; attempt++ {
-		ttl, ok := c.cfg.Retry.TierFor(attempt)
-		if !ok || seen[ttl] {
-			continue
-		}
-		seen[ttl] = true
-		queues = append(queues, broker.TierQueue(c.cfg.Queue, ttl))
+	// The queues broker.WorkQueue declares for the policy (whatever the
+	// type: only the names matter here). It stops at the last tier, which
+	// is reused, so a budget of math.MaxInt attempts is no longer to check
+	// than one of len(Tiers)+1.
+	var queues []string
+	for _, q := range broker.WorkQueue(c.cfg.Queue, "", c.cfg.Retry) {
+		queues = append(queues, q.Name)
 	}
 	ch, err := c.cfg.Conn.Channel(ctx)
 	if err != nil {
