@@ -101,10 +101,19 @@ type crashError struct{ err error }
 func (e *crashError) Error() string { return "consumer crashed: " + e.err.Error() }
 func (e *crashError) Unwrap() error { return e.err }
 
-// topologyError reports a queue the consumer needs that does not exist.
-type topologyError struct{ queue string }
+// topologyError reports a queue the consumer needs that does not exist, or
+// a tier queue declared with other arguments than broker.WorkQueue gives it
+// (mismatch: the broker's answer).
+type topologyError struct {
+	queue    string
+	mismatch error
+}
 
 func (e *topologyError) Error() string {
+	if e.mismatch != nil {
+		return fmt.Sprintf("queue %q exists with other arguments than broker.WorkQueue declares for the consumer's queue and retry policy "+
+			"(a retry tier must dead-letter its messages back to the work queue after its delay, or they are lost): %v", e.queue, e.mismatch)
+	}
 	return fmt.Sprintf("queue %q does not exist: declare broker.WorkQueue for the consumer's queue with the consumer's retry policy", e.queue)
 }
 
@@ -112,8 +121,9 @@ func (e *topologyError) Error() string {
 // deliveries in flight (up to DrainTimeout), closes its channels and returns
 // nil. Lost channels, connections and database outages do not end Run: it
 // backs off and starts a new session. Run returns an error only when the
-// queues it needs are not declared when it starts, or when Config.Conn or
-// Config.PublishConn was closed.
+// queues it needs are not declared when it starts (or a retry tier is
+// declared with other arguments than broker.WorkQueue gives it), or when
+// Config.Conn or Config.PublishConn was closed.
 func (c *Consumer) Run(ctx context.Context) error {
 	defer func() { _ = c.pub.Close() }()
 	defer c.retention().Start(ctx)()
@@ -190,7 +200,67 @@ func (c *Consumer) checkTopology(ctx context.Context) error {
 			return fmt.Errorf("check queue %q: %w", q, err)
 		}
 	}
+	return c.checkTiers(ctx)
+}
+
+// checkTiers verifies that every tier queue has the arguments
+// broker.WorkQueue declares for it, of either queue type: a tier that
+// exists without them (declared by hand, by another tool, or with another
+// TTL under the name) would drop every retry when its TTL expires, or
+// route it elsewhere, and nothing would say so. A passive declare cannot
+// see arguments; declaring the tier again as WorkQueue does changes
+// nothing when they match, and the broker refuses it (PRECONDITION_FAILED,
+// which closes the channel) when they do not. A consumer whose user may not
+// declare queues (ACCESS_REFUSED) cannot check: it logs that and goes on.
+func (c *Consumer) checkTiers(ctx context.Context) error {
+	type tier struct {
+		name string
+		as   []broker.Queue // the tier as WorkQueue declares it, by queue type
+	}
+	var tiers []tier
+	for i, qt := range []broker.QueueType{broker.QueueQuorum, broker.QueueClassic} {
+		qs := broker.WorkQueue(c.cfg.Queue, qt, c.cfg.Retry)
+		for j, q := range qs[1 : len(qs)-1] {
+			if i == 0 {
+				tiers = append(tiers, tier{name: q.Name})
+			}
+			tiers[j].as = append(tiers[j].as, q)
+		}
+	}
+	for _, t := range tiers {
+		var mismatch []error
+	types:
+		for _, q := range t.as {
+			err := c.redeclare(ctx, q)
+			var amqpErr *amqp.Error
+			switch {
+			case err == nil:
+				break types
+			case errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused:
+				c.log.Warn("cannot check the arguments of a retry tier (no permission to declare it); make sure it dead-letters back to the work queue",
+					slog.String("tier", t.name), slog.Any("error", err))
+				break types
+			case errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed:
+				mismatch = append(mismatch, fmt.Errorf("as a %s queue: %s", q.Type, amqpErr.Reason))
+			default:
+				return fmt.Errorf("check the arguments of queue %q: %w", t.name, err)
+			}
+		}
+		if len(mismatch) == len(t.as) {
+			return &topologyError{queue: t.name, mismatch: errors.Join(mismatch...)}
+		}
+	}
 	return nil
+}
+
+// redeclare declares q on a channel of its own (a refusal closes it).
+func (c *Consumer) redeclare(ctx context.Context, q broker.Queue) error {
+	ch, err := c.cfg.Conn.Channel(ctx)
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	return broker.Declare(ctx, ch, broker.Topology{Queues: []broker.Queue{q}})
 }
 
 // session is one consuming channel's lifetime.

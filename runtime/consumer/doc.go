@@ -62,6 +62,10 @@
 //     HeaderLastError and the original exchange and routing key; the tier
 //     queue dead-letters it back to the work queue when its TTL expires.
 //     When retry.Policy.TierFor says the budget is spent, it is parked.
+//     Run refuses to start on a tier queue that exists with other
+//     arguments than broker.WorkQueue gives it (no dead-lettering, another
+//     TTL, another target): every retry through it would be dropped or
+//     misrouted when it expires.
 //
 // Parking inserts a saga_parked row (reason, class "permanent" or
 // "exhausted", attempts, original exchange/routing key/queue, headers,
