@@ -66,6 +66,15 @@
 //     arguments than broker.WorkQueue gives it (no dead-lettering, another
 //     TTL, another target): every retry through it would be dropped or
 //     misrouted when it expires.
+//     The attempt is charged when the copy is confirmed: a copy that
+//     cannot be published leaves the delivery unacknowledged, and it is
+//     handled again at the same attempt after the session's backoff. A
+//     crash after the copy is confirmed and before the original's ack
+//     forks the message: the original comes again at the same attempt
+//     while its copy waits, and each copy spends the rest of the budget
+//     (with MaxAttempts 3, a fork after attempt 1 runs the handler six
+//     times — attempt 1 twice, attempts 2 and 3 once per copy — and parks
+//     two copies). The inbox keeps a success to one effect.
 //
 // Parking inserts a saga_parked row (reason, class "permanent" or
 // "exhausted", attempts, original exchange/routing key/queue, headers,
