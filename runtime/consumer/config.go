@@ -145,7 +145,11 @@ type Config struct {
 	// handling cancelled because it hung past the drain did stop the
 	// consumer. Messages that were only prefetched
 	// alongside it are handled normally. Defaults to 10; -1 turns the guard
-	// off. Classic queues do not count deliveries.
+	// off. Classic queues do not count deliveries: there the consumer counts
+	// the redeliveries it sees of each message itself, in memory, so the
+	// guard bounds a message whose handling ends the session while the
+	// process lives (a database error every time), but not one that kills
+	// the process, which forgets its counts.
 	MaxRedeliveries int
 	// KeepClaims is how long the consumer keeps its inbox claims (the
 	// saga_inbox rows that say it handled a message) before it deletes

@@ -60,6 +60,8 @@ type Consumer struct {
 	pruned atomic.Int64
 	// interrupted: see interruptedSet.
 	interrupted interruptedSet
+	// redelivered: see redeliveryCounter.
+	redelivered redeliveryCounter
 }
 
 // New validates cfg (after filling in defaults) and returns a consumer.

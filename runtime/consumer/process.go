@@ -120,7 +120,7 @@ func (it *item) parkClass() string {
 // decode reads the envelope, checks type and schema version, and decodes the
 // body. Every failure here is permanent: the same bytes never decode later.
 func (c *Consumer) decode(raw *amqp.Delivery) *item {
-	it := &item{raw: raw, attempt: attemptOf(raw.Headers), redeliveries: redeliveriesOf(raw.Headers), received: c.now()}
+	it := &item{raw: raw, attempt: attemptOf(raw.Headers), redeliveries: c.redeliveriesOf(raw), received: c.now()}
 	env, err := envelope.FromDelivery(raw)
 	if err != nil {
 		it.reason = "invalid_envelope"
@@ -159,13 +159,58 @@ func (c *Consumer) decode(raw *amqp.Delivery) *item {
 // message's earlier deliveries that were not acknowledged.
 const headerDeliveryCount = "x-delivery-count"
 
-// redeliveriesOf reads x-delivery-count; absent or malformed means none.
-func redeliveriesOf(h amqp.Table) int {
-	n, ok, err := envelope.HeaderInt(h, headerDeliveryCount)
-	if !ok || err != nil || n < 0 {
+// redeliveriesOf returns how many times raw was delivered before without
+// an acknowledgement: its x-delivery-count. A queue that does not count
+// (a classic queue) marks a redelivery only with the redelivered flag; the
+// consumer then counts the redeliveries of each message id it sees itself
+// (see redeliveryCounter).
+func (c *Consumer) redeliveriesOf(raw *amqp.Delivery) int {
+	n, ok, err := envelope.HeaderInt(raw.Headers, headerDeliveryCount)
+	switch {
+	case ok && (err != nil || n < 0):
 		return 0
+	case ok:
+		return int(min(n, 1<<31-1))
+	case raw.Redelivered && raw.MessageId != "":
+		return c.redelivered.count(raw.MessageId)
 	}
-	return int(min(n, 1<<31-1))
+	return 0
+}
+
+// redeliveryCounter counts, per message id, the redeliveries this process
+// has seen of messages whose queue does not count them, so that the
+// redelivery guard (Config.MaxRedeliveries) also bounds a message whose
+// handling ends the session every time on a classic queue. It is memory
+// only: a process that dies forgets its counts (a message that crashes the
+// process is not caught this way), and an id is forgotten once its delivery
+// is acknowledged. Past maxInterrupted ids it starts over, which costs only
+// redeliveries before the guard acts.
+type redeliveryCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// count records one more redelivery of id and returns how many there were.
+func (r *redeliveryCounter) count(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil || len(r.n) >= maxInterrupted {
+		r.n = map[string]int{}
+	}
+	r.n[id]++
+	return r.n[id]
+}
+
+// forget drops the counts of the settled items.
+func (r *redeliveryCounter) forget(items []*item) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.n) == 0 {
+		return
+	}
+	for _, it := range items {
+		delete(r.n, it.messageID())
+	}
 }
 
 // overLimit reports a decoded delivery the broker has delivered
@@ -885,6 +930,7 @@ func (s *session) finish(ctx context.Context, items []*item) error {
 		c.log.Warn("acknowledgement failed; deliveries will be redelivered", slog.Any("error", err))
 	} else if len(tags) > 0 {
 		s.progress.Store(true)
+		c.redelivered.forget(settled)
 		c.tel.settled(ctx, settled, c.now())
 		if c.onSettle != nil {
 			for _, it := range settled {

@@ -290,3 +290,38 @@ func TestRedeliveryGuardClearsBeforeAnotherProcess(t *testing.T) {
 	require.Empty(t, b.parked(), "parked for a record of a handling that merely failed")
 	require.Equal(t, []int{1}, b.effects("g"))
 }
+
+// TestRedeliveryGuardOnAClassicQueue: a classic queue does not count
+// deliveries (no x-delivery-count), so the consumer counts the
+// redeliveries it sees itself: a message whose handling fails with a
+// database error every time (here, at commit) is parked as on a quorum
+// queue instead of coming back for ever.
+func TestRedeliveryGuardOnAClassicQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.queue = "classic-notes"
+	ch, err := b.conn.Channel(b.ctx)
+	require.NoError(t, err)
+	require.NoError(t, broker.Declare(b.ctx, ch, broker.Topology{
+		Queues:   broker.WorkQueue(b.queue, broker.QueueClassic, b.policy),
+		Bindings: []broker.Binding{{Queue: b.queue, Exchange: "events", RoutingKey: "note.#"}},
+	}))
+	require.NoError(t, ch.Close())
+	_, err = b.pool.Exec(b.ctx, `
+CREATE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.message_id = 'poison' THEN RAISE EXCEPTION 'out of shared memory, every time' USING ERRCODE = '53200'; END IF; RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION fail_commit();`)
+	require.NoError(t, err)
+	b.send("poison", doOK, nil)
+	const maxRedeliveries = 3
+	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = maxRedeliveries; c.Concurrency = 1; c.BatchSize = 1 }, nil)
+	b.waitSettled("poison", "park")
+	b.send("after", doOK, nil)
+	b.waitSettled("after", "done")
+	b.stop(r)
+	require.Len(t, b.callsOf("poison"), maxRedeliveries+3)
+	require.Empty(t, b.effects("poison"))
+	require.Contains(t, b.parked()["poison"].Reason, "failed 3 times in a row with a database error")
+	require.Zero(t, b.suspects())
+}
