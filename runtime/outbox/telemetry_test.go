@@ -81,7 +81,16 @@ func TestRelayPublishMetrics(t *testing.T) {
 	}
 	require.NotZero(t, failed)
 
-	// The operator replays it: its delay counts from the replay.
+	// The operator replays it once it is recorded as sent (the confirm is
+	// counted before the settle commits; replayed while still pending, the
+	// row would keep its first pending_since): its delay counts from the
+	// replay.
+	require.Eventually(t, func() bool {
+		var sent bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM saga_outbox_sent s JOIN saga_outbox o USING (id) WHERE o.message_id = $1)`,
+			old.MessageID).Scan(&sent))
+		return sent
+	}, 20*time.Second, 10*time.Millisecond, "the first publish is settled")
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Republish(ctx, tx, old) }))
 	require.Eventually(t, func() bool { return sentPoints(t, mp, testExchange)[""] == 2 }, 20*time.Second, 10*time.Millisecond)
 	require.EqualValues(t, 2, delay().Value)
