@@ -11,7 +11,7 @@ BUF       := $(HOME)/.cache/protosaga/buf-$(BUF_VERSION)/buf
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
-.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench soak buf-plugins buf-generate check-buf services-start services-stop clean
+.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench bench-slowdisk soak buf-plugins buf-generate check-buf services-start services-stop clean
 
 all: build
 
@@ -75,6 +75,13 @@ bench:
 	cd bench && $(GO) run ./cmd/genbench -sagas 40 -runs 9
 	mkdir -p $(CACHE)
 	scripts/with-services.sh sh -c '$(GO) test -run "^$$" -bench BenchmarkTransition -benchmem -count 6 ./runtime/telemetry/ && cd bench && $(GO) run ./cmd/sagabench -out $(CACHE)/bench.md'
+
+## bench-slowdisk: the saga throughput comparison and pgbench ceiling again, on private servers whose
+## every fsync takes SLOWSYNC_US (default 1000) microseconds longer: a disk that flushes like network block storage.
+SLOWSYNC_US ?= 1000
+bench-slowdisk:
+	mkdir -p $(CACHE)
+	bench/slowdisk/run.sh $(SLOWSYNC_US) -only pg,watermill,ours -workers 2 -out $(CACHE)/bench-slowdisk.md
 
 ## soak: long chaos soak (3 runs x 2000 sagas; SIGKILLs at every crash point and at random; 2 RabbitMQ
 ## and 2 PostgreSQL restarts per run), then a 12,000-saga load run with memory watched. Private servers; ~15 min.

@@ -17,11 +17,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 
 if ! command -v cc >/dev/null; then
-	if [ "$(id -u)" -eq 0 ]; then
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc libc6-dev >/dev/null
-	else
-		sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc libc6-dev >/dev/null
-	fi
+	sudo=()
+	[ "$(id -u)" -eq 0 ] || sudo=(sudo)
+	echo "slowdisk: installing a C compiler (gcc)" >&2
+	"${sudo[@]}" apt-get update -qq >/dev/null
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
 fi
 lib=$(mktemp -d "${TMPDIR:-/tmp}/slowsync.XXXXXX")
 trap 'rm -rf "$lib"' EXIT
