@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -205,15 +206,21 @@ func (c *Consumer) checkTopology(ctx context.Context) error {
 	return c.checkTiers(ctx)
 }
 
-// checkTiers verifies that every tier queue has the arguments
-// broker.WorkQueue declares for it, of either queue type: a tier that
-// exists without them (declared by hand, by another tool, or with another
-// TTL under the name) would drop every retry when its TTL expires, or
-// route it elsewhere, and nothing would say so. A passive declare cannot
-// see arguments; declaring the tier again as WorkQueue does changes
-// nothing when they match, and the broker refuses it (PRECONDITION_FAILED,
-// which closes the channel) when they do not. A consumer whose user may not
-// declare queues (ACCESS_REFUSED) cannot check: it logs that and goes on.
+// checkTiers verifies that every tier queue delays and dead-letters the way
+// broker.WorkQueue declares it, of either queue type: a tier that exists
+// without that (declared by hand, by another tool, or with another TTL under
+// the name) would drop every retry when its TTL expires, or route it
+// elsewhere, and nothing would say so. A passive declare cannot see
+// arguments; declaring the tier again as WorkQueue does changes nothing when
+// they match, and the broker refuses it (PRECONDITION_FAILED, which closes
+// the channel) when they do not, naming one argument that differs. Run
+// refuses to start when that is the TTL or the dead-letter exchange or
+// routing key (they are the same for either queue type, so the difference is
+// real). A tier that differs only in other arguments (a lazy classic queue,
+// a delivery limit) returns its retries; when neither declaration names one
+// of the three, the consumer cannot tell whether they match too, logs the
+// broker's answers and starts. A consumer whose user may not declare queues
+// (ACCESS_REFUSED) cannot check either: it logs that and goes on.
 func (c *Consumer) checkTiers(ctx context.Context) error {
 	type tier struct {
 		name string
@@ -229,30 +236,51 @@ func (c *Consumer) checkTiers(ctx context.Context) error {
 			tiers[j].as = append(tiers[j].as, q)
 		}
 	}
+tiers:
 	for _, t := range tiers {
-		var mismatch []error
-	types:
+		var differ []string
 		for _, q := range t.as {
 			err := c.redeclare(ctx, q)
 			var amqpErr *amqp.Error
 			switch {
 			case err == nil:
-				break types
+				continue tiers
 			case errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused:
 				c.log.Warn("cannot check the arguments of a retry tier (no permission to declare it); make sure it dead-letters back to the work queue",
 					slog.String("tier", t.name), slog.Any("error", err))
-				break types
+				continue tiers
 			case errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed:
-				mismatch = append(mismatch, fmt.Errorf("as a %s queue: %s", q.Type, amqpErr.Reason))
+				if slices.Contains(retryArgs, inequivalentArg(amqpErr.Reason)) {
+					return &topologyError{queue: t.name, mismatch: fmt.Errorf("as a %s queue: %s", q.Type, amqpErr.Reason)}
+				}
+				differ = append(differ, fmt.Sprintf("as a %s queue: %s", q.Type, amqpErr.Reason))
 			default:
 				return fmt.Errorf("check the arguments of queue %q: %w", t.name, err)
 			}
 		}
-		if len(mismatch) == len(t.as) {
-			return &topologyError{queue: t.name, mismatch: errors.Join(mismatch...)}
-		}
+		c.log.Warn("a retry tier has other arguments than broker.WorkQueue gives it; the broker named none of its delay and dead-letter arguments, so those were not checked: make sure it dead-letters back to the work queue",
+			slog.String("tier", t.name), slog.String("differences", strings.Join(differ, "; ")))
 	}
 	return nil
+}
+
+// retryArgs are the tier arguments a retry's return depends on.
+var retryArgs = []string{broker.ArgMessageTTL, broker.ArgDeadLetterExchange, broker.ArgDeadLetterRoutingKey}
+
+// inequivalentArg returns the argument a PRECONDITION_FAILED reason of
+// queue.declare names ("inequivalent arg 'x-message-ttl' for queue ..."),
+// or "".
+func inequivalentArg(reason string) string {
+	const prefix = "inequivalent arg '"
+	i := strings.Index(reason, prefix)
+	if i < 0 {
+		return ""
+	}
+	rest := reason[i+len(prefix):]
+	if j := strings.IndexByte(rest, '\''); j >= 0 {
+		return rest[:j]
+	}
+	return ""
 }
 
 // redeclare declares q on a channel of its own (a refusal closes it).

@@ -62,10 +62,11 @@
 //     HeaderLastError and the original exchange and routing key; the tier
 //     queue dead-letters it back to the work queue when its TTL expires.
 //     When retry.Policy.TierFor says the budget is spent, it is parked.
-//     Run refuses to start on a tier queue that exists with other
-//     arguments than broker.WorkQueue gives it (no dead-lettering, another
-//     TTL, another target): every retry through it would be dropped or
-//     misrouted when it expires.
+//     Run refuses to start on a tier queue that exists with another TTL,
+//     no dead-lettering or another dead-letter target than broker.WorkQueue
+//     gives it: every retry through it would be dropped or misrouted when
+//     it expires. Other arguments (a lazy classic queue, a delivery limit)
+//     are logged, not refused.
 //     The attempt is charged when the copy is confirmed: a copy that
 //     cannot be published leaves the delivery unacknowledged, and it is
 //     handled again at the same attempt after the session's backoff. A

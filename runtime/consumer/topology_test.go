@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -81,11 +82,42 @@ func TestMisdeclaredTierIsRefusedAtStart(t *testing.T) {
 		t.Logf("%s: %v", name, err)
 	}
 
-	// Correct tiers of either type are accepted.
+	// A tier whose other arguments differ still refuses when its TTL does
+	// (RabbitMQ names the TTL first).
+	work := "misdeclared-lazy-other-ttl"
+	queues := broker.WorkQueue(work, broker.QueueClassic, b.policy)
+	queues[2].Args = cloneTable(queues[2].Args)
+	queues[2].Args["x-queue-mode"] = "lazy"
+	queues[2].Args[broker.ArgMessageTTL] = int64(60_000)
+	declare(queues...)
+	require.ErrorContains(t, run(work), broker.ArgMessageTTL)
+
+	// Correct tiers of either type are accepted, and so are tiers that
+	// delay and dead-letter as WorkQueue declares them but carry other
+	// arguments too: their retries return.
 	for _, qt := range []broker.QueueType{broker.QueueQuorum, broker.QueueClassic} {
 		work := "declared-" + string(qt)
 		declare(broker.WorkQueue(work, qt, b.policy)...)
 		require.NoError(t, run(work), qt)
+	}
+	extra := map[string]struct {
+		qt   broker.QueueType
+		args amqp.Table
+	}{
+		"lazy":           {broker.QueueClassic, amqp.Table{"x-queue-mode": "lazy"}},
+		"max-length":     {broker.QueueClassic, amqp.Table{"x-max-length": int64(1_000_000)}},
+		"group-size":     {broker.QueueQuorum, amqp.Table{"x-quorum-initial-group-size": int64(1)}},
+		"delivery-limit": {broker.QueueQuorum, amqp.Table{"x-delivery-limit": int64(50)}},
+	}
+	for name, e := range extra {
+		work := "extra-" + name
+		queues := broker.WorkQueue(work, e.qt, b.policy)
+		for i := 1; i < len(queues)-1; i++ {
+			queues[i].Args = cloneTable(queues[i].Args)
+			maps.Copy(queues[i].Args, e.args)
+		}
+		declare(queues...)
+		require.NoError(t, run(work), name)
 	}
 
 	// A user who may not declare queues cannot check the arguments: the
