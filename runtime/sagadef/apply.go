@@ -370,14 +370,21 @@ func (w *work) advance(i int) error {
 // compensated; with none left, the saga has FAILED.
 func (w *work) compensate() error {
 	p := w.progress()
-	for i := len(w.d.Steps) - 1; i >= 0; i-- {
-		s := w.step(i)
-		if s.Role != RoleCompensatable || slices.Contains(p.Compensated, s.Name) {
+	// In reverse of the order the steps ran, not of the definition's: an
+	// earlier release may have ordered them otherwise. A step the saga
+	// stopped waiting on ran last, unless it completed afterwards.
+	ran := slices.Clone(p.Completed)
+	for _, name := range p.Stopped {
+		if !slices.Contains(ran, name) {
+			ran = append(ran, name)
+		}
+	}
+	for k := len(ran) - 1; k >= 0; k-- {
+		i, known := w.d.compiled.steps[ran[k]]
+		if !known || w.step(i).Role != RoleCompensatable || slices.Contains(p.Compensated, ran[k]) {
 			continue
 		}
-		if slices.Contains(p.Completed, s.Name) || slices.Contains(p.Stopped, s.Name) {
-			return w.enterCompensation(i, 1)
-		}
+		return w.enterCompensation(i, 1)
 	}
 	// A step an earlier release of the definition ran, and this one no
 	// longer has (removed or renamed), cannot be compensated from here:
