@@ -222,8 +222,12 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 		if o.GetLateReply() != sagav1.LateReply_LATE_REPLY_UNSPECIFIED {
 			p = path(base, stepLateReply)
 		}
-		b.report(f, p, true, "pivot-late-reply",
-			"set late_reply: LATE_REPLY_MANUAL_REVIEW, or on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW",
+		hint := "set late_reply: LATE_REPLY_MANUAL_REVIEW, or on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW"
+		if st.External {
+			// An external step sends nothing to retry (retry-budget).
+			hint = "set late_reply: LATE_REPLY_MANUAL_REVIEW, or on_timeout: TIMEOUT_ACTION_MANUAL_REVIEW"
+		}
+		b.report(f, p, true, "pivot-late-reply", hint,
 			"saga %s: pivot step %s compensates on timeout but does not send late replies to manual review: a success arriving after the timeout (the point of no return passed) is only audited while the saga compensates and fails",
 			s.FullName, label)
 	}
