@@ -24,7 +24,8 @@ const runtimeAPIFile = "testdata/runtime_api.txt"
 
 // TestGeneratedRuntimeAPI collects every package-level runtime identifier
 // that the generated Go of every target refers to (message.Info,
-// participant.Reply, ...) and compares the set with runtimeAPIFile. Generated
+// participant.Reply, ...), and the fields its literals of runtime structs
+// set (sagadef.Step.External, ...), and compares the set with runtimeAPIFile. Generated
 // code asserts message.SupportPackageIsVersionN so that a runtime too old for
 // it fails to compile with that name; the assertion only works if N is bumped
 // whenever generated code starts to need something older runtimes lack. When
@@ -56,10 +57,51 @@ func TestGeneratedRuntimeAPI(t *testing.T) {
 				}
 				pkgs[local] = strings.TrimPrefix(p, "github.com/protosaga/saga/")
 			}
-			ast.Inspect(f, func(n ast.Node) bool {
-				if sel, ok := n.(*ast.SelectorExpr); ok {
+			// runtimeName returns "runtime/pkg.Name" for a selector of a
+			// runtime package, or "".
+			runtimeName := func(e ast.Expr) string {
+				if sel, ok := e.(*ast.SelectorExpr); ok {
 					if x, ok := sel.X.(*ast.Ident); ok && pkgs[x.Name] != "" {
-						used[pkgs[x.Name]+"."+sel.Sel.Name] = true
+						return pkgs[x.Name] + "." + sel.Sel.Name
+					}
+				}
+				return ""
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.SelectorExpr:
+					if name := runtimeName(n); name != "" {
+						used[name] = true
+					}
+				case *ast.CompositeLit:
+					// The fields a literal of a runtime struct sets
+					// (sagadef.Step{External: ...}): a field an older
+					// runtime lacks breaks the build as a name does.
+					fields := func(name string, lit *ast.CompositeLit) {
+						for _, el := range lit.Elts {
+							if kv, ok := el.(*ast.KeyValueExpr); ok {
+								if key, ok := kv.Key.(*ast.Ident); ok {
+									used[name+"."+key.Name] = true
+								}
+							}
+						}
+					}
+					if name := runtimeName(n.Type); name != "" {
+						fields(name, n)
+					}
+					// []sagadef.Step{{Name: ...}}: elements without a type.
+					if arr, ok := n.Type.(*ast.ArrayType); ok {
+						elt := arr.Elt
+						if star, ok := elt.(*ast.StarExpr); ok {
+							elt = star.X
+						}
+						if name := runtimeName(elt); name != "" {
+							for _, el := range n.Elts {
+								if lit, ok := el.(*ast.CompositeLit); ok && lit.Type == nil {
+									fields(name, lit)
+								}
+							}
+						}
 					}
 				}
 				return true
