@@ -32,19 +32,20 @@ import (
 // starts an instance through [Engine.StartTx], idempotently on its business
 // key, so one queue can carry a saga's start commands and its replies.
 //
-// Errors: a message for a saga id that does not exist, for another saga
-// type, or without any way to find its saga is marked [failure.Permanent]
-// (the consumer parks it with the reason). An event whose business key names
-// no saga yet, or that an external step the saga has not reached waits for
+// Errors: a message for a saga id that does not exist, for another saga type,
+// or without any way to find its saga is marked [failure.Permanent] (the
+// consumer parks it with the reason). An event whose business key names no
+// saga yet, or that an external step the saga has not reached waits for
 // ([sagadef.ErrNotReached]), is marked [failure.Transient]: the saga may get
-// there, so the consumer retries it through its tiers before parking it. Hook errors and database errors are returned as
-// they are, classified by the consumer. Run by a consumer, the instance
-// update, the audit row and the outbox rows are not written by Handle: on
-// the consumer's fast path they are staged and written with those of the
-// whole batch, one statement per kind, before the commit; on its savepoint
-// path they are queued and sent in one round trip when the handler returns.
-// Their errors (a version conflict, say) fail the batch or the delivery
-// there rather than being returned by Handle.
+// there, so the consumer retries it through its tiers before parking it (about
+// two minutes with retry.Default). Hook errors and database errors are
+// returned as they are, classified by the consumer. Run by a consumer, the
+// instance update, the audit row and the outbox rows are not written by
+// Handle: on the consumer's fast path they are staged and written with those
+// of the whole batch, one statement per kind, before the commit; on its
+// savepoint path they are queued and sent in one round trip when the handler
+// returns. Their errors (a version conflict, say) fail the batch or the
+// delivery there rather than being returned by Handle.
 func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	if d == nil || d.Message == nil {
 		return failure.Permanent(errors.New("saga handle: delivery without a decoded message"))
