@@ -236,14 +236,17 @@ func (c *Consumer) checkTiers(ctx context.Context) error {
 			tiers[j].as = append(tiers[j].as, q)
 		}
 	}
+	first := 0 // the queue type to try first: the one the last tier matched
 tiers:
 	for _, t := range tiers {
 		var differ []string
-		for _, q := range t.as {
+		for k := range t.as {
+			q := t.as[(first+k)%len(t.as)]
 			err := c.redeclare(ctx, q)
 			var amqpErr *amqp.Error
 			switch {
 			case err == nil:
+				first = (first + k) % len(t.as)
 				continue tiers
 			case errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused:
 				c.log.Warn("cannot check the arguments of a retry tier (no permission to declare it); make sure it dead-letters back to the work queue",
