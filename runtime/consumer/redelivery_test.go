@@ -244,11 +244,7 @@ VALUES ('notes-consumer', 'seen-fail', 3), ('notes-consumer', 'never-seen', 3)`)
 func TestRedeliveryGuardParksARecurringCommitFailure(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `
-CREATE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN IF NEW.message_id = 'poison' THEN RAISE EXCEPTION 'out of shared memory, every time' USING ERRCODE = '53200'; END IF; RETURN NULL; END $$;
-CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
-  FOR EACH ROW EXECUTE FUNCTION fail_commit();`)
+	_, err := b.pool.Exec(b.ctx, failPoisonAtCommit)
 	require.NoError(t, err)
 	b.send("poison", doOK, nil)
 	r := b.start(func(c *consumer.Config) { c.MaxRedeliveries = 3; c.Concurrency = 1; c.BatchSize = 1 }, nil)
@@ -307,11 +303,7 @@ func TestRedeliveryGuardOnAClassicQueue(t *testing.T) {
 		Bindings: []broker.Binding{{Queue: b.queue, Exchange: "events", RoutingKey: "note.#"}},
 	}))
 	require.NoError(t, ch.Close())
-	_, err = b.pool.Exec(b.ctx, `
-CREATE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN IF NEW.message_id = 'poison' THEN RAISE EXCEPTION 'out of shared memory, every time' USING ERRCODE = '53200'; END IF; RETURN NULL; END $$;
-CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
-  FOR EACH ROW EXECUTE FUNCTION fail_commit();`)
+	_, err = b.pool.Exec(b.ctx, failPoisonAtCommit)
 	require.NoError(t, err)
 	b.send("poison", doOK, nil)
 	const maxRedeliveries = 3
@@ -325,3 +317,12 @@ CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIAL
 	require.Contains(t, b.parked()["poison"].Reason, "failed 3 times in a row with a database error")
 	require.Zero(t, b.suspects())
 }
+
+// failPoisonAtCommit makes every commit that wrote the effect of the message
+// "poison" fail, the same database error each time (a deferred constraint
+// trigger raising 53200).
+const failPoisonAtCommit = `
+CREATE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.message_id = 'poison' THEN RAISE EXCEPTION 'out of shared memory, every time' USING ERRCODE = '53200'; END IF; RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION fail_commit();`
