@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
@@ -27,19 +28,9 @@ import (
 // release again. Run through the generated handler, in real transactions.
 func TestReleaseOvertakingItsReservation(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	require.NoError(t, schema.Migrate(ctx, pool, participant.Migrations, Migrations()))
-	reg, err := message.NewRegistry(inventoryv1.ReserveInventoryInfo, inventoryv1.InventoryReservedInfo,
-		inventoryv1.InventoryReservationFailedInfo, inventoryv1.ReleaseInventoryInfo, inventoryv1.InventoryReleasedInfo)
-	require.NoError(t, err)
+	pool, reg, stock := inventoryFixture(t, 5)
 	_, h := inventoryv1.RegisterInventoryParticipant(&Inventory{reg: reg})
-	_, err = pool.Exec(ctx, `INSERT INTO inventory_stock VALUES ('widget', 5)`)
-	require.NoError(t, err)
-	stock := func() (n int32) {
-		require.NoError(t, pool.QueryRow(ctx, `SELECT available FROM inventory_stock WHERE product_id = 'widget'`).Scan(&n))
-		return n
-	}
 	sagaID := uuid.NewString()
 	run := func(cmd message.Message) string {
 		env, err := envelope.New(cmd, envelope.Meta{SagaID: sagaID})
@@ -61,4 +52,23 @@ func TestReleaseOvertakingItsReservation(t *testing.T) {
 	effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"released_nothing", "reservation_refused"}, effects)
+}
+
+// inventoryFixture migrates a database of its own for the example's
+// inventory, with available widgets in stock, and returns it, a registry of
+// the inventory's messages, and a func that reads the widgets in stock.
+func inventoryFixture(t *testing.T, available int32) (*pgxpool.Pool, *message.Registry, func() int32) {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool, participant.Migrations, Migrations()))
+	reg, err := message.NewRegistry(inventoryv1.ReserveInventoryInfo, inventoryv1.InventoryReservedInfo,
+		inventoryv1.InventoryReservationFailedInfo, inventoryv1.ReleaseInventoryInfo, inventoryv1.InventoryReleasedInfo)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO inventory_stock VALUES ('widget', $1)`, available)
+	require.NoError(t, err)
+	return pool, reg, func() (n int32) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT available FROM inventory_stock WHERE product_id = 'widget'`).Scan(&n))
+		return n
+	}
 }

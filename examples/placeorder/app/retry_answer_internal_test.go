@@ -10,12 +10,8 @@ import (
 
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
-	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/message"
-	"github.com/protosaga/saga/runtime/participant"
-	"github.com/protosaga/saga/runtime/schema"
 )
 
 // TestScriptAnswersAnOperatorRetry: an operator's retry
@@ -25,12 +21,8 @@ import (
 // paths (a.answer), which answered with the first try's stored refusal.
 func TestScriptAnswersAnOperatorRetry(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	require.NoError(t, schema.Migrate(ctx, pool, participant.Migrations, Migrations()))
-	reg, err := message.NewRegistry(inventoryv1.ReserveInventoryInfo, inventoryv1.InventoryReservedInfo,
-		inventoryv1.InventoryReservationFailedInfo, inventoryv1.ReleaseInventoryInfo, inventoryv1.InventoryReleasedInfo)
-	require.NoError(t, err)
+	pool, reg, stock := inventoryFixture(t, 0)
 	script := NewScript()
 	a := &App{cfg: Config{Script: script}, reg: reg, inventory: &Inventory{reg: reg}}
 	_, h := inventoryv1.RegisterInventoryParticipant(a.inventory)
@@ -48,10 +40,6 @@ func TestScriptAnswersAnOperatorRetry(t *testing.T) {
 	run := func(h consumer.HandlerFunc, d *consumer.Delivery) {
 		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return h(ctx, tx, d) }))
 	}
-	stock := func() (n int32) {
-		require.NoError(t, pool.QueryRow(ctx, `SELECT available FROM inventory_stock WHERE product_id = 'widget'`).Scan(&n))
-		return n
-	}
 	replies := func(d *consumer.Delivery) []string {
 		rows, err := pool.Query(ctx, `SELECT message_type FROM saga_outbox WHERE causation_id = $1 ORDER BY id`, d.Envelope.MessageID)
 		require.NoError(t, err)
@@ -59,14 +47,12 @@ func TestScriptAnswersAnOperatorRetry(t *testing.T) {
 		require.NoError(t, err)
 		return out
 	}
-	_, err = pool.Exec(ctx, `INSERT INTO inventory_stock VALUES ('widget', 0)`)
-	require.NoError(t, err)
 
 	// Both orders are refused first (no stock), then stock arrives and the
 	// operator retries.
 	run(h, delivery("o-dup", 0))
 	run(h, delivery("o-hold", 0))
-	_, err = pool.Exec(ctx, `UPDATE inventory_stock SET available = 5`)
+	_, err := pool.Exec(ctx, `UPDATE inventory_stock SET available = 5`)
 	require.NoError(t, err)
 
 	// Duplicate replies: h answers the retry, then a.answer answers it "again".
