@@ -147,7 +147,7 @@ func TestOutputPaths(t *testing.T) {
 				sql++
 			}
 		}
-		require.Equal(t, 2, sql, "param %q", param)
+		require.Equal(t, 3, sql, "param %q", param)
 		trimmed := map[string][]byte{}
 		for name, b := range got {
 			trimmed[strings.TrimPrefix(name, prefix)] = b

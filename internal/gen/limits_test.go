@@ -66,10 +66,10 @@ message FitData {
 			cut[kept] = id
 		}
 	}
-	require.Len(t, paths, 2)
-	require.Len(t, cut, 5, "the table and its four declared identifiers: %v", cut)
+	require.Len(t, paths, 3)
+	require.Len(t, cut, 7, "the table and its six declared identifiers: %v", cut)
 
-	slices.Sort(paths) // the create migration, then the states migration
+	slices.Sort(paths) // the create migration, the states migration, the indexes
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	for range 2 {

@@ -22,3 +22,7 @@ func (e *Engine) TransitionForTest(ctx context.Context, tx pgx.Tx, w Snapshot, t
 	_, err := e.transition(ctx, tx, w, trig, origin{})
 	return err
 }
+
+// ClaimDueSQLForTest is the scanner's claim of due instances: $1 the
+// clock, $2 the limit, $3 the states it acts on.
+func (e *Engine) ClaimDueSQLForTest() string { return e.q.claimDue }

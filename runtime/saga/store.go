@@ -71,9 +71,12 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = u.id AND t.version = u.stored`,
 		// states a clock acts on that this engine's definition knows ($3):
 		// an instance in a state only another release of the definition
 		// has (a rolling upgrade) is left to that release's scanners instead
-		// of being deferred as a failure here.
+		// of being deferred as a failure here. least() is the earlier of
+		// the two, ignoring a NULL, and is what the generated _due_at
+		// index holds: the claim reads only due instances (an OR of the
+		// two columns is a sequential scan of the whole table).
 		claimDue: `SELECT ` + columns + ` FROM ` + table + `
-WHERE (timeout_at <= $1 OR deadline_at <= $1) AND state = ANY($3::text[])
+WHERE least(timeout_at, deadline_at) <= $1 AND state = ANY($3::text[])
 ORDER BY least(timeout_at, deadline_at)
 LIMIT $2
 FOR UPDATE SKIP LOCKED`,

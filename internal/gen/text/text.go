@@ -56,8 +56,9 @@ type sqlData struct {
 }
 
 // Migrations renders the saga's migration files: the table (never
-// rewritten) and its state constraint, whose file name carries a hash of
-// the state set so a changed set is a new file.
+// rewritten), its state constraint, whose file name carries a hash of
+// the state set so a changed set is a new file, and the indexes that
+// replaced two of the table file's.
 func (r *Renderer) Migrations(s *model.Saga) ([]File, error) {
 	d := sqlData{FullName: s.FullName, Table: s.Table}
 	for _, st := range s.Definition.States {
@@ -71,11 +72,16 @@ func (r *Renderer) Migrations(s *model.Saga) ([]File, error) {
 	if err != nil {
 		return nil, err
 	}
+	indexes, err := r.exec("saga_indexes.sql.tmpl", d)
+	if err != nil {
+		return nil, err
+	}
 	sum := sha256.Sum256([]byte(strings.Join(d.States, "\n")))
 	dir := "migrations/" + s.Table + "/"
 	return []File{
 		{Name: dir + "0001_create_" + s.Table + ".sql", Content: create},
 		{Name: dir + "0002_states_" + hex.EncodeToString(sum[:4]) + ".sql", Content: states},
+		{Name: dir + "0003_indexes.sql", Content: indexes},
 	}, nil
 }
 

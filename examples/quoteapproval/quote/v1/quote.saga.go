@@ -569,7 +569,7 @@ func (s *QuoteApproval) HTTPHandler(statusURL func(sagaID string) string) http.H
 	return s.engine.StartHandler(func() message.Message { return new(SubmitQuote) }, statusURL)
 }
 
-//go:embed migrations/saga_quote_approval/0001_create_saga_quote_approval.sql migrations/saga_quote_approval/0002_states_949a14d2.sql
+//go:embed migrations/saga_quote_approval/0001_create_saga_quote_approval.sql migrations/saga_quote_approval/0002_states_949a14d2.sql migrations/saga_quote_approval/0003_indexes.sql
 var quoteApprovalMigrationsFS embed.FS
 
 // QuoteApprovalMigrations returns the migrations of table saga_quote_approval as a schema source

@@ -545,7 +545,7 @@ func (s *Switch) HTTPHandler(statusURL func(sagaID string) string) http.Handler 
 	return s.engine.StartHandler(func() message.Message { return new(Context) }, statusURL)
 }
 
-//go:embed migrations/saga_switch/0001_create_saga_switch.sql migrations/saga_switch/0002_states_6926c106.sql
+//go:embed migrations/saga_switch/0001_create_saga_switch.sql migrations/saga_switch/0002_states_6926c106.sql migrations/saga_switch/0003_indexes.sql
 var switchMigrationsFS embed.FS
 
 // SwitchMigrations returns the migrations of table saga_switch as a schema source

@@ -302,7 +302,7 @@ func (s_ *ByReceiver) HTTPHandler(statusURL func(sagaID string) string) http.Han
 	return s_.engine.StartHandler(func() message.Message { return new(s.Begin) }, statusURL)
 }
 
-//go:embed migrations/saga_by_receiver/0001_create_saga_by_receiver.sql migrations/saga_by_receiver/0002_states_b4bfecc8.sql
+//go:embed migrations/saga_by_receiver/0001_create_saga_by_receiver.sql migrations/saga_by_receiver/0002_states_b4bfecc8.sql migrations/saga_by_receiver/0003_indexes.sql
 var byReceiverMigrationsFS embed.FS
 
 // ByReceiverMigrations returns the migrations of table saga_by_receiver as a schema source
@@ -501,7 +501,7 @@ func (s *ByStatusURL) HTTPHandler(statusURL_ func(sagaID string) string) http.Ha
 	return s.engine.StartHandler(func() message.Message { return new(statusURL.Begin) }, statusURL_)
 }
 
-//go:embed migrations/saga_by_status_url/0001_create_saga_by_status_url.sql migrations/saga_by_status_url/0002_states_b4bfecc8.sql
+//go:embed migrations/saga_by_status_url/0001_create_saga_by_status_url.sql migrations/saga_by_status_url/0002_states_b4bfecc8.sql migrations/saga_by_status_url/0003_indexes.sql
 var byStatusURLMigrationsFS embed.FS
 
 // ByStatusURLMigrations returns the migrations of table saga_by_status_url as a schema source
@@ -979,7 +979,7 @@ func (s *FanOut) HTTPHandler(statusURL func(sagaID string) string) http.Handler 
 	return s.engine.StartHandler(func() message.Message { return new(start.Begin) }, statusURL)
 }
 
-//go:embed migrations/saga_fan_out/0001_create_saga_fan_out.sql migrations/saga_fan_out/0002_states_f5593192.sql
+//go:embed migrations/saga_fan_out/0001_create_saga_fan_out.sql migrations/saga_fan_out/0002_states_f5593192.sql migrations/saga_fan_out/0003_indexes.sql
 var fanOutMigrationsFS embed.FS
 
 // FanOutMigrations returns the migrations of table saga_fan_out as a schema source

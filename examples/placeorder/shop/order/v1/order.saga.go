@@ -612,7 +612,7 @@ func (s *PlaceOrder) HTTPHandler(statusURL func(sagaID string) string) http.Hand
 	return s.engine.StartHandler(func() message.Message { return new(PlaceOrderRequest) }, statusURL)
 }
 
-//go:embed migrations/saga_place_order/0001_create_saga_place_order.sql migrations/saga_place_order/0002_states_f80f69a5.sql
+//go:embed migrations/saga_place_order/0001_create_saga_place_order.sql migrations/saga_place_order/0002_states_f80f69a5.sql migrations/saga_place_order/0003_indexes.sql
 var placeOrderMigrationsFS embed.FS
 
 // PlaceOrderMigrations returns the migrations of table saga_place_order as a schema source

@@ -344,7 +344,7 @@ func (s *CollectSignature) HTTPHandler(statusURL func(sagaID string) string) htt
 	return s.engine.StartHandler(func() message.Message { return new(Requested) }, statusURL)
 }
 
-//go:embed migrations/saga_collect_signature/0001_create_saga_collect_signature.sql migrations/saga_collect_signature/0002_states_39c19176.sql
+//go:embed migrations/saga_collect_signature/0001_create_saga_collect_signature.sql migrations/saga_collect_signature/0002_states_39c19176.sql migrations/saga_collect_signature/0003_indexes.sql
 var collectSignatureMigrationsFS embed.FS
 
 // CollectSignatureMigrations returns the migrations of table saga_collect_signature as a schema source

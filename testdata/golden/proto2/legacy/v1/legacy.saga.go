@@ -439,7 +439,7 @@ func (s *Onboarding) HTTPHandler(statusURL func(sagaID string) string) http.Hand
 	return s.engine.StartHandler(func() message.Message { return new(OpenAccountRequest) }, statusURL)
 }
 
-//go:embed migrations/saga_onboarding/0001_create_saga_onboarding.sql migrations/saga_onboarding/0002_states_ec7fd628.sql
+//go:embed migrations/saga_onboarding/0001_create_saga_onboarding.sql migrations/saga_onboarding/0002_states_ec7fd628.sql migrations/saga_onboarding/0003_indexes.sql
 var onboardingMigrationsFS embed.FS
 
 // OnboardingMigrations returns the migrations of table saga_onboarding as a schema source
