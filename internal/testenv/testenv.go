@@ -142,8 +142,27 @@ func Postgres(t testing.TB) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("testenv: open pool: %v", err)
 	}
-	t.Cleanup(pool.Close) // runs before the schema drop registered earlier
+	t.Cleanup(func() { closePool(t, pool) }) // runs before the schema drop registered earlier
 	return pool
+}
+
+// closePool closes a test's pool, which waits for every acquired connection
+// to be released. A test that failed while it held one (rows left open by a
+// failed require in a loop over them, a transaction never ended) would hang
+// there until the test binary's timeout; after 30 s the test fails with the
+// count instead, and the schema drop that follows terminates the connections.
+func closePool(t testing.TB, pool *pgxpool.Pool) {
+	closed := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Errorf("testenv: the test's pool did not close within 30 s: %d connection(s) still acquired (rows not closed? a transaction not ended?)",
+			pool.Stat().AcquiredConns())
+	}
 }
 
 // KillPostgresConnections terminates every backend connected for the schema of

@@ -452,6 +452,7 @@ func (b *testBundle) parked() map[string]parkedRow {
 	rows, err := b.pool.Query(b.ctx, `SELECT message_id, queue, message_type, saga_id, correlation_id, class, reason,
 		exchange, routing_key, attempts, body, headers FROM saga_parked ORDER BY id`)
 	require.NoError(b.t, err)
+	defer rows.Close() // a failed require inside the loop must not hold the connection the test's cleanup waits for
 	out := map[string]parkedRow{}
 	for rows.Next() {
 		var r parkedRow

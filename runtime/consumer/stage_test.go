@@ -49,6 +49,7 @@ func TestStagedOutboxRows(t *testing.T) {
 		var order []string
 		rows, err := b.pool.Query(b.ctx, `SELECT message_id FROM saga_outbox ORDER BY id`)
 		require.NoError(t, err)
+		defer rows.Close() // a failed require inside the loop must not hold the connection the test's cleanup waits for
 		for rows.Next() {
 			var id string
 			require.NoError(t, rows.Scan(&id))
