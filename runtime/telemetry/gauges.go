@@ -154,14 +154,20 @@ func newSagaGauge(d *sagadef.Definition, cfg gaugeConfig) (sagaGauge, error) {
 	return g, nil
 }
 
+// sagaGaugeSQL counts the instances of table (quoted) in the states $1, and
+// those of them stuck by the rule of [StuckRule.Args] $2, $3, $4, per state.
+func sagaGaugeSQL(table string) string {
+	return `
+SELECT t.state, count(*), count(*) FILTER (WHERE ` + StuckSQL("now()", "$2", "$3", "$4") + `)
+FROM ` + table + ` t
+WHERE t.state = ANY($1::text[])
+GROUP BY t.state`
+}
+
 // query counts instances and stuck instances per state.
 func (g sagaGauge) query(ctx context.Context, pool *pgxpool.Pool) (counts, stuck map[string]int64, err error) {
 	states, limits, grace := g.stuck.Args()
-	rows, err := pool.Query(ctx, `
-SELECT t.state, count(*), count(*) FILTER (WHERE `+StuckSQL("now()", "$2", "$3", "$4")+`)
-FROM `+g.table+` t
-WHERE t.state = ANY($1::text[])
-GROUP BY t.state`, g.states, states, limits, grace)
+	rows, err := pool.Query(ctx, sagaGaugeSQL(g.table), g.states, states, limits, grace)
 	if err != nil {
 		return nil, nil, fmt.Errorf("count saga %s instances: %w", g.def.Name, err)
 	}

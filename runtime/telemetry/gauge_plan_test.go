@@ -1,0 +1,86 @@
+package telemetry_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/telemetry"
+)
+
+// TestSagaGaugePlan runs the saga gauges' query, which reads every
+// in-flight instance at every scrape, on a table of 20,000 waiting
+// instances: it counts them and the stuck ones per state, and PostgreSQL's
+// generic plan for it (the one a prepared statement settles on) evaluates
+// the stuck rule as an expression of the row, without a subquery run once
+// per instance.
+func TestSagaGaugePlan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	def := orderDefinition(t) // step timeout 10 s
+	testenv.CreateSagaTable(t, pool, def)
+	reserve, charge := sagadef.StateName("Reserve"), sagadef.StateName("Charge")
+	// Reserve: 20,000 on time; Charge: every third one without progress
+	// for an hour (stuck), the others on time; 7 in manual review.
+	_, err := pool.Exec(ctx, `INSERT INTO saga_tel_order (id, business_key, state, data, timeout_at, updated_at)
+SELECT gen_random_uuid(), 'k-' || i, CASE WHEN i <= 20000 THEN $1 WHEN i <= 20300 THEN $2 ELSE $3 END, '\x',
+  now() + interval '5 seconds',
+  CASE WHEN i > 20000 AND i <= 20300 AND i % 3 = 0 THEN now() - interval '1 hour' ELSE now() END
+FROM generate_series(1, 20307) i`, reserve, charge, sagadef.StateManualReview)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE saga_tel_order`)
+	require.NoError(t, err)
+
+	var counted []string
+	for _, s := range def.States {
+		if s.Kind != sagadef.StateKindTerminal {
+			counted = append(counted, s.Name)
+		}
+	}
+	states, limits, grace := telemetry.NewStuckRule(def, time.Minute).Args()
+	gauge := telemetry.SagaGaugeSQLForTest("saga_tel_order")
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
+	require.NoError(t, err)
+	defer conn.Exec(ctx, `RESET plan_cache_mode; DEALLOCATE saga_gauge`) //nolint:errcheck // the connection goes back to a test's own pool
+	_, err = conn.Exec(ctx, `PREPARE saga_gauge(text[], text[], bigint[], bigint) AS `+gauge)
+	require.NoError(t, err)
+	limitText := make([]string, len(limits))
+	for i, l := range limits {
+		limitText[i] = strconv.FormatInt(l, 10)
+	}
+	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE saga_gauge('{`+strings.Join(counted, ",")+`}', '{`+strings.Join(states, ",")+`}', '{`+
+		strings.Join(limitText, ",")+`}', `+strconv.FormatInt(grace, 10)+`)`)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.NotContains(t, plan, "SubPlan", "the gauge's generic plan:\n%s", plan)
+	require.NotContains(t, plan, "Function Scan", "the gauge's generic plan:\n%s", plan)
+
+	rows, err = conn.Query(ctx, gauge, counted, states, limits, grace)
+	require.NoError(t, err)
+	type count struct{ all, stuck int64 }
+	got := map[string]count{}
+	var (
+		state      string
+		all, stuck int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&state, &all, &stuck}, func() error {
+		got[state] = count{all, stuck}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, map[string]count{reserve: {20000, 0}, charge: {300, 100}, sagadef.StateManualReview: {7, 0}}, got)
+}
