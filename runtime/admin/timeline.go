@@ -44,6 +44,17 @@ type outboxRow struct {
 	Attempts                                                  int
 }
 
+// timelineOutboxSQL reads the newest $2 outbox rows of saga $1 (a saga id,
+// never empty). Its second condition, saga_id not empty, is the predicate
+// of the saga_outbox_saga index (runtime migration 0003): without it, the
+// generic plan of the statement, which cannot know that $1 is not empty,
+// cannot use that partial index and reads the whole outbox (2M rows:
+// 394 ms; 0.07 ms through the index).
+const timelineOutboxSQL = `SELECT o.message_id, o.message_type, o.exchange, o.routing_key, o.causation_id,
+	o.body, o.occurred_at, s.published_at, coalesce(p.attempts, s.attempts, o.attempts)
+FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id LEFT JOIN saga_outbox_pending p ON p.id = o.id
+WHERE o.saga_id = $1 AND o.saga_id <> '' ORDER BY o.id DESC LIMIT $2`
+
 // timeline assembles one saga's story from its audit trail, its outbox rows
 // and its parked messages.
 func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Timeline, error) {
@@ -52,10 +63,7 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Tim
 	if err != nil {
 		return Timeline{}, err
 	}
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT o.message_id, o.message_type, o.exchange, o.routing_key, o.causation_id,
-	o.body, o.occurred_at, s.published_at, coalesce(p.attempts, s.attempts, o.attempts)
-FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id LEFT JOIN saga_outbox_pending p ON p.id = o.id
-WHERE o.saga_id = $1 ORDER BY o.id DESC LIMIT $2`, st.ID, maxTimelineRows+1)
+	rows, err := s.cfg.Pool.Query(ctx, timelineOutboxSQL, st.ID, maxTimelineRows+1)
 	if err != nil {
 		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
 	}
