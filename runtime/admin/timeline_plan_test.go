@@ -2,12 +2,12 @@ package admin_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
 )
 
@@ -31,23 +31,11 @@ SELECT 'mine-' || i, 'x', 'k', 't', 1, $1, '\x', now() FROM generate_series(1, 3
 	_, err = b.pool.Exec(ctx, `ANALYZE saga_outbox`)
 	require.NoError(t, err)
 
-	conn, err := b.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
-	defer conn.Exec(ctx, `RESET plan_cache_mode; DEALLOCATE timeline_outbox`) //nolint:errcheck // the connection goes back to a test's own pool
-	_, err = conn.Exec(ctx, `PREPARE timeline_outbox(text, int) AS `+admin.TimelineOutboxSQLForTest)
-	require.NoError(t, err)
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE timeline_outbox('`+sagaID+`', 1001)`)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
+	plan := testenv.GenericPlan(t, b.pool, admin.TimelineOutboxSQLForTest, "'"+sagaID+"'", "1001")
 	require.Contains(t, plan, "using saga_outbox_saga on saga_outbox", "the timeline's generic plan:\n%s", plan)
 	require.NotContains(t, plan, "Seq Scan on saga_outbox o", "the timeline's generic plan:\n%s", plan)
 
-	rows, err = conn.Query(ctx, `SELECT message_id FROM (`+admin.TimelineOutboxSQLForTest+`) AS timeline`, sagaID, 1001)
+	rows, err := b.pool.Query(ctx, `SELECT message_id FROM (`+admin.TimelineOutboxSQLForTest+`) AS timeline`, sagaID, 1001)
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

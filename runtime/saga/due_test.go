@@ -2,12 +2,13 @@ package saga_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
 )
 
 // TestDueClaim runs the timeout scanner's claim on a table where nearly
@@ -52,27 +53,15 @@ VALUES (gen_random_uuid(), $1, $2, '\x', $3, $4)`, c.key, c.state, c.timeout, c.
 	_, err = b.pool.Exec(ctx, `ANALYZE saga_place_order`)
 	require.NoError(t, err)
 
-	conn, err := b.pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
-	defer conn.Exec(ctx, `RESET plan_cache_mode; DEALLOCATE due_claim`) //nolint:errcheck // the connection goes back to a test's own pool
 	claim := b.engine.ClaimDueSQLForTest()
 	states := []string{stShipping}
-	_, err = conn.Exec(ctx, `PREPARE due_claim(timestamptz, int, text[]) AS `+claim)
-	require.NoError(t, err)
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE due_claim('`+now.Format(time.RFC3339Nano)+`', 100, '{`+stShipping+`}')`)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
+	plan := testenv.GenericPlan(t, b.pool, claim, "'"+now.Format(time.RFC3339Nano)+"'", "100", "'{"+stShipping+"}'")
 	require.Contains(t, plan, "Index Scan using saga_place_order_due_at on saga_place_order", "the claim's generic plan:\n%s", plan)
 
-	tx, err := conn.Begin(ctx)
+	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // it only locked rows
-	rows, err = tx.Query(ctx, `SELECT business_key FROM (`+claim+`) AS claimed`, now, 100, states)
+	rows, err := tx.Query(ctx, `SELECT business_key FROM (`+claim+`) AS claimed`, now, 100, states)
 	require.NoError(t, err)
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -48,28 +48,16 @@ FROM generate_series(1, 20307) i`, reserve, charge, sagadef.StateManualReview)
 	states, limits, grace := telemetry.NewStuckRule(def, time.Minute).Args()
 	gauge := telemetry.SagaGaugeSQLForTest("saga_tel_order")
 
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`)
-	require.NoError(t, err)
-	defer conn.Exec(ctx, `RESET plan_cache_mode; DEALLOCATE saga_gauge`) //nolint:errcheck // the connection goes back to a test's own pool
-	_, err = conn.Exec(ctx, `PREPARE saga_gauge(text[], text[], bigint[], bigint) AS `+gauge)
-	require.NoError(t, err)
 	limitText := make([]string, len(limits))
 	for i, l := range limits {
 		limitText[i] = strconv.FormatInt(l, 10)
 	}
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE saga_gauge('{`+strings.Join(counted, ",")+`}', '{`+strings.Join(states, ",")+`}', '{`+
-		strings.Join(limitText, ",")+`}', `+strconv.FormatInt(grace, 10)+`)`)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
+	plan := testenv.GenericPlan(t, pool, gauge, "'{"+strings.Join(counted, ",")+"}'", "'{"+strings.Join(states, ",")+"}'",
+		"'{"+strings.Join(limitText, ",")+"}'", strconv.FormatInt(grace, 10))
 	require.NotContains(t, plan, "SubPlan", "the gauge's generic plan:\n%s", plan)
 	require.NotContains(t, plan, "Function Scan", "the gauge's generic plan:\n%s", plan)
 
-	rows, err = conn.Query(ctx, gauge, counted, states, limits, grace)
+	rows, err := pool.Query(ctx, gauge, counted, states, limits, grace)
 	require.NoError(t, err)
 	type count struct{ all, stuck int64 }
 	got := map[string]count{}
