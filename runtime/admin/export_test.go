@@ -1,5 +1,20 @@
 package admin
 
+import "time"
+
 // TimelineOutboxSQLForTest is the timeline's read of a saga's outbox rows:
 // $1 the saga id, $2 the limit.
 const TimelineOutboxSQLForTest = timelineOutboxSQL
+
+// ListSQLForTest is the statement listing the instances of the served saga
+// type typ that match f, and its arguments.
+func (s *Server) ListSQLForTest(typ string, f SagaFilter, now time.Time, limit int) (string, []any) {
+	return s.byName[typ].listSQL(f, now, nil, limit)
+}
+
+// ParkedListSQLForTest is the statement listing the parked messages that
+// match f, newest first, and its arguments.
+func ParkedListSQLForTest(f ParkedFilter, limit int) (string, []any) {
+	where, args := parkedListSQL(f, newestFirst, 0, limit)
+	return `SELECT ` + parkedColumns + ` FROM saga_parked ` + where, args
+}

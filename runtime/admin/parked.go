@@ -39,18 +39,26 @@ func (s *Server) parkedRows(ctx context.Context, where string, args ...any) ([]p
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedRow, error) { return scanParked(r) })
 }
 
-// parkedListSQL selects open (or all) parked messages matching a filter,
-// in order (newest first for listing, oldest first for replaying): $1
-// include replayed, $2 saga type, $3 saga id, $4 queue, $5 message type,
-// $6 before id (0 = from the newest), $7 limit.
-func parkedListSQL(order parkedOrder) string {
-	return `WHERE ($1::bool OR replayed_at IS NULL)
-  AND ($2::text = '' OR saga_type = $2)
-  AND ($3::text = '' OR saga_id = $3)
-  AND ($4::text = '' OR queue = $4)
-  AND ($5::text = '' OR message_type = $5)
-  AND ($6::bigint = 0 OR id < $6)
-ORDER BY id ` + string(order) + ` LIMIT $7`
+// parkedListSQL selects at most limit open (or, with f.IncludeReplayed,
+// all) parked messages matching f, in order (newest first for listing,
+// oldest first for replaying), with ids below before (0: from the newest).
+func parkedListSQL(f ParkedFilter, order parkedOrder, before int64, limit int) (string, []any) {
+	var w where
+	if !f.IncludeReplayed {
+		w.and("replayed_at IS NULL")
+	}
+	for _, c := range []struct{ column, v string }{
+		{"saga_type", f.SagaType}, {"saga_id", f.SagaID}, {"queue", f.Queue}, {"message_type", f.MessageType},
+	} {
+		if c.v != "" {
+			w.and(c.column + " = " + w.arg(c.v))
+		}
+	}
+	if before != 0 {
+		w.and("id < " + w.arg(before))
+	}
+	return w.String() + `
+ORDER BY id ` + string(order) + ` LIMIT ` + w.arg(limit), w.args
 }
 
 // parkedOrder is the order of a list of parked messages.
@@ -84,7 +92,8 @@ func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrd
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.parkedRows(ctx, parkedListSQL(order), f.IncludeReplayed, f.SagaType, f.SagaID, f.Queue, f.MessageType, before, limit)
+	where, args := parkedListSQL(f, order, before, limit)
+	rows, err := s.parkedRows(ctx, where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list parked messages: %w", err)
 	}

@@ -47,23 +47,35 @@ func scanSaga(r pgx.Row) (sagaRow, error) {
 	return w, err
 }
 
-// listSQL selects a page of instances matching a filter:
-//
-//	$1 state ('' = any)          $2 business key ('' = any)
-//	$3 review only               $4 the manual review state
-//	$5 stuck only                $6 the stuck grace (µs)
-//	$7 now                       $8, $9 waiting states and their stuck limits (µs)
-//	$10, $11 cursor (created_at, id), NULL on the first page
-//	$12 limit
-func (t *sagaType) listSQL() string {
+// listSQL selects a page of at most limit instances matching f, newest
+// first, after the cursor position (nil: from the start), with the stuck
+// verdict taken at now.
+func (t *sagaType) listSQL(f SagaFilter, now time.Time, after *cursor, limit int) (string, []any) {
+	var w where
+	// A state is written into the statement, not passed: there are few of
+	// them (f.State is one of t's, checked by the caller), and PostgreSQL
+	// then plans with what it knows of that state's share of the table, the
+	// state index for a rare one, the newest-first scan for a common one.
+	if f.State != "" {
+		w.and("t.state = " + sqlString(f.State))
+	}
+	if f.BusinessKey != "" {
+		w.and("t.business_key = " + w.arg(f.BusinessKey))
+	}
+	if f.Review {
+		w.and("t.state = " + sqlString(sagadef.StateManualReview))
+	}
+	if f.Stuck {
+		states, limits, grace := t.stuck.Args()
+		w.and(telemetry.StuckSQL(w.arg(now), w.arg(states), w.arg(limits), w.arg(grace)))
+	}
+	if after != nil {
+		w.and("(t.created_at, t.id) < (" + w.arg(after.at) + "::timestamptz, " + w.arg(after.id) + "::uuid)")
+	}
 	return `SELECT ` + sagaColumns + ` FROM ` + t.table + ` AS t
-WHERE ($1::text = '' OR t.state = $1)
-  AND ($2::text = '' OR t.business_key = $2)
-  AND (NOT $3::bool OR t.state = $4)
-  AND (NOT $5::bool OR ` + telemetry.StuckSQL("$7", "$8", "$9", "$6") + `)
-  AND ($10::timestamptz IS NULL OR (t.created_at, t.id) < ($10::timestamptz, $11::uuid))
+` + w.String() + `
 ORDER BY t.created_at DESC, t.id DESC
-LIMIT $12`
+LIMIT ` + w.arg(limit), w.args
 }
 
 // hasState reports whether name is a state of t.
@@ -175,17 +187,12 @@ type listedSaga struct {
 func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limit int, after *cursor) ([]listedSaga, bool, error) {
 	now := s.cfg.Now()
 	var all []listedSaga
-	var curAt, curID any
-	if after != nil {
-		curAt, curID = after.at, after.id
-	}
 	for _, t := range types {
 		if f.State != "" && !t.hasState(f.State) {
 			continue
 		}
-		states, limits, grace := t.stuck.Args()
-		rows, err := s.cfg.Pool.Query(ctx, t.listSQL(), f.State, f.BusinessKey, f.Review, sagadef.StateManualReview,
-			f.Stuck, grace, now, states, limits, curAt, curID, limit+1)
+		sql, args := t.listSQL(f, now, after, limit+1)
+		rows, err := s.cfg.Pool.Query(ctx, sql, args...)
 		if err != nil {
 			return nil, false, fmt.Errorf("list %s sagas: %w", t.def.Name, err)
 		}
