@@ -73,6 +73,7 @@ type sagaGauge struct {
 	table  string // quoted
 	states []string
 	stuck  StuckRule
+	sql    string // sagaGaugeSQL of table and states
 }
 
 // RegisterSagaGauges registers two observable gauges on meter, read from
@@ -151,23 +152,32 @@ func newSagaGauge(d *sagadef.Definition, cfg gaugeConfig) (sagaGauge, error) {
 		}
 		g.states = append(g.states, s.Name)
 	}
+	g.sql = sagaGaugeSQL(g.table, g.states)
 	return g, nil
 }
 
-// sagaGaugeSQL counts the instances of table (quoted) in the states $1, and
-// those of them stuck by the rule of [StuckRule.Args] $2, $3, $4, per state.
-func sagaGaugeSQL(table string) string {
+// sagaGaugeSQL counts the instances of table (quoted) in states, and those
+// of them stuck by the rule of [StuckRule.Args] $1, $2, $3, per state. The
+// states are written into the statement, not passed: PostgreSQL then plans
+// with their share of the table, and reads the in-flight instances through
+// the state index when finished ones are most of it (a million instances,
+// 5% in flight: 128 ms per scrape as a sequential scan).
+func sagaGaugeSQL(table string, states []string) string {
+	quoted := make([]string, len(states))
+	for i, s := range states {
+		quoted[i] = "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	}
 	return `
-SELECT t.state, count(*), count(*) FILTER (WHERE ` + StuckSQL("now()", "$2", "$3", "$4") + `)
+SELECT t.state, count(*), count(*) FILTER (WHERE ` + StuckSQL("now()", "$1", "$2", "$3") + `)
 FROM ` + table + ` t
-WHERE t.state = ANY($1::text[])
+WHERE t.state IN (` + strings.Join(quoted, ", ") + `)
 GROUP BY t.state`
 }
 
 // query counts instances and stuck instances per state.
 func (g sagaGauge) query(ctx context.Context, pool *pgxpool.Pool) (counts, stuck map[string]int64, err error) {
 	states, limits, grace := g.stuck.Args()
-	rows, err := pool.Query(ctx, sagaGaugeSQL(g.table), g.states, states, limits, grace)
+	rows, err := pool.Query(ctx, g.sql, states, limits, grace)
 	if err != nil {
 		return nil, nil, fmt.Errorf("count saga %s instances: %w", g.def.Name, err)
 	}
