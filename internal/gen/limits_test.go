@@ -82,7 +82,7 @@ message FitData {
 		}
 	}
 	var indexes int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE tablename = $1`, table).Scan(&indexes))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema() AND tablename = $1`, table).Scan(&indexes))
 	require.Equal(t, 5, indexes, "primary key, business key and the three declared indexes")
 
 	got, _ = generate(name + "x")
