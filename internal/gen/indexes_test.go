@@ -8,6 +8,7 @@ import (
 	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
@@ -76,8 +77,54 @@ WHERE i.indrelid = 'saga_place_order'::regclass`)
 		"saga_place_order_pkey":             " USING btree (id)",
 		"saga_place_order_business_key_key": " USING btree (business_key)",
 		"saga_place_order_state":            " USING btree (state)",
-		"saga_place_order_due_at":           " USING btree (LEAST(timeout_at, deadline_at)) WHERE (LEAST(timeout_at, deadline_at) IS NOT NULL)",
+		"saga_place_order_due_at":           " USING btree (LEAST(timeout_at, deadline_at)) WHERE ((LEAST(timeout_at, deadline_at) IS NOT NULL) AND (state <> 'MANUAL_REVIEW'::text))",
 		"saga_place_order_created_at":       " USING btree (created_at, id)",
 	}, got)
 	require.Equal(t, created, oid("saga_place_order_created_at"), "the valid index built beforehand is kept")
+}
+
+// TestIndexesMigrationInAQuotedSchema applies the Place Order migrations in a
+// schema whose name needs quoting, after an invalid due index was left
+// there by a failed concurrent build: the file finds that index through its
+// table, wherever the table is, and rebuilds it.
+func TestIndexesMigrationInAQuotedSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	require.NoError(t, err)
+	schemaName := "Quoted " + cfg.ConnConfig.RuntimeParams["search_path"]
+	quoted := pgx.Identifier{schemaName}.Sanitize()
+	cfg.ConnConfig.RuntimeParams["search_path"] = quoted
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = pool.Exec(ctx, `CREATE SCHEMA `+quoted)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+quoted+` CASCADE`) })
+
+	files, err := fs.Glob(orderv1.PlaceOrderMigrations().FS, "*.sql")
+	require.NoError(t, err)
+	require.Len(t, files, 3)
+	apply := func(name string) {
+		t.Helper()
+		b, err := fs.ReadFile(orderv1.PlaceOrderMigrations().FS, name)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, string(b))
+		require.NoError(t, err, name)
+	}
+	apply(files[0])
+	apply(files[1])
+	_, err = pool.Exec(ctx, `INSERT INTO saga_place_order (id, business_key, state, data)
+SELECT gen_random_uuid(), 'o-' || i, 'RESERVE_INVENTORY', '\x' FROM generate_series(1, 10) i`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY saga_place_order_due_at ON saga_place_order (state)`)
+	require.ErrorContains(t, err, "could not create unique index")
+	apply(files[2])
+
+	var valid bool
+	var def string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i
+WHERE i.indexrelid = 'saga_place_order_due_at'::regclass`).Scan(&valid, &def))
+	require.True(t, valid, def)
+	require.Contains(t, def, "LEAST(timeout_at, deadline_at)")
 }

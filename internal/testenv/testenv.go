@@ -347,11 +347,12 @@ func redact(raw string) string {
 	return u.Redacted()
 }
 
-// GenericPlan returns PostgreSQL's EXPLAIN of query under the generic plan,
-// the plan a statement prepared by pgx settles on after five executions and
-// keeps while tables grow. args are the values of its parameters as SQL
-// literals ('2030-01-02T03:04:05Z', 100, '{A,B}'); the parameters' types
-// are inferred from the query.
+// GenericPlan runs query under the generic plan, the plan a statement
+// prepared by pgx settles on after five executions and keeps while tables
+// grow, and returns its EXPLAIN ANALYZE (so the statement is executed, in a
+// transaction of its own). args are the values of its parameters as SQL
+// literals ('2030-01-02T03:04:05Z', 100, '{A,B}'); the parameters' types are
+// inferred from the query.
 func GenericPlan(t testing.TB, pool *pgxpool.Pool, query string, args ...string) string {
 	t.Helper()
 	ctx := context.Background()
@@ -360,16 +361,18 @@ func GenericPlan(t testing.TB, pool *pgxpool.Pool, query string, args ...string)
 		t.Fatalf("testenv: generic plan: %v", err)
 	}
 	defer conn.Release()
-	// Not on the pool's other connections: the setting and the statement
-	// stay on this one, and go with it.
-	defer conn.Exec(ctx, `RESET plan_cache_mode; DEALLOCATE generic_plan`) //nolint:errcheck // see above
+	// The setting and the statement stay on this connection; they are
+	// undone one at a time, so that a DEALLOCATE that fails (the PREPARE
+	// did) does not roll the RESET back with it.
+	defer conn.Exec(ctx, `RESET plan_cache_mode`)   //nolint:errcheck // see above
+	defer conn.Exec(ctx, `DEALLOCATE generic_plan`) //nolint:errcheck // see above
 	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
 		t.Fatalf("testenv: generic plan: %v", err)
 	}
 	if _, err := conn.Exec(ctx, `PREPARE generic_plan AS `+query); err != nil {
 		t.Fatalf("testenv: generic plan: prepare: %v\n%s", err, query)
 	}
-	rows, err := conn.Query(ctx, `EXPLAIN EXECUTE generic_plan(`+strings.Join(args, ", ")+`)`)
+	rows, err := conn.Query(ctx, `EXPLAIN ANALYZE EXECUTE generic_plan(`+strings.Join(args, ", ")+`)`)
 	if err != nil {
 		t.Fatalf("testenv: generic plan: %v", err)
 	}

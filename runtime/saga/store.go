@@ -73,10 +73,14 @@ WHERE t.id = ANY($1::uuid[]) AND t.id = u.id AND t.version = u.stored`,
 		// has (a rolling upgrade) is left to that release's scanners instead
 		// of being deferred as a failure here. least() is the earlier of
 		// the two, ignoring a NULL, and is what the generated _due_at
-		// index holds: the claim reads only due instances (an OR of the
-		// two columns is a sequential scan of the whole table).
+		// index holds, without the instances in manual review (no clock
+		// acts on them; their deadline waits for them to leave it): the
+		// claim reads only due instances (an OR of the two columns is a
+		// sequential scan of the whole table). The manual review state is
+		// named for PostgreSQL to see that the index covers the claim;
+		// $3 never holds it.
 		claimDue: `SELECT ` + columns + ` FROM ` + table + `
-WHERE least(timeout_at, deadline_at) <= $1 AND state = ANY($3::text[])
+WHERE least(timeout_at, deadline_at) <= $1 AND state <> '` + sagadef.StateManualReview + `' AND state = ANY($3::text[])
 ORDER BY least(timeout_at, deadline_at)
 LIMIT $2
 FOR UPDATE SKIP LOCKED`,

@@ -50,9 +50,10 @@ func (r *Renderer) exec(name string, data any) ([]byte, error) {
 }
 
 type sqlData struct {
-	FullName string
-	Table    string
-	States   []string
+	FullName     string
+	Table        string
+	States       []string
+	ManualReview string
 }
 
 // Migrations renders the saga's migration files: the table (never
@@ -60,7 +61,7 @@ type sqlData struct {
 // the state set so a changed set is a new file, and the indexes that
 // replaced two of the table file's.
 func (r *Renderer) Migrations(s *model.Saga) ([]File, error) {
-	d := sqlData{FullName: s.FullName, Table: s.Table}
+	d := sqlData{FullName: s.FullName, Table: s.Table, ManualReview: sagadef.StateManualReview}
 	for _, st := range s.Definition.States {
 		d.States = append(d.States, st.Name)
 	}

@@ -6,37 +6,43 @@
 --   scanner claims the instances whose step timeout or saga deadline,
 --   whichever comes first, is due. An index on timeout_at alone could not
 --   serve "timeout_at or deadline_at", so every claim read the whole table;
---   one index on the earlier of the two reads only the due instances.
+--   one index on the earlier of the two reads only the due instances. It
+--   leaves out instances in MANUAL_REVIEW, which keep their deadline
+--   for when they leave it but which no clock acts on meanwhile: a deadline
+--   that passed during a review would otherwise stay at the head of the
+--   index, read past by every claim.
 --
 --   saga_by_status_url_created_at replaces saga_by_status_url_updated_at. The admin API
 --   pages through instances newest first by (created_at, id); no query of
 --   the runtime reads updated_at through an index.
 --
--- Building an index blocks writes to the table while it builds. On a large
--- table, build both beforehand with
---   CREATE INDEX CONCURRENTLY saga_by_status_url_due_at ON saga_by_status_url ((least(timeout_at, deadline_at))) WHERE least(timeout_at, deadline_at) IS NOT NULL;
+-- This file locks the table until the migration's transaction commits:
+-- building an index blocks writes, and dropping one blocks reads too. On a
+-- large table, first run, outside a transaction,
+--   CREATE INDEX CONCURRENTLY saga_by_status_url_due_at ON saga_by_status_url ((least(timeout_at, deadline_at))) WHERE least(timeout_at, deadline_at) IS NOT NULL AND state <> 'MANUAL_REVIEW';
 --   CREATE INDEX CONCURRENTLY saga_by_status_url_created_at ON saga_by_status_url (created_at, id);
--- and this file finds them there. A concurrent build that failed or was
--- cancelled leaves an invalid index behind, which PostgreSQL never uses:
--- that one is dropped and built again here.
+--   DROP INDEX CONCURRENTLY IF EXISTS saga_by_status_url_timeout_at;
+--   DROP INDEX CONCURRENTLY IF EXISTS saga_by_status_url_updated_at;
+-- and this file finds it done: it then only checks, holding the lock that
+-- blocks writes for the length of the migration. A concurrent build that
+-- failed or was cancelled leaves an invalid index behind, which PostgreSQL
+-- never uses: that one is dropped and built again here.
 
 DO $$
 DECLARE
-  idx name; -- cut to 63 bytes, as PostgreSQL cuts the identifiers below
+  invalid regclass;
 BEGIN
-  FOREACH idx IN ARRAY ARRAY['saga_by_status_url_due_at', 'saga_by_status_url_created_at']::name[] LOOP
-    IF EXISTS (
-      SELECT FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-      WHERE c.relname = idx AND c.relnamespace = current_schema()::regnamespace
-        AND NOT i.indisvalid
-    ) THEN
-      EXECUTE format('DROP INDEX %I', idx);
-    END IF;
+  FOR invalid IN
+    SELECT i.indexrelid::regclass FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+    WHERE i.indrelid = 'saga_by_status_url'::regclass AND NOT i.indisvalid
+      AND c.relname IN ('saga_by_status_url_due_at'::name, 'saga_by_status_url_created_at'::name) -- cut to 63 bytes as PostgreSQL cuts them
+  LOOP
+    EXECUTE format('DROP INDEX %s', invalid);
   END LOOP;
 END $$;
 
 CREATE INDEX IF NOT EXISTS saga_by_status_url_due_at ON saga_by_status_url ((least(timeout_at, deadline_at)))
-  WHERE least(timeout_at, deadline_at) IS NOT NULL;
+  WHERE least(timeout_at, deadline_at) IS NOT NULL AND state <> 'MANUAL_REVIEW';
 DROP INDEX IF EXISTS saga_by_status_url_timeout_at;
 
 CREATE INDEX IF NOT EXISTS saga_by_status_url_created_at ON saga_by_status_url (created_at, id);
