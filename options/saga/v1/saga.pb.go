@@ -260,7 +260,7 @@ type LateReply int32
 
 const (
 	// LATE_REPLY_UNSPECIFIED is invalid on a step: every step states its
-	// late-reply policy (design rule step-late-policy).
+	// late-reply policy (design rule step-late-reply).
 	LateReply_LATE_REPLY_UNSPECIFIED LateReply = 0
 	// LATE_REPLY_IGNORE acknowledges, audits, changes nothing.
 	LateReply_LATE_REPLY_IGNORE LateReply = 1
