@@ -28,8 +28,13 @@ func main() {
 	n := flag.Int("n", 30000, "messages per measurement")
 	window := flag.Int("window", 1024, "most unconfirmed publishes")
 	rounds := flag.Int("rounds", 2, "rounds over every variant")
+	channels := flag.Int("channels", 1, "publish each measurement's messages on this many channels at once (n/channels each, window each)")
 	flag.Parse()
-	if err := run(os.Getenv("SAGA_TEST_AMQP_URL"), *n, *window, *rounds); err != nil {
+	if *channels < 1 {
+		fmt.Fprintln(os.Stderr, "exchangecost: -channels must be 1 or more")
+		os.Exit(2)
+	}
+	if err := run(os.Getenv("SAGA_TEST_AMQP_URL"), *n, *window, *rounds, *channels); err != nil {
 		fmt.Fprintln(os.Stderr, "exchangecost:", err)
 		os.Exit(1)
 	}
@@ -45,7 +50,7 @@ type variant struct {
 
 const queue = "exchangecost.q"
 
-func run(url string, n, window, rounds int) error {
+func run(url string, n, window, rounds, channels int) error {
 	if url == "" {
 		return errors.New("SAGA_TEST_AMQP_URL is not set (source the env.sh of scripts/services.sh start DIR)")
 	}
@@ -73,7 +78,6 @@ func run(url string, n, window, rounds int) error {
 		func() error {
 			return ch.QueueBind(queue, "command.shop.inventory.v1.reserve", "exchangecost.direct", false, nil)
 		},
-		func() error { return ch.Confirm(false) },
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -109,13 +113,24 @@ func run(url string, n, window, rounds int) error {
 		{name: "relay, direct", exchange: "exchangecost.direct", key: key, mandatory: true, headers: headers, props: true},
 		{name: "relay, topic", exchange: "exchangecost.topic", key: key, mandatory: true, headers: headers, props: true},
 	}
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, window+1))
-	returns := ch.NotifyReturn(make(chan amqp.Return, 16))
-	go func() {
-		for range returns {
+	pubs := make([]*publisher, channels)
+	for i := range pubs {
+		c, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("channel: %w", err)
 		}
-	}()
+		if err := c.Confirm(false); err != nil {
+			return fmt.Errorf("confirm mode: %w", err)
+		}
+		returns := c.NotifyReturn(make(chan amqp.Return, 16))
+		go func() {
+			for range returns {
+			}
+		}()
+		pubs[i] = &publisher{ch: c, confirms: c.NotifyPublish(make(chan amqp.Confirmation, window+1))}
+	}
 	body := make([]byte, 300)
+	fmt.Printf("%d channel(s), window %d each\n\n", channels, window)
 	fmt.Printf("| round | variant | msgs/s | broker CPU µs/msg |\n|---|---|---:|---:|\n")
 	for r := 1; r <= rounds; r++ {
 		for _, v := range variants {
@@ -132,23 +147,18 @@ func run(url string, n, window, rounds int) error {
 				return err
 			}
 			start := time.Now()
-			sent, out := 0, 0
-			for sent < n || out > 0 {
-				for out < window && sent < n {
-					if err := ch.Publish(v.exchange, v.key, v.mandatory, false, pub); err != nil {
-						return fmt.Errorf("%s: publish: %w", v.name, err)
-					}
-					sent++
-					out++
+			errs := make(chan error, channels)
+			for i, p := range pubs {
+				count := n / channels
+				if i < n%channels {
+					count++
 				}
-				c, ok := <-confirms
-				if !ok {
-					return fmt.Errorf("%s: channel closed", v.name)
+				go func() { errs <- p.publish(v, pub, count, window) }()
+			}
+			for range pubs {
+				if err := <-errs; err != nil {
+					return err
 				}
-				if !c.Ack {
-					return fmt.Errorf("%s: publish %d nacked", v.name, c.DeliveryTag)
-				}
-				out--
 			}
 			elapsed := time.Since(start)
 			cpu1, err := brokerCPU()
@@ -157,6 +167,35 @@ func run(url string, n, window, rounds int) error {
 			}
 			fmt.Printf("| %d | %s | %.0f | %.1f |\n", r, v.name, float64(n)/elapsed.Seconds(), (cpu1-cpu0).Seconds()*1e6/float64(n))
 		}
+	}
+	return nil
+}
+
+// publisher is one channel in confirm mode.
+type publisher struct {
+	ch       *amqp.Channel
+	confirms <-chan amqp.Confirmation
+}
+
+// publish sends n copies of pub as v says, with at most window unconfirmed.
+func (p *publisher) publish(v variant, pub amqp.Publishing, n, window int) error {
+	sent, out := 0, 0
+	for sent < n || out > 0 {
+		for out < window && sent < n {
+			if err := p.ch.Publish(v.exchange, v.key, v.mandatory, false, pub); err != nil {
+				return fmt.Errorf("%s: publish: %w", v.name, err)
+			}
+			sent++
+			out++
+		}
+		c, ok := <-p.confirms
+		if !ok {
+			return fmt.Errorf("%s: channel closed", v.name)
+		}
+		if !c.Ack {
+			return fmt.Errorf("%s: publish %d nacked", v.name, c.DeliveryTag)
+		}
+		out--
 	}
 	return nil
 }
