@@ -128,3 +128,49 @@ WHERE i.indexrelid = 'saga_place_order_due_at'::regclass`).Scan(&valid, &def))
 	require.True(t, valid, def)
 	require.Contains(t, def, "LEAST(timeout_at, deadline_at)")
 }
+
+// TestIndexesMigrationRebuildsAWrongDefinition applies the Place Order
+// migrations over indexes of the right names built otherwise (the due index
+// without the manual review predicate, as the file's first version had it;
+// the created index on created_at alone): both are rebuilt as the runtime's
+// queries need them, instead of being kept because of their names. A
+// relation of either name that is not an index of the table stops the file.
+func TestIndexesMigrationRebuildsAWrongDefinition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	src := orderv1.PlaceOrderMigrations()
+	before := fstest.MapFS{}
+	require.NoError(t, fs.WalkDir(src.FS, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasPrefix(p, "0003_") {
+			return err
+		}
+		b, err := fs.ReadFile(src.FS, p)
+		before[p] = &fstest.MapFile{Data: b}
+		return err
+	}))
+
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool, schema.Source{Name: src.Name, FS: before}))
+	for _, q := range []string{
+		`CREATE INDEX CONCURRENTLY saga_place_order_due_at ON saga_place_order ((least(timeout_at, deadline_at))) WHERE least(timeout_at, deadline_at) IS NOT NULL`,
+		`CREATE INDEX CONCURRENTLY saga_place_order_created_at ON saga_place_order (created_at)`,
+	} {
+		_, err := pool.Exec(ctx, q)
+		require.NoError(t, err)
+	}
+	require.NoError(t, schema.Migrate(ctx, pool, src))
+	for name, want := range map[string]string{
+		"saga_place_order_due_at":     " USING btree (LEAST(timeout_at, deadline_at)) WHERE ((LEAST(timeout_at, deadline_at) IS NOT NULL) AND (state <> 'MANUAL_REVIEW'::text))",
+		"saga_place_order_created_at": " USING btree (created_at, id)",
+	} {
+		var def string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_get_indexdef($1::regclass)`, name).Scan(&def))
+		require.Equal(t, want, def[strings.Index(def, " USING "):], name)
+	}
+
+	other := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, other, schema.Source{Name: src.Name, FS: before}))
+	_, err := other.Exec(ctx, `CREATE TABLE saga_place_order_due_at (id int)`)
+	require.NoError(t, err)
+	require.ErrorContains(t, schema.Migrate(ctx, other, src), "saga_place_order_due_at is not an index of saga_place_order")
+}

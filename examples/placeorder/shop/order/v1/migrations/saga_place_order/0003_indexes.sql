@@ -26,18 +26,43 @@
 -- and this file finds it done: it then only checks, holding the lock that
 -- blocks writes for the length of the migration. A concurrent build that
 -- failed or was cancelled leaves an invalid index behind, which PostgreSQL
--- never uses: that one is dropped and built again here.
+-- never uses, and an index of either name built otherwise than above is not
+-- the one the runtime's queries need: such an index is dropped and built
+-- again here, blocking reads and writes while it is built. The file stops
+-- without changing anything while a concurrent build of either index is
+-- still running (dropping its unfinished index would wait for it, then
+-- deadlock with it), and when the name belongs to something other than
+-- an index of saga_place_order.
 
 DO $$
 DECLARE
-  invalid regclass;
+  ix record;
 BEGIN
-  FOR invalid IN
-    SELECT i.indexrelid::regclass FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-    WHERE i.indrelid = 'saga_place_order'::regclass AND NOT i.indisvalid
+  FOR ix IN
+    SELECT c.oid, c.oid::regclass AS name, i.indrelid, i.indisvalid,
+      substr(pg_get_indexdef(c.oid), strpos(pg_get_indexdef(c.oid), ' USING ')) AS def,
+      CASE c.relname
+        WHEN 'saga_place_order_due_at'::name THEN ' USING btree (LEAST(timeout_at, deadline_at)) WHERE ((LEAST(timeout_at, deadline_at) IS NOT NULL) AND (state <> ''MANUAL_REVIEW''::text))'
+        ELSE ' USING btree (created_at, id)'
+      END AS want
+    FROM pg_class c LEFT JOIN pg_index i ON i.indexrelid = c.oid
+    WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'saga_place_order'::regclass)
       AND c.relname IN ('saga_place_order_due_at'::name, 'saga_place_order_created_at'::name) -- cut to 63 bytes as PostgreSQL cuts them
   LOOP
-    EXECUTE format('DROP INDEX %s', invalid);
+    IF ix.indrelid IS DISTINCT FROM 'saga_place_order'::regclass THEN
+      RAISE EXCEPTION '% is not an index of saga_place_order', ix.name
+        USING HINT = 'rename or drop it: this migration creates an index of that name';
+    END IF;
+    IF ix.indisvalid AND ix.def = ix.want THEN
+      CONTINUE;
+    END IF;
+    IF EXISTS (SELECT FROM pg_stat_progress_create_index p
+               WHERE p.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND (p.index_relid = ix.oid OR p.index_relid IS NULL)) THEN
+      RAISE EXCEPTION 'index % is being built concurrently', ix.name
+        USING HINT = 'let the build finish (or cancel it), then migrate again';
+    END IF;
+    EXECUTE format('DROP INDEX %s', ix.name);
   END LOOP;
 END $$;
 
