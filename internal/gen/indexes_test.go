@@ -27,17 +27,7 @@ func TestIndexesMigrationUpgrades(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	src := orderv1.PlaceOrderMigrations()
-	before := fstest.MapFS{}
-	require.NoError(t, fs.WalkDir(src.FS, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || strings.HasPrefix(p, "0003_") {
-			return err
-		}
-		b, err := fs.ReadFile(src.FS, p)
-		before[p] = &fstest.MapFile{Data: b}
-		return err
-	}))
-	require.Len(t, before, 2, "the create and states files")
-	require.NoError(t, schema.Migrate(ctx, pool, schema.Source{Name: src.Name, FS: before}))
+	migrateBeforeIndexes(t, pool)
 	_, err := pool.Exec(ctx, `INSERT INTO saga_place_order (id, business_key, state, data, timeout_at, deadline_at)
 SELECT gen_random_uuid(), 'o-' || i, 'RESERVE_INVENTORY', '\x', now() + i * interval '1 s', NULL
 FROM generate_series(1, 100) i`)
@@ -139,18 +129,8 @@ func TestIndexesMigrationRebuildsAWrongDefinition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	src := orderv1.PlaceOrderMigrations()
-	before := fstest.MapFS{}
-	require.NoError(t, fs.WalkDir(src.FS, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || strings.HasPrefix(p, "0003_") {
-			return err
-		}
-		b, err := fs.ReadFile(src.FS, p)
-		before[p] = &fstest.MapFile{Data: b}
-		return err
-	}))
-
 	pool := testenv.Postgres(t)
-	require.NoError(t, schema.Migrate(ctx, pool, schema.Source{Name: src.Name, FS: before}))
+	migrateBeforeIndexes(t, pool)
 	for _, q := range []string{
 		`CREATE INDEX CONCURRENTLY saga_place_order_due_at ON saga_place_order ((least(timeout_at, deadline_at))) WHERE least(timeout_at, deadline_at) IS NOT NULL`,
 		`CREATE INDEX CONCURRENTLY saga_place_order_created_at ON saga_place_order (created_at)`,
@@ -169,8 +149,27 @@ func TestIndexesMigrationRebuildsAWrongDefinition(t *testing.T) {
 	}
 
 	other := testenv.Postgres(t)
-	require.NoError(t, schema.Migrate(ctx, other, schema.Source{Name: src.Name, FS: before}))
+	migrateBeforeIndexes(t, other)
 	_, err := other.Exec(ctx, `CREATE TABLE saga_place_order_due_at (id int)`)
 	require.NoError(t, err)
 	require.ErrorContains(t, schema.Migrate(ctx, other, src), "saga_place_order_due_at is not an index of saga_place_order")
+}
+
+// migrateBeforeIndexes applies the runtime's migrations and the Place Order
+// files before 0003_indexes.sql (the table and its states), as the release
+// before that file left a database.
+func migrateBeforeIndexes(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	src := orderv1.PlaceOrderMigrations()
+	before := fstest.MapFS{}
+	require.NoError(t, fs.WalkDir(src.FS, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasPrefix(p, "0003_") {
+			return err
+		}
+		b, err := fs.ReadFile(src.FS, p)
+		before[p] = &fstest.MapFile{Data: b}
+		return err
+	}))
+	require.Len(t, before, 2, "the create and states files")
+	require.NoError(t, schema.Migrate(context.Background(), pool, schema.Source{Name: src.Name, FS: before}))
 }
