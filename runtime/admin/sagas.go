@@ -52,18 +52,16 @@ func scanSaga(r pgx.Row) (sagaRow, error) {
 // verdict taken at now.
 func (t *sagaType) listSQL(f SagaFilter, now time.Time, after *cursor, limit int) (string, []any) {
 	var w where
-	// A state is written into the statement, not passed: there are few of
-	// them (f.State is one of t's, checked by the caller), and PostgreSQL
-	// then plans with what it knows of that state's share of the table, the
-	// state index for a rare one, the newest-first scan for a common one.
+	// States are written into the statement (telemetry.StatesSQL); f.State
+	// is one of t's, checked by the caller.
 	if f.State != "" {
-		w.and("t.state = " + sqlString(f.State))
+		w.and(telemetry.StatesSQL(f.State))
 	}
 	if f.BusinessKey != "" {
 		w.and("t.business_key = " + w.arg(f.BusinessKey))
 	}
 	if f.Review {
-		w.and("t.state = " + sqlString(sagadef.StateManualReview))
+		w.and(telemetry.StatesSQL(sagadef.StateManualReview))
 	}
 	if f.Stuck {
 		states, limits, grace := t.stuck.Args()

@@ -34,6 +34,3 @@ func (w *where) String() string {
 	}
 	return "WHERE " + strings.Join(w.conds, "\n  AND ")
 }
-
-// sqlString is s as an SQL string literal.
-func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

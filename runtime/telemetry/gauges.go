@@ -70,10 +70,9 @@ func newGaugeConfig(opts []GaugeOption) gaugeConfig {
 // sagaGauge is what one definition contributes to the saga gauges.
 type sagaGauge struct {
 	def    *sagadef.Definition
-	table  string // quoted
 	states []string
 	stuck  StuckRule
-	sql    string // sagaGaugeSQL of table and states
+	sql    string // sagaGaugeSQL of the definition's table and states
 }
 
 // RegisterSagaGauges registers two observable gauges on meter, read from
@@ -145,32 +144,28 @@ func newSagaGauge(d *sagadef.Definition, cfg gaugeConfig) (sagaGauge, error) {
 	if d.Table == "" {
 		return sagaGauge{}, fmt.Errorf("definition %s has no table", d.Name)
 	}
-	g := sagaGauge{def: d, table: pgx.Identifier(strings.Split(d.Table, ".")).Sanitize(), stuck: NewStuckRule(d, cfg.stuckGrace)}
+	g := sagaGauge{def: d, stuck: NewStuckRule(d, cfg.stuckGrace)}
 	for _, s := range d.States {
 		if s.Kind == sagadef.StateKindTerminal && !cfg.includeTerminal {
 			continue
 		}
 		g.states = append(g.states, s.Name)
 	}
-	g.sql = sagaGaugeSQL(g.table, g.states)
+	g.sql = sagaGaugeSQL(pgx.Identifier(strings.Split(d.Table, ".")).Sanitize(), g.states)
 	return g, nil
 }
 
 // sagaGaugeSQL counts the instances of table (quoted) in states, and those
-// of them stuck by the rule of [StuckRule.Args] $1, $2, $3, per state. The
-// states are written into the statement, not passed: PostgreSQL then plans
-// with their share of the table, and reads the in-flight instances through
-// the state index when finished ones are most of it (a million instances,
-// 5% in flight: 128 ms per scrape as a sequential scan).
+// of them stuck by the rule of [StuckRule.Args] $1, $2, $3, per state. With
+// the states named (see [StatesSQL]), PostgreSQL reads the in-flight
+// instances through the state index when finished ones are most of the
+// table (a million instances, 5% in flight: 128 ms per scrape as a
+// sequential scan).
 func sagaGaugeSQL(table string, states []string) string {
-	quoted := make([]string, len(states))
-	for i, s := range states {
-		quoted[i] = "'" + strings.ReplaceAll(s, "'", "''") + "'"
-	}
 	return `
 SELECT t.state, count(*), count(*) FILTER (WHERE ` + StuckSQL("now()", "$1", "$2", "$3") + `)
 FROM ` + table + ` t
-WHERE t.state IN (` + strings.Join(quoted, ", ") + `)
+WHERE ` + StatesSQL(states...) + `
 GROUP BY t.state`
 }
 

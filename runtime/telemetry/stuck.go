@@ -3,6 +3,7 @@ package telemetry
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -49,6 +50,20 @@ func NewStuckRule(def *sagadef.Definition, grace time.Duration) StuckRule {
 
 // Waits reports whether state is one the rule can find stuck.
 func (r StuckRule) Waits(state string) bool { return slices.Contains(r.states, state) }
+
+// StatesSQL is the SQL condition that the instance table aliased t is in
+// one of states, with the states written into the statement rather than
+// passed: they are few and fixed (a definition's), and PostgreSQL then
+// plans each statement with what it knows of those states' share of the
+// table, reading a rare state through the state index and a common one by
+// a scan. The saga gauges and the admin server's lists use it.
+func StatesSQL(states ...string) string {
+	quoted := make([]string, len(states))
+	for i, s := range states {
+		quoted[i] = "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	}
+	return "t.state IN (" + strings.Join(quoted, ", ") + ")"
+}
 
 // StuckSQL is the rule as an SQL condition on the instance table aliased
 // t. now, states, limits and grace are the SQL expressions (placeholders)
