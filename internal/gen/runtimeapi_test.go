@@ -108,15 +108,25 @@ func TestGeneratedRuntimeAPI(t *testing.T) {
 			})
 		}
 	}
+	checkRuntimeUse(t, runtimeAPIFile, "identifiers", used)
+}
+
+// checkRuntimeUse compares the runtime names generated code uses (what:
+// identifiers, methods and fields) with the list in file, or rewrites the
+// list with -update. A change in the list is the prompt to look at the
+// support version: if generated code now needs something an older runtime
+// lacks, it must assert the next one.
+func checkRuntimeUse(t *testing.T, file, what string, used map[string]bool) {
+	t.Helper()
 	got := strings.Join(slices.Sorted(maps.Keys(used)), "\n") + "\n"
 	if *update {
-		require.NoError(t, os.WriteFile(runtimeAPIFile, []byte(got), 0o644))
+		require.NoError(t, os.WriteFile(file, []byte(got), 0o644))
 		return
 	}
-	want, err := os.ReadFile(runtimeAPIFile)
+	want, err := os.ReadFile(file)
 	require.NoError(t, err)
 	require.Equal(t, string(want), got,
-		"the runtime identifiers generated code uses changed: if it now needs one that an older runtime lacks, "+
+		"the runtime %s generated code uses changed: if it now needs one that an older runtime lacks, "+
 			"bump supportVersion in internal/gen/golang and message.SupportPackageIsVersionN, regenerate, "+
-			"then update %s with -update", runtimeAPIFile)
+			"then update %s with -update", what, file)
 }

@@ -7,7 +7,6 @@ import (
 	"go/token"
 	"go/types"
 	"io"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,17 +90,7 @@ func TestGeneratedRuntimeMethods(t *testing.T) {
 			})
 		}
 	}
-	got := strings.Join(slices.Sorted(maps.Keys(used)), "\n") + "\n"
-	if *update {
-		require.NoError(t, os.WriteFile(runtimeMethodsFile, []byte(got), 0o644))
-		return
-	}
-	want, err := os.ReadFile(runtimeMethodsFile)
-	require.NoError(t, err)
-	require.Equal(t, string(want), got,
-		"the runtime methods and fields generated code uses changed: if it now needs one that an older runtime lacks, "+
-			"bump supportVersion in internal/gen/golang and message.SupportPackageIsVersionN, regenerate, "+
-			"then update %s with -update", runtimeMethodsFile)
+	checkRuntimeUse(t, runtimeMethodsFile, "methods and fields", used)
 }
 
 // isSagaGo reports whether a file name is one protoc-gen-saga writes.
