@@ -161,15 +161,24 @@ func TestIndexesMigrationRebuildsAWrongDefinition(t *testing.T) {
 func migrateBeforeIndexes(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	src := orderv1.PlaceOrderMigrations()
-	before := fstest.MapFS{}
-	require.NoError(t, fs.WalkDir(src.FS, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || strings.HasPrefix(p, "0003_") {
-			return err
-		}
-		b, err := fs.ReadFile(src.FS, p)
-		before[p] = &fstest.MapFile{Data: b}
-		return err
-	}))
+	before := placeOrderFiles(t, func(name string) bool { return !strings.HasPrefix(name, "0003_") })
 	require.Len(t, before, 2, "the create and states files")
 	require.NoError(t, schema.Migrate(context.Background(), pool, schema.Source{Name: src.Name, FS: before}))
+}
+
+// placeOrderFiles copies the Place Order example's migrations that keep
+// accepts, for tests that apply some of them or add a file of their own.
+func placeOrderFiles(t *testing.T, keep func(name string) bool) fstest.MapFS {
+	t.Helper()
+	src := orderv1.PlaceOrderMigrations().FS
+	out := fstest.MapFS{}
+	require.NoError(t, fs.WalkDir(src, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !keep(p) {
+			return err
+		}
+		b, err := fs.ReadFile(src, p)
+		out[p] = &fstest.MapFile{Data: b}
+		return err
+	}))
+	return out
 }
