@@ -847,6 +847,51 @@ type settlement struct {
 	unsent         int     // released rows that were never published
 }
 
+// latestClaims keeps one entry per row id: that of its latest claim, the
+// one with the most attempts, with its delay when delays is not nil. A row
+// is listed twice only when it was claimed again after its lease ran out
+// while the older claim's settle still waited; settleSQL reads the first
+// entry of an id, and no claim but the latest can match the row. The
+// slices are returned as they are when no id repeats.
+func latestClaims(ids []int64, attempts []int32, delays []int64) ([]int64, []int32, []int64) {
+	if len(ids) < 2 {
+		return ids, attempts, delays
+	}
+	at := make(map[int64]int, len(ids)) // id -> index of its entry in the result
+	for i, id := range ids {
+		if _, seen := at[id]; seen {
+			break
+		}
+		at[id] = i
+		if i == len(ids)-1 {
+			return ids, attempts, delays
+		}
+	}
+	clear(at)
+	var keptIDs []int64
+	var keptAttempts []int32
+	var keptDelays []int64
+	for i, id := range ids {
+		j, seen := at[id]
+		if !seen {
+			at[id] = len(keptIDs)
+			keptIDs = append(keptIDs, id)
+			keptAttempts = append(keptAttempts, attempts[i])
+			if delays != nil {
+				keptDelays = append(keptDelays, delays[i])
+			}
+			continue
+		}
+		if attempts[i] > keptAttempts[j] {
+			keptAttempts[j] = attempts[i]
+			if delays != nil {
+				keptDelays[j] = delays[i]
+			}
+		}
+	}
+	return keptIDs, keptAttempts, keptDelays
+}
+
 func (s *settlement) release(rw row, delay time.Duration) {
 	s.failed = append(s.failed, rw.id)
 	s.delays = append(s.delays, delay.Milliseconds())
@@ -999,20 +1044,33 @@ func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[st
 	return h
 }
 
+// settleSQL finds its rows by id = ANY(ids) and checks each row's claim
+// by the attempts at its id's position in the parallel array, instead of
+// joining the table with unnest(ids, attempts). The relay prepares it in its
+// first seconds, when saga_outbox_pending may be new, never analyzed or
+// just emptied, and a prepared statement keeps the generic plan it settles
+// on then: for the join that plan was a sequential scan of the pending
+// table hashed against the batch, kept while the table grew. In the saga
+// benchmark (6,000 sagas on a new database) such settles read 600–712
+// pages each, for about 25 rows, and took a quarter of PostgreSQL's statement
+// time. id = ANY(...) is an index condition whatever the statistics, and
+// array_position costs less than the join even for 500 rows (4.2–4.8 ms
+// against 6.4–7.9 ms on a pending table of 600 pages). Each id is listed
+// once (see latestClaims).
 const settleSQL = `
 WITH done AS (
   DELETE FROM saga_outbox_pending p
-  USING unnest($1::bigint[], $6::int4[]) AS d(id, attempts)
-  WHERE p.id = d.id AND p.attempts = d.attempts AND (p.lease_owner = $5 OR p.lease_owner IS NULL)
+  WHERE p.id = ANY($1::bigint[]) AND p.attempts = ($6::int4[])[array_position($1::bigint[], p.id)]
+    AND (p.lease_owner = $5 OR p.lease_owner IS NULL)
   RETURNING p.id, p.attempts
 ), sent AS (
   INSERT INTO saga_outbox_sent (id, published_at, attempts, relay)
   SELECT id, now(), attempts, $5 FROM done
   ON CONFLICT (id) DO NOTHING
 ), released AS (
-  UPDATE saga_outbox_pending p SET lease_owner = NULL, lease_until = now() + f.delay * interval '1 millisecond'
-  FROM unnest($2::bigint[], $3::bigint[], $4::int4[]) AS f(id, delay, attempts)
-  WHERE p.id = f.id AND p.lease_owner = $5 AND p.attempts = f.attempts
+  UPDATE saga_outbox_pending p SET lease_owner = NULL,
+    lease_until = now() + ($3::bigint[])[array_position($2::bigint[], p.id)] * interval '1 millisecond'
+  WHERE p.id = ANY($2::bigint[]) AND p.lease_owner = $5 AND p.attempts = ($4::int4[])[array_position($2::bigint[], p.id)]
   RETURNING p.id
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
@@ -1037,6 +1095,8 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
 // giving up early only causes duplicates.
 func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error {
 	done, doneAttempts, failed, delays, attempts := s.done, s.doneAttempts, s.failed, s.delays, s.attempts
+	done, doneAttempts, _ = latestClaims(done, doneAttempts, nil)
+	failed, attempts, delays = latestClaims(failed, attempts, delays)
 	if done == nil {
 		done, doneAttempts = []int64{}, []int32{}
 	}
