@@ -1044,7 +1044,7 @@ func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[st
 	return h
 }
 
-// settleSQL finds its rows by id = ANY(ids) and checks each row's claim
+// settleDoneCTEs finds its rows by id = ANY(ids) and checks each row's claim
 // by the attempts at its id's position in the parallel array, instead of
 // joining the table with unnest(ids, attempts). The relay prepares it in its
 // first seconds, when saga_outbox_pending may be new, never analyzed or
@@ -1057,20 +1057,32 @@ func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[st
 // array_position costs less than the join even for 500 rows (4.2–4.8 ms
 // against 6.4–7.9 ms on a pending table of 600 pages). Each id is listed
 // once (see latestClaims).
-const settleSQL = `
+const settleDoneCTEs = `
 WITH done AS (
   DELETE FROM saga_outbox_pending p
-  WHERE p.id = ANY($1::bigint[]) AND p.attempts = ($6::int4[])[array_position($1::bigint[], p.id)]
-    AND (p.lease_owner = $5 OR p.lease_owner IS NULL)
+  WHERE p.id = ANY($1::bigint[]) AND p.attempts = ($2::int4[])[array_position($1::bigint[], p.id)]
+    AND (p.lease_owner = $3 OR p.lease_owner IS NULL)
   RETURNING p.id, p.attempts
 ), sent AS (
   INSERT INTO saga_outbox_sent (id, published_at, attempts, relay)
-  SELECT id, now(), attempts, $5 FROM done
+  SELECT id, now(), attempts, $3 FROM done
   ON CONFLICT (id) DO NOTHING
-), released AS (
+)`
+
+// settleDoneSQL settles confirmed rows only, the usual case. Given an empty
+// array of released rows, settleSQL's custom plans drop the released part
+// (a constant false), look cheaper than its generic plan, and PostgreSQL
+// went on planning it anew at most executions (1,316 plans in 1,921 calls
+// in the saga benchmark, 0.2 ms each); this statement keeps its generic plan.
+const settleDoneSQL = settleDoneCTEs + `
+SELECT (SELECT count(*) FROM done), 0::bigint`
+
+// settleSQL settles confirmed rows ($1–$3) and releases failed ones, each
+// with its backoff in ms ($4–$6).
+const settleSQL = settleDoneCTEs + `, released AS (
   UPDATE saga_outbox_pending p SET lease_owner = NULL,
-    lease_until = now() + ($3::bigint[])[array_position($2::bigint[], p.id)] * interval '1 millisecond'
-  WHERE p.id = ANY($2::bigint[]) AND p.lease_owner = $5 AND p.attempts = ($4::int4[])[array_position($2::bigint[], p.id)]
+    lease_until = now() + ($5::bigint[])[array_position($4::bigint[], p.id)] * interval '1 millisecond'
+  WHERE p.id = ANY($4::bigint[]) AND p.lease_owner = $3 AND p.attempts = ($6::int4[])[array_position($4::bigint[], p.id)]
   RETURNING p.id
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM released)`
@@ -1100,13 +1112,15 @@ func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error
 	if done == nil {
 		done, doneAttempts = []int64{}, []int32{}
 	}
-	if failed == nil {
-		failed, delays, attempts = []int64{}, []int64{}, []int32{}
-	}
 	deadline := start.Add(r.cfg.LeaseDuration)
 	for attempt := 0; ; attempt++ {
 		var marked, released int64
-		err := r.cfg.Pool.QueryRow(ctx, settleSQL, done, failed, delays, attempts, r.cfg.Owner, doneAttempts).Scan(&marked, &released)
+		var err error
+		if len(failed) == 0 {
+			err = r.cfg.Pool.QueryRow(ctx, settleDoneSQL, done, doneAttempts, r.cfg.Owner).Scan(&marked, &released)
+		} else {
+			err = r.cfg.Pool.QueryRow(ctx, settleSQL, done, doneAttempts, r.cfg.Owner, failed, delays, attempts).Scan(&marked, &released)
+		}
 		if err == nil {
 			r.published.Add(marked)
 			r.failed.Add(int64(len(failed) - s.unsent))

@@ -129,7 +129,7 @@ func settleRows(t *testing.T, q interface {
 }, owner string, id int64, attempts int32) int64 {
 	t.Helper()
 	var marked, released int64
-	require.NoError(t, q.QueryRow(testCtx(t), settleSQL, []int64{id}, []int64{}, []int64{}, []int32{}, owner, []int32{attempts}).
+	require.NoError(t, q.QueryRow(testCtx(t), settleDoneSQL, []int64{id}, []int32{attempts}, owner).
 		Scan(&marked, &released))
 	return marked
 }

@@ -65,11 +65,12 @@ VALUES ($1, 'x', 'k', 't', 1, '\x', now()) RETURNING id`, r.name).Scan(&v))
 	// entry), and three failed rows, the second under an older claim (1
 	// against 2).
 	plan := testenv.GenericPlan(t, pool, settleSQL,
-		list("done-lease-cleared", "done-claimed-again", "done", "done-other-owner"),
-		list("failed-fast", "failed-claimed-again", "failed-slow"),
-		"'{1000,5,3600000}'", "'{1,1,2}'", "'r1'", "'{3,1,1,1}'")
+		list("done-lease-cleared", "done-claimed-again", "done", "done-other-owner"), "'{3,1,1,1}'", "'r1'",
+		list("failed-fast", "failed-claimed-again", "failed-slow"), "'{1000,5,3600000}'", "'{1,1,2}'")
 	require.NotContains(t, plan, "Seq Scan on saga_outbox_pending", "the settle's generic plan on a new table:\n%s", plan)
 	require.Contains(t, plan, "saga_outbox_pending_pkey", "the settle's generic plan on a new table:\n%s", plan)
+	plan = testenv.GenericPlan(t, pool, settleDoneSQL, "'{-1}'", "'{1}'", "'r1'")
+	require.NotContains(t, plan, "Seq Scan on saga_outbox_pending", "the done rows' settle's generic plan on a new table:\n%s", plan)
 
 	type pending struct {
 		Name      string
