@@ -850,8 +850,8 @@ type settlement struct {
 // latestClaims keeps one entry per row id: that of its latest claim, the
 // one with the most attempts, with its delay when delays is not nil. A row
 // is listed twice only when it was claimed again after its lease ran out
-// while the older claim's settle still waited; settleSQL reads the first
-// entry of an id, and no claim but the latest can match the row. The
+// while the older claim's settle still waited; the settle statements read
+// the first entry of an id, and no claim but the latest can match the row. The
 // slices are returned as they are when no id repeats.
 func latestClaims(ids []int64, attempts []int32, delays []int64) ([]int64, []int32, []int64) {
 	if len(ids) < 2 {
@@ -1123,7 +1123,7 @@ func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error
 		}
 		if err == nil {
 			r.published.Add(marked)
-			r.failed.Add(int64(len(failed) - s.unsent))
+			r.failed.Add(int64(len(s.failed) - s.unsent))
 			if lost := int64(len(done)) - marked; lost > 0 {
 				r.cfg.Logger.Warn("outbox relay: confirmed rows were claimed again since this relay's claim (its lease ran out, or it was taken for dead); the newer claim, or an operator's replay, publishes them again",
 					"owner", r.cfg.Owner, "rows", lost, "confirmed", len(done), "lease", r.cfg.LeaseDuration)
