@@ -29,9 +29,9 @@ VALUES ($1, 'x', 'k', 't', 1, '\x', now())`, fmt.Sprint("first-", i))
 	plan := testenv.GenericPlan(t, pool, claimSQL, "'r1'", "60000", "64")
 	require.Contains(t, plan, "saga_outbox_pkey", "the claim's generic plan on a new table:\n%s", plan)
 
-	// The outbox grows; the plan cached on the new table is the one a
-	// relay's connection keeps using until the table is analyzed. Claimed
-	// rows are leased for a minute: the next claim takes the new ones.
+	// The outbox grows, still never analyzed: a generic plan built now (a
+	// relay connection opened later) looks the messages up by id too.
+	// Claimed rows are leased for a minute: this claim takes new ones.
 	_, err := pool.Exec(ctx, `INSERT INTO saga_outbox (message_id, exchange, routing_key, message_type, schema_version, body, occurred_at)
 SELECT 'm-' || i, 'x', 'k', 't', 1, '\x', now() FROM generate_series(1, 5000) i`)
 	require.NoError(t, err)
