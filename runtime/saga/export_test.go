@@ -26,3 +26,12 @@ func (e *Engine) TransitionForTest(ctx context.Context, tx pgx.Tx, w Snapshot, t
 // ClaimDueSQLForTest is the scanner's claim of due instances: $1 the
 // clock, $2 the limit, $3 the states it acts on.
 func (e *Engine) ClaimDueSQLForTest() string { return e.q.claimDue }
+
+// LockManySQLForTest locks a batch's instances: $1 their ids.
+func (e *Engine) LockManySQLForTest() string { return e.q.lockMany }
+
+// UpdateManySQLForTest writes a batch's staged instances: parallel arrays
+// of ids, stored versions, states, versions, data, attempts, pending
+// message ids, progress, timeouts, deadlines, last errors, review reasons
+// and update times.
+func (e *Engine) UpdateManySQLForTest() string { return e.q.updateMany }

@@ -235,7 +235,7 @@ func (c *lockCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 	switch {
 	case strings.Contains(d.SQL, "WHERE id = $1::uuid FOR UPDATE"):
 		c.n.one++
-	case strings.Contains(d.SQL, "WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE"):
+	case strings.Contains(d.SQL, "t WHERE t.id = ks.k FOR UPDATE) AS x"):
 		c.n.many++
 	}
 	return ctx

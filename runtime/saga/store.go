@@ -47,9 +47,17 @@ RETURNING id::text`,
 		existingByKey: `SELECT ` + columns + ` FROM ` + table + ` WHERE business_key = $1`,
 		lockByID:      `SELECT ` + columns + ` FROM ` + table + ` WHERE id = $1::uuid FOR UPDATE`,
 		lockByKey:     `SELECT ` + columns + ` FROM ` + table + ` WHERE business_key = $1 FOR UPDATE`,
-		lockMany:      `SELECT ` + columns + ` FROM ` + table + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE`,
-		selectByID:    `SELECT ` + columns + ` FROM ` + table + ` WHERE id = $1::uuid`,
-		selectByKey:   `SELECT ` + columns + ` FROM ` + table + ` WHERE business_key = $1`,
+		// lockMany locks the batch's instances one id at a time, in id
+		// order (so two batches lock what they share in the same order), each
+		// through the primary key. "WHERE id = ANY($1) ORDER BY id FOR
+		// UPDATE" had a generic plan, cached while the table was new (never
+		// analyzed: 10 pages assumed), that sorted a sequential scan of the
+		// whole table, and kept it as the table grew.
+		lockMany: `SELECT ` + columns + ` FROM (SELECT DISTINCT k FROM unnest($1::uuid[]) AS u(k) ORDER BY k) AS ks
+CROSS JOIN LATERAL (SELECT * FROM ` + table + ` t WHERE t.id = ks.k FOR UPDATE) AS x
+ORDER BY ks.k`,
+		selectByID:  `SELECT ` + columns + ` FROM ` + table + ` WHERE id = $1::uuid`,
+		selectByKey: `SELECT ` + columns + ` FROM ` + table + ` WHERE business_key = $1`,
 		update: `UPDATE ` + table + ` SET state = $3, version = $4, data = $5, attempt = $6,
 	pending_message_id = NULLIF($7, '')::uuid, progress = $8::jsonb, timeout_at = $9, deadline_at = $10,
 	last_error = NULLIF($11, ''), review_reason = NULLIF($12, ''), updated_at = $13

@@ -1,0 +1,97 @@
+package saga_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/testenv"
+)
+
+// TestBatchStatementsOnANewTable builds the generic plan (the one a
+// prepared statement keeps) of the batch's instance lock while the instance
+// table is new and has never been analyzed, as a service's first batches
+// do: it must find its rows through the primary key, not sort a scan of the
+// whole table. Then the batch's instance update runs, and each row gets the
+// values of its own entry in the arrays; a row whose stored version is not
+// the one given is left alone.
+func TestBatchStatementsOnANewTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	ctx := context.Background()
+	ids := []string{b.start(t, "o-1"), b.start(t, "o-2"), b.start(t, "o-3")}
+	list := func(vs ...string) string {
+		s := "'{"
+		for i, v := range vs {
+			if i > 0 {
+				s += ","
+			}
+			s += v
+		}
+		return s + "}'"
+	}
+
+	plan := testenv.GenericPlan(t, b.pool, b.engine.LockManySQLForTest(), list(ids[2], ids[0]))
+	require.NotContains(t, plan, "Seq Scan on saga_place_order", "the batch lock's generic plan on a new table:\n%s", plan)
+	require.Contains(t, plan, "saga_place_order_pkey", "the batch lock's generic plan on a new table:\n%s", plan)
+
+	// The ids in another order than the rows; o-1's stored version is
+	// not 1, so it keeps its row.
+	pending := newID()
+	plan = testenv.GenericPlan(t, b.pool, b.engine.UpdateManySQLForTest(),
+		list(ids[2], ids[0], ids[1]), list("1", "7", "1"),
+		list(stCompleted, stPayment, stShipping), list("2", "8", "2"),
+		list(`"\\x0c"`, `"\\x0a"`, `"\\x0b"`), list("3", "1", "2"),
+		list(`""`, `""`, pending), list(`"{\"c\": 3}"`, `"{}"`, `"{\"b\": 2}"`),
+		list("NULL", "NULL", `"2030-01-02T03:04:05Z"`), list(`"2030-02-03T04:05:06Z"`, "NULL", "NULL"),
+		list(`"c failed"`, `""`, `""`), list(`""`, `""`, `"b reviewed"`),
+		list(`"2030-01-01T00:00:03Z"`, `"2030-01-01T00:00:01Z"`, `"2030-01-01T00:00:02Z"`))
+	require.Contains(t, plan, "Update on saga_place_order", "the batch update's plan:\n%s", plan)
+
+	read := func(id string) stored {
+		t.Helper()
+		var s stored
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT state, version, encode(data, 'hex'), attempt, coalesce(pending_message_id::text, '-'),
+  coalesce(progress::text, '-'), timeout_at, deadline_at, coalesce(last_error, '-'), coalesce(review_reason, '-'), updated_at
+FROM saga_place_order WHERE id = $1`, id).Scan(&s.state, &s.version, &s.data, &s.attempt, &s.pending,
+			&s.progress, &s.timeout, &s.deadline, &s.lastError, &s.review, &s.updated))
+		return s
+	}
+	at := func(v string) *time.Time {
+		tm, err := time.Parse(time.RFC3339, v)
+		require.NoError(t, err)
+		return &tm
+	}
+	before := b.status(t, ids[0])
+	a := read(ids[0])
+	require.Equal(t, before.State, a.state, "o-1 was updated though its stored version is not 7")
+	require.EqualValues(t, 1, a.version)
+	require.Equal(t, stored{state: stShipping, version: 2, data: "0b", attempt: 2, pending: pending, progress: `{"b": 2}`,
+		timeout: at("2030-01-02T03:04:05Z"), lastError: "-", review: "b reviewed", updated: *at("2030-01-01T00:00:02Z")},
+		utc(read(ids[1])), "o-2")
+	require.Equal(t, stored{state: stCompleted, version: 2, data: "0c", attempt: 3, pending: "-", progress: `{"c": 3}`,
+		deadline: at("2030-02-03T04:05:06Z"), lastError: "c failed", review: "-", updated: *at("2030-01-01T00:00:03Z")},
+		utc(read(ids[2])), "o-3")
+}
+
+// stored is an instance row as the batch plan test reads it.
+type stored struct {
+	state, data, pending, progress, lastError, review string
+	version, attempt                                  int64
+	timeout, deadline                                 *time.Time
+	updated                                           time.Time
+}
+
+// utc is s with its times in UTC, as the want values are.
+func utc(s stored) stored {
+	for _, p := range []**time.Time{&s.timeout, &s.deadline} {
+		if *p != nil {
+			u := (*p).UTC()
+			*p = &u
+		}
+	}
+	s.updated = s.updated.UTC()
+	return s
+}
