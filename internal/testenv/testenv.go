@@ -347,6 +347,13 @@ func redact(raw string) string {
 	return u.Redacted()
 }
 
+// ArrayLiteral is a SQL array literal of elems, as GenericPlan takes its
+// arguments: ArrayLiteral("a", "b") is '{a,b}'. Elements are written as
+// given (quote one that needs it: `"two words"`).
+func ArrayLiteral(elems ...string) string {
+	return "'{" + strings.Join(elems, ",") + "}'"
+}
+
 // GenericPlan runs query under the generic plan, the plan a statement
 // prepared by pgx settles on after five executions and keeps while tables
 // grow, and returns its EXPLAIN ANALYZE (so the statement is executed, in a

@@ -50,14 +50,11 @@ VALUES ($1, 'x', 'k', 't', 1, '\x', now()) RETURNING id`, r.name).Scan(&v))
 		id[r.name] = v
 	}
 	list := func(names ...string) string {
-		s := "'{"
+		ids := make([]string, len(names))
 		for i, n := range names {
-			if i > 0 {
-				s += ","
-			}
-			s += fmt.Sprint(id[n])
+			ids[i] = fmt.Sprint(id[n])
 		}
-		return s + "}'"
+		return testenv.ArrayLiteral(ids...)
 	}
 
 	// Relay r1 settles four confirmed rows, the second of them under an
@@ -65,11 +62,11 @@ VALUES ($1, 'x', 'k', 't', 1, '\x', now()) RETURNING id`, r.name).Scan(&v))
 	// entry), and three failed rows, the second under an older claim (1
 	// against 2).
 	plan := testenv.GenericPlan(t, pool, settleSQL,
-		list("done-lease-cleared", "done-claimed-again", "done", "done-other-owner"), "'{3,1,1,1}'", "'r1'",
-		list("failed-fast", "failed-claimed-again", "failed-slow"), "'{1000,5,3600000}'", "'{1,1,2}'")
+		list("done-lease-cleared", "done-claimed-again", "done", "done-other-owner"), testenv.ArrayLiteral("3", "1", "1", "1"), "'r1'",
+		list("failed-fast", "failed-claimed-again", "failed-slow"), testenv.ArrayLiteral("1000", "5", "3600000"), testenv.ArrayLiteral("1", "1", "2"))
 	require.NotContains(t, plan, "Seq Scan on saga_outbox_pending", "the settle's generic plan on a new table:\n%s", plan)
 	require.Contains(t, plan, "saga_outbox_pending_pkey", "the settle's generic plan on a new table:\n%s", plan)
-	plan = testenv.GenericPlan(t, pool, settleDoneSQL, "'{-1}'", "'{1}'", "'r1'")
+	plan = testenv.GenericPlan(t, pool, settleDoneSQL, testenv.ArrayLiteral("-1"), testenv.ArrayLiteral("1"), "'r1'")
 	require.NotContains(t, plan, "Seq Scan on saga_outbox_pending", "the done rows' settle's generic plan on a new table:\n%s", plan)
 
 	type pending struct {

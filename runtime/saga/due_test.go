@@ -63,7 +63,7 @@ VALUES (gen_random_uuid(), $1, $2, '\x', $3, $4)`, c.key, c.state, c.timeout, c.
 
 	claim := b.engine.ClaimDueSQLForTest()
 	states := []string{stShipping}
-	plan := testenv.GenericPlan(t, b.pool, claim, "'"+now.Format(time.RFC3339Nano)+"'", "100", "'{"+stShipping+"}'")
+	plan := testenv.GenericPlan(t, b.pool, claim, "'"+now.Format(time.RFC3339Nano)+"'", "100", testenv.ArrayLiteral(stShipping))
 	require.Contains(t, plan, "Index Scan using saga_place_order_due_at on saga_place_order", "the claim's generic plan:\n%s", plan)
 	// The index leaves out the instances in manual review, whose deadline
 	// passed while they wait for an operator: the claim does not read
