@@ -22,33 +22,28 @@ func TestBatchStatementsOnANewTable(t *testing.T) {
 	b := setup(t, defOptions{})
 	ctx := context.Background()
 	ids := []string{b.start(t, "o-1"), b.start(t, "o-2"), b.start(t, "o-3")}
-	list := func(vs ...string) string {
-		s := "'{"
-		for i, v := range vs {
-			if i > 0 {
-				s += ","
-			}
-			s += v
-		}
-		return s + "}'"
-	}
-
-	plan := testenv.GenericPlan(t, b.pool, b.engine.LockManySQLForTest(), list(ids[2], ids[0]))
+	plan := testenv.GenericPlan(t, b.pool, b.engine.LockManySQLForTest(), testenv.ArrayLiteral(ids[2], ids[0]))
 	require.NotContains(t, plan, "Seq Scan on saga_place_order", "the batch lock's generic plan on a new table:\n%s", plan)
 	require.Contains(t, plan, "saga_place_order_pkey", "the batch lock's generic plan on a new table:\n%s", plan)
 
 	// The ids in another order than the rows; o-1's stored version is
-	// not 1, so it keeps its row.
+	// not 7, so it keeps its row.
 	pending := newID()
-	plan = testenv.GenericPlan(t, b.pool, b.engine.UpdateManySQLForTest(),
-		list(ids[2], ids[0], ids[1]), list("1", "7", "1"),
-		list(stCompleted, stPayment, stShipping), list("2", "8", "2"),
-		list(`"\\x0c"`, `"\\x0a"`, `"\\x0b"`), list("3", "1", "2"),
-		list(`""`, `""`, pending), list(`"{\"c\": 3}"`, `"{}"`, `"{\"b\": 2}"`),
-		list("NULL", "NULL", `"2030-01-02T03:04:05Z"`), list(`"2030-02-03T04:05:06Z"`, "NULL", "NULL"),
-		list(`"c failed"`, `""`, `""`), list(`""`, `""`, `"b reviewed"`),
-		list(`"2030-01-01T00:00:03Z"`, `"2030-01-01T00:00:01Z"`, `"2030-01-01T00:00:02Z"`))
-	require.Contains(t, plan, "Update on saga_place_order", "the batch update's plan:\n%s", plan)
+	at := func(v string) *time.Time {
+		tm, err := time.Parse(time.RFC3339, v)
+		require.NoError(t, err)
+		return &tm
+	}
+	tag, err := b.pool.Exec(ctx, b.engine.UpdateManySQLForTest(),
+		[]string{ids[2], ids[0], ids[1]}, []int64{1, 7, 1},
+		[]string{stCompleted, stPayment, stShipping}, []int64{2, 8, 2},
+		[][]byte{{0x0c}, {0x0a}, {0x0b}}, []int32{3, 1, 2},
+		[]string{"", "", pending}, []string{`{"c": 3}`, `{}`, `{"b": 2}`},
+		[]*time.Time{nil, nil, at("2030-01-02T03:04:05Z")}, []*time.Time{at("2030-02-03T04:05:06Z"), nil, nil},
+		[]string{"c failed", "", ""}, []string{"", "", "b reviewed"},
+		[]time.Time{*at("2030-01-01T00:00:03Z"), *at("2030-01-01T00:00:01Z"), *at("2030-01-01T00:00:02Z")})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, tag.RowsAffected())
 
 	read := func(id string) stored {
 		t.Helper()
@@ -58,11 +53,6 @@ func TestBatchStatementsOnANewTable(t *testing.T) {
 FROM saga_place_order WHERE id = $1`, id).Scan(&s.state, &s.version, &s.data, &s.attempt, &s.pending,
 			&s.progress, &s.timeout, &s.deadline, &s.lastError, &s.review, &s.updated))
 		return s
-	}
-	at := func(v string) *time.Time {
-		tm, err := time.Parse(time.RFC3339, v)
-		require.NoError(t, err)
-		return &tm
 	}
 	before := b.status(t, ids[0])
 	a := read(ids[0])
