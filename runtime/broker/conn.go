@@ -136,6 +136,19 @@ func (c *Conn) Blocked() (reason string, blocked bool) {
 	return g.blocked, g.blocked != ""
 }
 
+// Connected reports whether c has a live connection now (false while it
+// reconnects and after Close).
+func (c *Conn) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.closed:
+		return false
+	default:
+	}
+	return c.cur != nil
+}
+
 // Dial connects to the broker at url (amqp:// or amqps://) and keeps the
 // connection alive until Close. The first connection is retried with
 // backoff until ctx ends, so processes may start before the broker; refused

@@ -36,6 +36,13 @@ const (
 	// An idempotent participant (participant.Idempotent) then runs the
 	// command again rather than answer with the failure it stored.
 	HeaderOperatorRetry = "x-saga-operator-retry"
+	// HeaderCompensates is on a compensating command the saga sent for a
+	// step that stopped waiting without an answer (a timeout, an operator's
+	// compensate): the once key (message.OnceKey) of the command it undoes,
+	// which may not have run yet. An idempotent participant records that
+	// key as done, so the command, arriving after its compensation, has no
+	// effect.
+	HeaderCompensates = "x-saga-compensates"
 	// Parking-lot headers: why a message was parked and where it came from.
 	HeaderParkReason     = "x-park-reason"
 	HeaderParkClass      = "x-park-class"

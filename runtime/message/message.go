@@ -6,6 +6,7 @@ package message
 
 import (
 	"fmt"
+	"strconv"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -124,6 +125,21 @@ func (r *Registry) Decode(fullName string, body []byte) (Message, error) {
 	return m, nil
 }
 
+// OnceKey is the key a participant records its effect for command m under
+// (participant.Idempotent): the type's full name and the idempotency key
+// ("shop.inventory.v1.ReserveInventory/o-42"), and for a command an
+// operator retried after its step recorded a failure, the retry's count
+// ("…/o-42#operator-retry-1"), so the retry runs again instead of answering
+// with the stored failure. The saga engine computes the same key for the
+// command a compensation undoes (envelope.HeaderCompensates).
+func OnceKey(m Message, operatorRetry int) string {
+	key := m.SagaMessageInfo().FullName + "/" + m.IdempotencyKey()
+	if operatorRetry > 0 {
+		key += "#operator-retry-" + strconv.Itoa(operatorRetry)
+	}
+	return key
+}
+
 // SupportPackageIsVersion2 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
@@ -136,3 +152,8 @@ func (r *Registry) Decode(fullName string, body []byte) (Message, error) {
 // (sagadef.TriggerStuck). Code generated for version 1 fails at start with
 // sagadef.ErrStaleTable on this runtime, so version 1 is dropped.
 const SupportPackageIsVersion2 = true
+
+// SupportPackageIsVersion3 is referenced by code generated for hosts:
+// Register functions that take a *host.Host, the package's SagaPackage
+// description and typed ReplyTo functions (participant.ReplyLater).
+const SupportPackageIsVersion3 = true

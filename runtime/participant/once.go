@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -76,7 +75,10 @@ func Idempotent(service string, reg *message.Registry, fn Func) Func {
 		if !first {
 			return storedReply(ctx, tx, service, key, reg)
 		}
-		reply, err := fn(ctx, tx, cmd)
+		if err := compensates(ctx, tx, service, env); err != nil {
+			return nil, err
+		}
+		reply, err := fn(context.WithValue(ctx, onceRecordKey{}, onceRecord{service: service, key: key}), tx, cmd)
 		if err != nil || isNil(reply) {
 			return nil, err
 		}
@@ -101,29 +103,52 @@ WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInf
 }
 
 // CommandKey is the key [Idempotent] records a command under: its type's full
-// name and its idempotency key ("shop.inventory.v1.ReleaseInventory/o-42").
-// Use it with [Once] for effects that must happen once per command; unlike
-// [Idempotent], such effects are not run again for an operator's retry
-// after a recorded failure (Idempotent records CommandKey plus
-// "#operator-retry-N" for such a command).
-func CommandKey(cmd message.Message) string {
-	return cmd.SagaMessageInfo().FullName + "/" + cmd.IdempotencyKey()
-}
+// name and its idempotency key ("shop.inventory.v1.ReleaseInventory/o-42",
+// message.OnceKey). Use it with [Once] for effects that must happen once per
+// command; unlike [Idempotent], such effects are not run again for an
+// operator's retry after a recorded failure (Idempotent records CommandKey
+// plus "#operator-retry-N" for such a command).
+func CommandKey(cmd message.Message) string { return message.OnceKey(cmd, 0) }
 
-// onceKey is the key [Idempotent] records cmd under: [CommandKey], and for a
-// command an operator retried after its step recorded a failure
-// (envelope.HeaderOperatorRetry on env), the retry's count too
-// ("…/o-42#operator-retry-1"). The retry then runs the command again
-// instead of answering with the failure stored for the first try, and the
-// retry's own resends (after a timeout) share its key.
+// onceKey is the key [Idempotent] records cmd under: message.OnceKey with the
+// operator retry count env carries (envelope.HeaderOperatorRetry). The retry
+// then runs the command again instead of answering with the failure stored
+// for the first try, and the retry's own resends (after a timeout) share its
+// key.
 func onceKey(cmd message.Message, env *envelope.Envelope) string {
-	key := CommandKey(cmd)
+	n := 0
 	if env != nil {
-		if n, ok, err := envelope.HeaderInt(env.Headers, envelope.HeaderOperatorRetry); ok && err == nil && n > 0 {
-			key += "#operator-retry-" + strconv.FormatInt(n, 10)
+		if v, ok, err := envelope.HeaderInt(env.Headers, envelope.HeaderOperatorRetry); ok && err == nil && v > 0 {
+			n = int(v)
 		}
 	}
-	return key
+	return message.OnceKey(cmd, n)
+}
+
+// compensates records, for a compensating command that names the command it
+// undoes (envelope.HeaderCompensates), that command's key as done for
+// service, unless it ran already: the command, arriving after its
+// compensation, then finds its record and has no effect and no reply.
+func compensates(ctx context.Context, tx pgx.Tx, service string, env *envelope.Envelope) error {
+	if env == nil {
+		return nil
+	}
+	key, ok, err := envelope.HeaderString(env.Headers, envelope.HeaderCompensates)
+	if err != nil || !ok || key == "" {
+		return nil // a malformed hint is not this command's failure: the compensation still runs
+	}
+	if p, ok := txq.PartIf(ctx, tx, aheadKey{service}); ok {
+		if p.(*claimedAhead).settle(key) {
+			return nil
+		}
+	}
+	return txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
+		if err != nil {
+			return fmt.Errorf("participant %s: record %q as compensated before it ran: %w", service, key, err)
+		}
+		return nil
+	}, `INSERT INTO saga_participant_once (service, idempotency_key) VALUES ($1, $2)
+ON CONFLICT (service, idempotency_key) DO NOTHING`, service, key)
 }
 
 func storedReply(ctx context.Context, tx pgx.Tx, service, key string, reg *message.Registry) (message.Message, error) {
@@ -170,6 +195,18 @@ type claimedAhead struct {
 	service string
 	first   map[string]bool // per key claimed: whether the claim inserted it
 	taken   map[string]bool // keys Once has answered for
+}
+
+// settle makes a key the batch claimed ahead count as done, for a
+// compensation that overtook its command within the batch: the claim's
+// record stays (it is the command's record now) and the command's Once
+// answers "not the first". It reports whether the claim holds key.
+func (c *claimedAhead) settle(key string) bool {
+	if _, claimed := c.first[key]; !claimed {
+		return false
+	}
+	c.taken[key] = true
+	return true
 }
 
 // take answers Once for key from the claim: ok is false when key was not

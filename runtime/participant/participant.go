@@ -19,22 +19,27 @@
 //
 // The consumer's inbox dedupes deliveries by message id. A saga that resends a
 // command (a step retried after a timeout) sends a new message id with the
-// same idempotency key, so effects that must happen once per business
-// operation are guarded with [Once] (or [Idempotent], which also replays the
-// first reply), keyed by the command's IdempotencyKey.
+// same idempotency key, so effects must happen once per business operation:
+// [Idempotent] runs a command once per type and idempotency key and answers a
+// resend with the first reply. A participant registered through a host
+// (runtime/host, generated Register<Service>Participant) runs under it
+// without asking; [Once] guards single effects by hand.
 //
 // A compensation can overtake the command it undoes. The saga compensates a
 // step that stopped waiting without an answer (a timeout, an operator's
 // compensate), since its effect may have happened; but the command may not
 // have run yet (it waits in a retry tier, or its handler is slow), so the
-// compensating command can be handled first and the command after it. Neither
-// the inbox nor [Idempotent] can see this: they are keyed per command type.
-// A compensating handler that finds nothing to undo must leave a tombstone
-// (a row for the business key) that the command's handler checks and
-// answers with its failure reply, or the late effect stays for good: the
-// saga only audits that late reply (its compensation "covers" it). The Place
-// Order example's inventory does this (examples/placeorder/app, release and
-// reserve; TestReleaseOvertakingItsReservation).
+// compensating command can be handled first and the command after it. The
+// saga names the command on such a compensation (envelope.HeaderCompensates)
+// and [Idempotent] records it as done while it handles the compensation:
+// the command, arriving later, has no effect and sends no reply. This holds
+// when the command and its compensation have the same owner, which is how
+// contracts declare them.
+//
+// A participant that answers later (a human decision, a slow partner)
+// takes the command with [Later], returns [ErrReplyLater], and replies from
+// another transaction with the generated ReplyTo<Command>, which keeps the
+// command's causation ([ReplyLater]).
 package participant
 
 import (
@@ -117,14 +122,14 @@ func Defer(ctx context.Context, tx pgx.Tx, what, sql string, args ...any) error 
 
 // ErrReplyLater, returned by a Func (or a generated participant method),
 // commits the handler's effects and sends no reply now: the participant
-// answers later, in another transaction, with [ReplyEnvelope] built from the
-// command's envelope (see [Command]). The saga's step timeout still bounds the
-// wait. Under [Idempotent], a resend of that command (the step timed out and
-// retried it) is absorbed: the command answered later is the first one, so
-// the reply cites the first attempt. Give such a step the late-reply policy
-// "apply if still waiting" (LATE_REPLY_APPLY_IF_WAITING), under which a
-// reply to an earlier attempt completes the step while the saga still waits
-// on it; under "ignore" it would be dropped as late.
+// answers later, in another transaction, with the generated ReplyTo<Command>
+// and the [Pending] it took with [Later]. The saga's step timeout still
+// bounds the wait. Under [Idempotent], a resend of that command (the step
+// timed out and retried it) is absorbed: the command answered later is the
+// first one, so the reply cites the first attempt. Give such a step the
+// late-reply policy "apply if still waiting" (LATE_REPLY_APPLY_IF_WAITING),
+// under which a reply to an earlier attempt completes the step while the saga
+// still waits on it; under "ignore" it would be dropped as late.
 var ErrReplyLater = errors.New("participant: reply later")
 
 type commandKey struct{}

@@ -172,8 +172,14 @@ func (e *Engine) emit(ctx context.Context, tx pgx.Tx, sagaID string, msgs []saga
 		if err != nil {
 			return fmt.Errorf("saga %s: envelope for %s: %w", sagaID, m.Message.SagaMessageInfo().FullName, err)
 		}
-		if m.OperatorRetry > 0 {
-			env.Headers = map[string]any{envelope.HeaderOperatorRetry: m.OperatorRetry}
+		if m.OperatorRetry > 0 || m.Compensates != "" {
+			env.Headers = map[string]any{}
+			if m.OperatorRetry > 0 {
+				env.Headers[envelope.HeaderOperatorRetry] = m.OperatorRetry
+			}
+			if m.Compensates != "" {
+				env.Headers[envelope.HeaderCompensates] = m.Compensates
+			}
 		}
 		envs = append(envs, env)
 	}

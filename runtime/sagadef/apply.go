@@ -311,8 +311,31 @@ func (w *work) enterCompensation(i, attempt int) error {
 	if err != nil {
 		return err
 	}
+	if err := w.markCompensates(s); err != nil {
+		return err
+	}
 	w.out.PendingMessageID = id
 	w.note("sent %s to compensate step %s (attempt %d of %d)", shortName(s.Compensation), s.Name, attempt, s.maxAttempts())
+	return nil
+}
+
+// markCompensates names, on the compensation just emitted for step s, the
+// command it undoes when s stopped waiting without an answer: that command
+// may still be in a retry tier or a slow handler, and the participant must
+// not apply it after its compensation. The command is built again from the
+// saga data for its idempotency key.
+func (w *work) markCompensates(s *Step) error {
+	if w.mode.dry || s.Command == "" || !slices.Contains(w.progress().Stopped, s.Name) || len(w.emit) == 0 {
+		return nil
+	}
+	cmd, err := w.env.Hooks.Build(w.ctx, s.Command, w.out.Data)
+	if err != nil {
+		return fmt.Errorf("build %s to name it on its compensation: %w", s.Command, err)
+	}
+	if _, err := fullName(cmd); err != nil {
+		return fmt.Errorf("build %s to name it on its compensation: %w", s.Command, err)
+	}
+	w.emit[len(w.emit)-1].Compensates = message.OnceKey(cmd, w.out.Progress.OperatorRetries[s.Command])
 	return nil
 }
 

@@ -92,6 +92,7 @@ func TestScenarios(t *testing.T) {
 			h.RequireState(sCompReserve)
 			h.RequireSent(pReleaseInventory)
 			require.Equal(t, h.Last().Emit[0].MessageID, h.Instance().PendingMessageID)
+			require.Empty(t, h.Last().Emit[0].Compensates, "the step answered: its command ran, nothing can overtake it")
 			require.True(t, h.Instance().DeadlineAt.IsZero(), "the deadline bounds the forward path only")
 			h.Reply(msg(pInventoryReleased))
 			h.RequireClass(sagadef.ClassNew)
@@ -130,10 +131,13 @@ func TestScenarios(t *testing.T) {
 		{"timed-out compensatable step is compensated", placeOrder, func(t *testing.T, h *sagatest.Harness) {
 			h.Start(msg(pPlaceOrder))
 			reserve := h.Instance().PendingMessageID
+			cmd := h.LastSent(pReserveInventory).Message
 			h.Timeout()
 			h.RequireState(sCompReserve)
 			h.RequireSent(pReleaseInventory)
 			require.Equal(t, []string{"ReserveInventory"}, h.Instance().Progress.Stopped)
+			require.Equal(t, message.OnceKey(cmd, 0), h.LastSent(pReleaseInventory).Compensates,
+				"the compensation names the command it undoes, which may still be on its way")
 			// The reservation happened after all: the compensation covers it.
 			v := h.Instance().Version
 			h.ReplyTo(reserve, msg(pInventoryReserved))

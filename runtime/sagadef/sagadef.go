@@ -306,6 +306,10 @@ type Outgoing struct {
 	// an operator retried or compensated again after a recorded failure,
 	// and the engine says so in the envelope (envelope.HeaderOperatorRetry).
 	OperatorRetry int
+	// Compensates is set on a compensating command for a step that stopped
+	// waiting without an answer: the once key (message.OnceKey) of the
+	// step's command, which may still be on its way (envelope.HeaderCompensates).
+	Compensates string
 }
 
 // Env is what [Definition.Apply] needs from outside: the clock, an id source
