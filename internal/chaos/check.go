@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/protosaga/saga/examples/placeorder/app"
 	"github.com/protosaga/saga/runtime/broker"
 )
 
@@ -31,7 +30,7 @@ type Report struct {
 	NodeStarts     int            // every start, restarts included
 	Kills          map[string]int // "crash:<point>" or "random"
 	ServerRestarts map[string]int // "broker", "postgres"
-	Faults         map[string]int // injected participant faults by kind (app.Fault*)
+	Faults         map[string]int // injected participant faults by kind (Fault*)
 
 	AuditRows   int
 	Duplicates  int // audited duplicate deliveries to the saga (absorbed)
@@ -381,7 +380,7 @@ FROM inventory_stock s`)
 // or parked it.
 func (r *run) checkMessages(ctx context.Context, rep *Report) error {
 	routes := map[[2]string][]string{} // exchange, routing key → queues
-	for _, b := range app.Topology(broker.QueueQuorum, retryPolicy).Bindings {
+	for _, b := range Topology(broker.QueueQuorum, retryPolicy).Bindings {
 		k := [2]string{b.Exchange, b.RoutingKey}
 		routes[k] = append(routes[k], b.Queue)
 	}

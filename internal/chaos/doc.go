@@ -5,7 +5,7 @@
 //
 // The soak binary (examples/placeorder/cmd/soak) runs in two modes. As a
 // node (RunNode) it is the Place Order application running some roles
-// (app.Role): relays, orchestrators (the saga's reply consumer and timeout
+// (Role): relays, orchestrators (the saga's reply consumer and timeout
 // scanner) or participants. As the driver (Run) it builds the fleet — two
 // relays, two orchestrators and several participant processes by default —
 // from that one binary, and keeps it running: every node that dies is
@@ -15,11 +15,11 @@
 //
 // While the driver starts sagas at a steady rate:
 //
-//   - participants fail at random (app.Faults, decided by a seeded hash of
+//   - participants fail at random (Faults, decided by a seeded hash of
 //     each delivery): transient errors, replies held back past the step's
 //     (short, overridden) timeout, duplicate replies; business failures come
 //     from the orders (declined cards, products out of stock);
-//   - nodes are SIGKILLed at named crash points (app.CrashPoint): a node
+//   - nodes are SIGKILLed at named crash points (CrashPoint): a node
 //     armed at a point announces it on its standard output ("CRASH point")
 //     and stands still there until the driver kills it — after a
 //     consumer's commit and before its ack, after a relay's confirmed

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/protosaga/saga/examples/placeorder/app"
 )
 
 // Fleet runs node processes of the soak binary and keeps them running: a
@@ -45,7 +43,7 @@ type Proc struct {
 	Name string
 	f    *Fleet
 	cfg  NodeConfig
-	arm  func(incarnation int) map[app.CrashPoint]int
+	arm  func(incarnation int) map[CrashPoint]int
 
 	mu          sync.Mutex
 	pid         int
@@ -65,7 +63,7 @@ type RSSSample struct {
 
 // Add starts a supervised process. arm, when not nil, arms crash points for
 // each incarnation (1 = the first start).
-func (f *Fleet) Add(ctx context.Context, cfg NodeConfig, arm func(incarnation int) map[app.CrashPoint]int) *Proc {
+func (f *Fleet) Add(ctx context.Context, cfg NodeConfig, arm func(incarnation int) map[CrashPoint]int) *Proc {
 	p := &Proc{Name: cfg.Name, f: f, cfg: cfg, arm: arm}
 	f.mu.Lock()
 	f.procs = append(f.procs, p)

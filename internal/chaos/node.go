@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protosaga/saga/examples/placeorder/app"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
 )
 
@@ -41,12 +44,12 @@ type NodeConfig struct {
 	// the vhost.
 	PostgresURL, AMQPURL string
 	// Roles are the parts of the application the node runs.
-	Roles []app.Role
+	Roles []Role
 	// Crash arms crash points (point → passage that fires it).
-	Crash map[app.CrashPoint]int
+	Crash map[CrashPoint]int
 	// Faults are the participant faults to inject (Observe is set by the
 	// node).
-	Faults app.Faults
+	Faults Faults
 	// StepTimeout overrides every step's timeout; zero keeps the contract's.
 	StepTimeout time.Duration
 	// RelayLease is the relays' outbox lease.
@@ -85,7 +88,7 @@ func RunNode(ctx context.Context, cfg NodeConfig, out, logw io.Writer) error {
 	if cfg.KillWait <= 0 {
 		cfg.KillWait = 10 * time.Second
 	}
-	crashes := app.NewCrashes(func(p app.CrashPoint) {
+	crashes := NewCrashes(func(p CrashPoint) {
 		lw.line("%s %s", LineCrash, p)
 		time.Sleep(cfg.KillWait)
 		logger.Error("crash point not killed by the driver; killing myself", "point", p)
@@ -104,35 +107,42 @@ func RunNode(ctx context.Context, cfg NodeConfig, out, logw io.Writer) error {
 	}
 	defer pool.Close()
 
-	faults := cfg.Faults
-	faults.Observe = func(kind string) { lw.line("%s %s", LineFault, kind) }
-	var timeouts map[string]time.Duration
-	if cfg.StepTimeout > 0 {
-		timeouts = map[string]time.Duration{}
-		for _, s := range Steps {
-			timeouts[s] = cfg.StepTimeout
-		}
+	if err := cfg.Faults.Validate(); err != nil {
+		return fmt.Errorf("node %s: %w", cfg.Name, err)
 	}
-	acfg := app.Config{
+	faults := newInjector(cfg.Faults)
+	faults.Observe = func(kind string) { lw.line("%s %s", LineFault, kind) }
+	hcfg := host.Config{
+		Service:             cfg.Name,
 		Pool:                pool,
 		AMQPURL:             cfg.AMQPURL,
-		Roles:               cfg.Roles,
-		Relays:              1,
+		HTTPAddr:            host.HTTPOff,
+		Relays:              host.NoRelays,
 		Concurrency:         cfg.Concurrency,
 		BatchSize:           cfg.BatchSize,
 		Retry:               cfg.Retry,
 		TimeoutScanInterval: 250 * time.Millisecond,
 		DrainTimeout:        10 * time.Second,
-		StepTimeouts:        timeouts,
 		RelayLease:          cfg.RelayLease,
-		Crashes:             crashes,
-		Faults:              &faults,
 		Logger:              logger,
+		ParticipantMiddleware: func(service string, next participant.Func) participant.Func {
+			return faults.Middleware(service, crashes.Middleware(service, next))
+		},
 	}
-	var a *app.App
+	if slices.Contains(cfg.Roles, RoleRelay) {
+		hcfg.Relays = 1
+	}
+	if cfg.StepTimeout > 0 {
+		timeouts := map[string]time.Duration{}
+		for _, s := range Steps {
+			timeouts[s] = cfg.StepTimeout
+		}
+		hcfg.StepTimeouts = map[string]map[string]time.Duration{orderv1.PlaceOrderDefinition().Name: timeouts}
+	}
+	var h *host.Host
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		a, err = app.New(ctx, acfg)
+		h, err = startNode(ctx, hcfg, cfg.Roles)
 		if err == nil {
 			break
 		}
@@ -149,14 +159,36 @@ func RunNode(ctx context.Context, cfg NodeConfig, out, logw io.Writer) error {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	defer a.Close()
-	runErr := make(chan error, 1)
-	go func() { runErr <- a.Run(ctx) }()
+	slowCtx, stopSlow := context.WithCancel(ctx)
+	defer stopSlow()
+	go func() { _ = faults.runSlowReplies(slowCtx, pool, logger) }()
 	lw.line("%s %d", LineReady, os.Getpid())
-	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
+	select {
+	case <-ctx.Done():
+	case <-h.Failed():
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := h.Stop(stopCtx); err != nil {
 		return fmt.Errorf("node %s: %w", cfg.Name, err)
 	}
 	return nil
+}
+
+// startNode builds and starts a host running roles.
+func startNode(ctx context.Context, cfg host.Config, roles []Role) (*host.Host, error) {
+	h, err := host.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := register(h, roles); err != nil {
+		h.Close()
+		return nil, err
+	}
+	if err := h.Start(ctx); err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // Args renders cfg as the soak binary's node flags (see ParseNodeArgs).
@@ -218,10 +250,10 @@ func ParseNodeArgs(args []string) (NodeConfig, error) {
 		return cfg, err
 	}
 	var err error
-	if cfg.Roles, err = app.ParseRoles(roles); err != nil {
+	if cfg.Roles, err = ParseRoles(roles); err != nil {
 		return cfg, err
 	}
-	if cfg.Crash, err = app.ParseCrashArm(crash); err != nil {
+	if cfg.Crash, err = ParseCrashArm(crash); err != nil {
 		return cfg, err
 	}
 	for t := range strings.SplitSeq(tiers, ",") {

@@ -49,7 +49,7 @@ func TestPoisonMessagesParkedWithoutSpinning(t *testing.T) {
 
 	fleet := chaos.NewFleet(bin, t.TempDir(), t.Logf)
 	node := fleet.Add(ctx, chaos.NodeConfig{
-		Name: "poison-target", PostgresURL: pgURL, AMQPURL: amqpURL, Roles: app.AllRoles(),
+		Name: "poison-target", PostgresURL: pgURL, AMQPURL: amqpURL, Roles: chaos.AllRoles(),
 		Retry: retry.Policy{Tiers: []time.Duration{100 * time.Millisecond}, MaxAttempts: 3},
 	}, nil)
 	t.Cleanup(func() { fleet.Stop(20 * time.Second) })

@@ -64,7 +64,7 @@ type Config struct {
 	// restarted, evenly spread over the load phase.
 	BrokerRestarts, PostgresRestarts int
 
-	// Participant faults (see app.Faults) and the step timeout they race.
+	// Participant faults (see Faults) and the step timeout they race.
 	Transient, Slow, Duplicate float64
 	SlowDelay                  time.Duration
 	StepTimeout                time.Duration
@@ -159,7 +159,7 @@ type run struct {
 	mu       sync.Mutex
 	orders   []*order
 	restarts map[string]int
-	fired    map[app.CrashPoint]bool
+	fired    map[CrashPoint]bool
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -182,7 +182,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		id:       "soak_" + hex.EncodeToString(b[:]),
 		rng:      mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		restarts: map[string]int{},
-		fired:    map[app.CrashPoint]bool{},
+		fired:    map[CrashPoint]bool{},
 	}
 	if r.cfg.LogDir == "" {
 		dir, err := os.MkdirTemp("", r.id+"-")
@@ -310,16 +310,16 @@ func (r *run) setup(ctx context.Context) error {
 }
 
 // pointsFor says which crash points a node's roles can reach.
-func pointsFor(roles []app.Role) []app.CrashPoint {
-	var points []app.CrashPoint
-	if slices.Contains(roles, app.RoleRelay) {
-		points = append(points, app.CrashAfterPublish)
+func pointsFor(roles []Role) []CrashPoint {
+	var points []CrashPoint
+	if slices.Contains(roles, RoleRelay) {
+		points = append(points, CrashAfterPublish)
 	}
 	switch {
-	case slices.Contains(roles, app.RoleOrchestrator):
-		points = append(points, app.CrashAfterCommit)
-	case slices.ContainsFunc(roles, func(r app.Role) bool { return slices.Contains(app.ParticipantRoles(), r) }):
-		points = append(points, app.CrashMidCompensation, app.CrashCompensationCommitted, app.CrashAfterCommit)
+	case slices.Contains(roles, RoleOrchestrator):
+		points = append(points, CrashAfterCommit)
+	case slices.ContainsFunc(roles, func(r Role) bool { return slices.Contains(ParticipantRoles(), r) }):
+		points = append(points, CrashMidCompensation, CrashCompensationCommitted, CrashAfterCommit)
 	}
 	return points
 }
@@ -328,7 +328,7 @@ func (r *run) startFleet(ctx context.Context) {
 	base := NodeConfig{
 		PostgresURL: r.pgURL,
 		AMQPURL:     r.amqp,
-		Faults: app.Faults{
+		Faults: Faults{
 			Seed: r.cfg.Seed, Transient: r.cfg.Transient, Slow: r.cfg.Slow, SlowDelay: r.cfg.SlowDelay, Duplicate: r.cfg.Duplicate,
 		},
 		StepTimeout: r.cfg.StepTimeout,
@@ -337,18 +337,18 @@ func (r *run) startFleet(ctx context.Context) {
 		Concurrency: 2,
 		BatchSize:   8,
 	}
-	add := func(name string, roles []app.Role) {
+	add := func(name string, roles []Role) {
 		cfg := base
 		cfg.Name, cfg.Roles = name, roles
-		var arm func(int) map[app.CrashPoint]int
+		var arm func(int) map[CrashPoint]int
 		if r.cfg.CrashPoints {
 			points := pointsFor(roles)
-			arm = func(int) map[app.CrashPoint]int { return r.arm(points) }
+			arm = func(int) map[CrashPoint]int { return r.arm(points) }
 		}
 		r.fleet.Add(ctx, cfg, arm)
 	}
 	for i := range r.cfg.Relays {
-		add(fmt.Sprintf("relay-%d", i+1), []app.Role{app.RoleRelay})
+		add(fmt.Sprintf("relay-%d", i+1), []Role{RoleRelay})
 	}
 	// Orchestrator and participant nodes run a relay too, so their
 	// consumers hand committed rows to it (outbox.WithRelay) and a kill
@@ -356,10 +356,10 @@ func (r *run) startFleet(ctx context.Context) {
 	// the relay nodes claim what is written outside consumers (the
 	// driver's starts) and what dead nodes left behind.
 	for i := range r.cfg.Orchestrators {
-		add(fmt.Sprintf("orchestrator-%d", i+1), []app.Role{app.RoleOrchestrator, app.RoleRelay})
+		add(fmt.Sprintf("orchestrator-%d", i+1), []Role{RoleOrchestrator, RoleRelay})
 	}
 	for i := range r.cfg.Participants {
-		add(fmt.Sprintf("participants-%d", i+1), append(app.ParticipantRoles(), app.RoleRelay))
+		add(fmt.Sprintf("participants-%d", i+1), append(ParticipantRoles(), RoleRelay))
 	}
 }
 
@@ -371,11 +371,11 @@ func (r *run) startFleet(ctx context.Context) {
 // node for a whole run when the nodes that would have rotated to it were
 // not killed again: a short soak of 200 sagas ended with no kill at
 // compensation-after-commit.)
-func (r *run) arm(points []app.CrashPoint) map[app.CrashPoint]int {
+func (r *run) arm(points []CrashPoint) map[CrashPoint]int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.markFired()
-	armed := map[app.CrashPoint]int{}
+	armed := map[CrashPoint]int{}
 	for _, p := range points {
 		if !r.fired[p] {
 			armed[p] = r.passage(p)
@@ -386,14 +386,14 @@ func (r *run) arm(points []app.CrashPoint) map[app.CrashPoint]int {
 	}
 	if r.rng.Float64() < r.cfg.Rearm {
 		p := points[r.rng.IntN(len(points))]
-		return map[app.CrashPoint]int{p: r.passage(p)}
+		return map[CrashPoint]int{p: r.passage(p)}
 	}
 	return nil
 }
 
 // passage picks which passage of p fires it (r.mu held).
-func (r *run) passage(p app.CrashPoint) int {
-	if p == app.CrashAfterCommit || p == app.CrashAfterPublish {
+func (r *run) passage(p CrashPoint) int {
+	if p == CrashAfterCommit || p == CrashAfterPublish {
 		// Somewhere in the node's next few hundred batches.
 		return 1 + r.rng.IntN(150)
 	}
@@ -403,7 +403,7 @@ func (r *run) passage(p app.CrashPoint) int {
 // markFired records the crash points that killed a node so far (r.mu held).
 func (r *run) markFired() {
 	_, kills, _ := r.fleet.Counts()
-	for _, p := range app.CrashPoints() {
+	for _, p := range CrashPoints() {
 		if kills["crash:"+string(p)] > 0 {
 			r.fired[p] = true
 		}

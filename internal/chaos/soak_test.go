@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/protosaga/saga/examples/placeorder/app"
 	"github.com/protosaga/saga/internal/chaos"
 	"github.com/protosaga/saga/internal/testenv"
 )
@@ -95,12 +94,12 @@ func TestSoakShort(t *testing.T) {
 	require.Equal(t, 200, rep.Sagas)
 	require.Zero(t, rep.Lost)
 	require.Zero(t, rep.DoubleEffects)
-	for _, p := range app.CrashPoints() {
+	for _, p := range chaos.CrashPoints() {
 		require.Positive(t, rep.Kills["crash:"+string(p)], "no node was killed at %s", p)
 	}
 	require.Equal(t, 1, rep.ServerRestarts["broker"], "the broker restart did not happen")
 	require.Equal(t, 1, rep.ServerRestarts["postgres"], "the PostgreSQL restart did not happen")
-	for _, f := range []string{app.FaultTransient, app.FaultSlow, app.FaultDuplicate} {
+	for _, f := range []string{chaos.FaultTransient, chaos.FaultSlow, chaos.FaultDuplicate} {
 		require.Positive(t, rep.Faults[f], "no %s fault was injected", f)
 	}
 	require.Positive(t, rep.Duplicates, "no duplicate reached the saga")

@@ -23,6 +23,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -192,13 +193,12 @@ func (inventory) ReleaseInventory(context.Context, pgx.Tx, *inventoryv1.ReleaseI
 	return nil, errors.New("unavailable")
 }
 
-// TestParticipantDispatch exercises the generated participant registration:
-// queue name, dispatch by command type, errors passed through, a missing
-// reply and an unknown command parked as permanent failures.
+// TestParticipantDispatch exercises the generated participant dispatch:
+// by command type, errors passed through, a missing reply and an unknown
+// command parked as permanent failures.
 func TestParticipantDispatch(t *testing.T) {
 	t.Parallel()
-	queue, handle := inventoryv1.RegisterInventoryParticipant(inventory{})
-	require.Equal(t, "inventory.commands", queue)
+	handle := participant.Handler(inventoryv1.InventoryParticipantFunc(inventory{}))
 	deliver := func(m message.Message) error {
 		env := envelope.Envelope{MessageID: "m-1", MessageType: m.SagaMessageInfo().FullName}
 		return handle(context.Background(), nil, &consumer.Delivery{Envelope: env, Message: m})

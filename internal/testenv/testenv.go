@@ -304,6 +304,25 @@ func KillAMQPConnections(t testing.TB, amqpURL string) int {
 	return n
 }
 
+// AMQPConnections returns how many client connections the management API
+// lists on the vhost of amqpURL (its view lags by up to a few seconds).
+func AMQPConnections(t testing.TB, amqpURL string) int {
+	t.Helper()
+	vhost, err := VHost(amqpURL)
+	if err != nil {
+		t.Fatalf("testenv: vhost of %s: %v", redact(amqpURL), err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var conns []struct {
+		Name string `json:"name"`
+	}
+	if err := rabbitAPI(ctx, http.MethodGet, "/vhosts/"+url.PathEscape(vhost)+"/connections", nil, &conns); err != nil {
+		t.Fatalf("testenv: list connections of vhost %s: %v", vhost, err)
+	}
+	return len(conns)
+}
+
 // QueueDepth returns the number of ready messages in queue on the vhost of
 // amqpURL, as the management API reports it (it lags by up to a second).
 func QueueDepth(t testing.TB, amqpURL, queue string) int {

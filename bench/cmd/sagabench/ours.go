@@ -16,6 +16,7 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/schema"
 )
@@ -47,7 +48,8 @@ func (c oursConfig) String() string {
 // fresh schema and vhost.
 type oursSystem struct {
 	infra
-	app *app.App
+	host       *host.Host
+	placeOrder *orderv1.PlaceOrder
 }
 
 func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logger) (*oursSystem, error) {
@@ -64,18 +66,33 @@ func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logg
 	if workers == 0 {
 		workers = 4
 	}
-	// app.Config.Pool: "Size it for 3 × Relays + 5 consumers × Concurrency + 2";
+	// host.Config.Pool: "4 per relay, Concurrency+1 per registered participant or saga";
 	// plus headroom for starts and polls.
 	relays := max(c.Relays, 1)
 	if s.pool, err = s.schema.Pool(ctx, int32(3*relays+5*workers+2+6), &s.stmts); err != nil {
 		s.Close()
 		return nil, err
 	}
-	s.app, err = app.New(ctx, app.Config{
-		Pool: s.pool, AMQPURL: s.vhost.URL, QueueType: broker.QueueType(c.QueueType),
-		Relays: c.Relays, Concurrency: c.Concurrency, Prefetch: c.Prefetch, BatchSize: c.BatchSize,
+	relaysCfg := c.Relays
+	if relaysCfg == 0 {
+		relaysCfg = 1
+	}
+	s.host, err = host.New(ctx, host.Config{
+		Service: "sagabench", Pool: s.pool, AMQPURL: s.vhost.URL, HTTPAddr: host.HTTPOff,
+		QueueType: broker.QueueType(c.QueueType), Relays: relaysCfg,
+		Concurrency: c.Concurrency, Prefetch: c.Prefetch, BatchSize: c.BatchSize,
+		// Every reservation updates a few hot stock rows: one worker applying
+		// whole batches shares the commit and never waits on the others.
+		Queues: map[string]host.QueueTuning{"inventory.commands": {Concurrency: 1}},
 		Logger: logger,
 	})
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if s.placeOrder, err = app.Register(s.host); err == nil {
+		err = s.host.Migrate(ctx) // the sagas are pre-loaded before Run
+	}
 	if err != nil {
 		s.Close()
 		return nil, err
@@ -90,7 +107,7 @@ func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logg
 func (s *oursSystem) StartBatch(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		for _, r := range reqs {
-			if _, _, err := s.app.PlaceOrder.StartTx(ctx, tx, r, envelope.Meta{}); err != nil {
+			if _, _, err := s.placeOrder.StartTx(ctx, tx, r, envelope.Meta{}); err != nil {
 				return fmt.Errorf("start order %s: %w", r.GetOrderId(), err)
 			}
 		}
@@ -99,13 +116,13 @@ func (s *oursSystem) StartBatch(ctx context.Context, reqs []*orderv1.PlaceOrderR
 }
 
 func (s *oursSystem) Start(ctx context.Context, req *orderv1.PlaceOrderRequest) error {
-	if _, _, err := s.app.PlaceOrder.Start(ctx, req, envelope.Meta{}); err != nil {
+	if _, _, err := s.placeOrder.Start(ctx, req, envelope.Meta{}); err != nil {
 		return fmt.Errorf("start order %s: %w", req.GetOrderId(), err)
 	}
 	return nil
 }
 
-func (s *oursSystem) Run(ctx context.Context) error { return s.app.Run(ctx) }
+func (s *oursSystem) Run(ctx context.Context) error { return s.host.Run(ctx) }
 
 // StepsDone: every applied transition writes an audit row of class "new";
 // each saga's first is its start.
@@ -138,8 +155,8 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY s), percentile_cont(0.99) WIT
 }
 
 func (s *oursSystem) Close() {
-	if s.app != nil {
-		s.app.Close()
+	if s.host != nil {
+		s.host.Close() // a no-op once Run has stopped it
 	}
 	s.close()
 }

@@ -2,7 +2,6 @@ package app_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/examples/placeorder/app"
+	"github.com/protosaga/saga/examples/placeorder/internal/script"
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
@@ -26,6 +26,7 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 )
@@ -48,58 +49,60 @@ func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c
 func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 type testBundle struct {
-	app     *app.App
-	pool    *pgxpool.Pool
-	amqpURL string
-	clock   *clock
-	script  *app.Script
-	stop    func() error // stops the app and returns Run's error (once)
+	host       *host.Host
+	placeOrder *orderv1.PlaceOrder
+	pool       *pgxpool.Pool
+	amqpURL    string
+	clock      *clock
+	script     *script.Script
+	stop       func() error // stops the host and returns its error (once)
 }
 
-// setup runs one Place Order fleet on a fresh schema and vhost with short
-// retry tiers and a fast timeout scanner.
+// config is the test fleet's host configuration: short retry tiers, a fast
+// timeout scanner, the script's faults and the test's clock.
+func (b *testBundle) config() host.Config {
+	return host.Config{
+		Service:               "placeorder-test",
+		Pool:                  b.pool,
+		AMQPURL:               b.amqpURL,
+		HTTPAddr:              "127.0.0.1:0",
+		Concurrency:           2,
+		BatchSize:             8,
+		Retry:                 retry.Policy{Tiers: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, MaxAttempts: 4},
+		TimeoutScanInterval:   100 * time.Millisecond,
+		DrainTimeout:          5 * time.Second,
+		Now:                   b.clock.Now,
+		ParticipantMiddleware: b.script.Middleware,
+		Logger:                slog.New(slog.DiscardHandler),
+	}
+}
+
+// setup runs one Place Order fleet on a fresh schema and vhost: the example
+// registered on a started host.
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	ctx := context.Background()
-	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t), clock: &clock{}, script: app.NewScript()}
-	a, err := app.New(ctx, app.Config{
-		Pool:                b.pool,
-		AMQPURL:             b.amqpURL,
-		Concurrency:         2,
-		BatchSize:           8,
-		Retry:               retry.Policy{Tiers: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, MaxAttempts: 4},
-		TimeoutScanInterval: 100 * time.Millisecond,
-		DrainTimeout:        5 * time.Second,
-		Now:                 b.clock.Now,
-		Script:              b.script,
-		Logger:              slog.New(slog.DiscardHandler),
-	})
+	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t), clock: &clock{}, script: script.New()}
+	h, err := host.New(ctx, b.config())
 	require.NoError(t, err)
-	b.app = a
+	b.placeOrder, err = app.Register(h)
+	require.NoError(t, err)
+	require.NoError(t, h.Start(ctx))
+	b.host = h
 	for p, n := range map[string]int32{"widget": 1000, "gadget": 1000, "sold-out": 0} {
-		require.NoError(t, a.Restock(ctx, p, n))
+		require.NoError(t, app.Restock(ctx, b.pool, p, n))
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
 	var once sync.Once
-	var runErr error
+	var stopErr error
 	b.stop = func() error {
 		once.Do(func() {
-			cancel()
-			select {
-			case runErr = <-done:
-			case <-time.After(20 * time.Second):
-				runErr = errors.New("app did not stop within 20s")
-			}
+			stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			stopErr = h.Stop(stopCtx)
 		})
-		return runErr
+		return stopErr
 	}
-	t.Cleanup(func() {
-		err := b.stop()
-		a.Close()
-		require.NoError(t, err)
-	})
+	t.Cleanup(func() { require.NoError(t, b.stop()) })
 	return b
 }
 
@@ -119,7 +122,7 @@ func request(orderID string) *orderv1.PlaceOrderRequest {
 
 func (b *testBundle) start(t *testing.T, req *orderv1.PlaceOrderRequest) string {
 	t.Helper()
-	id, created, err := b.app.PlaceOrder.Start(context.Background(), req, envelope.Meta{})
+	id, created, err := b.placeOrder.Start(context.Background(), req, envelope.Meta{})
 	require.NoError(t, err)
 	require.True(t, created)
 	return id
@@ -130,7 +133,7 @@ func (b *testBundle) wait(t *testing.T, sagaID, what string, ok func(saga.Status
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
 	for {
-		st, err := b.app.PlaceOrder.Status(context.Background(), sagaID)
+		st, err := b.placeOrder.Status(context.Background(), sagaID)
 		require.NoError(t, err)
 		if ok(st) {
 			return st
@@ -167,7 +170,7 @@ func short(name string) string { return name[strings.LastIndex(name, ".")+1:] }
 
 func (b *testBundle) audit(t *testing.T, sagaID string) []saga.AuditRecord {
 	t.Helper()
-	recs, err := b.app.PlaceOrder.Engine().History(context.Background(), sagaID)
+	recs, err := b.placeOrder.Engine().History(context.Background(), sagaID)
 	require.NoError(t, err)
 	return recs
 }
@@ -391,7 +394,7 @@ FROM saga_parked WHERE message_id = 'poison-1'`).Scan(&queue, &class, &reason, &
 	t.Run("NothingElseParkedOrStuck", func(t *testing.T) {
 		require.Equal(t, 1, b.parkedCount(t), "only the poison message")
 		for order, id := range ids {
-			st, err := b.app.PlaceOrder.Status(context.Background(), id)
+			st, err := b.placeOrder.Status(context.Background(), id)
 			require.NoError(t, err)
 			require.True(t, st.Terminal(), "%s is in %s", order, st.State)
 		}
@@ -444,7 +447,7 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 	})
 
 	t.Run("LateReplyCoveredByCompensation", func(t *testing.T) {
-		sent, err := b.app.SendHeldReply(ctx, "o-silent-inventory")
+		sent, err := b.script.SendHeldReply(ctx, b.pool, "o-silent-inventory")
 		require.NoError(t, err)
 		require.True(t, sent)
 		eventually(t, "the late reply to be audited", func() bool { return len(b.audit(t, silent)) == 4 })
@@ -452,7 +455,7 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 		require.Equal(t, step{"FAILED", "FAILED", "InventoryReserved", "late"},
 			step{last.From, last.To, short(last.Trigger), last.Class})
 		require.Contains(t, last.Note, "compensation covers it")
-		st, err := b.app.PlaceOrder.Status(ctx, silent)
+		st, err := b.placeOrder.Status(ctx, silent)
 		require.NoError(t, err)
 		require.Equal(t, orderv1.PlaceOrderStateFailed, st.State)
 		require.Equal(t, last.Version, st.Version, "no change")
@@ -461,14 +464,14 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 	t.Run("LateReplyAppliedWhileWaiting", func(t *testing.T) {
 		// The answer to the first attempt arrives while the saga waits for
 		// the second: the step's policy (apply if waiting) applies it.
-		sent, err := b.app.SendHeldReply(ctx, "o-slow-payment")
+		sent, err := b.script.SendHeldReply(ctx, b.pool, "o-slow-payment")
 		require.NoError(t, err)
 		require.True(t, sent)
 		b.wait(t, slow, "the late reply to be applied", func(s saga.Status) bool {
 			return s.State != orderv1.PlaceOrderStateAuthorizePayment
 		})
 		// The answer to the resend is then a duplicate.
-		sent, err = b.app.SendHeldReply(ctx, "o-slow-payment")
+		sent, err = b.script.SendHeldReply(ctx, b.pool, "o-slow-payment")
 		require.NoError(t, err)
 		require.True(t, sent)
 		b.waitState(t, slow, orderv1.PlaceOrderStateCompleted)
@@ -560,16 +563,18 @@ func (b *testBundle) parkedDelivery(t *testing.T, queue string) amqp.Delivery {
 }
 
 // TestTopologyDefaultsToGenerated checks that with the default retry policy
-// and queue type the application declares exactly the generated topology.
+// and queue type the host declares exactly the generated topology of the
+// example's packages.
 func TestTopologyDefaultsToGenerated(t *testing.T) {
 	t.Parallel()
-	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t)}
-	a, err := app.New(context.Background(), app.Config{Pool: b.pool, AMQPURL: b.amqpURL, Logger: slog.New(slog.DiscardHandler)})
+	h, err := host.New(context.Background(), host.Config{Pool: testenv.Postgres(t), AMQPURL: "amqp://unused/", HTTPAddr: host.HTTPOff})
 	require.NoError(t, err)
-	defer a.Close()
+	defer h.Close()
+	_, err = app.Register(h)
+	require.NoError(t, err)
 	want, err := inventoryv1.Topology().Merge(paymentv1.Topology()).Merge(shippingv1.Topology()).Merge(orderv1.Topology()).DefinitionsJSON()
 	require.NoError(t, err)
-	got, err := a.Topology().DefinitionsJSON()
+	got, err := h.Topology().DefinitionsJSON()
 	require.NoError(t, err)
 	require.JSONEq(t, string(want), string(got))
 }
@@ -621,7 +626,7 @@ func TestCompensationFailureGoesToManualReview(t *testing.T) {
 	require.Equal(t, []string{"inventory:reserved", "payment:declined"}, b.ledger(t, "o-release-broken"))
 }
 
-// TestStartHandsFirstCommandToTheRelay: a saga started under App.WithRelay
+// TestStartHandsFirstCommandToTheRelay: a saga started under Host.WithRelay
 // has its first command handed to this process's relay after the commit
 // (born leased, never claimed); one started without it is claimed. Both
 // complete.
@@ -629,15 +634,15 @@ func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	// setup starts Run in a goroutine and returns: a start made before the
-	// relay's Run has begun is (rightly) written unleased and claimed. A
-	// first saga completes only once the relay runs.
-	warm, _, err := b.app.PlaceOrder.Start(ctx, request("o-warm-up"), envelope.Meta{})
+	// setup returns once the host started its relays' goroutines: a start
+	// made before a relay's Run has begun is (rightly) written unleased and
+	// claimed. A first saga completes only once the relay runs.
+	warm, _, err := b.placeOrder.Start(ctx, request("o-warm-up"), envelope.Meta{})
 	require.NoError(t, err)
 	b.waitState(t, warm, orderv1.PlaceOrderStateCompleted)
-	handed, _, err := b.app.PlaceOrder.Start(b.app.WithRelay(ctx), request("o-handed"), envelope.Meta{})
+	handed, _, err := b.placeOrder.Start(b.host.WithRelay(ctx), request("o-handed"), envelope.Meta{})
 	require.NoError(t, err)
-	claimed, _, err := b.app.PlaceOrder.Start(ctx, request("o-claimed"), envelope.Meta{})
+	claimed, _, err := b.placeOrder.Start(ctx, request("o-claimed"), envelope.Meta{})
 	require.NoError(t, err)
 	b.waitState(t, handed, orderv1.PlaceOrderStateCompleted)
 	b.waitState(t, claimed, orderv1.PlaceOrderStateCompleted)
@@ -655,14 +660,14 @@ WHERE s.saga_id = $1 AND s.published_at IS NOT NULL ORDER BY s.id LIMIT 1`, saga
 	}
 	require.True(t, bornLeased(handed), "started under WithRelay: handed over after the commit")
 	require.False(t, bornLeased(claimed), "started without it: claimed by a relay")
-	require.Positive(t, b.app.RelayStats().HandedOff)
+	require.Positive(t, b.host.RelayStats().HandedOff)
 }
 
 // TestShutdownPublishesWhatTheLastBatchesCommit: a participant's handler is
 // still running when the app is told to stop. The consumer drains (the
 // handler finishes and its batch commits), and the relays run until every
 // consumer has drained, so the reply that last batch committed is
-// published before Run returns rather than left to another process.
+// published before Stop returns rather than left to another process.
 func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -685,12 +690,53 @@ func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
 	ctx := context.Background()
 	var unpublished int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL`).Scan(&unpublished))
-	require.Zero(t, unpublished, "every row the draining consumers committed was published before Run returned")
+	require.Zero(t, unpublished, "every row the draining consumers committed was published before Stop returned")
 	var replies int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE saga_id = $1 AND message_type = $2`,
 		id, paymentv1.PaymentAuthorizedInfo.FullName).Scan(&replies))
 	require.Equal(t, 1, replies, "the paused handler's reply was committed")
-	st, err := b.app.PlaceOrder.Status(ctx, id)
+	st, err := b.placeOrder.Status(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, orderv1.PlaceOrderStateAuthorizePayment, st.State, "nothing consumed the reply: the app had stopped")
+	require.Equal(t, orderv1.PlaceOrderStateAuthorizePayment, st.State, "nothing consumed the reply: the host had stopped")
+}
+
+// TestCompensationOvertakingItsCommand: the reservation of an order is held
+// in its handler, before any effect, while its step times out; the saga
+// compensates, and the release runs first, with nothing to release. When
+// the held reservation goes on, the host's participant wiring has recorded
+// it as compensated: it takes no stock and sends no reply, and the saga
+// ends FAILED with the stock untouched. The inventory's code has no
+// tombstone of its own.
+func TestCompensationOvertakingItsCommand(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	paused, resume := b.script.Pause("o-overtaken", reserveInventory)
+	t.Cleanup(resume)
+	id := b.start(t, request("o-overtaken"))
+	select {
+	case <-paused:
+	case <-time.After(waitFor):
+		t.Fatal("the reservation never reached its handler")
+	}
+	b.clock.Advance(31 * time.Second) // past the reservation's 30 s timeout: compensate
+	b.waitState(t, id, orderv1.PlaceOrderStateFailed)
+	require.Equal(t, []string{"inventory:released_nothing"}, b.ledger(t, "o-overtaken"))
+	resume()
+
+	var reserveID string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT message_id FROM saga_outbox WHERE saga_id = $1 AND message_type = $2`,
+		id, reserveInventory).Scan(&reserveID))
+	eventually(t, "the held reservation handled", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_inbox WHERE consumer = 'inventory.commands' AND message_id = $1`,
+			reserveID).Scan(&n))
+		return n == 1
+	})
+	require.Equal(t, []string{"inventory:released_nothing"}, b.ledger(t, "o-overtaken"), "the overtaken reservation had no effect")
+	var replies, held int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE causation_id = $1`, reserveID).Scan(&replies))
+	require.Zero(t, replies, "and sent no reply")
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(sum(available), 0) FROM inventory_stock WHERE product_id IN ('widget', 'gadget')`).Scan(&held))
+	require.Equal(t, 2000, held, "no stock held for an order nobody will release again")
 }

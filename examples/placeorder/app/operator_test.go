@@ -46,7 +46,7 @@ func TestOperatorFixesCauseAndReplaysParkedMessage(t *testing.T) {
 
 	tokens, err := admin.ParseTokens("olga:repair:0123456789abcdef0123456789abcdef")
 	require.NoError(t, err)
-	srv, err := admin.New(admin.Config{Pool: b.pool, Sagas: []*saga.Engine{b.app.PlaceOrder.Engine()}, Tokens: tokens})
+	srv, err := admin.New(admin.Config{Pool: b.pool, Sagas: []*saga.Engine{b.placeOrder.Engine()}, Tokens: tokens})
 	require.NoError(t, err)
 	api := httptest.NewServer(srv)
 	defer api.Close()

@@ -51,6 +51,7 @@ const (
 	schemaPkg      = protogen.GoImportPath(runtimeRoot + "schema")
 	brokerPkg      = protogen.GoImportPath(runtimeRoot + "broker")
 	retryPkg       = protogen.GoImportPath(runtimeRoot + "retry")
+	hostPkg        = protogen.GoImportPath(runtimeRoot + "host")
 )
 
 // File renders the Go file for one annotated proto file. Package-level code
@@ -75,9 +76,11 @@ func File(gen *protogen.Plugin, f *model.File, migrations map[*model.Saga][]stri
 			genParticipant(g, p)
 		}
 		genTopology(g, f.Package)
+		genSagaPackage(g, f.Package)
 	}
 	for _, s := range f.Sagas {
 		genSaga(g, s, migrations[s])
+		genSagaRegister(g, s)
 	}
 	return g
 }
@@ -146,15 +149,17 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 		g.P("func (x *", name, ") CorrelationKey() string { return ", keyExpr(g, "x", m.Correlation, false), " }")
 	}
 	g.P()
-	pub := model.PublishFunc(m)
-	g.P("// ", pub, " writes m to the outbox in the caller's transaction; the relay")
-	g.P("// publishes it to ", strconv.Quote(m.Exchange), " with routing key ", strconv.Quote(m.RoutingKey), " after commit.")
-	g.P("// It returns the message id (meta.MessageID, or a new UUID when empty).")
-	g.P("func ", pub, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
-		", meta ", envelopePkg.Ident("Meta"), ") (string, error) {")
-	g.P("return ", outboxPkg.Ident("Publish"), "(ctx, tx, m, meta)")
-	g.P("}")
-	g.P()
+	if model.HasPublish(m) {
+		pub := model.PublishFunc(m)
+		g.P("// ", pub, " writes m to the outbox in the caller's transaction; the relay")
+		g.P("// publishes it to ", strconv.Quote(m.Exchange), " with routing key ", strconv.Quote(m.RoutingKey), " after commit.")
+		g.P("// It returns the message id (meta.MessageID, or a new UUID when empty).")
+		g.P("func ", pub, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
+			", meta ", envelopePkg.Ident("Meta"), ") (string, error) {")
+		g.P("return ", outboxPkg.Ident("Publish"), "(ctx, tx, m, meta)")
+		g.P("}")
+		g.P()
+	}
 	if m.Kind == sagav1.Kind_KIND_COMMAND && m.Owner != "" {
 		rt := model.ResultType(m)
 		var alts []string
@@ -170,6 +175,9 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 		g.P(model.ResultMarker(m), "()")
 		g.P("}")
 		g.P()
+		if len(m.Results) > 0 {
+			genReplyTo(g, m)
+		}
 	}
 	for _, c := range m.ResultOf {
 		if c.Owner == "" {
@@ -221,9 +229,10 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P("// Each method runs in the consumer's transaction: apply the effect with tx and")
 	g.P("// return the success reply or a business-failure reply (a reply, not an error).")
 	g.P("// An error means the command could not be processed now; the consumer retries")
-	g.P("// it through its retry tiers, then parks it. Guard effects that must happen once")
-	g.P("// per command with participant.Idempotent (which also runs an operator's retry")
-	g.P("// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).")
+	g.P("// it through its retry tiers, then parks it. Registered with ", model.RegisterFunc(p), ",")
+	g.P("// each command runs once per idempotency key: a resend gets the first reply.")
+	g.P("// To answer later, take participant.Later(ctx), return participant.ErrReplyLater")
+	g.P("// and reply with the command's ReplyTo function.")
 	g.P("type ", typ, " interface {")
 	for _, c := range p.Commands {
 		g.P("// ", c.Proto.GoIdent.GoName, " handles the command ", c.FullName, ".")
@@ -233,9 +242,8 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P()
 	fn := model.ParticipantFunc(p)
 	g.P("// ", fn, " returns a participant.Func that dispatches each command of service")
-	g.P("// ", strconv.Quote(p.Owner), " to impl. Wrap it (e.g. with participant.Idempotent) before")
-	g.P("// participant.Handler; ", model.RegisterFunc(p), " uses it as is. A method that answers")
-	g.P("// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.")
+	g.P("// ", strconv.Quote(p.Owner), " to impl, for wiring a consumer by hand (participant.Handler,")
+	g.P("// participant.Idempotent); ", model.RegisterFunc(p), " does that for a host.")
 	g.P("func ", fn, "(impl ", typ, ") ", participantPkg.Ident("Func"), " {")
 	g.P("return func(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", cmd ", messagePkg.Ident("Message"), ") (", messagePkg.Ident("Message"), ", error) {")
 	g.P("switch c := cmd.(type) {")
@@ -254,14 +262,7 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P("}")
 	g.P("}")
 	g.P()
-	reg := model.RegisterFunc(p)
-	g.P("// ", reg, " returns the queue service ", strconv.Quote(p.Owner), " consumes its commands")
-	g.P("// from and the consumer handler that dispatches them to impl and writes each")
-	g.P("// reply to the outbox in the same transaction (participant.Handler).")
-	g.P("func ", reg, "(impl ", typ, ") (queue string, handler ", consumerPkg.Ident("HandlerFunc"), ") {")
-	g.P("return ", strconv.Quote(p.Queue), ", ", participantPkg.Ident("Handler"), "(", fn, "(impl))")
-	g.P("}")
-	g.P()
+	genParticipantRegister(g, p)
 }
 
 // goDuration renders d as a readable Go constant expression.
@@ -284,7 +285,7 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 // older runtimes lack: a runtime identifier they do not have (the internal/gen
 // test TestGeneratedRuntimeAPI lists those generated code uses) or a
 // transition table their sagadef does not compute.
-const supportVersion = 2
+const supportVersion = 3
 
 var (
 	roleNames = map[sagadef.Role]string{

@@ -49,6 +49,11 @@ func Topology(p *model.Package) PackageTopology {
 			for _, m := range s.Consumes {
 				bind(s.Queue, m)
 			}
+			// The exchanges the saga sends to: a process that runs only the
+			// saga can publish before the participants' processes declared them.
+			for _, m := range s.Commands {
+				exchanges[m.Exchange] = m.ExchangeKind
+			}
 		}
 	}
 	for name, kind := range exchanges {

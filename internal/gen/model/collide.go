@@ -21,6 +21,14 @@ func InfoVar(m *Message) string { return m.Proto.GoIdent.GoName + "Info" }
 // PublishFunc is the message's typed outbox publisher.
 func PublishFunc(m *Message) string { return "Publish" + m.Proto.GoIdent.GoName }
 
+// HasPublish reports whether m gets a PublishFunc: commands and events do;
+// a reply leaves only through its participant (or ReplyToFunc), which keeps
+// the command's causation.
+func HasPublish(m *Message) bool { return m.Kind != sagav1.Kind_KIND_REPLY }
+
+// ReplyToFunc answers command m later, from another transaction.
+func ReplyToFunc(m *Message) string { return "ReplyTo" + m.Proto.GoIdent.GoName }
+
 // ResultType is a command's sealed result interface.
 func ResultType(m *Message) string { return m.Proto.GoIdent.GoName + "Result" }
 
@@ -45,6 +53,7 @@ func RegisterFunc(p *Participant) string { return "Register" + p.GoName + "Parti
 // Saga-level identifiers.
 func (s *Saga) GoName() string         { return s.Name }
 func (s *Saga) NewFunc() string        { return "New" + s.Name }
+func (s *Saga) RegisterFunc() string   { return "Register" + s.Name }
 func (s *Saga) DefinitionFunc() string { return s.Name + "Definition" }
 func (s *Saga) DeciderType() string    { return s.Name + "Decider" }
 func (s *Saga) NoopFoldsType() string  { return s.Name + "NoopFolds" }
@@ -63,6 +72,7 @@ func ParticipantQueue(owner string) string { return owner + ".commands" }
 const (
 	TopologyFunc     = "Topology"
 	TopologyWithFunc = "TopologyWith"
+	SagaPackageFunc  = "SagaPackage"
 )
 
 // Lower returns s with its first letter lower-cased; anything else (a
@@ -135,9 +145,12 @@ func (b *builder) collisions() {
 		}
 		p := path(m.Proto.Location.Path, fieldMessageOptions, extMessage)
 		claim(m.File, p, InfoVar(m), "message "+m.FullName)
-		claim(m.File, p, PublishFunc(m), "message "+m.FullName)
+		if HasPublish(m) {
+			claim(m.File, p, PublishFunc(m), "message "+m.FullName)
+		}
 		if m.Kind == sagav1.Kind_KIND_COMMAND && m.Owner != "" {
 			claim(m.File, p, ResultType(m), "command "+m.FullName)
+			claim(m.File, p, ReplyToFunc(m), "command "+m.FullName)
 		}
 		for _, fld := range m.Proto.Fields {
 			if fld.Oneof != nil && !fld.Oneof.Desc.IsSynthetic() {
@@ -208,7 +221,7 @@ func (b *builder) collisions() {
 				}
 			}
 		}
-		for _, n := range []string{s.GoName(), s.NewFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
+		for _, n := range []string{s.GoName(), s.NewFunc(), s.RegisterFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
 			s.HooksType(), s.HooksFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
 			claim(d.file, path(d.base, sagaName), n, "saga "+s.FullName)
 		}
@@ -228,7 +241,7 @@ func (b *builder) collisions() {
 	for _, f := range b.gen.Files {
 		if f.Generate && !claimed[f.GoImportPath] && b.annotated(f) {
 			claimed[f.GoImportPath] = true
-			for _, name := range []string{TopologyFunc, TopologyWithFunc} {
+			for _, name := range []string{TopologyFunc, TopologyWithFunc, SagaPackageFunc} {
 				// Point at the declaration the user has to rename, when
 				// there is one; the package function has no position.
 				df, dp := f, []int32(nil)

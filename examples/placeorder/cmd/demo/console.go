@@ -4,11 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"time"
@@ -16,73 +13,50 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/protosaga/saga/runtime/admin"
-	"github.com/protosaga/saga/runtime/saga"
-	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/telemetry"
-	"github.com/protosaga/saga/runtime/telemetry/promexport"
 )
 
-// console is the operator console, its API and /metrics, served while the
-// demo runs.
+// console is where the host serves the operator console, its API and
+// /metrics while the demo runs.
 type console struct {
 	base        string // http://host:port
+	admin       string // base + "/admin": the console, and sagactl's server
 	repairToken string // empty when the tokens came from SAGA_ADMIN_TOKENS
 	readToken   string
-	srv         *http.Server
 	out         func(format string, args ...any)
 }
 
-// startConsole serves the admin console and API (runtime/admin) and the
-// Prometheus metrics on addr, or on a free port when addr is taken.
-func (d *demo) startConsole(ctx context.Context, addr string, prom *promexport.Exporter, logger *slog.Logger, getenv func(string) string) (*console, error) {
-	defs := []*sagadef.Definition{d.app.PlaceOrder.Engine().Definition()}
-	meter := prom.MeterProvider().Meter(telemetry.ScopeName)
-	if _, err := telemetry.RegisterSagaGauges(meter, d.pool, defs); err != nil {
-		return nil, fmt.Errorf("saga gauges: %w", err)
-	}
-	if _, err := telemetry.RegisterOutboxGauges(meter, d.pool); err != nil {
-		return nil, fmt.Errorf("outbox gauges: %w", err)
-	}
-	c := &console{out: func(format string, args ...any) { fmt.Fprintf(d.out, format, args...) }}
+// adminTokens returns the tokens of SAGA_ADMIN_TOKENS, or makes up a repair
+// and a read-only token (printed with the repair walkthrough).
+func (d *demo) adminTokens(getenv func(string) string) (admin.Tokens, error) {
 	spec := getenv(admin.EnvTokens)
 	if spec == "" {
-		c.repairToken, c.readToken = randomToken(), randomToken()
-		spec = "operator:repair:" + c.repairToken + ",viewer:read:" + c.readToken
+		d.repairToken, d.readToken = randomToken(), randomToken()
+		spec = "operator:repair:" + d.repairToken + ",viewer:read:" + d.readToken
 	}
 	tokens, err := admin.ParseTokens(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", admin.EnvTokens, err)
 	}
-	adm, err := admin.New(admin.Config{Pool: d.pool, Sagas: []*saga.Engine{d.app.PlaceOrder.Engine()}, Tokens: tokens, Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", prom.MetricsHandler())
-	mux.Handle("/", adm)
-
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("listen for the console: %w", err)
-		}
-	}
-	c.base = "http://" + ln.Addr().String()
-	c.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := c.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.ErrorContext(ctx, "console server stopped", "error", err)
-		}
-	}()
-	c.out("Operator console %s/  ·  API %s/api/  ·  metrics %s/metrics\n", c.base, c.base, c.base)
-	return c, nil
+	return tokens, nil
 }
 
-func (c *console) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = c.srv.Shutdown(ctx)
+// freeAddr returns addr when it can be listened on, else a free loopback port.
+func freeAddr(addr string) string {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "127.0.0.1:0"
+	}
+	_ = ln.Close()
+	return addr
+}
+
+// console returns the started host's console addresses, and prints them.
+func (d *demo) console() *console {
+	base := "http://" + d.host.Addr()
+	c := &console{base: base, admin: base + "/admin", repairToken: d.repairToken, readToken: d.readToken,
+		out: func(format string, args ...any) { fmt.Fprintf(d.out, format, args...) }}
+	c.out("Operator console %s/  ·  API %s/api/  ·  metrics %s/metrics  ·  health %s/readyz\n", c.admin, c.admin, c.base, c.base)
+	return c
 }
 
 // serveUntil keeps the process (and so the console and the fleet) running
@@ -115,9 +89,9 @@ func (d *demo) repairHelp(ctx context.Context, c *console, serving bool) error {
 	}
 	fmt.Fprintf(d.out, "\nRepair the parked order %s (saga %s)\n", u.id, u.sagaID)
 	if c.repairToken != "" {
-		fmt.Fprintf(d.out, "  console  %s/  sign in with the repair token %s (read-only: %s)\n", c.base, c.repairToken, c.readToken)
+		fmt.Fprintf(d.out, "  console  %s/  sign in with the repair token %s (read-only: %s)\n", c.admin, c.repairToken, c.readToken)
 	} else {
-		fmt.Fprintf(d.out, "  console  %s/  sign in with a token from %s\n", c.base, admin.EnvTokens)
+		fmt.Fprintf(d.out, "  console  %s/  sign in with a token from %s\n", c.admin, admin.EnvTokens)
 	}
 	fmt.Fprintf(d.out, `  1. see it:      parked messages and sagas in manual review in the console, or
                   SAGACTL_SERVER=%[1]s SAGACTL_TOKEN=%[2]s go run ./cmd/sagactl parked list
@@ -127,8 +101,8 @@ func (d *demo) repairHelp(ctx context.Context, c *console, serving bool) error {
                   SAGACTL_SERVER=%[1]s SAGACTL_TOKEN=%[2]s go run ./cmd/sagactl parked replay %[5]d --reason "carrier for %[4]s added"
   4. watch it complete:
                   SAGACTL_SERVER=%[1]s SAGACTL_TOKEN=%[2]s go run ./cmd/sagactl sagas show %[6]s
-  metrics:        curl -s %[1]s/metrics | grep '^saga_'
-`, c.base, token, d.pgURL, unservedCountry, parkedID, u.sagaID)
+  metrics:        curl -s %[7]s/metrics | grep '^saga_'
+`, c.admin, token, d.pgURL, unservedCountry, parkedID, u.sagaID, c.base)
 	if !serving {
 		fmt.Fprintf(d.out, "  (run make demo from a terminal to keep the console up after the summary; -serve forces it)\n")
 	}

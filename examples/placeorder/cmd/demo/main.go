@@ -18,7 +18,7 @@
 // inventory's queue (parked, while the fleet runs on).
 //
 // The contract's step timeouts are 30 s and 1 min. Rather than wait, the demo
-// moves the saga engine's clock forward (app.Config.Now) once the rest of the
+// moves the saga engine's clock forward (host.Config.Now) once the rest of the
 // fleet has settled; the summary says when it did.
 //
 // Last, one order ships to a country no carrier serves: its shipping command
@@ -26,7 +26,8 @@
 //
 // While it runs, the demo serves the operator console and its API (package
 // runtime/admin) and the runtime's Prometheus metrics on -addr (default
-// 127.0.0.1:8090): the console at /, the API at /api/, metrics at /metrics.
+// 127.0.0.1:8090) through its host (runtime/host): the console at /admin/,
+// the API at /admin/api/, metrics at /metrics, readiness at /readyz.
 // From a terminal it keeps serving after the summary until Ctrl-C, so the
 // parked order can be repaired: add the carrier, replay the parked command
 // (console or sagactl), and watch the saga complete. Tokens come from
@@ -57,6 +58,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/protosaga/saga/examples/placeorder/app"
+	"github.com/protosaga/saga/examples/placeorder/internal/script"
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
@@ -64,10 +66,9 @@ import (
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/telemetry"
-	"github.com/protosaga/saga/runtime/telemetry/promexport"
 )
 
 func main() {
@@ -132,17 +133,21 @@ func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c
 func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 type demo struct {
-	pgURL  string // redacted, for the commands the demo prints
-	out    io.Writer
-	app    *app.App
-	pool   *pgxpool.Pool
-	amqp   string
-	script *app.Script
-	clock  *clock
-	runID  string
-	orders []*order
-	wait   time.Duration
-	events []string // what the demo did, in order
+	pgURL string // redacted, for the commands the demo prints
+	// repairToken and readToken are the admin tokens the demo made up
+	// (empty when they came from SAGA_ADMIN_TOKENS).
+	repairToken, readToken string
+	out                    io.Writer
+	host                   *host.Host
+	placeOrder             *orderv1.PlaceOrder
+	pool                   *pgxpool.Pool
+	amqp                   string
+	script                 *script.Script
+	clock                  *clock
+	runID                  string
+	orders                 []*order
+	wait                   time.Duration
+	events                 []string // what the demo did, in order
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
@@ -182,79 +187,81 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	defer pool.Close()
 
-	prom, err := promexport.New(nil)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = prom.Shutdown(context.Background()) }()
-
 	d := &demo{
-		out: stdout, pool: pool, amqp: amqpURL, script: app.NewScript(), clock: &clock{}, wait: *wait,
+		out: stdout, pool: pool, amqp: amqpURL, script: script.New(), clock: &clock{}, wait: *wait,
 		runID: "demo-" + time.Now().UTC().Format("20060102-150405"), pgURL: redactURL(pgURL),
 	}
 	began := time.Now()
 	fmt.Fprintf(stdout, "Place Order demo %s: %d sagas on PostgreSQL and RabbitMQ (%s)\n", d.runID, *n, broker.Redact(amqpURL))
-	d.app, err = app.New(ctx, app.Config{
+	tokens, err := d.adminTokens(getenv)
+	if err != nil {
+		return err
+	}
+	d.host, err = host.New(ctx, host.Config{
+		Service:     "placeorder-demo",
 		Pool:        pool,
 		AMQPURL:     amqpURL,
+		HTTPAddr:    freeAddr(*addr),
+		AdminTokens: tokens,
 		Relays:      2,
 		Concurrency: 4,
 		BatchSize:   16,
 		// Short tiers, so the flaky carrier's retries show within seconds.
-		Retry:               retry.Policy{Tiers: []time.Duration{250 * time.Millisecond, time.Second, 2 * time.Second}, MaxAttempts: 5},
-		TimeoutScanInterval: 200 * time.Millisecond,
-		DrainTimeout:        10 * time.Second,
-		Now:                 d.clock.Now,
-		Script:              d.script,
-		Logger:              logger,
-		Telemetry:           telemetry.Providers{Meter: prom.MeterProvider()},
+		Retry:                 retry.Policy{Tiers: []time.Duration{250 * time.Millisecond, time.Second, 2 * time.Second}, MaxAttempts: 5},
+		TimeoutScanInterval:   200 * time.Millisecond,
+		DrainTimeout:          10 * time.Second,
+		Now:                   d.clock.Now,
+		ParticipantMiddleware: d.script.Middleware,
+		Logger:                logger,
 	})
 	if err != nil {
 		return err
 	}
-	defer d.app.Close()
-	console, err := d.startConsole(ctx, *addr, prom, logger, getenv)
-	if err != nil {
+	if d.placeOrder, err = app.Register(d.host); err != nil {
+		d.host.Close()
 		return err
 	}
-	defer console.close()
+	if err := d.host.Start(ctx); err != nil {
+		return err
+	}
+	stopHost := func() error {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		return d.host.Stop(stopCtx)
+	}
 	for _, p := range []string{"widget", "gadget", "gizmo"} {
-		if err := d.app.Restock(ctx, p, 1_000_000); err != nil {
+		if err := app.Restock(ctx, pool, p, 1_000_000); err != nil {
+			_ = stopHost()
 			return err
 		}
 	}
-	if err := d.app.Restock(ctx, "sold-out", 0); err != nil {
+	if err := app.Restock(ctx, pool, "sold-out", 0); err != nil {
+		_ = stopHost()
 		return err
 	}
 	// An earlier run's repair may have added a carrier for the unserved
 	// country; take it out so this run's last order is parked again.
 	if _, err := pool.Exec(ctx, `DELETE FROM shipping_carriers WHERE country = $1`, unservedCountry); err != nil {
+		_ = stopHost()
 		return fmt.Errorf("reset the carriers: %w", err)
 	}
+	c := d.console()
 	d.event("migrated the database, declared the topology (%s, retry tiers 250ms/1s/2s), stocked the shop; no carrier serves %s", broker.QueueQuorum, unservedCountry)
-
-	runCtx, cancel := context.WithCancel(ctx)
-	runErr := make(chan error, 1)
-	go func() { runErr <- d.app.Run(runCtx) }()
-	stopApp := func() error {
-		cancel()
-		return <-runErr
-	}
 
 	res, err := d.drive(ctx, *n)
 	if err != nil {
-		_ = stopApp()
+		_ = stopHost()
 		return err
 	}
 	res.elapsed = time.Since(began)
 	problems, err := d.summarize(ctx, res)
 	if err == nil {
-		err = d.repairHelp(ctx, console, *serve)
+		err = d.repairHelp(ctx, c, *serve)
 	}
 	if err == nil && *serve {
-		console.serveUntil(ctx, *serveFor)
+		c.serveUntil(ctx, *serveFor)
 	}
-	if stopErr := stopApp(); err == nil && stopErr != nil {
+	if stopErr := stopHost(); err == nil && stopErr != nil {
 		err = fmt.Errorf("run: %w", stopErr)
 	}
 	if err != nil {
@@ -394,7 +401,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	d.event("%s, %s: payment timed out, the saga resent AuthorizePayment; payment answered it from its first effect (no second authorization)", late.id, never.id)
 
 	for _, o := range []*order{silent, late} {
-		if _, err := d.app.SendHeldReply(ctx, o.id); err != nil {
+		if _, err := d.script.SendHeldReply(ctx, d.pool, o.id); err != nil {
 			return res, err
 		}
 	}
@@ -403,7 +410,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	if err := d.waitState(ctx, late, orderv1.PlaceOrderStateCompleted); err != nil {
 		return res, err
 	}
-	if _, err := d.app.SendHeldReply(ctx, late.id); err != nil {
+	if _, err := d.script.SendHeldReply(ctx, d.pool, late.id); err != nil {
 		return res, err
 	}
 	d.event("%s: the answer to the resent AuthorizePayment arrives after all (a duplicate)", late.id)
@@ -412,7 +419,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	for attempt := 3; attempt <= 4; attempt++ {
 		d.clock.Advance(timeoutJump)
 		if err := d.until(ctx, fmt.Sprintf("%s to time out again", never.id), func() (bool, error) {
-			st, err := d.app.PlaceOrder.Status(ctx, never.sagaID)
+			st, err := d.placeOrder.Status(ctx, never.sagaID)
 			return st.Attempt >= attempt || st.State == orderv1.PlaceOrderStateManualReview, err
 		}); err != nil {
 			return res, err
@@ -423,7 +430,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	// Last (so no clock move resends its command): an order no carrier ships.
 	u := &order{id: fmt.Sprintf("%s-%04d", d.runID, n+1), kind: unserved}
 	d.orders = append(d.orders, u)
-	id, _, err := d.app.PlaceOrder.Start(d.app.WithRelay(ctx), d.request(u, n+1), envelope.Meta{})
+	id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), d.request(u, n+1), envelope.Meta{})
 	if err != nil {
 		return res, fmt.Errorf("start order %s: %w", u.id, err)
 	}
@@ -478,7 +485,7 @@ func (d *demo) startAll(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) 
 				if i >= len(reqs) {
 					return
 				}
-				id, _, err := d.app.PlaceOrder.Start(d.app.WithRelay(ctx), reqs[i], envelope.Meta{})
+				id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), reqs[i], envelope.Meta{})
 				if err != nil {
 					mu.Lock()
 					firstErr = errors.Join(firstErr, fmt.Errorf("start order %s: %w", reqs[i].GetOrderId(), err))
@@ -544,7 +551,7 @@ func (d *demo) until(ctx context.Context, what string, cond func() (bool, error)
 
 func (d *demo) waitState(ctx context.Context, o *order, state string) error {
 	return d.until(ctx, fmt.Sprintf("%s to reach %s", o.id, state), func() (bool, error) {
-		st, err := d.app.PlaceOrder.Status(ctx, o.sagaID)
+		st, err := d.placeOrder.Status(ctx, o.sagaID)
 		return st.State == state, err
 	})
 }
@@ -695,7 +702,7 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 	fmt.Fprintf(tw, "  late replies\t%d\t(handled by each step's late-reply policy)\n", audit.late)
 	fmt.Fprintf(tw, "  shipping retries\t%d\t(through the TTL retry tiers, then success)\n", shippingRetries)
 	fmt.Fprintf(tw, "  transitions audited\t%d\n", audit.transitions)
-	rs := d.app.RelayStats()
+	rs := d.host.RelayStats()
 	fmt.Fprintf(tw, "  outbox rows\t%d\t(%d unpublished; relays published %d messages; %d rows were handed to them after their commit instead of claimed)\n",
 		outboxRows, unpublished, rs.Published, rs.HandedOff)
 	fmt.Fprintf(tw, "  elapsed\t%s\n", res.elapsed.Round(time.Millisecond))

@@ -5,12 +5,13 @@ package pricingv1
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -20,8 +21,8 @@ import (
 	strconv "strconv"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // PriceQuoteInfo describes the command pricing.v1.PriceQuote.
 var PriceQuoteInfo = &message.Info{
@@ -59,6 +60,14 @@ type PriceQuoteResult interface {
 	isPriceQuoteResult()
 }
 
+// ReplyToPriceQuote answers command PriceQuote after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToPriceQuote(ctx context.Context, tx pgx.Tx, p participant.Pending, reply PriceQuoteResult) error {
+	return participant.ReplyLater(ctx, tx, p, "pricing.v1.PriceQuote", reply)
+}
+
 // PriceReleaseFailedInfo describes the reply pricing.v1.PriceReleaseFailed.
 var PriceReleaseFailedInfo = &message.Info{
 	FullName:      "pricing.v1.PriceReleaseFailed",
@@ -77,13 +86,6 @@ func (*PriceReleaseFailed) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field quote_id.
 func (x *PriceReleaseFailed) CorrelationKey() string { return x.GetQuoteId() }
-
-// PublishPriceReleaseFailed writes m to the outbox in the caller's transaction; the relay
-// publishes it to "workflow.reply" with routing key "reply.pricing.price-release-failed.v1" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPriceReleaseFailed(ctx context.Context, tx pgx.Tx, m *PriceReleaseFailed, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*PriceReleaseFailed) isReleasePriceResult() {}
 
@@ -106,13 +108,6 @@ func (*PriceReleased) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field quote_id.
 func (x *PriceReleased) CorrelationKey() string { return x.GetQuoteId() }
 
-// PublishPriceReleased writes m to the outbox in the caller's transaction; the relay
-// publishes it to "workflow.reply" with routing key "reply.pricing.price-released.v1" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPriceReleased(ctx context.Context, tx pgx.Tx, m *PriceReleased, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*PriceReleased) isReleasePriceResult() {}
 
 // QuotePricedInfo describes the reply pricing.v1.QuotePriced.
@@ -134,13 +129,6 @@ func (*QuotePriced) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field quote_id.
 func (x *QuotePriced) CorrelationKey() string { return x.GetQuoteId() }
 
-// PublishQuotePriced writes m to the outbox in the caller's transaction; the relay
-// publishes it to "workflow.reply" with routing key "reply.pricing.quote-priced.v1" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishQuotePriced(ctx context.Context, tx pgx.Tx, m *QuotePriced, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*QuotePriced) isPriceQuoteResult() {}
 
 // QuotePricingFailedInfo describes the reply pricing.v1.QuotePricingFailed.
@@ -161,13 +149,6 @@ func (*QuotePricingFailed) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field quote_id.
 func (x *QuotePricingFailed) CorrelationKey() string { return x.GetQuoteId() }
-
-// PublishQuotePricingFailed writes m to the outbox in the caller's transaction; the relay
-// publishes it to "workflow.reply" with routing key "reply.pricing.quote-pricing-failed.v1" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishQuotePricingFailed(ctx context.Context, tx pgx.Tx, m *QuotePricingFailed, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*QuotePricingFailed) isPriceQuoteResult() {}
 
@@ -206,13 +187,22 @@ type ReleasePriceResult interface {
 	isReleasePriceResult()
 }
 
+// ReplyToReleasePrice answers command ReleasePrice after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToReleasePrice(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ReleasePriceResult) error {
+	return participant.ReplyLater(ctx, tx, p, "pricing.v1.ReleasePrice", reply)
+}
+
 // PricingParticipant executes the commands owned by service "pricing".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterPricingParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type PricingParticipant interface {
 	// PriceQuote handles the command pricing.v1.PriceQuote.
 	PriceQuote(ctx context.Context, tx pgx.Tx, cmd *PriceQuote) (PriceQuoteResult, error)
@@ -221,9 +211,8 @@ type PricingParticipant interface {
 }
 
 // PricingParticipantFunc returns a participant.Func that dispatches each command of service
-// "pricing" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterPricingParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "pricing" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterPricingParticipant does that for a host.
 func PricingParticipantFunc(impl PricingParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -237,11 +226,21 @@ func PricingParticipantFunc(impl PricingParticipant) participant.Func {
 	}
 }
 
-// RegisterPricingParticipant returns the queue service "pricing" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterPricingParticipant(impl PricingParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "pricing.commands", participant.Handler(PricingParticipantFunc(impl))
+// RegisterPricingParticipant registers impl on h as the participant of service "pricing":
+// h consumes "pricing.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterPricingParticipant(h *host.Host, impl PricingParticipant) error {
+	if impl == nil {
+		return errors.New("service pricing: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "pricing",
+		Queue:   "pricing.commands",
+		Package: SagaPackage(),
+		Func:    PricingParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -269,5 +268,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "pricing.commands", Exchange: "workflow.command", RoutingKey: "command.pricing.price-quote.v1"},
 			{Queue: "pricing.commands", Exchange: "workflow.command", RoutingKey: "command.pricing.release-price.v1"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/examples/quoteapproval/pricing/v1",
+		Messages: []*message.Info{PriceQuoteInfo, PriceReleaseFailedInfo, PriceReleasedInfo, QuotePricedInfo, QuotePricingFailedInfo, ReleasePriceInfo},
+		Topology: TopologyWith,
 	}
 }

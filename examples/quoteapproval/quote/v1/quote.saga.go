@@ -15,6 +15,7 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -29,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // OrderSubmittedInfo describes the reply quote.v1.OrderSubmitted.
 var OrderSubmittedInfo = &message.Info{
@@ -50,13 +51,6 @@ func (*OrderSubmitted) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field quote_id.
 func (x *OrderSubmitted) CorrelationKey() string { return x.GetQuoteId() }
-
-// PublishOrderSubmitted writes m to the outbox in the caller's transaction; the relay
-// publishes it to "workflow.reply" with routing key "reply.ordering.order-submitted.v1" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishOrderSubmitted(ctx context.Context, tx pgx.Tx, m *OrderSubmitted, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*OrderSubmitted) isSubmitOrderResult() {}
 
@@ -95,6 +89,14 @@ type SubmitOrderResult interface {
 	isSubmitOrderResult()
 }
 
+// ReplyToSubmitOrder answers command SubmitOrder after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToSubmitOrder(ctx context.Context, tx pgx.Tx, p participant.Pending, reply SubmitOrderResult) error {
+	return participant.ReplyLater(ctx, tx, p, "quote.v1.SubmitOrder", reply)
+}
+
 // SubmitQuoteInfo describes the command quote.v1.SubmitQuote.
 var SubmitQuoteInfo = &message.Info{
 	FullName:        "quote.v1.SubmitQuote",
@@ -128,18 +130,18 @@ func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta env
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterOrderingParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type OrderingParticipant interface {
 	// SubmitOrder handles the command quote.v1.SubmitOrder.
 	SubmitOrder(ctx context.Context, tx pgx.Tx, cmd *SubmitOrder) (SubmitOrderResult, error)
 }
 
 // OrderingParticipantFunc returns a participant.Func that dispatches each command of service
-// "ordering" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterOrderingParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "ordering" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterOrderingParticipant does that for a host.
 func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -151,11 +153,21 @@ func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
 	}
 }
 
-// RegisterOrderingParticipant returns the queue service "ordering" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterOrderingParticipant(impl OrderingParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "ordering.commands", participant.Handler(OrderingParticipantFunc(impl))
+// RegisterOrderingParticipant registers impl on h as the participant of service "ordering":
+// h consumes "ordering.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterOrderingParticipant(h *host.Host, impl OrderingParticipant) error {
+	if impl == nil {
+		return errors.New("service ordering: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "ordering",
+		Queue:   "ordering.commands",
+		Package: SagaPackage(),
+		Func:    OrderingParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -192,6 +204,16 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.quote-priced.v1"},
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.quote-pricing-failed.v1"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/examples/quoteapproval/quote/v1",
+		Messages: []*message.Info{OrderSubmittedInfo, SubmitOrderInfo, SubmitQuoteInfo},
+		Topology: TopologyWith,
 	}
 }
 
@@ -578,4 +600,25 @@ func QuoteApprovalMigrations() schema.Source {
 	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
 	sub, _ := fs.Sub(quoteApprovalMigrationsFS, "migrations/saga_quote_approval")
 	return schema.Source{Name: "saga_quote_approval", FS: sub}
+}
+
+// RegisterQuoteApproval registers saga quote.v1.QuoteApproval with decider d on h: h migrates its
+// table, consumes "quote.saga.quote_approval", runs its timeout scanner and serves its status
+// at /sagas/quote_approval/{id}. Use the returned saga to start and read instances.
+func RegisterQuoteApproval(h *host.Host, d QuoteApprovalDecider) (*QuoteApproval, error) {
+	s, err := NewQuoteApproval(h.SagaConfig("quote.v1.QuoteApproval"), d)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.AddSaga(host.Saga{
+		Engine:     s.engine,
+		Queue:      "quote.saga.quote_approval",
+		Snake:      "quote_approval",
+		Package:    SagaPackage(),
+		Migrations: QuoteApprovalMigrations(),
+		NewStart:   func() message.Message { return new(SubmitQuote) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -13,6 +13,7 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -29,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // ContextInfo describes the command collide.message.Context.
 var ContextInfo = &message.Info{
@@ -79,13 +80,6 @@ func (*Engine) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field package.
 func (x *Engine) CorrelationKey() string { return x.GetPackage() }
 
-// PublishEngine writes m to the outbox in the caller's transaction; the relay
-// publishes it to "collide.message.replies" with routing key "reply.collide.message.engine" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishEngine(ctx context.Context, tx pgx.Tx, m *Engine, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*Engine) isInfoResult() {}
 
 // InfoInfo describes the command collide.message.Info.
@@ -123,6 +117,14 @@ type InfoResult interface {
 	isInfoResult()
 }
 
+// ReplyToInfo answers command Info after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToInfo(ctx context.Context, tx pgx.Tx, p participant.Pending, reply InfoResult) error {
+	return participant.ReplyLater(ctx, tx, p, "collide.message.Info", reply)
+}
+
 // MessageInfo describes the command collide.message.Message.
 var MessageInfo = &message.Info{
 	FullName:      "collide.message.Message",
@@ -157,6 +159,14 @@ func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta envelope.Me
 type MessageResult interface {
 	message.Message
 	isMessageResult()
+}
+
+// ReplyToMessage answers command Message after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToMessage(ctx context.Context, tx pgx.Tx, p participant.Pending, reply MessageResult) error {
+	return participant.ReplyLater(ctx, tx, p, "collide.message.Message", reply)
 }
 
 // MetaInfo describes the event collide.message.Meta.
@@ -204,22 +214,16 @@ func (*Tx) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field chan.
 func (x *Tx) CorrelationKey() string { return x.GetChan() }
 
-// PublishTx writes m to the outbox in the caller's transaction; the relay
-// publishes it to "collide.message.replies" with routing key "reply.collide.message.tx" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishTx(ctx context.Context, tx pgx.Tx, m *Tx, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*Tx) isMessageResult() {}
 
 // SelectParticipant executes the commands owned by service "select".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterSelectParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type SelectParticipant interface {
 	// Info handles the command collide.message.Info.
 	Info(ctx context.Context, tx pgx.Tx, cmd *Info) (InfoResult, error)
@@ -228,9 +232,8 @@ type SelectParticipant interface {
 }
 
 // SelectParticipantFunc returns a participant.Func that dispatches each command of service
-// "select" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterSelectParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "select" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterSelectParticipant does that for a host.
 func SelectParticipantFunc(impl SelectParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -244,11 +247,21 @@ func SelectParticipantFunc(impl SelectParticipant) participant.Func {
 	}
 }
 
-// RegisterSelectParticipant returns the queue service "select" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterSelectParticipant(impl SelectParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "select.commands", participant.Handler(SelectParticipantFunc(impl))
+// RegisterSelectParticipant registers impl on h as the participant of service "select":
+// h consumes "select.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterSelectParticipant(h *host.Host, impl SelectParticipant) error {
+	if impl == nil {
+		return errors.New("service select: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "select",
+		Queue:   "select.commands",
+		Package: SagaPackage(),
+		Func:    SelectParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -282,6 +295,16 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.engine"},
 			{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.tx"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/collide/message",
+		Messages: []*message.Info{ContextInfo, EngineInfo, InfoInfo, MessageInfo, MetaInfo, TxInfo},
+		Topology: TopologyWith,
 	}
 }
 
@@ -554,4 +577,25 @@ func SwitchMigrations() schema.Source {
 	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
 	sub, _ := fs.Sub(switchMigrationsFS, "migrations/saga_switch")
 	return schema.Source{Name: "saga_switch", FS: sub}
+}
+
+// RegisterSwitch registers saga collide.message.Switch with decider d on h: h migrates its
+// table, consumes "select.saga.switch", runs its timeout scanner and serves its status
+// at /sagas/switch/{id}. Use the returned saga to start and read instances.
+func RegisterSwitch(h *host.Host, d SwitchDecider) (*Switch, error) {
+	s, err := NewSwitch(h.SagaConfig("collide.message.Switch"), d)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.AddSaga(host.Saga{
+		Engine:     s.engine,
+		Queue:      "select.saga.switch",
+		Snake:      "switch",
+		Package:    SagaPackage(),
+		Migrations: SwitchMigrations(),
+		NewStart:   func() message.Message { return new(Context) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -5,12 +5,13 @@ package cfg
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DoCfgInfo describes the command shadow.cfg.DoCfg.
 var DoCfgInfo = &message.Info{
@@ -56,6 +57,14 @@ type DoCfgResult interface {
 	isDoCfgResult()
 }
 
+// ReplyToDoCfg answers command DoCfg after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToDoCfg(ctx context.Context, tx pgx.Tx, p participant.Pending, reply DoCfgResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shadow.cfg.DoCfg", reply)
+}
+
 // DoneCfgInfo describes the reply shadow.cfg.DoneCfg.
 var DoneCfgInfo = &message.Info{
 	FullName:      "shadow.cfg.DoneCfg",
@@ -75,31 +84,24 @@ func (*DoneCfg) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field id.
 func (x *DoneCfg) CorrelationKey() string { return x.GetId() }
 
-// PublishDoneCfg writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shadow.cfg.replies" with routing key "reply.shadow.cfg.done-cfg" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoneCfg(ctx context.Context, tx pgx.Tx, m *DoneCfg, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*DoneCfg) isDoCfgResult() {}
 
 // SvcCfgParticipant executes the commands owned by service "svc-cfg".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterSvcCfgParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type SvcCfgParticipant interface {
 	// DoCfg handles the command shadow.cfg.DoCfg.
 	DoCfg(ctx context.Context, tx pgx.Tx, cmd *DoCfg) (DoCfgResult, error)
 }
 
 // SvcCfgParticipantFunc returns a participant.Func that dispatches each command of service
-// "svc-cfg" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterSvcCfgParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "svc-cfg" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterSvcCfgParticipant does that for a host.
 func SvcCfgParticipantFunc(impl SvcCfgParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -111,11 +113,21 @@ func SvcCfgParticipantFunc(impl SvcCfgParticipant) participant.Func {
 	}
 }
 
-// RegisterSvcCfgParticipant returns the queue service "svc-cfg" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterSvcCfgParticipant(impl SvcCfgParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "svc-cfg.commands", participant.Handler(SvcCfgParticipantFunc(impl))
+// RegisterSvcCfgParticipant registers impl on h as the participant of service "svc-cfg":
+// h consumes "svc-cfg.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterSvcCfgParticipant(h *host.Host, impl SvcCfgParticipant) error {
+	if impl == nil {
+		return errors.New("service svc-cfg: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "svc-cfg",
+		Queue:   "svc-cfg.commands",
+		Package: SagaPackage(),
+		Func:    SvcCfgParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -142,5 +154,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "svc-cfg.commands", Exchange: "shadow.cfg.commands", RoutingKey: "command.shadow.cfg.do-cfg"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/shadow/cfg",
+		Messages: []*message.Info{DoCfgInfo, DoneCfgInfo},
+		Topology: TopologyWith,
 	}
 }

@@ -5,12 +5,13 @@ package ctx
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DoCtxInfo describes the command shadow.ctx.DoCtx.
 var DoCtxInfo = &message.Info{
@@ -56,6 +57,14 @@ type DoCtxResult interface {
 	isDoCtxResult()
 }
 
+// ReplyToDoCtx answers command DoCtx after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToDoCtx(ctx context.Context, tx pgx.Tx, p participant.Pending, reply DoCtxResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shadow.ctx.DoCtx", reply)
+}
+
 // DoneCtxInfo describes the reply shadow.ctx.DoneCtx.
 var DoneCtxInfo = &message.Info{
 	FullName:      "shadow.ctx.DoneCtx",
@@ -75,31 +84,24 @@ func (*DoneCtx) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field id.
 func (x *DoneCtx) CorrelationKey() string { return x.GetId() }
 
-// PublishDoneCtx writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shadow.ctx.replies" with routing key "reply.shadow.ctx.done-ctx" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoneCtx(ctx context.Context, tx pgx.Tx, m *DoneCtx, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*DoneCtx) isDoCtxResult() {}
 
 // SvcCtxParticipant executes the commands owned by service "svc-ctx".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterSvcCtxParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type SvcCtxParticipant interface {
 	// DoCtx handles the command shadow.ctx.DoCtx.
 	DoCtx(ctx context.Context, tx pgx.Tx, cmd *DoCtx) (DoCtxResult, error)
 }
 
 // SvcCtxParticipantFunc returns a participant.Func that dispatches each command of service
-// "svc-ctx" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterSvcCtxParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "svc-ctx" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterSvcCtxParticipant does that for a host.
 func SvcCtxParticipantFunc(impl SvcCtxParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -111,11 +113,21 @@ func SvcCtxParticipantFunc(impl SvcCtxParticipant) participant.Func {
 	}
 }
 
-// RegisterSvcCtxParticipant returns the queue service "svc-ctx" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterSvcCtxParticipant(impl SvcCtxParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "svc-ctx.commands", participant.Handler(SvcCtxParticipantFunc(impl))
+// RegisterSvcCtxParticipant registers impl on h as the participant of service "svc-ctx":
+// h consumes "svc-ctx.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterSvcCtxParticipant(h *host.Host, impl SvcCtxParticipant) error {
+	if impl == nil {
+		return errors.New("service svc-ctx: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "svc-ctx",
+		Queue:   "svc-ctx.commands",
+		Package: SagaPackage(),
+		Func:    SvcCtxParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -142,5 +154,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "svc-ctx.commands", Exchange: "shadow.ctx.commands", RoutingKey: "command.shadow.ctx.do-ctx"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/shadow/ctx",
+		Messages: []*message.Info{DoCtxInfo, DoneCtxInfo},
+		Topology: TopologyWith,
 	}
 }

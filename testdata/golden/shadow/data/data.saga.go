@@ -5,12 +5,13 @@ package data
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DoDataInfo describes the command shadow.data.DoData.
 var DoDataInfo = &message.Info{
@@ -56,6 +57,14 @@ type DoDataResult interface {
 	isDoDataResult()
 }
 
+// ReplyToDoData answers command DoData after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToDoData(ctx context.Context, tx pgx.Tx, p participant.Pending, reply DoDataResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shadow.data.DoData", reply)
+}
+
 // DoneDataInfo describes the reply shadow.data.DoneData.
 var DoneDataInfo = &message.Info{
 	FullName:      "shadow.data.DoneData",
@@ -75,31 +84,24 @@ func (*DoneData) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field id.
 func (x *DoneData) CorrelationKey() string { return x.GetId() }
 
-// PublishDoneData writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shadow.data.replies" with routing key "reply.shadow.data.done-data" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoneData(ctx context.Context, tx pgx.Tx, m *DoneData, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*DoneData) isDoDataResult() {}
 
 // SvcDataParticipant executes the commands owned by service "svc-data".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterSvcDataParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type SvcDataParticipant interface {
 	// DoData handles the command shadow.data.DoData.
 	DoData(ctx context.Context, tx pgx.Tx, cmd *DoData) (DoDataResult, error)
 }
 
 // SvcDataParticipantFunc returns a participant.Func that dispatches each command of service
-// "svc-data" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterSvcDataParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "svc-data" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterSvcDataParticipant does that for a host.
 func SvcDataParticipantFunc(impl SvcDataParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -111,11 +113,21 @@ func SvcDataParticipantFunc(impl SvcDataParticipant) participant.Func {
 	}
 }
 
-// RegisterSvcDataParticipant returns the queue service "svc-data" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterSvcDataParticipant(impl SvcDataParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "svc-data.commands", participant.Handler(SvcDataParticipantFunc(impl))
+// RegisterSvcDataParticipant registers impl on h as the participant of service "svc-data":
+// h consumes "svc-data.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterSvcDataParticipant(h *host.Host, impl SvcDataParticipant) error {
+	if impl == nil {
+		return errors.New("service svc-data: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "svc-data",
+		Queue:   "svc-data.commands",
+		Package: SagaPackage(),
+		Func:    SvcDataParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -142,5 +154,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "svc-data.commands", Exchange: "shadow.data.commands", RoutingKey: "command.shadow.data.do-data"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/shadow/data",
+		Messages: []*message.Info{DoDataInfo, DoneDataInfo},
+		Topology: TopologyWith,
 	}
 }

@@ -5,12 +5,13 @@ package def
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DoDefInfo describes the command shadow.def.DoDef.
 var DoDefInfo = &message.Info{
@@ -56,6 +57,14 @@ type DoDefResult interface {
 	isDoDefResult()
 }
 
+// ReplyToDoDef answers command DoDef after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToDoDef(ctx context.Context, tx pgx.Tx, p participant.Pending, reply DoDefResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shadow.def.DoDef", reply)
+}
+
 // DoneDefInfo describes the reply shadow.def.DoneDef.
 var DoneDefInfo = &message.Info{
 	FullName:      "shadow.def.DoneDef",
@@ -75,31 +84,24 @@ func (*DoneDef) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field id.
 func (x *DoneDef) CorrelationKey() string { return x.GetId() }
 
-// PublishDoneDef writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shadow.def.replies" with routing key "reply.shadow.def.done-def" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoneDef(ctx context.Context, tx pgx.Tx, m *DoneDef, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*DoneDef) isDoDefResult() {}
 
 // SvcDefParticipant executes the commands owned by service "svc-def".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterSvcDefParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type SvcDefParticipant interface {
 	// DoDef handles the command shadow.def.DoDef.
 	DoDef(ctx context.Context, tx pgx.Tx, cmd *DoDef) (DoDefResult, error)
 }
 
 // SvcDefParticipantFunc returns a participant.Func that dispatches each command of service
-// "svc-def" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterSvcDefParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "svc-def" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterSvcDefParticipant does that for a host.
 func SvcDefParticipantFunc(impl SvcDefParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -111,11 +113,21 @@ func SvcDefParticipantFunc(impl SvcDefParticipant) participant.Func {
 	}
 }
 
-// RegisterSvcDefParticipant returns the queue service "svc-def" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterSvcDefParticipant(impl SvcDefParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "svc-def.commands", participant.Handler(SvcDefParticipantFunc(impl))
+// RegisterSvcDefParticipant registers impl on h as the participant of service "svc-def":
+// h consumes "svc-def.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterSvcDefParticipant(h *host.Host, impl SvcDefParticipant) error {
+	if impl == nil {
+		return errors.New("service svc-def: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "svc-def",
+		Queue:   "svc-def.commands",
+		Package: SagaPackage(),
+		Func:    SvcDefParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -142,5 +154,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "svc-def.commands", Exchange: "shadow.def.commands", RoutingKey: "command.shadow.def.do-def"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/shadow/def",
+		Messages: []*message.Info{DoDefInfo, DoneDefInfo},
+		Topology: TopologyWith,
 	}
 }

@@ -5,12 +5,13 @@ package ok
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DoOkInfo describes the command shadow.ok.DoOk.
 var DoOkInfo = &message.Info{
@@ -56,6 +57,14 @@ type DoOkResult interface {
 	isDoOkResult()
 }
 
+// ReplyToDoOk answers command DoOk after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToDoOk(ctx context.Context, tx pgx.Tx, p participant.Pending, reply DoOkResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shadow.ok.DoOk", reply)
+}
+
 // DoneOkInfo describes the reply shadow.ok.DoneOk.
 var DoneOkInfo = &message.Info{
 	FullName:      "shadow.ok.DoneOk",
@@ -75,31 +84,24 @@ func (*DoneOk) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field id.
 func (x *DoneOk) CorrelationKey() string { return x.GetId() }
 
-// PublishDoneOk writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shadow.ok.replies" with routing key "reply.shadow.ok.done-ok" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoneOk(ctx context.Context, tx pgx.Tx, m *DoneOk, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*DoneOk) isDoOkResult() {}
 
 // SvcOkParticipant executes the commands owned by service "svc-ok".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterSvcOkParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type SvcOkParticipant interface {
 	// DoOk handles the command shadow.ok.DoOk.
 	DoOk(ctx context.Context, tx pgx.Tx, cmd *DoOk) (DoOkResult, error)
 }
 
 // SvcOkParticipantFunc returns a participant.Func that dispatches each command of service
-// "svc-ok" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterSvcOkParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "svc-ok" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterSvcOkParticipant does that for a host.
 func SvcOkParticipantFunc(impl SvcOkParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -111,11 +113,21 @@ func SvcOkParticipantFunc(impl SvcOkParticipant) participant.Func {
 	}
 }
 
-// RegisterSvcOkParticipant returns the queue service "svc-ok" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterSvcOkParticipant(impl SvcOkParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "svc-ok.commands", participant.Handler(SvcOkParticipantFunc(impl))
+// RegisterSvcOkParticipant registers impl on h as the participant of service "svc-ok":
+// h consumes "svc-ok.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterSvcOkParticipant(h *host.Host, impl SvcOkParticipant) error {
+	if impl == nil {
+		return errors.New("service svc-ok: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "svc-ok",
+		Queue:   "svc-ok.commands",
+		Package: SagaPackage(),
+		Func:    SvcOkParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -142,5 +154,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "svc-ok.commands", Exchange: "shadow.ok.commands", RoutingKey: "command.shadow.ok.do-ok"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/shadow/ok",
+		Messages: []*message.Info{DoOkInfo, DoneOkInfo},
+		Topology: TopologyWith,
 	}
 }

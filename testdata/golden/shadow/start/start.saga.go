@@ -8,13 +8,14 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // BeginInfo describes the command shadow.start.Begin.
 var BeginInfo = &message.Info{
@@ -61,5 +62,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Exchanges: []broker.Exchange{
 			{Name: "shadow.start.commands", Kind: "direct"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/shadow/start",
+		Messages: []*message.Info{BeginInfo},
+		Topology: TopologyWith,
 	}
 }

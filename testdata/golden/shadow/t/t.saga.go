@@ -12,6 +12,7 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
@@ -36,8 +37,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // ApprovedInfo describes the event shadow.t.Approved.
 var ApprovedInfo = &message.Info{
@@ -80,13 +81,21 @@ func Topology() broker.Topology {
 func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
+			{Name: "shadow.cfg.commands", Kind: "direct"},
 			{Name: "shadow.cfg.replies", Kind: "direct"},
+			{Name: "shadow.ctx.commands", Kind: "direct"},
 			{Name: "shadow.ctx.replies", Kind: "direct"},
+			{Name: "shadow.d.commands", Kind: "direct"},
 			{Name: "shadow.d.replies", Kind: "direct"},
+			{Name: "shadow.data.commands", Kind: "direct"},
 			{Name: "shadow.data.replies", Kind: "direct"},
+			{Name: "shadow.def.commands", Kind: "direct"},
 			{Name: "shadow.def.replies", Kind: "direct"},
+			{Name: "shadow.h.commands", Kind: "direct"},
 			{Name: "shadow.h.replies", Kind: "direct"},
+			{Name: "shadow.msg.commands", Kind: "direct"},
 			{Name: "shadow.msg.replies", Kind: "direct"},
+			{Name: "shadow.ok.commands", Kind: "direct"},
 			{Name: "shadow.ok.replies", Kind: "direct"},
 			{Name: "shadow.s.commands", Kind: "direct"},
 			{Name: "shadow.start.commands", Kind: "direct"},
@@ -113,6 +122,16 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.ok.replies", RoutingKey: "reply.shadow.ok.done-ok"},
 			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.start.commands", RoutingKey: "command.shadow.start.begin"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/shadow/t",
+		Messages: []*message.Info{ApprovedInfo},
+		Topology: TopologyWith,
 	}
 }
 
@@ -313,6 +332,27 @@ func ByReceiverMigrations() schema.Source {
 	return schema.Source{Name: "saga_by_receiver", FS: sub}
 }
 
+// RegisterByReceiver registers saga shadow.t.ByReceiver with decider d on h: h migrates its
+// table, consumes "by_receiver.saga.by_receiver", runs its timeout scanner and serves its status
+// at /sagas/by_receiver/{id}. Use the returned saga to start and read instances.
+func RegisterByReceiver(h *host.Host, d ByReceiverDecider) (*ByReceiver, error) {
+	s_, err := NewByReceiver(h.SagaConfig("shadow.t.ByReceiver"), d)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.AddSaga(host.Saga{
+		Engine:     s_.engine,
+		Queue:      "by_receiver.saga.by_receiver",
+		Snake:      "by_receiver",
+		Package:    SagaPackage(),
+		Migrations: ByReceiverMigrations(),
+		NewStart:   func() message.Message { return new(s.Begin) },
+	}); err != nil {
+		return nil, err
+	}
+	return s_, nil
+}
+
 // States of saga shadow.t.ByStatusURL, as stored in saga_by_status_url.state.
 const (
 	ByStatusURLStateApproved     = "APPROVED"
@@ -510,6 +550,27 @@ func ByStatusURLMigrations() schema.Source {
 	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
 	sub, _ := fs.Sub(byStatusURLMigrationsFS, "migrations/saga_by_status_url")
 	return schema.Source{Name: "saga_by_status_url", FS: sub}
+}
+
+// RegisterByStatusURL registers saga shadow.t.ByStatusURL with decider d on h: h migrates its
+// table, consumes "by_status_url.saga.by_status_url", runs its timeout scanner and serves its status
+// at /sagas/by_status_url/{id}. Use the returned saga to start and read instances.
+func RegisterByStatusURL(h *host.Host, d ByStatusURLDecider) (*ByStatusURL, error) {
+	s, err := NewByStatusURL(h.SagaConfig("shadow.t.ByStatusURL"), d)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.AddSaga(host.Saga{
+		Engine:     s.engine,
+		Queue:      "by_status_url.saga.by_status_url",
+		Snake:      "by_status_url",
+		Package:    SagaPackage(),
+		Migrations: ByStatusURLMigrations(),
+		NewStart:   func() message.Message { return new(statusURL.Begin) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // States of saga shadow.t.FanOut, as stored in saga_fan_out.state.
@@ -988,4 +1049,25 @@ func FanOutMigrations() schema.Source {
 	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
 	sub, _ := fs.Sub(fanOutMigrationsFS, "migrations/saga_fan_out")
 	return schema.Source{Name: "saga_fan_out", FS: sub}
+}
+
+// RegisterFanOut registers saga shadow.t.FanOut with decider d_ on h_: h_ migrates its
+// table, consumes "fan_out.saga.fan_out", runs its timeout scanner and serves its status
+// at /sagas/fan_out/{id}. Use the returned saga to start and read instances.
+func RegisterFanOut(h_ *host.Host, d_ FanOutDecider) (*FanOut, error) {
+	s, err := NewFanOut(h_.SagaConfig("shadow.t.FanOut"), d_)
+	if err != nil {
+		return nil, err
+	}
+	if err := h_.AddSaga(host.Saga{
+		Engine:     s.engine,
+		Queue:      "fan_out.saga.fan_out",
+		Snake:      "fan_out",
+		Package:    SagaPackage(),
+		Migrations: FanOutMigrations(),
+		NewStart:   func() message.Message { return new(start.Begin) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

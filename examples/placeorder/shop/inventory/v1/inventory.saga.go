@@ -5,12 +5,13 @@ package inventoryv1
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // InventoryReleasedInfo describes the reply shop.inventory.v1.InventoryReleased.
 var InventoryReleasedInfo = &message.Info{
@@ -39,13 +40,6 @@ func (*InventoryReleased) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field order_id.
 func (x *InventoryReleased) CorrelationKey() string { return x.GetOrderId() }
-
-// PublishInventoryReleased writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shop.inventory.v1.replies" with routing key "reply.shop.inventory.v1.inventory-released" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInventoryReleased(ctx context.Context, tx pgx.Tx, m *InventoryReleased, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*InventoryReleased) isReleaseInventoryResult() {}
 
@@ -70,13 +64,6 @@ func (*InventoryReservationFailed) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field order_id.
 func (x *InventoryReservationFailed) CorrelationKey() string { return x.GetOrderId() }
 
-// PublishInventoryReservationFailed writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shop.inventory.v1.replies" with routing key "reply.shop.inventory.v1.inventory-reservation-failed" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInventoryReservationFailed(ctx context.Context, tx pgx.Tx, m *InventoryReservationFailed, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*InventoryReservationFailed) isReserveInventoryResult() {}
 
 // InventoryReservedInfo describes the reply shop.inventory.v1.InventoryReserved.
@@ -97,13 +84,6 @@ func (*InventoryReserved) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field order_id.
 func (x *InventoryReserved) CorrelationKey() string { return x.GetOrderId() }
-
-// PublishInventoryReserved writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shop.inventory.v1.replies" with routing key "reply.shop.inventory.v1.inventory-reserved" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInventoryReserved(ctx context.Context, tx pgx.Tx, m *InventoryReserved, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*InventoryReserved) isReserveInventoryResult() {}
 
@@ -142,6 +122,14 @@ type ReleaseInventoryResult interface {
 	isReleaseInventoryResult()
 }
 
+// ReplyToReleaseInventory answers command ReleaseInventory after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToReleaseInventory(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ReleaseInventoryResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shop.inventory.v1.ReleaseInventory", reply)
+}
+
 // ReserveInventoryInfo describes the command shop.inventory.v1.ReserveInventory.
 var ReserveInventoryInfo = &message.Info{
 	FullName:      "shop.inventory.v1.ReserveInventory",
@@ -177,13 +165,22 @@ type ReserveInventoryResult interface {
 	isReserveInventoryResult()
 }
 
+// ReplyToReserveInventory answers command ReserveInventory after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToReserveInventory(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ReserveInventoryResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shop.inventory.v1.ReserveInventory", reply)
+}
+
 // InventoryParticipant executes the commands owned by service "inventory".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterInventoryParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type InventoryParticipant interface {
 	// ReleaseInventory handles the command shop.inventory.v1.ReleaseInventory.
 	ReleaseInventory(ctx context.Context, tx pgx.Tx, cmd *ReleaseInventory) (ReleaseInventoryResult, error)
@@ -192,9 +189,8 @@ type InventoryParticipant interface {
 }
 
 // InventoryParticipantFunc returns a participant.Func that dispatches each command of service
-// "inventory" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterInventoryParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "inventory" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterInventoryParticipant does that for a host.
 func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -208,11 +204,21 @@ func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
 	}
 }
 
-// RegisterInventoryParticipant returns the queue service "inventory" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterInventoryParticipant(impl InventoryParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "inventory.commands", participant.Handler(InventoryParticipantFunc(impl))
+// RegisterInventoryParticipant registers impl on h as the participant of service "inventory":
+// h consumes "inventory.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterInventoryParticipant(h *host.Host, impl InventoryParticipant) error {
+	if impl == nil {
+		return errors.New("service inventory: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "inventory",
+		Queue:   "inventory.commands",
+		Package: SagaPackage(),
+		Func:    InventoryParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -240,5 +246,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.release-inventory"},
 			{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.reserve-inventory"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1",
+		Messages: []*message.Info{InventoryReleasedInfo, InventoryReservationFailedInfo, InventoryReservedInfo, ReleaseInventoryInfo, ReserveInventoryInfo},
+		Topology: TopologyWith,
 	}
 }

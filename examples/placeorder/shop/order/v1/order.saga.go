@@ -16,6 +16,7 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -30,8 +31,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{
@@ -68,6 +69,14 @@ type ApproveOrderResult interface {
 	isApproveOrderResult()
 }
 
+// ReplyToApproveOrder answers command ApproveOrder after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToApproveOrder(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ApproveOrderResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shop.order.v1.ApproveOrder", reply)
+}
+
 // OrderApprovedInfo describes the reply shop.order.v1.OrderApproved.
 var OrderApprovedInfo = &message.Info{
 	FullName:      "shop.order.v1.OrderApproved",
@@ -86,13 +95,6 @@ func (*OrderApproved) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field order_id.
 func (x *OrderApproved) CorrelationKey() string { return x.GetOrderId() }
-
-// PublishOrderApproved writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shop.order.v1.replies" with routing key "reply.shop.order.v1.order-approved" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishOrderApproved(ctx context.Context, tx pgx.Tx, m *OrderApproved, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*OrderApproved) isApproveOrderResult() {}
 
@@ -129,18 +131,18 @@ func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderReque
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterOrderParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type OrderParticipant interface {
 	// ApproveOrder handles the command shop.order.v1.ApproveOrder.
 	ApproveOrder(ctx context.Context, tx pgx.Tx, cmd *ApproveOrder) (ApproveOrderResult, error)
 }
 
 // OrderParticipantFunc returns a participant.Func that dispatches each command of service
-// "order" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterOrderParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "order" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterOrderParticipant does that for a host.
 func OrderParticipantFunc(impl OrderParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -152,11 +154,21 @@ func OrderParticipantFunc(impl OrderParticipant) participant.Func {
 	}
 }
 
-// RegisterOrderParticipant returns the queue service "order" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterOrderParticipant(impl OrderParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "order.commands", participant.Handler(OrderParticipantFunc(impl))
+// RegisterOrderParticipant registers impl on h as the participant of service "order":
+// h consumes "order.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterOrderParticipant(h *host.Host, impl OrderParticipant) error {
+	if impl == nil {
+		return errors.New("service order: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "order",
+		Queue:   "order.commands",
+		Package: SagaPackage(),
+		Func:    OrderParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -174,10 +186,13 @@ func Topology() broker.Topology {
 func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
+			{Name: "shop.inventory.v1.commands", Kind: "direct"},
 			{Name: "shop.inventory.v1.replies", Kind: "direct"},
 			{Name: "shop.order.v1.commands", Kind: "direct"},
 			{Name: "shop.order.v1.replies", Kind: "direct"},
+			{Name: "shop.payment.v1.commands", Kind: "direct"},
 			{Name: "shop.payment.v1.replies", Kind: "direct"},
+			{Name: "shop.shipping.v1.commands", Kind: "direct"},
 			{Name: "shop.shipping.v1.replies", Kind: "direct"},
 		},
 		Queues: slices.Concat(
@@ -195,6 +210,16 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "order.saga.place_order", Exchange: "shop.payment.v1.replies", RoutingKey: "reply.shop.payment.v1.payment-authorized"},
 			{Queue: "order.saga.place_order", Exchange: "shop.shipping.v1.replies", RoutingKey: "reply.shop.shipping.v1.shipping-scheduled"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/examples/placeorder/shop/order/v1",
+		Messages: []*message.Info{ApproveOrderInfo, OrderApprovedInfo, PlaceOrderRequestInfo},
+		Topology: TopologyWith,
 	}
 }
 
@@ -621,4 +646,25 @@ func PlaceOrderMigrations() schema.Source {
 	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
 	sub, _ := fs.Sub(placeOrderMigrationsFS, "migrations/saga_place_order")
 	return schema.Source{Name: "saga_place_order", FS: sub}
+}
+
+// RegisterPlaceOrder registers saga shop.order.v1.PlaceOrder with decider d on h: h migrates its
+// table, consumes "order.saga.place_order", runs its timeout scanner and serves its status
+// at /sagas/place_order/{id}. Use the returned saga to start and read instances.
+func RegisterPlaceOrder(h *host.Host, d PlaceOrderDecider) (*PlaceOrder, error) {
+	s, err := NewPlaceOrder(h.SagaConfig("shop.order.v1.PlaceOrder"), d)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.AddSaga(host.Saga{
+		Engine:     s.engine,
+		Queue:      "order.saga.place_order",
+		Snake:      "place_order",
+		Package:    SagaPackage(),
+		Migrations: PlaceOrderMigrations(),
+		NewStart:   func() message.Message { return new(PlaceOrderRequest) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

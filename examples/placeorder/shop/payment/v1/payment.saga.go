@@ -5,12 +5,13 @@ package paymentv1
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // AuthorizePaymentInfo describes the command shop.payment.v1.AuthorizePayment.
 var AuthorizePaymentInfo = &message.Info{
@@ -57,6 +58,14 @@ type AuthorizePaymentResult interface {
 	isAuthorizePaymentResult()
 }
 
+// ReplyToAuthorizePayment answers command AuthorizePayment after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToAuthorizePayment(ctx context.Context, tx pgx.Tx, p participant.Pending, reply AuthorizePaymentResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shop.payment.v1.AuthorizePayment", reply)
+}
+
 // PaymentAuthorizationFailedInfo describes the reply shop.payment.v1.PaymentAuthorizationFailed.
 var PaymentAuthorizationFailedInfo = &message.Info{
 	FullName:      "shop.payment.v1.PaymentAuthorizationFailed",
@@ -77,13 +86,6 @@ func (*PaymentAuthorizationFailed) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field order_id.
 func (x *PaymentAuthorizationFailed) CorrelationKey() string { return x.GetOrderId() }
-
-// PublishPaymentAuthorizationFailed writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shop.payment.v1.replies" with routing key "reply.shop.payment.v1.payment-authorization-failed" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPaymentAuthorizationFailed(ctx context.Context, tx pgx.Tx, m *PaymentAuthorizationFailed, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*PaymentAuthorizationFailed) isAuthorizePaymentResult() {}
 
@@ -106,31 +108,24 @@ func (*PaymentAuthorized) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field order_id.
 func (x *PaymentAuthorized) CorrelationKey() string { return x.GetOrderId() }
 
-// PublishPaymentAuthorized writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shop.payment.v1.replies" with routing key "reply.shop.payment.v1.payment-authorized" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPaymentAuthorized(ctx context.Context, tx pgx.Tx, m *PaymentAuthorized, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*PaymentAuthorized) isAuthorizePaymentResult() {}
 
 // PaymentParticipant executes the commands owned by service "payment".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterPaymentParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type PaymentParticipant interface {
 	// AuthorizePayment handles the command shop.payment.v1.AuthorizePayment.
 	AuthorizePayment(ctx context.Context, tx pgx.Tx, cmd *AuthorizePayment) (AuthorizePaymentResult, error)
 }
 
 // PaymentParticipantFunc returns a participant.Func that dispatches each command of service
-// "payment" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterPaymentParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "payment" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterPaymentParticipant does that for a host.
 func PaymentParticipantFunc(impl PaymentParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -142,11 +137,21 @@ func PaymentParticipantFunc(impl PaymentParticipant) participant.Func {
 	}
 }
 
-// RegisterPaymentParticipant returns the queue service "payment" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterPaymentParticipant(impl PaymentParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "payment.commands", participant.Handler(PaymentParticipantFunc(impl))
+// RegisterPaymentParticipant registers impl on h as the participant of service "payment":
+// h consumes "payment.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterPaymentParticipant(h *host.Host, impl PaymentParticipant) error {
+	if impl == nil {
+		return errors.New("service payment: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "payment",
+		Queue:   "payment.commands",
+		Package: SagaPackage(),
+		Func:    PaymentParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -173,5 +178,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "payment.commands", Exchange: "shop.payment.v1.commands", RoutingKey: "command.shop.payment.v1.authorize-payment"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/examples/placeorder/shop/payment/v1",
+		Messages: []*message.Info{AuthorizePaymentInfo, PaymentAuthorizationFailedInfo, PaymentAuthorizedInfo},
+		Topology: TopologyWith,
 	}
 }

@@ -5,12 +5,13 @@ package shippingv1
 
 import (
 	context "context"
+	errors "errors"
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -18,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // ScheduleShippingInfo describes the command shop.shipping.v1.ScheduleShipping.
 var ScheduleShippingInfo = &message.Info{
@@ -57,6 +58,14 @@ type ScheduleShippingResult interface {
 	isScheduleShippingResult()
 }
 
+// ReplyToScheduleShipping answers command ScheduleShipping after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToScheduleShipping(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ScheduleShippingResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shop.shipping.v1.ScheduleShipping", reply)
+}
+
 // ShippingScheduledInfo describes the reply shop.shipping.v1.ShippingScheduled.
 var ShippingScheduledInfo = &message.Info{
 	FullName:      "shop.shipping.v1.ShippingScheduled",
@@ -76,31 +85,24 @@ func (*ShippingScheduled) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field order_id.
 func (x *ShippingScheduled) CorrelationKey() string { return x.GetOrderId() }
 
-// PublishShippingScheduled writes m to the outbox in the caller's transaction; the relay
-// publishes it to "shop.shipping.v1.replies" with routing key "reply.shop.shipping.v1.shipping-scheduled" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishShippingScheduled(ctx context.Context, tx pgx.Tx, m *ShippingScheduled, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
-
 func (*ShippingScheduled) isScheduleShippingResult() {}
 
 // ShippingParticipant executes the commands owned by service "shipping".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterShippingParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type ShippingParticipant interface {
 	// ScheduleShipping handles the command shop.shipping.v1.ScheduleShipping.
 	ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *ScheduleShipping) (ScheduleShippingResult, error)
 }
 
 // ShippingParticipantFunc returns a participant.Func that dispatches each command of service
-// "shipping" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterShippingParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "shipping" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterShippingParticipant does that for a host.
 func ShippingParticipantFunc(impl ShippingParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -112,11 +114,21 @@ func ShippingParticipantFunc(impl ShippingParticipant) participant.Func {
 	}
 }
 
-// RegisterShippingParticipant returns the queue service "shipping" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterShippingParticipant(impl ShippingParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "shipping.commands", participant.Handler(ShippingParticipantFunc(impl))
+// RegisterShippingParticipant registers impl on h as the participant of service "shipping":
+// h consumes "shipping.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterShippingParticipant(h *host.Host, impl ShippingParticipant) error {
+	if impl == nil {
+		return errors.New("service shipping: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "shipping",
+		Queue:   "shipping.commands",
+		Package: SagaPackage(),
+		Func:    ShippingParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -143,5 +155,15 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		Bindings: []broker.Binding{
 			{Queue: "shipping.commands", Exchange: "shop.shipping.v1.commands", RoutingKey: "command.shop.shipping.v1.schedule-shipping"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1",
+		Messages: []*message.Info{ScheduleShippingInfo, ShippingScheduledInfo},
+		Topology: TopologyWith,
 	}
 }

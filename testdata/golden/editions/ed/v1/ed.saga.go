@@ -12,6 +12,7 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
@@ -26,8 +27,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DeclinedInfo describes the event ed.v1.Declined.
 var DeclinedInfo = &message.Info{
@@ -134,6 +135,16 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.requested"},
 			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.signed"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/editions/ed/v1",
+		Messages: []*message.Info{DeclinedInfo, RequestedInfo, SignedInfo},
+		Topology: TopologyWith,
 	}
 }
 
@@ -353,4 +364,25 @@ func CollectSignatureMigrations() schema.Source {
 	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
 	sub, _ := fs.Sub(collectSignatureMigrationsFS, "migrations/saga_collect_signature")
 	return schema.Source{Name: "saga_collect_signature", FS: sub}
+}
+
+// RegisterCollectSignature registers saga ed.v1.CollectSignature with decider d on h: h migrates its
+// table, consumes "collect_signature.saga.collect_signature", runs its timeout scanner and serves its status
+// at /sagas/collect_signature/{id}. Use the returned saga to start and read instances.
+func RegisterCollectSignature(h *host.Host, d CollectSignatureDecider) (*CollectSignature, error) {
+	s, err := NewCollectSignature(h.SagaConfig("ed.v1.CollectSignature"), d)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.AddSaga(host.Saga{
+		Engine:     s.engine,
+		Queue:      "collect_signature.saga.collect_signature",
+		Snake:      "collect_signature",
+		Package:    SagaPackage(),
+		Migrations: CollectSignatureMigrations(),
+		NewStart:   func() message.Message { return new(Requested) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

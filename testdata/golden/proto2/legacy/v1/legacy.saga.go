@@ -13,6 +13,7 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
+	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -29,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // Account_OpenInfo describes the command legacy.v1.Account.Open.
 var Account_OpenInfo = &message.Info{
@@ -69,6 +70,14 @@ type Account_OpenResult interface {
 	isAccount_OpenResult()
 }
 
+// ReplyToAccount_Open answers command Account_Open after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToAccount_Open(ctx context.Context, tx pgx.Tx, p participant.Pending, reply Account_OpenResult) error {
+	return participant.ReplyLater(ctx, tx, p, "legacy.v1.Account.Open", reply)
+}
+
 // Account_OpenedInfo describes the reply legacy.v1.Account.Opened.
 var Account_OpenedInfo = &message.Info{
 	FullName:      "legacy.v1.Account.Opened",
@@ -87,13 +96,6 @@ func (*Account_Opened) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field holder_id.
 func (x *Account_Opened) CorrelationKey() string { return x.GetHolderId() }
-
-// PublishAccount_Opened writes m to the outbox in the caller's transaction; the relay
-// publishes it to "legacy.v1.replies" with routing key "reply.legacy.v1.account-opened" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAccount_Opened(ctx context.Context, tx pgx.Tx, m *Account_Opened, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*Account_Opened) isAccount_OpenResult() {}
 
@@ -116,13 +118,6 @@ func (*Account_Refused) IdempotencyKey() string { return "" }
 
 // CorrelationKey returns the correlation field holder_id.
 func (x *Account_Refused) CorrelationKey() string { return x.GetHolderId() }
-
-// PublishAccount_Refused writes m to the outbox in the caller's transaction; the relay
-// publishes it to "legacy.v1.replies" with routing key "reply.legacy.v1.account-refused" after commit.
-// It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAccount_Refused(ctx context.Context, tx pgx.Tx, m *Account_Refused, meta envelope.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
-}
 
 func (*Account_Refused) isAccount_OpenResult() {}
 
@@ -156,18 +151,18 @@ func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountReq
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Guard effects that must happen once
-// per command with participant.Idempotent (which also runs an operator's retry
-// after a recorded failure again), or participant.Once on participant.CommandKey(cmd).
+// it through its retry tiers, then parks it. Registered with RegisterAccountsParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
 type AccountsParticipant interface {
 	// Account_Open handles the command legacy.v1.Account.Open.
 	Account_Open(ctx context.Context, tx pgx.Tx, cmd *Account_Open) (Account_OpenResult, error)
 }
 
 // AccountsParticipantFunc returns a participant.Func that dispatches each command of service
-// "accounts" to impl. Wrap it (e.g. with participant.Idempotent) before
-// participant.Handler; RegisterAccountsParticipant uses it as is. A method that answers
-// later returns participant.ErrReplyLater and replies with participant.ReplyEnvelope.
+// "accounts" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterAccountsParticipant does that for a host.
 func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
@@ -179,11 +174,21 @@ func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
 	}
 }
 
-// RegisterAccountsParticipant returns the queue service "accounts" consumes its commands
-// from and the consumer handler that dispatches them to impl and writes each
-// reply to the outbox in the same transaction (participant.Handler).
-func RegisterAccountsParticipant(impl AccountsParticipant) (queue string, handler consumer.HandlerFunc) {
-	return "accounts.commands", participant.Handler(AccountsParticipantFunc(impl))
+// RegisterAccountsParticipant registers impl on h as the participant of service "accounts":
+// h consumes "accounts.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterAccountsParticipant(h *host.Host, impl AccountsParticipant) error {
+	if impl == nil {
+		return errors.New("service accounts: participant is nil")
+	}
+	return h.AddParticipant(host.Participant{
+		Service: "accounts",
+		Queue:   "accounts.commands",
+		Package: SagaPackage(),
+		Func:    AccountsParticipantFunc(impl),
+	})
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -215,6 +220,16 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-opened"},
 			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-refused"},
 		},
+	}
+}
+
+// SagaPackage describes this package's contract for a host (runtime/host): its
+// message types and its topology (TopologyWith).
+func SagaPackage() host.Package {
+	return host.Package{
+		Path:     "github.com/protosaga/saga/testdata/golden/proto2/legacy/v1",
+		Messages: []*message.Info{Account_OpenInfo, Account_OpenedInfo, Account_RefusedInfo, OpenAccountRequestInfo},
+		Topology: TopologyWith,
 	}
 }
 
@@ -448,4 +463,25 @@ func OnboardingMigrations() schema.Source {
 	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
 	sub, _ := fs.Sub(onboardingMigrationsFS, "migrations/saga_onboarding")
 	return schema.Source{Name: "saga_onboarding", FS: sub}
+}
+
+// RegisterOnboarding registers saga legacy.v1.Onboarding with decider d on h: h migrates its
+// table, consumes "onboarding.saga.onboarding", runs its timeout scanner and serves its status
+// at /sagas/onboarding/{id}. Use the returned saga to start and read instances.
+func RegisterOnboarding(h *host.Host, d OnboardingDecider) (*Onboarding, error) {
+	s, err := NewOnboarding(h.SagaConfig("legacy.v1.Onboarding"), d)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.AddSaga(host.Saga{
+		Engine:     s.engine,
+		Queue:      "onboarding.saga.onboarding",
+		Snake:      "onboarding",
+		Package:    SagaPackage(),
+		Migrations: OnboardingMigrations(),
+		NewStart:   func() message.Message { return new(OpenAccountRequest) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -1,0 +1,16 @@
+// Command placeorder runs the Place Order example as one service: the four
+// participants and the saga on one host, configured from the environment
+// (SAGA_PG_URL, SAGA_AMQP_URL, SAGA_HTTP_ADDR, ...; see runtime/host).
+package main
+
+import (
+	"github.com/protosaga/saga/examples/placeorder/app"
+	"github.com/protosaga/saga/runtime/host"
+)
+
+func main() {
+	host.Main(func(h *host.Host) error {
+		_, err := app.Register(h)
+		return err
+	})
+}

@@ -1,0 +1,54 @@
+// Package host runs a service's part of the sagas in one process, so that a
+// service is its business code plus one call.
+//
+// Generated code registers what the contract declares for the service:
+//
+//	h, err := host.New(ctx, cfg)                                   // or host.Main(func(h *host.Host) error { ... })
+//	err = inventoryv1.RegisterInventoryParticipant(h, inventory{}) // consumes inventory.commands
+//	placeOrder, err := orderv1.RegisterPlaceOrder(h, decider{})    // consumes order.saga.place_order
+//	err = h.Run(ctx)                                               // until ctx ends, then stops in order
+//
+// # What Start does, in order
+//
+//  1. Applies the migrations of what is registered (the runtime's tables,
+//     the participants' once records, each saga's instance table, then
+//     Config.Migrations) under schema.Migrate's advisory lock, so several
+//     processes may start at once; Config.SkipMigrations leaves that to
+//     another tool.
+//  2. Checks each saga's stored states against its definition
+//     (saga.Engine.CheckStates): a state removed while instances occupy it
+//     stops the start with a clear message.
+//  3. Opens two broker connections (publishing and consuming apart, so a
+//     broker that blocks publishers under an alarm does not stall acks)
+//     and declares the topology merged from the packages of everything
+//     registered ([Package.Topology] of each).
+//  4. Starts the outbox relays, one consumer per registered queue (rows a
+//     consumer commits are handed to a relay of this process), each saga's
+//     timeout scanner, and the HTTP server.
+//
+// # Defaults that keep the guarantees
+//
+// A participant registered through the host handles each command once per
+// command type and idempotency key (participant.Idempotent): a command the
+// saga resends after a timeout, or an operator retries, gets the first reply
+// again instead of a second effect, without the participant's code
+// mentioning idempotency. A compensating command that arrives before the
+// command it undoes leaves a record that makes the late command a no-op
+// (see package participant).
+//
+// # HTTP
+//
+// On Config.HTTPAddr (default ":8080"): GET /healthz (the process runs),
+// GET /readyz (started, database and broker reachable), GET /metrics
+// (Prometheus, unless Config.Telemetry brings its own meter), the saga
+// endpoints under /sagas/<saga>/ and, with admin tokens, the admin API and
+// console under /admin/ (see runtime/admin).
+//
+// # Stopping
+//
+// Stop (and Run, when its context ends or a part fails) turns readiness
+// off, stops the consumers, which finish their in-flight batches within
+// Config.DrainTimeout, and the timeout scanners; then stops the relays, which
+// publish what the consumers' last batches handed them; then shuts the HTTP
+// server down and closes the connections.
+package host

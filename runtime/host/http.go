@@ -1,0 +1,132 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/protosaga/saga/runtime/admin"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/saga"
+)
+
+// serve mounts the host's endpoints and listens (so a taken port fails
+// Start); launch serves.
+func (h *Host) serve(r *running) error {
+	if h.cfg.HTTPAddr == HTTPOff {
+		return nil
+	}
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	h.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) { h.ready(w, req, r) })
+	if h.metrics != nil {
+		h.mux.Handle("GET /metrics", h.metrics.MetricsHandler())
+	}
+	if len(h.cfg.AdminTokens) > 0 {
+		reg, err := h.registry()
+		if err != nil {
+			return err
+		}
+		engines := make([]*saga.Engine, len(h.sagas))
+		for i, s := range h.sagas {
+			engines[i] = s.Engine
+		}
+		srv, err := admin.New(admin.Config{
+			Pool: h.pool, Sagas: engines, Registry: reg, Tokens: h.cfg.AdminTokens, Logger: h.log, Now: h.cfg.Now,
+		})
+		if err != nil {
+			return fmt.Errorf("admin server: %w", err)
+		}
+		h.mux.Handle("/admin/", http.StripPrefix("/admin", srv))
+	}
+	for _, s := range h.sagas {
+		base := "/sagas/" + s.Snake + "/"
+		if h.cfg.StartEndpoints {
+			start := s.Engine.StartHandler(s.NewStart, func(id string) string { return base + id })
+			h.mux.Handle("POST "+base, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				start.ServeHTTP(w, req.WithContext(r.withRelay(req.Context())))
+			}))
+		}
+	}
+	ln, err := net.Listen("tcp", h.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("HTTP server: %w", err)
+	}
+	r.listener = ln
+	r.server = &http.Server{Handler: h.mux, ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+// registry merges the message types of everything registered, for the
+// admin console's message views.
+func (h *Host) registry() (*message.Registry, error) {
+	reg, err := message.NewRegistry()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range h.participants {
+		if err := reg.Add(p.Package.Messages...); err != nil {
+			return nil, fmt.Errorf("message registry: %w", err)
+		}
+	}
+	for _, s := range h.sagas {
+		if err := reg.Add(s.Package.Messages...); err != nil {
+			return nil, fmt.Errorf("message registry: %w", err)
+		}
+	}
+	return reg, nil
+}
+
+// ready answers /readyz: 200 while the host runs, the database answers and
+// both broker connections are up; 503 with the failing checks otherwise.
+func (h *Host) ready(w http.ResponseWriter, req *http.Request, r *running) {
+	checks := map[string]string{"host": "ok", "database": "ok", "broker": "ok"}
+	ok := true
+	if !r.ready.Load() {
+		checks["host"], ok = "not running", false
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), 2*time.Second)
+	defer cancel()
+	if err := h.pool.Ping(ctx); err != nil {
+		h.log.WarnContext(ctx, "readiness: database ping failed", "error", err)
+		checks["database"], ok = "unreachable", false
+	}
+	if !r.pub.Connected() || !r.sub.Connected() {
+		checks["broker"], ok = "reconnecting", false
+	}
+	code := http.StatusOK
+	if !ok {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, checks)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// httpAddr is the address the HTTP server listens on, for the start log.
+func (h *Host) httpAddr(r *running) string {
+	if r.listener == nil {
+		return HTTPOff
+	}
+	return r.listener.Addr().String()
+}
+
+// Addr returns the address the HTTP server listens on once started (with
+// the port the system chose for ":0"), or "" when it does not run.
+func (h *Host) Addr() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.run == nil || h.run.listener == nil {
+		return ""
+	}
+	return h.run.listener.Addr().String()
+}
