@@ -8,9 +8,18 @@
 //
 // Parameters: protogen's paths=, module= and M<file>=<import path>, and
 // warnings=error to fail generation on design-review warnings.
+//
+// It also writes the saga.v1 options into a proto tree, for a buf workspace
+// to list as a module (docs/options.md):
+//
+//	protoc-gen-saga export-options [-force] DIR
+//
+// writes DIR/saga/v1/saga.proto, the options this binary was built with.
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +29,7 @@ import (
 	"google.golang.org/protobuf/types/pluginpb"
 
 	"github.com/protosaga/saga/internal/gen"
+	"github.com/protosaga/saga/options"
 )
 
 // version is the plugin version; release builds set it with -ldflags.
@@ -32,6 +42,18 @@ func main() {
 	}
 	if len(os.Args) == 2 && (os.Args[1] == "-h" || os.Args[1] == "--help") {
 		fmt.Fprintln(os.Stdout, "protoc-gen-saga is a protoc plugin; run it through protoc or buf (see docs/generator.md).")
+		fmt.Fprintln(os.Stdout, "protoc-gen-saga export-options [-force] DIR writes the saga.v1 options to DIR/saga/v1/saga.proto (see docs/options.md).")
+		os.Exit(0)
+	}
+	if len(os.Args) >= 2 && os.Args[1] == "export-options" {
+		err := exportOptions(os.Args[2:], os.Stdout, os.Stderr)
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s export-options: %v\n", filepath.Base(os.Args[0]), err)
+			os.Exit(1)
+		}
 		os.Exit(0)
 	}
 	if err := run(os.Stdin, os.Stdout, os.Stderr); err != nil {
@@ -59,6 +81,33 @@ func run(in io.Reader, out, warn io.Writer) error {
 	}
 	if _, err := out.Write(b); err != nil {
 		return fmt.Errorf("write the code generator response: %w", err)
+	}
+	return nil
+}
+
+// exportOptions runs `protoc-gen-saga export-options [-force] DIR`.
+func exportOptions(args []string, out, errOut io.Writer) error {
+	fs := flag.NewFlagSet("export-options", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	force := fs.Bool("force", false, "replace files that differ from the options of this binary")
+	fs.Usage = func() {
+		fmt.Fprintln(errOut, "usage: protoc-gen-saga export-options [-force] DIR")
+		fmt.Fprintln(errOut, "Writes the saga.v1 options to DIR/saga/v1/saga.proto; DIR is an import root (a buf module or protoc -I).")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errors.New("want exactly one directory")
+	}
+	written, err := options.Export(fs.Arg(0), *force)
+	if err != nil {
+		return err
+	}
+	for _, w := range written {
+		fmt.Fprintf(out, "%s: %s\n", w.Path, w.Outcome)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -116,4 +117,65 @@ func TestBinary(t *testing.T) {
 		require.Contains(t, resp.GetError(), "reply_unused.proto:15:3: reply-unused: ")
 		require.Empty(t, resp.File)
 	})
+}
+
+// TestExportOptions runs `protoc-gen-saga export-options` as a user does: it
+// writes the options the binary embeds, leaves an identical file alone,
+// refuses to replace a different one without -force.
+func TestExportOptions(t *testing.T) {
+	t.Parallel()
+	bin := build(t)
+	want, err := os.ReadFile(filepath.Join(repoRoot, "options", "saga", "v1", "saga.proto"))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	target := filepath.Join(dir, "third_party", "protosaga", "saga", "v1", "saga.proto")
+
+	export := func(args ...string) (stdout, stderr string, err error) {
+		cmd := exec.Command(bin, append([]string{"export-options"}, args...)...)
+		cmd.Dir = dir
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		err = cmd.Run()
+		return o.String(), e.String(), err
+	}
+
+	stdout, stderr, err := export("third_party/protosaga")
+	require.NoError(t, err, stderr)
+	require.Equal(t, "third_party/protosaga/saga/v1/saga.proto: created\n", stdout)
+	require.Empty(t, stderr)
+	got, err := os.ReadFile(target)
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got), "the binary exports options/saga/v1/saga.proto")
+
+	stdout, _, err = export("third_party/protosaga")
+	require.NoError(t, err)
+	require.Equal(t, "third_party/protosaga/saga/v1/saga.proto: unchanged\n", stdout)
+
+	require.NoError(t, os.WriteFile(target, []byte("// edited\n"), 0o644))
+	stdout, stderr, err = export("third_party/protosaga")
+	require.Error(t, err)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "protoc-gen-saga export-options: export the saga.v1 options into third_party/protosaga: "+
+		"third_party/protosaga/saga/v1/saga.proto differs from the saga.v1 options of this protoc-gen-saga")
+	require.Contains(t, stderr, "rerun with -force")
+	got, err = os.ReadFile(target)
+	require.NoError(t, err)
+	require.Equal(t, "// edited\n", string(got), "nothing is replaced without -force")
+
+	stdout, _, err = export("-force", "third_party/protosaga")
+	require.NoError(t, err)
+	require.Equal(t, "third_party/protosaga/saga/v1/saga.proto: replaced\n", stdout)
+	got, err = os.ReadFile(target)
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got))
+
+	_, stderr, err = export()
+	require.Error(t, err)
+	require.Contains(t, stderr, "usage: protoc-gen-saga export-options [-force] DIR")
+	require.Contains(t, stderr, "want exactly one directory")
+
+	stdout, stderr, err = export("-h")
+	require.NoError(t, err, "help is not an error")
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "usage: protoc-gen-saga export-options [-force] DIR")
 }
