@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# services.sh — start and stop a private PostgreSQL and RabbitMQ for tests and the demo.
+# services.sh — start, restart and stop a private PostgreSQL and RabbitMQ for tests and the demo.
 #
-#   scripts/services.sh start DIR   install if missing, start both on loopback, write DIR/env.sh
-#   scripts/services.sh stop DIR    stop both and leave DIR for inspection
-#   scripts/services.sh status DIR  print what runs
+#   scripts/services.sh start DIR                   install if missing, start both on loopback, write DIR/env.sh
+#   scripts/services.sh restart DIR [pg|rabbit|all] stop and start one server (default: both) on the same
+#                                                   ports with the same data, and wait until it answers
+#   scripts/services.sh stop DIR                    stop both and leave DIR for inspection
+#   scripts/services.sh status DIR                  print DIR/env.sh and what runs; exit 0 only when both run
 #
 # Everything lives under DIR: data directories, sockets, logs, the Erlang cookie. Ports are
-# chosen free at start. No systemd, no Docker: the servers run as plain processes (PostgreSQL as
-# the `postgres` user, because initdb refuses root). DIR/env.sh exports:
-#   SAGA_TEST_PG_URL     postgres://postgres@127.0.0.1:PORT/saga?sslmode=disable
-#   SAGA_TEST_AMQP_URL   amqp://guest:guest@127.0.0.1:PORT/
-#   SAGA_TEST_RABBIT_API http://guest:guest@127.0.0.1:PORT/api
-#   SAGA_TEST_TLS_CA     PEM of the throwaway CA that signed both servers' certificates
-#   SAGA_TEST_PG_TLS_URL the PostgreSQL URL with sslmode=verify-full against that CA
-#   SAGA_TEST_AMQPS_URL  amqps://guest:guest@localhost:PORT/ (TLS listener)
+# chosen free at start and kept by restarts. No systemd, no Docker: the servers run as plain
+# processes (PostgreSQL as the `postgres` user, because initdb refuses root). DIR/env.sh exports
+# the names every reader in the repository uses (the runtime's examples, internal/testenv, bench/):
+#   SAGA_SERVICES_DIR   DIR (scripts/with-services.sh reuses the servers only when it names a live DIR)
+#   SAGA_PG_URL         postgres://postgres@127.0.0.1:PORT/saga?sslmode=disable
+#   SAGA_AMQP_URL       amqp://guest:guest@127.0.0.1:PORT/
+#   SAGA_RABBIT_API     http://guest:guest@127.0.0.1:PORT/api (management API)
+#   SAGA_TLS_CA         PEM of the throwaway CA that signed both servers' certificates
+#   SAGA_PG_TLS_URL     the PostgreSQL URL with sslmode=verify-full against that CA
+#   SAGA_AMQPS_URL      amqps://guest:guest@localhost:PORT/ (TLS listener)
 set -euo pipefail
 
 die() { echo "services: $*" >&2; exit 1; }
@@ -106,6 +110,11 @@ make_tls() {
 	chmod 644 "$t/server.key" # RabbitMQ runs as this user; the directory is private to the run
 }
 
+# as_pg CMD [ARGS...]: a PostgreSQL tool, as the postgres user when we are root (the server refuses root).
+as_pg() {
+	if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
 start_pg() {
 	local dir=$1 port
 	port=$(free_port)
@@ -113,9 +122,7 @@ start_pg() {
 	echo "$port" >"$dir/pg/port"
 	chown -R postgres:postgres "$dir/pg" 2>/dev/null || true
 	chmod 700 "$dir/pg"
-	local run=(runuser -u postgres --)
-	[ "$(id -u)" -eq 0 ] || run=()
-	"${run[@]}" "$PG_BIN/initdb" -D "$dir/pg/data" -U postgres --auth=trust -E UTF8 --no-sync >"$dir/pg/initdb.log" 2>&1 ||
+	as_pg "$PG_BIN/initdb" -D "$dir/pg/data" -U postgres --auth=trust -E UTF8 --no-sync >"$dir/pg/initdb.log" 2>&1 ||
 		{ cat "$dir/pg/initdb.log" >&2; die "initdb failed (log: $dir/pg/initdb.log)"; }
 	cat >>"$dir/pg/data/postgresql.conf" <<EOF
 listen_addresses = '127.0.0.1'
@@ -130,18 +137,62 @@ ssl = on
 ssl_cert_file = '$dir/pg/server.pem'
 ssl_key_file = '$dir/pg/server.key'
 EOF
-	# SAGA_SERVICES_PRELOAD: a library both servers load (bench/slowdisk/run.sh slows their flushes with it).
-	local preload=()
-	[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || preload=(env "LD_PRELOAD=$SAGA_SERVICES_PRELOAD")
-	"${run[@]}" "${preload[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" -w -t 60 start >/dev/null ||
-		{ tail -20 "$dir/pg/postgres.log" >&2; die "PostgreSQL did not start (log: $dir/pg/postgres.log)"; }
-	"${run[@]}" psql -h 127.0.0.1 -p "$port" -U postgres -qc 'CREATE DATABASE saga' >/dev/null ||
+	launch_pg "$dir"
+	as_pg psql -h 127.0.0.1 -p "$port" -U postgres -qc 'CREATE DATABASE saga' >/dev/null ||
 		die "create database failed"
 	log "PostgreSQL on 127.0.0.1:$port"
 }
 
+# launch_pg DIR: start the cluster of DIR (configured by start_pg) and wait until it takes
+# connections. SAGA_SERVICES_PRELOAD names a library both servers load, at start and at restart
+# (bench/slowdisk/run.sh slows their flushes with it).
+launch_pg() {
+	local dir=$1 preload=()
+	[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || preload=(env "LD_PRELOAD=$SAGA_SERVICES_PRELOAD")
+	as_pg "${preload[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" -w -t 60 start >/dev/null ||
+		{ tail -20 "$dir/pg/postgres.log" >&2; die "PostgreSQL did not start (log: $dir/pg/postgres.log)"; }
+}
+
+# pg_running DIR: the postmaster of DIR is alive and its port is taken.
+pg_running() {
+	local dir=$1 pid
+	[ -f "$dir/pg/data/postmaster.pid" ] && [ -f "$dir/pg/port" ] || return 1
+	pid=$(head -1 "$dir/pg/data/postmaster.pid")
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ! port_free "$(cat "$dir/pg/port")"
+}
+
+# stop_pg DIR: fast shutdown (clients disconnected, work checkpointed); waits for the server to exit.
+stop_pg() {
+	local dir=$1
+	[ -f "$dir/pg/data/postmaster.pid" ] || return 0
+	as_pg "$PG_BIN/pg_ctl" -D "$dir/pg/data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+}
+
+restart_pg() {
+	local dir=$1 port
+	[ -f "$dir/pg/port" ] || die "no PostgreSQL in $dir"
+	port=$(cat "$dir/pg/port")
+	stop_pg "$dir"
+	! pg_running "$dir" || die "PostgreSQL in $dir did not stop"
+	wait_port_free "$port" || die "port $port is still taken after PostgreSQL in $dir stopped"
+	launch_pg "$dir"
+	as_pg psql -h 127.0.0.1 -p "$port" -U postgres -d saga -Atqc 'SELECT 1' >/dev/null ||
+		die "PostgreSQL in $dir started but does not answer on 127.0.0.1:$port"
+	log "PostgreSQL restarted on 127.0.0.1:$port"
+}
+
+# wait_port_free PORT: wait up to 30 s until nothing listens on 127.0.0.1:PORT.
+wait_port_free() {
+	local i
+	for i in $(seq 1 60); do
+		port_free "$1" && return 0
+		sleep 0.5
+	done
+	return 1
+}
+
 start_rabbit() {
-	local dir=$1 port mport
+	local dir=$1 port mport tport
 	port=$(free_port)
 	mport=$(free_port)
 	tport=$(free_port)
@@ -168,10 +219,19 @@ loopback_users = none
 log.console = false
 log.file.level = warning
 EOF
+	launch_rabbit "$dir"
+	log "RabbitMQ on 127.0.0.1:$port (TLS :$tport, management :$mport)"
+}
+
+# launch_rabbit DIR: start the node of DIR (configured by start_rabbit) detached, in a session of
+# its own, and wait until it and its management API answer.
+launch_rabbit() {
+	local dir=$1 mport
+	mport=$(cat "$dir/rabbit/mgmt-port")
 	(
 		rmq_env "$dir"
 		[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || export LD_PRELOAD=$SAGA_SERVICES_PRELOAD
-		setsid "$RMQ_SERVER" >"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
+		setsid "$RMQ_SERVER" >>"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
 	)
 	# await_startup fails at once while the node is not yet reachable: retry until it answers.
 	local i ok=
@@ -189,7 +249,43 @@ EOF
 	done
 	curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null ||
 		die "RabbitMQ management API did not answer on 127.0.0.1:$mport"
-	log "RabbitMQ on 127.0.0.1:$port (TLS :$tport, management :$mport)"
+}
+
+# rabbit_pid DIR: the PID of DIR's node while its Erlang VM runs (a PID file left by a stopped
+# node, whose number another process may have taken since, prints nothing).
+rabbit_pid() {
+	local dir=$1 pid
+	[ -f "$dir/rabbit/rabbit.pid" ] && [ -f "$dir/rabbit/port" ] || return 1
+	pid=$(cat "$dir/rabbit/rabbit.pid")
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-home $dir/rabbit/home " || return 1
+	echo "$pid"
+}
+
+# rabbit_running DIR: the node of DIR is alive and its AMQP port is taken.
+rabbit_running() {
+	rabbit_pid "$1" >/dev/null && ! port_free "$(cat "$1/rabbit/port")"
+}
+
+# stop_rabbit DIR: stop the node (rabbitmqctl stop waits for its Erlang VM to exit).
+stop_rabbit() {
+	local dir=$1 pid
+	pid=$(rabbit_pid "$dir") || return 0
+	(
+		rmq_env "$dir"
+		timeout 30 "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
+	)
+}
+
+restart_rabbit() {
+	local dir=$1 port
+	[ -f "$dir/rabbit/port" ] || die "no RabbitMQ in $dir"
+	port=$(cat "$dir/rabbit/port")
+	stop_rabbit "$dir"
+	! rabbit_running "$dir" || die "RabbitMQ in $dir did not stop"
+	wait_port_free "$port" || die "port $port is still taken after RabbitMQ in $dir stopped"
+	launch_rabbit "$dir"
+	log "RabbitMQ restarted on 127.0.0.1:$port"
 }
 
 cmd_start() {
@@ -208,15 +304,26 @@ cmd_start() {
 	start_rabbit "$dir"
 	cat >"$dir/env.sh" <<EOF
 export SAGA_SERVICES_DIR='$dir'
-export SAGA_TEST_PG_URL='postgres://postgres@127.0.0.1:$(cat "$dir/pg/port")/saga?sslmode=disable'
-export SAGA_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$(cat "$dir/rabbit/port")/'
-export SAGA_TEST_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/rabbit/mgmt-port")/api'
-export SAGA_TEST_TLS_CA='$dir/tls/ca.pem'
-export SAGA_TEST_PG_TLS_URL='postgres://postgres@localhost:$(cat "$dir/pg/port")/saga?sslmode=verify-full&sslrootcert=$dir/tls/ca.pem'
-export SAGA_TEST_AMQPS_URL='amqps://guest:guest@localhost:$(cat "$dir/rabbit/tls-port")/'
+export SAGA_PG_URL='postgres://postgres@127.0.0.1:$(cat "$dir/pg/port")/saga?sslmode=disable'
+export SAGA_AMQP_URL='amqp://guest:guest@127.0.0.1:$(cat "$dir/rabbit/port")/'
+export SAGA_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/rabbit/mgmt-port")/api'
+export SAGA_TLS_CA='$dir/tls/ca.pem'
+export SAGA_PG_TLS_URL='postgres://postgres@localhost:$(cat "$dir/pg/port")/saga?sslmode=verify-full&sslrootcert=$dir/tls/ca.pem'
+export SAGA_AMQPS_URL='amqps://guest:guest@localhost:$(cat "$dir/rabbit/tls-port")/'
 EOF
 	trap - EXIT
 	log "ready: source $dir/env.sh"
+}
+
+# cmd_restart DIR [pg|rabbit|all]: the servers keep their ports, data directories, durable queues
+# and persistent messages; every client connection drops.
+cmd_restart() {
+	local dir=${1:?usage: services.sh restart DIR [pg|rabbit|all]} which=${2:-all}
+	case $which in pg | rabbit | all) ;; *) die "restart: unknown service '$which' (pg, rabbit or all)" ;; esac
+	[ -f "$dir/env.sh" ] || die "no services in $dir (start them with: services.sh start $dir)"
+	dir=$(cd "$dir" && pwd)
+	case $which in pg | all) restart_pg "$dir" ;; esac
+	case $which in rabbit | all) restart_rabbit "$dir" ;; esac
 }
 
 cmd_stop() {
@@ -224,35 +331,41 @@ cmd_stop() {
 	[ -d "$dir" ] || return 0
 	dir=$(cd "$dir" && pwd)
 	if [ -f "$dir/rabbit/port" ]; then
-		(
-			rmq_env "$dir"
-			if [ -f "$RABBITMQ_PID_FILE" ]; then
-				timeout 30 "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 ||
-					kill "$(cat "$RABBITMQ_PID_FILE")" 2>/dev/null || true
-			fi
-		)
+		stop_rabbit "$dir"
 		# epmd outlives the node; kill it only when no node is left on it.
 		if command -v epmd >/dev/null && ! ERL_EPMD_ADDRESS=127.0.0.1 epmd -names 2>/dev/null | grep -q '^name '; then
 			ERL_EPMD_ADDRESS=127.0.0.1 epmd -kill >/dev/null 2>&1 || true
 		fi
 	fi
-	if [ -f "$dir/pg/data/postmaster.pid" ]; then
-		local run=(runuser -u postgres --)
-		[ "$(id -u)" -eq 0 ] || run=()
-		"${run[@]}" "$PG_BIN/pg_ctl" -D "$dir/pg/data" -m fast -w stop >/dev/null 2>&1 || true
-	fi
+	stop_pg "$dir"
 	log "stopped services in $dir"
 }
 
+# cmd_status DIR: env.sh and each server's state; success only when both run.
 cmd_status() {
-	local dir=${1:?usage: services.sh status DIR}
+	local dir=${1:?usage: services.sh status DIR} rc=0
 	[ -f "$dir/env.sh" ] || { echo "no services in $dir"; return 1; }
+	dir=$(cd "$dir" && pwd)
 	cat "$dir/env.sh"
+	if pg_running "$dir"; then
+		echo "# PostgreSQL: running on 127.0.0.1:$(cat "$dir/pg/port")"
+	else
+		echo "# PostgreSQL: not running"
+		rc=1
+	fi
+	if rabbit_running "$dir"; then
+		echo "# RabbitMQ: running on 127.0.0.1:$(cat "$dir/rabbit/port")"
+	else
+		echo "# RabbitMQ: not running"
+		rc=1
+	fi
+	return "$rc"
 }
 
 case "${1:-}" in
 start) shift; cmd_start "$@" ;;
+restart) shift; cmd_restart "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 status) shift; cmd_status "$@" ;;
-*) die "usage: services.sh start|stop|status DIR" ;;
+*) die "usage: services.sh start|stop|status DIR, or services.sh restart DIR [pg|rabbit|all]" ;;
 esac

@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # with-services.sh CMD [ARGS...] — run CMD with a private PostgreSQL and RabbitMQ.
 #
-# If SAGA_TEST_PG_URL and SAGA_TEST_AMQP_URL are already set (services you started with
-# `scripts/services.sh start DIR` and `source DIR/env.sh`), CMD runs against them. Otherwise the
-# services are started in a temporary directory and stopped when CMD ends — also when it fails or
-# the run is interrupted. With CI=true, a service that cannot start fails the run.
+# CMD runs with the variables of scripts/services.sh's env.sh (SAGA_PG_URL, SAGA_AMQP_URL,
+# SAGA_RABBIT_API, the TLS ones and SAGA_SERVICES_DIR), always taken from an env.sh, never from
+# the caller's environment: a SAGA_PG_URL that names the user's own database is overridden, so
+# `make test` and `make demo` never touch it. When SAGA_SERVICES_DIR names a directory where
+# services.sh started servers that still run (`scripts/services.sh start DIR` and
+# `source DIR/env.sh`), CMD runs against those. Otherwise the services are started in a
+# temporary directory and stopped when CMD ends — also when it fails or the run is interrupted.
+# With CI=true, a service that cannot start fails the run.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 
-if [ -n "${SAGA_TEST_PG_URL:-}" ] && [ -n "${SAGA_TEST_AMQP_URL:-}" ]; then
+if [ -n "${SAGA_SERVICES_DIR:-}" ] && "$here/services.sh" status "$SAGA_SERVICES_DIR" >/dev/null 2>&1; then
+	echo "services: using the running services in $SAGA_SERVICES_DIR" >&2
+	# shellcheck disable=SC1091
+	source "$SAGA_SERVICES_DIR/env.sh"
 	exec "$@"
+fi
+if [ -n "${SAGA_SERVICES_DIR:-}" ]; then
+	echo "services: $SAGA_SERVICES_DIR holds no running services; starting private ones" >&2
 fi
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/saga-services.XXXXXX")

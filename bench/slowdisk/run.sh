@@ -28,7 +28,7 @@ trap 'rm -rf "$lib"' EXIT
 cc -shared -fPIC -O2 -o "$lib/slowsync.so" "$here/slowsync.c" -ldl
 chmod 755 "$lib" "$lib/slowsync.so" # the servers run as other users
 
-# Private services only: with-services.sh would reuse ones already in the environment.
-unset SAGA_TEST_PG_URL SAGA_TEST_AMQP_URL
+# Private services only: with-services.sh would reuse running ones that SAGA_SERVICES_DIR names.
+unset SAGA_SERVICES_DIR
 export SAGA_SERVICES_PRELOAD=$lib/slowsync.so SLOWSYNC_US=$us
 "$root/scripts/with-services.sh" sh -c 'cd "$0/bench" && go run ./cmd/sagabench "$@"' "$root" "$@"

@@ -35,8 +35,8 @@ func packageNames(plugin *protogen.Plugin) map[string]string {
 // packageNames), otherwise the path element before the version ("pgx").
 //
 // It works on tokens and splices the new names in at their offsets, so the
-// file is neither parsed nor formatted again (formatting twice is what made
-// an earlier version of this rename cost 2.5× the generation time). A
+// file is neither parsed nor formatted again (a second formatting pass would
+// cost more than the rest of the generation). A
 // reference is an identifier followed by "." and not preceded by one; an
 // import whose old name also appears any other way (a local variable named
 // like it) is left alone, as is one whose new name is taken by any

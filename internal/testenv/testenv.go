@@ -3,11 +3,17 @@
 // call and a fresh vhost per call, so tests run in parallel and never see each
 // other's rows or queues.
 //
-// The servers' addresses come from the environment (see scripts/services.sh):
+// The servers' addresses come from the environment, under the names
+// scripts/services.sh writes into its env.sh and the runtime's examples read:
 //
-//	SAGA_TEST_PG_URL     base PostgreSQL URL (database "saga")
-//	SAGA_TEST_AMQP_URL   base AMQP URL (vhost "/")
-//	SAGA_TEST_RABBIT_API RabbitMQ management API base URL with credentials
+//	SAGA_PG_URL     base PostgreSQL URL (database "saga")
+//	SAGA_AMQP_URL   base AMQP URL (vhost "/")
+//	SAGA_RABBIT_API RabbitMQ management API base URL with credentials
+//
+// `make test` runs the tests under scripts/with-services.sh, which sets them
+// to servers services.sh started, whatever the caller's environment holds. A
+// plain `go test` uses the servers they name: tests create and drop schemas
+// and vhosts of their own there.
 //
 // When a variable is missing, the test fails under CI=true and is skipped with
 // the command to run otherwise. A variable that is set but whose server does
@@ -35,9 +41,9 @@ import (
 
 // Environment variable names.
 const (
-	EnvPostgresURL = "SAGA_TEST_PG_URL"
-	EnvAMQPURL     = "SAGA_TEST_AMQP_URL"
-	EnvRabbitAPI   = "SAGA_TEST_RABBIT_API"
+	EnvPostgresURL = "SAGA_PG_URL"
+	EnvAMQPURL     = "SAGA_AMQP_URL"
+	EnvRabbitAPI   = "SAGA_RABBIT_API"
 )
 
 const howTo = "run `make test`, or start services with `scripts/services.sh start /tmp/saga-services && source /tmp/saga-services/env.sh`"

@@ -10,9 +10,9 @@ import (
 
 // TLS environment variables (see scripts/services.sh).
 const (
-	EnvTLSCA       = "SAGA_TEST_TLS_CA"
-	EnvPostgresTLS = "SAGA_TEST_PG_TLS_URL"
-	EnvAMQPS       = "SAGA_TEST_AMQPS_URL"
+	EnvTLSCA       = "SAGA_TLS_CA"
+	EnvPostgresTLS = "SAGA_PG_TLS_URL"
+	EnvAMQPS       = "SAGA_AMQPS_URL"
 )
 
 // TLSConfig returns a client TLS configuration that trusts only the test CA

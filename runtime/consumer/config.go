@@ -119,8 +119,8 @@ type Config struct {
 	// transaction (one commit, one fsync, one inbox claim). Only deliveries
 	// that are already waiting are batched, so a quiet consumer never waits
 	// to fill a batch; under load, batches grow and commits are shared.
-	// Defaults to 64 (the Place Order benchmark: 88 sagas/s at 16, 121 at
-	// 64, with 4 workers); 1 disables batching.
+	// Defaults to 64 (docs/benchmarks.md measures it against smaller
+	// batches); 1 disables batching.
 	BatchSize int
 	// Retry is the retry policy. It must match the tier queues declared for
 	// Queue. Defaults to retry.Default().

@@ -30,7 +30,7 @@
 // replies, participant.Defer) sent in one round trip when it returns, and
 // the saga instance updates, outbox rows and audit rows of all of them
 // written by one statement per kind before the commit (a row inserted with
-// 63 others costs PostgreSQL about a quarter of one inserted alone). Until
+// 63 others costs PostgreSQL a fraction of one inserted alone). Until
 // then those tables do not hold the batch's rows: a handler's own SQL that
 // reads them in tx sees them as they were before the batch (the runtime's
 // reads see the staged rows; a savepoint a handler begins writes them

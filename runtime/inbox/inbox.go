@@ -146,9 +146,8 @@ WHERE (consumer, message_id) IN (
 // pruneConsumerSQL collects the ids into an array first, oldest first, so
 // that both the selection (index on consumer, received_at) and the delete
 // (primary key) use an index under a generic plan; written as IN
-// (subquery), PostgreSQL 15 scanned the table and then all the consumer's
-// claims (1M claims over 5 consumers: 111–215 ms for 5,000 deleted, against
-// 36 ms; 0.05 ms when there is nothing to delete).
+// (subquery), PostgreSQL 15 scans the table and then all the consumer's
+// claims.
 const pruneConsumerSQL = `
 DELETE FROM saga_inbox
 WHERE consumer = $3 AND message_id = ANY(ARRAY(

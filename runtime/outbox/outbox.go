@@ -99,8 +99,7 @@
 // saga engine's starts, timeouts and operator actions) the notification is sent after the
 // commit instead: a NOTIFY inside a transaction holds a cluster-wide lock
 // through the commit's WAL flush, which stops concurrent transactions from
-// sharing flushes (measured: 16 clients of a saga-step transaction commit
-// 4,126/s without it and 2,048/s with it; see docs/benchmarks.md).
+// sharing flushes (docs/benchmarks.md measures the cost).
 package outbox
 
 import (

@@ -50,10 +50,8 @@ type RelayConfig struct {
 	// counted across batches: the relay sends the next batch while the
 	// confirms of the previous ones are on their way, and waits only when
 	// Window messages are unconfirmed. Default 1024, two default batches
-	// (on the 2-core benchmark machine, batch 500 with window 1024 relayed
-	// 20–50% more messages per second than batch 100 with window 256, and
-	// batch 1000 with window 2048 no more). A lost channel fails up to
-	// Window publishes, which are then published again.
+	// (docs/benchmarks.md compares batch and window sizes). A lost channel
+	// fails up to Window publishes, which are then published again.
 	Window int
 	// PollInterval is how often the relay looks for rows without a
 	// notification; default 1 s.
@@ -956,10 +954,8 @@ RETURNING p.id`
 // committed statement, and reads their messages from saga_outbox. The ids
 // are collected into an array first so that the rows are then found through
 // the primary key: written as id IN (subquery), the planner may hash-join
-// the subquery against a sequential scan of the whole table (it did on a
-// freshly filled outbox before migration 0007, when published rows were
-// still in the claimed table: 29 ms instead of 13 ms for 500 of 30,000
-// rows). The array keeps the pending rows' update on the primary key. The
+// the subquery against a sequential scan of the whole table. The array
+// keeps the pending rows' update on the primary key. The
 // join to saga_outbox after it looks each row up by id: OFFSET 0 keeps the
 // lateral subquery from being flattened into a plain join, which a generic
 // plan built while saga_outbox was new (never analyzed: 10 pages assumed)
@@ -1054,13 +1050,11 @@ func (r *Relay) decodeHeaders(id int64, messageID string, headers []byte) map[st
 // first seconds, when saga_outbox_pending may be new, never analyzed or
 // just emptied, and a prepared statement keeps the generic plan it settles
 // on then: for the join that plan was a sequential scan of the pending
-// table hashed against the batch, kept while the table grew. In the saga
-// benchmark (6,000 sagas on a new database) such settles read 600–712
-// pages each, for about 25 rows, and took a quarter of PostgreSQL's statement
-// time. id = ANY(...) is an index condition whatever the statistics, and
-// array_position costs less than the join even for 500 rows (4.2–4.8 ms
-// against 6.4–7.9 ms on a pending table of 600 pages). Each id is listed
-// once (see latestClaims).
+// table hashed against the batch, kept while the table grew (every message
+// inserts and deletes a pending row, so the table fills with dead rows).
+// id = ANY(...) is an index condition whatever the statistics, and
+// array_position costs less than the join even for 500 rows
+// (docs/benchmarks.md). Each id is listed once (see latestClaims).
 const settleDoneCTEs = `
 WITH done AS (
   DELETE FROM saga_outbox_pending p
@@ -1076,8 +1070,8 @@ WITH done AS (
 // settleDoneSQL settles confirmed rows only, the usual case. Given an empty
 // array of released rows, settleSQL's custom plans drop the released part
 // (a constant false), look cheaper than its generic plan, and PostgreSQL
-// went on planning it anew at most executions (1,316 plans in 1,921 calls
-// in the saga benchmark, 0.2 ms each); this statement keeps its generic plan.
+// goes on planning it anew at most executions; this statement keeps its
+// generic plan.
 const settleDoneSQL = settleDoneCTEs + `
 SELECT (SELECT count(*) FROM done), 0::bigint`
 

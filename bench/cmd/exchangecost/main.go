@@ -34,7 +34,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "exchangecost: -channels must be 1 or more")
 		os.Exit(2)
 	}
-	if err := run(os.Getenv("SAGA_TEST_AMQP_URL"), *n, *window, *rounds, *channels); err != nil {
+	if err := run(os.Getenv("SAGA_AMQP_URL"), *n, *window, *rounds, *channels); err != nil {
 		fmt.Fprintln(os.Stderr, "exchangecost:", err)
 		os.Exit(1)
 	}
@@ -52,7 +52,7 @@ const queue = "exchangecost.q"
 
 func run(url string, n, window, rounds, channels int) error {
 	if url == "" {
-		return errors.New("SAGA_TEST_AMQP_URL is not set (source the env.sh of scripts/services.sh start DIR)")
+		return errors.New("SAGA_AMQP_URL is not set (source the env.sh of scripts/services.sh start DIR)")
 	}
 	conn, err := amqp.Dial(url)
 	if err != nil {

@@ -10,8 +10,8 @@
 // (so pg_stat_database counts only the benchmark's commits) and a fresh
 // RabbitMQ vhost. Measurements are interleaved round by round (every
 // measurement once, then again), and the table reports the median with
-// min–max. Server addresses come from SAGA_TEST_PG_URL, SAGA_TEST_AMQP_URL
-// and SAGA_TEST_RABBIT_API (scripts/with-services.sh exports them).
+// min–max. Server addresses come from SAGA_PG_URL, SAGA_AMQP_URL and
+// SAGA_RABBIT_API (scripts/with-services.sh exports them).
 package main
 
 import (

@@ -155,9 +155,8 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 
 // drive starts sagas, keeping at most inflight of them under way, and polls
 // the completed count every 200 ms until n completed or limit passed. Each
-// poll counts over the saga table on the server under test (2–3 ms of
-// PostgreSQL time once it holds thousands of rows), so polling faster taxes
-// the system being measured.
+// poll counts over the saga table on the server under test (thousands of
+// rows), so polling faster taxes the system being measured.
 func drive(ctx context.Context, sys system, label string, n, inflight int, limit time.Duration, runErr <-chan error) (done, started, polls int, elapsed time.Duration, err error) {
 	start := time.Now()
 	deadline := start.Add(limit)

@@ -4,9 +4,9 @@
 // benchmark's commits), a fresh schema per measurement and a fresh vhost per
 // measurement, all removed when the measurement ends.
 //
-// It reads the same variables as internal/testenv (SAGA_TEST_PG_URL,
-// SAGA_TEST_AMQP_URL, SAGA_TEST_RABBIT_API) but takes no testing.TB: the
-// benchmark is a command, not a test.
+// It reads the same variables as internal/testenv (SAGA_PG_URL,
+// SAGA_AMQP_URL, SAGA_RABBIT_API) but takes no testing.TB: the benchmark is a
+// command, not a test.
 package benv
 
 import (
@@ -28,9 +28,9 @@ import (
 
 // Environment variable names (the same as internal/testenv's).
 const (
-	EnvPostgresURL = "SAGA_TEST_PG_URL"
-	EnvAMQPURL     = "SAGA_TEST_AMQP_URL"
-	EnvRabbitAPI   = "SAGA_TEST_RABBIT_API"
+	EnvPostgresURL = "SAGA_PG_URL"
+	EnvAMQPURL     = "SAGA_AMQP_URL"
+	EnvRabbitAPI   = "SAGA_RABBIT_API"
 )
 
 // Env is one benchmark run's slice of the servers.

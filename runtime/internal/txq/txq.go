@@ -396,7 +396,7 @@ func (w *Wakes) Reset() { w.channels, w.after, w.collectors = nil, nil, nil }
 // same table — outbox rows, audit rows — past the end of each handler, so
 // that they go to the database as one multi-row statement per kind when the
 // owner flushes the stage before committing, instead of one statement per
-// handler. A row PostgreSQL inserts with 63 others costs it a quarter of
+// handler. A row PostgreSQL inserts with 63 others costs it a fraction of
 // what a row inserted alone does (docs/benchmarks.md).
 //
 // Only the consumer's fast path makes a stage: there every handler's work

@@ -3,9 +3,8 @@
 //
 //	go run ./examples/placeorder/cmd/demo [-n 200] [-wait 90s] [-v]
 //
-// The database and broker URLs come from SAGA_PG_URL and SAGA_AMQP_URL, or
-// from SAGA_TEST_PG_URL and SAGA_TEST_AMQP_URL (what scripts/with-services.sh
-// exports; `make demo` runs this program under it).
+// The database and broker URLs come from SAGA_PG_URL and SAGA_AMQP_URL
+// (scripts/with-services.sh sets them; `make demo` runs this program under it).
 //
 // Most orders go straight through. Some fail on purpose — a product without
 // stock (failed, nothing to compensate), a declined card (inventory released),
@@ -165,9 +164,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if *n < 20 {
 		return fmt.Errorf("-n %d: want at least 20 sagas (one of each scenario)", *n)
 	}
-	pgURL, amqpURL := firstOf(getenv, "SAGA_PG_URL", "SAGA_TEST_PG_URL"), firstOf(getenv, "SAGA_AMQP_URL", "SAGA_TEST_AMQP_URL")
+	pgURL, amqpURL := getenv("SAGA_PG_URL"), getenv("SAGA_AMQP_URL")
 	if pgURL == "" || amqpURL == "" {
-		return errors.New("set SAGA_PG_URL and SAGA_AMQP_URL (or SAGA_TEST_PG_URL and SAGA_TEST_AMQP_URL), " +
+		return errors.New("set SAGA_PG_URL and SAGA_AMQP_URL, " +
 			"or run `make demo`, which starts PostgreSQL and RabbitMQ for you")
 	}
 	level := slog.LevelError
@@ -271,15 +270,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return fmt.Errorf("%d saga(s) lost, stuck or off-script:\n  %s", len(problems), strings.Join(problems, "\n  "))
 	}
 	return nil
-}
-
-func firstOf(getenv func(string) string, names ...string) string {
-	for _, n := range names {
-		if v := getenv(n); v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 func (d *demo) event(format string, args ...any) {
