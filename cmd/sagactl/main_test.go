@@ -54,6 +54,37 @@ func TestMigrateCommand(t *testing.T) {
 	require.Contains(t, errOut.String(), "migration orders/0001_orders.sql was applied at")
 }
 
+// TestMigrateStatusListsRecordedSources: -status lists the migrations the
+// database recorded for sources it was not given (a service's sagas), and
+// marks a recorded file its source no longer holds; -participant applies
+// runtime/participant's migrations.
+func TestMigrateStatusListsRecordedSources(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "0001_orders.sql"), []byte("CREATE TABLE saga_orders (id uuid PRIMARY KEY);"), 0o600))
+	env := databaseEnv(dsn)
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-participant", "-source", "saga_orders=" + dir}, &out, &errOut, env), errOut.String())
+	require.Regexp(t, `(?m)^participant +0001_participant_once\.sql +applied`, out.String())
+
+	out.Reset()
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-status"}, &out, &errOut, env), errOut.String())
+	require.Regexp(t, `(?m)^runtime +0001_runtime_tables\.sql +applied +20`, out.String())
+	require.Regexp(t, `(?m)^participant +0001_participant_once\.sql +applied +20`, out.String())
+	require.Regexp(t, `(?m)^saga_orders +0001_orders\.sql +applied +20`, out.String())
+	require.NotRegexp(t, `(?m)^\S+ +\S+ +pending`, out.String())
+	require.NotContains(t, out.String(), " pending\n", "no count of pending files")
+
+	require.NoError(t, os.Rename(filepath.Join(dir, "0001_orders.sql"), filepath.Join(dir, "0002_orders.sql")))
+	out.Reset()
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-status", "-source", "saga_orders=" + dir}, &out, &errOut, env), errOut.String())
+	require.Regexp(t, `(?m)^saga_orders +0001_orders\.sql +applied, no file +20`, out.String())
+	require.Regexp(t, `(?m)^saga_orders +0002_orders\.sql +pending`, out.String())
+	require.Contains(t, out.String(), "1 pending")
+}
+
 func TestMigrateCommandErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
