@@ -165,3 +165,33 @@ VALUES ('c', 'ancient', now() - interval '40 days'), ('c', 'fresh', now())`)
 		require.NotContains(t, errOut.String(), "sagactl prune: sagactl prune:", "%q", args)
 	}
 }
+
+// TestMigrateLeavesAnotherToolsDatabase: where the runtime's tables exist
+// without sagactl's records (goose or golang-migrate applied exported
+// files), migrate refuses and -status says so instead of listing every
+// migration as pending.
+func TestMigrateLeavesAnotherToolsDatabase(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	env := databaseEnv(dsn)
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(ctx, []string{"migrate"}, &out, &errOut, env), errOut.String())
+	pool, _, err := openDatabase(ctx, dsn, env)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, "DROP TABLE saga_schema_migrations, saga_schema_sources")
+	require.NoError(t, err)
+
+	out.Reset()
+	require.Equal(t, 1, run(ctx, []string{"migrate"}, &out, &errOut, env))
+	require.Contains(t, errOut.String(), "another tool (goose, golang-migrate) migrates this database")
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass('saga_schema_migrations') IS NOT NULL").Scan(&exists))
+	require.False(t, exists, "nothing applied")
+
+	out.Reset()
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-status"}, &out, &errOut, env), errOut.String())
+	require.Contains(t, out.String(), "another tool (goose, golang-migrate) migrates this database; ask it for its status\n")
+	require.NotContains(t, out.String(), " pending\n")
+}
