@@ -68,15 +68,6 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 // state: those of the runtime and of sources, and those the database
 // recorded for other sources.
 func migrateIn(ctx context.Context, pool *pgxpool.Pool, u string, status bool, sources []schema.Source, stdout io.Writer) error {
-	var other bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass('saga_outbox') IS NOT NULL AND to_regclass('saga_schema_migrations') IS NULL").Scan(&other); err != nil {
-		return fmt.Errorf("%s: look for the runtime's tables: %w", redact(u), err)
-	}
-	const otherTool = "the runtime's tables exist but sagactl's records of them (saga_schema_migrations) do not: " +
-		"another tool (goose, golang-migrate) migrates this database; ask it"
-	if other && !status {
-		return fmt.Errorf("%s: %s, and apply the files sagactl export-migrations writes with it", redact(u), otherTool)
-	}
 	if !status {
 		if err := schema.Migrate(ctx, pool, sources...); err != nil {
 			return fmt.Errorf("%s: %w", redact(u), err)
@@ -112,12 +103,9 @@ func migrateIn(ctx context.Context, pool *pgxpool.Pool, u string, status bool, s
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	switch {
-	case !status:
+	if !status {
 		fmt.Fprintf(stdout, "database %s is up to date\n", redact(u))
-	case other:
-		fmt.Fprintf(stdout, "%s for its status\n", otherTool)
-	case pending > 0:
+	} else if pending > 0 {
 		fmt.Fprintf(stdout, "%d pending\n", pending)
 	}
 	return nil

@@ -77,6 +77,29 @@ const lockClass = 0x73616761 // "saga"
 // migration file's content changed.
 var ErrChanged = errors.New("applied migration was changed")
 
+// ErrOtherTool is matched by the error Migrate and Status return on a
+// database whose runtime tables exist without Migrate's records of them:
+// another tool (goose, golang-migrate, applying the files [Export] wrote)
+// migrates it.
+var ErrOtherTool = errors.New("the runtime's tables exist but saga_schema_migrations does not: another tool (goose, golang-migrate) migrates this database; use that tool")
+
+// otherToolQuery is true where ErrOtherTool applies.
+const otherToolQuery = "SELECT to_regclass('saga_outbox') IS NOT NULL AND to_regclass('saga_schema_migrations') IS NULL"
+
+// checkOtherTool returns ErrOtherTool where it applies.
+func checkOtherTool(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	var other bool
+	if err := q.QueryRow(ctx, otherToolQuery).Scan(&other); err != nil {
+		return fmt.Errorf("look for the runtime's tables: %w", err)
+	}
+	if other {
+		return ErrOtherTool
+	}
+	return nil
+}
+
 // Source is a named set of migrations: the .sql files at the root of FS,
 // applied in file-name order (name them 0001_…, 0002_…). Name must be
 // stable: it is recorded with every applied file.
@@ -130,6 +153,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, last int, sources []Source
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '')))", int32(lockClass)); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
+		if err := checkOtherTool(ctx, tx); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, bookkeepingDDL); err != nil {
 			return fmt.Errorf("create migration tables: %w", err)
 		}
@@ -172,6 +198,9 @@ func Status(ctx context.Context, pool *pgxpool.Pool, sources ...Source) ([]Migra
 	files, err := load(sources)
 	if err != nil {
 		return nil, err
+	}
+	if err := checkOtherTool(ctx, pool); err != nil {
+		return nil, fmt.Errorf("migration status: %w", err)
 	}
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass('saga_schema_migrations') IS NOT NULL AND to_regclass('saga_schema_sources') IS NOT NULL").Scan(&exists); err != nil {

@@ -235,3 +235,24 @@ func TestStatusListsWhatTheDatabaseRecorded(t *testing.T) {
 		row{"stock", "0001_stock.sql", true, true, false},
 	), rows(st))
 }
+
+// TestMigrateRefusesAnotherToolsDatabase: on a database whose runtime
+// tables another tool created (goose or golang-migrate applying exported
+// files: no saga_schema_migrations), Migrate and Status refuse with
+// ErrOtherTool instead of failing on a CREATE TABLE or listing every file
+// as pending.
+func TestMigrateRefusesAnotherToolsDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	src := schema.Source{Name: "orders", FS: counterSource()}
+	require.NoError(t, schema.Migrate(ctx, pool, src))
+	_, err := pool.Exec(ctx, "DROP TABLE saga_schema_migrations, saga_schema_sources")
+	require.NoError(t, err)
+
+	err = schema.Migrate(ctx, pool, src)
+	require.ErrorIs(t, err, schema.ErrOtherTool)
+	_, err = schema.Status(ctx, pool, src)
+	require.ErrorIs(t, err, schema.ErrOtherTool)
+	require.Equal(t, 1, count(t, pool), "nothing applied")
+}
