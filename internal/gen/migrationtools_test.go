@@ -144,7 +144,7 @@ func TestGolangMigrateAppliesExportedMigrations(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), exported[0].Version)
 
-	databaseURL := "pgx5" + strings.TrimPrefix(dsn, "postgres") + "&x-migrations-table=saga_migrations"
+	databaseURL := "pgx5" + strings.TrimPrefix(dsn, "postgres") + "&x-migrations-table=saga_migrate_versions"
 	open := func() *migrate.Migrate {
 		t.Helper()
 		src, err := iofs.New(os.DirFS(dir), ".")

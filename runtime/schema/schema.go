@@ -39,8 +39,9 @@
 // new, hash-named states file), so Export numbers each file it has not
 // exported yet after the highest version already in the directory, and
 // marks it with the migration it carries so that the next Export writes
-// only what is new. A database is migrated by one tool: Migrate does not
-// read goose's or golang-migrate's records, nor they Migrate's.
+// only what is new. A database is migrated by one tool: the tools do not
+// read Migrate's records, and Migrate and Status refuse a database whose
+// runtime tables exist without them ([ErrOtherTool]).
 package schema
 
 import (
