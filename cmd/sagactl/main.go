@@ -3,7 +3,8 @@
 // and it finds, explains and repairs sagas and parked messages through the
 // admin API (package runtime/admin) of a running service.
 //
-//	sagactl migrate [-database-url URL] [-source NAME=DIR]... [-status]
+//	sagactl migrate [-database-url URL] [-source NAME=DIR]... [-participant] [-status]
+//	sagactl export-migrations -dir DIR -format goose|golang-migrate [-source NAME=DIR]... [-participant] [-check]
 //	sagactl prune [-database-url URL] [-outbox AGE] [-inbox AGE] [-timeout D]
 //	sagactl sagas list [--type T] [--state S] [--stuck] [--review] [--key K] [--limit N] [--all]
 //	sagactl sagas show ID [--type T]
@@ -22,10 +23,17 @@
 //
 // migrate applies the runtime's migrations and then those of every source
 // (a directory of ordered .sql files, such as the SQL protoc-gen-saga
-// generates), under an advisory lock, in one transaction; running it twice
-// is a no-op. -status lists every migration and whether it is applied
-// instead. The database URL comes from -database-url, else
-// SAGA_DATABASE_URL, else DATABASE_URL; its password is never printed.
+// generates; -participant adds runtime/participant's), under an advisory
+// lock, in one transaction; running it twice is a no-op. -status lists
+// every migration and whether it is applied instead, with those the
+// database recorded for sources not given. The database URL comes from
+// -database-url, else SAGA_DATABASE_URL, else DATABASE_URL; its password
+// is never printed.
+//
+// export-migrations writes the same migrations into a goose or
+// golang-migrate directory, each once, numbered after the highest version
+// there (runtime/schema.Export); -check writes nothing and fails when one
+// is missing.
 //
 // prune deletes, from the same database, outbox rows published longer ago
 // than -outbox (never an unpublished one) and inbox claims received longer
@@ -60,6 +68,8 @@ const usage = `usage: sagactl <command> [flags]
 
 commands:
   migrate        apply the runtime's and generated sagas' SQL migrations (-status to list them)
+  export-migrations
+                 write them into a goose or golang-migrate directory: -dir DIR -format F
   prune          delete old published outbox rows and inbox claims: -outbox AGE, -inbox AGE
   sagas list     list sagas: --type, --state, --stuck, --review, --key
   sagas show     one saga's timeline and position: sagas show ID
@@ -106,6 +116,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return 0
 	case args[0] == "migrate":
 		err = migrate(ctx, args[1:], stdout, stderr, getenv)
+	case args[0] == "export-migrations":
+		err = exportMigrations(args[1:], stdout, stderr)
 	case args[0] == "prune":
 		err = prune(ctx, args[1:], stdout, stderr, getenv)
 	case args[0] == "sagas", args[0] == "parked":

@@ -54,6 +54,37 @@ func TestMigrateCommand(t *testing.T) {
 	require.Contains(t, errOut.String(), "migration orders/0001_orders.sql was applied at")
 }
 
+// TestMigrateStatusListsRecordedSources: -status lists the migrations the
+// database recorded for sources it was not given (a service's sagas), and
+// marks a recorded file its source no longer holds; -participant applies
+// runtime/participant's migrations.
+func TestMigrateStatusListsRecordedSources(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "0001_orders.sql"), []byte("CREATE TABLE saga_orders (id uuid PRIMARY KEY);"), 0o600))
+	env := databaseEnv(dsn)
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-participant", "-source", "saga_orders=" + dir}, &out, &errOut, env), errOut.String())
+	require.Regexp(t, `(?m)^participant +0001_participant_once\.sql +applied`, out.String())
+
+	out.Reset()
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-status"}, &out, &errOut, env), errOut.String())
+	require.Regexp(t, `(?m)^runtime +0001_runtime_tables\.sql +applied +20`, out.String())
+	require.Regexp(t, `(?m)^participant +0001_participant_once\.sql +applied +20`, out.String())
+	require.Regexp(t, `(?m)^saga_orders +0001_orders\.sql +applied +20`, out.String())
+	require.NotRegexp(t, `(?m)^\S+ +\S+ +pending`, out.String())
+	require.NotContains(t, out.String(), " pending\n", "no count of pending files")
+
+	require.NoError(t, os.Rename(filepath.Join(dir, "0001_orders.sql"), filepath.Join(dir, "0002_orders.sql")))
+	out.Reset()
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-status", "-source", "saga_orders=" + dir}, &out, &errOut, env), errOut.String())
+	require.Regexp(t, `(?m)^saga_orders +0001_orders\.sql +applied, no file +20`, out.String())
+	require.Regexp(t, `(?m)^saga_orders +0002_orders\.sql +pending`, out.String())
+	require.Contains(t, out.String(), "1 pending")
+}
+
 func TestMigrateCommandErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -133,4 +164,33 @@ VALUES ('c', 'ancient', now() - interval '40 days'), ('c', 'fresh', now())`)
 		require.Contains(t, errOut.String(), msg+"\n", "%q", args)
 		require.NotContains(t, errOut.String(), "sagactl prune: sagactl prune:", "%q", args)
 	}
+}
+
+// TestMigrateLeavesAnotherToolsDatabase: where the runtime's tables exist
+// without sagactl's records (goose or golang-migrate applied exported
+// files), migrate and -status refuse instead of applying or listing every
+// migration as pending.
+func TestMigrateLeavesAnotherToolsDatabase(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresURL(t)
+	env := databaseEnv(dsn)
+	ctx := context.Background()
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(ctx, []string{"migrate"}, &out, &errOut, env), errOut.String())
+	pool, _, err := openDatabase(ctx, dsn, env)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, "DROP TABLE saga_schema_migrations, saga_schema_sources")
+	require.NoError(t, err)
+
+	for _, args := range [][]string{{"migrate"}, {"migrate", "-status"}} {
+		out.Reset()
+		errOut.Reset()
+		require.Equal(t, 1, run(ctx, args, &out, &errOut, env), args)
+		require.Contains(t, errOut.String(), "another tool (goose, golang-migrate) migrates this database", args)
+		require.Empty(t, out.String(), args)
+	}
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass('saga_schema_migrations') IS NOT NULL").Scan(&exists))
+	require.False(t, exists, "nothing applied")
 }

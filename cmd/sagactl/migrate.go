@@ -14,11 +14,25 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
 // sourceFlags collects repeated -source NAME=DIR flags.
 type sourceFlags []schema.Source
+
+// register binds -source and -participant; sources returns the
+// participant package's source first (if asked for), then the -source ones.
+func (s *sourceFlags) register(fs *flag.FlagSet, verb string) (sources func() []schema.Source) {
+	fs.Var(s, "source", "NAME=DIR: a directory of .sql migrations recorded under NAME, such as a saga's generated migrations directory (repeatable, "+verb+" in order)")
+	withParticipant := fs.Bool("participant", false, "include runtime/participant's migrations (the saga_participant_once table of participant.Once and participant.Idempotent)")
+	return func() []schema.Source {
+		if *withParticipant {
+			return append([]schema.Source{participant.Migrations}, *s...)
+		}
+		return *s
+	}
+}
 
 func (s *sourceFlags) String() string { return "" }
 
@@ -39,19 +53,20 @@ func migrate(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	fs.SetOutput(stderr)
 	var db dbFlags
 	db.register(fs, 5*time.Minute)
-	status := fs.Bool("status", false, "list migrations and whether they are applied; change nothing")
-	var sources sourceFlags
-	fs.Var(&sources, "source", "NAME=DIR: a directory of .sql migrations recorded under NAME (repeatable, applied in order)")
+	status := fs.Bool("status", false, "list migrations and whether they are applied, those the database recorded for sources not given included; change nothing")
+	var flags sourceFlags
+	sources := flags.register(fs, "applied")
 	if err := db.parse(fs, args); err != nil {
 		return err
 	}
 	return db.run(ctx, getenv, func(ctx context.Context, pool *pgxpool.Pool, u string) error {
-		return migrateIn(ctx, pool, u, *status, sources, stdout)
+		return migrateIn(ctx, pool, u, *status, sources(), stdout)
 	})
 }
 
 // migrateIn applies sources (unless status) and prints every migration's
-// state.
+// state: those of the runtime and of sources, and those the database
+// recorded for other sources.
 func migrateIn(ctx context.Context, pool *pgxpool.Pool, u string, status bool, sources []schema.Source, stdout io.Writer) error {
 	if !status {
 		if err := schema.Migrate(ctx, pool, sources...); err != nil {
@@ -62,6 +77,10 @@ func migrateIn(ctx context.Context, pool *pgxpool.Pool, u string, status bool, s
 	if err != nil {
 		return fmt.Errorf("%s: %w", redact(u), err)
 	}
+	given := map[string]bool{schema.RuntimeSource: true}
+	for _, s := range sources {
+		given[s.Name] = true
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SOURCE\tMIGRATION\tSTATE\tAPPLIED AT")
 	pending := 0
@@ -70,6 +89,10 @@ func migrateIn(ctx context.Context, pool *pgxpool.Pool, u string, status bool, s
 		switch {
 		case m.Changed:
 			state, at = "CHANGED", m.AppliedAt.UTC().Format(time.RFC3339)
+		case m.Applied && m.NoFile && given[m.Source]:
+			// A runtime migration of a newer release, or a file since
+			// removed from its source (an earlier state set's).
+			state, at = "applied, no file", m.AppliedAt.UTC().Format(time.RFC3339)
 		case m.Applied:
 			state, at = "applied", m.AppliedAt.UTC().Format(time.RFC3339)
 		default:

@@ -37,7 +37,8 @@ func TestRuntimeLinksNoTooling(t *testing.T) {
 	forbidden(t, got,
 		"github.com/protosaga/saga/internal/gen", "github.com/bufbuild/", "github.com/dave/jennifer",
 		"golang.org/x/tools", "github.com/chromedp/", "github.com/stretchr/testify",
-		"github.com/protosaga/saga/internal/testenv", "github.com/ThreeDotsLabs/")
+		"github.com/protosaga/saga/internal/testenv", "github.com/ThreeDotsLabs/",
+		"github.com/pressly/goose", "github.com/golang-migrate/")
 }
 
 func TestInstrumentationLinksTheOTelAPIOnly(t *testing.T) {

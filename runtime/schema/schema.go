@@ -29,9 +29,23 @@
 // Tables are created unqualified, in the first schema of the connection's
 // search_path (current_schema()); the advisory lock is per schema, so
 // separate schemas migrate independently.
+//
+// # Migration tools
+//
+// [Export] writes the same files into a goose or golang-migrate directory,
+// for teams that apply every migration with their own tool. Those tools
+// record versions, not names, and a version is history: which files came
+// before. A source knows only its current files (a changed state set is a
+// new, hash-named states file), so Export numbers each file it has not
+// exported yet after the highest version already in the directory, and
+// marks it with the migration it carries so that the next Export writes
+// only what is new. A database is migrated by one tool: the tools do not
+// read Migrate's records, and Migrate and Status refuse a database whose
+// runtime tables exist without them ([ErrOtherTool]).
 package schema
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -64,6 +78,29 @@ const lockClass = 0x73616761 // "saga"
 // migration file's content changed.
 var ErrChanged = errors.New("applied migration was changed")
 
+// ErrOtherTool is matched by the error Migrate and Status return on a
+// database whose runtime tables exist without Migrate's records of them:
+// another tool (goose, golang-migrate, applying the files [Export] wrote)
+// migrates it.
+var ErrOtherTool = errors.New("the runtime's tables exist but saga_schema_migrations does not: another tool (goose, golang-migrate) migrates this database; use that tool")
+
+// otherToolQuery is true where ErrOtherTool applies.
+const otherToolQuery = "SELECT to_regclass('saga_outbox') IS NOT NULL AND to_regclass('saga_schema_migrations') IS NULL"
+
+// checkOtherTool returns ErrOtherTool where it applies.
+func checkOtherTool(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	var other bool
+	if err := q.QueryRow(ctx, otherToolQuery).Scan(&other); err != nil {
+		return fmt.Errorf("look for the runtime's tables: %w", err)
+	}
+	if other {
+		return ErrOtherTool
+	}
+	return nil
+}
+
 // Source is a named set of migrations: the .sql files at the root of FS,
 // applied in file-name order (name them 0001_…, 0002_…). Name must be
 // stable: it is recorded with every applied file.
@@ -88,6 +125,12 @@ type Migration struct {
 	// Changed reports an applied file whose content differs from what was
 	// applied (Migrate refuses to run until it is restored).
 	Changed bool
+	// NoFile reports a migration the database recorded as applied that is
+	// not among the files given to [Status]: one of a source not passed to
+	// it, one no longer in its source (the states file of an earlier state
+	// set), or a runtime migration of a newer release. Checksum is the
+	// recorded one.
+	NoFile bool
 
 	sql string
 }
@@ -111,10 +154,13 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, last int, sources []Source
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext(coalesce(current_schema(), '')))", int32(lockClass)); err != nil {
 			return fmt.Errorf("take migration lock: %w", err)
 		}
+		if err := checkOtherTool(ctx, tx); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, bookkeepingDDL); err != nil {
 			return fmt.Errorf("create migration tables: %w", err)
 		}
-		if err := markApplied(ctx, tx, files); err != nil {
+		if _, err := markApplied(ctx, tx, files); err != nil {
 			return err
 		}
 		if err := checkChanged(files); err != nil {
@@ -145,12 +191,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, last int, sources []Source
 }
 
 // Status lists the runtime migrations and those of sources, in the order
-// Migrate applies them, with whether each is applied or changed. It does
-// not take the migration lock and creates nothing.
+// Migrate applies them, with whether each is applied or changed, and every
+// other migration the database recorded as applied (NoFile): those of
+// sources not given, after the given ones, by source name. It does not
+// take the migration lock and creates nothing.
 func Status(ctx context.Context, pool *pgxpool.Pool, sources ...Source) ([]Migration, error) {
 	files, err := load(sources)
 	if err != nil {
 		return nil, err
+	}
+	if err := checkOtherTool(ctx, pool); err != nil {
+		return nil, fmt.Errorf("migration status: %w", err)
 	}
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass('saga_schema_migrations') IS NOT NULL AND to_regclass('saga_schema_sources') IS NOT NULL").Scan(&exists); err != nil {
@@ -158,12 +209,38 @@ func Status(ctx context.Context, pool *pgxpool.Pool, sources ...Source) ([]Migra
 	}
 	if exists {
 		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-			return markApplied(ctx, tx, files)
+			recorded, err := markApplied(ctx, tx, files)
+			files = append(files, recorded...)
+			return err
 		})
 		if err != nil {
 			return nil, fmt.Errorf("migration status: %w", err)
 		}
 	}
+	// Runtime first, then the sources given in their order, then the others
+	// by name; within a source, by version (runtime) or file name.
+	rank := map[string]int{RuntimeSource: 0}
+	for i, s := range sources {
+		rank[s.Name] = i + 1
+	}
+	group := func(m *Migration) int {
+		if r, ok := rank[m.Source]; ok {
+			return r
+		}
+		return len(sources) + 1
+	}
+	slices.SortStableFunc(files, func(a, b *Migration) int {
+		if c := cmp.Compare(group(a), group(b)); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Source, b.Source); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Version, b.Version); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 	out := make([]Migration, len(files))
 	for i, m := range files {
 		out[i] = *m
@@ -255,8 +332,9 @@ func readSource(source string, fsys fs.FS) ([]*Migration, error) {
 }
 
 // markApplied fills Applied, AppliedAt and Changed from the bookkeeping
-// tables.
-func markApplied(ctx context.Context, tx pgx.Tx, files []*Migration) error {
+// tables, and returns the migrations recorded there that files lack
+// (NoFile).
+func markApplied(ctx context.Context, tx pgx.Tx, files []*Migration) ([]*Migration, error) {
 	type key struct{ source, name string }
 	byKey := make(map[key]*Migration, len(files))
 	byVersion := map[int]*Migration{}
@@ -267,43 +345,49 @@ func markApplied(ctx context.Context, tx pgx.Tx, files []*Migration) error {
 			byKey[key{m.Source, m.Name}] = m
 		}
 	}
+	var recorded []*Migration
 	apply := func(m *Migration, checksum string, at time.Time) {
-		if m == nil {
-			return // applied by a newer or different build; nothing to do
-		}
 		m.Applied, m.AppliedAt, m.Changed = true, at, checksum != m.Checksum
 	}
 
-	rows, err := tx.Query(ctx, "SELECT version, checksum, applied_at FROM saga_schema_migrations")
+	rows, err := tx.Query(ctx, "SELECT version, name, checksum, applied_at FROM saga_schema_migrations")
 	if err != nil {
-		return fmt.Errorf("read applied runtime migrations: %w", err)
+		return nil, fmt.Errorf("read applied runtime migrations: %w", err)
 	}
 	var (
-		version  int
-		checksum string
-		at       time.Time
+		version      int
+		source, name string
+		checksum     string
+		at           time.Time
 	)
-	_, err = pgx.ForEachRow(rows, []any{&version, &checksum, &at}, func() error {
-		apply(byVersion[version], checksum, at)
+	_, err = pgx.ForEachRow(rows, []any{&version, &name, &checksum, &at}, func() error {
+		if m := byVersion[version]; m != nil {
+			apply(m, checksum, at)
+		} else { // applied by a newer release
+			recorded = append(recorded, &Migration{Source: RuntimeSource, Name: name, Version: version, Checksum: checksum, Applied: true, AppliedAt: at, NoFile: true})
+		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("read applied runtime migrations: %w", err)
+		return nil, fmt.Errorf("read applied runtime migrations: %w", err)
 	}
 
 	rows, err = tx.Query(ctx, "SELECT source, name, checksum, applied_at FROM saga_schema_sources")
 	if err != nil {
-		return fmt.Errorf("read applied source migrations: %w", err)
+		return nil, fmt.Errorf("read applied source migrations: %w", err)
 	}
-	var source, name string
 	_, err = pgx.ForEachRow(rows, []any{&source, &name, &checksum, &at}, func() error {
-		apply(byKey[key{source, name}], checksum, at)
+		if m := byKey[key{source, name}]; m != nil {
+			apply(m, checksum, at)
+		} else {
+			recorded = append(recorded, &Migration{Source: source, Name: name, Checksum: checksum, Applied: true, AppliedAt: at, NoFile: true})
+		}
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("read applied source migrations: %w", err)
+		return nil, fmt.Errorf("read applied source migrations: %w", err)
 	}
-	return nil
+	return recorded, nil
 }
 
 // checkChanged returns an error naming every applied file that changed.

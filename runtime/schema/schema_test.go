@@ -3,6 +3,7 @@ package schema_test
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -176,4 +177,82 @@ func runtimeMigrations(t *testing.T) []string {
 	}
 	require.NotEmpty(t, names)
 	return names
+}
+
+// TestStatusListsWhatTheDatabaseRecorded: Status lists the migrations the
+// database recorded that it was not given files for — a source not passed
+// to it, a file no longer in its source, a runtime migration of a newer
+// release — as applied, with NoFile set, after the files it was given.
+func TestStatusListsWhatTheDatabaseRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	orders := schema.Source{Name: "orders", FS: counterSource()}
+	stock := schema.Source{Name: "stock", FS: fstest.MapFS{"0001_stock.sql": {Data: []byte("CREATE TABLE stock (sku text);")}}}
+	require.NoError(t, schema.Migrate(ctx, pool, stock, orders))
+	_, err := pool.Exec(ctx, "INSERT INTO saga_schema_migrations (version, name, checksum) VALUES (9999, '9999_newer.sql', 'c0ffee')")
+	require.NoError(t, err)
+
+	type row struct {
+		Source, Name            string
+		Applied, NoFile, Change bool
+	}
+	rows := func(ms []schema.Migration) []row {
+		var out []row
+		for _, m := range ms {
+			require.Equal(t, m.Applied, !m.AppliedAt.IsZero(), m.Name)
+			out = append(out, row{m.Source, m.Name, m.Applied, m.NoFile, m.Changed})
+		}
+		return out
+	}
+	var runtime []row
+	for _, name := range runtimeMigrations(t) {
+		runtime = append(runtime, row{schema.RuntimeSource, name, true, false, false})
+	}
+	newer := row{schema.RuntimeSource, "9999_newer.sql", true, true, false}
+
+	st, err := schema.Status(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, append(slices.Clone(runtime), newer,
+		row{"orders", "0001_create.sql", true, true, false},
+		row{"orders", "0002_count.sql", true, true, false},
+		row{"stock", "0001_stock.sql", true, true, false},
+	), rows(st))
+	require.Equal(t, 9999, st[len(runtime)].Version)
+	require.Equal(t, "c0ffee", st[len(runtime)].Checksum, "the recorded checksum")
+
+	// orders given, without its first file (as a states file of an earlier
+	// state set leaves its source).
+	later := counterSource()
+	delete(later, "0001_create.sql")
+	later["0003_more.sql"] = &fstest.MapFile{Data: []byte("SELECT 1;")}
+	st, err = schema.Status(ctx, pool, schema.Source{Name: "orders", FS: later})
+	require.NoError(t, err)
+	require.Equal(t, append(slices.Clone(runtime), newer,
+		row{"orders", "0001_create.sql", true, true, false},
+		row{"orders", "0002_count.sql", true, false, false},
+		row{"orders", "0003_more.sql", false, false, false},
+		row{"stock", "0001_stock.sql", true, true, false},
+	), rows(st))
+}
+
+// TestMigrateRefusesAnotherToolsDatabase: on a database whose runtime
+// tables another tool created (goose or golang-migrate applying exported
+// files: no saga_schema_migrations), Migrate and Status refuse with
+// ErrOtherTool instead of failing on a CREATE TABLE or listing every file
+// as pending.
+func TestMigrateRefusesAnotherToolsDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	src := schema.Source{Name: "orders", FS: counterSource()}
+	require.NoError(t, schema.Migrate(ctx, pool, src))
+	_, err := pool.Exec(ctx, "DROP TABLE saga_schema_migrations, saga_schema_sources")
+	require.NoError(t, err)
+
+	err = schema.Migrate(ctx, pool, src)
+	require.ErrorIs(t, err, schema.ErrOtherTool)
+	_, err = schema.Status(ctx, pool, src)
+	require.ErrorIs(t, err, schema.ErrOtherTool)
+	require.Equal(t, 1, count(t, pool), "nothing applied")
 }
