@@ -119,6 +119,9 @@ func (d *Definition) probes(inst Instance) []Trigger {
 			}
 		}
 	}
+	if d.Cancel.Message != "" {
+		message(d.Cancel.Message, "")
+	}
 	if IsTerminal(inst.State) {
 		return out // timers are cleared and operators refused in terminal states
 	}
@@ -191,6 +194,9 @@ func (d *Definition) canon(inst Instance) Instance {
 		SentCompensations:    rename(p.SentCompensations, "c:", p.CompensationOutcomes, CompensatingStateName),
 		ReviewFrom:           p.ReviewFrom,
 	}
+	if p.Cancel != nil {
+		c.Progress.Cancel = &Cancellation{}
+	}
 	if !inst.TimeoutAt.IsZero() {
 		c.TimeoutAt = exploreEpoch
 	}
@@ -226,5 +232,6 @@ func stateKey(inst Instance) string {
 	}
 	b.WriteByte('|')
 	b.WriteString(p.ReviewFrom)
+	fmt.Fprintf(&b, "|%t", p.Cancel != nil)
 	return b.String()
 }

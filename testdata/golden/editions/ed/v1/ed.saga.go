@@ -190,7 +190,6 @@ func CollectSignatureDefinition() *sagadef.Definition {
 			{From: CollectSignatureStateSign, Trigger: "operator.cancel", To: CollectSignatureStateCancelled},
 			{From: CollectSignatureStateManualReview, Trigger: "ed.v1.Signed", To: CollectSignatureStateManualReview},
 			{From: CollectSignatureStateManualReview, Trigger: "ed.v1.Declined", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateManualReview, Trigger: "deadline", To: CollectSignatureStateManualReview},
 			{From: CollectSignatureStateManualReview, Trigger: "operator.retry", To: CollectSignatureStateSign},
 			{From: CollectSignatureStateManualReview, Trigger: "operator.retry", To: CollectSignatureStateCompleted},
 			{From: CollectSignatureStateManualReview, Trigger: "operator.compensate", To: CollectSignatureStateFailed},
