@@ -20,8 +20,8 @@ import (
 	strconv "strconv"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // PriceQuoteInfo describes the command pricing.v1.PriceQuote.
 var PriceQuoteInfo = &message.Info{

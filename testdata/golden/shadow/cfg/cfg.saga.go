@@ -18,8 +18,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DoCfgInfo describes the command shadow.cfg.DoCfg.
 var DoCfgInfo = &message.Info{

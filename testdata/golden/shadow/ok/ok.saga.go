@@ -18,8 +18,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // DoOkInfo describes the command shadow.ok.DoOk.
 var DoOkInfo = &message.Info{

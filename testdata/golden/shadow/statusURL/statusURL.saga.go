@@ -13,8 +13,8 @@ import (
 	retry "github.com/protosaga/saga/runtime/retry"
 )
 
-// This file needs a runtime that supports generated code version 2.
-const _ = message.SupportPackageIsVersion2
+// This file needs a runtime that supports generated code version 3.
+const _ = message.SupportPackageIsVersion3
 
 // BeginInfo describes the command shadow.statusURL.Begin.
 var BeginInfo = &message.Info{
