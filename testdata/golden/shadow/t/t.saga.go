@@ -86,6 +86,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Name: "shadow.data.replies", Kind: "direct"},
 			{Name: "shadow.def.replies", Kind: "direct"},
 			{Name: "shadow.h.replies", Kind: "direct"},
+			{Name: "shadow.msg.events", Kind: "topic"},
 			{Name: "shadow.msg.replies", Kind: "direct"},
 			{Name: "shadow.ok.replies", Kind: "direct"},
 			{Name: "shadow.s.commands", Kind: "direct"},
@@ -99,6 +100,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			broker.WorkQueue("fan_out.saga.fan_out", qt, p),
 		),
 		Bindings: []broker.Binding{
+			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.msg.events", RoutingKey: "event.shadow.msg.stop"},
 			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.s.commands", RoutingKey: "command.shadow.s.begin"},
 			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
 			{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.statusURL.commands", RoutingKey: "command.shadow.statusurl.begin"},
@@ -167,6 +169,7 @@ func ByReceiverDefinition() *sagadef.Definition {
 				Late:           sagadef.LateManualReview,
 			},
 		},
+		Cancel: sagadef.Cancel{Message: "shadow.msg.Stop", RequestedBy: "by", Reason: "why"},
 		States: []sagadef.State{
 			{Name: "APPROVED", Kind: sagadef.StateKindStep, Step: "Approved"},
 			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
@@ -177,6 +180,7 @@ func ByReceiverDefinition() *sagadef.Definition {
 		Transitions: []sagadef.Transition{
 			{From: "", Trigger: "start", To: "APPROVED"},
 			{From: "APPROVED", Trigger: "shadow.t.Approved", To: "COMPLETED"},
+			{From: "APPROVED", Trigger: "shadow.msg.Stop", To: "CANCELLED"},
 			{From: "APPROVED", Trigger: "timeout", To: "FAILED"},
 			{From: "APPROVED", Trigger: "stuck", To: "MANUAL_REVIEW"},
 			{From: "APPROVED", Trigger: "operator.retry", To: "APPROVED"},
@@ -185,6 +189,7 @@ func ByReceiverDefinition() *sagadef.Definition {
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "APPROVED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "CANCELLED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
@@ -204,12 +209,17 @@ func ByReceiverDefinition() *sagadef.Definition {
 type ByReceiverDecider interface {
 	// Start returns the saga data for a new instance.
 	Start(ctx context.Context, start *s.Begin) (*ByReceiverData, error)
+	// OnStop folds shadow.msg.Stop into the saga data before the transition.
+	OnStop(ctx context.Context, data *ByReceiverData, msg_ *msg.Stop) error
 	// OnApproved folds shadow.t.Approved into the saga data before the transition.
-	OnApproved(ctx context.Context, data *ByReceiverData, msg *Approved) error
+	OnApproved(ctx context.Context, data *ByReceiverData, msg_ *Approved) error
 }
 
 // ByReceiverNoopFolds implements every On method of ByReceiverDecider as a no-op.
 type ByReceiverNoopFolds struct{}
+
+// OnStop does nothing.
+func (ByReceiverNoopFolds) OnStop(context.Context, *ByReceiverData, *msg.Stop) error { return nil }
 
 // OnApproved does nothing.
 func (ByReceiverNoopFolds) OnApproved(context.Context, *ByReceiverData, *Approved) error { return nil }
@@ -240,12 +250,14 @@ func (h byReceiverHooks) Build(ctx context.Context, command string, data proto.M
 	return nil, fmt.Errorf("saga shadow.t.ByReceiver: no command %s in this saga (it sends none)", command)
 }
 
-func (h byReceiverHooks) Apply(ctx context.Context, data proto.Message, msg message.Message) error {
+func (h byReceiverHooks) Apply(ctx context.Context, data proto.Message, msg_ message.Message) error {
 	d, ok := data.(*ByReceiverData)
 	if !ok {
 		return fmt.Errorf("saga shadow.t.ByReceiver: saga data is %T, want *ByReceiverData", data)
 	}
-	switch m := msg.(type) {
+	switch m := msg_.(type) {
+	case *msg.Stop:
+		return h.d.OnStop(ctx, d, m)
 	case *Approved:
 		return h.d.OnApproved(ctx, d, m)
 	}
@@ -271,7 +283,7 @@ func NewByReceiver(cfg saga.Config, d ByReceiverDecider) (*ByReceiver, error) {
 	cfg.Definition = def
 	cfg.Hooks = byReceiverHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(s.BeginInfo, ApprovedInfo)
+		reg, err := message.NewRegistry(s.BeginInfo, msg.StopInfo, ApprovedInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga shadow.t.ByReceiver: %w", err)
 		}
@@ -369,6 +381,20 @@ func (s_ *ByReceiver) HTTPHandler(statusURL func(sagaID string) string) http.Han
 // ids, state, a coarse status (running, completed, failed, cancelled,
 // manual_review) and when it last changed; no saga data.
 func (s_ *ByReceiver) StatusHandler() http.Handler { return s_.engine.StatusHandler() }
+
+// CancelTx asks, in the caller's transaction, to cancel the instance msg_ names
+// by its correlation field (id): it writes msg_ to the outbox, and the
+// saga applies it when its queue delivers it. Before the point of no return
+// the saga compensates and ends CANCELLED; after it the cancel is refused.
+// The audit trail records who asked (by) and why (why).
+func (s_ *ByReceiver) CancelTx(ctx context.Context, tx pgx.Tx, msg_ *msg.Stop, meta envelope.Meta) (messageID string, err error) {
+	return s_.engine.RequestCancelTx(ctx, tx, msg_, meta)
+}
+
+// Cancel is CancelTx in a transaction of its own.
+func (s_ *ByReceiver) Cancel(ctx context.Context, msg_ *msg.Stop, meta envelope.Meta) (messageID string, err error) {
+	return s_.engine.RequestCancel(ctx, msg_, meta)
+}
 
 //go:embed migrations/saga_by_receiver/0001_create_saga_by_receiver.sql migrations/saga_by_receiver/0002_states_b4bfecc8.sql migrations/saga_by_receiver/0003_indexes.sql
 var byReceiverMigrationsFS embed.FS

@@ -70,6 +70,13 @@ func (h *ByReceiver) Resolve(to t.ByReceiverState, reason string) sagadef.Result
 	return h.Harness.Resolve(string(to), reason)
 }
 
+// Cancel delivers the business cancel msg_ (shadow.msg.Stop): before the
+// point of no return the saga compensates and ends CANCELLED.
+func (h *ByReceiver) Cancel(msg_ *msg.Stop) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Cancel(msg_)
+}
+
 // ByStatusURL drives one instance of saga shadow.t.ByStatusURL in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
 // timeouts and the deadline, applies operator actions (OperatorRetry,
