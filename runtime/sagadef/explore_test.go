@@ -15,14 +15,13 @@ import (
 // initial instance, with every trigger that can reach an instance — every
 // incoming message answering the pending command, an earlier attempt, or
 // nothing the saga sent; the cancel message; timeouts; the deadline; every
-// operator action — and
-// records each result that is a transition. Instances are reduced to what
-// Apply's decisions depend on (state, progress sets and outcomes, whether
-// an earlier attempt of a command exists, whether the retry budget is fresh,
-// partly spent or exhausted, whether timers are armed, whether a business
-// cancel is recorded), which makes the
-// explored space finite. The result holds exactly the transitions Apply can
-// take; tests compare it with the derived table.
+// operator action — and records each result that is a transition. Instances
+// are reduced to what Apply's decisions depend on (state, progress sets and
+// outcomes, whether an earlier attempt of a command exists, whether the
+// retry budget is fresh, partly spent or exhausted, whether timers are
+// armed, whether a business cancel is recorded), which makes the explored
+// space finite. The result holds exactly the transitions Apply can take;
+// tests compare it with the derived table.
 
 // exploreEpoch is the clock of the exploration; armed timers are set to it,
 // so every armed timer is due.
