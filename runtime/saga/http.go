@@ -43,8 +43,8 @@ type ErrorResponse struct {
 
 // StartHandler returns an http.Handler that starts a saga from a POSTed
 // protojson start message (a new one from newStart) and answers 202 Accepted
-// with the saga id, a Location header and statusURL(sagaID), without waiting
-// for any step. Starting is idempotent on the business key: a repeated request
+// with the saga id, a Location header and statusURL(sagaID) (neither when
+// statusURL is nil), without waiting for any step. Starting is idempotent on the business key: a repeated request
 // answers with the same saga id and created=false. The request's W3C trace
 // context continues in the saga's messages. Generated code wraps it as
 // <Saga>.HTTPHandler.
@@ -97,9 +97,12 @@ func (e *Engine) StartHandler(newStart func() message.Message, statusURL func(sa
 				"business_key", start.CorrelationKey())
 			return
 		}
-		url := statusURL(id)
+		var url string
+		if statusURL != nil {
+			url = statusURL(id)
+			w.Header().Set("Location", url)
+		}
 		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", url)
 		w.WriteHeader(http.StatusAccepted)
 		_ = json.NewEncoder(w).Encode(StartResponse{
 			SagaID: id, CorrelationID: start.CorrelationKey(), Status: "ACCEPTED", StatusURL: url, Created: created,

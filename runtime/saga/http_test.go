@@ -107,6 +107,19 @@ func TestStartHandler(t *testing.T) {
 	require.Equal(t, started.SagaID, again.SagaID)
 	require.False(t, again.Created)
 
+	t.Run("without a status URL", func(t *testing.T) {
+		bare := httptest.NewServer(e.StartHandler(func() message.Message { return msgPlaceOrder.New() }, nil))
+		defer bare.Close()
+		resp, err := http.Post(bare.URL, "application/json", strings.NewReader(`"o-bare"`))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusAccepted, resp.StatusCode)
+		require.Empty(t, resp.Header.Get("Location"))
+		var got saga.StartResponse
+		decode(resp, &got)
+		require.NotEmpty(t, got.SagaID)
+		require.Empty(t, got.StatusURL)
+	})
 	t.Run("the client's own mistakes are described", func(t *testing.T) {
 		resp, err := http.Get(srv.URL)
 		require.NoError(t, err)
