@@ -150,7 +150,7 @@ func TestPoisonMessagesParkedWithoutSpinning(t *testing.T) {
 	}, envelope.Meta{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		st, err := po.Status(ctx, sagaID)
+		st, err := po.GetByID(ctx, sagaID)
 		return err == nil && st.State == orderv1.PlaceOrderStateCompleted
 	}, 30*time.Second, 50*time.Millisecond)
 	require.Equal(t, pid, node.PID(), "the node was restarted")

@@ -10,12 +10,20 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	pricingv1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
+	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
@@ -75,7 +83,7 @@ func TestPlaceOrderHTTPStart(t *testing.T) {
 
 	st, err := po.Status(ctx, first.SagaID)
 	require.NoError(t, err)
-	require.Equal(t, orderv1.PlaceOrderStateReserveInventory, st.State)
+	require.Equal(t, string(orderv1.PlaceOrderStateReserveInventory), st.State)
 	require.Equal(t, "o-1", st.BusinessKey)
 
 	var outbox int
@@ -84,6 +92,131 @@ func TestPlaceOrderHTTPStart(t *testing.T) {
 
 	_, err = pool.Exec(ctx, `UPDATE saga_place_order SET state = 'NOT_A_STATE'`)
 	require.ErrorContains(t, err, "saga_place_order_state_check")
+}
+
+// TestPlaceOrderTypedReadsAndRoutes mounts the generated start and status
+// handlers at their generated patterns (the start handler's status URL
+// defaults to the status route), and reads the started saga back through
+// the generated typed Get, GetByID and List.
+func TestPlaceOrderTypedReadsAndRoutes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool, orderv1.PlaceOrderMigrations()))
+	po, err := orderv1.NewPlaceOrder(saga.Config{Pool: pool}, placeOrder{})
+	require.NoError(t, err)
+	require.Equal(t, "POST /sagas/place_order", po.StartPattern())
+	require.Equal(t, "GET /sagas/place_order/{id}", po.StatusPattern())
+	mux := http.NewServeMux()
+	mux.Handle(po.StartPattern(), po.HTTPHandler(nil))
+	mux.Handle(po.StatusPattern(), po.StatusHandler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	body, err := protojson.Marshal(placeOrderRequest())
+	require.NoError(t, err)
+	resp, err := http.Post(srv.URL+"/sagas/place_order", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	var started startResponse
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&started))
+	require.Equal(t, "/sagas/place_order/"+started.SagaID, started.StatusURL)
+
+	statusResp, err := http.Get(srv.URL + started.StatusURL)
+	require.NoError(t, err)
+	defer statusResp.Body.Close()
+	require.Equal(t, http.StatusOK, statusResp.StatusCode)
+	var status saga.StatusResponse
+	require.NoError(t, json.NewDecoder(statusResp.Body).Decode(&status))
+	require.Equal(t, saga.StatusResponse{SagaID: started.SagaID, SagaType: "shop.order.v1.PlaceOrder", BusinessKey: "o-1",
+		State: string(orderv1.PlaceOrderStateReserveInventory), Status: saga.PhaseRunning, UpdatedAt: status.UpdatedAt}, status)
+
+	snap, err := po.Get(ctx, "o-1")
+	require.NoError(t, err)
+	require.Equal(t, started.SagaID, snap.ID)
+	require.Equal(t, orderv1.PlaceOrderStateReserveInventory, snap.State)
+	require.False(t, snap.State.Terminal())
+	require.True(t, snap.State.Valid())
+	require.False(t, orderv1.PlaceOrderState("NOT_A_STATE").Valid())
+	require.True(t, orderv1.PlaceOrderStateCancelled.Terminal())
+	require.Equal(t, "o-1", snap.Data.GetOrderId(), "the typed saga data")
+	byID, err := po.GetByID(ctx, started.SagaID)
+	require.NoError(t, err)
+	require.Equal(t, snap, byID)
+	_, err = po.Get(ctx, "o-none")
+	require.ErrorIs(t, err, saga.ErrNotFound)
+
+	page, err := po.List(ctx, orderv1.PlaceOrderFilter{States: []orderv1.PlaceOrderState{orderv1.PlaceOrderStateReserveInventory}})
+	require.NoError(t, err)
+	require.Len(t, page.Items, 1)
+	require.Equal(t, started.SagaID, page.Items[0].ID)
+	page, err = po.List(ctx, orderv1.PlaceOrderFilter{States: []orderv1.PlaceOrderState{orderv1.PlaceOrderStateCompleted}})
+	require.NoError(t, err)
+	require.Empty(t, page.Items)
+}
+
+// TestQuoteApprovalCancelTx: the generated CancelTx writes the cancel
+// command to the outbox, routed to the saga's own queue; delivered to the
+// generated handler, it releases the held price, and the audit row names
+// who asked and why.
+func TestQuoteApprovalCancelTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool, quotev1.QuoteApprovalMigrations()))
+	qa, err := quotev1.NewQuoteApproval(saga.Config{Pool: pool}, quoteApproval{})
+	require.NoError(t, err)
+	deliver := func(m message.Message, meta envelope.Meta) {
+		t.Helper()
+		env, err := envelope.New(m, meta)
+		require.NoError(t, err)
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return qa.Handler()(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: qa.Queue(), Attempt: 1})
+		}))
+	}
+	id, _, err := qa.Start(ctx, &quotev1.SubmitQuote{QuoteId: "q-1", PriceVersion: 3}, envelope.Meta{})
+	require.NoError(t, err)
+	st, err := qa.GetByID(ctx, id)
+	require.NoError(t, err)
+	deliver(&pricingv1.QuotePriced{QuoteId: "q-1"}, envelope.Meta{SagaID: id, CausationID: st.Data.GetQuoteId()})
+	st, err = qa.GetByID(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, quotev1.QuoteApprovalStatePriceQuote, st.State, "a reply that answers no command sent changes nothing")
+	status, err := qa.Status(ctx, id)
+	require.NoError(t, err)
+	deliver(&pricingv1.QuotePriced{QuoteId: "q-1"}, envelope.Meta{SagaID: id, CausationID: status.PendingMessageID})
+	st, err = qa.Get(ctx, "q-1")
+	require.NoError(t, err)
+	require.Equal(t, quotev1.QuoteApprovalStateApproval, st.State)
+
+	cancel := &quotev1.CancelQuote{QuoteId: "q-1", RequestedBy: "customer:c-1", Reason: "bought elsewhere"}
+	var messageID string
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		messageID, err = qa.CancelTx(ctx, tx, cancel, envelope.Meta{})
+		return err
+	}))
+	var exchange, key, typ string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT exchange, routing_key, message_type FROM saga_outbox WHERE message_id = $1`, messageID).
+		Scan(&exchange, &key, &typ))
+	require.Equal(t, []string{"workflow.command", "command.quote.cancel-quote.v1", "quote.v1.CancelQuote"}, []string{exchange, key, typ})
+	require.Contains(t, quotev1.Topology().Bindings, broker.Binding{Queue: qa.Queue(), Exchange: exchange, RoutingKey: key},
+		"the saga's queue receives its cancel command")
+
+	deliver(cancel, envelope.Meta{MessageID: messageID})
+	st, err = qa.GetByID(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, quotev1.QuoteApprovalStateCompensatingPriceQuote, st.State)
+	require.Equal(t, &sagadef.Cancellation{RequestedBy: "customer:c-1", Reason: "bought elsewhere", MessageID: messageID}, st.Cancel)
+	history, err := qa.Engine().History(ctx, id)
+	require.NoError(t, err)
+	last := history[len(history)-1]
+	require.Equal(t, "quote.v1.CancelQuote", last.Trigger)
+	require.Equal(t, "customer:c-1", last.Operator)
+	require.Contains(t, last.Note, "reason: bought elsewhere")
+
+	_, err = qa.Cancel(ctx, &quotev1.CancelQuote{RequestedBy: "x", Reason: "y"}, envelope.Meta{})
+	require.ErrorIs(t, err, saga.ErrNoCancel, "a cancel that names no quote is refused before the outbox")
 }
 
 // TestStatesMigrationRefusesOccupiedStates: a later definition without a

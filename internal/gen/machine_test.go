@@ -142,6 +142,10 @@ func (quoteApproval) BuildPriceQuote(_ context.Context, d *quotev1.QuoteApproval
 func (quoteApproval) BuildReleasePrice(_ context.Context, d *quotev1.QuoteApprovalData) (*pricingv1.ReleasePrice, error) {
 	return &pricingv1.ReleasePrice{QuoteId: d.GetQuoteId()}, nil
 }
+func (quoteApproval) OnCancelQuote(_ context.Context, d *quotev1.QuoteApprovalData, m *quotev1.CancelQuote) error {
+	d.CancelledBy = m.GetRequestedBy()
+	return nil
+}
 func (quoteApproval) BuildSubmitOrder(_ context.Context, d *quotev1.QuoteApprovalData) (*quotev1.SubmitOrder, error) {
 	return &quotev1.SubmitOrder{QuoteId: d.GetQuoteId()}, nil
 }
@@ -167,6 +171,63 @@ func TestQuoteApprovalLateApproval(t *testing.T) {
 	h.ReplyTo("", &approvalv1.ApprovalGranted{QuoteId: proto.String("q-1"), ApproverEmail: proto.String("a@example.com")})
 	h.RequireClass(sagadef.ClassLate)
 	h.RequireState(quotev1.QuoteApprovalStateManualReview)
+
+	// The operator honours the late approval: the price is gone, so the
+	// quote is re-issued by hand and this saga ends completed.
+	h.Resolve(quotev1.QuoteApprovalStateCompleted, "re-quoted by hand (ticket Q-7)")
+	h.RequireState(quotev1.QuoteApprovalStateCompleted)
+	require.True(t, h.State().Terminal())
+	last := h.History()[len(h.History())-1].Trigger
+	require.Equal(t, "re-quoted by hand (ticket Q-7)", last.Reason)
+}
+
+// TestQuoteApprovalCancel: a withdrawal before the approval releases the
+// held price and ends CANCELLED, naming who asked and why; after the
+// approval it is refused and changes nothing.
+func TestQuoteApprovalCancel(t *testing.T) {
+	t.Parallel()
+	h := quotev1test.NewQuoteApproval(t, quoteApproval{})
+	h.Begin(&quotev1.SubmitQuote{QuoteId: "q-3", PriceVersion: 2})
+	h.Reply(&pricingv1.QuotePriced{QuoteId: "q-3"})
+	h.RequireState(quotev1.QuoteApprovalStateApproval)
+	res := h.Cancel(&quotev1.CancelQuote{QuoteId: "q-3", RequestedBy: "customer:c-9", Reason: "bought elsewhere"})
+	h.RequireState(quotev1.QuoteApprovalStateCompensatingPriceQuote)
+	h.RequireSent(pricingv1.ReleasePriceInfo.FullName)
+	require.Equal(t, &sagadef.Cancellation{RequestedBy: "customer:c-9", Reason: "bought elsewhere", MessageID: res.Instance.Progress.Cancel.MessageID},
+		res.Instance.Progress.Cancel)
+	require.Equal(t, "customer:c-9", h.Data().GetCancelledBy(), "the OnCancelQuote fold ran")
+	h.Reply(&pricingv1.PriceReleased{QuoteId: "q-3"})
+	h.RequireState(quotev1.QuoteApprovalStateCancelled)
+
+	after := quotev1test.NewQuoteApproval(t, quoteApproval{})
+	after.Begin(&quotev1.SubmitQuote{QuoteId: "q-4", PriceVersion: 1})
+	after.Reply(&pricingv1.QuotePriced{QuoteId: "q-4"})
+	after.ReplyTo("", &approvalv1.ApprovalGranted{QuoteId: proto.String("q-4")})
+	after.RequireState(quotev1.QuoteApprovalStateSubmitOrder)
+	res = after.Cancel(&quotev1.CancelQuote{QuoteId: "q-4", RequestedBy: "customer:c-9", Reason: "too late"})
+	after.RequireClass(sagadef.ClassLate)
+	after.RequireState(quotev1.QuoteApprovalStateSubmitOrder)
+	after.RequireSent()
+	require.Contains(t, res.Note, "refused: pivot step Approval completed")
+	require.Empty(t, after.Data().GetCancelledBy(), "a refused cancel is not folded")
+}
+
+// TestQuoteApprovalOperatorActions: the harness's typed operator actions.
+func TestQuoteApprovalOperatorActions(t *testing.T) {
+	t.Parallel()
+	h := quotev1test.NewQuoteApproval(t, quoteApproval{})
+	h.Begin(&quotev1.SubmitQuote{QuoteId: "q-5", PriceVersion: 1})
+	for range 3 { // max_attempts 3, then manual review
+		h.Timeout()
+	}
+	h.RequireState(quotev1.QuoteApprovalStateManualReview)
+	h.OperatorRetry("pricing is back")
+	h.RequireState(quotev1.QuoteApprovalStatePriceQuote)
+	h.RequireSent(pricingv1.PriceQuoteInfo.FullName)
+	h.OperatorCompensate("customer gave up")
+	h.RequireState(quotev1.QuoteApprovalStateCompensatingPriceQuote)
+	h.OperatorCancel("nothing was held")
+	h.RequireState(quotev1.QuoteApprovalStateCancelled)
 }
 
 // TestQuoteApprovalGranted: the external approval event advances the saga.

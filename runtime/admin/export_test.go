@@ -1,16 +1,8 @@
 package admin
 
-import "time"
-
 // TimelineOutboxSQLForTest is the timeline's read of a saga's outbox rows:
 // $1 the saga id, $2 the limit.
 const TimelineOutboxSQLForTest = timelineOutboxSQL
-
-// ListSQLForTest is the statement listing the instances of the served saga
-// type typ that match f, and its arguments.
-func (s *Server) ListSQLForTest(typ string, f SagaFilter, now time.Time, limit int) (string, []any) {
-	return s.byName[typ].listSQL(f, now, nil, limit)
-}
 
 // ParkedListSQLForTest is the statement listing the parked messages that
 // match f, newest first, and its arguments.

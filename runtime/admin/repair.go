@@ -111,13 +111,14 @@ func (s *Server) operate(ctx context.Context, p Principal, t *sagaType, id strin
 	// counted in the metrics and its commands are announced to relays only
 	// once it has committed.
 	err := t.engine.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		w, err := scanSaga(tx.QueryRow(ctx, `SELECT `+sagaColumns+` FROM `+t.table+` AS t WHERE t.id = $1::uuid FOR UPDATE`, id))
-		if errors.Is(err, pgx.ErrNoRows) {
+		locked, err := t.engine.StatusTx(ctx, tx, id)
+		if errors.Is(err, saga.ErrNotFound) {
 			return apiErr(http.StatusNotFound, "not_found", "no saga %s of type %s", id, t.def.Name)
 		}
 		if err != nil {
 			return fmt.Errorf("lock saga %s: %w", id, err)
 		}
+		w := rowOf(locked)
 		if tg := a.target(); tg != "" && w.State == tg {
 			res.Outcome, res.Saga = OutcomeAlreadyApplied, t.view(w, s.cfg.Now())
 			return nil
@@ -199,7 +200,7 @@ func (s *Server) handleBulk(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ctx := r.Context()
-	items, more, err := s.list(ctx, types, f, n, nil)
+	items, more, err := s.list(ctx, types, f, n, "")
 	if err != nil {
 		return err
 	}

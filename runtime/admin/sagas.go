@@ -3,22 +3,18 @@ package admin
 import (
 	"cmp"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // sagaRow is the part of an instance row lists show.
@@ -31,49 +27,6 @@ type sagaRow struct {
 	LastError, ReviewReason string
 	ReviewFrom              string
 	CreatedAt, UpdatedAt    time.Time
-}
-
-// sagaColumns is the select list scanned by scanSaga. The table is always a
-// pgx.Identifier of a compiled definition's Table; every value is a parameter.
-const sagaColumns = `t.id::text, t.business_key, t.state, t.version, t.attempt,
-	coalesce(t.pending_message_id::text, ''), t.timeout_at, t.deadline_at,
-	coalesce(t.last_error, ''), coalesce(t.review_reason, ''), coalesce(t.progress->>'review_from', ''),
-	t.created_at, t.updated_at`
-
-func scanSaga(r pgx.Row) (sagaRow, error) {
-	var w sagaRow
-	err := r.Scan(&w.ID, &w.BusinessKey, &w.State, &w.Version, &w.Attempt, &w.PendingID,
-		&w.TimeoutAt, &w.DeadlineAt, &w.LastError, &w.ReviewReason, &w.ReviewFrom, &w.CreatedAt, &w.UpdatedAt)
-	return w, err
-}
-
-// listSQL selects a page of at most limit instances matching f, newest
-// first, after the cursor position (nil: from the start), with the stuck
-// verdict taken at now.
-func (t *sagaType) listSQL(f SagaFilter, now time.Time, after *cursor, limit int) (string, []any) {
-	var w where
-	// States are written into the statement (telemetry.StatesSQL); f.State
-	// is one of t's, checked by the caller.
-	if f.State != "" {
-		w.and(telemetry.StatesSQL(f.State))
-	}
-	if f.BusinessKey != "" {
-		w.and("t.business_key = " + w.arg(f.BusinessKey))
-	}
-	if f.Review {
-		w.and(telemetry.StatesSQL(sagadef.StateManualReview))
-	}
-	if f.Stuck {
-		states, limits, grace := t.stuck.Args()
-		w.and(telemetry.StuckSQL(w.arg(now), w.arg(states), w.arg(limits), w.arg(grace)))
-	}
-	if after != nil {
-		w.and("(t.created_at, t.id) < (" + w.arg(after.at) + "::timestamptz, " + w.arg(after.id) + "::uuid)")
-	}
-	return `SELECT ` + sagaColumns + ` FROM ` + t.table + ` AS t
-` + w.String() + `
-ORDER BY t.created_at DESC, t.id DESC
-LIMIT ` + w.arg(limit), w.args
 }
 
 // hasState reports whether name is a state of t.
@@ -174,32 +127,43 @@ func namesOf(ts []*sagaType) []string {
 	return out
 }
 
-// listedSaga is a row with its type, for merging pages across types.
+// listedSaga is an instance with its type, for merging pages across types.
 type listedSaga struct {
-	t *sagaType
-	w sagaRow
+	t  *sagaType
+	st saga.Status
+	w  sagaRow
 }
 
 // list returns up to limit instances matching f, newest first, after the
-// cursor position (nil: from the start), and whether more follow.
-func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limit int, after *cursor) ([]listedSaga, bool, error) {
+// cursor (empty: from the start), and whether more follow. Each type's page
+// comes from its engine (saga.Engine.List, the one listing query of an
+// instance table); the pages are merged in the same newest-first order,
+// which one cursor continues for every type.
+func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limit int, after string) ([]listedSaga, bool, error) {
 	now := s.cfg.Now()
 	var all []listedSaga
+	more := false
 	for _, t := range types {
 		if f.State != "" && !t.hasState(f.State) {
 			continue
 		}
-		sql, args := t.listSQL(f, now, after, limit+1)
-		rows, err := s.cfg.Pool.Query(ctx, sql, args...)
-		if err != nil {
-			return nil, false, fmt.Errorf("list %s sagas: %w", t.def.Name, err)
+		lf := saga.ListFilter{BusinessKey: f.BusinessKey, Limit: limit, After: after}
+		switch {
+		case f.State != "":
+			lf.States = []string{f.State}
+		case f.Review:
+			lf.States = []string{sagadef.StateManualReview}
 		}
-		ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (sagaRow, error) { return scanSaga(r) })
-		if err != nil {
-			return nil, false, fmt.Errorf("list %s sagas: %w", t.def.Name, err)
+		if f.Stuck {
+			lf.Stuck, lf.StuckAt = &t.stuck, now
 		}
-		for _, w := range ws {
-			all = append(all, listedSaga{t: t, w: w})
+		page, err := t.engine.List(ctx, lf)
+		if err != nil {
+			return nil, false, err
+		}
+		more = more || page.NextCursor != ""
+		for _, st := range page.Items {
+			all = append(all, listedSaga{t: t, st: st, w: rowOf(st)})
 		}
 	}
 	slices.SortFunc(all, func(a, b listedSaga) int {
@@ -208,45 +172,10 @@ func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limi
 		}
 		return cmp.Compare(b.w.ID, a.w.ID)
 	})
-	more := len(all) > limit
-	if more {
-		all = all[:limit]
+	if len(all) > limit {
+		all, more = all[:limit], true
 	}
 	return all, more, nil
-}
-
-// cursor is a keyset position in a newest-first list.
-type cursor struct {
-	at time.Time
-	id string
-}
-
-func (c cursor) String() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.at.UnixMicro(), 10) + "." + c.id))
-}
-
-func parseCursor(s string) (*cursor, error) {
-	if s == "" {
-		return nil, nil
-	}
-	bad := badRequest("cursor %q is not a cursor this server issued", s)
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return nil, bad
-	}
-	us, id, ok := strings.Cut(string(raw), ".")
-	if !ok {
-		return nil, bad
-	}
-	n, err := strconv.ParseInt(us, 10, 64)
-	if err != nil {
-		return nil, bad
-	}
-	u, err := uuid.Parse(id)
-	if err != nil {
-		return nil, bad
-	}
-	return &cursor{at: time.UnixMicro(n).UTC(), id: u.String()}, nil
 }
 
 func (s *Server) handleListSagas(w http.ResponseWriter, r *http.Request) error {
@@ -265,9 +194,9 @@ func (s *Server) handleListSagas(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	after, err := parseCursor(q.str("cursor"))
-	if err != nil {
-		return err
+	after := q.str("cursor")
+	if saga.CheckCursor(after) != nil {
+		return badRequest("cursor %q is not a cursor this server issued", after)
 	}
 	types, err := s.scope(f)
 	if err != nil {
@@ -283,8 +212,7 @@ func (s *Server) handleListSagas(w http.ResponseWriter, r *http.Request) error {
 		page.Items = append(page.Items, it.t.view(it.w, now))
 	}
 	if more {
-		last := items[len(items)-1].w
-		page.NextCursor = cursor{at: last.CreatedAt, id: last.ID}.String()
+		page.NextCursor = saga.CursorOf(items[len(items)-1].st)
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil

@@ -70,13 +70,13 @@ type Config struct {
 	TLS *tls.Config
 
 	// HTTPAddr is where the host serves /healthz, /readyz, /metrics, the
-	// saga status endpoints and, with AdminTokens, the admin API and
-	// console under /admin/. Default DefaultHTTPAddr; HTTPOff serves nothing.
+	// saga status endpoints (GET /sagas/<saga>/{id}) and, with AdminTokens,
+	// the admin API and console under /admin/. Default DefaultHTTPAddr; HTTPOff serves nothing.
 	HTTPAddr string
 	// AdminTokens are the admin API's bearer tokens (admin.ParseTokens).
 	// Without tokens the admin API and console are not served.
 	AdminTokens admin.Tokens
-	// StartEndpoints serves POST /sagas/<saga>/ for every registered saga
+	// StartEndpoints serves POST /sagas/<saga> for every registered saga
 	// (the generated start handler: protojson body, 202 with the status
 	// URL). Off by default: starting a saga is usually a decision of the
 	// service's own API, in its own transaction (StartTx).

@@ -150,7 +150,7 @@ func TestHostServes(t *testing.T) {
 	require.NoError(t, app.Restock(ctx, pool, "widget", 10))
 	reqBody := `{"orderId":"o-http","customerId":"c","lines":[{"productId":"widget","quantity":1}],` +
 		`"amount":{"currency":"EUR","minorUnits":100},"shippingAddress":{"country":"FR"},"cardToken":"tok"}`
-	resp, err := http.Post(base+"/sagas/place_order/", "application/json", strings.NewReader(reqBody))
+	resp, err := http.Post(base+"/sagas/place_order", "application/json", strings.NewReader(reqBody))
 	require.NoError(t, err)
 	var started struct {
 		SagaID    string `json:"sagaId"`
@@ -160,9 +160,12 @@ func TestHostServes(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusAccepted, resp.StatusCode)
 	require.Equal(t, "/sagas/place_order/"+started.SagaID, started.StatusURL)
+	code, body = get(started.StatusURL, "")
+	require.Equal(t, http.StatusOK, code, body)
+	require.Contains(t, body, started.SagaID, "the status URL the start endpoint returned answers")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		st, err := po.Status(ctx, started.SagaID)
+		st, err := po.GetByID(ctx, started.SagaID)
 		require.NoError(t, err)
 		if st.State == orderv1.PlaceOrderStateCompleted {
 			break
@@ -179,7 +182,7 @@ func TestHostServes(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, created)
 	for {
-		st, err := po.Status(ctx, id)
+		st, err := po.GetByID(ctx, id)
 		require.NoError(t, err)
 		if st.State == orderv1.PlaceOrderStateCompleted {
 			break

@@ -44,9 +44,10 @@ func (h *Host) serve(r *running) error {
 		h.mux.Handle("/admin/", http.StripPrefix("/admin", srv))
 	}
 	for _, s := range h.sagas {
-		base := "/sagas/" + s.Snake + "/"
+		base := "/sagas/" + s.Snake
+		h.mux.Handle("GET "+base+"/{id}", s.Engine.StatusHandler())
 		if h.cfg.StartEndpoints {
-			start := s.Engine.StartHandler(s.NewStart, func(id string) string { return base + id })
+			start := s.Engine.StartHandler(s.NewStart, func(id string) string { return base + "/" + id })
 			h.mux.Handle("POST "+base, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 				start.ServeHTTP(w, req.WithContext(r.withRelay(req.Context())))
 			}))

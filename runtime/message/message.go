@@ -140,20 +140,20 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion2 is referenced by generated code to assert at
+// SupportPackageIsVersion3 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
 //
-// Version 2: generated participant dispatch calls participant.Reply and
-// participant.NoReply, and generated transition tables have the stuck rows
-// (sagadef.TriggerStuck). Code generated for version 1 fails at start with
-// sagadef.ErrStaleTable on this runtime, so version 1 is dropped.
-const SupportPackageIsVersion2 = true
-
-// SupportPackageIsVersion3 is referenced by code generated for hosts:
-// Register functions that take a *host.Host, the package's SagaPackage
-// description and typed ReplyTo functions (participant.ReplyLater).
+// Version 3: generated packages register on a host (runtime/host: Register
+// functions, SagaPackage) and answer late with participant.ReplyLater;
+// generated sagas call saga.Get, saga.GetByID, saga.List,
+// Engine.StatusHandler and Engine.RequestCancelTx, declare
+// sagadef.Definition.Cancel, and their harnesses call sagatest's Cancel;
+// generated transition tables have the business cancel's rows and no
+// longer a deadline row in manual review that only a stuck saga could
+// reach. Code generated for version 2 may fail at start with
+// sagadef.ErrStaleTable on this runtime, so version 2 is dropped.
 const SupportPackageIsVersion3 = true

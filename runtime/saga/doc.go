@@ -59,6 +59,19 @@
 // id, SagaType = the definition's name, and CausationID = the message that
 // triggered the transition (empty for timeouts and operator actions).
 //
+// # Application code: reads, HTTP and cancels
+//
+// [Engine.Status], [Engine.StatusByBusinessKey] and [Engine.List] (one
+// page, newest first, by states, business key, update time or stuck rule;
+// the one listing query of an instance table, which the admin API uses
+// too) read instances; generated code wraps them with its state and data
+// types ([Snapshot], [Get], [GetByID], [List]). [Engine.StartHandler]
+// starts sagas over HTTP and [Engine.StatusHandler] reports on them; both
+// answer failures the client did not cause with a reference to a log line
+// instead of the error's text. [Engine.RequestCancelTx] writes the
+// contract's business cancel message to the outbox; [Engine.Handle]
+// applies it (sagadef.Cancel) with who asked and why in its audit row.
+//
 // # Tables
 //
 // The instance table is generated per saga (see docs/architecture.md): the

@@ -8,17 +8,17 @@ import (
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
-// Snapshot is an instance row read without a lock, for tests that bypass
-// the row lock to prove the version guard.
-type Snapshot = row
+// Row is an instance row read without a lock, for tests that bypass the
+// row lock to prove the version guard.
+type Row = row
 
 // SnapshotForTest reads the instance row without locking it.
-func (e *Engine) SnapshotForTest(ctx context.Context, sagaID string) (Snapshot, error) {
+func (e *Engine) SnapshotForTest(ctx context.Context, sagaID string) (Row, error) {
 	return loadRow(ctx, e.cfg.Pool, e.q.selectByID, sagaID)
 }
 
 // TransitionForTest applies trig to a row the caller did not lock.
-func (e *Engine) TransitionForTest(ctx context.Context, tx pgx.Tx, w Snapshot, trig sagadef.Trigger) error {
+func (e *Engine) TransitionForTest(ctx context.Context, tx pgx.Tx, w Row, trig sagadef.Trigger) error {
 	_, err := e.transition(ctx, tx, w, trig, origin{})
 	return err
 }
@@ -35,3 +35,9 @@ func (e *Engine) LockManySQLForTest() string { return e.q.lockMany }
 // message ids, progress, timeouts, deadlines, last errors, review reasons
 // and update times.
 func (e *Engine) UpdateManySQLForTest() string { return e.q.updateMany }
+
+// ListSQLForTest is List's statement for f, and its arguments.
+func (e *Engine) ListSQLForTest(f ListFilter) (string, []any, error) {
+	sql, args, _, err := e.listSQL(f)
+	return sql, args, err
+}

@@ -28,6 +28,10 @@ import (
 // are audited and acknowledged (nil error); a conflicting message sends the
 // saga to manual review if the definition says so.
 //
+// The saga's business cancel message (Definition.Cancel) is found like an
+// event, and its audit row names who asked and why (its RequestedBy and
+// Reason fields) as operator and reason.
+//
 // A delivered start message (Definition.StartMessage, without a saga id)
 // starts an instance through [Engine.StartTx], idempotently on its business
 // key, so one queue can carry a saga's start commands and its replies.
@@ -81,12 +85,17 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 	if err != nil {
 		return err
 	}
-	out, err := e.transition(ctx, tx, w, sagadef.Trigger{
+	trig := sagadef.Trigger{
 		Kind:        kind,
 		Message:     d.Message,
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
-	}, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt})
+	}
+	if kind == e.def.Cancel.Message {
+		// The audit row names who asked for the cancel and why.
+		trig.Operator, trig.Reason = e.def.CancelRequest(d.Message)
+	}
+	out, err := e.transition(ctx, tx, w, trig, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt})
 	if err != nil {
 		return err
 	}

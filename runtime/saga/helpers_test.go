@@ -15,12 +15,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/apipb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -58,7 +60,8 @@ var (
 	msgPaymentApproved    = newInfo("PaymentApproved", message.KindEvent)
 	msgNotifyCustomer     = newInfo("NotifyCustomer", message.KindCommand) // a step a later release adds
 	msgCustomerNotified   = newInfo("CustomerNotified", message.KindReply)
-	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified}
+	msgCancelOrder        = newCancelInfo()
+	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour
@@ -81,6 +84,29 @@ func newInfo(name string, kind message.Kind) *message.Info {
 	return in
 }
 
+// cancelMsg is the test contract's business cancel message, over a
+// well-known type with three strings: name is the order id (its
+// correlation key), request_type_url who asks, response_type_url why.
+type cancelMsg struct {
+	*apipb.Method
+}
+
+func (cancelMsg) SagaMessageInfo() *message.Info { return msgCancelOrder }
+func (m cancelMsg) IdempotencyKey() string       { return msgCancelOrder.FullName + ":" + m.GetName() }
+func (m cancelMsg) CorrelationKey() string       { return m.GetName() }
+
+func newCancelInfo() *message.Info {
+	return &message.Info{
+		FullName: pkg + "CancelOrder", Kind: message.KindCommand, Exchange: "test.commands",
+		RoutingKey: "test.cancelorder", SchemaVersion: 1,
+		New: func() message.Message { return cancelMsg{Method: &apipb.Method{}} },
+	}
+}
+
+func cancelOrder(order, by, why string) cancelMsg {
+	return cancelMsg{Method: &apipb.Method{Name: order, RequestTypeUrl: by, ResponseTypeUrl: why}}
+}
+
 func msg(in *message.Info, order string) testMsg {
 	return testMsg{StringValue: wrapperspb.String(order), info: in}
 }
@@ -95,8 +121,16 @@ type hooks struct {
 
 func (hooks) Start(_ context.Context, start message.Message) (proto.Message, string, error) {
 	order := start.(testMsg).GetValue()
-	if order == "" {
+	switch {
+	case order == "":
 		return nil, "", fmt.Errorf("start: empty order id")
+	// Failures whose text a client must never see (http_test.go).
+	case strings.HasPrefix(order, "secret-"):
+		return nil, "", fmt.Errorf("start: dial tcp 10.0.0.7:5432: password=hunter2 rejected")
+	case strings.HasPrefix(order, "refused-"):
+		return nil, "", failure.Permanent(fmt.Errorf("start: internal rule 17 (password=hunter2) refuses %s", order))
+	case strings.HasPrefix(order, "transient-"):
+		return nil, "", failure.Transient(fmt.Errorf("start: SQLSTATE 40001 password=hunter2"))
 	}
 	data, err := structpb.NewStruct(map[string]any{"order": order, "applied": []any{}})
 	if err != nil {
@@ -153,6 +187,8 @@ type defOptions struct {
 	// externalPayment makes AuthorizePayment an external step: the saga
 	// sends nothing and waits for the PaymentApproved event.
 	externalPayment bool
+	// cancel declares CancelOrder the saga's business cancel message.
+	cancel bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -220,6 +256,9 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	if o.externalPayment {
 		def.Steps[1].External, def.Steps[1].Command = true, ""
 		def.Steps[1].SuccessReplies = []string{msgPaymentApproved.FullName}
+	}
+	if o.cancel {
+		def.Cancel = sagadef.Cancel{Message: msgCancelOrder.FullName, RequestedBy: "request_type_url", Reason: "response_type_url"}
 	}
 	require.NoError(t, def.Compile())
 	return def

@@ -279,6 +279,7 @@ func (w *work) state() State { return w.d.compiled.states[w.in.State] }
 func (w *work) enterStep(i, attempt int) error {
 	s := w.step(i)
 	w.leaveReview()
+	w.resumeForward()
 	w.out.State = StateName(s.Name)
 	w.out.Attempt = attempt
 	w.progress().Stopped = without(w.progress().Stopped, s.Name)
@@ -379,6 +380,7 @@ func (w *work) send(command, step string, sent *map[string]string) (string, erro
 // have completed a step that this release orders later, and sending it
 // again would only wait for a reply its recorded outcome makes a duplicate.
 func (w *work) advance(i int) error {
+	w.resumeForward()
 	for j := i + 1; j < len(w.d.Steps); j++ {
 		if !slices.Contains(w.progress().Completed, w.step(j).Name) {
 			return w.enterStep(j, 1)
@@ -424,8 +426,20 @@ func (w *work) compensate() error {
 		w.review(w.out.LastError + ": compensate it by hand, then resolve")
 		return nil
 	}
+	if p.Cancel != nil {
+		w.finish(StateCancelled)
+		return nil
+	}
 	w.finish(StateFailed)
 	return nil
+}
+
+// resumeForward drops a recorded business cancel when the saga goes
+// forward again (an operator's retry from manual review overrides it).
+func (w *work) resumeForward() {
+	if w.out.Progress.Cancel != nil {
+		w.progress().Cancel = nil
+	}
 }
 
 // finish ends the saga in a terminal state.
@@ -491,6 +505,8 @@ func (w *work) onMessage(ref msgRef) error {
 		return nil
 	case UseSuccess, UseFailure:
 		return w.onStepReply(ref.step, ref.use == UseSuccess)
+	case UseCancel:
+		return w.onCancel()
 	default:
 		return w.onCompensationReply(ref.step, ref.use == UseCompensationReply)
 	}
@@ -574,6 +590,77 @@ func (w *work) onStepReply(i int, success bool) error {
 			return nil
 		}
 	}
+}
+
+// onCancel applies the business cancel message (Definition.Cancel). Waiting
+// on a compensatable step or the pivot, the saga stops waiting, records the
+// cancel and compensates as after a business failure, ending CANCELLED.
+// Everywhere else it changes nothing and says why in the audit note.
+func (w *work) onCancel() error {
+	by, why := w.cancelRequest()
+	who := fmt.Sprintf("cancel requested by %s (%s)", orUnknown(by), orUnknown(why))
+	st := w.state()
+	switch st.Kind {
+	case StateKindTerminal:
+		w.noop(ClassLate, "%s ignored: the saga already ended %s", who, st.Name)
+		return nil
+	case StateKindCompensating:
+		w.noop(ClassLate, "%s ignored: the saga is already compensating (step %s)", who, st.Step)
+		return nil
+	case StateKindManualReview:
+		w.noop(ClassLate, "%s not applied: the saga is in manual review; an operator decides (compensate, or resolve to %s)", who, StateCancelled)
+		return nil
+	}
+	if passed := w.pointOfNoReturn(w.stepIndex(st.Step)); passed != "" {
+		w.noop(ClassLate, "%s refused: %s, past the point of no return; the saga runs to completion", who, passed)
+		return nil
+	}
+	w.class = ClassNew
+	if err := w.fold(); err != nil {
+		return err
+	}
+	w.progress().Cancel = &Cancellation{RequestedBy: by, Reason: why, MessageID: w.trig.MessageID}
+	w.note("%s while waiting on step %s; compensating", who, st.Step)
+	w.stop(st.Step)
+	return w.compensate()
+}
+
+// pointOfNoReturn says how the saga, waiting on step i, is past its point
+// of no return (waiting on a retriable step, or a pivot or retriable step
+// completed), or returns "" when it is not.
+func (w *work) pointOfNoReturn(i int) string {
+	for _, name := range w.in.Progress.Completed {
+		if j, ok := w.d.compiled.steps[name]; ok && w.step(j).Role != RoleCompensatable {
+			return fmt.Sprintf("%s step %s completed", w.step(j).Role, name)
+		}
+	}
+	if s := w.step(i); s.Role == RoleRetriable {
+		return fmt.Sprintf("it waits on retriable step %s", s.Name)
+	}
+	return ""
+}
+
+// cancelRequest returns who asked for the cancel and why: the trigger's
+// Operator and Reason when set, otherwise the cancel message's fields.
+func (w *work) cancelRequest() (by, why string) {
+	by, why = strings.TrimSpace(w.trig.Operator), strings.TrimSpace(w.trig.Reason)
+	if by == "" || why == "" {
+		mb, mw := w.d.CancelRequest(w.trig.Message)
+		if by == "" {
+			by = mb
+		}
+		if why == "" {
+			why = mw
+		}
+	}
+	return by, why
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "(not given)"
+	}
+	return s
 }
 
 // forwardStep returns the index of the step the saga waits on while on its
@@ -965,7 +1052,16 @@ func (p Progress) clone() Progress {
 		ReviewFrom:           p.ReviewFrom,
 		OperatorRetries:      maps.Clone(p.OperatorRetries),
 		Deferrals:            p.Deferrals,
+		Cancel:               cloneCancel(p.Cancel),
 	}
+}
+
+func cloneCancel(c *Cancellation) *Cancellation {
+	if c == nil {
+		return nil
+	}
+	cp := *c
+	return &cp
 }
 
 func cloneMap(m map[string]string) map[string]string {

@@ -27,6 +27,8 @@ const (
 	UseCompensationReply
 	// UseCompensationFailure: a reply saying a compensation cannot be applied.
 	UseCompensationFailure
+	// UseCancel: the saga's business cancel message (Definition.Cancel).
+	UseCancel
 )
 
 // String returns the lower-case name of the use.
@@ -46,6 +48,8 @@ func (u MessageUse) String() string {
 		return "compensation reply"
 	case UseCompensationFailure:
 		return "compensation failure reply"
+	case UseCancel:
+		return "cancel message"
 	default:
 		return fmt.Sprintf("use(%d)", int(u))
 	}
@@ -54,7 +58,7 @@ func (u MessageUse) String() string {
 // incoming reports whether messages of this use are received by the saga.
 func (u MessageUse) incoming() bool {
 	switch u {
-	case UseStart, UseSuccess, UseFailure, UseCompensationReply, UseCompensationFailure:
+	case UseStart, UseSuccess, UseFailure, UseCompensationReply, UseCompensationFailure, UseCancel:
 		return true
 	}
 	return false
@@ -62,14 +66,14 @@ func (u MessageUse) incoming() bool {
 
 // MessageRef says which step a message type belongs to and how.
 type MessageRef struct {
-	// Step is the step's name; empty for UseStart.
+	// Step is the step's name; empty for UseStart and UseCancel.
 	Step string
 	Use  MessageUse
 }
 
 // msgRef is MessageRef with the step's index.
 type msgRef struct {
-	step int // -1 for the start message
+	step int // -1 for the start and cancel messages
 	use  MessageUse
 }
 
@@ -181,8 +185,8 @@ func (d *Definition) states() []State {
 var operatorTriggers = []string{TriggerOperatorRetry, TriggerOperatorCompensate, TriggerOperatorResolve, TriggerOperatorCancel}
 
 // triggerRanks orders triggers for the table: the start message, then every
-// incoming message in step order, then timeout, deadline, stuck and the
-// operator triggers.
+// incoming message in step order, the cancel message, then timeout,
+// deadline, stuck and the operator triggers.
 func (d *Definition) triggerRanks() map[string]int {
 	rank := map[string]int{TriggerStart: 0}
 	add := func(names ...string) {
@@ -199,6 +203,9 @@ func (d *Definition) triggerRanks() map[string]int {
 			add(s.CompensationReply)
 		}
 		add(s.CompensationFailureReplies...)
+	}
+	if d.Cancel.Message != "" {
+		add(d.Cancel.Message)
 	}
 	add(TriggerTimeout, TriggerDeadline, TriggerStuck)
 	add(operatorTriggers...)
@@ -259,6 +266,16 @@ func (d *Definition) validate() (*index, []error) {
 	}
 	if d.Deadline < 0 {
 		fail("", "deadline %s is negative", d.Deadline)
+	}
+	if d.Cancel.Message == "" {
+		if d.Cancel.RequestedBy != "" || d.Cancel.Reason != "" {
+			fail("", "cancel names fields (requested by %q, reason %q) but no cancel message", d.Cancel.RequestedBy, d.Cancel.Reason)
+		}
+	}
+	for _, fp := range []struct{ what, path string }{{"requested by", d.Cancel.RequestedBy}, {"reason", d.Cancel.Reason}} {
+		if fp.path != "" && !isFieldPath(fp.path) {
+			fail("", "cancel %s field path %q is not proto field names joined with dots", fp.what, fp.path)
+		}
 	}
 	if len(d.Steps) == 0 {
 		fail("", "has no steps")
@@ -399,6 +416,9 @@ func (d *Definition) validate() (*index, []error) {
 			fail(label, "late-reply policy is unspecified (want ignore, manual review or apply if waiting)")
 		}
 	}
+	// Claimed after the steps' messages, so that a cancel message that is
+	// also a step's message is reported naming that step.
+	claim("", -1, d.Cancel.Message, UseCancel)
 	return ix, errs
 }
 
@@ -418,6 +438,9 @@ func isIdent(s string) bool {
 	}
 	return true
 }
+
+// isFieldPath reports whether s is proto field names joined with dots.
+func isFieldPath(s string) bool { return isFullName(s) }
 
 // isFullName reports whether s is a dot-separated sequence of proto
 // identifiers.

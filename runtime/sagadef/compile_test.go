@@ -184,12 +184,18 @@ func TestRandomScripts(t *testing.T) {
 	for _, p := range []sagadef.LatePolicy{sagadef.LateIgnore, sagadef.LateManualReview, sagadef.LateApplyIfWaiting} {
 		defs = append(defs,
 			compiled(t, placeOrder(late("ReserveInventory", p), late("AuthorizePayment", p), late("ScheduleShipping", p), late("ApproveOrder", p))),
-			compiled(t, quoteApproval(late("PrepareQuote", p), late("AwaitApproval", p), late("SendContract", p))))
+			compiled(t, quoteApproval(late("PrepareQuote", p), late("AwaitApproval", p), late("SendContract", p))),
+			compiled(t, placeOrder(cancellable, late("AuthorizePayment", p))),
+			compiled(t, quoteApproval(cancellable, late("AwaitApproval", p))))
 	}
 	r := rand.New(rand.NewPCG(42, 7))
+	// seenRows collects, per saga, the transitions the scripts took across
+	// all its variants.
 	seenRows := map[string]map[string]bool{}
 	for _, d := range defs {
-		seenRows[d.Name] = map[string]bool{}
+		if seenRows[d.Name] == nil {
+			seenRows[d.Name] = map[string]bool{}
+		}
 		var incoming []string
 		for _, s := range d.Steps {
 			incoming = append(incoming, s.SuccessReplies...)
@@ -198,6 +204,9 @@ func TestRandomScripts(t *testing.T) {
 				incoming = append(incoming, s.CompensationReply)
 			}
 			incoming = append(incoming, s.CompensationFailureReplies...)
+		}
+		if d.Cancel.Message != "" {
+			incoming = append(incoming, d.Cancel.Message, d.Cancel.Message)
 		}
 		incoming = append(incoming, unknownMessage)
 		for range 80 {

@@ -62,12 +62,15 @@ func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
 		s.OnTimeout = actions[r.IntN(len(actions))]
 		d.Steps = append(d.Steps, s)
 	}
+	if r.IntN(2) == 0 {
+		d.Cancel = Cancel{Message: "rand.Cancel", RequestedBy: "by", Reason: "why"}
+	}
 	return d
 }
 
 func describe(d *Definition) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "deadline=%s\n", d.Deadline)
+	fmt.Fprintf(&b, "deadline=%s cancel=%q\n", d.Deadline, d.Cancel.Message)
 	for _, s := range d.Steps {
 		fmt.Fprintf(&b, "  %s role=%s ext=%t ok=%v fail=%v cf=%v timeout=%s max=%d late=%s\n", s.Name, s.Role, s.External,
 			s.SuccessReplies, s.FailureReplies, s.CompensationFailureReplies, s.OnTimeout, s.MaxAttempts, s.Late)

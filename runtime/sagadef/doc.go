@@ -111,6 +111,25 @@
 // Operator triggers on terminal states fail with [ErrTerminal]; those the
 // state does not allow with [ErrInvalidTrigger].
 //
+// # Business cancellation
+//
+// A definition may declare a cancel message ([Cancel]): a command or event
+// by which the business asks to stop an instance, naming who asked and why
+// in its fields. While the saga waits on a compensatable step or the pivot
+// (nothing irreversible is done yet), the cancel stops that step and
+// compensates the completed compensatable steps in reverse order, the step
+// it stopped included, exactly as a business failure does, but the saga
+// ends CANCELLED rather than FAILED (Progress.Cancel remembers the cancel
+// until the end). A pivot it stopped may still answer: its late-reply
+// policy applies. Past the point of no return (a pivot or retriable step
+// completed, or the saga waits on a retriable step) the cancel is refused;
+// while the saga compensates, after it ended and in manual review (where an
+// operator decides) it changes nothing. These are classified late, keep
+// the version, and say why in the note; the cancel message is folded into
+// the saga data only when it applies. Who and why come from the trigger's
+// Operator and Reason, or else from the message's fields
+// ([Definition.CancelRequest]).
+//
 // # The transition table
 //
 // [Definition.Compile] validates a definition (reporting every problem as a

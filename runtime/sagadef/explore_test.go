@@ -14,13 +14,14 @@ import (
 // state machine by running Apply itself (dry: no hooks, no messages) from the
 // initial instance, with every trigger that can reach an instance — every
 // incoming message answering the pending command, an earlier attempt, or
-// nothing the saga sent; timeouts; the deadline; every operator action — and
-// records each result that is a transition. Instances are reduced to what
-// Apply's decisions depend on (state, progress sets and outcomes, whether
-// an earlier attempt of a command exists, whether the retry budget is fresh,
-// partly spent or exhausted, whether timers are armed), which makes the
-// explored space finite. The result holds exactly the transitions Apply can
-// take; tests compare it with the derived table.
+// nothing the saga sent; the cancel message; timeouts; the deadline; every
+// operator action — and records each result that is a transition. Instances
+// are reduced to what Apply's decisions depend on (state, progress sets and
+// outcomes, whether an earlier attempt of a command exists, whether the
+// retry budget is fresh, partly spent or exhausted, whether timers are
+// armed, whether a business cancel is recorded), which makes the explored
+// space finite. The result holds exactly the transitions Apply can take;
+// tests compare it with the derived table.
 
 // exploreEpoch is the clock of the exploration; armed timers are set to it,
 // so every armed timer is due.
@@ -81,8 +82,8 @@ func (d *Definition) explore() ([]Transition, error) {
 
 // probes lists the triggers tried on an explored instance: each incoming
 // message answering each command or compensation the instance sent for the
-// message's step, or nothing it sent; a timeout; the deadline; and every
-// operator action.
+// message's step, or nothing it sent; the cancel message; a timeout; the
+// deadline; and every operator action.
 func (d *Definition) probes(inst Instance) []Trigger {
 	var out []Trigger
 	message := func(name, cause string) {
@@ -118,6 +119,9 @@ func (d *Definition) probes(inst Instance) []Trigger {
 				message(n, c)
 			}
 		}
+	}
+	if d.Cancel.Message != "" {
+		message(d.Cancel.Message, "")
 	}
 	if IsTerminal(inst.State) {
 		return out // timers are cleared and operators refused in terminal states
@@ -191,6 +195,9 @@ func (d *Definition) canon(inst Instance) Instance {
 		SentCompensations:    rename(p.SentCompensations, "c:", p.CompensationOutcomes, CompensatingStateName),
 		ReviewFrom:           p.ReviewFrom,
 	}
+	if p.Cancel != nil {
+		c.Progress.Cancel = &Cancellation{}
+	}
 	if !inst.TimeoutAt.IsZero() {
 		c.TimeoutAt = exploreEpoch
 	}
@@ -226,5 +233,6 @@ func stateKey(inst Instance) string {
 	}
 	b.WriteByte('|')
 	b.WriteString(p.ReviewFrom)
+	fmt.Fprintf(&b, "|%t", p.Cancel != nil)
 	return b.String()
 }

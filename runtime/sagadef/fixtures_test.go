@@ -28,6 +28,7 @@ const (
 	pShippingRejected       = "shop.v1.ShippingRejected"
 	pApproveOrder           = "shop.v1.ApproveOrder"
 	pOrderApproved          = "shop.v1.OrderApproved"
+	pCancelOrder            = "shop.v1.CancelOrder"
 
 	qRequestQuote   = "sales.v1.RequestQuote"
 	qPrepareQuote   = "sales.v1.PrepareQuote"
@@ -39,13 +40,14 @@ const (
 	qQuoteRejected  = "sales.v1.QuoteRejected"
 	qSendContract   = "sales.v1.SendContract"
 	qContractSent   = "sales.v1.ContractSent"
+	qQuoteCancelled = "sales.v1.QuoteCancelled"
 
 	unknownMessage = "other.v1.Unrelated"
 )
 
 var types = func() map[string]*message.Info {
 	out := map[string]*message.Info{}
-	for _, n := range []string{pPlaceOrder, qRequestQuote} {
+	for _, n := range []string{pPlaceOrder, qRequestQuote, pCancelOrder} {
 		out[n] = sagatest.NewType(n, message.KindCommand)
 	}
 	for _, n := range []string{pReserveInventory, pReleaseInventory, pAuthorizePayment, pScheduleShipping, pApproveOrder,
@@ -57,7 +59,7 @@ var types = func() map[string]*message.Info {
 		qQuotePrepared, qQuoteFailed, qQuoteWithdrawn, qContractSent, unknownMessage} {
 		out[n] = sagatest.NewType(n, message.KindReply)
 	}
-	for _, n := range []string{qQuoteApproved, qQuoteRejected} {
+	for _, n := range []string{qQuoteApproved, qQuoteRejected, qQuoteCancelled} {
 		out[n] = sagatest.NewType(n, message.KindEvent)
 	}
 	return out
@@ -178,6 +180,16 @@ func quoteApproval(mods ...func(*sagadef.Definition)) *sagadef.Definition {
 		m(d)
 	}
 	return d
+}
+
+// cancellable declares a business cancel: CancelOrder (a command) for Place
+// Order, the QuoteCancelled event for Quote Approval. Test messages carry
+// one string, "value", so it names both who and why.
+func cancellable(d *sagadef.Definition) {
+	d.Cancel = sagadef.Cancel{Message: pCancelOrder, RequestedBy: "value", Reason: "value"}
+	if d.StartMessage == qRequestQuote {
+		d.Cancel.Message = qQuoteCancelled
+	}
 }
 
 // compiled compiles d, failing the test on error.

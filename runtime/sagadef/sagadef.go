@@ -109,6 +109,9 @@ type Definition struct {
 	Deadline time.Duration
 	// Steps in contract order.
 	Steps []Step
+	// Cancel is the saga's business cancellation; the zero value declares
+	// none.
+	Cancel Cancel
 	// States and Transitions are the complete state set and transition
 	// table; [Definition.Compile] fills them from Steps.
 	States      []State
@@ -116,6 +119,26 @@ type Definition struct {
 
 	// compiled is the index Compile builds; nil until Compile succeeds.
 	compiled *index
+}
+
+// Cancel declares a saga's business cancellation: a message (a command the
+// saga's own queue receives, or an event) asking to stop an instance. While
+// the saga waits on a compensatable step or the pivot, it stops waiting and
+// compensates the completed compensatable steps in reverse order, as a
+// business failure does, and ends CANCELLED instead of FAILED. Past the
+// point of no return (a pivot or retriable step completed, or the saga
+// waits on a retriable step) it is refused; while the saga compensates, has
+// ended, or is in manual review it changes nothing. Either way the audit
+// trail records who asked and why.
+type Cancel struct {
+	// Message is the full name of the cancel message. Empty: the saga
+	// declares no business cancellation.
+	Message string
+	// RequestedBy and Reason are field paths in Message (proto field names
+	// joined with dots, e.g. "requested_by" or "request.user") whose values
+	// say who asked and why. Empty: not recorded.
+	RequestedBy string
+	Reason      string
 }
 
 // Terminal and holding states every saga has. Step states are derived from
@@ -253,6 +276,18 @@ type Progress struct {
 	// apply a due timeout or deadline (see TriggerStuck); any applied
 	// transition resets it.
 	Deferrals int `json:"deferrals,omitempty"`
+	// Cancel records the business cancel (Definition.Cancel) the saga
+	// applied: the compensation it started ends CANCELLED rather than
+	// FAILED. An operator's retry that resumes the forward path clears it.
+	Cancel *Cancellation `json:"cancel,omitempty"`
+}
+
+// Cancellation is a business cancel the saga applied: who asked, why, and
+// the cancel message's id.
+type Cancellation struct {
+	RequestedBy string `json:"requested_by,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+	MessageID   string `json:"message_id,omitempty"`
 }
 
 // Trigger is what happens to an instance: a message, a timeout, an operator.
@@ -265,7 +300,9 @@ type Trigger struct {
 	MessageID   string
 	CausationID string
 	// Operator and Reason are set for operator triggers; Reason also says
-	// why for TriggerStuck.
+	// why for TriggerStuck. For the cancel message (Definition.Cancel) they
+	// are who asked and why; when empty, Apply reads them from the
+	// message's RequestedBy and Reason fields.
 	Operator string
 	Reason   string
 	// ResolveTo is the target state for TriggerOperatorResolve.

@@ -55,7 +55,25 @@ func (d *Definition) derive() []Transition {
 		}
 		return dest{StateFailed, nil}
 	}
+	// cancelled is where a compensation ends for a saga a business cancel
+	// stopped: CANCELLED where a failed one ends FAILED.
+	cancel := d.Cancel.Message
+	cancelled := func(to dest) dest {
+		if to.state == StateFailed {
+			return dest{StateCancelled, nil}
+		}
+		return to
+	}
 	add := func(from, trigger string, to dest) { rows.add(from, trigger, to.state, to.emits) }
+	// addEnd adds a row to a compensation's next destination, and, when a
+	// business cancel may have started the compensation, the row it takes
+	// then.
+	addEnd := func(from, trigger string, to dest) {
+		add(from, trigger, to)
+		if cancel != "" {
+			add(from, trigger, cancelled(to))
+		}
+	}
 	toReview := func(from string, triggers ...string) {
 		for _, t := range triggers {
 			rows.add(from, t, StateManualReview, nil)
@@ -137,6 +155,10 @@ func (d *Definition) derive() []Transition {
 		add(st, TriggerOperatorRetry, enter(i))
 		add(st, TriggerOperatorCompensate, compensateFrom(i))
 		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
+		if cancel != "" && s.Role != RoleRetriable {
+			// Before the point of no return: stop and compensate.
+			add(st, cancel, cancelled(compensateFrom(i)))
+		}
 	}
 	// Compensating step j: any step may be settled (by any reply, for steps
 	// at or after j), later compensations succeeded, stopped steps after
@@ -147,7 +169,7 @@ func (d *Definition) derive() []Transition {
 		}
 		st := CompensatingStateName(s.Name)
 		resend := dest{st, []string{s.Compensation}}
-		add(st, s.CompensationReply, compensateFrom(j-1))
+		addEnd(st, s.CompensationReply, compensateFrom(j-1))
 		toReview(st, s.CompensationFailureReplies...)
 		// A compensation failure recorded before the saga was resolved and
 		// an operator compensated it again.
@@ -236,7 +258,9 @@ func (d *Definition) derive() []Transition {
 	}
 	if d.Deadline > 0 {
 		for _, r := range rows {
-			if r.To == rev && r.Trigger != TriggerDeadline && d.compiled.states[r.From].Kind == StateKindStep {
+			// The deadline fires once, and stuck clears it: review
+			// entered by either has no deadline armed.
+			if r.To == rev && r.Trigger != TriggerDeadline && r.Trigger != TriggerStuck && d.compiled.states[r.From].Kind == StateKindStep {
 				toReview(rev, TriggerDeadline)
 				break
 			}
@@ -264,19 +288,27 @@ func (d *Definition) derive() []Transition {
 		if s.Role == RoleCompensatable && sources[CompensatingStateName(s.Name)] {
 			resend := dest{CompensatingStateName(s.Name), []string{s.Compensation}}
 			add(rev, TriggerOperatorRetry, resend)
-			add(rev, TriggerOperatorRetry, compensateFrom(i-1))
+			addEnd(rev, TriggerOperatorRetry, compensateFrom(i-1))
 			add(rev, TriggerOperatorCompensate, resend)
-			add(rev, TriggerOperatorCompensate, compensateFrom(i-1))
+			addEnd(rev, TriggerOperatorCompensate, compensateFrom(i-1))
 		}
 	}
 	for _, t := range []string{StateCompleted, StateFailed, StateCancelled} {
 		terminalSource = terminalSource || sources[t]
 	}
 	if terminalSource {
-		for i := range steps {
-			add(rev, TriggerOperatorCompensate, compensateFrom(i))
+		// A saga a business cancel stopped reaches review from a terminal
+		// state too: through a compensation's review and a resolve when
+		// there are compensations, otherwise by a late reply of the pivot
+		// it stopped (the pivot is then the first step).
+		endAt := add
+		if cancel != "" && (hasCompensation || (steps[0].Role == RolePivot && steps[0].Late == LateManualReview)) {
+			endAt = addEnd
 		}
-		add(rev, TriggerOperatorCompensate, dest{StateFailed, nil})
+		for i := range steps {
+			endAt(rev, TriggerOperatorCompensate, compensateFrom(i))
+		}
+		endAt(rev, TriggerOperatorCompensate, dest{StateFailed, nil})
 	}
 	for _, t := range []string{StateCompleted, StateFailed, StateCancelled} {
 		add(rev, TriggerOperatorResolve, dest{t, nil})

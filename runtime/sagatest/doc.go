@@ -11,6 +11,7 @@
 //	h.Duplicate()                   // same reply again, new message id
 //	h.RequireClass(sagadef.ClassDuplicate)
 //	h.Timeout()                     // clock past timeout_at, timeout fires
+//	h.OperatorCompensate("stock gone") // operator actions, with a reason
 //
 // Every Apply the harness makes is also checked: for purity (the input
 // instance, its progress maps and slices and its saga data, must be

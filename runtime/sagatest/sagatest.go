@@ -165,6 +165,41 @@ func (h *Harness) Operator(kind, reason string) sagadef.Result {
 	return h.must(sagadef.Trigger{Kind: kind, Operator: h.OperatorName, Reason: reason})
 }
 
+// OperatorRetry applies an operator's retry (sagadef.TriggerOperatorRetry)
+// with the given reason.
+func (h *Harness) OperatorRetry(reason string) sagadef.Result {
+	h.t.Helper()
+	return h.Operator(sagadef.TriggerOperatorRetry, reason)
+}
+
+// OperatorCompensate applies an operator's forced compensation
+// (sagadef.TriggerOperatorCompensate) with the given reason.
+func (h *Harness) OperatorCompensate(reason string) sagadef.Result {
+	h.t.Helper()
+	return h.Operator(sagadef.TriggerOperatorCompensate, reason)
+}
+
+// OperatorCancel applies an operator's cancel (sagadef.TriggerOperatorCancel,
+// no compensation) with the given reason.
+func (h *Harness) OperatorCancel(reason string) sagadef.Result {
+	h.t.Helper()
+	return h.Operator(sagadef.TriggerOperatorCancel, reason)
+}
+
+// Cancel delivers the saga's business cancel message (Definition.Cancel);
+// who asked and why come from its fields.
+func (h *Harness) Cancel(msg message.Message) sagadef.Result {
+	h.t.Helper()
+	h.requireStarted()
+	if msg == nil || msg.SagaMessageInfo() == nil {
+		h.t.Fatalf("sagatest: cancel without a message")
+	}
+	if name := msg.SagaMessageInfo().FullName; name != h.def.Cancel.Message {
+		h.t.Fatalf("sagatest: %s is not the cancel message of %s (%q)", name, h.def.Name, h.def.Cancel.Message)
+	}
+	return h.must(sagadef.Trigger{Kind: msg.SagaMessageInfo().FullName, Message: msg})
+}
+
 // Resolve applies an operator resolve to the given terminal state.
 func (h *Harness) Resolve(to, reason string) sagadef.Result {
 	h.t.Helper()
@@ -335,6 +370,14 @@ func (s instanceSnapshot) diff(inst sagadef.Instance) string {
 	return ""
 }
 
+func cancellation(c *sagadef.Cancellation) *sagadef.Cancellation {
+	if c == nil {
+		return nil
+	}
+	cp := *c
+	return &cp
+}
+
 func deepProgress(p sagadef.Progress) sagadef.Progress {
 	cp := func(m map[string]string) map[string]string {
 		if m == nil {
@@ -357,5 +400,6 @@ func deepProgress(p sagadef.Progress) sagadef.Progress {
 		Outcomes: cp(p.Outcomes), Sent: cp(p.Sent),
 		SentCompensations: cp(p.SentCompensations), CompensationOutcomes: cp(p.CompensationOutcomes),
 		ReviewFrom: p.ReviewFrom, OperatorRetries: maps.Clone(p.OperatorRetries), Deferrals: p.Deferrals,
+		Cancel: cancellation(p.Cancel),
 	}
 }

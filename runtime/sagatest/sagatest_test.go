@@ -78,6 +78,54 @@ func TestHarnessOperatorAndDeadline(t *testing.T) {
 	h.RequireState(sagadef.StateCancelled)
 }
 
+// TestHarnessOperatorActions: the named operator actions apply their
+// trigger with the harness's operator and the reason.
+func TestHarnessOperatorActions(t *testing.T) {
+	t.Parallel()
+	hooks := sagatest.Hooks(tStart, tDo, tDone, tFailed, tCancel)
+	for _, tc := range []struct {
+		act     func(h *sagatest.Harness) sagadef.Result
+		trigger string
+		state   string
+	}{
+		{func(h *sagatest.Harness) sagadef.Result { return h.OperatorRetry("again") }, sagadef.TriggerOperatorRetry, "DO"},
+		{func(h *sagatest.Harness) sagadef.Result { return h.OperatorCompensate("undo") }, sagadef.TriggerOperatorCompensate, sagadef.StateFailed},
+		{func(h *sagatest.Harness) sagadef.Result { return h.OperatorCancel("stop") }, sagadef.TriggerOperatorCancel, sagadef.StateCancelled},
+	} {
+		t.Run(tc.trigger, func(t *testing.T) {
+			t.Parallel()
+			d := definition()
+			d.Steps[0].Role, d.Steps[0].OnTimeout = sagadef.RolePivot, sagadef.TimeoutCompensate
+			h := sagatest.New(t, d, hooks)
+			h.OperatorName = "ops-1"
+			h.Start(sagatest.NewMessage(tStart, "k1"))
+			res := tc.act(h)
+			h.RequireState(tc.state)
+			last := h.History()[len(h.History())-1].Trigger
+			require.Equal(t, tc.trigger, last.Kind)
+			require.Equal(t, "ops-1", last.Operator)
+			require.NotEmpty(t, last.Reason)
+			require.Contains(t, res.Note, "by ops-1")
+		})
+	}
+}
+
+var tCancel = sagatest.NewType("t.v1.Cancel", message.KindEvent)
+
+// TestHarnessCancel delivers the saga's business cancel message, and only
+// that message.
+func TestHarnessCancel(t *testing.T) {
+	t.Parallel()
+	d := definition()
+	d.Steps[0].Role, d.Steps[0].OnTimeout = sagadef.RolePivot, sagadef.TimeoutCompensate
+	d.Cancel = sagadef.Cancel{Message: tCancel.FullName, RequestedBy: "value", Reason: "value"}
+	h := sagatest.New(t, d, sagatest.Hooks(tStart, tDo, tDone, tFailed, tCancel))
+	h.Start(sagatest.NewMessage(tStart, "k1"))
+	res := h.Cancel(sagatest.NewMessage(tCancel, "k1"))
+	h.RequireState(sagadef.StateCancelled)
+	require.Equal(t, "k1", res.Instance.Progress.Cancel.RequestedBy)
+}
+
 func TestMessageRoundTrip(t *testing.T) {
 	t.Parallel()
 	reg, err := message.NewRegistry(tDo, tDone)

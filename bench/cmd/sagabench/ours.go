@@ -132,12 +132,12 @@ func (s *oursSystem) StepsDone(ctx context.Context) (int, error) {
 
 func (s *oursSystem) Unhappy(ctx context.Context) (int, error) {
 	return countQuery(ctx, s.pool, `SELECT count(*) FROM saga_place_order WHERE state IN ('`+
-		orderv1.PlaceOrderStateFailed+`', '`+orderv1.PlaceOrderStateManualReview+`', '`+orderv1.PlaceOrderStateCancelled+`')
+		string(orderv1.PlaceOrderStateFailed)+`', '`+string(orderv1.PlaceOrderStateManualReview)+`', '`+string(orderv1.PlaceOrderStateCancelled)+`')
 		OR state LIKE 'COMPENSATING%'`)
 }
 
 func (s *oursSystem) Completed(ctx context.Context) (int, error) {
-	return countQuery(ctx, s.pool, `SELECT count(*) FROM saga_place_order WHERE state = '`+orderv1.PlaceOrderStateCompleted+`'`)
+	return countQuery(ctx, s.pool, `SELECT count(*) FROM saga_place_order WHERE state = '`+string(orderv1.PlaceOrderStateCompleted)+`'`)
 }
 
 // Latencies: a step is the time between two consecutive transitions of one

@@ -128,12 +128,12 @@ func (b *testBundle) start(t *testing.T, req *orderv1.PlaceOrderRequest) string 
 	return id
 }
 
-// wait polls the saga until ok accepts its status.
-func (b *testBundle) wait(t *testing.T, sagaID, what string, ok func(saga.Status) bool) saga.Status {
+// wait polls the saga until ok accepts its snapshot.
+func (b *testBundle) wait(t *testing.T, sagaID, what string, ok func(*orderv1.PlaceOrderSnapshot) bool) *orderv1.PlaceOrderSnapshot {
 	t.Helper()
 	deadline := time.Now().Add(waitFor)
 	for {
-		st, err := b.placeOrder.Status(context.Background(), sagaID)
+		st, err := b.placeOrder.GetByID(context.Background(), sagaID)
 		require.NoError(t, err)
 		if ok(st) {
 			return st
@@ -146,9 +146,9 @@ func (b *testBundle) wait(t *testing.T, sagaID, what string, ok func(saga.Status
 	}
 }
 
-func (b *testBundle) waitState(t *testing.T, sagaID, state string) saga.Status {
+func (b *testBundle) waitState(t *testing.T, sagaID string, state orderv1.PlaceOrderState) *orderv1.PlaceOrderSnapshot {
 	t.Helper()
-	return b.wait(t, sagaID, "state "+state, func(s saga.Status) bool { return s.State == state })
+	return b.wait(t, sagaID, "state "+string(state), func(s *orderv1.PlaceOrderSnapshot) bool { return s.State == state })
 }
 
 // eventually polls cond (a database or script observation) until it holds.
@@ -278,7 +278,7 @@ func TestPlaceOrder(t *testing.T) {
 		require.Equal(t, completedPath, b.path(t, id))
 		require.Equal(t, completedLedger, b.ledger(t, "o-happy"))
 		require.Equal(t, completedOutbox, b.outbox(t, id))
-		data := st.Data.(*orderv1.PlaceOrderData)
+		data := st.Data
 		require.True(t, strings.HasPrefix(data.GetAuthorizationId(), "auth_"), data.GetAuthorizationId())
 		require.True(t, strings.HasPrefix(data.GetTrackingId(), "trk_"), data.GetTrackingId())
 	})
@@ -292,7 +292,7 @@ func TestPlaceOrder(t *testing.T) {
 		}, b.path(t, id))
 		require.Equal(t, []string{"inventory:reservation_refused"}, b.ledger(t, "o-no-stock"))
 		require.Equal(t, []string{"ReserveInventory", "InventoryReservationFailed"}, b.outbox(t, id))
-		require.Contains(t, st.Data.(*orderv1.PlaceOrderData).GetFailureReason(), "out of stock: sold-out")
+		require.Contains(t, st.Data.GetFailureReason(), "out of stock: sold-out")
 		var widgetsHeld int
 		require.NoError(t, b.pool.QueryRow(context.Background(),
 			`SELECT count(*) FROM inventory_reservations WHERE order_id = 'o-no-stock'`).Scan(&widgetsHeld))
@@ -314,7 +314,7 @@ func TestPlaceOrder(t *testing.T) {
 			"ReserveInventory", "InventoryReserved", "AuthorizePayment", "PaymentAuthorizationFailed",
 			"ReleaseInventory", "InventoryReleased",
 		}, b.outbox(t, id))
-		require.Equal(t, "payment: card declined", st.Data.(*orderv1.PlaceOrderData).GetFailureReason())
+		require.Equal(t, "payment: card declined", st.Data.GetFailureReason())
 		var held int
 		require.NoError(t, b.pool.QueryRow(context.Background(),
 			`SELECT count(*) FROM inventory_reservations WHERE order_id = 'o-declined' AND released_at IS NULL`).Scan(&held))
@@ -438,7 +438,7 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 	})
 
 	t.Run("TimeoutResendsWithoutSecondEffect", func(t *testing.T) {
-		st := b.wait(t, slow, "the second attempt", func(s saga.Status) bool { return s.Attempt == 2 })
+		st := b.wait(t, slow, "the second attempt", func(s *orderv1.PlaceOrderSnapshot) bool { return s.Attempt == 2 })
 		require.Equal(t, orderv1.PlaceOrderStateAuthorizePayment, st.State)
 		eventually(t, "the resent command's reply to be held", func() bool { return b.script.Held("o-slow-payment") == 2 })
 		require.Equal(t, 2, b.script.Deliveries("o-slow-payment", authorizePayment))
@@ -455,7 +455,7 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 		require.Equal(t, step{"FAILED", "FAILED", "InventoryReserved", "late"},
 			step{last.From, last.To, short(last.Trigger), last.Class})
 		require.Contains(t, last.Note, "compensation covers it")
-		st, err := b.placeOrder.Status(ctx, silent)
+		st, err := b.placeOrder.GetByID(ctx, silent)
 		require.NoError(t, err)
 		require.Equal(t, orderv1.PlaceOrderStateFailed, st.State)
 		require.Equal(t, last.Version, st.Version, "no change")
@@ -467,7 +467,7 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 		sent, err := b.script.SendHeldReply(ctx, b.pool, "o-slow-payment")
 		require.NoError(t, err)
 		require.True(t, sent)
-		b.wait(t, slow, "the late reply to be applied", func(s saga.Status) bool {
+		b.wait(t, slow, "the late reply to be applied", func(s *orderv1.PlaceOrderSnapshot) bool {
 			return s.State != orderv1.PlaceOrderStateAuthorizePayment
 		})
 		// The answer to the resend is then a duplicate.
@@ -611,7 +611,7 @@ func TestCompensationFailureGoesToManualReview(t *testing.T) {
 		require.Equal(t, 4*attempt, b.script.Deliveries("o-release-broken", release), "each attempt: the retry budget, then parked")
 		b.clock.Advance(31 * time.Second) // past the compensation's timeout: resend, or give up after the last
 		if attempt < attempts {
-			b.wait(t, id, fmt.Sprintf("compensation attempt %d", attempt+1), func(st saga.Status) bool { return st.Attempt == attempt+1 })
+			b.wait(t, id, fmt.Sprintf("compensation attempt %d", attempt+1), func(st *orderv1.PlaceOrderSnapshot) bool { return st.Attempt == attempt+1 })
 		}
 	}
 	var reason, class string
@@ -695,7 +695,7 @@ func TestShutdownPublishesWhatTheLastBatchesCommit(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox WHERE saga_id = $1 AND message_type = $2`,
 		id, paymentv1.PaymentAuthorizedInfo.FullName).Scan(&replies))
 	require.Equal(t, 1, replies, "the paused handler's reply was committed")
-	st, err := b.placeOrder.Status(ctx, id)
+	st, err := b.placeOrder.GetByID(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, orderv1.PlaceOrderStateAuthorizePayment, st.State, "nothing consumed the reply: the host had stopped")
 }

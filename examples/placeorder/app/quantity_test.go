@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
-	"github.com/protosaga/saga/runtime/saga"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 )
 
 // TestReserveRefusesQuantitiesPastInt32: an order whose lines for one
@@ -34,16 +34,16 @@ func TestReserveRefusesQuantitiesPastInt32(t *testing.T) {
 	}
 	id1 := b.start(t, huge)
 	id2 := b.start(t, neg)
-	st1 := b.wait(t, id1, "terminal", func(s saga.Status) bool { return s.State == "COMPLETED" || s.State == "FAILED" })
-	st2 := b.wait(t, id2, "terminal", func(s saga.Status) bool { return s.State == "COMPLETED" || s.State == "FAILED" })
+	st1 := b.wait(t, id1, "terminal", func(s *orderv1.PlaceOrderSnapshot) bool { return s.Terminal() })
+	st2 := b.wait(t, id2, "terminal", func(s *orderv1.PlaceOrderSnapshot) bool { return s.Terminal() })
 	var widget, soldOut int32
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT available FROM inventory_stock WHERE product_id='widget'`).Scan(&widget))
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT available FROM inventory_stock WHERE product_id='sold-out'`).Scan(&soldOut))
 	var reservations int
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM inventory_reservations WHERE order_id LIKE 'o-overflow-%'`).Scan(&reservations))
 	require.Zero(t, reservations)
-	require.Equal(t, "FAILED", st1.State, "an order for 4294967297 widgets must not be reserved")
-	require.Equal(t, "FAILED", st2.State, "an order for 2147483649 sold-out units must not be reserved")
+	require.Equal(t, orderv1.PlaceOrderStateFailed, st1.State, "an order for 4294967297 widgets must not be reserved")
+	require.Equal(t, orderv1.PlaceOrderStateFailed, st2.State, "an order for 2147483649 sold-out units must not be reserved")
 	require.EqualValues(t, 1000, widget)
 	require.EqualValues(t, 0, soldOut)
 }

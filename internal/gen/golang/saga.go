@@ -20,21 +20,48 @@ func messageNames(ms []*model.Message) []string {
 
 func genSaga(g *protogen.GeneratedFile, s *model.Saga, migrations []string) {
 	l := sagaLocals(s)
-	genDefinition(g, s)
+	genDefinition(g, s, l)
 	genDecider(g, s, l)
 	genHooks(g, s, l)
 	genWrapper(g, s, l)
 	genMigrations(g, s, migrations)
 }
 
-func genDefinition(g *protogen.GeneratedFile, s *model.Saga) {
+func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	d := s.Definition
-	g.P("// States of saga ", s.FullName, ", as stored in ", s.Table, ".state.")
+	st, recv := s.StateType(), l.name("s")
+	g.P("// ", st, " is a state of saga ", s.FullName, ", as stored in ", s.Table, ".state.")
+	g.P("type ", st, " string")
+	g.P()
+	g.P("// States of saga ", s.FullName, ".")
 	g.P("const (")
-	for _, st := range d.States {
-		g.P(s.StateConst(st.Name), " = ", strconv.Quote(st.Name))
+	for _, state := range d.States {
+		g.P(s.StateConst(state.Name), " ", st, " = ", strconv.Quote(state.Name))
 	}
 	g.P(")")
+	g.P()
+	g.P("// Terminal reports whether ", recv, " is a terminal state: COMPLETED, FAILED or CANCELLED.")
+	g.P("func (", recv, " ", st, ") Terminal() bool { return ", sagadefPkg.Ident("IsTerminal"), "(string(", recv, ")) }")
+	g.P()
+	g.P("// Valid reports whether ", recv, " is a state of saga ", s.FullName, ".")
+	g.P("func (", recv, " ", st, ") Valid() bool {")
+	g.P("switch ", recv, " {")
+	for i, state := range d.States {
+		switch {
+		case len(d.States) == 1:
+			g.P("case ", s.StateConst(state.Name), ":")
+		case i == 0:
+			g.P("case ", s.StateConst(state.Name), ",")
+		case i == len(d.States)-1:
+			g.P(s.StateConst(state.Name), ":")
+		default:
+			g.P(s.StateConst(state.Name), ",")
+		}
+	}
+	g.P("return true")
+	g.P("}")
+	g.P("return false")
+	g.P("}")
 	g.P()
 	fn := s.DefinitionFunc()
 	g.P("// ", fn, " returns the definition of saga ", s.FullName, ".")
@@ -80,13 +107,17 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga) {
 		g.P("},")
 	}
 	g.P("},")
+	if c := d.Cancel; c.Message != "" {
+		g.P("Cancel: ", sagadefPkg.Ident("Cancel"), "{Message: ", strconv.Quote(c.Message), ", RequestedBy: ", strconv.Quote(c.RequestedBy),
+			", Reason: ", strconv.Quote(c.Reason), "},")
+	}
 	g.P("States: []", sagadefPkg.Ident("State"), "{")
 	for _, st := range d.States {
 		step := ""
 		if st.Step != "" {
 			step = ", Step: " + strconv.Quote(st.Step)
 		}
-		g.P("{Name: ", s.StateConst(st.Name), ", Kind: ", sdIdent(g, stateKindNames, st.Kind), step, "},")
+		g.P("{Name: ", strconv.Quote(st.Name), ", Kind: ", sdIdent(g, stateKindNames, st.Kind), step, "},")
 	}
 	g.P("},")
 	g.P("Transitions: []", sagadefPkg.Ident("Transition"), "{")
@@ -98,21 +129,12 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga) {
 				emits = ", Emits: []string{}"
 			}
 		}
-		g.P("{From: ", stateRef(s, t.From), ", Trigger: ", strconv.Quote(t.Trigger), ", To: ", stateRef(s, t.To), emits, "},")
+		g.P("{From: ", strconv.Quote(t.From), ", Trigger: ", strconv.Quote(t.Trigger), ", To: ", strconv.Quote(t.To), emits, "},")
 	}
 	g.P("},")
 	g.P("}")
 	g.P("}")
 	g.P()
-}
-
-func stateRef(s *model.Saga, name string) string {
-	for _, st := range s.Definition.States {
-		if st.Name == name {
-			return s.StateConst(name)
-		}
-	}
-	return strconv.Quote(name)
 }
 
 // decider methods
@@ -219,7 +241,7 @@ func genWrapper(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	typ := s.GoName()
 	start := s.Start.Proto.GoIdent
 	recv, cfg, d, def, err, reg, e := l.name("s"), l.name("cfg"), l.name("d"), l.name("def"), l.name("err"), l.name("reg"), l.name("e")
-	ctx, tx, startVar, meta, sagaID, created, statusURL := l.name("ctx"), l.name("tx"), l.name("start"), l.name("meta"), l.name("sagaID"), l.name("created"), l.name("statusURL")
+	ctx, tx, startVar, meta, sagaID, created := l.name("ctx"), l.name("tx"), l.name("start"), l.name("meta"), l.name("sagaID"), l.name("created")
 	g.P("// ", typ, " runs saga ", s.FullName, " on a *saga.Engine with typed methods.")
 	g.P("// Its queue is ", strconv.Quote(s.Queue), "; register ", typ, ".Handler() as that queue's consumer handler.")
 	g.P("type ", typ, " struct {")
@@ -288,17 +310,112 @@ func genWrapper(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	g.P("return ", recv, ".engine.Start(", ctx, ", ", startVar, ", ", meta, ")")
 	g.P("}")
 	g.P()
-	g.P("// Status returns a snapshot of instance sagaID.")
+	g.P("// Status returns the runtime's view of instance sagaID (progress included);")
+	g.P("// Get and GetByID return the typed snapshot.")
 	g.P("func (", recv, " *", typ, ") Status(", ctx, " ", contextPkg.Ident("Context"), ", ", sagaID, " string) (", sagaPkg.Ident("Status"), ", error) {")
 	g.P("return ", recv, ".engine.Status(", ctx, ", ", sagaID, ")")
 	g.P("}")
 	g.P()
+	genReads(g, s, l)
+	genHTTP(g, s, l)
+	if s.Cancel != nil {
+		genCancel(g, s, l)
+	}
+}
+
+// genReads renders the typed reads: snapshot, filter and page types and
+// Get, GetByID and List over the runtime's generic helpers.
+func genReads(g *protogen.GeneratedFile, s *model.Saga, l locals) {
+	typ, st, data := s.GoName(), s.StateType(), g.QualifiedGoIdent(s.Data.GoIdent)
+	recv, ctx, key, sagaID, f := l.name("s"), l.name("ctx"), l.name("businessKey"), l.name("sagaID"), l.name("f")
+	params := "[" + st + ", *" + data + "]"
+	g.P("// ", s.SnapshotType(), " is one instance of saga ", s.FullName, " as Get, GetByID and List")
+	g.P("// return it: its typed state and saga data, version, timestamps and errors.")
+	g.P("type ", s.SnapshotType(), " = ", sagaPkg.Ident("Snapshot"), params)
+	g.P()
+	g.P("// ", s.FilterType(), " selects the instances List returns: by state, by the time")
+	g.P("// of their last change, a page at a time.")
+	g.P("type ", s.FilterType(), " = ", sagaPkg.Ident("Filter"), "[", st, "]")
+	g.P()
+	g.P("// ", s.PageType(), " is one page of List, newest first; its NextCursor continues it.")
+	g.P("type ", s.PageType(), " = ", sagaPkg.Ident("Page"), params)
+	g.P()
+	ctxType := g.QualifiedGoIdent(contextPkg.Ident("Context"))
+	g.P("// Get returns the instance with business key ", key, " (", s.BusinessKey.Path, " of the start")
+	g.P("// message); an error matching saga.ErrNotFound when there is none.")
+	g.P("func (", recv, " *", typ, ") Get(", ctx, " ", ctxType, ", ", key, " string) (*", s.SnapshotType(), ", error) {")
+	g.P("return ", sagaPkg.Ident("Get"), params, "(", ctx, ", ", recv, ".engine, ", key, ")")
+	g.P("}")
+	g.P()
+	g.P("// GetByID returns the instance with saga id ", sagaID, "; an error matching")
+	g.P("// saga.ErrNotFound when there is none.")
+	g.P("func (", recv, " *", typ, ") GetByID(", ctx, " ", ctxType, ", ", sagaID, " string) (*", s.SnapshotType(), ", error) {")
+	g.P("return ", sagaPkg.Ident("GetByID"), params, "(", ctx, ", ", recv, ".engine, ", sagaID, ")")
+	g.P("}")
+	g.P()
+	g.P("// List returns a page of the instances ", f, " selects, newest first (see saga.Engine.List).")
+	g.P("func (", recv, " *", typ, ") List(", ctx, " ", ctxType, ", ", f, " ", s.FilterType(), ") (", s.PageType(), ", error) {")
+	g.P("return ", sagaPkg.Ident("List"), params, "(", ctx, ", ", recv, ".engine, ", f, ")")
+	g.P("}")
+	g.P()
+}
+
+// genHTTP renders the start and status handlers and the routes a host
+// mounts them at.
+func genHTTP(g *protogen.GeneratedFile, s *model.Saga, l locals) {
+	typ, start := s.GoName(), s.Start.Proto.GoIdent
+	recv, sagaID, statusURL := l.name("s"), l.name("sagaID"), l.name("statusURL")
+	base := "/sagas/" + s.Snake
+	g.P("// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.")
+	g.P("func (", recv, " *", typ, ") StartPattern() string { return ", strconv.Quote("POST "+base), " }")
+	g.P()
+	g.P("// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.")
+	g.P("func (", recv, " *", typ, ") StatusPattern() string { return ", strconv.Quote("GET "+base+"/{id}"), " }")
+	g.P()
+	g.P("// StatusPath is the path StatusPattern matches for instance ", sagaID, ".")
+	g.P("func (", recv, " *", typ, ") StatusPath(", sagaID, " string) string { return ", strconv.Quote(base+"/"), " + ", sagaID, " }")
+	g.P()
 	g.P("// HTTPHandler returns a handler that starts the saga from a POSTed JSON")
 	g.P("// (protojson) ", start.GoName, " and answers 202 Accepted with the saga id and")
-	g.P("// statusURL(sagaID), without waiting for any step. The W3C trace context of")
-	g.P("// the request continues in the saga's messages.")
+	g.P("// ", statusURL, "(sagaID) (StatusPath when ", statusURL, " is nil), without waiting for")
+	g.P("// any step. The W3C trace context of the request continues in the saga's")
+	g.P("// messages. Failures the client did not cause are answered with a reference")
+	g.P("// to the log line that records them, never with their text.")
 	g.P("func (", recv, " *", typ, ") HTTPHandler(", statusURL, " func(", sagaID, " string) string) ", httpPkg.Ident("Handler"), " {")
+	g.P("if ", statusURL, " == nil {")
+	g.P(statusURL, " = ", recv, ".StatusPath")
+	g.P("}")
 	g.P("return ", recv, ".engine.StartHandler(func() ", messagePkg.Ident("Message"), " { return new(", start, ") }, ", statusURL, ")")
+	g.P("}")
+	g.P()
+	g.P("// StatusHandler returns a handler that answers GET with the status of the")
+	g.P("// instance whose saga id is the path value \"id\" (mount it at StatusPattern):")
+	g.P("// ids, state, a coarse status (running, completed, failed, cancelled,")
+	g.P("// manual_review) and when it last changed; no saga data.")
+	g.P("func (", recv, " *", typ, ") StatusHandler() ", httpPkg.Ident("Handler"), " { return ", recv, ".engine.StatusHandler() }")
+	g.P()
+}
+
+// genCancel renders the typed business cancel request.
+func genCancel(g *protogen.GeneratedFile, s *model.Saga, l locals) {
+	typ, c := s.GoName(), s.Cancel
+	m := c.Message.Proto.GoIdent
+	recv, ctx, tx, msg, meta := l.name("s"), l.name("ctx"), l.name("tx"), l.name("msg"), l.name("meta")
+	results := " (" + l.name("messageID") + " string, " + l.name("err") + " error)"
+	g.P("// CancelTx asks, in the caller's transaction, to cancel the instance ", msg, " names")
+	g.P("// by its correlation field (", c.Message.Correlation.Path, "): it writes ", msg, " to the outbox, and the")
+	g.P("// saga applies it when its queue delivers it. Before the point of no return")
+	g.P("// the saga compensates and ends CANCELLED; after it the cancel is refused.")
+	g.P("// The audit trail records who asked (", c.RequestedBy.Path, ") and why (", c.Reason.Path, ").")
+	g.P("func (", recv, " *", typ, ") CancelTx(", ctx, " ", contextPkg.Ident("Context"), ", ", tx, " ", pgxPkg.Ident("Tx"), ", ", msg, " *", m,
+		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+	g.P("return ", recv, ".engine.RequestCancelTx(", ctx, ", ", tx, ", ", msg, ", ", meta, ")")
+	g.P("}")
+	g.P()
+	g.P("// Cancel is CancelTx in a transaction of its own.")
+	g.P("func (", recv, " *", typ, ") Cancel(", ctx, " ", contextPkg.Ident("Context"), ", ", msg, " *", m,
+		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+	g.P("return ", recv, ".engine.RequestCancel(", ctx, ", ", msg, ", ", meta, ")")
 	g.P("}")
 	g.P()
 }

@@ -39,6 +39,11 @@ const (
 	sagaDeadline    = 4
 	sagaSteps       = 6
 	sagaService     = 7
+	sagaCancel      = 8
+
+	cancelMessage     = 1
+	cancelRequestedBy = 2
+	cancelReason      = 3
 
 	stepName                = 1
 	stepRole                = 2
@@ -338,6 +343,11 @@ func fieldKind(f *protogen.Field) string {
 // (optionally with a leading dot). want restricts the kind
 // (KIND_UNSPECIFIED: any annotated message).
 func (b *builder) ref(f *protogen.File, p []int32, pkg protoreflect.FullName, name string, want sagav1.Kind, what string) *Message {
+	return b.refAs("saga-reference", f, p, pkg, name, want, what)
+}
+
+// refAs is ref reporting its findings under rule.
+func (b *builder) refAs(rule string, f *protogen.File, p []int32, pkg protoreflect.FullName, name string, want sagav1.Kind, what string) *Message {
 	name = strings.TrimSpace(name)
 	var candidates []string
 	if strings.HasPrefix(name, ".") {
@@ -362,19 +372,19 @@ func (b *builder) ref(f *protogen.File, p []int32, pkg protoreflect.FullName, na
 	for _, c := range candidates {
 		if msg := b.messages[c]; msg != nil {
 			if want != sagav1.Kind_KIND_UNSPECIFIED && msg.Kind != want {
-				b.errorf(f, p, "saga-reference", fmt.Sprintf("%s must name %s", what, article(kindName(want))),
+				b.errorf(f, p, rule, fmt.Sprintf("%s must name %s", what, article(kindName(want))),
 					"%s %q is %s, want %s", what, name, article(kindName(msg.Kind)), article(kindName(want)))
 				return nil
 			}
 			return msg
 		}
 		if _, ok := b.protos[c]; ok {
-			b.errorf(f, p, "saga-reference", "annotate it with option (saga.v1.message) = {kind: ...}",
+			b.errorf(f, p, rule, "annotate it with option (saga.v1.message) = {kind: ...}",
 				"%s %q names %s, which is not annotated with (saga.v1.message)", what, name, c)
 			return nil
 		}
 	}
-	b.errorf(f, p, "saga-reference", "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\", and import its file",
+	b.errorf(f, p, rule, "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\", and import its file",
 		"%s %q: unknown message", what, name)
 	return nil
 }

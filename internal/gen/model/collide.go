@@ -61,6 +61,10 @@ func (s *Saga) HooksType() string      { return Lower(s.Name) + "Hooks" }
 func (s *Saga) HooksFunc() string      { return s.Name + "Hooks" }
 func (s *Saga) MigrationsFunc() string { return s.Name + "Migrations" }
 func (s *Saga) MigrationsVar() string  { return Lower(s.Name) + "MigrationsFS" }
+func (s *Saga) StateType() string      { return s.Name + "State" }
+func (s *Saga) SnapshotType() string   { return s.Name + "Snapshot" }
+func (s *Saga) FilterType() string     { return s.Name + "Filter" }
+func (s *Saga) PageType() string       { return s.Name + "Page" }
 func (s *Saga) StateConst(state string) string {
 	return s.Name + "State" + Camel(Snake(state))
 }
@@ -221,8 +225,12 @@ func (b *builder) collisions() {
 				}
 			}
 		}
+		if c := s.Cancel; c != nil && c.Message != nil {
+			method(FoldMethod(c.Message), c.Message.FullName)
+		}
 		for _, n := range []string{s.GoName(), s.NewFunc(), s.RegisterFunc(), s.DefinitionFunc(), s.DeciderType(), s.NoopFoldsType(),
-			s.HooksType(), s.HooksFunc(), s.MigrationsFunc(), s.MigrationsVar()} {
+			s.HooksType(), s.HooksFunc(), s.MigrationsFunc(), s.MigrationsVar(),
+			s.StateType(), s.SnapshotType(), s.FilterType(), s.PageType()} {
 			claim(d.file, path(d.base, sagaName), n, "saga "+s.FullName)
 		}
 		if s.Definition == nil {

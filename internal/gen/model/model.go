@@ -131,18 +131,29 @@ type Saga struct {
 	// transition table included).
 	Definition *sagadef.Definition
 	// Handles lists every reply and event the saga folds (its steps'
-	// replies and events), sorted by full name.
+	// replies and events, and its cancel message), sorted by full name.
 	Handles []*Message
 	// Consumes lists every message bound to the saga's queue, sorted by
-	// full name: Handles, and the start message unless a participant owns
-	// it (an owner that is the saga's own service consumes it from its
-	// command queue). The engine starts an instance from a start message
-	// delivered on its queue.
+	// full name: Handles (the cancel message included), and the start
+	// message unless a participant owns it (an owner that is the saga's
+	// own service consumes it from its command queue). The engine starts
+	// an instance from a start message delivered on its queue.
 	Consumes []*Message
 	// Commands lists every command the saga sends (steps and
 	// compensations), sorted by full name.
 	Commands []*Message
+	// Cancel is the saga's business cancellation; nil when it declares
+	// none.
+	Cancel   *Cancel
 	Generate bool
+}
+
+// Cancel is a saga's business cancellation: the message that asks to stop
+// an instance and its string fields saying who asked and why.
+type Cancel struct {
+	Message     *Message
+	RequestedBy *FieldPath
+	Reason      *FieldPath
 }
 
 // Step is one saga step.

@@ -115,7 +115,96 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 	}
 	b.stepOrder(f, base, s)
 	b.conversation(f, base, s, o)
+	if o.GetCancel() != nil {
+		s.Cancel = b.cancel(f, path(base, sagaCancel), pkg, s, o.GetCancel())
+	}
 	return s
+}
+
+// cancel resolves and reviews a saga's business cancellation: an annotated
+// command (without owner: the saga's queue consumes it) or event, which
+// finds its saga by a correlation field, plays no other part in the saga,
+// and names the string fields saying who asked and why.
+func (b *builder) cancel(f *protogen.File, base []int32, pkg protoreflect.FullName, s *Saga, o *sagav1.Cancel) *Cancel {
+	c := &Cancel{}
+	if o.GetMessage() == "" {
+		b.errorf(f, base, "cancel-reference", "add message: \"<command or event that cancels the saga>\"",
+			"saga %s: cancel names no message", s.FullName)
+	} else if m := b.refAs("cancel-reference", f, path(base, cancelMessage), pkg, o.GetMessage(), sagav1.Kind_KIND_UNSPECIFIED, "cancel message"); m != nil {
+		p := path(base, cancelMessage)
+		switch {
+		case m.Kind == sagav1.Kind_KIND_REPLY:
+			b.errorf(f, p, "cancel-reference", "cancel with a command the saga's queue consumes, or an event",
+				"saga %s: cancel message %s is a reply; a reply answers a command the saga sent", s.FullName, m.FullName)
+		case m.Correlation == nil:
+			b.errorf(f, p, "cancel-correlation", "add correlation_field: \"<business key or saga id field>\" to "+m.FullName,
+				"saga %s: cancel message %s declares no correlation field, so the engine cannot find the saga it cancels", s.FullName, m.FullName)
+			c.Message = m
+		default:
+			c.Message = m
+		}
+		if part := s.part(m); part != "" {
+			b.errorf(f, p, "cancel-ambiguous", "cancel with a message of its own; every message plays one part in a saga",
+				"saga %s: cancel message %s is already the %s; the saga could not tell a cancel from it", s.FullName, m.FullName, part)
+			c.Message = nil
+		}
+	}
+	for _, fp := range []struct {
+		field int32
+		name  string
+		value string
+		set   func(*FieldPath)
+	}{
+		{cancelRequestedBy, "requested_by", o.GetRequestedBy(), func(p *FieldPath) { c.RequestedBy = p }},
+		{cancelReason, "reason", o.GetReason(), func(p *FieldPath) { c.Reason = p }},
+	} {
+		p := path(base, fp.field)
+		switch {
+		case fp.value == "":
+			b.errorf(f, base, "cancel-fields", "add "+fp.name+": \"<string field of the cancel message>\"; the audit trail records who asked and why",
+				"saga %s: cancel names no %s field", s.FullName, fp.name)
+		case c.Message == nil:
+		default:
+			fpath := b.fieldPath(f, p, c.Message.Proto, fp.value, false)
+			if fpath == nil {
+				continue
+			}
+			if leaf := fpath.Leaf(); leaf.Desc.Kind() != protoreflect.StringKind || leaf.Desc.IsList() || leaf.Desc.IsMap() {
+				b.errorf(f, p, "cancel-fields", "name a singular string field",
+					"saga %s: cancel %s %q names a field of type %s in %s, not a string", s.FullName, fp.name, fp.value, fieldKind(leaf), c.Message.FullName)
+				continue
+			}
+			fp.set(fpath)
+		}
+	}
+	return c
+}
+
+// part returns the part m plays in s ("start message", "success reply of
+// step X", ...), or "" when it plays none.
+func (s *Saga) part(m *Message) string {
+	if m == s.Start {
+		return "start message"
+	}
+	for _, st := range s.Steps {
+		reply := "reply"
+		if st.External {
+			reply = "event"
+		}
+		for _, u := range []struct {
+			what string
+			ms   []*Message
+		}{
+			{"command", []*Message{st.Command}}, {"success " + reply, st.Success}, {"failure " + reply, st.Failure},
+			{"compensation", []*Message{st.Compensation}}, {"compensation reply", []*Message{st.CompensationReply}},
+			{"compensation failure", st.CompensationFailure},
+		} {
+			if slices.Contains(u.ms, m) {
+				return u.what + " of step " + st.Name
+			}
+		}
+	}
+	return ""
 }
 
 func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName, s *Saga, o *sagav1.Step) *Step {
@@ -375,6 +464,9 @@ func (b *builder) crossChecks() {
 		if s.Start != nil {
 			consumers[s.Start] = append(consumers[s.Start], "saga "+s.FullName+" (start, service "+s.Service+")")
 		}
+		if c := s.Cancel; c != nil && c.Message != nil && c.Message.Kind == sagav1.Kind_KIND_COMMAND {
+			consumers[c.Message] = append(consumers[c.Message], "saga "+s.FullName+" (cancel, service "+s.Service+")")
+		}
 		for i, st := range s.Steps {
 			if d.file.Generate {
 				sent[st.Command] = true
@@ -428,6 +520,11 @@ func (b *builder) crossChecks() {
 				if d.saga.Start == m && d.saga.Service != m.Owner {
 					others = append(others, "saga "+d.saga.FullName+" (start, service "+d.saga.Service+")")
 				}
+				// The saga's own queue consumes its cancel command,
+				// whatever its owner.
+				if c := d.saga.Cancel; c != nil && c.Message == m {
+					others = append(others, "saga "+d.saga.FullName+" (cancel, service "+d.saga.Service+")")
+				}
 			}
 			cs = others
 		}
@@ -441,7 +538,11 @@ func (b *builder) crossChecks() {
 			if m.Owner != "" {
 				who = append([]string{"owner " + m.Owner}, cs...)
 			}
-			b.errorf(m.File, base, "command-consumer", "a command has exactly one consumer; set the saga's service to the owner, or publish an event instead",
+			hint := "a command has exactly one consumer; set the saga's service to the owner, or publish an event instead"
+			if slices.ContainsFunc(cs, func(c string) bool { return strings.HasSuffix(c, ")") && strings.Contains(c, " (cancel, ") }) {
+				hint = "a cancel command is consumed by its saga's queue: leave its owner unset, and give each saga its own cancel command (or cancel with an event)"
+			}
+			b.errorf(m.File, base, "command-consumer", hint,
 				"command %s has %d consumers: %s", m.FullName, n, strings.Join(who, ", "))
 		}
 	}
@@ -636,6 +737,9 @@ func (s *Saga) finish() {
 			commands = append(commands, st.Compensation)
 		}
 	}
+	if s.Cancel != nil && s.Cancel.Message != nil {
+		handles = append(handles, s.Cancel.Message)
+	}
 	s.Handles = sortMessages(handles)
 	s.Commands = sortMessages(commands)
 	s.Consumes = s.Handles
@@ -676,6 +780,15 @@ func (s *Saga) definition() *sagadef.Definition {
 			ds.CompensationReply = st.CompensationReply.FullName
 		}
 		d.Steps = append(d.Steps, ds)
+	}
+	if c := s.Cancel; c != nil && c.Message != nil {
+		d.Cancel.Message = c.Message.FullName
+		if c.RequestedBy != nil {
+			d.Cancel.RequestedBy = c.RequestedBy.Path
+		}
+		if c.Reason != nil {
+			d.Cancel.Reason = c.Reason.Path
+		}
 	}
 	return d
 }

@@ -122,7 +122,16 @@ type docMessage struct {
 	SchemaVersion                        int32
 }
 
+// docCancel is a saga's business cancellation on its page.
+type docCancel struct {
+	Message, Kind, Correlation, RequestedBy, Reason string
+	// While names the steps during which a cancel compensates ("A, B or
+	// C"); empty when there are none.
+	While string
+}
+
 type docData struct {
+	Cancel                                                                      *docCancel
 	FullName, Source, Start, BusinessKey, Data, Deadline, Table, Queue, Service string
 	Steps                                                                       []docStep
 	Messages                                                                    []docMessage
@@ -140,6 +149,23 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 	}
 	if s.Deadline > 0 {
 		d.Deadline = s.Deadline.String()
+	}
+	if c := s.Cancel; c != nil {
+		d.Cancel = &docCancel{
+			Message: c.Message.FullName, Kind: strings.ToLower(strings.TrimPrefix(c.Message.Kind.String(), "KIND_")),
+			Correlation: c.Message.Correlation.Path, RequestedBy: c.RequestedBy.Path, Reason: c.Reason.Path,
+		}
+		var while []string
+		for _, st := range s.Definition.Steps {
+			if st.Role != sagadef.RoleRetriable {
+				while = append(while, st.Name)
+			}
+		}
+		if n := len(while); n > 1 {
+			d.Cancel.While = strings.Join(while[:n-1], ", ") + " or " + while[n-1]
+		} else if n == 1 {
+			d.Cancel.While = while[0]
+		}
 	}
 	for _, st := range s.Definition.Steps {
 		ds := docStep{

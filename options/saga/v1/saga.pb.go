@@ -467,7 +467,10 @@ type Saga struct {
 	Steps []*Step `protobuf:"bytes,6,rep,name=steps,proto3" json:"steps,omitempty"`
 	// service names the orchestrating service; the saga's queue is named after
 	// it. Default: the saga's snake_case name.
-	Service       string `protobuf:"bytes,7,opt,name=service,proto3" json:"service,omitempty"`
+	Service string `protobuf:"bytes,7,opt,name=service,proto3" json:"service,omitempty"`
+	// cancel declares the saga's business cancellation: the message by which
+	// the business asks to stop an instance. Default: none.
+	Cancel        *Cancel `protobuf:"bytes,8,opt,name=cancel,proto3" json:"cancel,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,6 +554,85 @@ func (x *Saga) GetService() string {
 	return ""
 }
 
+func (x *Saga) GetCancel() *Cancel {
+	if x != nil {
+		return x.Cancel
+	}
+	return nil
+}
+
+// Cancel names a saga's cancel message and the fields that say who asked
+// and why, which the audit trail records. Before the point of no return a
+// cancel stops the current step and compensates like a business failure,
+// ending CANCELLED; after it, it is refused (audited, nothing changes).
+type Cancel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// message is the cancel message (a message name in this package, or a
+	// full name): a command without owner (the saga's own queue consumes it)
+	// or an event, with a correlation_field (the business key or saga id).
+	// Required.
+	Message string `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	// requested_by is the field path, in the cancel message, of a string
+	// naming who asked. Required.
+	RequestedBy string `protobuf:"bytes,2,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	// reason is the field path, in the cancel message, of a string saying
+	// why. Required.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Cancel) Reset() {
+	*x = Cancel{}
+	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cancel) ProtoMessage() {}
+
+func (x *Cancel) ProtoReflect() protoreflect.Message {
+	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
+func (*Cancel) Descriptor() ([]byte, []int) {
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Cancel) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Cancel) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *Cancel) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Step is one step of a saga.
 type Step struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -594,7 +676,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	mi := &file_saga_v1_saga_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +688,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	mi := &file_saga_v1_saga_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +701,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Step) GetName() string {
@@ -760,7 +842,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x10sensitive_fields\x18\x06 \x03(\tR\x0fsensitiveFields\x12%\n" +
 	"\x0eschema_version\x18\a \x01(\x05R\rschemaVersion\x12\x14\n" +
 	"\x05owner\x18\b \x01(\tR\x05owner\x12\x18\n" +
-	"\aanswers\x18\t \x01(\tR\aanswers\"\x84\x02\n" +
+	"\aanswers\x18\t \x01(\tR\aanswers\"\xad\x02\n" +
 	"\x04Saga\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12!\n" +
@@ -768,7 +850,12 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\bdeadline\x18\x04 \x01(\tR\bdeadline\x12T\n" +
 	"\x17on_compensation_failure\x18\x05 \x01(\x0e2\x1c.saga.v1.CompensationFailureR\x15onCompensationFailure\x12#\n" +
 	"\x05steps\x18\x06 \x03(\v2\r.saga.v1.StepR\x05steps\x12\x18\n" +
-	"\aservice\x18\a \x01(\tR\aservice\"\xd4\x03\n" +
+	"\aservice\x18\a \x01(\tR\aservice\x12'\n" +
+	"\x06cancel\x18\b \x01(\v2\x0f.saga.v1.CancelR\x06cancel\"]\n" +
+	"\x06Cancel\x12\x18\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\x12!\n" +
+	"\frequested_by\x18\x02 \x01(\tR\vrequestedBy\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xd4\x03\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\x04role\x18\x02 \x01(\x0e2\r.saga.v1.RoleR\x04role\x12\x18\n" +
@@ -828,7 +915,7 @@ func file_saga_v1_saga_proto_rawDescGZIP() []byte {
 }
 
 var file_saga_v1_saga_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_saga_v1_saga_proto_goTypes = []any{
 	(Kind)(0),                           // 0: saga.v1.Kind
 	(CompensationFailure)(0),            // 1: saga.v1.CompensationFailure
@@ -837,25 +924,27 @@ var file_saga_v1_saga_proto_goTypes = []any{
 	(LateReply)(0),                      // 4: saga.v1.LateReply
 	(*Message)(nil),                     // 5: saga.v1.Message
 	(*Saga)(nil),                        // 6: saga.v1.Saga
-	(*Step)(nil),                        // 7: saga.v1.Step
-	(*descriptorpb.MessageOptions)(nil), // 8: google.protobuf.MessageOptions
+	(*Cancel)(nil),                      // 7: saga.v1.Cancel
+	(*Step)(nil),                        // 8: saga.v1.Step
+	(*descriptorpb.MessageOptions)(nil), // 9: google.protobuf.MessageOptions
 }
 var file_saga_v1_saga_proto_depIdxs = []int32{
 	0,  // 0: saga.v1.Message.kind:type_name -> saga.v1.Kind
 	1,  // 1: saga.v1.Saga.on_compensation_failure:type_name -> saga.v1.CompensationFailure
-	7,  // 2: saga.v1.Saga.steps:type_name -> saga.v1.Step
-	2,  // 3: saga.v1.Step.role:type_name -> saga.v1.Role
-	3,  // 4: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
-	4,  // 5: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
-	8,  // 6: saga.v1.message:extendee -> google.protobuf.MessageOptions
-	8,  // 7: saga.v1.saga:extendee -> google.protobuf.MessageOptions
-	5,  // 8: saga.v1.message:type_name -> saga.v1.Message
-	6,  // 9: saga.v1.saga:type_name -> saga.v1.Saga
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	8,  // [8:10] is the sub-list for extension type_name
-	6,  // [6:8] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	8,  // 2: saga.v1.Saga.steps:type_name -> saga.v1.Step
+	7,  // 3: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
+	2,  // 4: saga.v1.Step.role:type_name -> saga.v1.Role
+	3,  // 5: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
+	4,  // 6: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
+	9,  // 7: saga.v1.message:extendee -> google.protobuf.MessageOptions
+	9,  // 8: saga.v1.saga:extendee -> google.protobuf.MessageOptions
+	5,  // 9: saga.v1.message:type_name -> saga.v1.Message
+	6,  // 10: saga.v1.saga:type_name -> saga.v1.Saga
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	9,  // [9:11] is the sub-list for extension type_name
+	7,  // [7:9] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_saga_v1_saga_proto_init() }
@@ -869,7 +958,7 @@ func file_saga_v1_saga_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_saga_v1_saga_proto_rawDesc), len(file_saga_v1_saga_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 2,
 			NumServices:   0,
 		},

@@ -67,7 +67,6 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/retry"
-	"github.com/protosaga/saga/runtime/sagadef"
 )
 
 func main() {
@@ -104,7 +103,7 @@ const (
 )
 
 // expected is the state each kind of order must end in.
-var expected = map[kind]string{
+var expected = map[kind]orderv1.PlaceOrderState{
 	happy:       orderv1.PlaceOrderStateCompleted,
 	noStock:     orderv1.PlaceOrderStateFailed,
 	declined:    orderv1.PlaceOrderStateFailed,
@@ -409,8 +408,8 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	for attempt := 3; attempt <= 4; attempt++ {
 		d.clock.Advance(timeoutJump)
 		if err := d.until(ctx, fmt.Sprintf("%s to time out again", never.id), func() (bool, error) {
-			st, err := d.placeOrder.Status(ctx, never.sagaID)
-			return st.Attempt >= attempt || st.State == orderv1.PlaceOrderStateManualReview, err
+			st, err := d.placeOrder.GetByID(ctx, never.sagaID)
+			return err == nil && (st.Attempt >= attempt || st.State == orderv1.PlaceOrderStateManualReview), err
 		}); err != nil {
 			return res, err
 		}
@@ -539,10 +538,10 @@ func (d *demo) until(ctx context.Context, what string, cond func() (bool, error)
 	}
 }
 
-func (d *demo) waitState(ctx context.Context, o *order, state string) error {
+func (d *demo) waitState(ctx context.Context, o *order, state orderv1.PlaceOrderState) error {
 	return d.until(ctx, fmt.Sprintf("%s to reach %s", o.id, state), func() (bool, error) {
-		st, err := d.placeOrder.Status(ctx, o.sagaID)
-		return st.State == state, err
+		st, err := d.placeOrder.GetByID(ctx, o.sagaID)
+		return err == nil && st.State == state, err
 	})
 }
 
@@ -578,8 +577,9 @@ func (d *demo) ids(selected func(*order) bool) []string {
 func (d *demo) summarize(ctx context.Context, res results) ([]string, error) {
 	w := d.out
 	type row struct {
-		key, state, review string
-		compensated        bool
+		key, review string
+		state       orderv1.PlaceOrderState
+		compensated bool
 	}
 	rows, err := d.pool.Query(ctx, `SELECT s.business_key, s.state, coalesce(s.review_reason, ''),
   EXISTS (SELECT 1 FROM saga_audit a WHERE a.saga_id = s.id AND a.to_state LIKE 'COMPENSATING_%')
@@ -599,10 +599,10 @@ FROM saga_place_order s WHERE s.business_key LIKE $1`, d.runID+"-%")
 		byKey[r.key] = r
 	}
 	var problems []string
-	states := map[string]int{}
+	states := map[orderv1.PlaceOrderState]int{}
 	failedCompensated, failedPlain := 0, 0
 	reviews := map[string]int{}
-	outcomes := map[kind]map[string]int{}
+	outcomes := map[kind]map[orderv1.PlaceOrderState]int{}
 	for _, o := range d.orders {
 		r, ok := byKey[o.id]
 		if !ok {
@@ -611,7 +611,7 @@ FROM saga_place_order s WHERE s.business_key LIKE $1`, d.runID+"-%")
 		}
 		states[r.state]++
 		if outcomes[o.kind] == nil {
-			outcomes[o.kind] = map[string]int{}
+			outcomes[o.kind] = map[orderv1.PlaceOrderState]int{}
 		}
 		outcomes[o.kind][r.state]++
 		switch {
@@ -624,7 +624,7 @@ FROM saga_place_order s WHERE s.business_key LIKE $1`, d.runID+"-%")
 		}
 		if r.state != expected[o.kind] {
 			what := "off-script"
-			if !sagadef.IsTerminal(r.state) && r.state != sagadef.StateManualReview {
+			if !r.state.Terminal() && r.state != orderv1.PlaceOrderStateManualReview {
 				what = "stuck"
 			}
 			problems = append(problems, fmt.Sprintf("%s (%s): %s in %s, want %s", o.id, o.kind, what, r.state, expected[o.kind]))
@@ -727,11 +727,11 @@ make demo stops the services it started when it exits; to keep them for a look a
 	return problems, nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
+func sortedKeys[K ~string, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
 	return keys
 }

@@ -33,6 +33,34 @@ import (
 // This file needs a runtime that supports generated code version 3.
 const _ = message.SupportPackageIsVersion3
 
+// CancelQuoteInfo describes the command quote.v1.CancelQuote.
+var CancelQuoteInfo = &message.Info{
+	FullName:      "quote.v1.CancelQuote",
+	Kind:          message.KindCommand,
+	Exchange:      "workflow.command",
+	RoutingKey:    "command.quote.cancel-quote.v1",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(CancelQuote) },
+}
+
+// SagaMessageInfo returns CancelQuoteInfo.
+func (*CancelQuote) SagaMessageInfo() *message.Info { return CancelQuoteInfo }
+
+// IdempotencyKey returns the business idempotency key built from quote_id.
+func (x *CancelQuote) IdempotencyKey() string {
+	return x.GetQuoteId()
+}
+
+// CorrelationKey returns the correlation field quote_id.
+func (x *CancelQuote) CorrelationKey() string { return x.GetQuoteId() }
+
+// PublishCancelQuote writes m to the outbox in the caller's transaction; the relay
+// publishes it to "workflow.command" with routing key "command.quote.cancel-quote.v1" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta envelope.Meta) (string, error) {
+	return outbox.Publish(ctx, tx, m, meta)
+}
+
 // OrderSubmittedInfo describes the reply quote.v1.OrderSubmitted.
 var OrderSubmittedInfo = &message.Info{
 	FullName:      "quote.v1.OrderSubmitted",
@@ -195,6 +223,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 		),
 		Bindings: []broker.Binding{
 			{Queue: "ordering.commands", Exchange: "workflow.command", RoutingKey: "command.ordering.submit-order.v1"},
+			{Queue: "quote.saga.quote_approval", Exchange: "workflow.command", RoutingKey: "command.quote.cancel-quote.v1"},
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.command", RoutingKey: "command.quote.submit-quote.v1"},
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-granted.v1"},
 			{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-rejected.v1"},
@@ -212,22 +241,44 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 func SagaPackage() host.Package {
 	return host.Package{
 		Path:     "github.com/protosaga/saga/examples/quoteapproval/quote/v1",
-		Messages: []*message.Info{OrderSubmittedInfo, SubmitOrderInfo, SubmitQuoteInfo},
+		Messages: []*message.Info{CancelQuoteInfo, OrderSubmittedInfo, SubmitOrderInfo, SubmitQuoteInfo},
 		Topology: TopologyWith,
 	}
 }
 
-// States of saga quote.v1.QuoteApproval, as stored in saga_quote_approval.state.
+// QuoteApprovalState is a state of saga quote.v1.QuoteApproval, as stored in saga_quote_approval.state.
+type QuoteApprovalState string
+
+// States of saga quote.v1.QuoteApproval.
 const (
-	QuoteApprovalStatePriceQuote             = "PRICE_QUOTE"
-	QuoteApprovalStateApproval               = "APPROVAL"
-	QuoteApprovalStateSubmitOrder            = "SUBMIT_ORDER"
-	QuoteApprovalStateCompensatingPriceQuote = "COMPENSATING_PRICE_QUOTE"
-	QuoteApprovalStateManualReview           = "MANUAL_REVIEW"
-	QuoteApprovalStateCompleted              = "COMPLETED"
-	QuoteApprovalStateFailed                 = "FAILED"
-	QuoteApprovalStateCancelled              = "CANCELLED"
+	QuoteApprovalStatePriceQuote             QuoteApprovalState = "PRICE_QUOTE"
+	QuoteApprovalStateApproval               QuoteApprovalState = "APPROVAL"
+	QuoteApprovalStateSubmitOrder            QuoteApprovalState = "SUBMIT_ORDER"
+	QuoteApprovalStateCompensatingPriceQuote QuoteApprovalState = "COMPENSATING_PRICE_QUOTE"
+	QuoteApprovalStateManualReview           QuoteApprovalState = "MANUAL_REVIEW"
+	QuoteApprovalStateCompleted              QuoteApprovalState = "COMPLETED"
+	QuoteApprovalStateFailed                 QuoteApprovalState = "FAILED"
+	QuoteApprovalStateCancelled              QuoteApprovalState = "CANCELLED"
 )
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s QuoteApprovalState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga quote.v1.QuoteApproval.
+func (s QuoteApprovalState) Valid() bool {
+	switch s {
+	case QuoteApprovalStatePriceQuote,
+		QuoteApprovalStateApproval,
+		QuoteApprovalStateSubmitOrder,
+		QuoteApprovalStateCompensatingPriceQuote,
+		QuoteApprovalStateManualReview,
+		QuoteApprovalStateCompleted,
+		QuoteApprovalStateFailed,
+		QuoteApprovalStateCancelled:
+		return true
+	}
+	return false
+}
 
 // QuoteApprovalDefinition returns the definition of saga quote.v1.QuoteApproval.
 //
@@ -278,95 +329,101 @@ func QuoteApprovalDefinition() *sagadef.Definition {
 				Late:           sagadef.LateApplyIfWaiting,
 			},
 		},
+		Cancel: sagadef.Cancel{Message: "quote.v1.CancelQuote", RequestedBy: "requested_by", Reason: "reason"},
 		States: []sagadef.State{
-			{Name: QuoteApprovalStatePriceQuote, Kind: sagadef.StateKindStep, Step: "PriceQuote"},
-			{Name: QuoteApprovalStateApproval, Kind: sagadef.StateKindStep, Step: "Approval"},
-			{Name: QuoteApprovalStateSubmitOrder, Kind: sagadef.StateKindStep, Step: "SubmitOrder"},
-			{Name: QuoteApprovalStateCompensatingPriceQuote, Kind: sagadef.StateKindCompensating, Step: "PriceQuote"},
-			{Name: QuoteApprovalStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: QuoteApprovalStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: QuoteApprovalStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: QuoteApprovalStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "PRICE_QUOTE", Kind: sagadef.StateKindStep, Step: "PriceQuote"},
+			{Name: "APPROVAL", Kind: sagadef.StateKindStep, Step: "Approval"},
+			{Name: "SUBMIT_ORDER", Kind: sagadef.StateKindStep, Step: "SubmitOrder"},
+			{Name: "COMPENSATING_PRICE_QUOTE", Kind: sagadef.StateKindCompensating, Step: "PriceQuote"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: QuoteApprovalStatePriceQuote, Emits: []string{"pricing.v1.PriceQuote"}},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateApproval},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateFailed},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "timeout", To: QuoteApprovalStatePriceQuote, Emits: []string{"pricing.v1.PriceQuote"}},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "timeout", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "deadline", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "stuck", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "operator.retry", To: QuoteApprovalStatePriceQuote, Emits: []string{"pricing.v1.PriceQuote"}},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "operator.compensate", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStatePriceQuote, Trigger: "operator.cancel", To: QuoteApprovalStateCancelled},
-			{From: QuoteApprovalStateApproval, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateApproval, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateSubmitOrder, Emits: []string{"quote.v1.SubmitOrder"}},
-			{From: QuoteApprovalStateApproval, Trigger: "approval.v1.ApprovalRejected", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateApproval, Trigger: "timeout", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateApproval, Trigger: "deadline", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateApproval, Trigger: "stuck", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateApproval, Trigger: "operator.retry", To: QuoteApprovalStateApproval},
-			{From: QuoteApprovalStateApproval, Trigger: "operator.compensate", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateApproval, Trigger: "operator.cancel", To: QuoteApprovalStateCancelled},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "approval.v1.ApprovalRejected", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "quote.v1.OrderSubmitted", To: QuoteApprovalStateCompleted},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "timeout", To: QuoteApprovalStateSubmitOrder, Emits: []string{"quote.v1.SubmitOrder"}},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "timeout", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "deadline", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "stuck", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "operator.retry", To: QuoteApprovalStateSubmitOrder, Emits: []string{"quote.v1.SubmitOrder"}},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "operator.compensate", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateSubmitOrder, Trigger: "operator.cancel", To: QuoteApprovalStateCancelled},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateFailed},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "pricing.v1.PriceReleaseFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "approval.v1.ApprovalRejected", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "timeout", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "timeout", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "stuck", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "operator.retry", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateCompensatingPriceQuote, Trigger: "operator.cancel", To: QuoteApprovalStateCancelled},
-			{From: QuoteApprovalStateManualReview, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateManualReview, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateManualReview, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateManualReview, Trigger: "pricing.v1.PriceReleaseFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateManualReview, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateManualReview, Trigger: "approval.v1.ApprovalRejected", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateManualReview, Trigger: "deadline", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.retry", To: QuoteApprovalStatePriceQuote, Emits: []string{"pricing.v1.PriceQuote"}},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.retry", To: QuoteApprovalStateApproval},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.retry", To: QuoteApprovalStateSubmitOrder, Emits: []string{"quote.v1.SubmitOrder"}},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.retry", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.retry", To: QuoteApprovalStateCompleted},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.retry", To: QuoteApprovalStateFailed},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.compensate", To: QuoteApprovalStateCompensatingPriceQuote, Emits: []string{"pricing.v1.ReleasePrice"}},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.compensate", To: QuoteApprovalStateFailed},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.resolve", To: QuoteApprovalStateCompleted},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.resolve", To: QuoteApprovalStateFailed},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.resolve", To: QuoteApprovalStateCancelled},
-			{From: QuoteApprovalStateManualReview, Trigger: "operator.cancel", To: QuoteApprovalStateCancelled},
-			{From: QuoteApprovalStateCompleted, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompleted, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompleted, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompleted, Trigger: "pricing.v1.PriceReleaseFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompleted, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCompleted, Trigger: "approval.v1.ApprovalRejected", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateFailed, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateFailed, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateFailed, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateFailed, Trigger: "pricing.v1.PriceReleaseFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateFailed, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateFailed, Trigger: "approval.v1.ApprovalRejected", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCancelled, Trigger: "pricing.v1.QuotePriced", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCancelled, Trigger: "pricing.v1.QuotePricingFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCancelled, Trigger: "pricing.v1.PriceReleased", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCancelled, Trigger: "pricing.v1.PriceReleaseFailed", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCancelled, Trigger: "approval.v1.ApprovalGranted", To: QuoteApprovalStateManualReview},
-			{From: QuoteApprovalStateCancelled, Trigger: "approval.v1.ApprovalRejected", To: QuoteApprovalStateManualReview},
+			{From: "", Trigger: "start", To: "PRICE_QUOTE", Emits: []string{"pricing.v1.PriceQuote"}},
+			{From: "PRICE_QUOTE", Trigger: "pricing.v1.QuotePriced", To: "APPROVAL"},
+			{From: "PRICE_QUOTE", Trigger: "pricing.v1.QuotePricingFailed", To: "FAILED"},
+			{From: "PRICE_QUOTE", Trigger: "quote.v1.CancelQuote", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "PRICE_QUOTE", Trigger: "timeout", To: "PRICE_QUOTE", Emits: []string{"pricing.v1.PriceQuote"}},
+			{From: "PRICE_QUOTE", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "PRICE_QUOTE", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "PRICE_QUOTE", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "PRICE_QUOTE", Trigger: "operator.retry", To: "PRICE_QUOTE", Emits: []string{"pricing.v1.PriceQuote"}},
+			{From: "PRICE_QUOTE", Trigger: "operator.compensate", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "PRICE_QUOTE", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "APPROVAL", Trigger: "pricing.v1.QuotePricingFailed", To: "MANUAL_REVIEW"},
+			{From: "APPROVAL", Trigger: "approval.v1.ApprovalGranted", To: "SUBMIT_ORDER", Emits: []string{"quote.v1.SubmitOrder"}},
+			{From: "APPROVAL", Trigger: "approval.v1.ApprovalRejected", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "APPROVAL", Trigger: "quote.v1.CancelQuote", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "APPROVAL", Trigger: "timeout", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "APPROVAL", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "APPROVAL", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "APPROVAL", Trigger: "operator.retry", To: "APPROVAL"},
+			{From: "APPROVAL", Trigger: "operator.compensate", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "APPROVAL", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "SUBMIT_ORDER", Trigger: "pricing.v1.QuotePricingFailed", To: "MANUAL_REVIEW"},
+			{From: "SUBMIT_ORDER", Trigger: "approval.v1.ApprovalRejected", To: "MANUAL_REVIEW"},
+			{From: "SUBMIT_ORDER", Trigger: "quote.v1.OrderSubmitted", To: "COMPLETED"},
+			{From: "SUBMIT_ORDER", Trigger: "timeout", To: "SUBMIT_ORDER", Emits: []string{"quote.v1.SubmitOrder"}},
+			{From: "SUBMIT_ORDER", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "SUBMIT_ORDER", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "SUBMIT_ORDER", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "SUBMIT_ORDER", Trigger: "operator.retry", To: "SUBMIT_ORDER", Emits: []string{"quote.v1.SubmitOrder"}},
+			{From: "SUBMIT_ORDER", Trigger: "operator.compensate", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "SUBMIT_ORDER", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "pricing.v1.QuotePriced", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "pricing.v1.QuotePricingFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "pricing.v1.PriceReleased", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "pricing.v1.PriceReleased", To: "FAILED"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "pricing.v1.PriceReleased", To: "CANCELLED"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "pricing.v1.PriceReleaseFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "approval.v1.ApprovalGranted", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "approval.v1.ApprovalRejected", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "timeout", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "operator.retry", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "COMPENSATING_PRICE_QUOTE", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "pricing.v1.QuotePriced", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "pricing.v1.QuotePricingFailed", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "pricing.v1.PriceReleased", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "pricing.v1.PriceReleaseFailed", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "approval.v1.ApprovalGranted", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "approval.v1.ApprovalRejected", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "PRICE_QUOTE", Emits: []string{"pricing.v1.PriceQuote"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "APPROVAL"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "SUBMIT_ORDER", Emits: []string{"quote.v1.SubmitOrder"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "pricing.v1.QuotePriced", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "pricing.v1.QuotePricingFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "pricing.v1.PriceReleased", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "pricing.v1.PriceReleaseFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "approval.v1.ApprovalGranted", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "approval.v1.ApprovalRejected", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "pricing.v1.QuotePriced", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "pricing.v1.QuotePricingFailed", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "pricing.v1.PriceReleased", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "pricing.v1.PriceReleaseFailed", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "approval.v1.ApprovalGranted", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "approval.v1.ApprovalRejected", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "pricing.v1.QuotePriced", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "pricing.v1.QuotePricingFailed", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "pricing.v1.PriceReleased", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "pricing.v1.PriceReleaseFailed", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "approval.v1.ApprovalGranted", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "approval.v1.ApprovalRejected", To: "MANUAL_REVIEW"},
 		},
 	}
 }
@@ -397,6 +454,8 @@ type QuoteApprovalDecider interface {
 	OnQuotePriced(ctx context.Context, data *QuoteApprovalData, msg *pricingv1.QuotePriced) error
 	// OnQuotePricingFailed folds pricing.v1.QuotePricingFailed into the saga data before the transition.
 	OnQuotePricingFailed(ctx context.Context, data *QuoteApprovalData, msg *pricingv1.QuotePricingFailed) error
+	// OnCancelQuote folds quote.v1.CancelQuote into the saga data before the transition.
+	OnCancelQuote(ctx context.Context, data *QuoteApprovalData, msg *CancelQuote) error
 	// OnOrderSubmitted folds quote.v1.OrderSubmitted into the saga data before the transition.
 	OnOrderSubmitted(ctx context.Context, data *QuoteApprovalData, msg *OrderSubmitted) error
 }
@@ -431,6 +490,11 @@ func (QuoteApprovalNoopFolds) OnQuotePriced(context.Context, *QuoteApprovalData,
 
 // OnQuotePricingFailed does nothing.
 func (QuoteApprovalNoopFolds) OnQuotePricingFailed(context.Context, *QuoteApprovalData, *pricingv1.QuotePricingFailed) error {
+	return nil
+}
+
+// OnCancelQuote does nothing.
+func (QuoteApprovalNoopFolds) OnCancelQuote(context.Context, *QuoteApprovalData, *CancelQuote) error {
 	return nil
 }
 
@@ -516,6 +580,8 @@ func (h quoteApprovalHooks) Apply(ctx context.Context, data proto.Message, msg m
 		return h.d.OnQuotePriced(ctx, d, m)
 	case *pricingv1.QuotePricingFailed:
 		return h.d.OnQuotePricingFailed(ctx, d, m)
+	case *CancelQuote:
+		return h.d.OnCancelQuote(ctx, d, m)
 	case *OrderSubmitted:
 		return h.d.OnOrderSubmitted(ctx, d, m)
 	}
@@ -541,7 +607,7 @@ func NewQuoteApproval(cfg saga.Config, d QuoteApprovalDecider) (*QuoteApproval, 
 	cfg.Definition = def
 	cfg.Hooks = quoteApprovalHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(SubmitQuoteInfo, pricingv1.PriceQuoteInfo, pricingv1.ReleasePriceInfo, SubmitOrderInfo, approvalv1.ApprovalGrantedInfo, approvalv1.ApprovalRejectedInfo, pricingv1.PriceReleaseFailedInfo, pricingv1.PriceReleasedInfo, pricingv1.QuotePricedInfo, pricingv1.QuotePricingFailedInfo, OrderSubmittedInfo)
+		reg, err := message.NewRegistry(SubmitQuoteInfo, pricingv1.PriceQuoteInfo, pricingv1.ReleasePriceInfo, SubmitOrderInfo, approvalv1.ApprovalGrantedInfo, approvalv1.ApprovalRejectedInfo, pricingv1.PriceReleaseFailedInfo, pricingv1.PriceReleasedInfo, pricingv1.QuotePricedInfo, pricingv1.QuotePricingFailedInfo, CancelQuoteInfo, OrderSubmittedInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga quote.v1.QuoteApproval: %w", err)
 		}
@@ -578,17 +644,80 @@ func (s *QuoteApproval) Start(ctx context.Context, start *SubmitQuote, meta enve
 	return s.engine.Start(ctx, start, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s *QuoteApproval) Status(ctx context.Context, sagaID string) (saga.Status, error) {
 	return s.engine.Status(ctx, sagaID)
 }
 
+// QuoteApprovalSnapshot is one instance of saga quote.v1.QuoteApproval as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type QuoteApprovalSnapshot = saga.Snapshot[QuoteApprovalState, *QuoteApprovalData]
+
+// QuoteApprovalFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type QuoteApprovalFilter = saga.Filter[QuoteApprovalState]
+
+// QuoteApprovalPage is one page of List, newest first; its NextCursor continues it.
+type QuoteApprovalPage = saga.Page[QuoteApprovalState, *QuoteApprovalData]
+
+// Get returns the instance with business key businessKey (quote_id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *QuoteApproval) Get(ctx context.Context, businessKey string) (*QuoteApprovalSnapshot, error) {
+	return saga.Get[QuoteApprovalState, *QuoteApprovalData](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *QuoteApproval) GetByID(ctx context.Context, sagaID string) (*QuoteApprovalSnapshot, error) {
+	return saga.GetByID[QuoteApprovalState, *QuoteApprovalData](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *QuoteApproval) List(ctx context.Context, f QuoteApprovalFilter) (QuoteApprovalPage, error) {
+	return saga.List[QuoteApprovalState, *QuoteApprovalData](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *QuoteApproval) StartPattern() string { return "POST /sagas/quote_approval" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *QuoteApproval) StatusPattern() string { return "GET /sagas/quote_approval/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *QuoteApproval) StatusPath(sagaID string) string { return "/sagas/quote_approval/" + sagaID }
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) SubmitQuote and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s *QuoteApproval) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
 	return s.engine.StartHandler(func() message.Message { return new(SubmitQuote) }, statusURL)
+}
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *QuoteApproval) StatusHandler() http.Handler { return s.engine.StatusHandler() }
+
+// CancelTx asks, in the caller's transaction, to cancel the instance msg names
+// by its correlation field (quote_id): it writes msg to the outbox, and the
+// saga applies it when its queue delivers it. Before the point of no return
+// the saga compensates and ends CANCELLED; after it the cancel is refused.
+// The audit trail records who asked (requested_by) and why (reason).
+func (s *QuoteApproval) CancelTx(ctx context.Context, tx pgx.Tx, msg *CancelQuote, meta envelope.Meta) (messageID string, err error) {
+	return s.engine.RequestCancelTx(ctx, tx, msg, meta)
+}
+
+// Cancel is CancelTx in a transaction of its own.
+func (s *QuoteApproval) Cancel(ctx context.Context, msg *CancelQuote, meta envelope.Meta) (messageID string, err error) {
+	return s.engine.RequestCancel(ctx, msg, meta)
 }
 
 //go:embed migrations/saga_quote_approval/0001_create_saga_quote_approval.sql migrations/saga_quote_approval/0002_states_949a14d2.sql migrations/saga_quote_approval/0003_indexes.sql

@@ -308,16 +308,37 @@ func SagaPackage() host.Package {
 	}
 }
 
-// States of saga collide.message.Switch, as stored in saga_switch.state.
+// SwitchState is a state of saga collide.message.Switch, as stored in saga_switch.state.
+type SwitchState string
+
+// States of saga collide.message.Switch.
 const (
-	SwitchStateCase             = "CASE"
-	SwitchStateFallthrough      = "FALLTHROUGH"
-	SwitchStateCompensatingCase = "COMPENSATING_CASE"
-	SwitchStateManualReview     = "MANUAL_REVIEW"
-	SwitchStateCompleted        = "COMPLETED"
-	SwitchStateFailed           = "FAILED"
-	SwitchStateCancelled        = "CANCELLED"
+	SwitchStateCase             SwitchState = "CASE"
+	SwitchStateFallthrough      SwitchState = "FALLTHROUGH"
+	SwitchStateCompensatingCase SwitchState = "COMPENSATING_CASE"
+	SwitchStateManualReview     SwitchState = "MANUAL_REVIEW"
+	SwitchStateCompleted        SwitchState = "COMPLETED"
+	SwitchStateFailed           SwitchState = "FAILED"
+	SwitchStateCancelled        SwitchState = "CANCELLED"
 )
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s SwitchState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga collide.message.Switch.
+func (s SwitchState) Valid() bool {
+	switch s {
+	case SwitchStateCase,
+		SwitchStateFallthrough,
+		SwitchStateCompensatingCase,
+		SwitchStateManualReview,
+		SwitchStateCompleted,
+		SwitchStateFailed,
+		SwitchStateCancelled:
+		return true
+	}
+	return false
+}
 
 // SwitchDefinition returns the definition of saga collide.message.Switch.
 //
@@ -355,48 +376,48 @@ func SwitchDefinition() *sagadef.Definition {
 			},
 		},
 		States: []sagadef.State{
-			{Name: SwitchStateCase, Kind: sagadef.StateKindStep, Step: "Case"},
-			{Name: SwitchStateFallthrough, Kind: sagadef.StateKindStep, Step: "Fallthrough"},
-			{Name: SwitchStateCompensatingCase, Kind: sagadef.StateKindCompensating, Step: "Case"},
-			{Name: SwitchStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: SwitchStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: SwitchStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: SwitchStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "CASE", Kind: sagadef.StateKindStep, Step: "Case"},
+			{Name: "FALLTHROUGH", Kind: sagadef.StateKindStep, Step: "Fallthrough"},
+			{Name: "COMPENSATING_CASE", Kind: sagadef.StateKindCompensating, Step: "Case"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: SwitchStateCase, Emits: []string{"collide.message.Message"}},
-			{From: SwitchStateCase, Trigger: "collide.message.Tx", To: SwitchStateFallthrough},
-			{From: SwitchStateCase, Trigger: "timeout", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
-			{From: SwitchStateCase, Trigger: "stuck", To: SwitchStateManualReview},
-			{From: SwitchStateCase, Trigger: "operator.retry", To: SwitchStateCase, Emits: []string{"collide.message.Message"}},
-			{From: SwitchStateCase, Trigger: "operator.compensate", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
-			{From: SwitchStateCase, Trigger: "operator.cancel", To: SwitchStateCancelled},
-			{From: SwitchStateFallthrough, Trigger: "collide.message.Meta", To: SwitchStateCompleted},
-			{From: SwitchStateFallthrough, Trigger: "timeout", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
-			{From: SwitchStateFallthrough, Trigger: "stuck", To: SwitchStateManualReview},
-			{From: SwitchStateFallthrough, Trigger: "operator.retry", To: SwitchStateFallthrough},
-			{From: SwitchStateFallthrough, Trigger: "operator.compensate", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
-			{From: SwitchStateFallthrough, Trigger: "operator.cancel", To: SwitchStateCancelled},
-			{From: SwitchStateCompensatingCase, Trigger: "collide.message.Engine", To: SwitchStateFailed},
-			{From: SwitchStateCompensatingCase, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
-			{From: SwitchStateCompensatingCase, Trigger: "timeout", To: SwitchStateManualReview},
-			{From: SwitchStateCompensatingCase, Trigger: "stuck", To: SwitchStateManualReview},
-			{From: SwitchStateCompensatingCase, Trigger: "operator.retry", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
-			{From: SwitchStateCompensatingCase, Trigger: "operator.cancel", To: SwitchStateCancelled},
-			{From: SwitchStateManualReview, Trigger: "operator.retry", To: SwitchStateCase, Emits: []string{"collide.message.Message"}},
-			{From: SwitchStateManualReview, Trigger: "operator.retry", To: SwitchStateFallthrough},
-			{From: SwitchStateManualReview, Trigger: "operator.retry", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
-			{From: SwitchStateManualReview, Trigger: "operator.retry", To: SwitchStateCompleted},
-			{From: SwitchStateManualReview, Trigger: "operator.retry", To: SwitchStateFailed},
-			{From: SwitchStateManualReview, Trigger: "operator.compensate", To: SwitchStateCompensatingCase, Emits: []string{"collide.message.Info"}},
-			{From: SwitchStateManualReview, Trigger: "operator.compensate", To: SwitchStateFailed},
-			{From: SwitchStateManualReview, Trigger: "operator.resolve", To: SwitchStateCompleted},
-			{From: SwitchStateManualReview, Trigger: "operator.resolve", To: SwitchStateFailed},
-			{From: SwitchStateManualReview, Trigger: "operator.resolve", To: SwitchStateCancelled},
-			{From: SwitchStateManualReview, Trigger: "operator.cancel", To: SwitchStateCancelled},
-			{From: SwitchStateCompleted, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
-			{From: SwitchStateFailed, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
-			{From: SwitchStateCancelled, Trigger: "collide.message.Meta", To: SwitchStateManualReview},
+			{From: "", Trigger: "start", To: "CASE", Emits: []string{"collide.message.Message"}},
+			{From: "CASE", Trigger: "collide.message.Tx", To: "FALLTHROUGH"},
+			{From: "CASE", Trigger: "timeout", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
+			{From: "CASE", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "CASE", Trigger: "operator.retry", To: "CASE", Emits: []string{"collide.message.Message"}},
+			{From: "CASE", Trigger: "operator.compensate", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
+			{From: "CASE", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "FALLTHROUGH", Trigger: "collide.message.Meta", To: "COMPLETED"},
+			{From: "FALLTHROUGH", Trigger: "timeout", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
+			{From: "FALLTHROUGH", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "FALLTHROUGH", Trigger: "operator.retry", To: "FALLTHROUGH"},
+			{From: "FALLTHROUGH", Trigger: "operator.compensate", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
+			{From: "FALLTHROUGH", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPENSATING_CASE", Trigger: "collide.message.Engine", To: "FAILED"},
+			{From: "COMPENSATING_CASE", Trigger: "collide.message.Meta", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_CASE", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_CASE", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_CASE", Trigger: "operator.retry", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
+			{From: "COMPENSATING_CASE", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "CASE", Emits: []string{"collide.message.Message"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "FALLTHROUGH"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "collide.message.Meta", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "collide.message.Meta", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "collide.message.Meta", To: "MANUAL_REVIEW"},
 		},
 	}
 }
@@ -555,18 +576,67 @@ func (s *Switch) Start(ctx context.Context, start *Context, meta envelope.Meta) 
 	return s.engine.Start(ctx, start, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s *Switch) Status(ctx context.Context, sagaID string) (saga.Status, error) {
 	return s.engine.Status(ctx, sagaID)
 }
 
+// SwitchSnapshot is one instance of saga collide.message.Switch as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type SwitchSnapshot = saga.Snapshot[SwitchState, *Config]
+
+// SwitchFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type SwitchFilter = saga.Filter[SwitchState]
+
+// SwitchPage is one page of List, newest first; its NextCursor continues it.
+type SwitchPage = saga.Page[SwitchState, *Config]
+
+// Get returns the instance with business key businessKey (type of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *Switch) Get(ctx context.Context, businessKey string) (*SwitchSnapshot, error) {
+	return saga.Get[SwitchState, *Config](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *Switch) GetByID(ctx context.Context, sagaID string) (*SwitchSnapshot, error) {
+	return saga.GetByID[SwitchState, *Config](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *Switch) List(ctx context.Context, f SwitchFilter) (SwitchPage, error) {
+	return saga.List[SwitchState, *Config](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *Switch) StartPattern() string { return "POST /sagas/switch" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *Switch) StatusPattern() string { return "GET /sagas/switch/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *Switch) StatusPath(sagaID string) string { return "/sagas/switch/" + sagaID }
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) Context and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s *Switch) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
 	return s.engine.StartHandler(func() message.Message { return new(Context) }, statusURL)
 }
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *Switch) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
 //go:embed migrations/saga_switch/0001_create_saga_switch.sql migrations/saga_switch/0002_states_6926c106.sql migrations/saga_switch/0003_indexes.sql
 var switchMigrationsFS embed.FS

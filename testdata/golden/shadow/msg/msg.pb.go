@@ -113,6 +113,68 @@ func (x *DoneMsg) GetId() string {
 	return ""
 }
 
+// Stop cancels saga shadow.t.ByReceiver: the generated CancelTx and the
+// harness's Cancel take it as a parameter.
+type Stop struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	By            string                 `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
+	Why           string                 `protobuf:"bytes,3,opt,name=why,proto3" json:"why,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Stop) Reset() {
+	*x = Stop{}
+	mi := &file_msg_msg_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Stop) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Stop) ProtoMessage() {}
+
+func (x *Stop) ProtoReflect() protoreflect.Message {
+	mi := &file_msg_msg_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Stop.ProtoReflect.Descriptor instead.
+func (*Stop) Descriptor() ([]byte, []int) {
+	return file_msg_msg_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Stop) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Stop) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *Stop) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
 var File_msg_msg_proto protoreflect.FileDescriptor
 
 const file_msg_msg_proto_rawDesc = "" +
@@ -123,7 +185,12 @@ const file_msg_msg_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id:\x13\xe2\xdd\x19\x0f\b\x01\"\x02idB\asvc-msg\"%\n" +
 	"\aDoneMsg\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id:\n" +
-	"\xe2\xdd\x19\x06\b\x03*\x02idB6Z4github.com/protosaga/saga/testdata/golden/shadow/msgb\x06proto3"
+	"\xe2\xdd\x19\x06\b\x03*\x02id\"D\n" +
+	"\x04Stop\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
+	"\x02by\x18\x02 \x01(\tR\x02by\x12\x10\n" +
+	"\x03why\x18\x03 \x01(\tR\x03why:\n" +
+	"\xe2\xdd\x19\x06\b\x02*\x02idB6Z4github.com/protosaga/saga/testdata/golden/shadow/msgb\x06proto3"
 
 var (
 	file_msg_msg_proto_rawDescOnce sync.Once
@@ -137,10 +204,11 @@ func file_msg_msg_proto_rawDescGZIP() []byte {
 	return file_msg_msg_proto_rawDescData
 }
 
-var file_msg_msg_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_msg_msg_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_msg_msg_proto_goTypes = []any{
 	(*DoMsg)(nil),   // 0: shadow.msg.DoMsg
 	(*DoneMsg)(nil), // 1: shadow.msg.DoneMsg
+	(*Stop)(nil),    // 2: shadow.msg.Stop
 }
 var file_msg_msg_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -161,7 +229,7 @@ func file_msg_msg_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_msg_msg_proto_rawDesc), len(file_msg_msg_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

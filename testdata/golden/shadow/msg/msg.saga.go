@@ -86,6 +86,32 @@ func (x *DoneMsg) CorrelationKey() string { return x.GetId() }
 
 func (*DoneMsg) isDoMsgResult() {}
 
+// StopInfo describes the event shadow.msg.Stop.
+var StopInfo = &message.Info{
+	FullName:      "shadow.msg.Stop",
+	Kind:          message.KindEvent,
+	Exchange:      "shadow.msg.events",
+	RoutingKey:    "event.shadow.msg.stop",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(Stop) },
+}
+
+// SagaMessageInfo returns StopInfo.
+func (*Stop) SagaMessageInfo() *message.Info { return StopInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*Stop) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field id.
+func (x *Stop) CorrelationKey() string { return x.GetId() }
+
+// PublishStop writes m to the outbox in the caller's transaction; the relay
+// publishes it to "shadow.msg.events" with routing key "event.shadow.msg.stop" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishStop(ctx context.Context, tx pgx.Tx, m *Stop, meta envelope.Meta) (string, error) {
+	return outbox.Publish(ctx, tx, m, meta)
+}
+
 // SvcMsgParticipant executes the commands owned by service "svc-msg".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
@@ -146,6 +172,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	return broker.Topology{
 		Exchanges: []broker.Exchange{
 			{Name: "shadow.msg.commands", Kind: "direct"},
+			{Name: "shadow.msg.events", Kind: "topic"},
 			{Name: "shadow.msg.replies", Kind: "direct"},
 		},
 		Queues: slices.Concat(
@@ -162,7 +189,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 func SagaPackage() host.Package {
 	return host.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/msg",
-		Messages: []*message.Info{DoMsgInfo, DoneMsgInfo},
+		Messages: []*message.Info{DoMsgInfo, DoneMsgInfo, StopInfo},
 		Topology: TopologyWith,
 	}
 }

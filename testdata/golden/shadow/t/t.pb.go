@@ -2,7 +2,8 @@
 // imports are named like its local variables. protogen imports a package
 // under the last element of its path, so the saga of this package refers to
 // packages imported as cfg, ctx, d, data, def, h, msg and ok (its replies,
-// in Apply and New<Saga>), start, s and statusURL (start messages, in the
+// in Apply and New<Saga>; msg's Stop is also a cancel message, in CancelTx
+// and the harness's Cancel), start, s and statusURL (start messages, in the
 // Start hook and HTTPHandler), and its test helpers to this package itself,
 // imported as t.
 
@@ -227,9 +228,10 @@ const file_t_t_proto_rawDesc = "" +
 	"\xe2\xdd\x19\x06\b\x02*\x02id\"\xc4\x03\n" +
 	"\n" +
 	"FanOutData\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id:\xa5\x03\xea\xdd\x19\xa0\x03\x12\x12shadow.start.Begin\x1a\x02id21\x10\x03\x1a\x10shadow.cfg.DoCfg\"\x12shadow.cfg.DoneCfgJ\x0310sX\x02`\x0121\x10\x03\x1a\x10shadow.ctx.DoCtx\"\x12shadow.ctx.DoneCtxJ\x0310sX\x02`\x012)\x10\x03\x1a\fshadow.d.DoD\"\x0eshadow.d.DoneDJ\x0310sX\x02`\x0125\x10\x03\x1a\x12shadow.data.DoData\"\x14shadow.data.DoneDataJ\x0310sX\x02`\x0121\x10\x03\x1a\x10shadow.def.DoDef\"\x12shadow.def.DoneDefJ\x0310sX\x02`\x012)\x10\x03\x1a\fshadow.h.DoH\"\x0eshadow.h.DoneHJ\x0310sX\x02`\x0121\x10\x03\x1a\x10shadow.msg.DoMsg\"\x12shadow.msg.DoneMsgJ\x0310sX\x02`\x012-\x10\x03\x1a\x0eshadow.ok.DoOk\"\x10shadow.ok.DoneOkJ\x0310sX\x02`\x01\"P\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id:\xa5\x03\xea\xdd\x19\xa0\x03\x12\x12shadow.start.Begin\x1a\x02id21\x10\x03\x1a\x10shadow.cfg.DoCfg\"\x12shadow.cfg.DoneCfgJ\x0310sX\x02`\x0121\x10\x03\x1a\x10shadow.ctx.DoCtx\"\x12shadow.ctx.DoneCtxJ\x0310sX\x02`\x012)\x10\x03\x1a\fshadow.d.DoD\"\x0eshadow.d.DoneDJ\x0310sX\x02`\x0125\x10\x03\x1a\x12shadow.data.DoData\"\x14shadow.data.DoneDataJ\x0310sX\x02`\x0121\x10\x03\x1a\x10shadow.def.DoDef\"\x12shadow.def.DoneDefJ\x0310sX\x02`\x012)\x10\x03\x1a\fshadow.h.DoH\"\x0eshadow.h.DoneHJ\x0310sX\x02`\x0121\x10\x03\x1a\x10shadow.msg.DoMsg\"\x12shadow.msg.DoneMsgJ\x0310sX\x02`\x012-\x10\x03\x1a\x0eshadow.ok.DoOk\"\x10shadow.ok.DoneOkJ\x0310sX\x02`\x01\"l\n" +
 	"\x0eByReceiverData\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id:.\xea\xdd\x19*\x12\x0eshadow.s.Begin\x1a\x02id2\x14\x10\x02\"\bApprovedJ\x021h`\x02h\x01\"Y\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id:J\xea\xdd\x19F\x12\x0eshadow.s.Begin\x1a\x02id2\x14\x10\x02\"\bApprovedJ\x021h`\x02h\x01B\x1a\n" +
+	"\x0fshadow.msg.Stop\x12\x02by\x1a\x03why\"Y\n" +
 	"\x0fByStatusURLData\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id:6\xea\xdd\x192\x12\x16shadow.statusURL.Begin\x1a\x02id2\x14\x10\x02\"\bApprovedJ\x021h`\x02h\x01B4Z2github.com/protosaga/saga/testdata/golden/shadow/tb\x06proto3"
 

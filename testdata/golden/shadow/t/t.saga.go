@@ -94,6 +94,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			{Name: "shadow.h.commands", Kind: "direct"},
 			{Name: "shadow.h.replies", Kind: "direct"},
 			{Name: "shadow.msg.commands", Kind: "direct"},
+			{Name: "shadow.msg.events", Kind: "topic"},
 			{Name: "shadow.msg.replies", Kind: "direct"},
 			{Name: "shadow.ok.commands", Kind: "direct"},
 			{Name: "shadow.ok.replies", Kind: "direct"},
@@ -108,6 +109,7 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 			broker.WorkQueue("fan_out.saga.fan_out", qt, p),
 		),
 		Bindings: []broker.Binding{
+			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.msg.events", RoutingKey: "event.shadow.msg.stop"},
 			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.s.commands", RoutingKey: "command.shadow.s.begin"},
 			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
 			{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.statusURL.commands", RoutingKey: "command.shadow.statusurl.begin"},
@@ -135,14 +137,33 @@ func SagaPackage() host.Package {
 	}
 }
 
-// States of saga shadow.t.ByReceiver, as stored in saga_by_receiver.state.
+// ByReceiverState is a state of saga shadow.t.ByReceiver, as stored in saga_by_receiver.state.
+type ByReceiverState string
+
+// States of saga shadow.t.ByReceiver.
 const (
-	ByReceiverStateApproved     = "APPROVED"
-	ByReceiverStateManualReview = "MANUAL_REVIEW"
-	ByReceiverStateCompleted    = "COMPLETED"
-	ByReceiverStateFailed       = "FAILED"
-	ByReceiverStateCancelled    = "CANCELLED"
+	ByReceiverStateApproved     ByReceiverState = "APPROVED"
+	ByReceiverStateManualReview ByReceiverState = "MANUAL_REVIEW"
+	ByReceiverStateCompleted    ByReceiverState = "COMPLETED"
+	ByReceiverStateFailed       ByReceiverState = "FAILED"
+	ByReceiverStateCancelled    ByReceiverState = "CANCELLED"
 )
+
+// Terminal reports whether s_ is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s_ ByReceiverState) Terminal() bool { return sagadef.IsTerminal(string(s_)) }
+
+// Valid reports whether s_ is a state of saga shadow.t.ByReceiver.
+func (s_ ByReceiverState) Valid() bool {
+	switch s_ {
+	case ByReceiverStateApproved,
+		ByReceiverStateManualReview,
+		ByReceiverStateCompleted,
+		ByReceiverStateFailed,
+		ByReceiverStateCancelled:
+		return true
+	}
+	return false
+}
 
 // ByReceiverDefinition returns the definition of saga shadow.t.ByReceiver.
 //
@@ -167,31 +188,34 @@ func ByReceiverDefinition() *sagadef.Definition {
 				Late:           sagadef.LateManualReview,
 			},
 		},
+		Cancel: sagadef.Cancel{Message: "shadow.msg.Stop", RequestedBy: "by", Reason: "why"},
 		States: []sagadef.State{
-			{Name: ByReceiverStateApproved, Kind: sagadef.StateKindStep, Step: "Approved"},
-			{Name: ByReceiverStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: ByReceiverStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: ByReceiverStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: ByReceiverStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "APPROVED", Kind: sagadef.StateKindStep, Step: "Approved"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: ByReceiverStateApproved},
-			{From: ByReceiverStateApproved, Trigger: "shadow.t.Approved", To: ByReceiverStateCompleted},
-			{From: ByReceiverStateApproved, Trigger: "timeout", To: ByReceiverStateFailed},
-			{From: ByReceiverStateApproved, Trigger: "stuck", To: ByReceiverStateManualReview},
-			{From: ByReceiverStateApproved, Trigger: "operator.retry", To: ByReceiverStateApproved},
-			{From: ByReceiverStateApproved, Trigger: "operator.compensate", To: ByReceiverStateFailed},
-			{From: ByReceiverStateApproved, Trigger: "operator.cancel", To: ByReceiverStateCancelled},
-			{From: ByReceiverStateManualReview, Trigger: "operator.retry", To: ByReceiverStateApproved},
-			{From: ByReceiverStateManualReview, Trigger: "operator.retry", To: ByReceiverStateCompleted},
-			{From: ByReceiverStateManualReview, Trigger: "operator.compensate", To: ByReceiverStateFailed},
-			{From: ByReceiverStateManualReview, Trigger: "operator.resolve", To: ByReceiverStateCompleted},
-			{From: ByReceiverStateManualReview, Trigger: "operator.resolve", To: ByReceiverStateFailed},
-			{From: ByReceiverStateManualReview, Trigger: "operator.resolve", To: ByReceiverStateCancelled},
-			{From: ByReceiverStateManualReview, Trigger: "operator.cancel", To: ByReceiverStateCancelled},
-			{From: ByReceiverStateCompleted, Trigger: "shadow.t.Approved", To: ByReceiverStateManualReview},
-			{From: ByReceiverStateFailed, Trigger: "shadow.t.Approved", To: ByReceiverStateManualReview},
-			{From: ByReceiverStateCancelled, Trigger: "shadow.t.Approved", To: ByReceiverStateManualReview},
+			{From: "", Trigger: "start", To: "APPROVED"},
+			{From: "APPROVED", Trigger: "shadow.t.Approved", To: "COMPLETED"},
+			{From: "APPROVED", Trigger: "shadow.msg.Stop", To: "CANCELLED"},
+			{From: "APPROVED", Trigger: "timeout", To: "FAILED"},
+			{From: "APPROVED", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "APPROVED", Trigger: "operator.retry", To: "APPROVED"},
+			{From: "APPROVED", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "APPROVED", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "APPROVED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 		},
 	}
 }
@@ -204,12 +228,17 @@ func ByReceiverDefinition() *sagadef.Definition {
 type ByReceiverDecider interface {
 	// Start returns the saga data for a new instance.
 	Start(ctx context.Context, start *s.Begin) (*ByReceiverData, error)
+	// OnStop folds shadow.msg.Stop into the saga data before the transition.
+	OnStop(ctx context.Context, data *ByReceiverData, msg_ *msg.Stop) error
 	// OnApproved folds shadow.t.Approved into the saga data before the transition.
-	OnApproved(ctx context.Context, data *ByReceiverData, msg *Approved) error
+	OnApproved(ctx context.Context, data *ByReceiverData, msg_ *Approved) error
 }
 
 // ByReceiverNoopFolds implements every On method of ByReceiverDecider as a no-op.
 type ByReceiverNoopFolds struct{}
+
+// OnStop does nothing.
+func (ByReceiverNoopFolds) OnStop(context.Context, *ByReceiverData, *msg.Stop) error { return nil }
 
 // OnApproved does nothing.
 func (ByReceiverNoopFolds) OnApproved(context.Context, *ByReceiverData, *Approved) error { return nil }
@@ -240,12 +269,14 @@ func (h byReceiverHooks) Build(ctx context.Context, command string, data proto.M
 	return nil, fmt.Errorf("saga shadow.t.ByReceiver: no command %s in this saga (it sends none)", command)
 }
 
-func (h byReceiverHooks) Apply(ctx context.Context, data proto.Message, msg message.Message) error {
+func (h byReceiverHooks) Apply(ctx context.Context, data proto.Message, msg_ message.Message) error {
 	d, ok := data.(*ByReceiverData)
 	if !ok {
 		return fmt.Errorf("saga shadow.t.ByReceiver: saga data is %T, want *ByReceiverData", data)
 	}
-	switch m := msg.(type) {
+	switch m := msg_.(type) {
+	case *msg.Stop:
+		return h.d.OnStop(ctx, d, m)
 	case *Approved:
 		return h.d.OnApproved(ctx, d, m)
 	}
@@ -271,7 +302,7 @@ func NewByReceiver(cfg saga.Config, d ByReceiverDecider) (*ByReceiver, error) {
 	cfg.Definition = def
 	cfg.Hooks = byReceiverHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(s.BeginInfo, ApprovedInfo)
+		reg, err := message.NewRegistry(s.BeginInfo, msg.StopInfo, ApprovedInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga shadow.t.ByReceiver: %w", err)
 		}
@@ -308,17 +339,80 @@ func (s_ *ByReceiver) Start(ctx context.Context, start *s.Begin, meta envelope.M
 	return s_.engine.Start(ctx, start, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s_ *ByReceiver) Status(ctx context.Context, sagaID string) (saga.Status, error) {
 	return s_.engine.Status(ctx, sagaID)
 }
 
+// ByReceiverSnapshot is one instance of saga shadow.t.ByReceiver as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type ByReceiverSnapshot = saga.Snapshot[ByReceiverState, *ByReceiverData]
+
+// ByReceiverFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type ByReceiverFilter = saga.Filter[ByReceiverState]
+
+// ByReceiverPage is one page of List, newest first; its NextCursor continues it.
+type ByReceiverPage = saga.Page[ByReceiverState, *ByReceiverData]
+
+// Get returns the instance with business key businessKey (id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s_ *ByReceiver) Get(ctx context.Context, businessKey string) (*ByReceiverSnapshot, error) {
+	return saga.Get[ByReceiverState, *ByReceiverData](ctx, s_.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s_ *ByReceiver) GetByID(ctx context.Context, sagaID string) (*ByReceiverSnapshot, error) {
+	return saga.GetByID[ByReceiverState, *ByReceiverData](ctx, s_.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s_ *ByReceiver) List(ctx context.Context, f ByReceiverFilter) (ByReceiverPage, error) {
+	return saga.List[ByReceiverState, *ByReceiverData](ctx, s_.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s_ *ByReceiver) StartPattern() string { return "POST /sagas/by_receiver" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s_ *ByReceiver) StatusPattern() string { return "GET /sagas/by_receiver/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s_ *ByReceiver) StatusPath(sagaID string) string { return "/sagas/by_receiver/" + sagaID }
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) Begin and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s_ *ByReceiver) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s_.StatusPath
+	}
 	return s_.engine.StartHandler(func() message.Message { return new(s.Begin) }, statusURL)
+}
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s_ *ByReceiver) StatusHandler() http.Handler { return s_.engine.StatusHandler() }
+
+// CancelTx asks, in the caller's transaction, to cancel the instance msg_ names
+// by its correlation field (id): it writes msg_ to the outbox, and the
+// saga applies it when its queue delivers it. Before the point of no return
+// the saga compensates and ends CANCELLED; after it the cancel is refused.
+// The audit trail records who asked (by) and why (why).
+func (s_ *ByReceiver) CancelTx(ctx context.Context, tx pgx.Tx, msg_ *msg.Stop, meta envelope.Meta) (messageID string, err error) {
+	return s_.engine.RequestCancelTx(ctx, tx, msg_, meta)
+}
+
+// Cancel is CancelTx in a transaction of its own.
+func (s_ *ByReceiver) Cancel(ctx context.Context, msg_ *msg.Stop, meta envelope.Meta) (messageID string, err error) {
+	return s_.engine.RequestCancel(ctx, msg_, meta)
 }
 
 //go:embed migrations/saga_by_receiver/0001_create_saga_by_receiver.sql migrations/saga_by_receiver/0002_states_b4bfecc8.sql migrations/saga_by_receiver/0003_indexes.sql
@@ -353,14 +447,33 @@ func RegisterByReceiver(h *host.Host, d ByReceiverDecider) (*ByReceiver, error) 
 	return s_, nil
 }
 
-// States of saga shadow.t.ByStatusURL, as stored in saga_by_status_url.state.
+// ByStatusURLState is a state of saga shadow.t.ByStatusURL, as stored in saga_by_status_url.state.
+type ByStatusURLState string
+
+// States of saga shadow.t.ByStatusURL.
 const (
-	ByStatusURLStateApproved     = "APPROVED"
-	ByStatusURLStateManualReview = "MANUAL_REVIEW"
-	ByStatusURLStateCompleted    = "COMPLETED"
-	ByStatusURLStateFailed       = "FAILED"
-	ByStatusURLStateCancelled    = "CANCELLED"
+	ByStatusURLStateApproved     ByStatusURLState = "APPROVED"
+	ByStatusURLStateManualReview ByStatusURLState = "MANUAL_REVIEW"
+	ByStatusURLStateCompleted    ByStatusURLState = "COMPLETED"
+	ByStatusURLStateFailed       ByStatusURLState = "FAILED"
+	ByStatusURLStateCancelled    ByStatusURLState = "CANCELLED"
 )
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s ByStatusURLState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga shadow.t.ByStatusURL.
+func (s ByStatusURLState) Valid() bool {
+	switch s {
+	case ByStatusURLStateApproved,
+		ByStatusURLStateManualReview,
+		ByStatusURLStateCompleted,
+		ByStatusURLStateFailed,
+		ByStatusURLStateCancelled:
+		return true
+	}
+	return false
+}
 
 // ByStatusURLDefinition returns the definition of saga shadow.t.ByStatusURL.
 //
@@ -386,30 +499,30 @@ func ByStatusURLDefinition() *sagadef.Definition {
 			},
 		},
 		States: []sagadef.State{
-			{Name: ByStatusURLStateApproved, Kind: sagadef.StateKindStep, Step: "Approved"},
-			{Name: ByStatusURLStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: ByStatusURLStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: ByStatusURLStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: ByStatusURLStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "APPROVED", Kind: sagadef.StateKindStep, Step: "Approved"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: ByStatusURLStateApproved},
-			{From: ByStatusURLStateApproved, Trigger: "shadow.t.Approved", To: ByStatusURLStateCompleted},
-			{From: ByStatusURLStateApproved, Trigger: "timeout", To: ByStatusURLStateFailed},
-			{From: ByStatusURLStateApproved, Trigger: "stuck", To: ByStatusURLStateManualReview},
-			{From: ByStatusURLStateApproved, Trigger: "operator.retry", To: ByStatusURLStateApproved},
-			{From: ByStatusURLStateApproved, Trigger: "operator.compensate", To: ByStatusURLStateFailed},
-			{From: ByStatusURLStateApproved, Trigger: "operator.cancel", To: ByStatusURLStateCancelled},
-			{From: ByStatusURLStateManualReview, Trigger: "operator.retry", To: ByStatusURLStateApproved},
-			{From: ByStatusURLStateManualReview, Trigger: "operator.retry", To: ByStatusURLStateCompleted},
-			{From: ByStatusURLStateManualReview, Trigger: "operator.compensate", To: ByStatusURLStateFailed},
-			{From: ByStatusURLStateManualReview, Trigger: "operator.resolve", To: ByStatusURLStateCompleted},
-			{From: ByStatusURLStateManualReview, Trigger: "operator.resolve", To: ByStatusURLStateFailed},
-			{From: ByStatusURLStateManualReview, Trigger: "operator.resolve", To: ByStatusURLStateCancelled},
-			{From: ByStatusURLStateManualReview, Trigger: "operator.cancel", To: ByStatusURLStateCancelled},
-			{From: ByStatusURLStateCompleted, Trigger: "shadow.t.Approved", To: ByStatusURLStateManualReview},
-			{From: ByStatusURLStateFailed, Trigger: "shadow.t.Approved", To: ByStatusURLStateManualReview},
-			{From: ByStatusURLStateCancelled, Trigger: "shadow.t.Approved", To: ByStatusURLStateManualReview},
+			{From: "", Trigger: "start", To: "APPROVED"},
+			{From: "APPROVED", Trigger: "shadow.t.Approved", To: "COMPLETED"},
+			{From: "APPROVED", Trigger: "timeout", To: "FAILED"},
+			{From: "APPROVED", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "APPROVED", Trigger: "operator.retry", To: "APPROVED"},
+			{From: "APPROVED", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "APPROVED", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "APPROVED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 		},
 	}
 }
@@ -528,18 +641,67 @@ func (s *ByStatusURL) Start(ctx context.Context, start *statusURL.Begin, meta en
 	return s.engine.Start(ctx, start, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s *ByStatusURL) Status(ctx context.Context, sagaID string) (saga.Status, error) {
 	return s.engine.Status(ctx, sagaID)
 }
 
+// ByStatusURLSnapshot is one instance of saga shadow.t.ByStatusURL as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type ByStatusURLSnapshot = saga.Snapshot[ByStatusURLState, *ByStatusURLData]
+
+// ByStatusURLFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type ByStatusURLFilter = saga.Filter[ByStatusURLState]
+
+// ByStatusURLPage is one page of List, newest first; its NextCursor continues it.
+type ByStatusURLPage = saga.Page[ByStatusURLState, *ByStatusURLData]
+
+// Get returns the instance with business key businessKey (id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *ByStatusURL) Get(ctx context.Context, businessKey string) (*ByStatusURLSnapshot, error) {
+	return saga.Get[ByStatusURLState, *ByStatusURLData](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *ByStatusURL) GetByID(ctx context.Context, sagaID string) (*ByStatusURLSnapshot, error) {
+	return saga.GetByID[ByStatusURLState, *ByStatusURLData](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *ByStatusURL) List(ctx context.Context, f ByStatusURLFilter) (ByStatusURLPage, error) {
+	return saga.List[ByStatusURLState, *ByStatusURLData](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *ByStatusURL) StartPattern() string { return "POST /sagas/by_status_url" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *ByStatusURL) StatusPattern() string { return "GET /sagas/by_status_url/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *ByStatusURL) StatusPath(sagaID string) string { return "/sagas/by_status_url/" + sagaID }
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) Begin and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL_(sagaID) (StatusPath when statusURL_ is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s *ByStatusURL) HTTPHandler(statusURL_ func(sagaID string) string) http.Handler {
+	if statusURL_ == nil {
+		statusURL_ = s.StatusPath
+	}
 	return s.engine.StartHandler(func() message.Message { return new(statusURL.Begin) }, statusURL_)
 }
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *ByStatusURL) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
 //go:embed migrations/saga_by_status_url/0001_create_saga_by_status_url.sql migrations/saga_by_status_url/0002_states_b4bfecc8.sql migrations/saga_by_status_url/0003_indexes.sql
 var byStatusURLMigrationsFS embed.FS
@@ -573,21 +735,47 @@ func RegisterByStatusURL(h *host.Host, d ByStatusURLDecider) (*ByStatusURL, erro
 	return s, nil
 }
 
-// States of saga shadow.t.FanOut, as stored in saga_fan_out.state.
+// FanOutState is a state of saga shadow.t.FanOut, as stored in saga_fan_out.state.
+type FanOutState string
+
+// States of saga shadow.t.FanOut.
 const (
-	FanOutStateDoCfg        = "DO_CFG"
-	FanOutStateDoCtx        = "DO_CTX"
-	FanOutStateDoD          = "DO_D"
-	FanOutStateDoData       = "DO_DATA"
-	FanOutStateDoDef        = "DO_DEF"
-	FanOutStateDoH          = "DO_H"
-	FanOutStateDoMsg        = "DO_MSG"
-	FanOutStateDoOk         = "DO_OK"
-	FanOutStateManualReview = "MANUAL_REVIEW"
-	FanOutStateCompleted    = "COMPLETED"
-	FanOutStateFailed       = "FAILED"
-	FanOutStateCancelled    = "CANCELLED"
+	FanOutStateDoCfg        FanOutState = "DO_CFG"
+	FanOutStateDoCtx        FanOutState = "DO_CTX"
+	FanOutStateDoD          FanOutState = "DO_D"
+	FanOutStateDoData       FanOutState = "DO_DATA"
+	FanOutStateDoDef        FanOutState = "DO_DEF"
+	FanOutStateDoH          FanOutState = "DO_H"
+	FanOutStateDoMsg        FanOutState = "DO_MSG"
+	FanOutStateDoOk         FanOutState = "DO_OK"
+	FanOutStateManualReview FanOutState = "MANUAL_REVIEW"
+	FanOutStateCompleted    FanOutState = "COMPLETED"
+	FanOutStateFailed       FanOutState = "FAILED"
+	FanOutStateCancelled    FanOutState = "CANCELLED"
 )
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s FanOutState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga shadow.t.FanOut.
+func (s FanOutState) Valid() bool {
+	switch s {
+	case FanOutStateDoCfg,
+		FanOutStateDoCtx,
+		FanOutStateDoD,
+		FanOutStateDoData,
+		FanOutStateDoDef,
+		FanOutStateDoH,
+		FanOutStateDoMsg,
+		FanOutStateDoOk,
+		FanOutStateManualReview,
+		FanOutStateCompleted,
+		FanOutStateFailed,
+		FanOutStateCancelled:
+		return true
+	}
+	return false
+}
 
 // FanOutDefinition returns the definition of saga shadow.t.FanOut.
 //
@@ -683,91 +871,91 @@ func FanOutDefinition() *sagadef.Definition {
 			},
 		},
 		States: []sagadef.State{
-			{Name: FanOutStateDoCfg, Kind: sagadef.StateKindStep, Step: "DoCfg"},
-			{Name: FanOutStateDoCtx, Kind: sagadef.StateKindStep, Step: "DoCtx"},
-			{Name: FanOutStateDoD, Kind: sagadef.StateKindStep, Step: "DoD"},
-			{Name: FanOutStateDoData, Kind: sagadef.StateKindStep, Step: "DoData"},
-			{Name: FanOutStateDoDef, Kind: sagadef.StateKindStep, Step: "DoDef"},
-			{Name: FanOutStateDoH, Kind: sagadef.StateKindStep, Step: "DoH"},
-			{Name: FanOutStateDoMsg, Kind: sagadef.StateKindStep, Step: "DoMsg"},
-			{Name: FanOutStateDoOk, Kind: sagadef.StateKindStep, Step: "DoOk"},
-			{Name: FanOutStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: FanOutStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: FanOutStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: FanOutStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "DO_CFG", Kind: sagadef.StateKindStep, Step: "DoCfg"},
+			{Name: "DO_CTX", Kind: sagadef.StateKindStep, Step: "DoCtx"},
+			{Name: "DO_D", Kind: sagadef.StateKindStep, Step: "DoD"},
+			{Name: "DO_DATA", Kind: sagadef.StateKindStep, Step: "DoData"},
+			{Name: "DO_DEF", Kind: sagadef.StateKindStep, Step: "DoDef"},
+			{Name: "DO_H", Kind: sagadef.StateKindStep, Step: "DoH"},
+			{Name: "DO_MSG", Kind: sagadef.StateKindStep, Step: "DoMsg"},
+			{Name: "DO_OK", Kind: sagadef.StateKindStep, Step: "DoOk"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: FanOutStateDoCfg, Emits: []string{"shadow.cfg.DoCfg"}},
-			{From: FanOutStateDoCfg, Trigger: "shadow.cfg.DoneCfg", To: FanOutStateDoCtx, Emits: []string{"shadow.ctx.DoCtx"}},
-			{From: FanOutStateDoCfg, Trigger: "timeout", To: FanOutStateDoCfg, Emits: []string{"shadow.cfg.DoCfg"}},
-			{From: FanOutStateDoCfg, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoCfg, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoCfg, Trigger: "operator.retry", To: FanOutStateDoCfg, Emits: []string{"shadow.cfg.DoCfg"}},
-			{From: FanOutStateDoCfg, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoCfg, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateDoCtx, Trigger: "shadow.ctx.DoneCtx", To: FanOutStateDoD, Emits: []string{"shadow.d.DoD"}},
-			{From: FanOutStateDoCtx, Trigger: "timeout", To: FanOutStateDoCtx, Emits: []string{"shadow.ctx.DoCtx"}},
-			{From: FanOutStateDoCtx, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoCtx, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoCtx, Trigger: "operator.retry", To: FanOutStateDoCtx, Emits: []string{"shadow.ctx.DoCtx"}},
-			{From: FanOutStateDoCtx, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoCtx, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateDoD, Trigger: "shadow.d.DoneD", To: FanOutStateDoData, Emits: []string{"shadow.data.DoData"}},
-			{From: FanOutStateDoD, Trigger: "timeout", To: FanOutStateDoD, Emits: []string{"shadow.d.DoD"}},
-			{From: FanOutStateDoD, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoD, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoD, Trigger: "operator.retry", To: FanOutStateDoD, Emits: []string{"shadow.d.DoD"}},
-			{From: FanOutStateDoD, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoD, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateDoData, Trigger: "shadow.data.DoneData", To: FanOutStateDoDef, Emits: []string{"shadow.def.DoDef"}},
-			{From: FanOutStateDoData, Trigger: "timeout", To: FanOutStateDoData, Emits: []string{"shadow.data.DoData"}},
-			{From: FanOutStateDoData, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoData, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoData, Trigger: "operator.retry", To: FanOutStateDoData, Emits: []string{"shadow.data.DoData"}},
-			{From: FanOutStateDoData, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoData, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateDoDef, Trigger: "shadow.def.DoneDef", To: FanOutStateDoH, Emits: []string{"shadow.h.DoH"}},
-			{From: FanOutStateDoDef, Trigger: "timeout", To: FanOutStateDoDef, Emits: []string{"shadow.def.DoDef"}},
-			{From: FanOutStateDoDef, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoDef, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoDef, Trigger: "operator.retry", To: FanOutStateDoDef, Emits: []string{"shadow.def.DoDef"}},
-			{From: FanOutStateDoDef, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoDef, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateDoH, Trigger: "shadow.h.DoneH", To: FanOutStateDoMsg, Emits: []string{"shadow.msg.DoMsg"}},
-			{From: FanOutStateDoH, Trigger: "timeout", To: FanOutStateDoH, Emits: []string{"shadow.h.DoH"}},
-			{From: FanOutStateDoH, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoH, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoH, Trigger: "operator.retry", To: FanOutStateDoH, Emits: []string{"shadow.h.DoH"}},
-			{From: FanOutStateDoH, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoH, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateDoMsg, Trigger: "shadow.msg.DoneMsg", To: FanOutStateDoOk, Emits: []string{"shadow.ok.DoOk"}},
-			{From: FanOutStateDoMsg, Trigger: "timeout", To: FanOutStateDoMsg, Emits: []string{"shadow.msg.DoMsg"}},
-			{From: FanOutStateDoMsg, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoMsg, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoMsg, Trigger: "operator.retry", To: FanOutStateDoMsg, Emits: []string{"shadow.msg.DoMsg"}},
-			{From: FanOutStateDoMsg, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoMsg, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateDoOk, Trigger: "shadow.ok.DoneOk", To: FanOutStateCompleted},
-			{From: FanOutStateDoOk, Trigger: "timeout", To: FanOutStateDoOk, Emits: []string{"shadow.ok.DoOk"}},
-			{From: FanOutStateDoOk, Trigger: "timeout", To: FanOutStateManualReview},
-			{From: FanOutStateDoOk, Trigger: "stuck", To: FanOutStateManualReview},
-			{From: FanOutStateDoOk, Trigger: "operator.retry", To: FanOutStateDoOk, Emits: []string{"shadow.ok.DoOk"}},
-			{From: FanOutStateDoOk, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateDoOk, Trigger: "operator.cancel", To: FanOutStateCancelled},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoCfg, Emits: []string{"shadow.cfg.DoCfg"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoCtx, Emits: []string{"shadow.ctx.DoCtx"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoD, Emits: []string{"shadow.d.DoD"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoData, Emits: []string{"shadow.data.DoData"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoDef, Emits: []string{"shadow.def.DoDef"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoH, Emits: []string{"shadow.h.DoH"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoMsg, Emits: []string{"shadow.msg.DoMsg"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateDoOk, Emits: []string{"shadow.ok.DoOk"}},
-			{From: FanOutStateManualReview, Trigger: "operator.retry", To: FanOutStateCompleted},
-			{From: FanOutStateManualReview, Trigger: "operator.compensate", To: FanOutStateFailed},
-			{From: FanOutStateManualReview, Trigger: "operator.resolve", To: FanOutStateCompleted},
-			{From: FanOutStateManualReview, Trigger: "operator.resolve", To: FanOutStateFailed},
-			{From: FanOutStateManualReview, Trigger: "operator.resolve", To: FanOutStateCancelled},
-			{From: FanOutStateManualReview, Trigger: "operator.cancel", To: FanOutStateCancelled},
+			{From: "", Trigger: "start", To: "DO_CFG", Emits: []string{"shadow.cfg.DoCfg"}},
+			{From: "DO_CFG", Trigger: "shadow.cfg.DoneCfg", To: "DO_CTX", Emits: []string{"shadow.ctx.DoCtx"}},
+			{From: "DO_CFG", Trigger: "timeout", To: "DO_CFG", Emits: []string{"shadow.cfg.DoCfg"}},
+			{From: "DO_CFG", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_CFG", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_CFG", Trigger: "operator.retry", To: "DO_CFG", Emits: []string{"shadow.cfg.DoCfg"}},
+			{From: "DO_CFG", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_CFG", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "DO_CTX", Trigger: "shadow.ctx.DoneCtx", To: "DO_D", Emits: []string{"shadow.d.DoD"}},
+			{From: "DO_CTX", Trigger: "timeout", To: "DO_CTX", Emits: []string{"shadow.ctx.DoCtx"}},
+			{From: "DO_CTX", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_CTX", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_CTX", Trigger: "operator.retry", To: "DO_CTX", Emits: []string{"shadow.ctx.DoCtx"}},
+			{From: "DO_CTX", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_CTX", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "DO_D", Trigger: "shadow.d.DoneD", To: "DO_DATA", Emits: []string{"shadow.data.DoData"}},
+			{From: "DO_D", Trigger: "timeout", To: "DO_D", Emits: []string{"shadow.d.DoD"}},
+			{From: "DO_D", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_D", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_D", Trigger: "operator.retry", To: "DO_D", Emits: []string{"shadow.d.DoD"}},
+			{From: "DO_D", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_D", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "DO_DATA", Trigger: "shadow.data.DoneData", To: "DO_DEF", Emits: []string{"shadow.def.DoDef"}},
+			{From: "DO_DATA", Trigger: "timeout", To: "DO_DATA", Emits: []string{"shadow.data.DoData"}},
+			{From: "DO_DATA", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_DATA", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_DATA", Trigger: "operator.retry", To: "DO_DATA", Emits: []string{"shadow.data.DoData"}},
+			{From: "DO_DATA", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_DATA", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "DO_DEF", Trigger: "shadow.def.DoneDef", To: "DO_H", Emits: []string{"shadow.h.DoH"}},
+			{From: "DO_DEF", Trigger: "timeout", To: "DO_DEF", Emits: []string{"shadow.def.DoDef"}},
+			{From: "DO_DEF", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_DEF", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_DEF", Trigger: "operator.retry", To: "DO_DEF", Emits: []string{"shadow.def.DoDef"}},
+			{From: "DO_DEF", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_DEF", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "DO_H", Trigger: "shadow.h.DoneH", To: "DO_MSG", Emits: []string{"shadow.msg.DoMsg"}},
+			{From: "DO_H", Trigger: "timeout", To: "DO_H", Emits: []string{"shadow.h.DoH"}},
+			{From: "DO_H", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_H", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_H", Trigger: "operator.retry", To: "DO_H", Emits: []string{"shadow.h.DoH"}},
+			{From: "DO_H", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_H", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "DO_MSG", Trigger: "shadow.msg.DoneMsg", To: "DO_OK", Emits: []string{"shadow.ok.DoOk"}},
+			{From: "DO_MSG", Trigger: "timeout", To: "DO_MSG", Emits: []string{"shadow.msg.DoMsg"}},
+			{From: "DO_MSG", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_MSG", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_MSG", Trigger: "operator.retry", To: "DO_MSG", Emits: []string{"shadow.msg.DoMsg"}},
+			{From: "DO_MSG", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_MSG", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "DO_OK", Trigger: "shadow.ok.DoneOk", To: "COMPLETED"},
+			{From: "DO_OK", Trigger: "timeout", To: "DO_OK", Emits: []string{"shadow.ok.DoOk"}},
+			{From: "DO_OK", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "DO_OK", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "DO_OK", Trigger: "operator.retry", To: "DO_OK", Emits: []string{"shadow.ok.DoOk"}},
+			{From: "DO_OK", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "DO_OK", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_CFG", Emits: []string{"shadow.cfg.DoCfg"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_CTX", Emits: []string{"shadow.ctx.DoCtx"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_D", Emits: []string{"shadow.d.DoD"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_DATA", Emits: []string{"shadow.data.DoData"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_DEF", Emits: []string{"shadow.def.DoDef"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_H", Emits: []string{"shadow.h.DoH"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_MSG", Emits: []string{"shadow.msg.DoMsg"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "DO_OK", Emits: []string{"shadow.ok.DoOk"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
 		},
 	}
 }
@@ -1027,18 +1215,67 @@ func (s *FanOut) Start(ctx_ context.Context, start_ *start.Begin, meta envelope.
 	return s.engine.Start(ctx_, start_, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s *FanOut) Status(ctx_ context.Context, sagaID string) (saga.Status, error) {
 	return s.engine.Status(ctx_, sagaID)
 }
 
+// FanOutSnapshot is one instance of saga shadow.t.FanOut as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type FanOutSnapshot = saga.Snapshot[FanOutState, *FanOutData]
+
+// FanOutFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type FanOutFilter = saga.Filter[FanOutState]
+
+// FanOutPage is one page of List, newest first; its NextCursor continues it.
+type FanOutPage = saga.Page[FanOutState, *FanOutData]
+
+// Get returns the instance with business key businessKey (id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *FanOut) Get(ctx_ context.Context, businessKey string) (*FanOutSnapshot, error) {
+	return saga.Get[FanOutState, *FanOutData](ctx_, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *FanOut) GetByID(ctx_ context.Context, sagaID string) (*FanOutSnapshot, error) {
+	return saga.GetByID[FanOutState, *FanOutData](ctx_, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *FanOut) List(ctx_ context.Context, f FanOutFilter) (FanOutPage, error) {
+	return saga.List[FanOutState, *FanOutData](ctx_, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *FanOut) StartPattern() string { return "POST /sagas/fan_out" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *FanOut) StatusPattern() string { return "GET /sagas/fan_out/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *FanOut) StatusPath(sagaID string) string { return "/sagas/fan_out/" + sagaID }
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) Begin and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s *FanOut) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
 	return s.engine.StartHandler(func() message.Message { return new(start.Begin) }, statusURL)
 }
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *FanOut) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
 //go:embed migrations/saga_fan_out/0001_create_saga_fan_out.sql migrations/saga_fan_out/0002_states_f5593192.sql migrations/saga_fan_out/0003_indexes.sql
 var fanOutMigrationsFS embed.FS

@@ -223,18 +223,41 @@ func SagaPackage() host.Package {
 	}
 }
 
-// States of saga shop.order.v1.PlaceOrder, as stored in saga_place_order.state.
+// PlaceOrderState is a state of saga shop.order.v1.PlaceOrder, as stored in saga_place_order.state.
+type PlaceOrderState string
+
+// States of saga shop.order.v1.PlaceOrder.
 const (
-	PlaceOrderStateReserveInventory             = "RESERVE_INVENTORY"
-	PlaceOrderStateAuthorizePayment             = "AUTHORIZE_PAYMENT"
-	PlaceOrderStateScheduleShipping             = "SCHEDULE_SHIPPING"
-	PlaceOrderStateApproveOrder                 = "APPROVE_ORDER"
-	PlaceOrderStateCompensatingReserveInventory = "COMPENSATING_RESERVE_INVENTORY"
-	PlaceOrderStateManualReview                 = "MANUAL_REVIEW"
-	PlaceOrderStateCompleted                    = "COMPLETED"
-	PlaceOrderStateFailed                       = "FAILED"
-	PlaceOrderStateCancelled                    = "CANCELLED"
+	PlaceOrderStateReserveInventory             PlaceOrderState = "RESERVE_INVENTORY"
+	PlaceOrderStateAuthorizePayment             PlaceOrderState = "AUTHORIZE_PAYMENT"
+	PlaceOrderStateScheduleShipping             PlaceOrderState = "SCHEDULE_SHIPPING"
+	PlaceOrderStateApproveOrder                 PlaceOrderState = "APPROVE_ORDER"
+	PlaceOrderStateCompensatingReserveInventory PlaceOrderState = "COMPENSATING_RESERVE_INVENTORY"
+	PlaceOrderStateManualReview                 PlaceOrderState = "MANUAL_REVIEW"
+	PlaceOrderStateCompleted                    PlaceOrderState = "COMPLETED"
+	PlaceOrderStateFailed                       PlaceOrderState = "FAILED"
+	PlaceOrderStateCancelled                    PlaceOrderState = "CANCELLED"
 )
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s PlaceOrderState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga shop.order.v1.PlaceOrder.
+func (s PlaceOrderState) Valid() bool {
+	switch s {
+	case PlaceOrderStateReserveInventory,
+		PlaceOrderStateAuthorizePayment,
+		PlaceOrderStateScheduleShipping,
+		PlaceOrderStateApproveOrder,
+		PlaceOrderStateCompensatingReserveInventory,
+		PlaceOrderStateManualReview,
+		PlaceOrderStateCompleted,
+		PlaceOrderStateFailed,
+		PlaceOrderStateCancelled:
+		return true
+	}
+	return false
+}
 
 // PlaceOrderDefinition returns the definition of saga shop.order.v1.PlaceOrder.
 //
@@ -295,102 +318,102 @@ func PlaceOrderDefinition() *sagadef.Definition {
 			},
 		},
 		States: []sagadef.State{
-			{Name: PlaceOrderStateReserveInventory, Kind: sagadef.StateKindStep, Step: "ReserveInventory"},
-			{Name: PlaceOrderStateAuthorizePayment, Kind: sagadef.StateKindStep, Step: "AuthorizePayment"},
-			{Name: PlaceOrderStateScheduleShipping, Kind: sagadef.StateKindStep, Step: "ScheduleShipping"},
-			{Name: PlaceOrderStateApproveOrder, Kind: sagadef.StateKindStep, Step: "ApproveOrder"},
-			{Name: PlaceOrderStateCompensatingReserveInventory, Kind: sagadef.StateKindCompensating, Step: "ReserveInventory"},
-			{Name: PlaceOrderStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: PlaceOrderStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: PlaceOrderStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: PlaceOrderStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "RESERVE_INVENTORY", Kind: sagadef.StateKindStep, Step: "ReserveInventory"},
+			{Name: "AUTHORIZE_PAYMENT", Kind: sagadef.StateKindStep, Step: "AuthorizePayment"},
+			{Name: "SCHEDULE_SHIPPING", Kind: sagadef.StateKindStep, Step: "ScheduleShipping"},
+			{Name: "APPROVE_ORDER", Kind: sagadef.StateKindStep, Step: "ApproveOrder"},
+			{Name: "COMPENSATING_RESERVE_INVENTORY", Kind: sagadef.StateKindCompensating, Step: "ReserveInventory"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: PlaceOrderStateReserveInventory, Emits: []string{"shop.inventory.v1.ReserveInventory"}},
-			{From: PlaceOrderStateReserveInventory, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateAuthorizePayment, Emits: []string{"shop.payment.v1.AuthorizePayment"}},
-			{From: PlaceOrderStateReserveInventory, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateReserveInventory, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateReserveInventory, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateFailed},
-			{From: PlaceOrderStateReserveInventory, Trigger: "timeout", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateReserveInventory, Trigger: "deadline", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateReserveInventory, Trigger: "stuck", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateReserveInventory, Trigger: "operator.retry", To: PlaceOrderStateReserveInventory, Emits: []string{"shop.inventory.v1.ReserveInventory"}},
-			{From: PlaceOrderStateReserveInventory, Trigger: "operator.compensate", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateReserveInventory, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateScheduleShipping, Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "timeout", To: PlaceOrderStateAuthorizePayment, Emits: []string{"shop.payment.v1.AuthorizePayment"}},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "timeout", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "deadline", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "stuck", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "operator.retry", To: PlaceOrderStateAuthorizePayment, Emits: []string{"shop.payment.v1.AuthorizePayment"}},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "operator.compensate", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateAuthorizePayment, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "shop.shipping.v1.ShippingScheduled", To: PlaceOrderStateApproveOrder, Emits: []string{"shop.order.v1.ApproveOrder"}},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "timeout", To: PlaceOrderStateScheduleShipping, Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "timeout", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "deadline", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "stuck", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "operator.retry", To: PlaceOrderStateScheduleShipping, Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "operator.compensate", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateScheduleShipping, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
-			{From: PlaceOrderStateApproveOrder, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateApproveOrder, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateApproveOrder, Trigger: "shop.order.v1.OrderApproved", To: PlaceOrderStateCompleted},
-			{From: PlaceOrderStateApproveOrder, Trigger: "timeout", To: PlaceOrderStateApproveOrder, Emits: []string{"shop.order.v1.ApproveOrder"}},
-			{From: PlaceOrderStateApproveOrder, Trigger: "timeout", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateApproveOrder, Trigger: "deadline", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateApproveOrder, Trigger: "stuck", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateApproveOrder, Trigger: "operator.retry", To: PlaceOrderStateApproveOrder, Emits: []string{"shop.order.v1.ApproveOrder"}},
-			{From: PlaceOrderStateApproveOrder, Trigger: "operator.compensate", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateApproveOrder, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateFailed},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "timeout", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "timeout", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "stuck", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "operator.retry", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateCompensatingReserveInventory, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
-			{From: PlaceOrderStateManualReview, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateManualReview, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateManualReview, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateManualReview, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateManualReview, Trigger: "deadline", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.retry", To: PlaceOrderStateReserveInventory, Emits: []string{"shop.inventory.v1.ReserveInventory"}},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.retry", To: PlaceOrderStateAuthorizePayment, Emits: []string{"shop.payment.v1.AuthorizePayment"}},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.retry", To: PlaceOrderStateScheduleShipping, Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.retry", To: PlaceOrderStateApproveOrder, Emits: []string{"shop.order.v1.ApproveOrder"}},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.retry", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.retry", To: PlaceOrderStateCompleted},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.retry", To: PlaceOrderStateFailed},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.compensate", To: PlaceOrderStateCompensatingReserveInventory, Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.compensate", To: PlaceOrderStateFailed},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.resolve", To: PlaceOrderStateCompleted},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.resolve", To: PlaceOrderStateFailed},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.resolve", To: PlaceOrderStateCancelled},
-			{From: PlaceOrderStateManualReview, Trigger: "operator.cancel", To: PlaceOrderStateCancelled},
-			{From: PlaceOrderStateCompleted, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompleted, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompleted, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompleted, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCompleted, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateFailed, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateFailed, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateFailed, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateFailed, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateFailed, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCancelled, Trigger: "shop.inventory.v1.InventoryReserved", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCancelled, Trigger: "shop.inventory.v1.InventoryReservationFailed", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCancelled, Trigger: "shop.inventory.v1.InventoryReleased", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCancelled, Trigger: "shop.payment.v1.PaymentAuthorized", To: PlaceOrderStateManualReview},
-			{From: PlaceOrderStateCancelled, Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: PlaceOrderStateManualReview},
+			{From: "", Trigger: "start", To: "RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReserveInventory"}},
+			{From: "RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReserved", To: "AUTHORIZE_PAYMENT", Emits: []string{"shop.payment.v1.AuthorizePayment"}},
+			{From: "RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
+			{From: "RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "FAILED"},
+			{From: "RESERVE_INVENTORY", Trigger: "timeout", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "RESERVE_INVENTORY", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "RESERVE_INVENTORY", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "RESERVE_INVENTORY", Trigger: "operator.retry", To: "RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReserveInventory"}},
+			{From: "RESERVE_INVENTORY", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "RESERVE_INVENTORY", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "shop.payment.v1.PaymentAuthorized", To: "SCHEDULE_SHIPPING", Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "timeout", To: "AUTHORIZE_PAYMENT", Emits: []string{"shop.payment.v1.AuthorizePayment"}},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "operator.retry", To: "AUTHORIZE_PAYMENT", Emits: []string{"shop.payment.v1.AuthorizePayment"}},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "AUTHORIZE_PAYMENT", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "SCHEDULE_SHIPPING", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "SCHEDULE_SHIPPING", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
+			{From: "SCHEDULE_SHIPPING", Trigger: "shop.shipping.v1.ShippingScheduled", To: "APPROVE_ORDER", Emits: []string{"shop.order.v1.ApproveOrder"}},
+			{From: "SCHEDULE_SHIPPING", Trigger: "timeout", To: "SCHEDULE_SHIPPING", Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
+			{From: "SCHEDULE_SHIPPING", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "SCHEDULE_SHIPPING", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "SCHEDULE_SHIPPING", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "SCHEDULE_SHIPPING", Trigger: "operator.retry", To: "SCHEDULE_SHIPPING", Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
+			{From: "SCHEDULE_SHIPPING", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "SCHEDULE_SHIPPING", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "APPROVE_ORDER", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "APPROVE_ORDER", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
+			{From: "APPROVE_ORDER", Trigger: "shop.order.v1.OrderApproved", To: "COMPLETED"},
+			{From: "APPROVE_ORDER", Trigger: "timeout", To: "APPROVE_ORDER", Emits: []string{"shop.order.v1.ApproveOrder"}},
+			{From: "APPROVE_ORDER", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "APPROVE_ORDER", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "APPROVE_ORDER", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "APPROVE_ORDER", Trigger: "operator.retry", To: "APPROVE_ORDER", Emits: []string{"shop.order.v1.ApproveOrder"}},
+			{From: "APPROVE_ORDER", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "APPROVE_ORDER", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReleased", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReleased", To: "FAILED"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "timeout", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "operator.retry", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReserveInventory"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "AUTHORIZE_PAYMENT", Emits: []string{"shop.payment.v1.AuthorizePayment"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "SCHEDULE_SHIPPING", Emits: []string{"shop.shipping.v1.ScheduleShipping"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "APPROVE_ORDER", Emits: []string{"shop.order.v1.ApproveOrder"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_INVENTORY", Emits: []string{"shop.inventory.v1.ReleaseInventory"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "shop.inventory.v1.InventoryReleased", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shop.inventory.v1.InventoryReleased", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shop.inventory.v1.InventoryReleased", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
 		},
 	}
 }
@@ -624,18 +647,67 @@ func (s *PlaceOrder) Start(ctx context.Context, start *PlaceOrderRequest, meta e
 	return s.engine.Start(ctx, start, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s *PlaceOrder) Status(ctx context.Context, sagaID string) (saga.Status, error) {
 	return s.engine.Status(ctx, sagaID)
 }
 
+// PlaceOrderSnapshot is one instance of saga shop.order.v1.PlaceOrder as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type PlaceOrderSnapshot = saga.Snapshot[PlaceOrderState, *PlaceOrderData]
+
+// PlaceOrderFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type PlaceOrderFilter = saga.Filter[PlaceOrderState]
+
+// PlaceOrderPage is one page of List, newest first; its NextCursor continues it.
+type PlaceOrderPage = saga.Page[PlaceOrderState, *PlaceOrderData]
+
+// Get returns the instance with business key businessKey (order_id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *PlaceOrder) Get(ctx context.Context, businessKey string) (*PlaceOrderSnapshot, error) {
+	return saga.Get[PlaceOrderState, *PlaceOrderData](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *PlaceOrder) GetByID(ctx context.Context, sagaID string) (*PlaceOrderSnapshot, error) {
+	return saga.GetByID[PlaceOrderState, *PlaceOrderData](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *PlaceOrder) List(ctx context.Context, f PlaceOrderFilter) (PlaceOrderPage, error) {
+	return saga.List[PlaceOrderState, *PlaceOrderData](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *PlaceOrder) StartPattern() string { return "POST /sagas/place_order" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *PlaceOrder) StatusPattern() string { return "GET /sagas/place_order/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *PlaceOrder) StatusPath(sagaID string) string { return "/sagas/place_order/" + sagaID }
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) PlaceOrderRequest and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s *PlaceOrder) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
 	return s.engine.StartHandler(func() message.Message { return new(PlaceOrderRequest) }, statusURL)
 }
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *PlaceOrder) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
 //go:embed migrations/saga_place_order/0001_create_saga_place_order.sql migrations/saga_place_order/0002_states_f80f69a5.sql migrations/saga_place_order/0003_indexes.sql
 var placeOrderMigrationsFS embed.FS

@@ -19,16 +19,18 @@ const _ = message.SupportPackageIsVersion3
 
 // QuoteApproval drives one instance of saga quote.v1.QuoteApproval in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type QuoteApproval struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewQuoteApproval returns a harness for the saga with decider d.
 func NewQuoteApproval(t testing.TB, d quotev1.QuoteApprovalDecider) *QuoteApproval {
 	t.Helper()
-	return &QuoteApproval{Harness: sagatest.New(t, quotev1.QuoteApprovalDefinition(), quotev1.QuoteApprovalHooks(d))}
+	return &QuoteApproval{Harness: sagatest.New(t, quotev1.QuoteApprovalDefinition(), quotev1.QuoteApprovalHooks(d)), tb: t}
 }
 
 // Begin starts the instance from a typed start message.
@@ -38,6 +40,31 @@ func (h *QuoteApproval) Begin(start *quotev1.SubmitQuote) sagadef.Result { retur
 func (h *QuoteApproval) Data() *quotev1.QuoteApprovalData {
 	d, _ := h.Instance().Data.(*quotev1.QuoteApprovalData)
 	return d
+}
+
+// State returns the instance's state.
+func (h *QuoteApproval) State() quotev1.QuoteApprovalState {
+	return quotev1.QuoteApprovalState(h.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h *QuoteApproval) RequireState(state quotev1.QuoteApprovalState) {
+	h.tb.Helper()
+	h.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h *QuoteApproval) Resolve(to quotev1.QuoteApprovalState, reason string) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Resolve(string(to), reason)
+}
+
+// Cancel delivers the business cancel msg (quote.v1.CancelQuote): before the
+// point of no return the saga compensates and ends CANCELLED.
+func (h *QuoteApproval) Cancel(msg *quotev1.CancelQuote) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Cancel(msg)
 }
 
 // SentPriceQuote returns the last pricing.v1.PriceQuote the saga sent; it fails the test when none was sent.

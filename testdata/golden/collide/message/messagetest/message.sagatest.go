@@ -18,16 +18,18 @@ const _ = message.SupportPackageIsVersion3
 
 // Switch drives one instance of saga collide.message.Switch in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type Switch struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewSwitch returns a harness for the saga with decider d.
 func NewSwitch(t testing.TB, d message1.SwitchDecider) *Switch {
 	t.Helper()
-	return &Switch{Harness: sagatest.New(t, message1.SwitchDefinition(), message1.SwitchHooks(d))}
+	return &Switch{Harness: sagatest.New(t, message1.SwitchDefinition(), message1.SwitchHooks(d)), tb: t}
 }
 
 // Begin starts the instance from a typed start message.
@@ -37,6 +39,24 @@ func (h *Switch) Begin(start *message1.Context) sagadef.Result { return h.Start(
 func (h *Switch) Data() *message1.Config {
 	d, _ := h.Instance().Data.(*message1.Config)
 	return d
+}
+
+// State returns the instance's state.
+func (h *Switch) State() message1.SwitchState {
+	return message1.SwitchState(h.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h *Switch) RequireState(state message1.SwitchState) {
+	h.tb.Helper()
+	h.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h *Switch) Resolve(to message1.SwitchState, reason string) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Resolve(string(to), reason)
 }
 
 // SentInfo returns the last collide.message.Info the saga sent; it fails the test when none was sent.

@@ -148,14 +148,33 @@ func SagaPackage() host.Package {
 	}
 }
 
-// States of saga ed.v1.CollectSignature, as stored in saga_collect_signature.state.
+// CollectSignatureState is a state of saga ed.v1.CollectSignature, as stored in saga_collect_signature.state.
+type CollectSignatureState string
+
+// States of saga ed.v1.CollectSignature.
 const (
-	CollectSignatureStateSign         = "SIGN"
-	CollectSignatureStateManualReview = "MANUAL_REVIEW"
-	CollectSignatureStateCompleted    = "COMPLETED"
-	CollectSignatureStateFailed       = "FAILED"
-	CollectSignatureStateCancelled    = "CANCELLED"
+	CollectSignatureStateSign         CollectSignatureState = "SIGN"
+	CollectSignatureStateManualReview CollectSignatureState = "MANUAL_REVIEW"
+	CollectSignatureStateCompleted    CollectSignatureState = "COMPLETED"
+	CollectSignatureStateFailed       CollectSignatureState = "FAILED"
+	CollectSignatureStateCancelled    CollectSignatureState = "CANCELLED"
 )
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s CollectSignatureState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga ed.v1.CollectSignature.
+func (s CollectSignatureState) Valid() bool {
+	switch s {
+	case CollectSignatureStateSign,
+		CollectSignatureStateManualReview,
+		CollectSignatureStateCompleted,
+		CollectSignatureStateFailed,
+		CollectSignatureStateCancelled:
+		return true
+	}
+	return false
+}
 
 // CollectSignatureDefinition returns the definition of saga ed.v1.CollectSignature.
 //
@@ -183,38 +202,37 @@ func CollectSignatureDefinition() *sagadef.Definition {
 			},
 		},
 		States: []sagadef.State{
-			{Name: CollectSignatureStateSign, Kind: sagadef.StateKindStep, Step: "Sign"},
-			{Name: CollectSignatureStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: CollectSignatureStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: CollectSignatureStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: CollectSignatureStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "SIGN", Kind: sagadef.StateKindStep, Step: "Sign"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: CollectSignatureStateSign},
-			{From: CollectSignatureStateSign, Trigger: "ed.v1.Signed", To: CollectSignatureStateCompleted},
-			{From: CollectSignatureStateSign, Trigger: "ed.v1.Declined", To: CollectSignatureStateFailed},
-			{From: CollectSignatureStateSign, Trigger: "timeout", To: CollectSignatureStateFailed},
-			{From: CollectSignatureStateSign, Trigger: "deadline", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateSign, Trigger: "stuck", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateSign, Trigger: "operator.retry", To: CollectSignatureStateSign},
-			{From: CollectSignatureStateSign, Trigger: "operator.compensate", To: CollectSignatureStateFailed},
-			{From: CollectSignatureStateSign, Trigger: "operator.cancel", To: CollectSignatureStateCancelled},
-			{From: CollectSignatureStateManualReview, Trigger: "ed.v1.Signed", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateManualReview, Trigger: "ed.v1.Declined", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateManualReview, Trigger: "deadline", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateManualReview, Trigger: "operator.retry", To: CollectSignatureStateSign},
-			{From: CollectSignatureStateManualReview, Trigger: "operator.retry", To: CollectSignatureStateCompleted},
-			{From: CollectSignatureStateManualReview, Trigger: "operator.compensate", To: CollectSignatureStateFailed},
-			{From: CollectSignatureStateManualReview, Trigger: "operator.resolve", To: CollectSignatureStateCompleted},
-			{From: CollectSignatureStateManualReview, Trigger: "operator.resolve", To: CollectSignatureStateFailed},
-			{From: CollectSignatureStateManualReview, Trigger: "operator.resolve", To: CollectSignatureStateCancelled},
-			{From: CollectSignatureStateManualReview, Trigger: "operator.cancel", To: CollectSignatureStateCancelled},
-			{From: CollectSignatureStateCompleted, Trigger: "ed.v1.Signed", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateCompleted, Trigger: "ed.v1.Declined", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateFailed, Trigger: "ed.v1.Signed", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateFailed, Trigger: "ed.v1.Declined", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateCancelled, Trigger: "ed.v1.Signed", To: CollectSignatureStateManualReview},
-			{From: CollectSignatureStateCancelled, Trigger: "ed.v1.Declined", To: CollectSignatureStateManualReview},
+			{From: "", Trigger: "start", To: "SIGN"},
+			{From: "SIGN", Trigger: "ed.v1.Signed", To: "COMPLETED"},
+			{From: "SIGN", Trigger: "ed.v1.Declined", To: "FAILED"},
+			{From: "SIGN", Trigger: "timeout", To: "FAILED"},
+			{From: "SIGN", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "SIGN", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "SIGN", Trigger: "operator.retry", To: "SIGN"},
+			{From: "SIGN", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "SIGN", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "ed.v1.Signed", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "ed.v1.Declined", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "SIGN"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "ed.v1.Signed", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "ed.v1.Declined", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "ed.v1.Signed", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "ed.v1.Declined", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "ed.v1.Signed", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "ed.v1.Declined", To: "MANUAL_REVIEW"},
 		},
 	}
 }
@@ -342,18 +360,69 @@ func (s *CollectSignature) Start(ctx context.Context, start *Requested, meta env
 	return s.engine.Start(ctx, start, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s *CollectSignature) Status(ctx context.Context, sagaID string) (saga.Status, error) {
 	return s.engine.Status(ctx, sagaID)
 }
 
+// CollectSignatureSnapshot is one instance of saga ed.v1.CollectSignature as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type CollectSignatureSnapshot = saga.Snapshot[CollectSignatureState, *SignatureData]
+
+// CollectSignatureFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type CollectSignatureFilter = saga.Filter[CollectSignatureState]
+
+// CollectSignaturePage is one page of List, newest first; its NextCursor continues it.
+type CollectSignaturePage = saga.Page[CollectSignatureState, *SignatureData]
+
+// Get returns the instance with business key businessKey (ticket of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *CollectSignature) Get(ctx context.Context, businessKey string) (*CollectSignatureSnapshot, error) {
+	return saga.Get[CollectSignatureState, *SignatureData](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *CollectSignature) GetByID(ctx context.Context, sagaID string) (*CollectSignatureSnapshot, error) {
+	return saga.GetByID[CollectSignatureState, *SignatureData](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *CollectSignature) List(ctx context.Context, f CollectSignatureFilter) (CollectSignaturePage, error) {
+	return saga.List[CollectSignatureState, *SignatureData](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *CollectSignature) StartPattern() string { return "POST /sagas/collect_signature" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *CollectSignature) StatusPattern() string { return "GET /sagas/collect_signature/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *CollectSignature) StatusPath(sagaID string) string {
+	return "/sagas/collect_signature/" + sagaID
+}
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) Requested and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s *CollectSignature) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
 	return s.engine.StartHandler(func() message.Message { return new(Requested) }, statusURL)
 }
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *CollectSignature) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
 //go:embed migrations/saga_collect_signature/0001_create_saga_collect_signature.sql migrations/saga_collect_signature/0002_states_39c19176.sql migrations/saga_collect_signature/0003_indexes.sql
 var collectSignatureMigrationsFS embed.FS

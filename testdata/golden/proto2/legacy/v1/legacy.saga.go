@@ -233,14 +233,33 @@ func SagaPackage() host.Package {
 	}
 }
 
-// States of saga legacy.v1.Onboarding, as stored in saga_onboarding.state.
+// OnboardingState is a state of saga legacy.v1.Onboarding, as stored in saga_onboarding.state.
+type OnboardingState string
+
+// States of saga legacy.v1.Onboarding.
 const (
-	OnboardingStateOpenAccount  = "OPEN_ACCOUNT"
-	OnboardingStateManualReview = "MANUAL_REVIEW"
-	OnboardingStateCompleted    = "COMPLETED"
-	OnboardingStateFailed       = "FAILED"
-	OnboardingStateCancelled    = "CANCELLED"
+	OnboardingStateOpenAccount  OnboardingState = "OPEN_ACCOUNT"
+	OnboardingStateManualReview OnboardingState = "MANUAL_REVIEW"
+	OnboardingStateCompleted    OnboardingState = "COMPLETED"
+	OnboardingStateFailed       OnboardingState = "FAILED"
+	OnboardingStateCancelled    OnboardingState = "CANCELLED"
 )
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s OnboardingState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga legacy.v1.Onboarding.
+func (s OnboardingState) Valid() bool {
+	switch s {
+	case OnboardingStateOpenAccount,
+		OnboardingStateManualReview,
+		OnboardingStateCompleted,
+		OnboardingStateFailed,
+		OnboardingStateCancelled:
+		return true
+	}
+	return false
+}
 
 // OnboardingDefinition returns the definition of saga legacy.v1.Onboarding.
 //
@@ -267,36 +286,36 @@ func OnboardingDefinition() *sagadef.Definition {
 			},
 		},
 		States: []sagadef.State{
-			{Name: OnboardingStateOpenAccount, Kind: sagadef.StateKindStep, Step: "OpenAccount"},
-			{Name: OnboardingStateManualReview, Kind: sagadef.StateKindManualReview},
-			{Name: OnboardingStateCompleted, Kind: sagadef.StateKindTerminal},
-			{Name: OnboardingStateFailed, Kind: sagadef.StateKindTerminal},
-			{Name: OnboardingStateCancelled, Kind: sagadef.StateKindTerminal},
+			{Name: "OPEN_ACCOUNT", Kind: sagadef.StateKindStep, Step: "OpenAccount"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
 		},
 		Transitions: []sagadef.Transition{
-			{From: "", Trigger: "start", To: OnboardingStateOpenAccount, Emits: []string{"legacy.v1.Account.Open"}},
-			{From: OnboardingStateOpenAccount, Trigger: "legacy.v1.Account.Opened", To: OnboardingStateCompleted},
-			{From: OnboardingStateOpenAccount, Trigger: "legacy.v1.Account.Refused", To: OnboardingStateFailed},
-			{From: OnboardingStateOpenAccount, Trigger: "timeout", To: OnboardingStateManualReview},
-			{From: OnboardingStateOpenAccount, Trigger: "stuck", To: OnboardingStateManualReview},
-			{From: OnboardingStateOpenAccount, Trigger: "operator.retry", To: OnboardingStateOpenAccount, Emits: []string{"legacy.v1.Account.Open"}},
-			{From: OnboardingStateOpenAccount, Trigger: "operator.compensate", To: OnboardingStateFailed},
-			{From: OnboardingStateOpenAccount, Trigger: "operator.cancel", To: OnboardingStateCancelled},
-			{From: OnboardingStateManualReview, Trigger: "legacy.v1.Account.Opened", To: OnboardingStateManualReview},
-			{From: OnboardingStateManualReview, Trigger: "legacy.v1.Account.Refused", To: OnboardingStateManualReview},
-			{From: OnboardingStateManualReview, Trigger: "operator.retry", To: OnboardingStateOpenAccount, Emits: []string{"legacy.v1.Account.Open"}},
-			{From: OnboardingStateManualReview, Trigger: "operator.retry", To: OnboardingStateCompleted},
-			{From: OnboardingStateManualReview, Trigger: "operator.compensate", To: OnboardingStateFailed},
-			{From: OnboardingStateManualReview, Trigger: "operator.resolve", To: OnboardingStateCompleted},
-			{From: OnboardingStateManualReview, Trigger: "operator.resolve", To: OnboardingStateFailed},
-			{From: OnboardingStateManualReview, Trigger: "operator.resolve", To: OnboardingStateCancelled},
-			{From: OnboardingStateManualReview, Trigger: "operator.cancel", To: OnboardingStateCancelled},
-			{From: OnboardingStateCompleted, Trigger: "legacy.v1.Account.Opened", To: OnboardingStateManualReview},
-			{From: OnboardingStateCompleted, Trigger: "legacy.v1.Account.Refused", To: OnboardingStateManualReview},
-			{From: OnboardingStateFailed, Trigger: "legacy.v1.Account.Opened", To: OnboardingStateManualReview},
-			{From: OnboardingStateFailed, Trigger: "legacy.v1.Account.Refused", To: OnboardingStateManualReview},
-			{From: OnboardingStateCancelled, Trigger: "legacy.v1.Account.Opened", To: OnboardingStateManualReview},
-			{From: OnboardingStateCancelled, Trigger: "legacy.v1.Account.Refused", To: OnboardingStateManualReview},
+			{From: "", Trigger: "start", To: "OPEN_ACCOUNT", Emits: []string{"legacy.v1.Account.Open"}},
+			{From: "OPEN_ACCOUNT", Trigger: "legacy.v1.Account.Opened", To: "COMPLETED"},
+			{From: "OPEN_ACCOUNT", Trigger: "legacy.v1.Account.Refused", To: "FAILED"},
+			{From: "OPEN_ACCOUNT", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "OPEN_ACCOUNT", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "OPEN_ACCOUNT", Trigger: "operator.retry", To: "OPEN_ACCOUNT", Emits: []string{"legacy.v1.Account.Open"}},
+			{From: "OPEN_ACCOUNT", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "OPEN_ACCOUNT", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "legacy.v1.Account.Opened", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "legacy.v1.Account.Refused", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "OPEN_ACCOUNT", Emits: []string{"legacy.v1.Account.Open"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "legacy.v1.Account.Opened", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "legacy.v1.Account.Refused", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "legacy.v1.Account.Opened", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "legacy.v1.Account.Refused", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "legacy.v1.Account.Opened", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "legacy.v1.Account.Refused", To: "MANUAL_REVIEW"},
 		},
 	}
 }
@@ -441,18 +460,67 @@ func (s *Onboarding) Start(ctx context.Context, start *OpenAccountRequest, meta 
 	return s.engine.Start(ctx, start, meta)
 }
 
-// Status returns a snapshot of instance sagaID.
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
 func (s *Onboarding) Status(ctx context.Context, sagaID string) (saga.Status, error) {
 	return s.engine.Status(ctx, sagaID)
 }
 
+// OnboardingSnapshot is one instance of saga legacy.v1.Onboarding as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type OnboardingSnapshot = saga.Snapshot[OnboardingState, *OnboardingData]
+
+// OnboardingFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type OnboardingFilter = saga.Filter[OnboardingState]
+
+// OnboardingPage is one page of List, newest first; its NextCursor continues it.
+type OnboardingPage = saga.Page[OnboardingState, *OnboardingData]
+
+// Get returns the instance with business key businessKey (holder_id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *Onboarding) Get(ctx context.Context, businessKey string) (*OnboardingSnapshot, error) {
+	return saga.Get[OnboardingState, *OnboardingData](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *Onboarding) GetByID(ctx context.Context, sagaID string) (*OnboardingSnapshot, error) {
+	return saga.GetByID[OnboardingState, *OnboardingData](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *Onboarding) List(ctx context.Context, f OnboardingFilter) (OnboardingPage, error) {
+	return saga.List[OnboardingState, *OnboardingData](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *Onboarding) StartPattern() string { return "POST /sagas/onboarding" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *Onboarding) StatusPattern() string { return "GET /sagas/onboarding/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *Onboarding) StatusPath(sagaID string) string { return "/sagas/onboarding/" + sagaID }
+
 // HTTPHandler returns a handler that starts the saga from a POSTed JSON
 // (protojson) OpenAccountRequest and answers 202 Accepted with the saga id and
-// statusURL(sagaID), without waiting for any step. The W3C trace context of
-// the request continues in the saga's messages.
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
 func (s *Onboarding) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
 	return s.engine.StartHandler(func() message.Message { return new(OpenAccountRequest) }, statusURL)
 }
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *Onboarding) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
 //go:embed migrations/saga_onboarding/0001_create_saga_onboarding.sql migrations/saga_onboarding/0002_states_ec7fd628.sql migrations/saga_onboarding/0003_indexes.sql
 var onboardingMigrationsFS embed.FS

@@ -29,16 +29,18 @@ const _ = message.SupportPackageIsVersion3
 
 // ByReceiver drives one instance of saga shadow.t.ByReceiver in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type ByReceiver struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewByReceiver returns a harness for the saga with decider d.
 func NewByReceiver(t_ testing.TB, d t.ByReceiverDecider) *ByReceiver {
 	t_.Helper()
-	return &ByReceiver{Harness: sagatest.New(t_, t.ByReceiverDefinition(), t.ByReceiverHooks(d))}
+	return &ByReceiver{Harness: sagatest.New(t_, t.ByReceiverDefinition(), t.ByReceiverHooks(d)), tb: t_}
 }
 
 // Begin starts the instance from a typed start message.
@@ -50,18 +52,45 @@ func (h *ByReceiver) Data() *t.ByReceiverData {
 	return d
 }
 
+// State returns the instance's state.
+func (h *ByReceiver) State() t.ByReceiverState {
+	return t.ByReceiverState(h.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h *ByReceiver) RequireState(state t.ByReceiverState) {
+	h.tb.Helper()
+	h.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h *ByReceiver) Resolve(to t.ByReceiverState, reason string) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Resolve(string(to), reason)
+}
+
+// Cancel delivers the business cancel msg_ (shadow.msg.Stop): before the
+// point of no return the saga compensates and ends CANCELLED.
+func (h *ByReceiver) Cancel(msg_ *msg.Stop) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Cancel(msg_)
+}
+
 // ByStatusURL drives one instance of saga shadow.t.ByStatusURL in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type ByStatusURL struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewByStatusURL returns a harness for the saga with decider d.
 func NewByStatusURL(t_ testing.TB, d t.ByStatusURLDecider) *ByStatusURL {
 	t_.Helper()
-	return &ByStatusURL{Harness: sagatest.New(t_, t.ByStatusURLDefinition(), t.ByStatusURLHooks(d))}
+	return &ByStatusURL{Harness: sagatest.New(t_, t.ByStatusURLDefinition(), t.ByStatusURLHooks(d)), tb: t_}
 }
 
 // Begin starts the instance from a typed start message.
@@ -73,18 +102,38 @@ func (h *ByStatusURL) Data() *t.ByStatusURLData {
 	return d
 }
 
+// State returns the instance's state.
+func (h *ByStatusURL) State() t.ByStatusURLState {
+	return t.ByStatusURLState(h.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h *ByStatusURL) RequireState(state t.ByStatusURLState) {
+	h.tb.Helper()
+	h.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h *ByStatusURL) Resolve(to t.ByStatusURLState, reason string) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Resolve(string(to), reason)
+}
+
 // FanOut drives one instance of saga shadow.t.FanOut in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type FanOut struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewFanOut returns a harness for the saga with decider d.
 func NewFanOut(t_ testing.TB, d_ t.FanOutDecider) *FanOut {
 	t_.Helper()
-	return &FanOut{Harness: sagatest.New(t_, t.FanOutDefinition(), t.FanOutHooks(d_))}
+	return &FanOut{Harness: sagatest.New(t_, t.FanOutDefinition(), t.FanOutHooks(d_)), tb: t_}
 }
 
 // Begin starts the instance from a typed start message.
@@ -94,6 +143,24 @@ func (h_ *FanOut) Begin(start_ *start.Begin) sagadef.Result { return h_.Start(st
 func (h_ *FanOut) Data() *t.FanOutData {
 	d_, _ := h_.Instance().Data.(*t.FanOutData)
 	return d_
+}
+
+// State returns the instance's state.
+func (h_ *FanOut) State() t.FanOutState {
+	return t.FanOutState(h_.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h_ *FanOut) RequireState(state t.FanOutState) {
+	h_.tb.Helper()
+	h_.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h_ *FanOut) Resolve(to t.FanOutState, reason string) sagadef.Result {
+	h_.tb.Helper()
+	return h_.Harness.Resolve(string(to), reason)
 }
 
 // SentDoCfg returns the last shadow.cfg.DoCfg the saga sent; it fails the test when none was sent.

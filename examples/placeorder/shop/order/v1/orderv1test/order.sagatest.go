@@ -21,16 +21,18 @@ const _ = message.SupportPackageIsVersion3
 
 // PlaceOrder drives one instance of saga shop.order.v1.PlaceOrder in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type PlaceOrder struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewPlaceOrder returns a harness for the saga with decider d.
 func NewPlaceOrder(t testing.TB, d orderv1.PlaceOrderDecider) *PlaceOrder {
 	t.Helper()
-	return &PlaceOrder{Harness: sagatest.New(t, orderv1.PlaceOrderDefinition(), orderv1.PlaceOrderHooks(d))}
+	return &PlaceOrder{Harness: sagatest.New(t, orderv1.PlaceOrderDefinition(), orderv1.PlaceOrderHooks(d)), tb: t}
 }
 
 // Begin starts the instance from a typed start message.
@@ -40,6 +42,24 @@ func (h *PlaceOrder) Begin(start *orderv1.PlaceOrderRequest) sagadef.Result { re
 func (h *PlaceOrder) Data() *orderv1.PlaceOrderData {
 	d, _ := h.Instance().Data.(*orderv1.PlaceOrderData)
 	return d
+}
+
+// State returns the instance's state.
+func (h *PlaceOrder) State() orderv1.PlaceOrderState {
+	return orderv1.PlaceOrderState(h.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h *PlaceOrder) RequireState(state orderv1.PlaceOrderState) {
+	h.tb.Helper()
+	h.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h *PlaceOrder) Resolve(to orderv1.PlaceOrderState, reason string) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Resolve(string(to), reason)
 }
 
 // SentReleaseInventory returns the last shop.inventory.v1.ReleaseInventory the saga sent; it fails the test when none was sent.

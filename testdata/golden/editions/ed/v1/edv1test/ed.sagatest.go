@@ -18,16 +18,18 @@ const _ = message.SupportPackageIsVersion3
 
 // CollectSignature drives one instance of saga ed.v1.CollectSignature in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type CollectSignature struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewCollectSignature returns a harness for the saga with decider d.
 func NewCollectSignature(t testing.TB, d edv1.CollectSignatureDecider) *CollectSignature {
 	t.Helper()
-	return &CollectSignature{Harness: sagatest.New(t, edv1.CollectSignatureDefinition(), edv1.CollectSignatureHooks(d))}
+	return &CollectSignature{Harness: sagatest.New(t, edv1.CollectSignatureDefinition(), edv1.CollectSignatureHooks(d)), tb: t}
 }
 
 // Begin starts the instance from a typed start message.
@@ -37,4 +39,22 @@ func (h *CollectSignature) Begin(start *edv1.Requested) sagadef.Result { return 
 func (h *CollectSignature) Data() *edv1.SignatureData {
 	d, _ := h.Instance().Data.(*edv1.SignatureData)
 	return d
+}
+
+// State returns the instance's state.
+func (h *CollectSignature) State() edv1.CollectSignatureState {
+	return edv1.CollectSignatureState(h.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h *CollectSignature) RequireState(state edv1.CollectSignatureState) {
+	h.tb.Helper()
+	h.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h *CollectSignature) Resolve(to edv1.CollectSignatureState, reason string) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Resolve(string(to), reason)
 }

@@ -18,16 +18,18 @@ const _ = message.SupportPackageIsVersion3
 
 // Onboarding drives one instance of saga legacy.v1.Onboarding in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
-// timeouts and the deadline, applies operator actions and asserts states
-// and sent messages.
+// timeouts and the deadline, applies operator actions (OperatorRetry,
+// OperatorCompensate, OperatorCancel, Resolve) and asserts states and sent
+// messages; the methods below take the saga's own types.
 type Onboarding struct {
 	*sagatest.Harness
+	tb testing.TB
 }
 
 // NewOnboarding returns a harness for the saga with decider d.
 func NewOnboarding(t testing.TB, d legacyv1.OnboardingDecider) *Onboarding {
 	t.Helper()
-	return &Onboarding{Harness: sagatest.New(t, legacyv1.OnboardingDefinition(), legacyv1.OnboardingHooks(d))}
+	return &Onboarding{Harness: sagatest.New(t, legacyv1.OnboardingDefinition(), legacyv1.OnboardingHooks(d)), tb: t}
 }
 
 // Begin starts the instance from a typed start message.
@@ -37,6 +39,24 @@ func (h *Onboarding) Begin(start *legacyv1.OpenAccountRequest) sagadef.Result { 
 func (h *Onboarding) Data() *legacyv1.OnboardingData {
 	d, _ := h.Instance().Data.(*legacyv1.OnboardingData)
 	return d
+}
+
+// State returns the instance's state.
+func (h *Onboarding) State() legacyv1.OnboardingState {
+	return legacyv1.OnboardingState(h.Instance().State)
+}
+
+// RequireState fails the test unless the instance is in state.
+func (h *Onboarding) RequireState(state legacyv1.OnboardingState) {
+	h.tb.Helper()
+	h.Harness.RequireState(string(state))
+}
+
+// Resolve applies an operator's resolve of manual review to the terminal
+// state to, with the given reason.
+func (h *Onboarding) Resolve(to legacyv1.OnboardingState, reason string) sagadef.Result {
+	h.tb.Helper()
+	return h.Harness.Resolve(string(to), reason)
 }
 
 // SentAccount_Open returns the last legacy.v1.Account.Open the saga sent; it fails the test when none was sent.
