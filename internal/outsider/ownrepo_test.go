@@ -2,18 +2,28 @@ package outsider_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/outsider"
+	"github.com/protosaga/saga/internal/testenv"
 )
 
 // The commands of docs/options.md, "Getting the options into your
@@ -35,18 +45,25 @@ const (
 		"  --saga_out=gen --saga_opt=paths=source_relative \\\n" +
 		"  $(find proto -name '*.proto')"
 	stepBufManaged = `buf generate --template buf.gen.managed.yaml`
+	stepBuild      = `go build -o bin/library ./cmd/library`
+	stepRun        = `SAGA_PG_URL=postgres://... SAGA_AMQP_URL=amqp://... bin/library`
 )
 
 // The workspace files of the documented layout (testdata/library), shown in
 // docs/options.md as they are.
 var workspaceFiles = []string{"buf.yaml", "buf.gen.yaml", "buf.gen.managed.yaml"}
 
-// TestOwnRepository is a team's first steps in its own repository: a Go
-// module outside this checkout gets the runtime and the plugins with go get,
-// exports the saga.v1 options into its buf workspace, generates a small
-// library-loan contract with the pinned buf and, separately, with plain
-// protoc reading the options from the Go module cache, and builds and vets
-// the result. No symlink, no copy by hand, no path into this checkout.
+// TestOwnRepository is a team's journey in its own repository, the README's
+// "In your own repository" steps run literally: a Go module outside this
+// checkout gets the runtime and the plugins with go get, exports the saga.v1
+// options into its buf workspace, generates a small library-loan contract
+// with the pinned buf (and, separately, with plain protoc reading the options
+// from the Go module cache, and with buf's managed mode), adds its business
+// code (testdata/librarycode: the participants, the decider, one host call
+// in main), builds it, and runs the service against PostgreSQL and RabbitMQ:
+// sagas started over HTTP complete or compensate, a repeated start is the
+// same saga, every effect happens once, and SIGTERM stops it cleanly. No
+// symlink, no copy by hand, no path into this checkout.
 func TestOwnRepository(t *testing.T) {
 	t.Parallel()
 	buf := outsider.Buf(t)
@@ -106,6 +123,11 @@ func TestOwnRepository(t *testing.T) {
 	m.Run(t, ".", "go", "build", "./...")
 	m.Run(t, ".", "go", "vet", "./...")
 
+	// The team's code: participants, decider, main.
+	copyTree(t, m, filepath.Join("testdata", "librarycode"))
+	m.Run(t, ".", "go", "build", "./...")
+	m.Run(t, ".", "go", "vet", "./...")
+
 	// Plain protoc: the options from the Go module cache, plugins built from
 	// the module's tool dependencies.
 	require.NoError(t, os.RemoveAll(filepath.Join(m.Dir, "gen")))
@@ -125,12 +147,163 @@ func TestOwnRepository(t *testing.T) {
 	managed := generated(t, m.Dir)
 	require.Contains(t, string(managed["library/loan/v1/loan.pb.go"]), `"github.com/protosaga/saga/options/saga/v1"`)
 	requireSameOutput(t, bufGen, managed, "buf generate", "buf generate (managed mode)", false)
+
+	runService(t, m, sh)
 }
 
-// TestDocsShowTheSteps: docs/options.md shows the workspace files and the
-// commands TestOwnRepository runs, character for character.
+// runService builds the team's service (step 6 of the README) and runs it
+// on a fresh schema and vhost until its sagas have ended, then stops it with
+// SIGTERM.
+func runService(t *testing.T, m *outsider.Module, sh func(string) outsider.Output) {
+	t.Helper()
+	ctx := context.Background()
+	pgURL, amqpURL := testenv.PostgresURL(t), testenv.AMQP(t)
+	sh(stepBuild)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	cmd, err := m.Command(".", strings.Fields(stepRun)[2])
+	require.NoError(t, err)
+	cmd.Env = append(cmd.Env, "SAGA_PG_URL="+pgURL, "SAGA_AMQP_URL="+amqpURL,
+		"SAGA_HTTP_ADDR="+addr, "SAGA_HTTP_START=true", "SAGA_LOG_FORMAT=text")
+	var logs lockedBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	base := "http://" + addr
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for !ok() {
+			select {
+			case err := <-exited:
+				t.Fatalf("the service exited (%v) while waiting for %s; its log:\n%s", err, what, logs.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 90s for %s; the service's log:\n%s", what, logs.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFor("readiness", func() bool {
+		resp, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	pool, err := pgxpool.New(ctx, pgURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `INSERT INTO library_copies (copy_id, isbn) VALUES ('c-1', '978-0'), ('c-2', '978-0')`)
+	require.NoError(t, err, "the host created the team's own tables at start")
+
+	type started struct {
+		SagaID    string `json:"sagaId"`
+		StatusURL string `json:"statusUrl"`
+		Created   bool   `json:"created"`
+	}
+	start := func(loan, member string) started {
+		t.Helper()
+		resp, err := http.Post(base+"/sagas/lend_book", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"loanId":%q,"memberId":%q,"isbn":"978-0"}`, loan, member)))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusAccepted, resp.StatusCode, string(body))
+		var st started
+		require.NoError(t, json.Unmarshal(body, &st))
+		return st
+	}
+	status := func(s started) string {
+		t.Helper()
+		resp, err := http.Get(base + s.StatusURL)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var st struct{ Status string }
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&st))
+		return st.Status
+	}
+	lent := start("l-1", "m-1")
+	require.True(t, lent.Created)
+	declined := start("l-2", "blocked-7")
+	again := start("l-1", "m-1")
+	require.False(t, again.Created, "a repeated start is the same saga")
+	require.Equal(t, lent.SagaID, again.SagaID)
+	waitFor("l-1 completed", func() bool { return status(lent) == "completed" })
+	waitFor("l-2 failed", func() bool { return status(declined) == "failed" })
+
+	ledger := func(loan string) []string {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT effect FROM library_ledger WHERE loan_id = $1 ORDER BY id`, loan)
+		require.NoError(t, err)
+		effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return effects
+	}
+	require.Equal(t, []string{"held", "charged", "opened c-1"}, ledger("l-1"))
+	require.Equal(t, []string{"held", "declined", "returned"}, ledger("l-2"), "the declined loan's copy went back to the shelf")
+	var onShelf int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM library_copies WHERE held_by IS NULL`).Scan(&onShelf))
+	require.Equal(t, 1, onShelf)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "the service exits 0 on SIGTERM; its log:\n%s", logs.String())
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the service did not stop within 90s of SIGTERM; its log:\n%s", logs.String())
+	}
+	require.Contains(t, logs.String(), `msg="host stopped"`)
+}
+
+// lockedBuffer is a bytes.Buffer a running process and the test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestDocsShowTheSteps: the README's "In your own repository" and
+// docs/options.md show the workspace files and the commands
+// TestOwnRepository runs, character for character.
 func TestDocsShowTheSteps(t *testing.T) {
 	t.Parallel()
+	readme := readFile(t, outsider.RepoRoot(t), "README.md")
+	for _, name := range []string{"buf.yaml", "buf.gen.yaml"} {
+		require.Contains(t, readme, "```yaml\n# "+name+"\n"+readFile(t, filepath.Join("testdata", "library"), name)+"```\n",
+			"README.md shows %s as testdata/library/%s holds it", name, name)
+	}
+	for _, step := range []string{stepGetModule, stepGetPlugin, stepGetGo, stepExport, stepBufGen, stepBufLint, stepTidy, stepBuild, stepRun} {
+		require.Contains(t, readme, "\n"+step+"\n", "README.md shows the command")
+	}
+	mainGo := readFile(t, filepath.Join("testdata", "librarycode"), "cmd/library/main.go")
+	require.Contains(t, mainGo, "\thost.Main(library.Register)\n", "the README's main is the one the test builds")
+	require.Contains(t, readme, "\thost.Main(library.Register)\n")
+
 	doc := readFile(t, outsider.RepoRoot(t), "docs/options.md")
 	for _, name := range workspaceFiles {
 		require.Contains(t, doc, "```yaml\n# "+name+"\n"+readFile(t, filepath.Join("testdata", "library"), name)+"```\n",

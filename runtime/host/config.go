@@ -34,6 +34,7 @@ const (
 	EnvRelays      = "SAGA_RELAYS"      // outbox relays in this process; default 1, 0 runs none
 	EnvConcurrency = "SAGA_CONCURRENCY" // workers per consumer; default consumer's (4)
 	EnvMigrate     = "SAGA_MIGRATE"     // "false" skips applying migrations at Start
+	EnvStart       = "SAGA_HTTP_START"  // "true" serves each saga's start endpoint (Config.StartEndpoints)
 	EnvLogLevel    = "SAGA_LOG_LEVEL"   // debug, info (default), warn, error
 	EnvLogFormat   = "SAGA_LOG_FORMAT"  // json (default) or text
 )
@@ -181,6 +182,13 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	}
 	intVar(EnvRelays, &cfg.Relays, NoRelays)
 	intVar(EnvConcurrency, &cfg.Concurrency, 0)
+	if s := get(EnvStart); s != "" {
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: want true or false", EnvStart, s))
+		}
+		cfg.StartEndpoints = b
+	}
 	if s := get(EnvMigrate); s != "" {
 		b, err := strconv.ParseBool(s)
 		if err != nil {

@@ -34,7 +34,7 @@ func TestFromEnv(t *testing.T) {
 	cfg, err := host.FromEnv(env(map[string]string{
 		host.EnvPostgresURL: "postgres://db/x", host.EnvAMQPURL: "amqp://mq/", host.EnvService: "orders",
 		host.EnvHTTPAddr: "127.0.0.1:9000", host.EnvAdminTokens: "ops:repair:0123456789abcdef0123",
-		host.EnvQueueType: "classic", host.EnvRelays: "0", host.EnvConcurrency: "8", host.EnvMigrate: "false",
+		host.EnvQueueType: "classic", host.EnvRelays: "0", host.EnvConcurrency: "8", host.EnvMigrate: "false", host.EnvStart: "true",
 		host.EnvLogLevel: "warn", host.EnvLogFormat: "text",
 	}))
 	require.NoError(t, err)
@@ -47,13 +47,14 @@ func TestFromEnv(t *testing.T) {
 	require.Equal(t, host.NoRelays, cfg.Relays, "SAGA_RELAYS=0 runs no relay")
 	require.Equal(t, 8, cfg.Concurrency)
 	require.True(t, cfg.SkipMigrations)
+	require.True(t, cfg.StartEndpoints)
 	require.False(t, cfg.Logger.Enabled(context.Background(), slog.LevelInfo))
 
 	_, err = host.FromEnv(env(map[string]string{
 		host.EnvRelays: "-1", host.EnvConcurrency: "x", host.EnvMigrate: "perhaps", host.EnvLogLevel: "loud",
-		host.EnvLogFormat: "xml", host.EnvAdminTokens: "nonsense",
+		host.EnvLogFormat: "xml", host.EnvAdminTokens: "nonsense", host.EnvStart: "sometimes",
 	}))
-	for _, want := range []string{"SAGA_RELAYS", "SAGA_CONCURRENCY", "SAGA_MIGRATE", "SAGA_LOG_LEVEL", "SAGA_LOG_FORMAT", "SAGA_ADMIN_TOKENS"} {
+	for _, want := range []string{"SAGA_HTTP_START", "SAGA_RELAYS", "SAGA_CONCURRENCY", "SAGA_MIGRATE", "SAGA_LOG_LEVEL", "SAGA_LOG_FORMAT", "SAGA_ADMIN_TOKENS"} {
 		require.ErrorContains(t, err, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/protosaga/saga/examples/placeorder/app"
 	"github.com/protosaga/saga/examples/placeorder/internal/script"
@@ -739,4 +740,53 @@ func TestCompensationOvertakingItsCommand(t *testing.T) {
 	require.Zero(t, replies, "and sent no reply")
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(sum(available), 0) FROM inventory_stock WHERE product_id IN ('widget', 'gadget')`).Scan(&held))
 	require.Equal(t, 2000, held, "no stock held for an order nobody will release again")
+}
+
+// TestResentCommandAppliedOnce: the payment service's code never mentions
+// idempotency. A completed order's AuthorizePayment is sent again as a new
+// message (new message id, same idempotency key), as a saga's retry or an
+// upstream duplicate would be: the participant registered the default way
+// answers it with the first reply (the same authorization) and authorizes
+// nothing twice.
+func TestResentCommandAppliedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	id := b.start(t, request("o-resent"))
+	b.waitState(t, id, orderv1.PlaceOrderStateCompleted)
+
+	var body []byte
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT body FROM saga_outbox WHERE saga_id = $1 AND message_type = $2`,
+		id, authorizePayment).Scan(&body))
+	cmd := new(paymentv1.AuthorizePayment)
+	require.NoError(t, proto.Unmarshal(body, cmd))
+	var resentID string
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		resentID, err = paymentv1.PublishAuthorizePayment(ctx, tx, cmd, envelope.Meta{SagaID: id, CorrelationID: id,
+			SagaType: orderv1.PlaceOrderDefinition().Name})
+		return err
+	}))
+
+	replies := func(causation string) []string {
+		rows, err := b.pool.Query(ctx, `SELECT body FROM saga_outbox WHERE causation_id = $1 AND message_type = $2`,
+			causation, paymentv1.PaymentAuthorizedInfo.FullName)
+		require.NoError(t, err)
+		bodies, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+		require.NoError(t, err)
+		var auths []string
+		for _, body := range bodies {
+			r := new(paymentv1.PaymentAuthorized)
+			require.NoError(t, proto.Unmarshal(body, r))
+			auths = append(auths, r.GetAuthorizationId())
+		}
+		return auths
+	}
+	eventually(t, "the resent command answered", func() bool { return len(replies(resentID)) == 1 })
+	var firstID string
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT message_id FROM saga_outbox WHERE saga_id = $1 AND message_type = $2 AND message_id <> $3`,
+		id, authorizePayment, resentID).Scan(&firstID))
+	require.Equal(t, replies(firstID), replies(resentID), "the resend gets the first reply: the same authorization")
+	require.Equal(t, []string{"inventory:reserved", "payment:authorized", "shipping:booked", "order:approved"}, b.ledger(t, "o-resent"),
+		"authorized once")
 }
