@@ -27,7 +27,7 @@
 // lock, in one transaction; running it twice is a no-op. -status lists
 // every migration and whether it is applied instead, with those the
 // database recorded for sources not given. The database URL comes from
-// -database-url, else SAGA_DATABASE_URL, else DATABASE_URL; its password
+// -database-url, else SAGA_PG_URL, else DATABASE_URL; its password
 // is never printed.
 //
 // export-migrations writes the same migrations into a goose or

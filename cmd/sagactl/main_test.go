@@ -15,10 +15,10 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 )
 
-// databaseEnv is an environment with only SAGA_DATABASE_URL set, to dsn.
+// databaseEnv is an environment with only SAGA_PG_URL set, to dsn.
 func databaseEnv(dsn string) func(string) string {
 	return func(k string) string {
-		if k == "SAGA_DATABASE_URL" {
+		if k == "SAGA_PG_URL" {
 			return dsn
 		}
 		return ""

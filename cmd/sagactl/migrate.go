@@ -119,7 +119,7 @@ type dbFlags struct {
 }
 
 func (d *dbFlags) register(fs *flag.FlagSet, timeout time.Duration) {
-	fs.StringVar(&d.url, "database-url", "", "PostgreSQL URL (default $SAGA_DATABASE_URL, then $DATABASE_URL)")
+	fs.StringVar(&d.url, "database-url", "", "PostgreSQL URL (default $SAGA_PG_URL, then $DATABASE_URL)")
 	fs.DurationVar(&d.timeout, "timeout", timeout, "give up after this long")
 }
 
@@ -150,17 +150,17 @@ func (d *dbFlags) run(ctx context.Context, getenv func(string) string, do func(c
 	return do(ctx, pool, u)
 }
 
-// openDatabase connects to flagURL, else $SAGA_DATABASE_URL, else
+// openDatabase connects to flagURL, else $SAGA_PG_URL, else
 // $DATABASE_URL, and returns the pool with the URL it used.
 func openDatabase(ctx context.Context, flagURL string, getenv func(string) string) (*pgxpool.Pool, string, error) {
 	u := flagURL
-	for _, env := range []string{"SAGA_DATABASE_URL", "DATABASE_URL"} {
+	for _, env := range []string{"SAGA_PG_URL", "DATABASE_URL"} {
 		if u == "" {
 			u = getenv(env)
 		}
 	}
 	if u == "" {
-		return nil, "", errors.New("no database URL: pass -database-url or set SAGA_DATABASE_URL")
+		return nil, "", errors.New("no database URL: pass -database-url or set SAGA_PG_URL")
 	}
 	cfg, err := pgxpool.ParseConfig(u)
 	if err != nil {

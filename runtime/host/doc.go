@@ -11,10 +11,10 @@
 // # What Start does, in order
 //
 //  1. Applies the migrations of what is registered (the runtime's tables,
-//     the participants' once records, each saga's instance table, then
-//     Config.Migrations) under schema.Migrate's advisory lock, so several
-//     processes may start at once; Config.SkipMigrations leaves that to
-//     another tool.
+//     the participants' once records, each saga's instance table, then the
+//     service's own from Config.Migrations and AddMigrations) under
+//     schema.Migrate's advisory lock, so several processes may start at
+//     once; Config.SkipMigrations leaves that to another tool.
 //  2. Checks each saga's stored states against its definition
 //     (saga.Engine.CheckStates): a state removed while instances occupy it
 //     stops the start with a clear message.
@@ -35,6 +35,26 @@
 // mentioning idempotency. A compensating command that arrives before the
 // command it undoes leaves a record that makes the late command a no-op
 // (see package participant).
+//
+// # Configuration
+//
+// [Main] reads it from the environment ([FromEnv]); [New] takes a [Config].
+//
+//	SAGA_PG_URL        PostgreSQL URL (required)
+//	SAGA_AMQP_URL      RabbitMQ URL, amqp:// or amqps:// (required)
+//	SAGA_SERVICE       service name in connection names and logs (default: the executable's name)
+//	SAGA_HTTP_ADDR     where to serve HTTP (default ":8080"; "off": no server)
+//	SAGA_HTTP_START    "true": serve POST /sagas/<saga> for every registered saga
+//	SAGA_ADMIN_TOKENS  "name:role:token,..." for the admin API and console (none: not served)
+//	SAGA_QUEUE_TYPE    "quorum" (default) or "classic"
+//	SAGA_RELAYS        outbox relays in this process (default 1; 0: none)
+//	SAGA_CONCURRENCY   workers per consumer (default 4)
+//	SAGA_MIGRATE       "false": apply no migrations at start
+//	SAGA_LOG_LEVEL     debug, info (default), warn or error
+//	SAGA_LOG_FORMAT    json (default) or text
+//
+// The retry policy, per-queue tuning, step timeouts, telemetry providers and
+// participant middleware are set in Config.
 //
 // # HTTP
 //
