@@ -263,7 +263,7 @@ func (h *Host) build(r *running) error {
 			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Handler: handler,
 			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: h.cfg.Retry,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
-			Logger: h.log.With("queue", queue), Telemetry: h.cfg.Telemetry,
+			Logger: h.log, Telemetry: h.cfg.Telemetry,
 		})
 		if err != nil {
 			return fmt.Errorf("consumer of %s: %w", queue, err)
