@@ -98,6 +98,13 @@ func exportOptions(args []string, out, errOut io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() == 2 && fs.Arg(1) == "-force" { // the flag after the directory
+		*force = true
+		args = fs.Args()[:1]
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+	}
 	if fs.NArg() != 1 {
 		fs.Usage()
 		return errors.New("want exactly one directory")

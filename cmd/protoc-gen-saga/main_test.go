@@ -168,6 +168,10 @@ func TestExportOptions(t *testing.T) {
 	got, err = os.ReadFile(target)
 	require.NoError(t, err)
 	require.Equal(t, string(want), string(got))
+	require.NoError(t, os.WriteFile(target, []byte("// edited\n"), 0o644))
+	stdout, _, err = export("third_party/protosaga", "-force")
+	require.NoError(t, err, "-force after the directory too")
+	require.Equal(t, "third_party/protosaga/saga/v1/saga.proto: replaced\n", stdout)
 
 	_, stderr, err = export()
 	require.Error(t, err)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
 )
@@ -60,13 +59,15 @@ type Crashes struct {
 	mu       sync.Mutex
 	armed    map[CrashPoint]int     // passages left before the point fires
 	consumer map[*pgx.Conn]bool     // connections whose open transaction claimed inbox rows
+	returned map[*pgx.Conn]bool     // connections whose open transaction returned stock (a release's effect)
 	marked   map[*pgx.Conn]struct{} // connections whose open transaction holds a compensation
 }
 
 // NewCrashes returns crash points armed as in arm (point → which passage
 // fires it, 1 = the first); at is called when one fires.
 func NewCrashes(at func(CrashPoint), arm map[CrashPoint]int) *Crashes {
-	c := &Crashes{at: at, armed: map[CrashPoint]int{}, consumer: map[*pgx.Conn]bool{}, marked: map[*pgx.Conn]struct{}{}}
+	c := &Crashes{at: at, armed: map[CrashPoint]int{}, consumer: map[*pgx.Conn]bool{}, returned: map[*pgx.Conn]bool{},
+		marked: map[*pgx.Conn]struct{}{}}
 	for p, n := range arm {
 		if n > 0 {
 			c.armed[p] = n
@@ -137,30 +138,31 @@ func (c *Crashes) pass(p CrashPoint) {
 	}
 }
 
-// compensations are the compensating commands of the Place Order saga.
-var compensations = func() map[string]bool {
-	out := map[string]bool{}
-	for _, s := range orderv1.PlaceOrderDefinition().Steps {
-		if s.Compensation != "" {
-			out[s.Compensation] = true
-		}
-	}
-	return out
-}()
+// returnStockSQL is in the statement by which the inventory's release gives
+// stock back: the compensation's effect.
+const returnStockSQL = "SET available = s.available + x.q"
 
-// Middleware stops a participant that has just applied a compensation, in
-// its uncommitted transaction (CrashMidCompensation), and marks the
-// transaction for CrashCompensationCommitted.
+// Middleware stops a participant that has just applied a compensation —
+// given stock back — in its uncommitted transaction
+// (CrashMidCompensation), and marks the transaction for
+// CrashCompensationCommitted. A compensation that found nothing to undo,
+// or was answered from its stored reply, passes neither.
 func (c *Crashes) Middleware(_ string, next participant.Func) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		reply, err := next(ctx, tx, cmd)
-		if err != nil || !compensations[cmd.SagaMessageInfo().FullName] {
+		if err != nil {
 			return reply, err
 		}
 		c.mu.Lock()
-		c.marked[tx.Conn()] = struct{}{}
+		returned := c.returned[tx.Conn()]
+		delete(c.returned, tx.Conn())
+		if returned {
+			c.marked[tx.Conn()] = struct{}{}
+		}
 		c.mu.Unlock()
-		c.pass(CrashMidCompensation)
+		if returned {
+			c.pass(CrashMidCompensation)
+		}
 		return reply, nil
 	}
 }
@@ -195,6 +197,10 @@ func (t crashTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data p
 		t.c.mu.Lock()
 		t.c.consumer[conn] = true
 		t.c.mu.Unlock()
+	case strings.Contains(sql, returnStockSQL):
+		t.c.mu.Lock()
+		t.c.returned[conn] = true
+		t.c.mu.Unlock()
 	}
 	return ctx
 }
@@ -211,6 +217,7 @@ func (t crashTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx
 	consumer := t.c.consumer[conn]
 	delete(t.c.marked, conn)
 	delete(t.c.consumer, conn)
+	delete(t.c.returned, conn)
 	t.c.mu.Unlock()
 	if kind != stmtCommit || data.Err != nil || data.CommandTag.String() != "COMMIT" || !consumer {
 		return

@@ -125,12 +125,12 @@ func (f *injector) Middleware(_ string, next participant.Func) participant.Func 
 			return nil, failure.Transient(fmt.Errorf("injected transient failure of %s %s (attempt %d)", env.MessageType, id, attempt))
 		}
 		if f.roll(id, "slow") < f.Slow {
-			pending, err := participant.Later(ctx)
-			if err != nil {
-				return nil, err
-			}
 			reply, err := next(ctx, tx, cmd)
 			if err != nil || reply == nil {
+				return nil, err
+			}
+			pending, err := participant.Later(ctx) // after the guard ran: with its once record
+			if err != nil {
 				return nil, err
 			}
 			f.observe(FaultSlow)
@@ -247,10 +247,10 @@ var slowReplyNamespace = uuid.MustParse("6f1d3c2e-4b7a-4c55-9a7e-2f0b8d9e1c40")
 
 func (f *injector) sendSlow(ctx context.Context, pool *pgxpool.Pool, r slowReply) error {
 	p := r.command
-	env, err := participant.ReplyEnvelope(&envelope.Envelope{
-		MessageType: p.Command, MessageID: p.MessageID, CorrelationID: p.CorrelationID,
-		SagaID: p.SagaID, SagaType: p.SagaType, Traceparent: p.Traceparent, Tracestate: p.Tracestate,
-	}, r.reply)
+	if p.Service == "" || p.OnceKey == "" {
+		return fmt.Errorf("held-back reply to %s %s: the command's once record is unknown", p.Command, p.MessageID)
+	}
+	env, err := participant.ReplyEnvelope(p.Envelope(), r.reply)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/service"
 )
 
 // Role is a part of the Place Order example that one node runs. The fleet is
@@ -113,7 +114,7 @@ func register(h *host.Host, roles []Role) error {
 // retry tiers for policy p: what the fleet declares.
 func Topology(qt broker.QueueType, p retry.Policy) broker.Topology {
 	var t broker.Topology
-	for _, pkg := range []host.Package{inventoryv1.SagaPackage(), paymentv1.SagaPackage(), shippingv1.SagaPackage(), orderv1.SagaPackage()} {
+	for _, pkg := range []service.Package{inventoryv1.SagaPackage(), paymentv1.SagaPackage(), shippingv1.SagaPackage(), orderv1.SagaPackage()} {
 		t = t.Merge(pkg.Topology(qt, p))
 	}
 	return t

@@ -99,7 +99,7 @@ func TestSoakShort(t *testing.T) {
 	}
 	require.Equal(t, 1, rep.ServerRestarts["broker"], "the broker restart did not happen")
 	require.Equal(t, 1, rep.ServerRestarts["postgres"], "the PostgreSQL restart did not happen")
-	for _, f := range []string{chaos.FaultTransient, chaos.FaultSlow, chaos.FaultDuplicate} {
+	for _, f := range []string{chaos.FaultTransient, chaos.FaultSlow, chaos.FaultSlowSent, chaos.FaultDuplicate} {
 		require.Positive(t, rep.Faults[f], "no %s fault was injected", f)
 	}
 	require.Positive(t, rep.Duplicates, "no duplicate reached the saga")

@@ -253,7 +253,9 @@ func runService(t *testing.T, m *outsider.Module, sh func(string) outsider.Outpu
 		require.NoError(t, err)
 		return effects
 	}
-	require.Equal(t, []string{"held", "charged", "opened c-1"}, ledger("l-1"))
+	var lentCopy string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT copy_id FROM library_copies WHERE held_by = 'l-1'`).Scan(&lentCopy))
+	require.Equal(t, []string{"held", "charged", "opened " + lentCopy}, ledger("l-1"))
 	require.Equal(t, []string{"held", "declined", "returned"}, ledger("l-2"), "the declined loan's copy went back to the shelf")
 	var onShelf int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM library_copies WHERE held_by IS NULL`).Scan(&onShelf))
@@ -300,6 +302,10 @@ func TestDocsShowTheSteps(t *testing.T) {
 	for _, step := range []string{stepGetModule, stepGetPlugin, stepGetGo, stepExport, stepBufGen, stepBufLint, stepTidy, stepBuild, stepRun} {
 		require.Contains(t, readme, "\n"+step+"\n", "README.md shows the command")
 	}
+	lib := readFile(t, filepath.Join("testdata", "librarycode"), "internal/library/library.go")
+	register := lib[strings.Index(lib, "//go:embed"):strings.Index(lib, "func record(")]
+	require.Contains(t, readme, "```go\n"+strings.TrimSuffix(register, "\n")+"```\n",
+		"README.md shows the Register function the test builds")
 	mainGo := readFile(t, filepath.Join("testdata", "librarycode"), "cmd/library/main.go")
 	require.Contains(t, mainGo, "\thost.Main(library.Register)\n", "the README's main is the one the test builds")
 	require.Contains(t, readme, "\thost.Main(library.Register)\n")

@@ -915,7 +915,7 @@ func (s *session) finish(ctx context.Context, items []*item) error {
 			if it.outcome == outcomeRetry {
 				c.log.WarnContext(lctx, "message failed; retrying after a delay",
 					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
-					slog.String("class", it.class.String()), slog.Duration("delay", it.tier), slog.Any("error", it.err))
+					slog.String("class", it.class.String()), slog.String("delay", it.tier.String()), slog.Any("error", it.err))
 			} else {
 				c.log.ErrorContext(lctx, "message parked",
 					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),

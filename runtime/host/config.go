@@ -2,6 +2,7 @@ package host
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,7 @@ import (
 const (
 	EnvPostgresURL = "SAGA_PG_URL"      // PostgreSQL URL (required unless Config.Pool is set)
 	EnvAMQPURL     = "SAGA_AMQP_URL"    // RabbitMQ URL, amqp:// or amqps:// (required)
+	EnvAMQPCA      = "SAGA_AMQP_CA"     // PEM file of the CA that signed the broker's certificate (amqps://); default: the system's roots
 	EnvService     = "SAGA_SERVICE"     // service name; default: the executable's name
 	EnvHTTPAddr    = "SAGA_HTTP_ADDR"   // listen address of the host's HTTP server; "off" disables it
 	EnvAdminTokens = admin.EnvTokens    // "name:role:token,..." (admin.ParseTokens); none: no admin API
@@ -41,7 +43,7 @@ const (
 
 // DefaultHTTPAddr is where the host serves health, metrics, saga status and
 // the admin API when Config.HTTPAddr is empty.
-const DefaultHTTPAddr = ":8080"
+const DefaultHTTPAddr = "127.0.0.1:8080"
 
 // HTTPOff as Config.HTTPAddr (or SAGA_HTTP_ADDR) runs no HTTP server.
 const HTTPOff = "off"
@@ -59,7 +61,10 @@ type Config struct {
 	Service string
 
 	// PostgresURL is the database of the sagas, the runtime's tables and
-	// the service's own tables. Required unless Pool is set.
+	// the service's own tables. Required unless Pool is set. Unless it sets
+	// pool_max_conns, the pool holds 4 connections per relay plus, for five
+	// consumers, Concurrency+1 each, plus 4 (33 with the defaults); Start
+	// warns when what is registered needs more.
 	PostgresURL string
 	// Pool is used instead of opening one from PostgresURL. The host does
 	// not close a pool it did not open. Size it for the host: 4 per relay,
@@ -196,11 +201,25 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		}
 		cfg.SkipMigrations = !b
 	}
-	logger, err := loggerFromEnv(get(EnvLogLevel), get(EnvLogFormat))
-	if err != nil {
-		errs = append(errs, err)
+	if level, format := get(EnvLogLevel), get(EnvLogFormat); level != "" || format != "" {
+		logger, err := loggerFromEnv(level, format)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		cfg.Logger = logger
 	}
-	cfg.Logger = logger
+	if path := get(EnvAMQPCA); path != "" {
+		pem, err := os.ReadFile(path)
+		roots := x509.NewCertPool()
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", EnvAMQPCA, err))
+		case !roots.AppendCertsFromPEM(pem):
+			errs = append(errs, fmt.Errorf("%s=%q: no PEM certificate in the file", EnvAMQPCA, path))
+		default:
+			cfg.TLS = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+		}
+	}
 	return cfg, errors.Join(errs...)
 }
 

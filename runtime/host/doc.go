@@ -42,8 +42,9 @@
 //
 //	SAGA_PG_URL        PostgreSQL URL (required)
 //	SAGA_AMQP_URL      RabbitMQ URL, amqp:// or amqps:// (required)
+//	SAGA_AMQP_CA       PEM file of the CA of the broker's certificate (default: the system's roots)
 //	SAGA_SERVICE       service name in connection names and logs (default: the executable's name)
-//	SAGA_HTTP_ADDR     where to serve HTTP (default ":8080"; "off": no server)
+//	SAGA_HTTP_ADDR     where to serve HTTP (default "127.0.0.1:8080"; ":8080" for every interface; "off": none)
 //	SAGA_HTTP_START    "true": serve POST /sagas/<saga> for every registered saga
 //	SAGA_ADMIN_TOKENS  "name:role:token,..." for the admin API and console (none: not served)
 //	SAGA_QUEUE_TYPE    "quorum" (default) or "classic"
@@ -58,7 +59,8 @@
 //
 // # HTTP
 //
-// On Config.HTTPAddr (default ":8080"): GET /healthz (the process runs),
+// On Config.HTTPAddr (default "127.0.0.1:8080", loopback only: a container
+// sets ":8080"): GET /healthz (the process runs),
 // GET /readyz (started, database and broker reachable), GET /metrics
 // (Prometheus, unless Config.Telemetry brings its own meter), the saga
 // endpoints under /sagas/<saga>/ and, with admin tokens, the admin API and

@@ -7,63 +7,16 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/message"
-	"github.com/protosaga/saga/runtime/participant"
-	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/service"
 	"github.com/protosaga/saga/runtime/telemetry/promexport"
 )
-
-// Package is what generated code declares for one Go package of contracts
-// (its SagaPackage function): the package's message types and its broker
-// topology.
-type Package struct {
-	// Path is the Go import path of the package.
-	Path string
-	// Messages are the package's annotated message types.
-	Messages []*message.Info
-	// Topology returns the package's exchanges, work queues (with tier
-	// queues for the policy and parking lots) and bindings.
-	Topology func(broker.QueueType, retry.Policy) broker.Topology
-}
-
-// Participant is one service's command handling, as a generated
-// Register<Service>Participant function adds it.
-type Participant struct {
-	// Service is the owner the contract names; it scopes the records that
-	// make the service's effects happen once per command.
-	Service string
-	// Queue is the service's command queue.
-	Queue string
-	// Package declares the service's commands and their replies.
-	Package Package
-	// Func dispatches a command to the user's implementation.
-	Func participant.Func
-}
-
-// Saga is one saga type, as a generated Register<Saga> function adds it.
-type Saga struct {
-	// Engine runs the saga (built from [Host.SagaConfig]).
-	Engine *saga.Engine
-	// Queue is the saga's queue (replies, events, its start message).
-	Queue string
-	// Snake is the saga's snake_case name: its HTTP paths are
-	// /sagas/<Snake>/.
-	Snake string
-	// Package declares the saga.
-	Package Package
-	// Migrations create and evolve the saga's instance table.
-	Migrations schema.Source
-	// NewStart returns an empty start message (the start endpoint decodes
-	// requests into it).
-	NewStart func() message.Message
-}
 
 // Host runs a service's part of the sagas in one process: the consumers of
 // every registered participant and saga, the outbox relays, each saga's
@@ -85,8 +38,8 @@ type Host struct {
 	metrics *promexport.Exporter // nil when Config.Telemetry has a meter or HTTP is off
 
 	mu           sync.Mutex
-	participants []Participant
-	sagas        []Saga
+	participants []service.Participant
+	sagas        []service.Saga
 	migrations   []schema.Source   // Config.Migrations, then AddMigrations
 	queues       map[string]string // queue → who registered it
 	regErrs      []error
@@ -126,12 +79,21 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if h.pool == nil {
 		pcfg, err := pgxpool.ParseConfig(cfg.PostgresURL)
 		if err != nil {
+			if h.metrics != nil {
+				_ = h.metrics.Shutdown(ctx)
+			}
 			return nil, fmt.Errorf("host %s: database URL: %w", cfg.Service, err) // pgx keeps the password out
 		}
 		if pcfg.ConnConfig.RuntimeParams["application_name"] == "" {
 			pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.Service
 		}
+		if !strings.Contains(cfg.PostgresURL, "pool_max_conns") {
+			pcfg.MaxConns = defaultPoolSize(&cfg)
+		}
 		if h.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+			if h.metrics != nil {
+				_ = h.metrics.Shutdown(ctx)
+			}
 			return nil, fmt.Errorf("host %s: open database pool: %w", cfg.Service, err)
 		}
 		h.ownPool = true
@@ -148,8 +110,18 @@ func (h *Host) Logger() *slog.Logger { return h.log }
 
 // Handle registers an HTTP handler of the service's own on the host's
 // server (http.ServeMux patterns). The host's own paths are /healthz,
-// /readyz, /metrics, /sagas/ and /admin/.
-func (h *Host) Handle(pattern string, handler http.Handler) { h.mux.Handle(pattern, handler) }
+// /readyz, /metrics, /sagas/<saga> and /admin/: a pattern that conflicts
+// with one, or with an earlier Handle, is refused here or at Start. With the
+// HTTP server off, Handle refuses.
+func (h *Host) Handle(pattern string, handler http.Handler) error {
+	if h.cfg.HTTPAddr == HTTPOff {
+		return h.Fail(fmt.Errorf("HTTP route %q: the host's HTTP server is off (%s)", pattern, EnvHTTPAddr))
+	}
+	if err := h.handle(pattern, handler); err != nil {
+		return h.Fail(err)
+	}
+	return nil
+}
 
 // SagaConfig returns the engine configuration the host gives saga fullName:
 // its pool, clock, logger, telemetry and step timeouts. Generated
@@ -168,7 +140,7 @@ func (h *Host) SagaConfig(fullName string) saga.Config {
 // per command type and idempotency key (participant.Idempotent): a command
 // resent with a new message id gets the first reply again and has no second
 // effect. Generated Register<Service>Participant functions call it.
-func (h *Host) AddParticipant(p Participant) error {
+func (h *Host) AddParticipant(p service.Participant) error {
 	var errs []error
 	if p.Service == "" || p.Queue == "" || p.Func == nil || p.Package.Topology == nil {
 		errs = append(errs, fmt.Errorf("participant %q on queue %q: incomplete registration", p.Service, p.Queue))
@@ -177,7 +149,7 @@ func (h *Host) AddParticipant(p Participant) error {
 }
 
 // AddSaga registers a saga. Generated Register<Saga> functions call it.
-func (h *Host) AddSaga(s Saga) error {
+func (h *Host) AddSaga(s service.Saga) error {
 	var err error
 	if s.Engine == nil || s.Queue == "" || s.Snake == "" || s.Package.Topology == nil || s.NewStart == nil {
 		err = fmt.Errorf("saga on queue %q: incomplete registration", s.Queue)
@@ -195,13 +167,24 @@ func (h *Host) AddMigrations(sources ...schema.Source) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.state != stateNew {
-		err := fmt.Errorf("host %s: migrations added after Start", h.cfg.Service)
+		err := errors.New("migrations added after Start")
 		h.regErrs = append(h.regErrs, err)
 		return err
 	}
 	h.migrations = append(h.migrations, sources...)
 	return nil
 }
+
+// Fail records a registration that could not be made, so that Start
+// refuses to run, and returns err. Generated Register functions call it.
+func (h *Host) Fail(err error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.regErrs = append(h.regErrs, err)
+	return err
+}
+
+var _ service.Registrar = (*Host)(nil)
 
 // register records one registration under h.mu; an error is also kept for
 // Start, so a registration whose error the caller dropped still stops it.
@@ -217,7 +200,6 @@ func (h *Host) register(who, queue string, err error, add func()) error {
 		}
 	}
 	if err != nil {
-		err = fmt.Errorf("host %s: %w", h.cfg.Service, err)
 		h.regErrs = append(h.regErrs, err)
 		return err
 	}
@@ -238,4 +220,29 @@ func (h *Host) Close() {
 	if h.ownPool {
 		h.pool.Close()
 	}
+}
+
+// defaultPoolSize sizes a pool the host opens itself (its URL names no
+// pool_max_conns): 4 connections per relay and, per consumer, its workers
+// plus one, for five consumers, plus 4 for starts, reads and gauges.
+func defaultPoolSize(c *Config) int32 {
+	workers := c.Concurrency
+	if workers == 0 {
+		workers = 4
+	}
+	return int32(4*max(c.Relays, 0) + 5*(workers+1) + 4)
+}
+
+// poolNeed is what the registered parts need at most at once; Start warns
+// when the pool is smaller.
+func (h *Host) poolNeed() int {
+	n := 4*max(h.cfg.Relays, 0) + 4
+	for q := range h.queues {
+		w := h.cfg.tuning(q).Concurrency
+		if w == 0 {
+			w = 4
+		}
+		n += w + 1
+	}
+	return n
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -175,7 +176,9 @@ func TestHostServes(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	// A saga started from application code under WithRelay completes too.
+	// A saga started from application code under WithRelay completes too
+	// (examples/placeorder/app TestStartHandsFirstCommandToTheRelay checks
+	// the hand-over itself).
 	id, created, err := po.Start(h.WithRelay(ctx), &orderv1.PlaceOrderRequest{
 		OrderId: "o-app", CustomerId: "c", Lines: []*commonv1.OrderLine{{ProductId: "widget", Quantity: 1}},
 		Amount: &commonv1.Money{Currency: "EUR", MinorUnits: 100}, ShippingAddress: &commonv1.Address{Country: "FR"}, CardToken: "tok",
@@ -268,4 +271,33 @@ func mustTokens(t *testing.T, spec string) admin.Tokens {
 	tokens, err := admin.ParseTokens(spec)
 	require.NoError(t, err)
 	return tokens
+}
+
+// TestMainOverTLS: a service configured from the environment reaches
+// PostgreSQL with verify-full and RabbitMQ over amqps:// against a private
+// CA (SAGA_AMQP_CA).
+func TestMainOverTLS(t *testing.T) {
+	t.Parallel()
+	pgURL, amqpsURL := testenv.PostgresTLSURL(t), testenv.AMQPSURL(t)
+	ca := os.Getenv(testenv.EnvTLSCA)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	registered := make(chan *host.Host, 1)
+	go func() {
+		done <- host.MainContext(ctx, env(map[string]string{
+			host.EnvPostgresURL: pgURL, host.EnvAMQPURL: amqpsURL, host.EnvAMQPCA: ca,
+			host.EnvHTTPAddr: "127.0.0.1:0", host.EnvLogLevel: "error",
+		}), func(h *host.Host) error {
+			registered <- h
+			_, err := app.Register(h)
+			return err
+		})
+	}()
+	h := <-registered
+	require.Eventually(t, func() bool { return h.Addr() != "" }, 30*time.Second, 50*time.Millisecond, "the host starts over TLS")
+	cancel()
+	require.NoError(t, <-done)
+
+	_, err := host.FromEnv(env(map[string]string{host.EnvAMQPCA: "/nonexistent/ca.pem"}))
+	require.ErrorContains(t, err, "SAGA_AMQP_CA")
 }

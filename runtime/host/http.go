@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,18 +14,32 @@ import (
 	"github.com/protosaga/saga/runtime/saga"
 )
 
+// handle registers pattern on the host's mux, turning ServeMux's panic on a
+// conflicting pattern into an error.
+func (h *Host) handle(pattern string, handler http.Handler) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("HTTP route %q: %v", pattern, p)
+		}
+	}()
+	h.mux.Handle(pattern, handler)
+	return nil
+}
+
 // serve mounts the host's endpoints and listens (so a taken port fails
 // Start); launch serves.
 func (h *Host) serve(r *running) error {
 	if h.cfg.HTTPAddr == HTTPOff {
 		return nil
 	}
-	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	var routes []error
+	route := func(pattern string, handler http.Handler) { routes = append(routes, h.handle(pattern, handler)) }
+	route("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	h.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) { h.ready(w, req, r) })
+	}))
+	route("GET /readyz", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { h.ready(w, req, r) }))
 	if h.metrics != nil {
-		h.mux.Handle("GET /metrics", h.metrics.MetricsHandler())
+		route("GET /metrics", h.metrics.MetricsHandler())
 	}
 	if len(h.cfg.AdminTokens) > 0 {
 		reg, err := h.registry()
@@ -41,24 +56,33 @@ func (h *Host) serve(r *running) error {
 		if err != nil {
 			return fmt.Errorf("admin server: %w", err)
 		}
-		h.mux.Handle("/admin/", http.StripPrefix("/admin", srv))
+		route("/admin/", http.StripPrefix("/admin", srv))
 	}
 	for _, s := range h.sagas {
 		base := "/sagas/" + s.Snake
-		h.mux.Handle("GET "+base+"/{id}", s.Engine.StatusHandler())
+		route("GET "+base+"/{id}", s.Engine.StatusHandler())
 		if h.cfg.StartEndpoints {
 			start := s.Engine.StartHandler(s.NewStart, func(id string) string { return base + "/" + id })
-			h.mux.Handle("POST "+base, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			route("POST "+base, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 				start.ServeHTTP(w, req.WithContext(r.withRelay(req.Context())))
 			}))
 		}
+	}
+	if err := errors.Join(routes...); err != nil {
+		return err
 	}
 	ln, err := net.Listen("tcp", h.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("HTTP server: %w", err)
 	}
 	r.listener = ln
-	r.server = &http.Server{Handler: h.mux, ReadHeaderTimeout: 10 * time.Second}
+	r.server = &http.Server{
+		Handler:           h.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		WriteTimeout:      2 * time.Minute, // a bulk repair of the admin API is the longest answer
+		IdleTimeout:       2 * time.Minute,
+	}
 	return nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/service"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -43,6 +44,9 @@ type running struct {
 	errs   []error
 	failed chan struct{} // closed when a part stops with an error
 	once   sync.Once
+
+	stopped chan struct{} // closed when Stop is done; stopErr is its result
+	stopErr error
 }
 
 // fail records a part's error and asks Run to stop.
@@ -96,7 +100,7 @@ func (h *Host) Start(ctx context.Context) (err error) {
 		return fmt.Errorf("host %s: already started", h.cfg.Service)
 	case len(h.regErrs) > 0:
 		h.mu.Unlock()
-		return errors.Join(h.regErrs...)
+		return fmt.Errorf("host %s: %w", h.cfg.Service, errors.Join(h.regErrs...))
 	case len(h.participants) == 0 && len(h.sagas) == 0 && h.cfg.Relays == NoRelays:
 		h.mu.Unlock()
 		return fmt.Errorf("host %s: nothing to run: register a participant or a saga, or run a relay", h.cfg.Service)
@@ -104,10 +108,13 @@ func (h *Host) Start(ctx context.Context) (err error) {
 	h.state = stateStarting
 	h.mu.Unlock()
 
-	r := &running{failed: make(chan struct{})}
+	r := &running{failed: make(chan struct{}), stopped: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			h.teardown(r)
+			if h.metrics != nil {
+				_ = h.metrics.Shutdown(context.WithoutCancel(ctx))
+			}
 			if h.ownPool {
 				h.pool.Close()
 			}
@@ -115,6 +122,9 @@ func (h *Host) Start(ctx context.Context) (err error) {
 			err = fmt.Errorf("host %s: %w", h.cfg.Service, err)
 		}
 	}()
+	if need, have := h.poolNeed(), int(h.pool.Config().MaxConns); need > have {
+		h.log.Warn("the database pool may be too small for what is registered", "max_conns", have, "need", need)
+	}
 	if err := h.prepareDatabase(ctx); err != nil {
 		return err
 	}
@@ -167,10 +177,7 @@ func (h *Host) migrate(ctx context.Context) error {
 	}
 	sources = append(sources, h.migrations...)
 	h.mu.Unlock()
-	if err := schema.Migrate(ctx, h.pool, sources...); err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	return nil
+	return schema.Migrate(ctx, h.pool, sources...) // its errors say "migrate: ..."
 }
 
 // prepareDatabase applies the migrations and checks the sagas' states.
@@ -196,7 +203,7 @@ func (h *Host) Topology() broker.Topology {
 	defer h.mu.Unlock()
 	var t broker.Topology
 	seen := map[string]bool{}
-	add := func(p Package) {
+	add := func(p service.Package) {
 		if seen[p.Path] {
 			return
 		}
@@ -372,26 +379,44 @@ func (h *Host) launch(r *running) {
 // or ctx's error when ctx ends before they have stopped.
 func (h *Host) Stop(ctx context.Context) error {
 	h.mu.Lock()
-	if h.state != stateRunning {
-		st := h.state
+	r := h.run
+	switch h.state {
+	case stateRunning:
+		h.state = stateStopping
 		h.mu.Unlock()
-		if st == stateStopping || st == stateStopped {
-			return nil
+		r.stopErr = h.stop(ctx, r)
+		close(r.stopped)
+		return r.stopErr
+	case stateStopping, stateStopped:
+		h.mu.Unlock()
+		if r == nil {
+			return nil // never started
 		}
+		select { // another Stop is at work: wait for its result
+		case <-r.stopped:
+			return r.stopErr
+		case <-ctx.Done():
+			return fmt.Errorf("host %s: waiting for another Stop: %w", h.cfg.Service, ctx.Err())
+		}
+	default:
+		h.mu.Unlock()
 		return fmt.Errorf("host %s: not running", h.cfg.Service)
 	}
-	h.state = stateStopping
-	r := h.run
-	h.mu.Unlock()
+}
 
+// stop does Stop's work, once.
+func (h *Host) stop(ctx context.Context, r *running) error {
 	r.ready.Store(false)
 	r.stopWork()
 	var errs []error
+	drained := true
 	if err := wait(ctx, &r.consumersWG); err != nil {
+		drained = false
 		errs = append(errs, fmt.Errorf("consumers did not drain: %w", err))
 	}
 	r.stopRelays()
 	if err := wait(ctx, &r.relaysWG); err != nil {
+		drained = false
 		errs = append(errs, fmt.Errorf("relays did not stop: %w", err))
 	}
 	if r.server != nil {
@@ -400,6 +425,7 @@ func (h *Host) Stop(ctx context.Context) error {
 		}
 	}
 	if err := wait(ctx, &r.wg); err != nil {
+		drained = false
 		errs = append(errs, fmt.Errorf("parts did not stop: %w", err))
 	}
 	h.teardown(r)
@@ -409,7 +435,13 @@ func (h *Host) Stop(ctx context.Context) error {
 		}
 	}
 	if h.ownPool {
-		h.pool.Close()
+		if drained {
+			h.pool.Close()
+		} else {
+			// Parts that did not stop still hold connections, and Close
+			// waits for them: do not hold Stop past its context for it.
+			go h.pool.Close()
+		}
 	}
 	h.setState(stateStopped)
 	r.mu.Lock()

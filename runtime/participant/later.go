@@ -42,10 +42,24 @@ type Pending struct {
 type onceRecordKey struct{}
 
 // onceRecord is the record [Idempotent] keeps for the command being handled.
+// [Handler] puts an empty one in the handler's context and Idempotent fills
+// it, so that a middleware around Idempotent can take the command with
+// [Later] after it ran, as the participant's own code can inside it.
 type onceRecord struct{ service, key string }
 
+// withOnceRecord returns ctx with a record slot, and the slot: the one ctx
+// has, or a new one.
+func withOnceRecord(ctx context.Context) (context.Context, *onceRecord) {
+	if r, ok := ctx.Value(onceRecordKey{}).(*onceRecord); ok {
+		return ctx, r
+	}
+	r := new(onceRecord)
+	return context.WithValue(ctx, onceRecordKey{}, r), r
+}
+
 // Later returns the command being handled as a [Pending], inside a
-// participant method run by [Handler]. It fails outside one.
+// participant method run by [Handler] (or in a middleware around
+// [Idempotent], once Idempotent has run). It fails outside one.
 func Later(ctx context.Context) (Pending, error) {
 	env, ok := Command(ctx)
 	if !ok || env == nil {
@@ -55,7 +69,7 @@ func Later(ctx context.Context) (Pending, error) {
 		Command: env.MessageType, MessageID: env.MessageID, CorrelationID: env.CorrelationID,
 		SagaID: env.SagaID, SagaType: env.SagaType, Traceparent: env.Traceparent, Tracestate: env.Tracestate,
 	}
-	if r, ok := ctx.Value(onceRecordKey{}).(onceRecord); ok {
+	if r, ok := ctx.Value(onceRecordKey{}).(*onceRecord); ok {
 		p.Service, p.OnceKey = r.service, r.key
 	}
 	return p, nil
@@ -93,8 +107,9 @@ func (p *Pending) UnmarshalText(text []byte) error {
 	return nil
 }
 
-// envelope returns the command's envelope as far as a reply needs it.
-func (p Pending) envelope() *envelope.Envelope {
+// Envelope returns the command's envelope as far as a reply needs it
+// (ReplyEnvelope builds the reply's from it).
+func (p Pending) Envelope() *envelope.Envelope {
 	return &envelope.Envelope{
 		MessageType: p.Command, MessageID: p.MessageID, CorrelationID: p.CorrelationID,
 		SagaID: p.SagaID, SagaType: p.SagaType, Traceparent: p.Traceparent, Tracestate: p.Tracestate,
@@ -114,7 +129,7 @@ func ReplyLater(ctx context.Context, tx pgx.Tx, p Pending, command string, reply
 	if p.MessageID == "" {
 		return fmt.Errorf("participant: reply to %s: the pending command has no message id", command)
 	}
-	env, err := ReplyEnvelope(p.envelope(), reply)
+	env, err := ReplyEnvelope(p.Envelope(), reply)
 	if err != nil {
 		return err
 	}

@@ -78,7 +78,9 @@ func Idempotent(service string, reg *message.Registry, fn Func) Func {
 		if err := compensates(ctx, tx, service, env); err != nil {
 			return nil, err
 		}
-		reply, err := fn(context.WithValue(ctx, onceRecordKey{}, onceRecord{service: service, key: key}), tx, cmd)
+		ctx, rec := withOnceRecord(ctx)
+		*rec = onceRecord{service: service, key: key}
+		reply, err := fn(ctx, tx, cmd)
 		if err != nil || isNil(reply) {
 			return nil, err
 		}
@@ -128,7 +130,11 @@ func onceKey(cmd message.Message, env *envelope.Envelope) string {
 // compensates records, for a compensating command that names the command it
 // undoes (envelope.HeaderCompensates), that command's key as done for
 // service, unless it ran already: the command, arriving after its
-// compensation, then finds its record and has no effect and no reply.
+// compensation, then finds its record and has no effect and no reply. The
+// record is written before the compensation runs, at once (not queued with
+// the handler's writes): when the command is running in another transaction
+// right now, the insert waits for it to commit, and the compensation then
+// sees its effect to undo.
 func compensates(ctx context.Context, tx pgx.Tx, service string, env *envelope.Envelope) error {
 	if env == nil {
 		return nil
@@ -142,13 +148,11 @@ func compensates(ctx context.Context, tx pgx.Tx, service string, env *envelope.E
 			return nil
 		}
 	}
-	return txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
-		if err != nil {
-			return fmt.Errorf("participant %s: record %q as compensated before it ran: %w", service, key, err)
-		}
-		return nil
-	}, `INSERT INTO saga_participant_once (service, idempotency_key) VALUES ($1, $2)
-ON CONFLICT (service, idempotency_key) DO NOTHING`, service, key)
+	if _, err := tx.Exec(ctx, `INSERT INTO saga_participant_once (service, idempotency_key) VALUES ($1, $2)
+ON CONFLICT (service, idempotency_key) DO NOTHING`, service, key); err != nil {
+		return fmt.Errorf("participant %s: record %q as compensated before it ran: %w", service, key, err)
+	}
+	return nil
 }
 
 func storedReply(ctx context.Context, tx pgx.Tx, service, key string, reg *message.Registry) (message.Message, error) {

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
@@ -167,4 +168,53 @@ func TestReplyLaterTyped(t *testing.T) {
 	require.Error(t, bad.UnmarshalText([]byte("not base64!")))
 	_, err = participant.Later(ctx)
 	require.Error(t, err, "Later outside a command's handling")
+}
+
+// TestCompensationWaitsForItsRunningCommand: the command is running in
+// another transaction (its once record written, not committed) when its
+// compensation arrives. The compensation's record of the command waits for
+// that transaction, so the compensation runs after the command committed
+// and sees the effect it must undo.
+func TestCompensationWaitsForItsRunningCommand(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE holds (loan text PRIMARY KEY)`)
+	require.NoError(t, err)
+	reserve := command(t, "order-3")
+	release := compensation(t, "order-3", reserve.Message)
+
+	// The command's transaction: its guard and its effect, not committed.
+	running, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = running.Rollback(ctx) }()
+	reserveFn := participant.Idempotent("inventory", registry(t),
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO holds VALUES ($1)`, cmd.(testMsg).GetValue())
+			return msg(reservedInfo, cmd.(testMsg).GetValue()), err
+		})
+	_, err = reserveFn(participant.WithCommand(ctx, &reserve.Envelope), running, reserve.Message)
+	require.NoError(t, err)
+
+	var sawHold bool
+	releaseFn := participant.Idempotent("inventory", registry(t),
+		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+			err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM holds WHERE loan = $1)`, cmd.(testMsg).GetValue()).Scan(&sawHold)
+			return msg(releasedInfo, cmd.(testMsg).GetValue()), err
+		})
+	done := make(chan error, 1)
+	go func() {
+		// In a handler's write scope, as a consumer runs it.
+		done <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			hctx, scope := txq.WithScope(ctx, tx)
+			if _, err := releaseFn(participant.WithCommand(hctx, &release.Envelope), tx, release.Message); err != nil {
+				return err
+			}
+			return scope.Flush(hctx)
+		})
+	}()
+	testenv.WaitBlocked(t, pool, "%INSERT INTO saga_participant_once%")
+	require.NoError(t, running.Commit(ctx))
+	require.NoError(t, <-done)
+	require.True(t, sawHold, "the compensation ran after the command committed and saw its effect")
 }

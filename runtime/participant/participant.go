@@ -81,7 +81,8 @@ func Handler(fn Func) consumer.HandlerFunc {
 		cmd := &d.Envelope
 		ctx, span := startSpan(ctx, cmd)
 		defer func() { endSpan(span, err) }()
-		reply, err := fn(WithCommand(ctx, cmd), tx, d.Message)
+		ctx, _ = withOnceRecord(WithCommand(ctx, cmd))
+		reply, err := fn(ctx, tx, d.Message)
 		if errors.Is(err, ErrReplyLater) {
 			return nil // effects commit; the participant answers later with ReplyEnvelope
 		}

@@ -54,7 +54,7 @@ func (d *Definition) Begin(ctx context.Context, env Env, id string, start messag
 		return Result{}, fmt.Errorf("begin saga %s %s: start hook: %w", d.Name, id, err)
 	}
 	if key == "" {
-		return Result{}, fmt.Errorf("begin saga %s %s: start hook returned an empty business key", d.Name, id)
+		return Result{}, fmt.Errorf("begin saga %s %s: the start message's business key is empty: %w", d.Name, id, ErrInvalidTrigger)
 	}
 	res, _, err := d.begin(ctx, env, id, data, key, mode{})
 	if err != nil {
@@ -312,9 +312,7 @@ func (w *work) enterCompensation(i, attempt int) error {
 	if err != nil {
 		return err
 	}
-	if err := w.markCompensates(s); err != nil {
-		return err
-	}
+	w.markCompensates(s)
 	w.out.PendingMessageID = id
 	w.note("sent %s to compensate step %s (attempt %d of %d)", shortName(s.Compensation), s.Name, attempt, s.maxAttempts())
 	return nil
@@ -324,20 +322,20 @@ func (w *work) enterCompensation(i, attempt int) error {
 // command it undoes when s stopped waiting without an answer: that command
 // may still be in a retry tier or a slow handler, and the participant must
 // not apply it after its compensation. The command is built again from the
-// saga data for its idempotency key.
-func (w *work) markCompensates(s *Step) error {
+// saga data for its idempotency key; when that fails, the compensation goes
+// without the name (as before there was one) rather than not at all.
+func (w *work) markCompensates(s *Step) {
 	if w.mode.dry || s.Command == "" || !slices.Contains(w.progress().Stopped, s.Name) || len(w.emit) == 0 {
-		return nil
+		return
 	}
 	cmd, err := w.env.Hooks.Build(w.ctx, s.Command, w.out.Data)
 	if err != nil {
-		return fmt.Errorf("build %s to name it on its compensation: %w", s.Command, err)
+		return
 	}
-	if _, err := fullName(cmd); err != nil {
-		return fmt.Errorf("build %s to name it on its compensation: %w", s.Command, err)
+	if name, err := fullName(cmd); err != nil || name != s.Command {
+		return
 	}
 	w.emit[len(w.emit)-1].Compensates = message.OnceKey(cmd, w.out.Progress.OperatorRetries[s.Command])
-	return nil
 }
 
 // send builds command from the saga data, gives it a fresh id and records

@@ -60,6 +60,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -171,6 +172,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, last int, sources []Source
 				continue
 			}
 			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Hint != "" {
+					return fmt.Errorf("apply migration %s/%s: %w (hint: %s)", m.Source, m.Name, err, pgErr.Hint)
+				}
 				return fmt.Errorf("apply migration %s/%s: %w", m.Source, m.Name, err)
 			}
 			if m.Source == RuntimeSource {
@@ -316,8 +321,13 @@ func readSource(source string, fsys fs.FS) ([]*Migration, error) {
 		return nil, fmt.Errorf("read migration source %q: %w", source, err)
 	}
 	var out []*Migration
+	var dirs []string
 	for _, e := range entries {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), ".sql") {
+		if e.IsDir() {
+			dirs = append(dirs, e.Name())
+			continue
+		}
+		if !strings.HasSuffix(e.Name(), ".sql") {
 			continue
 		}
 		b, err := fs.ReadFile(fsys, e.Name())
@@ -326,6 +336,13 @@ func readSource(source string, fsys fs.FS) ([]*Migration, error) {
 		}
 		sum := sha256.Sum256(b)
 		out = append(out, &Migration{Source: source, Name: e.Name(), Checksum: hex.EncodeToString(sum[:]), sql: string(b)})
+	}
+	if len(out) == 0 {
+		hint := ""
+		if len(dirs) > 0 {
+			hint = fmt.Sprintf(" (it holds the directories %v: give the directory itself, e.g. fs.Sub(fsys, %q))", dirs, dirs[0])
+		}
+		return nil, fmt.Errorf("migration source %q has no .sql files at its root%s", source, hint)
 	}
 	slices.SortFunc(out, func(a, b *Migration) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil

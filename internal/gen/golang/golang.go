@@ -51,7 +51,7 @@ const (
 	schemaPkg      = protogen.GoImportPath(runtimeRoot + "schema")
 	brokerPkg      = protogen.GoImportPath(runtimeRoot + "broker")
 	retryPkg       = protogen.GoImportPath(runtimeRoot + "retry")
-	hostPkg        = protogen.GoImportPath(runtimeRoot + "host")
+	servicePkg     = protogen.GoImportPath(runtimeRoot + "service")
 )
 
 // File renders the Go file for one annotated proto file. Package-level code

@@ -384,7 +384,7 @@ func (b *builder) refAs(rule string, f *protogen.File, p []int32, pkg protorefle
 			return nil
 		}
 	}
-	b.errorf(f, p, rule, "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\", and import its file",
+	b.errorf(f, p, rule, "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\"; a message of another file must be in the same generation request (buf: strategy: all; protoc: one call for all files)",
 		"%s %q: unknown message", what, name)
 	return nil
 }

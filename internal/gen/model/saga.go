@@ -549,7 +549,7 @@ func (b *builder) crossChecks() {
 	for _, m := range msgs {
 		if m.Kind == sagav1.Kind_KIND_REPLY && waited[m] == nil {
 			b.report(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage), true, "reply-unused",
-				"list it in a saga step's success, failure or compensation replies, or remove it",
+				"list it in a saga step's success, failure or compensation replies, or remove it; a saga in another file counts only when it is in the same generation request (buf: strategy: all)",
 				"reply %s is not awaited by any saga step", m.FullName)
 		}
 	}

@@ -193,12 +193,12 @@ func (s *Script) Middleware(_ string, next participant.Func) participant.Func {
 		case actFail:
 			return nil, failure.Transient(fmt.Errorf("scripted transient failure of %s for order %s", k.command, k.orderID))
 		case actHold:
-			pending, err := participant.Later(ctx)
-			if err != nil {
-				return nil, err
-			}
 			reply, err := next(ctx, tx, cmd)
 			if err != nil || reply == nil {
+				return nil, err
+			}
+			pending, err := participant.Later(ctx) // after the guard ran: with its once record
+			if err != nil {
 				return nil, err
 			}
 			s.stash(k.orderID, pending, reply)

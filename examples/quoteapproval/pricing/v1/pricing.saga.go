@@ -11,11 +11,11 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
 	retry "github.com/protosaga/saga/runtime/retry"
+	service "github.com/protosaga/saga/runtime/service"
 	url "net/url"
 	slices "slices"
 	strconv "strconv"
@@ -226,16 +226,16 @@ func PricingParticipantFunc(impl PricingParticipant) participant.Func {
 	}
 }
 
-// RegisterPricingParticipant registers impl on h as the participant of service "pricing":
+// RegisterPricingParticipant registers impl on h (a runtime/host Host) as the participant of service "pricing":
 // h consumes "pricing.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterPricingParticipant(h *host.Host, impl PricingParticipant) error {
+func RegisterPricingParticipant(h service.Registrar, impl PricingParticipant) error {
 	if impl == nil {
-		return errors.New("service pricing: participant is nil")
+		return h.Fail(errors.New("service pricing: participant is nil"))
 	}
-	return h.AddParticipant(host.Participant{
+	return h.AddParticipant(service.Participant{
 		Service: "pricing",
 		Queue:   "pricing.commands",
 		Package: SagaPackage(),
@@ -271,10 +271,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/quoteapproval/pricing/v1",
 		Messages: []*message.Info{PriceQuoteInfo, PriceReleaseFailedInfo, PriceReleasedInfo, QuotePricedInfo, QuotePricingFailedInfo, ReleasePriceInfo},
 		Topology: TopologyWith,

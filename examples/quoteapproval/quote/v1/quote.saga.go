@@ -15,7 +15,6 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -23,6 +22,7 @@ import (
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
+	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
 	fs "io/fs"
 	http "net/http"
@@ -181,16 +181,16 @@ func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
 	}
 }
 
-// RegisterOrderingParticipant registers impl on h as the participant of service "ordering":
+// RegisterOrderingParticipant registers impl on h (a runtime/host Host) as the participant of service "ordering":
 // h consumes "ordering.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterOrderingParticipant(h *host.Host, impl OrderingParticipant) error {
+func RegisterOrderingParticipant(h service.Registrar, impl OrderingParticipant) error {
 	if impl == nil {
-		return errors.New("service ordering: participant is nil")
+		return h.Fail(errors.New("service ordering: participant is nil"))
 	}
-	return h.AddParticipant(host.Participant{
+	return h.AddParticipant(service.Participant{
 		Service: "ordering",
 		Queue:   "ordering.commands",
 		Package: SagaPackage(),
@@ -236,10 +236,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/quoteapproval/quote/v1",
 		Messages: []*message.Info{CancelQuoteInfo, OrderSubmittedInfo, SubmitOrderInfo, SubmitQuoteInfo},
 		Topology: TopologyWith,
@@ -731,15 +731,15 @@ func QuoteApprovalMigrations() schema.Source {
 	return schema.Source{Name: "saga_quote_approval", FS: sub}
 }
 
-// RegisterQuoteApproval registers saga quote.v1.QuoteApproval with decider d on h: h migrates its
+// RegisterQuoteApproval registers saga quote.v1.QuoteApproval with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "quote.saga.quote_approval", runs its timeout scanner and serves its status
 // at /sagas/quote_approval/{id}. Use the returned saga to start and read instances.
-func RegisterQuoteApproval(h *host.Host, d QuoteApprovalDecider) (*QuoteApproval, error) {
+func RegisterQuoteApproval(h service.Registrar, d QuoteApprovalDecider) (*QuoteApproval, error) {
 	s, err := NewQuoteApproval(h.SagaConfig("quote.v1.QuoteApproval"), d)
 	if err != nil {
-		return nil, err
+		return nil, h.Fail(err)
 	}
-	if err := h.AddSaga(host.Saga{
+	if err := h.AddSaga(service.Saga{
 		Engine:     s.engine,
 		Queue:      "quote.saga.quote_approval",
 		Snake:      "quote_approval",

@@ -13,7 +13,6 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -21,6 +20,7 @@ import (
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
+	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
 	fs "io/fs"
 	http "net/http"
@@ -247,16 +247,16 @@ func SelectParticipantFunc(impl SelectParticipant) participant.Func {
 	}
 }
 
-// RegisterSelectParticipant registers impl on h as the participant of service "select":
+// RegisterSelectParticipant registers impl on h (a runtime/host Host) as the participant of service "select":
 // h consumes "select.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterSelectParticipant(h *host.Host, impl SelectParticipant) error {
+func RegisterSelectParticipant(h service.Registrar, impl SelectParticipant) error {
 	if impl == nil {
-		return errors.New("service select: participant is nil")
+		return h.Fail(errors.New("service select: participant is nil"))
 	}
-	return h.AddParticipant(host.Participant{
+	return h.AddParticipant(service.Participant{
 		Service: "select",
 		Queue:   "select.commands",
 		Package: SagaPackage(),
@@ -298,10 +298,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/collide/message",
 		Messages: []*message.Info{ContextInfo, EngineInfo, InfoInfo, MessageInfo, MetaInfo, TxInfo},
 		Topology: TopologyWith,
@@ -649,15 +649,15 @@ func SwitchMigrations() schema.Source {
 	return schema.Source{Name: "saga_switch", FS: sub}
 }
 
-// RegisterSwitch registers saga collide.message.Switch with decider d on h: h migrates its
+// RegisterSwitch registers saga collide.message.Switch with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "select.saga.switch", runs its timeout scanner and serves its status
 // at /sagas/switch/{id}. Use the returned saga to start and read instances.
-func RegisterSwitch(h *host.Host, d SwitchDecider) (*Switch, error) {
+func RegisterSwitch(h service.Registrar, d SwitchDecider) (*Switch, error) {
 	s, err := NewSwitch(h.SagaConfig("collide.message.Switch"), d)
 	if err != nil {
-		return nil, err
+		return nil, h.Fail(err)
 	}
-	if err := h.AddSaga(host.Saga{
+	if err := h.AddSaga(service.Saga{
 		Engine:     s.engine,
 		Queue:      "select.saga.switch",
 		Snake:      "switch",

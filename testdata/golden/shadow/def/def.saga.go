@@ -11,11 +11,11 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
 	retry "github.com/protosaga/saga/runtime/retry"
+	service "github.com/protosaga/saga/runtime/service"
 	slices "slices"
 )
 
@@ -113,16 +113,16 @@ func SvcDefParticipantFunc(impl SvcDefParticipant) participant.Func {
 	}
 }
 
-// RegisterSvcDefParticipant registers impl on h as the participant of service "svc-def":
+// RegisterSvcDefParticipant registers impl on h (a runtime/host Host) as the participant of service "svc-def":
 // h consumes "svc-def.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterSvcDefParticipant(h *host.Host, impl SvcDefParticipant) error {
+func RegisterSvcDefParticipant(h service.Registrar, impl SvcDefParticipant) error {
 	if impl == nil {
-		return errors.New("service svc-def: participant is nil")
+		return h.Fail(errors.New("service svc-def: participant is nil"))
 	}
-	return h.AddParticipant(host.Participant{
+	return h.AddParticipant(service.Participant{
 		Service: "svc-def",
 		Queue:   "svc-def.commands",
 		Package: SagaPackage(),
@@ -157,10 +157,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/def",
 		Messages: []*message.Info{DoDefInfo, DoneDefInfo},
 		Topology: TopologyWith,

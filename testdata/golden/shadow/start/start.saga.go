@@ -8,10 +8,10 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
+	service "github.com/protosaga/saga/runtime/service"
 )
 
 // This file needs a runtime that supports generated code version 3.
@@ -65,10 +65,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/start",
 		Messages: []*message.Info{BeginInfo},
 		Topology: TopologyWith,

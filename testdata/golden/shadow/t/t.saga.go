@@ -12,13 +12,13 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
+	service "github.com/protosaga/saga/runtime/service"
 	cfg "github.com/protosaga/saga/testdata/golden/shadow/cfg"
 	ctx "github.com/protosaga/saga/testdata/golden/shadow/ctx"
 	d "github.com/protosaga/saga/testdata/golden/shadow/d"
@@ -127,10 +127,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/t",
 		Messages: []*message.Info{ApprovedInfo},
 		Topology: TopologyWith,
@@ -426,15 +426,15 @@ func ByReceiverMigrations() schema.Source {
 	return schema.Source{Name: "saga_by_receiver", FS: sub}
 }
 
-// RegisterByReceiver registers saga shadow.t.ByReceiver with decider d on h: h migrates its
+// RegisterByReceiver registers saga shadow.t.ByReceiver with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "by_receiver.saga.by_receiver", runs its timeout scanner and serves its status
 // at /sagas/by_receiver/{id}. Use the returned saga to start and read instances.
-func RegisterByReceiver(h *host.Host, d ByReceiverDecider) (*ByReceiver, error) {
+func RegisterByReceiver(h service.Registrar, d ByReceiverDecider) (*ByReceiver, error) {
 	s_, err := NewByReceiver(h.SagaConfig("shadow.t.ByReceiver"), d)
 	if err != nil {
-		return nil, err
+		return nil, h.Fail(err)
 	}
-	if err := h.AddSaga(host.Saga{
+	if err := h.AddSaga(service.Saga{
 		Engine:     s_.engine,
 		Queue:      "by_receiver.saga.by_receiver",
 		Snake:      "by_receiver",
@@ -714,15 +714,15 @@ func ByStatusURLMigrations() schema.Source {
 	return schema.Source{Name: "saga_by_status_url", FS: sub}
 }
 
-// RegisterByStatusURL registers saga shadow.t.ByStatusURL with decider d on h: h migrates its
+// RegisterByStatusURL registers saga shadow.t.ByStatusURL with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "by_status_url.saga.by_status_url", runs its timeout scanner and serves its status
 // at /sagas/by_status_url/{id}. Use the returned saga to start and read instances.
-func RegisterByStatusURL(h *host.Host, d ByStatusURLDecider) (*ByStatusURL, error) {
+func RegisterByStatusURL(h service.Registrar, d ByStatusURLDecider) (*ByStatusURL, error) {
 	s, err := NewByStatusURL(h.SagaConfig("shadow.t.ByStatusURL"), d)
 	if err != nil {
-		return nil, err
+		return nil, h.Fail(err)
 	}
-	if err := h.AddSaga(host.Saga{
+	if err := h.AddSaga(service.Saga{
 		Engine:     s.engine,
 		Queue:      "by_status_url.saga.by_status_url",
 		Snake:      "by_status_url",
@@ -1288,15 +1288,15 @@ func FanOutMigrations() schema.Source {
 	return schema.Source{Name: "saga_fan_out", FS: sub}
 }
 
-// RegisterFanOut registers saga shadow.t.FanOut with decider d_ on h_: h_ migrates its
+// RegisterFanOut registers saga shadow.t.FanOut with decider d_ on h_ (a runtime/host Host), which migrates its
 // table, consumes "fan_out.saga.fan_out", runs its timeout scanner and serves its status
 // at /sagas/fan_out/{id}. Use the returned saga to start and read instances.
-func RegisterFanOut(h_ *host.Host, d_ FanOutDecider) (*FanOut, error) {
+func RegisterFanOut(h_ service.Registrar, d_ FanOutDecider) (*FanOut, error) {
 	s, err := NewFanOut(h_.SagaConfig("shadow.t.FanOut"), d_)
 	if err != nil {
-		return nil, err
+		return nil, h_.Fail(err)
 	}
-	if err := h_.AddSaga(host.Saga{
+	if err := h_.AddSaga(service.Saga{
 		Engine:     s.engine,
 		Queue:      "fan_out.saga.fan_out",
 		Snake:      "fan_out",

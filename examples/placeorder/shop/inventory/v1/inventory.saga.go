@@ -11,11 +11,11 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
 	retry "github.com/protosaga/saga/runtime/retry"
+	service "github.com/protosaga/saga/runtime/service"
 	slices "slices"
 )
 
@@ -204,16 +204,16 @@ func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
 	}
 }
 
-// RegisterInventoryParticipant registers impl on h as the participant of service "inventory":
+// RegisterInventoryParticipant registers impl on h (a runtime/host Host) as the participant of service "inventory":
 // h consumes "inventory.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterInventoryParticipant(h *host.Host, impl InventoryParticipant) error {
+func RegisterInventoryParticipant(h service.Registrar, impl InventoryParticipant) error {
 	if impl == nil {
-		return errors.New("service inventory: participant is nil")
+		return h.Fail(errors.New("service inventory: participant is nil"))
 	}
-	return h.AddParticipant(host.Participant{
+	return h.AddParticipant(service.Participant{
 		Service: "inventory",
 		Queue:   "inventory.commands",
 		Package: SagaPackage(),
@@ -249,10 +249,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1",
 		Messages: []*message.Info{InventoryReleasedInfo, InventoryReservationFailedInfo, InventoryReservedInfo, ReleaseInventoryInfo, ReserveInventoryInfo},
 		Topology: TopologyWith,

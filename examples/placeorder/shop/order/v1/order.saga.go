@@ -16,7 +16,6 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -24,6 +23,7 @@ import (
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
+	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
 	fs "io/fs"
 	http "net/http"
@@ -154,16 +154,16 @@ func OrderParticipantFunc(impl OrderParticipant) participant.Func {
 	}
 }
 
-// RegisterOrderParticipant registers impl on h as the participant of service "order":
+// RegisterOrderParticipant registers impl on h (a runtime/host Host) as the participant of service "order":
 // h consumes "order.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterOrderParticipant(h *host.Host, impl OrderParticipant) error {
+func RegisterOrderParticipant(h service.Registrar, impl OrderParticipant) error {
 	if impl == nil {
-		return errors.New("service order: participant is nil")
+		return h.Fail(errors.New("service order: participant is nil"))
 	}
-	return h.AddParticipant(host.Participant{
+	return h.AddParticipant(service.Participant{
 		Service: "order",
 		Queue:   "order.commands",
 		Package: SagaPackage(),
@@ -213,10 +213,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/placeorder/shop/order/v1",
 		Messages: []*message.Info{ApproveOrderInfo, OrderApprovedInfo, PlaceOrderRequestInfo},
 		Topology: TopologyWith,
@@ -720,15 +720,15 @@ func PlaceOrderMigrations() schema.Source {
 	return schema.Source{Name: "saga_place_order", FS: sub}
 }
 
-// RegisterPlaceOrder registers saga shop.order.v1.PlaceOrder with decider d on h: h migrates its
+// RegisterPlaceOrder registers saga shop.order.v1.PlaceOrder with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "order.saga.place_order", runs its timeout scanner and serves its status
 // at /sagas/place_order/{id}. Use the returned saga to start and read instances.
-func RegisterPlaceOrder(h *host.Host, d PlaceOrderDecider) (*PlaceOrder, error) {
+func RegisterPlaceOrder(h service.Registrar, d PlaceOrderDecider) (*PlaceOrder, error) {
 	s, err := NewPlaceOrder(h.SagaConfig("shop.order.v1.PlaceOrder"), d)
 	if err != nil {
-		return nil, err
+		return nil, h.Fail(err)
 	}
-	if err := h.AddSaga(host.Saga{
+	if err := h.AddSaga(service.Saga{
 		Engine:     s.engine,
 		Queue:      "order.saga.place_order",
 		Snake:      "place_order",

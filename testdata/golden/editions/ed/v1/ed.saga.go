@@ -12,13 +12,13 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
+	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
 	fs "io/fs"
 	http "net/http"
@@ -138,10 +138,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/editions/ed/v1",
 		Messages: []*message.Info{DeclinedInfo, RequestedInfo, SignedInfo},
 		Topology: TopologyWith,
@@ -435,15 +435,15 @@ func CollectSignatureMigrations() schema.Source {
 	return schema.Source{Name: "saga_collect_signature", FS: sub}
 }
 
-// RegisterCollectSignature registers saga ed.v1.CollectSignature with decider d on h: h migrates its
+// RegisterCollectSignature registers saga ed.v1.CollectSignature with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "collect_signature.saga.collect_signature", runs its timeout scanner and serves its status
 // at /sagas/collect_signature/{id}. Use the returned saga to start and read instances.
-func RegisterCollectSignature(h *host.Host, d CollectSignatureDecider) (*CollectSignature, error) {
+func RegisterCollectSignature(h service.Registrar, d CollectSignatureDecider) (*CollectSignature, error) {
 	s, err := NewCollectSignature(h.SagaConfig("ed.v1.CollectSignature"), d)
 	if err != nil {
-		return nil, err
+		return nil, h.Fail(err)
 	}
-	if err := h.AddSaga(host.Saga{
+	if err := h.AddSaga(service.Saga{
 		Engine:     s.engine,
 		Queue:      "collect_signature.saga.collect_signature",
 		Snake:      "collect_signature",

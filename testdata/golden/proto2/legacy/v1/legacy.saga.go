@@ -13,7 +13,6 @@ import (
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
 	failure "github.com/protosaga/saga/runtime/failure"
-	host "github.com/protosaga/saga/runtime/host"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -21,6 +20,7 @@ import (
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	schema "github.com/protosaga/saga/runtime/schema"
+	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
 	fs "io/fs"
 	http "net/http"
@@ -174,16 +174,16 @@ func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
 	}
 }
 
-// RegisterAccountsParticipant registers impl on h as the participant of service "accounts":
+// RegisterAccountsParticipant registers impl on h (a runtime/host Host) as the participant of service "accounts":
 // h consumes "accounts.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterAccountsParticipant(h *host.Host, impl AccountsParticipant) error {
+func RegisterAccountsParticipant(h service.Registrar, impl AccountsParticipant) error {
 	if impl == nil {
-		return errors.New("service accounts: participant is nil")
+		return h.Fail(errors.New("service accounts: participant is nil"))
 	}
-	return h.AddParticipant(host.Participant{
+	return h.AddParticipant(service.Participant{
 		Service: "accounts",
 		Queue:   "accounts.commands",
 		Package: SagaPackage(),
@@ -223,10 +223,10 @@ func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
 	}
 }
 
-// SagaPackage describes this package's contract for a host (runtime/host): its
+// SagaPackage describes this package's contract for a registrar (runtime/host): its
 // message types and its topology (TopologyWith).
-func SagaPackage() host.Package {
-	return host.Package{
+func SagaPackage() service.Package {
+	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/proto2/legacy/v1",
 		Messages: []*message.Info{Account_OpenInfo, Account_OpenedInfo, Account_RefusedInfo, OpenAccountRequestInfo},
 		Topology: TopologyWith,
@@ -533,15 +533,15 @@ func OnboardingMigrations() schema.Source {
 	return schema.Source{Name: "saga_onboarding", FS: sub}
 }
 
-// RegisterOnboarding registers saga legacy.v1.Onboarding with decider d on h: h migrates its
+// RegisterOnboarding registers saga legacy.v1.Onboarding with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "onboarding.saga.onboarding", runs its timeout scanner and serves its status
 // at /sagas/onboarding/{id}. Use the returned saga to start and read instances.
-func RegisterOnboarding(h *host.Host, d OnboardingDecider) (*Onboarding, error) {
+func RegisterOnboarding(h service.Registrar, d OnboardingDecider) (*Onboarding, error) {
 	s, err := NewOnboarding(h.SagaConfig("legacy.v1.Onboarding"), d)
 	if err != nil {
-		return nil, err
+		return nil, h.Fail(err)
 	}
-	if err := h.AddSaga(host.Saga{
+	if err := h.AddSaga(service.Saga{
 		Engine:     s.engine,
 		Queue:      "onboarding.saga.onboarding",
 		Snake:      "onboarding",

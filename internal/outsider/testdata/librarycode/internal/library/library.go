@@ -20,17 +20,16 @@ import (
 )
 
 //go:embed migrations/*.sql
-var migrationsFS embed.FS
+var migrationsFS embed.FS // your own tables
 
-// Register puts the library's services and the Lend Book saga on h.
 func Register(h *host.Host) error {
-	sub, err := fs.Sub(migrationsFS, "migrations")
+	ownTables, err := fs.Sub(migrationsFS, "migrations") // a source's .sql files are at its root
 	if err != nil {
 		return err
 	}
 	_, err = loanv1.RegisterLendBook(h, Decider{})
 	return errors.Join(err,
-		h.AddMigrations(schema.Source{Name: "library", FS: sub}),
+		h.AddMigrations(schema.Source{Name: "library", FS: ownTables}),
 		catalogv1.RegisterCatalogParticipant(h, Catalog{}),
 		billingv1.RegisterBillingParticipant(h, Billing{}),
 		loanv1.RegisterLoanParticipant(h, Loans{}),

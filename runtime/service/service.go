@@ -1,0 +1,76 @@
+// Package service is the seam between generated code and what runs it:
+// generated Register functions describe a contract package's participants
+// and sagas to a [Registrar] (runtime/host's Host implements it), so that
+// contract packages do not depend on the host and what it links (the admin
+// console, the metrics exporter).
+package service
+
+import (
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/schema"
+)
+
+// Registrar takes a service's registrations. Errors are kept by the
+// registrar too, so a registration whose error the caller dropped still
+// stops the service from starting.
+type Registrar interface {
+	// AddParticipant registers a participant service.
+	AddParticipant(Participant) error
+	// AddSaga registers a saga.
+	AddSaga(Saga) error
+	// SagaConfig is the engine configuration for saga fullName (pool,
+	// clock, logger, telemetry, step timeouts).
+	SagaConfig(fullName string) saga.Config
+	// Fail records a registration that could not be made (a nil
+	// implementation, a definition the runtime refuses) and returns err.
+	Fail(err error) error
+}
+
+// Package is what generated code declares for one Go package of contracts
+// (its SagaPackage function): the package's message types and its broker
+// topology.
+type Package struct {
+	// Path is the Go import path of the package.
+	Path string
+	// Messages are the package's annotated message types.
+	Messages []*message.Info
+	// Topology returns the package's exchanges, work queues (with tier
+	// queues for the policy and parking lots) and bindings.
+	Topology func(broker.QueueType, retry.Policy) broker.Topology
+}
+
+// Participant is one service's command handling, as a generated
+// Register<Service>Participant function adds it.
+type Participant struct {
+	// Service is the owner the contract names; it scopes the records that
+	// make the service's effects happen once per command.
+	Service string
+	// Queue is the service's command queue.
+	Queue string
+	// Package declares the service's commands and their replies.
+	Package Package
+	// Func dispatches a command to the user's implementation.
+	Func participant.Func
+}
+
+// Saga is one saga type, as a generated Register<Saga> function adds it.
+type Saga struct {
+	// Engine runs the saga (built from Registrar.SagaConfig).
+	Engine *saga.Engine
+	// Queue is the saga's queue (replies, events, its start message).
+	Queue string
+	// Snake is the saga's snake_case name: its HTTP paths are
+	// /sagas/<Snake>.
+	Snake string
+	// Package declares the saga.
+	Package Package
+	// Migrations create and evolve the saga's instance table.
+	Migrations schema.Source
+	// NewStart returns an empty start message (the start endpoint decodes
+	// requests into it).
+	NewStart func() message.Message
+}
