@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/protosaga/saga/runtime/internal/where"
 )
 
 // parkedRow is a saga_parked row.
@@ -31,8 +32,8 @@ func scanParked(r pgx.Row) (parkedRow, error) {
 }
 
 // parkedRows runs SELECT parkedColumns FROM saga_parked <where>.
-func (s *Server) parkedRows(ctx context.Context, where string, args ...any) ([]parkedRow, error) {
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked `+where, args...)
+func (s *Server) parkedRows(ctx context.Context, clause string, args ...any) ([]parkedRow, error) {
+	rows, err := s.cfg.Pool.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked `+clause, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -43,22 +44,22 @@ func (s *Server) parkedRows(ctx context.Context, where string, args ...any) ([]p
 // all) parked messages matching f, in order (newest first for listing,
 // oldest first for replaying), with ids below before (0: from the newest).
 func parkedListSQL(f ParkedFilter, order parkedOrder, before int64, limit int) (string, []any) {
-	var w where
+	var w where.Clause
 	if !f.IncludeReplayed {
-		w.and("replayed_at IS NULL")
+		w.And("replayed_at IS NULL")
 	}
 	for _, c := range []struct{ column, v string }{
 		{"saga_type", f.SagaType}, {"saga_id", f.SagaID}, {"queue", f.Queue}, {"message_type", f.MessageType},
 	} {
 		if c.v != "" {
-			w.and(c.column + " = " + w.arg(c.v))
+			w.And(c.column + " = " + w.Arg(c.v))
 		}
 	}
 	if before != 0 {
-		w.and("id < " + w.arg(before))
+		w.And("id < " + w.Arg(before))
 	}
 	return w.String() + `
-ORDER BY id ` + string(order) + ` LIMIT ` + w.arg(limit), w.args
+ORDER BY id ` + string(order) + ` LIMIT ` + w.Arg(limit), w.Args
 }
 
 // parkedOrder is the order of a list of parked messages.
@@ -92,8 +93,8 @@ func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrd
 	if err != nil {
 		return nil, err
 	}
-	where, args := parkedListSQL(f, order, before, limit)
-	rows, err := s.parkedRows(ctx, where, args...)
+	clause, args := parkedListSQL(f, order, before, limit)
+	rows, err := s.parkedRows(ctx, clause, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list parked messages: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/internal/where"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -122,7 +123,7 @@ func (e *Engine) listSQL(f ListFilter) (sql string, args []any, limit int, err e
 	case limit < 0 || limit > MaxListLimit:
 		return "", nil, 0, fmt.Errorf("limit %d: want 1 to %d: %w", f.Limit, MaxListLimit, ErrInvalidFilter)
 	}
-	var w where
+	var w where.Clause
 	if len(f.States) > 0 {
 		states := slices.Clone(f.States)
 		slices.Sort(states)
@@ -134,20 +135,20 @@ func (e *Engine) listSQL(f ListFilter) (sql string, args []any, limit int, err e
 		}
 		// Written into the statement (telemetry.StatesSQL): checked above,
 		// they are names of the definition's states.
-		w.and(telemetry.StatesSQL(states...))
+		w.And(telemetry.StatesSQL(states...))
 	}
 	if f.BusinessKey != "" {
-		w.and("t.business_key = " + w.arg(f.BusinessKey))
+		w.And("t.business_key = " + w.Arg(f.BusinessKey))
 	}
 	if !f.UpdatedAfter.IsZero() && !f.UpdatedBefore.IsZero() && !f.UpdatedAfter.Before(f.UpdatedBefore) {
 		return "", nil, 0, fmt.Errorf("updated after %s and before %s: an empty window: %w",
 			f.UpdatedAfter.Format(time.RFC3339Nano), f.UpdatedBefore.Format(time.RFC3339Nano), ErrInvalidFilter)
 	}
 	if !f.UpdatedAfter.IsZero() {
-		w.and("t.updated_at > " + w.arg(f.UpdatedAfter) + "::timestamptz")
+		w.And("t.updated_at > " + w.Arg(f.UpdatedAfter) + "::timestamptz")
 	}
 	if !f.UpdatedBefore.IsZero() {
-		w.and("t.updated_at < " + w.arg(f.UpdatedBefore) + "::timestamptz")
+		w.And("t.updated_at < " + w.Arg(f.UpdatedBefore) + "::timestamptz")
 	}
 	if f.Stuck != nil {
 		at := f.StuckAt
@@ -155,42 +156,19 @@ func (e *Engine) listSQL(f ListFilter) (sql string, args []any, limit int, err e
 			at = e.cfg.Now()
 		}
 		states, limits, grace := f.Stuck.Args()
-		w.and(telemetry.StuckSQL(w.arg(at), w.arg(states), w.arg(limits), w.arg(grace)))
+		w.And(telemetry.StuckSQL(w.Arg(at), w.Arg(states), w.Arg(limits), w.Arg(grace)))
 	}
 	if f.After != "" {
 		c, err := parseCursor(f.After)
 		if err != nil {
 			return "", nil, 0, err
 		}
-		w.and("(t.created_at, t.id) < (" + w.arg(c.at) + "::timestamptz, " + w.arg(c.id) + "::uuid)")
+		w.And("(t.created_at, t.id) < (" + w.Arg(c.at) + "::timestamptz, " + w.Arg(c.id) + "::uuid)")
 	}
 	return `SELECT ` + columns + ` FROM ` + e.table + ` AS t
 ` + w.String() + `
 ORDER BY t.created_at DESC, t.id DESC
-LIMIT ` + w.arg(limit+1), w.args, limit, nil
-}
-
-// where builds the WHERE clause of a list from the filters in use.
-type where struct {
-	conds []string
-	args  []any
-}
-
-// arg adds v as the statement's next argument and returns its placeholder.
-func (w *where) arg(v any) string {
-	w.args = append(w.args, v)
-	return "$" + strconv.Itoa(len(w.args))
-}
-
-// and adds a condition.
-func (w *where) and(cond string) { w.conds = append(w.conds, cond) }
-
-// String is the clause, or "" without conditions.
-func (w *where) String() string {
-	if len(w.conds) == 0 {
-		return ""
-	}
-	return "WHERE " + strings.Join(w.conds, "\n  AND ")
+LIMIT ` + w.Arg(limit+1), w.Args, limit, nil
 }
 
 // cursor is a keyset position in the newest-first order.
