@@ -123,8 +123,10 @@ func TestOwnRepository(t *testing.T) {
 	m.Run(t, ".", "go", "build", "./...")
 	m.Run(t, ".", "go", "vet", "./...")
 
-	// The team's code: participants, decider, main.
+	// The team's code: participants, decider, main; go mod tidy again for
+	// what it imports (README step 6).
 	copyTree(t, m, filepath.Join("testdata", "librarycode"))
+	sh(stepTidy)
 	m.Run(t, ".", "go", "build", "./...")
 	m.Run(t, ".", "go", "vet", "./...")
 

@@ -531,7 +531,7 @@ func TestBeginErrors(t *testing.T) {
 	_, err = d.Begin(ctx, env, "s1", nil)
 	require.ErrorIs(t, err, sagadef.ErrInvalidTrigger)
 	_, err = d.Begin(ctx, sagadef.Env{Now: sagatest.Epoch, NewID: env.NewID, Hooks: emptyKeyHooks{hooks()}}, "s1", msg(pPlaceOrder))
-	require.ErrorContains(t, err, "empty business key")
+	require.ErrorContains(t, err, "business key is empty")
 	_, err = d.Begin(ctx, sagadef.Env{Hooks: hooks()}, "s1", msg(pPlaceOrder))
 	require.ErrorContains(t, err, "NewID")
 

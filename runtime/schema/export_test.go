@@ -193,8 +193,12 @@ func TestExportRefuses(t *testing.T) {
 		_, err = schema.Export(schema.ExportOptions{Dir: filepath.Join(t.TempDir(), "missing"), Format: schema.Goose})
 		require.ErrorContains(t, err, "export migrations: ")
 		require.ErrorIs(t, err, os.ErrNotExist)
-		_, err = schema.Export(schema.ExportOptions{Dir: t.TempDir(), Format: schema.Goose}, schema.Source{Name: "a\nb", FS: fstest.MapFS{}})
+		_, err = schema.Export(schema.ExportOptions{Dir: t.TempDir(), Format: schema.Goose},
+			schema.Source{Name: "a\nb", FS: fstest.MapFS{"0001_x.sql": {Data: []byte("SELECT 1;")}}})
 		require.ErrorContains(t, err, "holds a control character")
+		_, err = schema.Export(schema.ExportOptions{Dir: t.TempDir(), Format: schema.Goose},
+			schema.Source{Name: "own", FS: fstest.MapFS{"migrations/0001_x.sql": {Data: []byte("SELECT 1;")}}})
+		require.ErrorContains(t, err, `migration source "own" has no .sql files at its root (it holds the directories [migrations]: give the directory itself, e.g. fs.Sub(fsys, "migrations"))`)
 	})
 }
 
