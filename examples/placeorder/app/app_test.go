@@ -167,30 +167,22 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // step is one audit row, reduced to what the saga's path is made of.
 type step struct{ From, To, Trigger, Class string }
 
-func short(name string) string { return name[strings.LastIndex(name, ".")+1:] }
+var short = testenv.Short
 
 func (b *testBundle) audit(t *testing.T, sagaID string) []saga.AuditRecord {
-	t.Helper()
-	recs, err := b.placeOrder.Engine().History(context.Background(), sagaID)
-	require.NoError(t, err)
-	return recs
+	return testenv.Audit(t, b.placeOrder.Engine(), sagaID)
 }
 
 func (b *testBundle) path(t *testing.T, sagaID string) []step {
-	t.Helper()
 	var out []step
-	for _, r := range b.audit(t, sagaID) {
-		out = append(out, step{r.From, r.To, short(r.Trigger), r.Class})
+	for _, s := range testenv.Path(t, b.placeOrder.Engine(), sagaID) {
+		out = append(out, step(s))
 	}
 	return out
 }
 
 func (b *testBundle) auditText(t *testing.T, sagaID string) string {
-	var sb strings.Builder
-	for _, r := range b.audit(t, sagaID) {
-		fmt.Fprintf(&sb, "  %s -> %s on %s (%s) msg=%s cause=%s note=%q\n", r.From, r.To, short(r.Trigger), r.Class, r.MessageID, r.CausationID, r.Note)
-	}
-	return sb.String()
+	return testenv.AuditText(t, b.placeOrder.Engine(), sagaID)
 }
 
 // ledger returns the order's business effects, oldest first, as
