@@ -177,10 +177,17 @@ type Step struct {
 type Options struct {
 	// WarningsAsErrors promotes warnings to errors.
 	WarningsAsErrors bool
+	// KeepModel makes [Build] return the model together with the review's
+	// errors, for tools that read a contract the review refuses (buf
+	// breaking reads a deployed contract that may fail rules added since).
+	// Such a model is never rendered: references that did not resolve are
+	// nil and the sagas' definitions are not compiled.
+	KeepModel bool
 }
 
 // Build resolves and reviews the request. It returns every error finding
-// joined (each a [Diagnostic]); the model is nil then.
+// joined (each a [Diagnostic]); the model is nil then, unless
+// [Options.KeepModel].
 func Build(gen *protogen.Plugin, opts Options) (*Model, error) {
 	b := &builder{
 		gen:      gen,
@@ -207,7 +214,11 @@ func Build(gen *protogen.Plugin, opts Options) (*Model, error) {
 		for i, d := range errs {
 			joined[i] = d
 		}
-		return nil, errors.Join(joined...)
+		if !opts.KeepModel {
+			return nil, errors.Join(joined...)
+		}
+		b.finish()
+		return b.model, errors.Join(joined...)
 	}
 	b.finish()
 	return b.model, nil
