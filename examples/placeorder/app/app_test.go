@@ -24,6 +24,7 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	"github.com/protosaga/saga/internal/audittest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
@@ -167,22 +168,22 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // step is one audit row, reduced to what the saga's path is made of.
 type step struct{ From, To, Trigger, Class string }
 
-var short = testenv.Short
+var short = audittest.Short
 
 func (b *testBundle) audit(t *testing.T, sagaID string) []saga.AuditRecord {
-	return testenv.Audit(t, b.placeOrder.Engine(), sagaID)
+	return audittest.Audit(t, b.placeOrder.Engine(), sagaID)
 }
 
 func (b *testBundle) path(t *testing.T, sagaID string) []step {
 	var out []step
-	for _, s := range testenv.Path(t, b.placeOrder.Engine(), sagaID) {
+	for _, s := range audittest.Path(t, b.placeOrder.Engine(), sagaID) {
 		out = append(out, step(s))
 	}
 	return out
 }
 
 func (b *testBundle) auditText(t *testing.T, sagaID string) string {
-	return testenv.AuditText(t, b.placeOrder.Engine(), sagaID)
+	return audittest.AuditText(t, b.placeOrder.Engine(), sagaID)
 }
 
 // ledger returns the order's business effects, oldest first, as

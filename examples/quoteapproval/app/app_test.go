@@ -15,6 +15,7 @@ import (
 
 	"github.com/protosaga/saga/examples/quoteapproval/app"
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
+	"github.com/protosaga/saga/internal/audittest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
@@ -141,22 +142,22 @@ func (b *testBundle) wait(t *testing.T, sagaID string, state quotev1.QuoteApprov
 // step is one audit row, reduced to what the saga's path is made of.
 type step struct{ From, To, Trigger, Class string }
 
-var short = testenv.Short
+var short = audittest.Short
 
 func (b *testBundle) audit(t *testing.T, sagaID string) []saga.AuditRecord {
-	return testenv.Audit(t, b.quotes.Engine(), sagaID)
+	return audittest.Audit(t, b.quotes.Engine(), sagaID)
 }
 
 func (b *testBundle) path(t *testing.T, sagaID string) []step {
 	var out []step
-	for _, s := range testenv.Path(t, b.quotes.Engine(), sagaID) {
+	for _, s := range audittest.Path(t, b.quotes.Engine(), sagaID) {
 		out = append(out, step(s))
 	}
 	return out
 }
 
 func (b *testBundle) auditText(t *testing.T, sagaID string) string {
-	return testenv.AuditText(t, b.quotes.Engine(), sagaID)
+	return audittest.AuditText(t, b.quotes.Engine(), sagaID)
 }
 
 // cancelRecord waits for the audit row of the saga's CancelQuote.

@@ -1,4 +1,6 @@
-package testenv
+// Package audittest reads a saga's audit trail for integration tests: its
+// path as steps, and a rendering for failure messages.
+package audittest
 
 import (
 	"context"
@@ -22,7 +24,7 @@ func Audit(t testing.TB, e *saga.Engine, sagaID string) []saga.AuditRecord {
 	t.Helper()
 	recs, err := e.History(context.Background(), sagaID)
 	if err != nil {
-		t.Fatalf("testenv: audit of saga %s: %v", sagaID, err)
+		t.Fatalf("audittest: audit of saga %s: %v", sagaID, err)
 	}
 	return recs
 }
