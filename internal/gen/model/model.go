@@ -134,10 +134,9 @@ type Saga struct {
 	// replies and events, and its cancel message), sorted by full name.
 	Handles []*Message
 	// Consumes lists every message bound to the saga's queue, sorted by
-	// full name: Handles (the cancel message included), and the start
-	// message unless a participant owns it (an owner that is the saga's
-	// own service consumes it from its command queue). The engine starts
-	// an instance from a start message delivered on its queue.
+	// full name: Handles (the cancel message included) and the start
+	// message (a start command has no owner: rule saga-start). The engine
+	// starts an instance from a start message delivered on its queue.
 	Consumes []*Message
 	// Commands lists every command the saga sends (steps and
 	// compensations), sorted by full name.
