@@ -252,3 +252,36 @@ func generatorRequest(t *testing.T, image *descriptorpb.FileDescriptorSet, files
 	}
 	return req
 }
+
+// TestBufLintOptionAfterAnotherOption: buf starts an option literal's own
+// path at the option's name, so no path names a saga.v1 option statement
+// that is not its message's first. The plugin then points at the option's
+// name on the statement's line, where the generator points at its
+// `option` keyword (docs/design-review.md, "Lint rules").
+func TestBufLintOptionAfterAnotherOption(t *testing.T) {
+	t.Parallel()
+	bin := pluginBinary(t)
+	work := t.TempDir()
+	writeFile(t, work, "contract/later_option.proto", []byte(laterOption))
+	workspace(t, work, []string{"contract"}, "lint:\n  use: [SAGA, SAGA_WARNINGS]\nplugins:\n  - plugin: "+bin+"\n")
+	var got []string
+	for _, a := range runBuf(t, work, "lint", "--error-format", "json") {
+		require.Equal(t, bin, a.Plugin, "%s: %s", a.Type, a.Message)
+		got = append(got, strings.Join([]string{a.Path, itoa(a.StartLine), itoa(a.StartColumn), " " + reviewRule(t, a.Type).ID}, ":"))
+	}
+	slices.Sort(got)
+	require.Equal(t, []string{
+		"contract/later_option.proto:11:10: command-idempotency",
+		"contract/later_option.proto:11:10: command-unused",
+	}, got)
+
+	runBuf(t, work, "build", "-o", "image.binpb")
+	b, err := os.ReadFile(filepath.Join(work, "image.binpb"))
+	require.NoError(t, err)
+	image := &descriptorpb.FileDescriptorSet{}
+	require.NoError(t, proto.Unmarshal(b, image))
+	require.Equal(t, []string{
+		"later_option.proto:11:3: command-idempotency",
+		"later_option.proto:11:3: command-unused",
+	}, generatorFindings(t, image, "later_option.proto"))
+}

@@ -1,6 +1,7 @@
 package bufcheck_test
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -13,8 +14,12 @@ import (
 	"buf.build/go/bufplugin/check"
 	"buf.build/go/bufplugin/check/checktest"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/pluginpb"
 
 	"github.com/protosaga/saga/internal/bufcheck"
+	"github.com/protosaga/saga/internal/gen"
 	"github.com/protosaga/saga/internal/gen/model"
 )
 
@@ -237,4 +242,83 @@ func TestLintManagedMode(t *testing.T) {
 		rules = append(rules, a.RuleID())
 	}
 	require.ElementsMatch(t, []string{"SAGA_GO_PACKAGE", "SAGA_COMMAND_IDEMPOTENCY"}, rules)
+}
+
+// laterOption is a contract whose saga.v1 option is its message's second
+// option statement. Both statements are recorded under the message's
+// options path, whose first location, the one an annotation's source path
+// names, is `option deprecated = true;`.
+const laterOption = `syntax = "proto3";
+
+package bufcheck.later;
+
+import "saga/v1/saga.proto";
+
+option go_package = "example.com/later;later";
+
+message Reserve {
+  option deprecated = true;
+  option (saga.v1.message) = {kind: KIND_COMMAND, owner: "stock"};
+  string id = 1;
+}
+`
+
+// generatorFindings returns "file:line:col: rule-id" of every finding
+// protoc-gen-saga reports on files (the files to generate) with warnings
+// promoted to errors, reading them and their imports from image.
+func generatorFindings(t *testing.T, image *descriptorpb.FileDescriptorSet, files ...string) []string {
+	t.Helper()
+	req := generatorRequest(t, image, files)
+	req.Parameter = proto.String("warnings=error")
+	// Through the wire format, as protoc-gen-saga receives it: the
+	// options are decoded by this binary's registry.
+	b, err := proto.Marshal(req)
+	require.NoError(t, err)
+	req = &pluginpb.CodeGeneratorRequest{}
+	require.NoError(t, proto.Unmarshal(b, req))
+	var warn bytes.Buffer
+	resp := gen.Response(req, &warn)
+	require.NotNil(t, resp.Error, "protoc-gen-saga accepted the contract")
+	var out []string
+	for _, l := range lines(resp.GetError()) {
+		parts := strings.SplitN(l, ": ", 3)
+		require.Len(t, parts, 3, l)
+		out = append(out, parts[0]+": "+parts[1])
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestLintOptionAfterAnotherOption: the plugin names a finding at an
+// option statement that is not its declaration's first by a path whose
+// first location is that statement, so it points where the generator does.
+func TestLintOptionAfterAnotherOption(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "later_option.proto"), []byte(laterOption), 0o644))
+	client, err := check.NewClientForSpec(bufcheck.Spec())
+	require.NoError(t, err)
+	req, err := (&checktest.RequestSpec{
+		Files:   &checktest.ProtoFileSpec{DirPaths: []string{dir, optionsDir}, FilePaths: []string{"later_option.proto"}},
+		RuleIDs: lintRuleIDs(),
+	}).ToRequest(t.Context())
+	require.NoError(t, err)
+	resp, err := client.Check(t.Context(), req)
+	require.NoError(t, err)
+	var got []string
+	for _, a := range resp.Annotations() {
+		l := reviewLine(t, a)
+		got = append(got, l[:strings.Index(l, ": ")+2]+reviewRule(t, a.RuleID()).ID)
+	}
+	slices.Sort(got)
+	want := []string{
+		"later_option.proto:11:3: command-idempotency",
+		"later_option.proto:11:3: command-unused",
+	}
+	require.Equal(t, want, got)
+	image := &descriptorpb.FileDescriptorSet{}
+	for _, fd := range req.FileDescriptors() {
+		image.File = append(image.File, fd.FileDescriptorProto())
+	}
+	require.Equal(t, want, generatorFindings(t, image, "later_option.proto"))
 }

@@ -171,29 +171,81 @@ func diagnostics(err error) ([]model.Diagnostic, error) {
 }
 
 // location returns the annotation option placing a finding at pos in c's
-// file: the source location that starts exactly there (the review reports
-// the start of the most specific location it found), the shortest such
-// path when several start there, or the file alone when none does.
+// file.
+//
+// An annotation carries a source path, not a position: buf (and the
+// plugin's client) show the first source location recorded for that path.
+// A path is not unique: every option statement of a declaration is recorded
+// under the declaration's options path ([4, i, 7] for a message), so for
+// `option (saga.v1.message).owner = "stock";` after another option
+// statement, that path names the first statement. location names a path
+// whose first location starts at pos (the review reports the start of a
+// location), the shortest such path when several do: the option statement
+// itself, or the path of the option field it sets.
+//
+// When no path's first location starts at pos (buf starts an option
+// literal's own path at the option's name, so an option statement that is
+// not its declaration's first has no path of its own), location names the
+// earliest location inside the one starting at pos that a path names: the
+// option's name on the same line. When no location starts at pos, it
+// names the file alone.
 func (c *contract) location(pos model.Pos) check.AddAnnotationOption {
 	fd := c.files[pos.File]
 	if fd == nil {
 		return nil
 	}
 	locs := fd.ProtoreflectFileDescriptor().SourceLocations()
-	var best protoreflect.SourcePath
+	// named reports whether loc's path names loc: loc is the first
+	// location recorded for its path.
+	named := func(loc protoreflect.SourceLocation) bool {
+		first := locs.ByPath(loc.Path)
+		return first.StartLine == loc.StartLine && first.StartColumn == loc.StartColumn &&
+			first.EndLine == loc.EndLine && first.EndColumn == loc.EndColumn
+	}
+	var at, best protoreflect.SourceLocation
 	for i := range locs.Len() {
 		loc := locs.Get(i)
 		if loc.StartLine+1 != pos.Line || loc.StartColumn+1 != pos.Col || len(loc.Path) == 0 {
 			continue
 		}
-		if best == nil || len(loc.Path) < len(best) {
-			best = loc.Path
+		if at.Path == nil || len(loc.Path) < len(at.Path) {
+			at = loc
+		}
+		if named(loc) && (best.Path == nil || len(loc.Path) < len(best.Path)) {
+			best = loc
 		}
 	}
-	if best == nil {
+	if best.Path != nil {
+		return check.WithFileNameAndSourcePath(pos.File, best.Path)
+	}
+	if at.Path == nil {
 		return check.WithFileName(pos.File)
 	}
-	return check.WithFileNameAndSourcePath(pos.File, best)
+	for i := range locs.Len() {
+		loc := locs.Get(i)
+		if len(loc.Path) == 0 || !within(loc, at) || !named(loc) {
+			continue
+		}
+		if best.Path == nil || startsBefore(loc, best) ||
+			(!startsBefore(best, loc) && len(loc.Path) < len(best.Path)) {
+			best = loc
+		}
+	}
+	if best.Path == nil {
+		return check.WithFileName(pos.File)
+	}
+	return check.WithFileNameAndSourcePath(pos.File, best.Path)
+}
+
+// within reports whether inner starts inside outer's span.
+func within(inner, outer protoreflect.SourceLocation) bool {
+	return !startsBefore(inner, outer) &&
+		(inner.StartLine < outer.EndLine || (inner.StartLine == outer.EndLine && inner.StartColumn < outer.EndColumn))
+}
+
+// startsBefore reports whether a starts before b.
+func startsBefore(a, b protoreflect.SourceLocation) bool {
+	return a.StartLine < b.StartLine || (a.StartLine == b.StartLine && a.StartColumn < b.StartColumn)
 }
 
 // session computes, once per check request, what the rules of that request
