@@ -41,6 +41,7 @@ var Rules = []Rule{
 	{ID: "step-timeout"},
 	{ID: "step-late-reply"},
 	{ID: "pivot-late-reply", Warning: true},
+	{ID: "late-reply-inert"},
 	{ID: "retry-budget"},
 	{ID: "compensatable-after-pivot"},
 	{ID: "non-retriable-after-pivot"},
