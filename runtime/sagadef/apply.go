@@ -587,10 +587,10 @@ func (w *work) onStepReply(i int, success bool) error {
 		if err := w.record(s.Name); err != nil {
 			return err
 		}
-		w.review(what + w.lateRisk(s, m, when))
+		w.review(what + w.lateRisk(s, m, when, true))
 		return nil
 	default:
-		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when))
+		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when, false))
 		return nil
 	}
 }
@@ -642,8 +642,9 @@ func (w *work) lateState() string {
 
 // lateRisk says, for a late message m of step s that the saga no longer
 // waits for, whether it agrees with what the saga does, or what it may
-// leave wrong; "" while the saga waits or is in review.
-func (w *work) lateRisk(s *Step, m lateMessage, when lateWhen) string {
+// leave wrong (for a review reason when review is set, for an audit note
+// otherwise); "" while the saga waits or is in review.
+func (w *work) lateRisk(s *Step, m lateMessage, when lateWhen, review bool) string {
 	if when != lateUndone && when != lateDone {
 		return ""
 	}
@@ -656,6 +657,9 @@ func (w *work) lateRisk(s *Step, m lateMessage, when lateWhen) string {
 		return ": the step's effect is still in place"
 	case !m.says():
 		return ": the saga counts on the step's effect, which did not happen"
+	case s.Role == RoleCompensatable && sentFor(w.in.Progress.SentCompensations, s.Name) && review:
+		return fmt.Sprintf(": check that its compensation %s undid it (the compensation names the command, x-saga-compensates, which a participant on runtime/participant honours; the saga cannot tell whether this one did)",
+			shortName(s.Compensation))
 	case s.Role == RoleCompensatable && sentFor(w.in.Progress.SentCompensations, s.Name):
 		return fmt.Sprintf(": its compensation %s was sent naming the command (x-saga-compensates), so a participant that honours it undid the effect or never applied it",
 			shortName(s.Compensation))
@@ -841,10 +845,10 @@ func (w *work) onCompensationReply(i int, success bool) error {
 		if err := w.recordCompensation(s.Name); err != nil {
 			return err
 		}
-		w.review(what + w.lateRisk(s, m, when))
+		w.review(what + w.lateRisk(s, m, when, true))
 		return nil
 	default:
-		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when))
+		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when, false))
 		return nil
 	}
 }

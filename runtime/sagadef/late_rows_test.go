@@ -41,7 +41,7 @@ func TestLateReplyRows(t *testing.T) {
 			inst := h.Instance()
 			require.Equal(t, sagadef.StateFailed, inst.Progress.ReviewFrom)
 			require.Contains(t, inst.ReviewReason, "late InventoryReserved for step ReserveInventory, which stopped waiting; the saga is FAILED")
-			require.Contains(t, inst.ReviewReason, "its compensation ReleaseInventory was sent naming the command")
+			require.Contains(t, inst.ReviewReason, "check that its compensation ReleaseInventory undid it")
 			require.Equal(t, pInventoryReserved, inst.Progress.Outcomes["ReserveInventory"])
 			require.Contains(t, sagatest.Applied(inst.Data), pInventoryReserved, "folded into the data for the operator")
 			h.Resolve(sagadef.StateFailed, "stock checked: released")
