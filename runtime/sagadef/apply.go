@@ -657,14 +657,16 @@ func (w *work) lateRisk(s *Step, m lateMessage, when lateWhen, review bool) stri
 		return ": the step's effect is still in place"
 	case !m.says():
 		return ": the saga counts on the step's effect, which did not happen"
-	case s.Role == RoleCompensatable && sentFor(w.in.Progress.SentCompensations, s.Name) && review:
+	case s.Role != RoleCompensatable || !sentFor(w.in.Progress.SentCompensations, s.Name):
+		return ": its effect stands and nothing undoes it"
+	case s.External:
+		return fmt.Sprintf(": its compensation %s was sent before it came", shortName(s.Compensation))
+	case review:
 		return fmt.Sprintf(": check that its compensation %s undid it (the compensation names the command, x-saga-compensates, which a participant on runtime/participant honours; the saga cannot tell whether this one did)",
 			shortName(s.Compensation))
-	case s.Role == RoleCompensatable && sentFor(w.in.Progress.SentCompensations, s.Name):
+	default:
 		return fmt.Sprintf(": its compensation %s was sent naming the command (x-saga-compensates), so a participant that honours it undid the effect or never applied it",
 			shortName(s.Compensation))
-	default:
-		return ": its effect stands and nothing undoes it"
 	}
 }
 
