@@ -42,7 +42,9 @@ import (
 // saga yet, or that an external step the saga has not reached waits for
 // ([sagadef.ErrNotReached]), is marked [failure.Transient]: the saga may get
 // there, so the consumer retries it through its tiers before parking it (about
-// two minutes with retry.Default). Hook errors and database errors are
+// two minutes with retry.Default). While the saga is in manual review at an
+// earlier step, the event is recorded in the saga instead and acknowledged:
+// it settles its step when an operator's retry leads the saga there. Hook errors and database errors are
 // returned as they are, classified by the consumer. Run by a consumer, the
 // instance update, the audit row and the outbox rows are not written by
 // Handle: on the consumer's fast path they are staged and written with those

@@ -397,7 +397,7 @@ FROM saga_parked WHERE message_id = 'poison-1'`).Scan(&queue, &class, &reason, &
 
 // TestPlaceOrderTimeouts runs the clock-driven paths: a participant that
 // never answers (the step times out and is compensated; its reply arrives
-// late and is covered by the compensation) and one that answers late, after
+// late, after the release, and goes to manual review) and one that answers late, after
 // the saga resent its command (the late reply is applied while the saga
 // still waits; the answer to the resend is a duplicate).
 func TestPlaceOrderTimeouts(t *testing.T) {
@@ -440,19 +440,24 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 			"the resent command is answered from the first effect")
 	})
 
-	t.Run("LateReplyCoveredByCompensation", func(t *testing.T) {
+	t.Run("LateReplyAfterCompensationGoesToReview", func(t *testing.T) {
+		// The reservation's answer arrives after its release: the step's
+		// policy (manual review) asks a human to check that the release
+		// undid it, since the saga cannot tell.
 		sent, err := b.script.SendHeldReply(ctx, b.pool, "o-silent-inventory")
 		require.NoError(t, err)
 		require.True(t, sent)
 		eventually(t, "the late reply to be audited", func() bool { return len(b.audit(t, silent)) == 4 })
 		last := b.audit(t, silent)[3]
-		require.Equal(t, step{"FAILED", "FAILED", "InventoryReserved", "late"},
+		require.Equal(t, step{"FAILED", "MANUAL_REVIEW", "InventoryReserved", "late"},
 			step{last.From, last.To, short(last.Trigger), last.Class})
-		require.Contains(t, last.Note, "compensation covers it")
+		require.Contains(t, last.Note, "check that its compensation ReleaseInventory undid it")
 		st, err := b.placeOrder.GetByID(ctx, silent)
 		require.NoError(t, err)
-		require.Equal(t, orderv1.PlaceOrderStateFailed, st.State)
-		require.Equal(t, last.Version, st.Version, "no change")
+		require.Equal(t, orderv1.PlaceOrderStateManualReview, st.State)
+		require.Contains(t, st.ReviewReason, "InventoryReserved")
+		require.Equal(t, []string{"inventory:reserved", "inventory:released"}, b.ledger(t, "o-silent-inventory"),
+			"the release undid the reservation")
 	})
 
 	t.Run("LateReplyAppliedWhileWaiting", func(t *testing.T) {

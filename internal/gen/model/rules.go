@@ -43,6 +43,7 @@ var Rules = []Rule{
 	{ID: "step-timeout"},
 	{ID: "step-late-reply"},
 	{ID: "pivot-late-reply", Warning: true},
+	{ID: "late-reply-inert"},
 	{ID: "retry-budget"},
 	{ID: "saga-deadline"},
 	{ID: "retry-tiers", Warning: true},

@@ -334,6 +334,20 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 			"saga %s: pivot step %s compensates on timeout but does not send late replies to manual review: a success arriving after the timeout (the point of no return passed) is only audited while the saga compensates and fails",
 			s.FullName, label)
 	}
+	if (sagadef.Step{External: st.External, OnTimeout: sagadef.TimeoutAction(st.OnTimeout), Late: sagadef.LatePolicy(st.Late)}).LatePolicyInert() {
+		why := fmt.Sprintf("on_timeout is %s, not TIMEOUT_ACTION_RETRY", st.OnTimeout)
+		if o.GetOnTimeout() == sagav1.TimeoutAction_TIMEOUT_ACTION_UNSPECIFIED {
+			why = fmt.Sprintf("on_timeout is %s (the default for a %s step), not TIMEOUT_ACTION_RETRY", st.OnTimeout, roleName(st.Role))
+		}
+		hint := "use LATE_REPLY_MANUAL_REVIEW (a human looks at late replies) or LATE_REPLY_IGNORE, or on_timeout: TIMEOUT_ACTION_RETRY to resend the command"
+		if st.External {
+			why = "an external step sends no command"
+			hint = "use LATE_REPLY_MANUAL_REVIEW (a human looks at late events) or LATE_REPLY_IGNORE"
+		}
+		b.errorf(f, path(base, stepLateReply), "late-reply-inert", hint,
+			"saga %s: step %s: LATE_REPLY_APPLY_IF_WAITING applies only the answer to an earlier attempt while the step waits for a later one, and the step makes no earlier attempts: %s; the policy acts as LATE_REPLY_IGNORE",
+			s.FullName, label, why)
+	}
 	if st.MaxAttempts < 0 {
 		b.errorf(f, path(base, stepMaxAttempts), "retry-budget", "use a positive max_attempts",
 			"saga %s: step %s: max_attempts %d is negative", s.FullName, label, st.MaxAttempts)
