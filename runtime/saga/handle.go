@@ -93,6 +93,9 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
 	}
+	if service, ok, err := envelope.HeaderString(env.Headers, envelope.HeaderOnce); ok && err == nil && service != "" {
+		trig.Once = true
+	}
 	if kind == e.def.Cancel.Message {
 		// The audit row names who asked for the cancel and why.
 		trig.Operator, trig.Reason = e.def.CancelRequest(d.Message)

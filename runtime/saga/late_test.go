@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -130,6 +131,31 @@ func TestLateReplyOfACompensatedStep(t *testing.T) {
 			require.Len(t, b.outbox(t, id), 2, "a late reply sends nothing")
 		})
 	}
+}
+
+// TestLateSuccessAfterCompensation: the same late reservation, from a
+// participant that runs each command once and records it as done when its
+// compensation comes first (x-saga-once, as every host-registered
+// participant sends): its effect was in place before the release ran, which
+// undid it, so it is audited under every policy, manual review included.
+// Without the header the policy decides (TestLateReplyOfACompensatedStep).
+func TestLateSuccessAfterCompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{late: sagadef.LateManualReview})
+	id := b.start(t, "order-1")
+	reserveCmd := b.status(t, id).PendingMessageID
+	b.clock.Advance(stepTimeout)
+	require.Equal(t, 1, b.fire(t))
+	failed := b.mustReply(t, id, msgInventoryReleased)
+	require.Equal(t, stFailed, failed.State)
+
+	_, err := b.replyWith(t, id, msg(msgInventoryReserved, "order-1"), reserveCmd, map[string]any{envelope.HeaderOnce: "inventory"})
+	require.NoError(t, err)
+	st := b.status(t, id)
+	require.Equal(t, stFailed, st.State)
+	require.Equal(t, failed.Version, st.Version, "audited only")
+	h := b.history(t, id)
+	require.Contains(t, h[len(h)-1].Note, "the compensation, sent after this attempt, undid its effect")
 }
 
 // TestLateCompensationReplyToEarlierAttempt lets the release of a timed-out

@@ -576,6 +576,11 @@ func (w *work) onStepReply(i int, success bool) error {
 	w.class = ClassLate
 	m := lateForward(s, success)
 	what := w.lateWhat("step "+s.Name, when)
+	if m == lateSuccessReply && when == lateUndone && w.trig.Once && w.compensationSent(s.Name) {
+		w.noop(ClassLate, "%s; audited: its participant runs each command once and records it as done when "+
+			"the compensation comes first, so the compensation, sent after this attempt, undid its effect", what)
+		return nil
+	}
 	switch lateRule(m, when, s.Late) {
 	case lateApply:
 		w.note("%s; applied (late policy: %s)", what, s.Late)
@@ -593,6 +598,16 @@ func (w *work) onStepReply(i int, success bool) error {
 		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when, false))
 		return nil
 	}
+}
+
+// compensationSent reports whether the saga sent the compensation of step.
+func (w *work) compensationSent(step string) bool {
+	for _, s := range w.in.Progress.SentCompensations {
+		if s == step {
+			return true
+		}
+	}
+	return false
 }
 
 // lateSituation returns where the saga is for a late message of the step

@@ -315,6 +315,11 @@ type Trigger struct {
 	Reason   string
 	// ResolveTo is the target state for TriggerOperatorResolve.
 	ResolveTo string
+	// Once is set for a reply from a participant that runs each command
+	// once and records a command as done when its compensation comes first
+	// (envelope.HeaderOnce): its late success for a step whose
+	// compensation was sent had its effect undone by that compensation.
+	Once bool
 }
 
 // Hooks are the business decisions the user implements (through a typed,

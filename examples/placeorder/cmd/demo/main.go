@@ -10,8 +10,7 @@
 // stock (failed, nothing to compensate), a declined card (inventory released),
 // a carrier that fails twice (retried through the retry tiers) — and a few
 // exercise the clock: a participant that never answers (the step times out and
-// is compensated; its answer arrives late, after the release, and the step's
-// late-reply policy sends it to manual review), one that answers late (applied
+// is compensated; its answer arrives late), one that answers late (applied
 // while the saga still waits; the answer to the resend is a duplicate), and one
 // that never answers at all (manual review after its attempts). One payment
 // reply is sent twice, and a message nobody can decode is published to the
@@ -110,7 +109,7 @@ var expected = map[kind]orderv1.PlaceOrderState{
 	declined:    orderv1.PlaceOrderStateFailed,
 	flakyShip:   orderv1.PlaceOrderStateCompleted,
 	dupReply:    orderv1.PlaceOrderStateCompleted,
-	silentInv:   orderv1.PlaceOrderStateManualReview, // failed, then its reservation arrived late
+	silentInv:   orderv1.PlaceOrderStateFailed,
 	latePayment: orderv1.PlaceOrderStateCompleted,
 	silentPay:   orderv1.PlaceOrderStateManualReview,
 	unserved:    orderv1.PlaceOrderStateScheduleShipping, // parked, waiting for an operator
@@ -395,11 +394,8 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 			return res, err
 		}
 	}
-	d.event("%s: the lost InventoryReserved finally arrives after its release (late; late_reply MANUAL_REVIEW: an operator checks that the release undid it)", silent.id)
+	d.event("%s: the lost InventoryReserved finally arrives (late; the release, sent after it, undid it: audited)", silent.id)
 	d.event("%s: the answer to the first AuthorizePayment arrives while the saga waits for the second (late, applied)", late.id)
-	if err := d.waitState(ctx, silent, orderv1.PlaceOrderStateManualReview); err != nil {
-		return res, err
-	}
 	if err := d.waitState(ctx, late, orderv1.PlaceOrderStateCompleted); err != nil {
 		return res, err
 	}
