@@ -83,6 +83,7 @@ var lintPurposes = map[string]string{
 	"retry-budget":              "Checks that retry budgets fit the saga deadline and can retry at all.",
 	"saga-deadline":             "Checks that the saga deadline is no shorter than its longest forward path, every step waiting out its whole budget.",
 	"retry-tiers":               "Warns about a pivot that compensates on a timeout no longer than its command may wait in the retry tiers.",
+	"late-reply-inert":          "Checks that a late-reply policy can take effect with the step's role and timeout action (APPLY_IF_WAITING needs a step that resends on timeout).",
 	"compensation-owner":        "Warns about a step whose command and compensation are owned by different services.",
 	"compensatable-after-pivot": "Checks that no compensatable step follows the pivot or a retriable step.",
 	"non-retriable-after-pivot": "Checks that every step after the pivot is retriable.",
