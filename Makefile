@@ -11,7 +11,7 @@ BUF       := $(HOME)/.cache/protosaga/buf-$(BUF_VERSION)/buf
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
-.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench bench-slowdisk soak buf-plugins buf-generate check-buf services-start services-stop clean
+.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench bench-slowdisk soak buf-plugins buf-generate check-buf check-bufplugin services-start services-stop clean
 
 all: build
 
@@ -37,10 +37,11 @@ check-generated: generate
 $(BUF): tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(dir $(BUF)) $(GO) install github.com/bufbuild/buf/cmd/buf
 
-## buf-plugins: the plugins buf.gen.yaml runs, built into .cache/bin.
+## buf-plugins: the plugins buf.gen.yaml and buf.yaml run, built into .cache/bin.
 buf-plugins:
 	$(GO) build -o $(BIN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
 	$(GO) build -o $(BIN)/protoc-gen-saga ./cmd/protoc-gen-saga
+	$(GO) build -o $(BIN)/buf-plugin-saga ./cmd/buf-plugin-saga
 
 ## buf-generate: the same generation through `buf generate` (buf is built once per machine, ~5 min).
 buf-generate: $(BUF) buf-plugins
@@ -57,8 +58,12 @@ vet:
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
 
+## check-bufplugin: `buf lint` and `buf breaking` (against internal/bufcheck/testdata/baseline) with buf-plugin-saga.
+check-bufplugin: $(BUF) buf-plugins
+	scripts/check-bufplugin.sh $(BUF)
+
 ## test: every test — unit, golden and integration against a real PostgreSQL and RabbitMQ.
-test: fmt-check vet check-buf
+test: fmt-check vet check-buf check-bufplugin
 	scripts/ensure-tools.sh
 	scripts/with-services.sh sh -c 'scripts/gotest.sh $(TESTFLAGS) $(PKGS) && cd bench && ../scripts/gotest.sh $(TESTFLAGS) ./...'
 

@@ -12,15 +12,29 @@ import (
 	"github.com/protosaga/saga/internal/gen/model"
 )
 
-// checkGoPackages reports, as review findings, the files of req whose Go
-// import path protogen cannot determine or refuses: no go_package option
-// and no M<file>=<import path> parameter, an empty import path
+// checkGoPackages returns the findings of [GoPackageFindings] as one
+// error, one finding per line, or nil when there are none.
+func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
+	ds := GoPackageFindings(req)
+	if len(ds) == 0 {
+		return nil
+	}
+	lines := make([]string, len(ds))
+	for i, d := range ds {
+		lines[i] = d.Error()
+	}
+	return errors.New(strings.Join(lines, "\n"))
+}
+
+// GoPackageFindings returns a go-package finding for every file of req
+// whose Go import path protogen cannot determine or refuses: no go_package
+// option and no M<file>=<import path> parameter, an empty import path
 // (go_package ";name", or "M<file>=" without a value), or one without a '.'
 // or '/' (a package name written as a path). protogen refuses such a
 // request too, but its error names no position and no rule. Import paths
 // are read as protogen reads them: the text before ';', an M parameter
 // taking precedence over go_package when it gives a path.
-func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
+func GoPackageFindings(req *pluginpb.CodeGeneratorRequest) []model.Diagnostic {
 	mapped := map[string]string{}
 	for _, p := range strings.Split(req.GetParameter(), ",") {
 		if k, v, ok := strings.Cut(p, "="); ok && strings.HasPrefix(k, "M") {
@@ -29,7 +43,7 @@ func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
 			}
 		}
 	}
-	var lines []string
+	var ds []model.Diagnostic
 	for _, f := range req.GetProtoFile() {
 		name, goPackage := f.GetName(), f.GetOptions().GetGoPackage()
 		path, from := mapped[name], "M"+name+"="+mapped[name]
@@ -48,17 +62,14 @@ func checkGoPackages(req *pluginpb.CodeGeneratorRequest) error {
 			continue
 		}
 		line, col := statementPosition(f)
-		lines = append(lines, model.Diagnostic{
+		ds = append(ds, model.Diagnostic{
 			Pos:     model.Pos{File: name, Line: line, Col: col},
 			Rule:    "go-package",
 			Message: msg,
 			Hint:    `add option go_package = "<module path>/<directory>;<package name>"; or pass M` + name + "=<import path> as a plugin parameter",
-		}.Error())
+		})
 	}
-	if len(lines) == 0 {
-		return nil
-	}
-	return errors.New(strings.Join(lines, "\n"))
+	return ds
 }
 
 // importPath is the Go import path of a go_package option or an M

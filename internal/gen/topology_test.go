@@ -97,10 +97,8 @@ message Counted {
 }
 
 // TestSagaQueueBindsStart: a saga's queue is bound to its start message
-// when the saga consumes it (an event, or a command without owner), since
-// the engine starts an instance from a start message delivered on its
-// queue; a start command owned by the saga's own service goes to that
-// service's command queue only.
+// (an event, or a command, which has no owner: rule saga-start), since the
+// engine starts an instance from a start message delivered on its queue.
 func TestSagaQueueBindsStart(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
@@ -110,13 +108,9 @@ package bind.v1;
 import "saga/v1/saga.proto";
 option go_package = "example.com/bind/v1;bindv1";
 
-` + events("Opened", "Approved", "Signed", "Filed") + `
+` + events("Opened", "Approved", "Signed") + `
 message Open {
   option (saga.v1.message) = {kind: KIND_COMMAND, idempotency_key: ["id"]};
-  string id = 1;
-}
-message Close {
-  option (saga.v1.message) = {kind: KIND_COMMAND, owner: "desk", idempotency_key: ["id"]};
   string id = 1;
 }
 message ByEventData {
@@ -125,10 +119,6 @@ message ByEventData {
 }
 message ByCommandData {
   option (saga.v1.saga) = {start: "Open", business_key: "id", steps: {role: ROLE_PIVOT, external: true, success: "Signed", timeout: "1h", late_reply: LATE_REPLY_IGNORE}};
-  string id = 1;
-}
-message ByOwnedData {
-  option (saga.v1.saga) = {start: "Close", business_key: "id", service: "desk", steps: {role: ROLE_PIVOT, external: true, success: "Filed", timeout: "1h", late_reply: LATE_REPLY_IGNORE}};
   string id = 1;
 }
 `
@@ -148,7 +138,6 @@ message ByOwnedData {
 	}
 	require.Equal(t, []string{"by_event.saga.by_event"}, queues["event.bind.v1.opened"])
 	require.Equal(t, []string{"by_command.saga.by_command"}, queues["command.bind.v1.open"])
-	require.Equal(t, []string{"desk.commands"}, queues["command.bind.v1.close"])
 }
 
 // events declares an annotated event message with a string field id for

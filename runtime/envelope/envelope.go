@@ -43,6 +43,14 @@ const (
 	// key as done, so the command, arriving after its compensation, has no
 	// effect.
 	HeaderCompensates = "x-saga-compensates"
+	// HeaderOnce is on a reply from a participant that runs each command
+	// once per idempotency key and records a command as done when its
+	// compensation comes first (participant.Idempotent, as every
+	// host-registered participant): its value is the service. A success
+	// from such a participant that arrives after the step's compensation
+	// was sent had its effect in place before the compensation ran, which
+	// undid it.
+	HeaderOnce = "x-saga-once"
 	// Parking-lot headers: why a message was parked and where it came from.
 	HeaderParkReason     = "x-park-reason"
 	HeaderParkClass      = "x-park-class"

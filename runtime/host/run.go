@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/protosaga/saga/runtime/broker"
@@ -241,7 +242,29 @@ func (h *Host) connect(ctx context.Context, r *running) error {
 	if err := topo.Validate(); err != nil {
 		return fmt.Errorf("topology: %w", err)
 	}
-	ch, err := r.pub.Channel(ctx)
+	for attempt := 1; ; attempt++ {
+		err := declare(ctx, r.pub, topo)
+		if err == nil {
+			return nil
+		}
+		if !retryDeclare(err) || attempt == declareAttempts || ctx.Err() != nil {
+			return err
+		}
+		h.log.Warn("declaring the topology failed; retrying", "attempt", attempt, "error", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(broker.Backoff(attempt, time.Second, 10*time.Second)):
+		}
+	}
+}
+
+// declareAttempts bounds Start's tries at declaring the topology.
+const declareAttempts = 5
+
+// declare declares topo on a channel of its own.
+func declare(ctx context.Context, conn *broker.Conn, topo broker.Topology) error {
+	ch, err := conn.Channel(ctx)
 	if err != nil {
 		return fmt.Errorf("open a channel to declare the topology: %w", err)
 	}
@@ -250,6 +273,19 @@ func (h *Host) connect(ctx context.Context, r *running) error {
 		return fmt.Errorf("declare topology: %w", err)
 	}
 	return nil
+}
+
+// retryDeclare reports whether a failed declaration may succeed when tried
+// again: the broker's internal errors (a quorum queue whose leader election
+// timed out on a loaded node) and lost channels or connections. A
+// declaration the broker refuses (an existing entity with other arguments,
+// access refused) fails at once.
+func retryDeclare(err error) bool {
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		return ae.Code == amqp.InternalError || ae.Code == amqp.ConnectionForced || ae.Code == amqp.ChannelError || ae.Recover
+	}
+	return errors.Is(err, amqp.ErrClosed)
 }
 
 // build creates the relays and consumers and registers the gauges.

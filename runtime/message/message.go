@@ -140,20 +140,25 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion3 is referenced by generated code to assert at
+// SupportPackageIsVersion4 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
 //
+// Version 4: generated transition tables follow the late-reply table of
+// docs/options.md (a late success the saga no longer counts on goes to
+// review under the manual-review policy, a compensation's earlier answer is
+// applied, a failed compensation after the saga ended goes to review) and
+// have the rows of an external step's event recorded in manual review
+// before the saga reached the step. Code generated for version 3 fails at
+// start with sagadef.ErrStaleTable on this runtime, so version 3 is
+// dropped.
+//
 // Version 3: generated packages register on a host (runtime/host: Register
 // functions, SagaPackage) and answer late with participant.ReplyLater;
 // generated sagas call saga.Get, saga.GetByID, saga.List,
 // Engine.StatusHandler and Engine.RequestCancelTx, declare
-// sagadef.Definition.Cancel, and their harnesses call sagatest's Cancel;
-// generated transition tables have the business cancel's rows and no
-// longer a deadline row in manual review that only a stuck saga could
-// reach. Code generated for version 2 may fail at start with
-// sagadef.ErrStaleTable on this runtime, so version 2 is dropped.
-const SupportPackageIsVersion3 = true
+// sagadef.Definition.Cancel, and their harnesses call sagatest's Cancel.
+const SupportPackageIsVersion4 = true

@@ -47,6 +47,18 @@ type onceRecordKey struct{}
 // [Later] after it ran, as the participant's own code can inside it.
 type onceRecord struct{ service, key string }
 
+// mark tells a reply's receiver, when the command ran under [Idempotent],
+// that it did (envelope.HeaderOnce).
+func (r *onceRecord) mark(env *envelope.Envelope) {
+	if r == nil || r.key == "" {
+		return
+	}
+	if env.Headers == nil {
+		env.Headers = map[string]any{}
+	}
+	env.Headers[envelope.HeaderOnce] = r.service
+}
+
 // withOnceRecord returns ctx with a record slot, and the slot: the one ctx
 // has, or a new one.
 func withOnceRecord(ctx context.Context) (context.Context, *onceRecord) {
@@ -133,6 +145,7 @@ func ReplyLater(ctx context.Context, tx pgx.Tx, p Pending, command string, reply
 	if err != nil {
 		return err
 	}
+	(&onceRecord{service: p.Service, key: p.OnceKey}).mark(&env)
 	if p.Service != "" && p.OnceKey != "" {
 		body, err := proto.MarshalOptions{Deterministic: true}.Marshal(reply)
 		if err != nil {

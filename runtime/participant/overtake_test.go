@@ -61,6 +61,10 @@ func TestCompensationOvertakingItsCommand(t *testing.T) {
 	rows := outbox(t, pool)
 	require.Len(t, rows, 1, "and sends no reply")
 	require.Equal(t, releasedInfo.FullName, rows[0].MessageType)
+	var once string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(headers->>'x-saga-once', '') FROM saga_outbox WHERE message_id = $1`,
+		rows[0].MessageID).Scan(&once))
+	require.Equal(t, "inventory", once, "a reply of a guarded participant says so")
 
 	// In the usual order, the command runs and its compensation after it.
 	inv.effects = nil
@@ -153,6 +157,10 @@ func TestReplyLaterTyped(t *testing.T) {
 	rows := outbox(t, pool)
 	require.Len(t, rows, 1)
 	require.Equal(t, cmd.Envelope.MessageID, rows[0].CausationID, "the reply answers the command")
+	var once string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(headers->>'x-saga-once', '') FROM saga_outbox WHERE message_id = $1`,
+		rows[0].MessageID).Scan(&once))
+	require.Equal(t, "inventory", once, "the late reply says the command ran under the once guard")
 	require.Equal(t, cmd.Envelope.SagaID, rows[0].SagaID)
 	require.Equal(t, cmd.Envelope.Traceparent, rows[0].Traceparent)
 

@@ -81,7 +81,7 @@ func Handler(fn Func) consumer.HandlerFunc {
 		cmd := &d.Envelope
 		ctx, span := startSpan(ctx, cmd)
 		defer func() { endSpan(span, err) }()
-		ctx, _ = withOnceRecord(WithCommand(ctx, cmd))
+		ctx, rec := withOnceRecord(WithCommand(ctx, cmd))
 		reply, err := fn(ctx, tx, d.Message)
 		if errors.Is(err, ErrReplyLater) {
 			return nil // effects commit; the participant answers later with ReplyEnvelope
@@ -96,6 +96,7 @@ func Handler(fn Func) consumer.HandlerFunc {
 		if err != nil {
 			return err
 		}
+		rec.mark(&env)
 		if err := outbox.Enqueue(ctx, tx, env); err != nil {
 			return fmt.Errorf("participant: enqueue reply %s to %s %s: %w",
 				env.MessageType, cmd.MessageType, cmd.MessageID, err)

@@ -42,7 +42,9 @@
 //     left to the new release's scanners); a claimed row is re-checked against its newest
 //     version, so a timeout that raced a reply which already moved the
 //     instance on does not fire. A reply that arrives after the timeout fired
-//     is classified late and follows the step's late-reply policy.
+//     is classified late and does what the late-reply table says
+//     (docs/options.md, "Late replies"; the step's late-reply policy
+//     where the table leaves the choice to it).
 //   - Operator actions name the version they decided on; if anything moved
 //     the instance since, they fail with [ErrVersionConflict] and change
 //     nothing. Each records who and why.

@@ -171,3 +171,57 @@ func runQueue(t *testing.T, b *testBundle, queue string, handler consumer.Handle
 		require.True(t, dc.Wait(), "publish %s", env.MessageID)
 	}
 }
+
+// TestEventInReviewWaitsForTheRetry: the event an external step waits for
+// (the payment approval) arrives while the saga is in manual review at the
+// step before it (the reservation timed out and went to review). Only an
+// operator moves the saga on, so retrying the event through the consumer's
+// tiers would end in the parking lot while the resumed saga waits for it.
+// Through a real consumer and queue: the event is recorded in the saga on
+// its first delivery (audited late, nothing parked); after the operator's
+// retry and the reservation's reply, the recorded approval settles the
+// payment step at once and the saga goes on to shipping.
+func TestEventInReviewWaitsForTheRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{externalPayment: true, reserveTimeout: sagadef.TimeoutManualReview})
+	ctx := context.Background()
+	id := b.start(t, "o-review")
+	b.clock.Advance(stepTimeout)
+	require.Equal(t, 1, b.fire(t))
+	inReview := b.status(t, id)
+	require.Equal(t, stManualReview, inReview.State)
+
+	send := runQueue(t, b, "test.saga.in-review", b.engine.Handle)
+	event, err := envelope.New(msg(msgPaymentApproved, "o-review"), envelope.Meta{})
+	require.NoError(t, err)
+	send(event)
+	var h []saga.AuditRecord
+	require.Eventually(t, func() bool {
+		h = b.history(t, id)
+		return h[len(h)-1].MessageID == event.MessageID
+	}, 30*time.Second, 20*time.Millisecond, "the event is handled")
+	recorded := h[len(h)-1]
+	require.Equal(t, sagadef.ClassLate.String(), recorded.Class)
+	require.Equal(t, stManualReview, recorded.From)
+	require.Equal(t, stManualReview, recorded.To)
+	require.Contains(t, recorded.Note, "before the saga reached the step")
+	st := b.status(t, id)
+	require.Equal(t, stManualReview, st.State)
+	require.Equal(t, inReview.Version+1, st.Version, "recorded in the saga")
+
+	st, err = b.engine.Retry(ctx, id, st.Version, "alice", "inventory service is back")
+	require.NoError(t, err)
+	require.Equal(t, stReserve, st.State)
+	st = b.mustReply(t, id, msgInventoryReserved)
+	require.Equal(t, stShipping, st.State, "the recorded approval settles the payment step")
+	require.Equal(t, []string{"ReserveInventory", "ReserveInventory", "ScheduleShipping"}, outboxTypes(b.outbox(t, id)))
+	h = b.history(t, id)
+	require.Equal(t, []string{"start:new:>" + stReserve, "timeout:new:" + stReserve + ">" + stManualReview,
+		"PaymentApproved:late:" + stManualReview + ">" + stManualReview,
+		"operator.retry:new:" + stManualReview + ">" + stReserve,
+		"InventoryReserved:new:" + stReserve + ">" + stShipping}, trail(h))
+
+	var parked int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked`).Scan(&parked))
+	require.Zero(t, parked)
+}

@@ -42,7 +42,9 @@ import (
 // saga yet, or that an external step the saga has not reached waits for
 // ([sagadef.ErrNotReached]), is marked [failure.Transient]: the saga may get
 // there, so the consumer retries it through its tiers before parking it (about
-// two minutes with retry.Default). Hook errors and database errors are
+// two minutes with retry.Default). While the saga is in manual review at an
+// earlier step, the event is recorded in the saga instead and acknowledged:
+// it settles its step when an operator's retry leads the saga there. Hook errors and database errors are
 // returned as they are, classified by the consumer. Run by a consumer, the
 // instance update, the audit row and the outbox rows are not written by
 // Handle: on the consumer's fast path they are staged and written with those
@@ -90,6 +92,9 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		Message:     d.Message,
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
+	}
+	if service, ok, err := envelope.HeaderString(env.Headers, envelope.HeaderOnce); ok && err == nil && service != "" {
+		trig.Once = true
 	}
 	if kind == e.def.Cancel.Message {
 		// The audit row names who asked for the cancel and why.

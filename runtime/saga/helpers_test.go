@@ -341,8 +341,15 @@ func (b *testBundle) start(t *testing.T, order string) string {
 // message id and Handle's error.
 func (b *testBundle) reply(t *testing.T, sagaID string, m testMsg, causation string) (string, error) {
 	t.Helper()
+	return b.replyWith(t, sagaID, m, causation, nil)
+}
+
+// replyWith is reply with the envelope's headers.
+func (b *testBundle) replyWith(t *testing.T, sagaID string, m testMsg, causation string, headers map[string]any) (string, error) {
+	t.Helper()
 	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: b.def.Name, CausationID: causation})
 	require.NoError(t, err)
+	env.Headers = headers
 	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1, ReceivedAt: time.Now()}
 	return env.MessageID, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
 		return b.engine.Handle(context.Background(), tx, d)

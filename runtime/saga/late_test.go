@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -83,6 +84,110 @@ func TestLateReplyToEarlierAttempt(t *testing.T) {
 			require.Equal(t, tc.wantState, st.State)
 			h := b.history(t, id)
 			require.Equal(t, sagadef.ClassLate.String(), h[len(h)-1].Class)
+		})
+	}
+}
+
+// TestLateReplyOfACompensatedStep lets the reservation time out; its
+// compensation (sent naming the reservation command) is confirmed and the
+// saga fails. Then the reservation's success arrives: an effect the saga no
+// longer counts on. Manual review asks a human to check that the release
+// undid it; ignore and apply if waiting audit it, naming the compensation.
+func TestLateReplyOfACompensatedStep(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		policy    sagadef.LatePolicy
+		wantState string
+	}{
+		{sagadef.LateIgnore, stFailed},
+		{sagadef.LateManualReview, stManualReview},
+		{sagadef.LateApplyIfWaiting, stFailed},
+	} {
+		t.Run(tc.policy.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, defOptions{late: tc.policy})
+			id := b.start(t, "order-1")
+			reserveCmd := b.status(t, id).PendingMessageID
+			b.clock.Advance(stepTimeout)
+			require.Equal(t, 1, b.fire(t))
+			require.Equal(t, stCompReserve, b.status(t, id).State)
+			failed := b.mustReply(t, id, msgInventoryReleased)
+			require.Equal(t, stFailed, failed.State)
+
+			_, err := b.reply(t, id, msg(msgInventoryReserved, "order-1"), reserveCmd)
+			require.NoError(t, err)
+			st := b.status(t, id)
+			require.Equal(t, tc.wantState, st.State)
+			h := b.history(t, id)
+			last := h[len(h)-1]
+			require.Equal(t, sagadef.ClassLate.String(), last.Class)
+			if tc.wantState == stFailed {
+				require.Equal(t, failed.Version, st.Version, "audited only")
+				require.Contains(t, last.Note, "its compensation ReleaseInventory was sent naming the command")
+			} else {
+				require.Contains(t, st.ReviewReason, "late InventoryReserved for step ReserveInventory")
+				require.Contains(t, st.ReviewReason, "check that its compensation ReleaseInventory undid it")
+			}
+			require.Len(t, b.outbox(t, id), 2, "a late reply sends nothing")
+		})
+	}
+}
+
+// TestLateSuccessAfterCompensation: the same late reservation, from a
+// participant that runs each command once and records it as done when its
+// compensation comes first (x-saga-once, as every host-registered
+// participant sends): its effect was in place before the release ran, which
+// undid it, so it is audited under every policy, manual review included.
+// Without the header the policy decides (TestLateReplyOfACompensatedStep).
+func TestLateSuccessAfterCompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{late: sagadef.LateManualReview})
+	id := b.start(t, "order-1")
+	reserveCmd := b.status(t, id).PendingMessageID
+	b.clock.Advance(stepTimeout)
+	require.Equal(t, 1, b.fire(t))
+	failed := b.mustReply(t, id, msgInventoryReleased)
+	require.Equal(t, stFailed, failed.State)
+
+	_, err := b.replyWith(t, id, msg(msgInventoryReserved, "order-1"), reserveCmd, map[string]any{envelope.HeaderOnce: "inventory"})
+	require.NoError(t, err)
+	st := b.status(t, id)
+	require.Equal(t, stFailed, st.State)
+	require.Equal(t, failed.Version, st.Version, "audited only")
+	h := b.history(t, id)
+	require.Contains(t, h[len(h)-1].Note, "the compensation, sent after this attempt, undid its effect")
+}
+
+// TestLateCompensationReplyToEarlierAttempt lets the release of a timed-out
+// reservation time out too, so it is sent again; the first release's
+// confirmation then arrives while the saga waits for the second. Every
+// attempt sends the same compensating command, so the compensation is done
+// under every policy: the saga fails, and the second confirmation is a
+// duplicate.
+func TestLateCompensationReplyToEarlierAttempt(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []sagadef.LatePolicy{sagadef.LateIgnore, sagadef.LateManualReview, sagadef.LateApplyIfWaiting} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, defOptions{late: policy, reserveMax: 2})
+			id := b.start(t, "order-1")
+			b.clock.Advance(stepTimeout)
+			require.Equal(t, 1, b.fire(t))
+			firstRelease := b.status(t, id).PendingMessageID
+			b.clock.Advance(stepTimeout)
+			require.Equal(t, 1, b.fire(t))
+			resent := b.status(t, id)
+			require.Equal(t, stCompReserve, resent.State)
+			require.Equal(t, 2, resent.Attempt)
+
+			_, err := b.reply(t, id, msg(msgInventoryReleased, "order-1"), firstRelease)
+			require.NoError(t, err)
+			require.Equal(t, stFailed, b.status(t, id).State)
+			_, err = b.reply(t, id, msg(msgInventoryReleased, "order-1"), resent.PendingMessageID)
+			require.NoError(t, err)
+			h := b.history(t, id)
+			require.Equal(t, []string{"InventoryReleased:late:" + stCompReserve + ">" + stFailed, "InventoryReleased:duplicate:" + stFailed + ">" + stFailed},
+				trail(h[len(h)-2:]))
 		})
 	}
 }

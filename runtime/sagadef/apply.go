@@ -380,9 +380,20 @@ func (w *work) send(command, step string, sent *map[string]string) (string, erro
 func (w *work) advance(i int) error {
 	w.resumeForward()
 	for j := i + 1; j < len(w.d.Steps); j++ {
-		if !slices.Contains(w.progress().Completed, w.step(j).Name) {
-			return w.enterStep(j, 1)
+		s := w.step(j)
+		if slices.Contains(w.progress().Completed, s.Name) {
+			continue
 		}
+		if err := w.enterStep(j, 1); err != nil {
+			return err
+		}
+		// An External step's event recorded in manual review before the
+		// saga reached the step settles it now.
+		if rec, ok := w.out.Progress.Outcomes[s.Name]; ok && s.External {
+			w.note("%s, recorded before the saga reached step %s, settles it", shortName(rec), s.Name)
+			return w.conclude(j, w.isSuccess(rec), rec)
+		}
+		return nil
 	}
 	w.finish(StateCompleted)
 	return nil
@@ -526,18 +537,26 @@ func (w *work) onStepReply(i int, success bool) error {
 	stepState := StateName(s.Name)
 	waiting := w.in.State == stepState
 	pending := true
+	var when lateWhen
 	if s.External {
 		reached := waiting || slices.Contains(in.Stopped, s.Name) ||
 			(w.in.State == StateManualReview && in.ReviewFrom == stepState)
 		if !reached {
-			if at, ok := w.forwardStep(); ok && at < i {
+			at, ok := w.forwardStep()
+			switch {
+			case ok && at < i && w.in.State == StateManualReview:
+				// The operator's retry may lead the saga to the step:
+				// kept in the saga until it gets there.
+				when = lateBeforeStep
+			case ok && at < i:
 				// It may be early rather than stray: the message that
 				// moves the saga on can be queued behind it.
 				return fmt.Errorf("%s for step %s while the saga is at step %s: %w",
 					shortName(w.kind), s.Name, w.step(at).Name, ErrNotReached)
+			default:
+				w.noop(ClassInvalid, "%s for step %s, which the saga has not reached", shortName(w.kind), s.Name)
+				return nil
 			}
-			w.noop(ClassInvalid, "%s for step %s, which the saga has not reached", shortName(w.kind), s.Name)
-			return nil
 		}
 	} else {
 		c := w.trig.CausationID
@@ -547,47 +566,133 @@ func (w *work) onStepReply(i int, success bool) error {
 		}
 		pending = c == w.in.PendingMessageID
 	}
-	w.class = ClassLate
-	switch {
-	case w.in.State == StateManualReview:
-		w.note("%s for step %s recorded while in manual review", shortName(w.kind), s.Name)
-		return w.record(s.Name)
-	case waiting && pending:
+	if waiting && pending {
 		w.class = ClassNew
 		return w.settle(i, success)
-	case waiting:
-		switch s.Late {
-		case LateApplyIfWaiting:
-			w.note("%s answers an earlier attempt of step %s; applied (late policy: apply if waiting)", shortName(w.kind), s.Name)
-			return w.settle(i, success)
-		case LateManualReview:
-			if err := w.record(s.Name); err != nil {
-				return err
-			}
-			w.review(fmt.Sprintf("late reply %s to an earlier attempt of step %s", shortName(w.kind), s.Name))
-			return nil
-		default:
-			w.noop(ClassLate, "%s answers an earlier attempt of step %s; ignored (late policy: ignore)", shortName(w.kind), s.Name)
-			return nil
+	}
+	if when == 0 {
+		when = w.lateSituation(waiting)
+	}
+	w.class = ClassLate
+	m := lateForward(s, success)
+	what := w.lateWhat("step "+s.Name, when)
+	if m == lateSuccessReply && when == lateUndone && w.trig.Once && w.compensationSent(s.Name) {
+		w.noop(ClassLate, "%s; audited: its participant runs each command once and records it as done when "+
+			"the compensation comes first, so the compensation, sent after this attempt, undid its effect", what)
+		return nil
+	}
+	switch lateRule(m, when, s.Late) {
+	case lateApply:
+		w.note("%s; applied (late policy: %s)", what, s.Late)
+		return w.settle(i, success)
+	case lateRecord:
+		w.note("%s; recorded", what)
+		return w.record(s.Name)
+	case lateReview:
+		if err := w.record(s.Name); err != nil {
+			return err
 		}
+		w.review(what + w.lateRisk(s, m, when, true))
+		return nil
 	default:
-		covered := s.Role == RoleCompensatable && slices.Contains(in.Stopped, s.Name) &&
-			(slices.Contains(in.Compensated, s.Name) || w.state().Kind == StateKindCompensating)
-		switch {
-		case covered:
-			w.noop(ClassLate, "late %s for step %s, which stopped waiting; its compensation covers it", shortName(w.kind), s.Name)
-			return nil
-		case s.Late == LateManualReview:
-			if err := w.record(s.Name); err != nil {
-				return err
-			}
-			w.review(fmt.Sprintf("late reply %s for step %s, which stopped waiting", shortName(w.kind), s.Name))
-			return nil
-		default:
-			w.noop(ClassLate, "late %s for step %s, which stopped waiting; ignored (late policy: %s)", shortName(w.kind), s.Name, s.Late)
-			return nil
+		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when, false))
+		return nil
+	}
+}
+
+// compensationSent reports whether the saga sent the compensation of step.
+func (w *work) compensationSent(step string) bool {
+	for _, s := range w.in.Progress.SentCompensations {
+		if s == step {
+			return true
 		}
 	}
+	return false
+}
+
+// lateSituation returns where the saga is for a late message of the step
+// (or compensation) the saga waits on when waiting is set.
+func (w *work) lateSituation(waiting bool) lateWhen {
+	switch st := w.state(); {
+	case waiting:
+		return lateWaiting
+	case st.Kind == StateKindManualReview:
+		return lateInReview
+	case st.Kind == StateKindCompensating, st.Name == StateFailed, st.Name == StateCancelled:
+		return lateUndone
+	default:
+		// COMPLETED; a saga on its forward path counts on the steps
+		// before it too.
+		return lateDone
+	}
+}
+
+// lateWhat describes a late message for subject ("step X", "the
+// compensation of step X") for the audit note or review reason.
+func (w *work) lateWhat(subject string, when lateWhen) string {
+	name := shortName(w.kind)
+	switch when {
+	case lateWaiting:
+		return fmt.Sprintf("late %s answers an earlier attempt of %s", name, subject)
+	case lateInReview:
+		return fmt.Sprintf("late %s for %s while in manual review", name, subject)
+	case lateBeforeStep:
+		return fmt.Sprintf("%s for %s while in manual review before the saga reached the step; it settles the step when the saga gets there", name, subject)
+	default:
+		return fmt.Sprintf("late %s for %s, which stopped waiting; the saga is %s", name, subject, w.lateState())
+	}
+}
+
+// lateState names what the saga does, for notes.
+func (w *work) lateState() string {
+	switch st := w.state(); st.Kind {
+	case StateKindCompensating:
+		return "compensating step " + st.Step
+	case StateKindTerminal:
+		return st.Name
+	default:
+		return "waiting on step " + st.Step
+	}
+}
+
+// lateRisk says, for a late message m of step s that the saga no longer
+// waits for, whether it agrees with what the saga does, or what it may
+// leave wrong (for a review reason when review is set, for an audit note
+// otherwise); "" while the saga waits or is in review.
+func (w *work) lateRisk(s *Step, m lateMessage, when lateWhen, review bool) string {
+	if when != lateUndone && when != lateDone {
+		return ""
+	}
+	switch {
+	case m.says() == (when == lateDone):
+		return ": it agrees with what the saga does"
+	case m.compensation() && when == lateDone:
+		return ": the step is undone though the saga completed"
+	case m.compensation():
+		return ": the step's effect is still in place"
+	case !m.says():
+		return ": the saga counts on the step's effect, which did not happen"
+	case s.Role != RoleCompensatable || !sentFor(w.in.Progress.SentCompensations, s.Name):
+		return ": its effect stands and nothing undoes it"
+	case s.External:
+		return fmt.Sprintf(": its compensation %s was sent before it came", shortName(s.Compensation))
+	case review:
+		return fmt.Sprintf(": check that its compensation %s undid it (the compensation names the command, x-saga-compensates, which a participant on runtime/participant honours; the saga cannot tell whether this one did)",
+			shortName(s.Compensation))
+	default:
+		return fmt.Sprintf(": its compensation %s was sent naming the command (x-saga-compensates), so a participant that honours it undid the effect or never applied it",
+			shortName(s.Compensation))
+	}
+}
+
+// sentFor reports whether sent (message id → step) holds a message for step.
+func sentFor(sent map[string]string, step string) bool {
+	for _, s := range sent {
+		if s == step {
+			return true
+		}
+	}
+	return false
 }
 
 // onCancel applies the business cancel message (Definition.Cancel). Waiting
@@ -681,22 +786,28 @@ func (w *work) forwardStep() (int, bool) {
 
 // settle applies the outcome of step i in the state waiting for it.
 func (w *work) settle(i int, success bool) error {
-	s := w.step(i)
-	if err := w.record(s.Name); err != nil {
+	if err := w.record(w.step(i).Name); err != nil {
 		return err
 	}
+	return w.conclude(i, success, w.kind)
+}
+
+// conclude continues after step i, waited on, was settled by reply (a
+// success or not), already recorded as its outcome.
+func (w *work) conclude(i int, success bool, reply string) error {
+	s := w.step(i)
 	p := w.progress()
 	if success {
 		p.Completed = append(p.Completed, s.Name)
-		w.note("step %s succeeded with %s", s.Name, shortName(w.kind))
+		w.note("step %s succeeded with %s", s.Name, shortName(reply))
 		return w.advance(i)
 	}
-	w.out.LastError = fmt.Sprintf("step %s failed with %s", s.Name, shortName(w.kind))
+	w.out.LastError = fmt.Sprintf("step %s failed with %s", s.Name, shortName(reply))
 	if s.Role == RoleRetriable {
-		w.review(fmt.Sprintf("retriable step %s failed with %s; steps after the pivot must not fail", s.Name, shortName(w.kind)))
+		w.review(fmt.Sprintf("retriable step %s failed with %s; steps after the pivot must not fail", s.Name, shortName(reply)))
 		return nil
 	}
-	w.note("step %s failed with %s; compensating", s.Name, shortName(w.kind))
+	w.note("step %s failed with %s; compensating", s.Name, shortName(reply))
 	return w.compensate()
 }
 
@@ -732,26 +843,29 @@ func (w *work) onCompensationReply(i int, success bool) error {
 		return nil
 	}
 	waiting := w.in.State == CompensatingStateName(s.Name)
-	pending := c == w.in.PendingMessageID
-	w.class = ClassLate
-	switch {
-	case w.in.State == StateManualReview:
-		w.note("%s for the compensation of step %s recorded while in manual review", shortName(w.kind), s.Name)
-		return w.recordCompensation(s.Name)
-	case waiting && pending:
+	if waiting && c == w.in.PendingMessageID {
 		w.class = ClassNew
 		return w.settleCompensation(i, success)
-	case waiting && s.Late == LateApplyIfWaiting:
-		w.note("%s answers an earlier attempt of the compensation of step %s; applied (late policy: apply if waiting)", shortName(w.kind), s.Name)
+	}
+	w.class = ClassLate
+	m := lateCompensation(success)
+	when := w.lateSituation(waiting)
+	what := w.lateWhat("the compensation of step "+s.Name, when)
+	switch lateRule(m, when, s.Late) {
+	case lateApply:
+		w.note("%s; applied: every attempt sends the same compensating command", what)
 		return w.settleCompensation(i, success)
-	case s.Late == LateManualReview:
+	case lateRecord:
+		w.note("%s; recorded", what)
+		return w.recordCompensation(s.Name)
+	case lateReview:
 		if err := w.recordCompensation(s.Name); err != nil {
 			return err
 		}
-		w.review(fmt.Sprintf("late reply %s for the compensation of step %s", shortName(w.kind), s.Name))
+		w.review(what + w.lateRisk(s, m, when, true))
 		return nil
 	default:
-		w.noop(ClassLate, "late %s for the compensation of step %s; ignored (late policy: %s)", shortName(w.kind), s.Name, s.Late)
+		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when, false))
 		return nil
 	}
 }

@@ -59,14 +59,20 @@
 //   - duplicate: the reply repeats the outcome already recorded for its step
 //     (whatever its message id). No effect.
 //   - late: the reply answers a wait that has ended — an earlier attempt of a
-//     resent command, a step that timed out, anything arriving during manual
-//     review — or a timer that is no longer armed. The step's [LatePolicy]
-//     decides: ignore (audit only), manual review, or apply if the saga still
-//     waits on that step. A late success of a step whose compensation is
-//     running or done is only audited: the compensation covers it. In
-//     MANUAL_REVIEW, late replies are recorded in Progress (and folded into
-//     the data) without a state change, so an operator's retry can continue
-//     from them.
+//     resent command or compensation, a step that stopped waiting, anything
+//     arriving during manual review — or a timer that is no longer armed.
+//     What it does follows the late-reply table (docs/options.md, "Late
+//     replies"): in MANUAL_REVIEW it is recorded in Progress (and folded
+//     into the data) without a state change, so an operator's retry can
+//     continue from it; a compensation's earlier answer is applied; a
+//     step's earlier answer follows the step's [LatePolicy] (apply if
+//     waiting, manual review, or ignore); after the step stopped waiting, a
+//     message that agrees with what the saga does (a failure while it
+//     compensates, a success after it completed) is audited, one that
+//     contradicts it goes to manual review under that policy and is audited
+//     otherwise, and a failed compensation always goes to manual review.
+//     The step's role and timeout action never change that; a test derives
+//     the printed table from Apply by exhaustive exploration.
 //   - conflicting: the reply contradicts the outcome recorded for its step
 //     (or its compensation). The saga never transitions blindly: it goes to
 //     MANUAL_REVIEW with the reason, even from a terminal state.
@@ -75,12 +81,15 @@
 //     effect.
 //
 // An External step's event that arrives while the saga is still on its way
-// to that step (waiting on an earlier step, or in review from one) is none
-// of these: Apply returns [ErrNotReached] and changes nothing, and the
-// engine has the consumer retry it through its TTL tiers, so an approval
-// handled before the reply that leads to it is applied once the saga waits
-// for it (or parked with the reason when the saga does not get there within
-// the retry budget). For a saga that compensates or ended, it is invalid.
+// to that step, waiting on an earlier step, is none of these: Apply returns
+// [ErrNotReached] and changes nothing, and the engine has the consumer retry
+// it through its TTL tiers, so an approval handled before the reply that
+// leads to it is applied once the saga waits for it (or parked with the
+// reason when the saga does not get there within the retry budget). While
+// the saga is in manual review at an earlier step, where only an operator
+// moves it on, the event is recorded instead (late): when the saga reaches
+// the step after the operator's retry, the recorded event settles it at
+// once. For a saga that compensates or ended, it is invalid.
 //
 // # Timeouts and the deadline
 //

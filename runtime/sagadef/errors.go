@@ -21,10 +21,10 @@ var (
 	// terminal state.
 	ErrTerminal = errors.New("saga is in a terminal state")
 	// ErrNotReached is returned for an external step's event that arrives
-	// while the saga is still on its way to that step (waiting on an
-	// earlier step, or in manual review from one): messages published in
-	// order are not always handled in order, and the saga may still come
-	// to wait for it. The engine marks it transient, so the consumer
+	// while the saga is still on its way to that step, waiting on an
+	// earlier step: messages published in order are not always handled in
+	// order, and the saga may still come to wait for it. (In manual review
+	// at an earlier step, the event is recorded in the saga instead.) The engine marks it transient, so the consumer
 	// retries it through its TTL tiers and parks it, with the reason, when
 	// the saga does not get there within the retry budget.
 	ErrNotReached = errors.New("event for a step the saga has not reached yet")

@@ -31,25 +31,40 @@ var exploreEpoch = time.Unix(0, 0).UTC()
 const maxExplored = 200_000
 
 func (d *Definition) explore() ([]Transition, error) {
+	rows := rowSet{}
+	err := d.walk(true, func(_ Instance, trig Trigger, res Result, names []string) {
+		if trig.Kind == TriggerStart || isTransition(res.From, res.To, res.Class, len(names)) {
+			rows.add(res.From, trig.Kind, res.To, names)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return d.sortRows(rows), nil
+}
+
+// walk explores the state machine as explore describes and calls visit
+// with every trigger it applies, the instance it applied it to (canonical,
+// see canon; zero for the start) and the result (dry: no messages built,
+// only their names). Without operators, the operator triggers are left
+// out: walk then explores what the saga does on its own.
+func (d *Definition) walk(operators bool, visit func(inst Instance, trig Trigger, res Result, names []string)) error {
 	ctx := context.Background()
 	env := Env{Now: exploreEpoch, NewID: newCounter("explore-")}
 	m := mode{dry: true, assumeDue: true}
 
-	rows := rowSet{}
-	add := rows.add
-
 	first, names, err := d.begin(ctx, env, "explore", nil, "explore", m)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	add("", TriggerStart, first.To, names)
+	visit(Instance{}, Trigger{Kind: TriggerStart}, first, names)
 	start := d.canon(first.Instance)
 	seen := map[string]bool{stateKey(start): true}
 	queue := []Instance{start}
 	for len(queue) > 0 {
 		inst := queue[0]
 		queue = queue[1:]
-		for _, trig := range d.probes(inst) {
+		for _, trig := range d.probes(inst, operators) {
 			res, names, err := d.apply(ctx, env, inst, trig, m)
 			if err != nil {
 				if errors.Is(err, ErrInvalidTrigger) || errors.Is(err, ErrTerminal) {
@@ -58,33 +73,30 @@ func (d *Definition) explore() ([]Transition, error) {
 				if errors.Is(err, ErrNotReached) {
 					continue // an event retried until the saga reaches its step
 				}
-				return nil, err
+				return err
 			}
-			if isTransition(res.From, res.To, res.Class, len(names)) {
-				add(res.From, trig.Kind, res.To, names)
-			}
+			visit(inst, trig, res, names)
 			if res.Instance.Version == inst.Version {
 				continue // nothing changed
 			}
 			next := d.canon(res.Instance)
 			if k := stateKey(next); !seen[k] {
 				if len(seen) >= maxExplored {
-					return nil, fmt.Errorf("more than %d distinct instance shapes; the definition is too large to tabulate", maxExplored)
+					return fmt.Errorf("more than %d distinct instance shapes; the definition is too large to tabulate", maxExplored)
 				}
 				seen[k] = true
 				queue = append(queue, next)
 			}
 		}
 	}
-
-	return d.sortRows(rows), nil
+	return nil
 }
 
 // probes lists the triggers tried on an explored instance: each incoming
 // message answering each command or compensation the instance sent for the
 // message's step, or nothing it sent; the cancel message; a timeout; the
-// deadline; and every operator action.
-func (d *Definition) probes(inst Instance) []Trigger {
+// deadline; and, with operators, every operator action.
+func (d *Definition) probes(inst Instance, operators bool) []Trigger {
 	var out []Trigger
 	message := func(name, cause string) {
 		out = append(out, Trigger{Kind: name, MessageID: "explore-message", CausationID: cause})
@@ -127,6 +139,9 @@ func (d *Definition) probes(inst Instance) []Trigger {
 		return out // timers are cleared and operators refused in terminal states
 	}
 	out = append(out, Trigger{Kind: TriggerTimeout}, Trigger{Kind: TriggerDeadline}, Trigger{Kind: TriggerStuck, Reason: "explore"})
+	if !operators {
+		return out
+	}
 	op := func(kind, to string) Trigger {
 		return Trigger{Kind: kind, Operator: "explore", Reason: "explore", ResolveTo: to}
 	}

@@ -40,21 +40,28 @@ const (
 	TimeoutManualReview
 )
 
-// LatePolicy says what a reply that arrives after its step stopped waiting
-// for it (by timeout, retry or operator action) does.
+// LatePolicy says what a reply or event its step no longer waits for does
+// where the late-reply table leaves the choice to the step: for the answer
+// to an earlier attempt while the step waits for a later one, and for a
+// message that contradicts what the saga does after the step stopped
+// waiting (a success while it compensates or after it failed, a failure
+// after it completed). Elsewhere the table decides alone: in manual review
+// a late message is recorded, and one that agrees with the saga is audited
+// (docs/options.md, "Late replies").
 type LatePolicy int
 
 // Late-reply policies.
 const (
 	LateUnspecified LatePolicy = iota
-	// LateIgnore acknowledges the reply, records it in the audit trail and
-	// changes nothing.
+	// LateIgnore acknowledges the message, records it in the audit trail
+	// and changes nothing.
 	LateIgnore
-	// LateManualReview sends the saga to MANUAL_REVIEW.
+	// LateManualReview records the message and sends the saga to
+	// MANUAL_REVIEW.
 	LateManualReview
-	// LateApplyIfWaiting applies the reply when the saga still waits on the
-	// same step (e.g. a reply to an earlier attempt of a retried command);
-	// otherwise it is ignored and audited.
+	// LateApplyIfWaiting applies the answer to an earlier attempt while
+	// the step waits for a later one (a reply to a retried command);
+	// otherwise it is as LateIgnore.
 	LateApplyIfWaiting
 )
 
@@ -210,7 +217,8 @@ const (
 	ClassNew
 	// ClassDuplicate repeats an outcome already applied; no effect.
 	ClassDuplicate
-	// ClassLate answers a wait that already ended; the step's LatePolicy applies.
+	// ClassLate answers a wait that already ended; the late-reply table
+	// (and the step's LatePolicy) decides what it does.
 	ClassLate
 	// ClassConflicting contradicts an outcome already applied; the saga goes
 	// to manual review, never transitions blindly.
@@ -307,6 +315,11 @@ type Trigger struct {
 	Reason   string
 	// ResolveTo is the target state for TriggerOperatorResolve.
 	ResolveTo string
+	// Once is set for a reply from a participant that runs each command
+	// once and records a command as done when its compensation comes first
+	// (envelope.HeaderOnce): its late success for a step whose
+	// compensation was sent had its effect undone by that compensation.
+	Once bool
 }
 
 // Hooks are the business decisions the user implements (through a typed,

@@ -39,15 +39,36 @@ func (d *Definition) derive() []Transition {
 		}
 		return dest{StateName(s.Name), []string{s.Command}}
 	}
-	advance := func(i int) dest {
-		if i+1 < len(steps) {
-			return enter(i + 1)
+	// failed is where a failure of step i, waited on, leads.
+	var compensateFrom func(k int) dest
+	failed := func(i int) dest {
+		if steps[i].Role == RoleRetriable {
+			return dest{StateManualReview, nil}
 		}
-		return dest{StateCompleted, nil}
+		return compensateFrom(i - 1)
+	}
+	// advances lists where the saga goes after step i succeeded: the next
+	// step, or past the External steps after it whose event was recorded
+	// in manual review before the saga reached them (the saga was in
+	// review from a step up to i), or where such a recorded failure leads.
+	advances := func(i int) []dest {
+		var out []dest
+		for m := i + 1; ; m++ {
+			if m == len(steps) {
+				return append(out, dest{StateCompleted, nil})
+			}
+			out = append(out, enter(m))
+			if !steps[m].External {
+				return out
+			}
+			if len(steps[m].FailureReplies) > 0 {
+				out = append(out, failed(m))
+			}
+		}
 	}
 	// compensateFrom is where compensation starts when the steps up to k
 	// completed or stopped: the last compensatable one of them, or FAILED.
-	compensateFrom := func(k int) dest {
+	compensateFrom = func(k int) dest {
 		for j := min(k, len(steps)-1); j >= 0; j-- {
 			if steps[j].Role == RoleCompensatable {
 				return dest{CompensatingStateName(steps[j].Name), []string{steps[j].Compensation}}
@@ -65,6 +86,11 @@ func (d *Definition) derive() []Transition {
 		return to
 	}
 	add := func(from, trigger string, to dest) { rows.add(from, trigger, to.state, to.emits) }
+	addAll := func(from, trigger string, to []dest) {
+		for _, t := range to {
+			add(from, trigger, t)
+		}
+	}
 	// addEnd adds a row to a compensation's next destination, and, when a
 	// business cancel may have started the compensation, the row it takes
 	// then.
@@ -102,40 +128,64 @@ func (d *Definition) derive() []Transition {
 		}
 		return append([]string{s.CompensationReply}, s.CompensationFailureReplies...)
 	}
+	// Late replies (lateRule). lateReview lists the replies of s that go
+	// to review when they answer an earlier attempt; lateSuccessReview
+	// those that do after s stopped waiting while the saga compensates or
+	// ended FAILED or CANCELLED, lateFailureReview after it ended
+	// COMPLETED.
 	lateReview := func(s Step) []string {
 		if s.Late == LateManualReview {
 			return replies(s)
 		}
 		return nil
 	}
-	// lateCompensationReview lists the compensation replies that send the
-	// saga to review when its compensation was abandoned (cancel, resolve).
-	lateCompensationReview := func(s Step) []string {
+	lateSuccessReview := func(s Step) []string {
+		if s.Late == LateManualReview {
+			return s.SuccessReplies
+		}
+		return nil
+	}
+	lateFailureReview := func(s Step) []string {
+		if s.Late == LateManualReview {
+			return s.FailureReplies
+		}
+		return nil
+	}
+	// undoneCompensationReview lists the compensation replies that send
+	// the saga to review when its compensation was abandoned (an
+	// operator's cancel or resolve) and it ended FAILED or CANCELLED;
+	// doneCompensationReview when it ended COMPLETED.
+	undoneCompensationReview := func(s Step) []string {
+		return s.CompensationFailureReplies
+	}
+	doneCompensationReview := func(s Step) []string {
 		if s.Late != LateManualReview || s.Role != RoleCompensatable {
 			return nil
 		}
-		return append([]string{s.CompensationReply}, s.CompensationFailureReplies...)
+		return []string{s.CompensationReply}
 	}
 
 	add("", TriggerStart, enter(0))
-	// Waiting for step i: steps before it succeeded, nothing else is settled.
+	// Waiting for step i: steps before it succeeded, External steps after
+	// it may hold an event recorded in review, nothing else is settled.
 	for i, s := range steps {
 		st := StateName(s.Name)
 		for _, r := range s.SuccessReplies {
-			add(st, r, advance(i))
+			addAll(st, r, advances(i))
 		}
 		for _, r := range s.FailureReplies {
-			if s.Role == RoleRetriable {
-				toReview(st, r)
-			} else {
-				add(st, r, compensateFrom(i-1))
-			}
+			add(st, r, failed(i))
 		}
 		if !s.External {
 			toReview(st, lateReview(s)...) // a reply to an earlier attempt
 		}
 		for _, prev := range steps[:i] {
 			toReview(st, conflictsWithSuccess(prev)...)
+		}
+		for _, next := range steps[i+1:] {
+			if next.External {
+				toReview(st, conflictsWithAny(next)...) // an event recorded early
+			}
 		}
 		switch s.OnTimeout {
 		case TimeoutCompensate:
@@ -174,9 +224,6 @@ func (d *Definition) derive() []Transition {
 		// A compensation failure recorded before the saga was resolved and
 		// an operator compensated it again.
 		toReview(st, compensationConflicts(s)...)
-		if s.Late == LateManualReview {
-			toReview(st, s.CompensationReply)
-		}
 		for k, o := range steps {
 			if k < j {
 				toReview(st, conflictsWithSuccess(o)...)
@@ -186,8 +233,10 @@ func (d *Definition) derive() []Transition {
 			if k > j && o.Role == RoleCompensatable {
 				toReview(st, o.CompensationFailureReplies...)
 			}
-			if o.Role != RoleCompensatable {
-				toReview(st, lateReview(o)...)
+			if o.Role != RoleCompensatable || k >= j {
+				// A late success of a step that stopped waiting: not
+				// yet compensated, compensated, or never to be.
+				toReview(st, lateSuccessReview(o)...)
 			}
 		}
 		if s.maxAttempts() > 1 {
@@ -201,11 +250,11 @@ func (d *Definition) derive() []Transition {
 	// Terminal states.
 	for _, s := range steps {
 		toReview(StateCompleted, conflictsWithSuccess(s)...)
-		toReview(StateCancelled, lateReview(s)...)
-		toReview(StateCancelled, lateCompensationReview(s)...)
-		if s.Role != RoleCompensatable {
-			toReview(StateFailed, lateReview(s)...)
-		}
+		// An operator's cancel stops any step, or abandons a
+		// compensation; any step may stop before a saga fails.
+		toReview(StateCancelled, lateSuccessReview(s)...)
+		toReview(StateCancelled, undoneCompensationReview(s)...)
+		toReview(StateFailed, lateSuccessReview(s)...)
 	}
 	sources := map[string]bool{}
 	for _, r := range rows {
@@ -246,10 +295,17 @@ func (d *Definition) derive() []Transition {
 		for k, s := range steps {
 			toReview(t, conflictsWithAny(s)...)
 			toReview(t, compensationConflicts(s)...)
-			if stoppedInReview(k) {
-				toReview(t, lateReview(s)...)
+			if t == StateCompleted {
+				if stoppedInReview(k) {
+					toReview(t, lateFailureReview(s)...)
+				}
+				toReview(t, doneCompensationReview(s)...)
+			} else {
+				if stoppedInReview(k) {
+					toReview(t, lateSuccessReview(s)...)
+				}
+				toReview(t, undoneCompensationReview(s)...)
 			}
-			toReview(t, lateCompensationReview(s)...)
 		}
 	}
 	for _, s := range steps {
@@ -259,8 +315,13 @@ func (d *Definition) derive() []Transition {
 	if d.Deadline > 0 {
 		for _, r := range rows {
 			// The deadline fires once, and stuck clears it: review
-			// entered by either has no deadline armed.
-			if r.To == rev && r.Trigger != TriggerDeadline && r.Trigger != TriggerStuck && d.compiled.states[r.From].Kind == StateKindStep {
+			// entered by either has no deadline armed. An event of a
+			// later step conflicts only with one recorded in a review
+			// before: its own row brings no deadline the review that
+			// recorded it did not.
+			from := d.compiled.states[r.From]
+			if r.To == rev && r.Trigger != TriggerDeadline && r.Trigger != TriggerStuck && from.Kind == StateKindStep &&
+				d.compiled.messages[r.Trigger].step <= d.compiled.steps[from.Step] {
 				toReview(rev, TriggerDeadline)
 				break
 			}
@@ -273,7 +334,7 @@ func (d *Definition) derive() []Transition {
 			// review lets a retry continue; a review entered without
 			// recording a success lets it resend, and lets a failure be
 			// recorded, which leaves step i out of the compensation.
-			add(rev, TriggerOperatorRetry, advance(i))
+			addAll(rev, TriggerOperatorRetry, advances(i))
 			add(rev, TriggerOperatorCompensate, compensateFrom(i))
 			for _, r := range rows {
 				if r.From == st && r.To == rev && !slices.Contains(s.SuccessReplies, r.Trigger) {

@@ -397,7 +397,7 @@ FROM saga_parked WHERE message_id = 'poison-1'`).Scan(&queue, &class, &reason, &
 
 // TestPlaceOrderTimeouts runs the clock-driven paths: a participant that
 // never answers (the step times out and is compensated; its reply arrives
-// late and is covered by the compensation) and one that answers late, after
+// late, after the release, and goes to manual review) and one that answers late, after
 // the saga resent its command (the late reply is applied while the saga
 // still waits; the answer to the resend is a duplicate).
 func TestPlaceOrderTimeouts(t *testing.T) {
@@ -441,6 +441,12 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 	})
 
 	t.Run("LateReplyCoveredByCompensation", func(t *testing.T) {
+		// The reservation's answer arrives after its release. The
+		// inventory runs under the host's once-per-command guard (the
+		// reply says so, x-saga-once), so its effect was in place before
+		// the release ran, which undid it: audited, although the step's
+		// policy is manual review. (A participant without the guard gets
+		// the review: runtime/saga TestLateSuccessAfterCompensation.)
 		sent, err := b.script.SendHeldReply(ctx, b.pool, "o-silent-inventory")
 		require.NoError(t, err)
 		require.True(t, sent)
@@ -448,11 +454,13 @@ func TestPlaceOrderTimeouts(t *testing.T) {
 		last := b.audit(t, silent)[3]
 		require.Equal(t, step{"FAILED", "FAILED", "InventoryReserved", "late"},
 			step{last.From, last.To, short(last.Trigger), last.Class})
-		require.Contains(t, last.Note, "compensation covers it")
+		require.Contains(t, last.Note, "the compensation, sent after this attempt, undid its effect")
 		st, err := b.placeOrder.GetByID(ctx, silent)
 		require.NoError(t, err)
 		require.Equal(t, orderv1.PlaceOrderStateFailed, st.State)
 		require.Equal(t, last.Version, st.Version, "no change")
+		require.Equal(t, []string{"inventory:reserved", "inventory:released"}, b.ledger(t, "o-silent-inventory"),
+			"the release undid the reservation")
 	})
 
 	t.Run("LateReplyAppliedWhileWaiting", func(t *testing.T) {

@@ -146,7 +146,7 @@ func (b *builder) collect() {
 						"%s is %s; only replies declare the command they answer", msg.FullName, article(kindName(msg.Kind)))
 					return
 				}
-				if cmdMsg := b.ref(f, p, m.Desc.ParentFile().Package(), ref, sagav1.Kind_KIND_COMMAND, "answers"); cmdMsg != nil {
+				if cmdMsg := b.ref(f, p, m.Desc.ParentFile().Package(), "", ref, sagav1.Kind_KIND_COMMAND, "answers"); cmdMsg != nil {
 					msg.Answers = cmdMsg
 				}
 			}
@@ -341,13 +341,15 @@ func fieldKind(f *protogen.Field) string {
 
 // ref resolves a message reference: a name relative to pkg, or a full name
 // (optionally with a leading dot). want restricts the kind
-// (KIND_UNSPECIFIED: any annotated message).
-func (b *builder) ref(f *protogen.File, p []int32, pkg protoreflect.FullName, name string, want sagav1.Kind, what string) *Message {
-	return b.refAs("saga-reference", f, p, pkg, name, want, what)
+// (KIND_UNSPECIFIED: any annotated message). ctx prefixes the finding's
+// message ("saga X: step Y: "): a finding inside a step is located at the
+// step, so its message says which step and field.
+func (b *builder) ref(f *protogen.File, p []int32, pkg protoreflect.FullName, ctx, name string, want sagav1.Kind, what string) *Message {
+	return b.refAs("saga-reference", f, p, pkg, ctx, name, want, what)
 }
 
 // refAs is ref reporting its findings under rule.
-func (b *builder) refAs(rule string, f *protogen.File, p []int32, pkg protoreflect.FullName, name string, want sagav1.Kind, what string) *Message {
+func (b *builder) refAs(rule string, f *protogen.File, p []int32, pkg protoreflect.FullName, ctx, name string, want sagav1.Kind, what string) *Message {
 	name = strings.TrimSpace(name)
 	var candidates []string
 	if strings.HasPrefix(name, ".") {
@@ -373,27 +375,29 @@ func (b *builder) refAs(rule string, f *protogen.File, p []int32, pkg protorefle
 		if msg := b.messages[c]; msg != nil {
 			if want != sagav1.Kind_KIND_UNSPECIFIED && msg.Kind != want {
 				b.errorf(f, p, rule, fmt.Sprintf("%s must name %s", what, article(kindName(want))),
-					"%s %q is %s, want %s", what, name, article(kindName(msg.Kind)), article(kindName(want)))
+					"%s%s %q is %s, want %s", ctx, what, name, article(kindName(msg.Kind)), article(kindName(want)))
 				return nil
 			}
 			return msg
 		}
 		if _, ok := b.protos[c]; ok {
 			b.errorf(f, p, rule, "annotate it with option (saga.v1.message) = {kind: ...}",
-				"%s %q names %s, which is not annotated with (saga.v1.message)", what, name, c)
+				"%s%s %q names %s, which is not annotated with (saga.v1.message)", ctx, what, name, c)
 			return nil
 		}
 	}
 	b.errorf(f, p, rule, "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\"; a message of another file must be in the same generation request (buf: strategy: all; protoc: one call for all files)",
-		"%s %q: unknown message", what, name)
+		"%s%s %q: unknown message", ctx, what, name)
 	return nil
 }
 
-func (b *builder) duration(f *protogen.File, p []int32, s, what string) time.Duration {
+// duration parses a timeout or deadline; ctx prefixes the finding's
+// message (see ref).
+func (b *builder) duration(f *protogen.File, p []int32, ctx, s, what string) time.Duration {
 	d, err := time.ParseDuration(s)
 	if err != nil || d <= 0 {
 		b.errorf(f, p, "duration", "write a positive Go duration such as \"30s\", \"5m\" or \"72h\"",
-			"invalid %s %q", what, s)
+			"%sinvalid %s %q", ctx, what, s)
 		return 0
 	}
 	return d

@@ -4,9 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-
-	"google.golang.org/protobuf/compiler/protogen"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Pos is a source position: a .proto file path and 1-based line and column.
@@ -55,24 +52,6 @@ func sortDiagnostics(ds []Diagnostic) {
 			cmp.Compare(a.Message, b.Message),
 		)
 	})
-}
-
-// locate returns the position of the most specific source location on path
-// (or the nearest enclosing element that has one): protoc records option
-// statements but not the fields inside option message literals, buf and
-// protocompile can record those too.
-func locate(f *protogen.File, path []int32) Pos {
-	locs := f.Desc.SourceLocations()
-	for n := len(path); n >= 0; n-- {
-		loc := locs.ByPath(protoreflect.SourcePath(path[:n]))
-		if loc.Path != nil || (n == 0 && locs.Len() > 0) {
-			if loc.Path == nil {
-				return Pos{File: f.Desc.Path(), Line: 1, Col: 1}
-			}
-			return Pos{File: f.Desc.Path(), Line: loc.StartLine + 1, Col: loc.StartColumn + 1}
-		}
-	}
-	return Pos{File: f.Desc.Path(), Line: 1, Col: 1}
 }
 
 // path appends elements to a copy of base.

@@ -134,10 +134,9 @@ type Saga struct {
 	// replies and events, and its cancel message), sorted by full name.
 	Handles []*Message
 	// Consumes lists every message bound to the saga's queue, sorted by
-	// full name: Handles (the cancel message included), and the start
-	// message unless a participant owns it (an owner that is the saga's
-	// own service consumes it from its command queue). The engine starts
-	// an instance from a start message delivered on its queue.
+	// full name: Handles (the cancel message included) and the start
+	// message (a start command has no owner: rule saga-start). The engine
+	// starts an instance from a start message delivered on its queue.
 	Consumes []*Message
 	// Commands lists every command the saga sends (steps and
 	// compensations), sorted by full name.
@@ -177,10 +176,17 @@ type Step struct {
 type Options struct {
 	// WarningsAsErrors promotes warnings to errors.
 	WarningsAsErrors bool
+	// KeepModel makes [Build] return the model together with the review's
+	// errors, for tools that read a contract the review refuses (buf
+	// breaking reads a deployed contract that may fail rules added since).
+	// Such a model is never rendered: references that did not resolve are
+	// nil and the sagas' definitions are not compiled.
+	KeepModel bool
 }
 
 // Build resolves and reviews the request. It returns every error finding
-// joined (each a [Diagnostic]); the model is nil then.
+// joined (each a [Diagnostic]); the model is nil then, unless
+// [Options.KeepModel].
 func Build(gen *protogen.Plugin, opts Options) (*Model, error) {
 	b := &builder{
 		gen:      gen,
@@ -207,7 +213,11 @@ func Build(gen *protogen.Plugin, opts Options) (*Model, error) {
 		for i, d := range errs {
 			joined[i] = d
 		}
-		return nil, errors.Join(joined...)
+		if !opts.KeepModel {
+			return nil, errors.Join(joined...)
+		}
+		b.finish()
+		return b.model, errors.Join(joined...)
 	}
 	b.finish()
 	return b.model, nil

@@ -89,11 +89,15 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 	if o.GetStart() == "" {
 		b.errorf(f, base, "saga-start", "add start: \"<message that starts the saga>\"",
 			"saga %s declares no start message", s.FullName)
-	} else if st := b.ref(f, path(base, sagaStart), pkg, o.GetStart(), sagav1.Kind_KIND_UNSPECIFIED, "start"); st != nil {
-		if st.Kind == sagav1.Kind_KIND_REPLY {
+	} else if st := b.ref(f, path(base, sagaStart), pkg, "saga "+s.FullName+": ", o.GetStart(), sagav1.Kind_KIND_UNSPECIFIED, "start"); st != nil {
+		switch {
+		case st.Kind == sagav1.Kind_KIND_REPLY:
 			b.errorf(f, path(base, sagaStart), "saga-start", "start a saga from a command or an event",
 				"saga %s: start message %s is a reply", s.FullName, st.FullName)
-		} else {
+		case st.Kind == sagav1.Kind_KIND_COMMAND && st.Owner != "":
+			b.startOwner(f, path(base, sagaStart), s, st)
+			s.Start = st
+		default:
 			s.Start = st
 		}
 	}
@@ -105,7 +109,7 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 		s.BusinessKey = b.fieldPath(f, path(base, sagaBusinessKey), s.Start.Proto, o.GetBusinessKey(), true)
 	}
 	if o.GetDeadline() != "" {
-		s.Deadline = b.duration(f, path(base, sagaDeadline), o.GetDeadline(), "saga deadline")
+		s.Deadline = b.duration(f, path(base, sagaDeadline), "saga "+s.FullName+": ", o.GetDeadline(), "deadline")
 	}
 	if len(o.GetSteps()) == 0 {
 		b.errorf(f, base, "saga-steps", "declare at least one step", "saga %s has no steps", s.FullName)
@@ -114,6 +118,7 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 		s.Steps = append(s.Steps, b.step(f, path(base, sagaSteps, int32(i)), pkg, s, so))
 	}
 	b.stepOrder(f, base, s)
+	b.deadlinePath(f, base, s)
 	b.conversation(f, base, s, o)
 	if o.GetCancel() != nil {
 		s.Cancel = b.cancel(f, path(base, sagaCancel), pkg, s, o.GetCancel())
@@ -130,7 +135,7 @@ func (b *builder) cancel(f *protogen.File, base []int32, pkg protoreflect.FullNa
 	if o.GetMessage() == "" {
 		b.errorf(f, base, "cancel-reference", "add message: \"<command or event that cancels the saga>\"",
 			"saga %s: cancel names no message", s.FullName)
-	} else if m := b.refAs("cancel-reference", f, path(base, cancelMessage), pkg, o.GetMessage(), sagav1.Kind_KIND_UNSPECIFIED, "cancel message"); m != nil {
+	} else if m := b.refAs("cancel-reference", f, path(base, cancelMessage), pkg, "saga "+s.FullName+": ", o.GetMessage(), sagav1.Kind_KIND_UNSPECIFIED, "cancel message"); m != nil {
 		p := path(base, cancelMessage)
 		switch {
 		case m.Kind == sagav1.Kind_KIND_REPLY:
@@ -212,23 +217,30 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 		Name: o.GetName(), Role: o.GetRole(), External: o.GetExternal(),
 		OnTimeout: o.GetOnTimeout(), MaxAttempts: int(o.GetMaxAttempts()), Late: o.GetLateReply(),
 	}
+	// Findings inside a step are located at the step (buf records nothing
+	// finer), so their messages name the step: by its name, or by its
+	// number while the name is not known yet.
+	ctx := fmt.Sprintf("saga %s: step #%d: ", s.FullName, len(s.Steps)+1)
+	if st.Name != "" {
+		ctx = fmt.Sprintf("saga %s: step %s: ", s.FullName, st.Name)
+	}
 	replyKind := sagav1.Kind_KIND_REPLY
 	if st.External {
 		replyKind = sagav1.Kind_KIND_EVENT
 		if o.GetCommand() != "" {
 			b.errorf(f, path(base, stepCommand), "step-external", "an external step waits for an event; remove command or external",
-				"saga %s: external step sends command %q", s.FullName, o.GetCommand())
+				"%sexternal step sends command %q", ctx, o.GetCommand())
 		}
 	} else if o.GetCommand() == "" {
 		b.errorf(f, base, "step-external", "add command: \"<command the step sends>\", or external: true for a step that waits for an event",
 			"saga %s: step %d sends no command", s.FullName, len(s.Steps)+1)
 	} else {
-		st.Command = b.ref(f, path(base, stepCommand), pkg, o.GetCommand(), sagav1.Kind_KIND_COMMAND, "command")
+		st.Command = b.ref(f, path(base, stepCommand), pkg, ctx, o.GetCommand(), sagav1.Kind_KIND_COMMAND, "command")
 	}
 	refs := func(field int32, names []string, kind sagav1.Kind, what string) []*Message {
 		var out []*Message
 		for i, n := range names {
-			if m := b.ref(f, path(base, field, int32(i)), pkg, n, kind, what); m != nil {
+			if m := b.ref(f, path(base, field, int32(i)), pkg, ctx, n, kind, what); m != nil {
 				out = append(out, m)
 			}
 		}
@@ -251,6 +263,7 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 	if label == "" {
 		label = fmt.Sprintf("#%d", len(s.Steps)+1)
 	}
+	ctx = fmt.Sprintf("saga %s: step %s: ", s.FullName, label)
 	b.ownedCommand(f, path(base, stepCommand), s, st.Command, label, "sends")
 	for _, prev := range s.Steps {
 		if prev.Name == st.Name && st.Name != "" {
@@ -278,11 +291,12 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 			"saga %s: %s step %s declares a compensation", s.FullName, roleName(st.Role), label)
 	}
 	if o.GetCompensation() != "" {
-		st.Compensation = b.ref(f, path(base, stepCompensation), pkg, o.GetCompensation(), sagav1.Kind_KIND_COMMAND, "compensation")
+		st.Compensation = b.ref(f, path(base, stepCompensation), pkg, ctx, o.GetCompensation(), sagav1.Kind_KIND_COMMAND, "compensation")
 		b.ownedCommand(f, path(base, stepCompensation), s, st.Compensation, label, "compensates with")
+		b.compensationOwner(f, path(base, stepCompensation), s, st, label)
 	}
 	if o.GetCompensationReply() != "" {
-		st.CompensationReply = b.ref(f, path(base, stepCompensationReply), pkg, o.GetCompensationReply(), sagav1.Kind_KIND_REPLY, "compensation_reply")
+		st.CompensationReply = b.ref(f, path(base, stepCompensationReply), pkg, ctx, o.GetCompensationReply(), sagav1.Kind_KIND_REPLY, "compensation_reply")
 	}
 	st.CompensationFailure = refs(stepCompensationFailure, o.GetCompensationFailure(), sagav1.Kind_KIND_REPLY, "compensation_failure")
 
@@ -290,7 +304,7 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 		b.errorf(f, base, "step-timeout", "add timeout: \"30s\" (Go duration); every wait needs an end",
 			"saga %s: step %s has no timeout", s.FullName, label)
 	} else {
-		st.Timeout = b.duration(f, path(base, stepTimeout), o.GetTimeout(), "step timeout")
+		st.Timeout = b.duration(f, path(base, stepTimeout), ctx, o.GetTimeout(), "timeout")
 	}
 	if st.Late == sagav1.LateReply_LATE_REPLY_UNSPECIFIED {
 		b.errorf(f, base, "step-late-reply", "add late_reply: LATE_REPLY_IGNORE, LATE_REPLY_MANUAL_REVIEW or LATE_REPLY_APPLY_IF_WAITING",
@@ -320,6 +334,20 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 			"saga %s: pivot step %s compensates on timeout but does not send late replies to manual review: a success arriving after the timeout (the point of no return passed) is only audited while the saga compensates and fails",
 			s.FullName, label)
 	}
+	if (sagadef.Step{External: st.External, OnTimeout: sagadef.TimeoutAction(st.OnTimeout), Late: sagadef.LatePolicy(st.Late)}).LatePolicyInert() {
+		why := fmt.Sprintf("on_timeout is %s, not TIMEOUT_ACTION_RETRY", st.OnTimeout)
+		if o.GetOnTimeout() == sagav1.TimeoutAction_TIMEOUT_ACTION_UNSPECIFIED {
+			why = fmt.Sprintf("on_timeout is %s (the default for a %s step), not TIMEOUT_ACTION_RETRY", st.OnTimeout, roleName(st.Role))
+		}
+		hint := "use LATE_REPLY_MANUAL_REVIEW (a human looks at late replies) or LATE_REPLY_IGNORE, or on_timeout: TIMEOUT_ACTION_RETRY to resend the command"
+		if st.External {
+			why = "an external step sends no command"
+			hint = "use LATE_REPLY_MANUAL_REVIEW (a human looks at late events) or LATE_REPLY_IGNORE"
+		}
+		b.errorf(f, path(base, stepLateReply), "late-reply-inert", hint,
+			"saga %s: step %s: LATE_REPLY_APPLY_IF_WAITING applies only the answer to an earlier attempt while the step waits for a later one, and the step makes no earlier attempts: %s; the policy acts as LATE_REPLY_IGNORE",
+			s.FullName, label, why)
+	}
 	if st.MaxAttempts < 0 {
 		b.errorf(f, path(base, stepMaxAttempts), "retry-budget", "use a positive max_attempts",
 			"saga %s: step %s: max_attempts %d is negative", s.FullName, label, st.MaxAttempts)
@@ -348,7 +376,129 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 			"saga %s: step %s can wait %s (max_attempts %d × timeout %s), longer than the saga deadline %s",
 			s.FullName, label, worst, st.MaxAttempts, st.Timeout, s.Deadline)
 	}
+	b.retryTiers(f, path(base, stepTimeout), s, st, label)
 	return st
+}
+
+// retryTiers reports a pivot whose timeout compensates before its
+// participant's consumer has stopped redelivering its command through the
+// retry tiers. The command can then run after the saga compensated the
+// steps before the pivot, and a pivot has no compensation of its own that
+// would record it as done (envelope.HeaderCompensates), so its effect, the
+// point of no return, stays. A compensatable step's command is recorded as
+// done by its compensation when both have one owner (compensation-owner);
+// a timeout that retries or sends to manual review sends no compensation.
+func (b *builder) retryTiers(f *protogen.File, p []int32, s *Saga, st *Step, label string) {
+	if st.Role != sagav1.Role_ROLE_PIVOT || st.External || st.OnTimeout != sagav1.TimeoutAction_TIMEOUT_ACTION_COMPENSATE || st.Timeout <= 0 {
+		return
+	}
+	delay := RetryDelay(RetryPolicy())
+	if st.Timeout > delay {
+		return
+	}
+	b.report(f, p, true, "retry-tiers",
+		fmt.Sprintf("raise the timeout above %s, or set on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW (the review assumes the retry tiers of retry.Default(), which the generated Topology declares)", delay),
+		"saga %s: pivot step %s compensates on timeout after %s, but its participant's consumer redelivers a command that failed for up to %s (retry tiers %s): the pivot's command can run after the saga compensated the steps before it, and nothing undoes the point of no return",
+		s.FullName, label, st.Timeout, delay, tierList(RetryPolicy()))
+}
+
+// compensationOwner reports a compensatable step whose command and
+// compensation have different owners. A compensation can overtake the
+// command it undoes (a command still waiting in a retry tier, or slow to
+// run, when its step timed out or was cancelled); the runtime keeps the
+// command from running afterwards by recording it as done under the
+// compensating service (envelope.HeaderCompensates), a record the
+// command's own service never sees when it is another service.
+func (b *builder) compensationOwner(f *protogen.File, p []int32, s *Saga, st *Step, label string) {
+	cmd, comp := st.Command, st.Compensation
+	if cmd == nil || comp == nil || cmd.Owner == "" || comp.Owner == "" || cmd.Owner == comp.Owner {
+		return
+	}
+	b.report(f, p, true, "compensation-owner",
+		fmt.Sprintf("give %s and %s the same owner: the service that applies an effect is the one that undoes it", cmd.FullName, comp.FullName),
+		"saga %s: step %s sends %s (owner %s) and compensates with %s (owner %s): a compensation sent while the command still waits in a retry tier records it as done for %s only, so %s runs the command after its compensation and the effect stays",
+		s.FullName, label, cmd.FullName, cmd.Owner, comp.FullName, comp.Owner, comp.Owner, cmd.Owner)
+}
+
+// startOwner reports a start command that names an owner. A saga's own
+// queue consumes its start message (the generated Start, StartTx and HTTP
+// handler publish it there), so an owner's participant would only get a
+// method for it whose result nothing waits for, while nothing starts the
+// saga from that participant.
+func (b *builder) startOwner(f *protogen.File, p []int32, s *Saga, st *Message) {
+	hint := fmt.Sprintf("remove owner from %s: the saga's own queue consumes its start command", st.FullName)
+	if st.Owner != s.Service {
+		hint += fmt.Sprintf("; to run the saga in service %s, set service: %q on the saga", st.Owner, st.Owner)
+	}
+	if st.File.Generate {
+		f, p = st.File, path(st.Proto.Location.Path, fieldMessageOptions, extMessage, msgOwner)
+	}
+	b.errorf(f, p, "saga-start", hint,
+		"saga %s starts from command %s, which names owner %s: a start command is consumed by the saga's own queue, but an owned command is routed to the participant of service %s, whose method for it has no reply to return and starts no saga",
+		s.FullName, st.FullName, st.Owner, st.Owner)
+}
+
+// deadlinePath reports a saga deadline shorter than its longest forward
+// path: every step waiting out its whole budget (timeout × max_attempts for
+// a step that retries on timeout, one timeout otherwise) one after the
+// other. The deadline bounds the forward path only (compensation clears
+// it), so a saga whose steps each answer within their own budget would
+// still be sent to manual review. A single step over the deadline is a
+// retry-budget finding instead.
+func (b *builder) deadlinePath(f *protogen.File, base []int32, s *Saga) {
+	if s.Deadline <= 0 || len(s.Steps) == 0 {
+		return
+	}
+	var total time.Duration
+	var parts []string
+	for _, st := range s.Steps {
+		if st.Timeout <= 0 {
+			return // step-timeout or duration reports it
+		}
+		wait, n := st.Timeout, 1
+		if st.OnTimeout == sagav1.TimeoutAction_TIMEOUT_ACTION_RETRY && !st.External && st.MaxAttempts > 1 {
+			n = st.MaxAttempts
+			wait = saturatingMul(st.Timeout, n)
+		}
+		if wait > s.Deadline {
+			return // retry-budget reports the step
+		}
+		total = saturatingAdd(total, wait)
+		part := st.Name + " " + st.Timeout.String()
+		if n > 1 {
+			part = fmt.Sprintf("%s %d × %s", st.Name, n, st.Timeout)
+		}
+		parts = append(parts, part)
+	}
+	if total <= s.Deadline {
+		return
+	}
+	b.errorf(f, path(base, sagaDeadline), "saga-deadline",
+		fmt.Sprintf("raise the deadline to at least %s, or lower the steps' timeouts or max_attempts", durationString(total)),
+		"saga %s: deadline %s is shorter than its longest forward path, %s (%s): an instance whose every step answers within its own timeout and attempts can still be sent to manual review by the deadline",
+		s.FullName, s.Deadline, durationString(total), strings.Join(parts, " + "))
+}
+
+func saturatingMul(d time.Duration, n int) time.Duration {
+	if n > 0 && d > math.MaxInt64/time.Duration(n) {
+		return math.MaxInt64
+	}
+	return d * time.Duration(n)
+}
+
+func saturatingAdd(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// durationString prints d, or "more than 2562047h0m0s" for a saturated sum.
+func durationString(d time.Duration) string {
+	if d == math.MaxInt64 {
+		return "more than " + time.Duration(math.MaxInt64).Truncate(time.Hour).String()
+	}
+	return d.String()
 }
 
 // ownedCommand reports a command a step sends that no participant owns:
@@ -457,20 +607,29 @@ func (b *builder) crossChecks() {
 	}
 	waited := map[*Message]*waiter{}
 	// sent holds the commands that reviewed saga steps send; one without an
-	// owner is reported at the step (ownedCommand).
+	// owner is reported at the step (ownedCommand). used holds every
+	// message any saga of the request sends or consumes.
 	sent := map[*Message]bool{}
+	used := map[*Message]bool{}
 	for _, d := range b.sagas {
 		s := d.saga
 		if s.Start != nil {
 			consumers[s.Start] = append(consumers[s.Start], "saga "+s.FullName+" (start, service "+s.Service+")")
+			used[s.Start] = true
 		}
-		if c := s.Cancel; c != nil && c.Message != nil && c.Message.Kind == sagav1.Kind_KIND_COMMAND {
-			consumers[c.Message] = append(consumers[c.Message], "saga "+s.FullName+" (cancel, service "+s.Service+")")
+		if c := s.Cancel; c != nil && c.Message != nil {
+			if c.Message.Kind == sagav1.Kind_KIND_COMMAND {
+				consumers[c.Message] = append(consumers[c.Message], "saga "+s.FullName+" (cancel, service "+s.Service+")")
+			}
+			used[c.Message] = true
 		}
 		for i, st := range s.Steps {
 			if d.file.Generate {
 				sent[st.Command] = true
 				sent[st.Compensation] = true
+			}
+			for _, m := range slices.Concat([]*Message{st.Command, st.Compensation}, st.Success, st.Failure) {
+				used[m] = true
 			}
 			sp := path(d.base, sagaSteps, int32(i))
 			for _, l := range []struct {
@@ -517,11 +676,9 @@ func (b *builder) crossChecks() {
 			owners = 1
 			var others []string
 			for _, d := range b.sagas {
-				if d.saga.Start == m && d.saga.Service != m.Owner {
-					others = append(others, "saga "+d.saga.FullName+" (start, service "+d.saga.Service+")")
-				}
-				// The saga's own queue consumes its cancel command,
-				// whatever its owner.
+				// A start command with an owner is a saga-start
+				// finding (startOwner). The saga's own queue consumes
+				// its cancel command, whatever its owner.
 				if c := d.saga.Cancel; c != nil && c.Message == m {
 					others = append(others, "saga "+d.saga.FullName+" (cancel, service "+d.saga.Service+")")
 				}
@@ -538,7 +695,7 @@ func (b *builder) crossChecks() {
 			if m.Owner != "" {
 				who = append([]string{"owner " + m.Owner}, cs...)
 			}
-			hint := "a command has exactly one consumer; set the saga's service to the owner, or publish an event instead"
+			hint := "a command has exactly one consumer: give each saga its own start command, or start the sagas from an event"
 			if slices.ContainsFunc(cs, func(c string) bool { return strings.HasSuffix(c, ")") && strings.Contains(c, " (cancel, ") }) {
 				hint = "a cancel command is consumed by its saga's queue: leave its owner unset, and give each saga its own cancel command (or cancel with an event)"
 			}
@@ -546,11 +703,29 @@ func (b *builder) crossChecks() {
 				"command %s has %d consumers: %s", m.FullName, n, strings.Join(who, ", "))
 		}
 	}
+	answered := map[*Message]bool{}
 	for _, m := range msgs {
-		if m.Kind == sagav1.Kind_KIND_REPLY && waited[m] == nil {
-			b.report(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage), true, "reply-unused",
-				"list it in a saga step's success, failure or compensation replies, or remove it; a saga in another file counts only when it is in the same generation request (buf: strategy: all)",
+		if m.Answers != nil {
+			answered[m.Answers] = true
+		}
+	}
+	const sameRequest = "; a saga in another file counts only when it is in the same generation request (buf: strategy: all)"
+	for _, m := range msgs {
+		at := path(m.Proto.Location.Path, fieldMessageOptions, extMessage)
+		switch {
+		case m.Kind == sagav1.Kind_KIND_REPLY && waited[m] == nil:
+			b.report(m.File, at, true, "reply-unused",
+				"list it in a saga step's success, failure or compensation replies, or remove it"+sameRequest,
 				"reply %s is not awaited by any saga step", m.FullName)
+		case m.Kind == sagav1.Kind_KIND_COMMAND && m.Owner != "" && !used[m] && !answered[m]:
+			// Without an owner, it has no consumer (command-consumer).
+			b.report(m.File, at, true, "command-unused",
+				fmt.Sprintf("send it from a saga step, declare the reply that answers it (answers: %q), or remove it", m.Proto.Desc.Name())+sameRequest,
+				"command %s (owner %s) is sent by no saga step and answered by no reply: its participant method has no reply to return and nothing in the contract sends it", m.FullName, m.Owner)
+		case m.Kind == sagav1.Kind_KIND_EVENT && !used[m]:
+			b.report(m.File, at, true, "event-unused",
+				"start a saga with it, list it in an external step's success or failure, or cancel a saga with it; or remove it"+sameRequest,
+				"event %s is consumed by no saga: nothing generated binds a queue to it, so unless a subscriber outside the contract binds one, the relay's mandatory publish of every copy comes back unroutable and is retried", m.FullName)
 		}
 	}
 	b.ownerPackages(msgs)
@@ -743,7 +918,7 @@ func (s *Saga) finish() {
 	s.Handles = sortMessages(handles)
 	s.Commands = sortMessages(commands)
 	s.Consumes = s.Handles
-	if s.Start != nil && s.Start.Owner == "" {
+	if s.Start != nil {
 		s.Consumes = sortMessages(append(handles, s.Start))
 	}
 }

@@ -394,7 +394,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 			return res, err
 		}
 	}
-	d.event("%s: the lost InventoryReserved finally arrives (late; the compensation already covers it)", silent.id)
+	d.event("%s: the lost InventoryReserved finally arrives (late; the release, sent after it, undid it: audited)", silent.id)
 	d.event("%s: the answer to the first AuthorizePayment arrives while the saga waits for the second (late, applied)", late.id)
 	if err := d.waitState(ctx, late, orderv1.PlaceOrderStateCompleted); err != nil {
 		return res, err

@@ -30,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // CancelQuoteInfo describes the command quote.v1.CancelQuote.
 var CancelQuoteInfo = &message.Info{
@@ -343,7 +343,11 @@ func QuoteApprovalDefinition() *sagadef.Definition {
 		Transitions: []sagadef.Transition{
 			{From: "", Trigger: "start", To: "PRICE_QUOTE", Emits: []string{"pricing.v1.PriceQuote"}},
 			{From: "PRICE_QUOTE", Trigger: "pricing.v1.QuotePriced", To: "APPROVAL"},
+			{From: "PRICE_QUOTE", Trigger: "pricing.v1.QuotePriced", To: "SUBMIT_ORDER", Emits: []string{"quote.v1.SubmitOrder"}},
+			{From: "PRICE_QUOTE", Trigger: "pricing.v1.QuotePriced", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
 			{From: "PRICE_QUOTE", Trigger: "pricing.v1.QuotePricingFailed", To: "FAILED"},
+			{From: "PRICE_QUOTE", Trigger: "approval.v1.ApprovalGranted", To: "MANUAL_REVIEW"},
+			{From: "PRICE_QUOTE", Trigger: "approval.v1.ApprovalRejected", To: "MANUAL_REVIEW"},
 			{From: "PRICE_QUOTE", Trigger: "quote.v1.CancelQuote", To: "COMPENSATING_PRICE_QUOTE", Emits: []string{"pricing.v1.ReleasePrice"}},
 			{From: "PRICE_QUOTE", Trigger: "timeout", To: "PRICE_QUOTE", Emits: []string{"pricing.v1.PriceQuote"}},
 			{From: "PRICE_QUOTE", Trigger: "timeout", To: "MANUAL_REVIEW"},

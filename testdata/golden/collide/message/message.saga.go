@@ -30,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // ContextInfo describes the command collide.message.Context.
 var ContextInfo = &message.Info{
@@ -387,6 +387,7 @@ func SwitchDefinition() *sagadef.Definition {
 		Transitions: []sagadef.Transition{
 			{From: "", Trigger: "start", To: "CASE", Emits: []string{"collide.message.Message"}},
 			{From: "CASE", Trigger: "collide.message.Tx", To: "FALLTHROUGH"},
+			{From: "CASE", Trigger: "collide.message.Tx", To: "COMPLETED"},
 			{From: "CASE", Trigger: "timeout", To: "COMPENSATING_CASE", Emits: []string{"collide.message.Info"}},
 			{From: "CASE", Trigger: "stuck", To: "MANUAL_REVIEW"},
 			{From: "CASE", Trigger: "operator.retry", To: "CASE", Emits: []string{"collide.message.Message"}},
@@ -415,7 +416,6 @@ func SwitchDefinition() *sagadef.Definition {
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
-			{From: "COMPLETED", Trigger: "collide.message.Meta", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "collide.message.Meta", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "collide.message.Meta", To: "MANUAL_REVIEW"},
 		},

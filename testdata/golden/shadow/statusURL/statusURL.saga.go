@@ -14,8 +14,8 @@ import (
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // BeginInfo describes the command shadow.statusURL.Begin.
 var BeginInfo = &message.Info{

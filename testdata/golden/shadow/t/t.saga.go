@@ -37,8 +37,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // ApprovedInfo describes the event shadow.t.Approved.
 var ApprovedInfo = &message.Info{
@@ -213,7 +213,6 @@ func ByReceiverDefinition() *sagadef.Definition {
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
-			{From: "COMPLETED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 		},
@@ -520,7 +519,6 @@ func ByStatusURLDefinition() *sagadef.Definition {
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
-			{From: "COMPLETED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shadow.t.Approved", To: "MANUAL_REVIEW"},
 		},

@@ -19,8 +19,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // InventoryReleasedInfo describes the reply shop.inventory.v1.InventoryReleased.
 var InventoryReleasedInfo = &message.Info{

@@ -31,8 +31,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{
@@ -372,7 +372,6 @@ func PlaceOrderDefinition() *sagadef.Definition {
 			{From: "APPROVE_ORDER", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
-			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReleased", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.inventory.v1.InventoryReleased", To: "FAILED"},
 			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_INVENTORY", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
@@ -406,12 +405,10 @@ func PlaceOrderDefinition() *sagadef.Definition {
 			{From: "COMPLETED", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
-			{From: "FAILED", Trigger: "shop.inventory.v1.InventoryReleased", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shop.inventory.v1.InventoryReservationFailed", To: "MANUAL_REVIEW"},
-			{From: "CANCELLED", Trigger: "shop.inventory.v1.InventoryReleased", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shop.payment.v1.PaymentAuthorized", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shop.payment.v1.PaymentAuthorizationFailed", To: "MANUAL_REVIEW"},
 		},

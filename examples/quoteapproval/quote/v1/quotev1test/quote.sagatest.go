@@ -14,8 +14,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // QuoteApproval drives one instance of saga quote.v1.QuoteApproval in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires

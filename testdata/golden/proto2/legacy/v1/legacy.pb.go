@@ -614,7 +614,7 @@ const file_legacy_v1_legacy_proto_rawDesc = "" +
 	"\x0eOnboardingData\x12\x1b\n" +
 	"\tholder_id\x18\x01 \x01(\tR\bholderId\x12\x16\n" +
 	"\x06number\x18\x02 \x01(\x03R\x06number:o\xea\xdd\x19k\x12\x12OpenAccountRequest\x1a\tholder_id2J\n" +
-	"\vOpenAccount\x10\x02\x1a\fAccount.Open\"\x0eAccount.Opened*\x0fAccount.RefusedJ\x061500msP\x03`\x03*:\n" +
+	"\vOpenAccount\x10\x02\x1a\fAccount.Open\"\x0eAccount.Opened*\x0fAccount.RefusedJ\x061500msP\x03`\x02*:\n" +
 	"\x06Region\x12\x12\n" +
 	"\x0eREGION_UNKNOWN\x10\x00\x12\r\n" +
 	"\tREGION_EU\x10\x01\x12\r\n" +

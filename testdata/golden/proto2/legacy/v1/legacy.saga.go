@@ -30,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // Account_OpenInfo describes the command legacy.v1.Account.Open.
 var Account_OpenInfo = &message.Info{
@@ -282,7 +282,7 @@ func OnboardingDefinition() *sagadef.Definition {
 				Timeout:        1500 * time.Millisecond,
 				OnTimeout:      sagadef.TimeoutManualReview,
 				MaxAttempts:    1,
-				Late:           sagadef.LateApplyIfWaiting,
+				Late:           sagadef.LateManualReview,
 			},
 		},
 		States: []sagadef.State{
@@ -294,7 +294,9 @@ func OnboardingDefinition() *sagadef.Definition {
 		},
 		Transitions: []sagadef.Transition{
 			{From: "", Trigger: "start", To: "OPEN_ACCOUNT", Emits: []string{"legacy.v1.Account.Open"}},
+			{From: "OPEN_ACCOUNT", Trigger: "legacy.v1.Account.Opened", To: "MANUAL_REVIEW"},
 			{From: "OPEN_ACCOUNT", Trigger: "legacy.v1.Account.Opened", To: "COMPLETED"},
+			{From: "OPEN_ACCOUNT", Trigger: "legacy.v1.Account.Refused", To: "MANUAL_REVIEW"},
 			{From: "OPEN_ACCOUNT", Trigger: "legacy.v1.Account.Refused", To: "FAILED"},
 			{From: "OPEN_ACCOUNT", Trigger: "timeout", To: "MANUAL_REVIEW"},
 			{From: "OPEN_ACCOUNT", Trigger: "stuck", To: "MANUAL_REVIEW"},

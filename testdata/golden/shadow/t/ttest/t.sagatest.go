@@ -24,8 +24,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // ByReceiver drives one instance of saga shadow.t.ByReceiver in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires

@@ -13,8 +13,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 3.
-const _ = message.SupportPackageIsVersion3
+// This file needs a runtime that supports generated code version 4.
+const _ = message.SupportPackageIsVersion4
 
 // CollectSignature drives one instance of saga ed.v1.CollectSignature in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires

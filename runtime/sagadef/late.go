@@ -1,0 +1,175 @@
+package sagadef
+
+// A late message is a reply or event for a wait the saga no longer has, or
+// no longer has for that message: the answer to an earlier attempt of a
+// resent command (or compensation), anything for a step that stopped
+// waiting (a timeout, a business cancel, an operator's compensate, cancel
+// or resolve), and anything that arrives while the saga is in manual
+// review. What it does depends on what it is (lateMessage), on where the
+// saga is (lateWhen) and on the step's LatePolicy; lateRule is that table,
+// and docs/options.md prints it (a test derives the printed table from
+// Apply by exploring every reachable instance).
+//
+// The step's role and timeout action decide which of these situations can
+// arise, never what a late message does in one.
+
+// lateMessage is what a late message is.
+type lateMessage int
+
+// Late messages.
+const (
+	// lateSuccessReply and lateFailureReply answer a step's command.
+	lateSuccessReply lateMessage = iota + 1
+	lateFailureReply
+	// lateSuccessEvent and lateFailureEvent are an External step's events.
+	lateSuccessEvent
+	lateFailureEvent
+	// lateCompensated confirms a compensation; lateCompensationFailed says
+	// it cannot be applied.
+	lateCompensated
+	lateCompensationFailed
+)
+
+// lateMessages lists the late messages in table order.
+var lateMessages = []lateMessage{lateSuccessReply, lateFailureReply, lateSuccessEvent, lateFailureEvent, lateCompensated, lateCompensationFailed}
+
+// lateForward returns the late message a step's reply or event is.
+func lateForward(s *Step, success bool) lateMessage {
+	switch {
+	case s.External && success:
+		return lateSuccessEvent
+	case s.External:
+		return lateFailureEvent
+	case success:
+		return lateSuccessReply
+	default:
+		return lateFailureReply
+	}
+}
+
+// lateCompensation returns the late message a compensation reply is.
+func lateCompensation(success bool) lateMessage {
+	if success {
+		return lateCompensated
+	}
+	return lateCompensationFailed
+}
+
+// compensation reports whether m answers a compensation.
+func (m lateMessage) compensation() bool {
+	return m == lateCompensated || m == lateCompensationFailed
+}
+
+// says reports whether m says that its step's effect is in place: a
+// success, or a compensation that could not be applied.
+func (m lateMessage) says() bool {
+	switch m {
+	case lateSuccessReply, lateSuccessEvent, lateCompensationFailed:
+		return true
+	}
+	return false
+}
+
+// lateWhen is where the saga is when a late message arrives.
+type lateWhen int
+
+// Situations of a late message.
+const (
+	// lateWaiting: the saga still waits on the message's step (or
+	// compensation), for a later attempt: the message answers an earlier
+	// one (resent on timeout, or by an operator's retry).
+	lateWaiting lateWhen = iota + 1
+	// lateInReview: the saga is in MANUAL_REVIEW.
+	lateInReview
+	// lateBeforeStep: the saga is in MANUAL_REVIEW from a step before the
+	// External step whose event this is: it has not reached the step yet.
+	lateBeforeStep
+	// lateUndone: the step (or compensation) stopped waiting, and the saga
+	// compensates or ended FAILED or CANCELLED: it counts on the step's
+	// effect not being in place.
+	lateUndone
+	// lateDone: the step (or compensation) stopped waiting, and the saga
+	// ended COMPLETED (an operator resolved it): it counts on the step's
+	// effect being in place.
+	lateDone
+)
+
+// lateSituations lists the situations in table order.
+var lateSituations = []lateWhen{lateWaiting, lateInReview, lateBeforeStep, lateUndone, lateDone}
+
+// lateAction is what a late message does.
+type lateAction int
+
+// Late actions.
+const (
+	// lateAudit acknowledges the message with an audit row; nothing else
+	// changes.
+	lateAudit lateAction = iota + 1
+	// lateRecord folds the message into the saga data and records it as
+	// its step's (or compensation's) outcome, without a state change; an
+	// operator's retry, or the saga reaching the step, continues from it.
+	lateRecord
+	// lateApply applies the message as the answer the saga waits for.
+	lateApply
+	// lateReview records the message and sends the saga to MANUAL_REVIEW.
+	lateReview
+)
+
+// lateRule is the late-reply table: what late message m, arriving in
+// situation when, does for a step whose policy is p.
+//
+//   - In manual review everything is recorded for the operator, whatever
+//     the policy: the operator holds the saga, and a retry continues from
+//     what was recorded. An External step's event that comes while the
+//     saga is in review before reaching that step is recorded too, and
+//     applied when the saga gets there, rather than retried until it is
+//     parked.
+//   - The answer to an earlier attempt of a compensation is applied:
+//     every attempt sends the same compensating command (same idempotency
+//     key), so any attempt's answer is the compensation's.
+//   - The answer to an earlier attempt of a step's command follows the
+//     policy: applied (apply if waiting), sent to review, or audited while
+//     the saga waits for the answer to the later attempt (ignore).
+//   - Once the step stopped waiting, a message that agrees with what the
+//     saga does is audited: a failure (nothing happened) while it
+//     compensates or after it failed, a success after it completed. One that
+//     contradicts it is an effect nobody will undo (a success the saga
+//     does not count on), or a missing effect the saga counts on: the
+//     policy decides between review (manual review) and an audit row
+//     (ignore, and apply if waiting: the saga no longer waits). A failed
+//     compensation is never only audited: it goes to review whatever the
+//     policy.
+func lateRule(m lateMessage, when lateWhen, p LatePolicy) lateAction {
+	switch when {
+	case lateInReview, lateBeforeStep:
+		return lateRecord
+	case lateWaiting:
+		switch {
+		case m.compensation(), p == LateApplyIfWaiting:
+			return lateApply
+		case p == LateManualReview:
+			return lateReview
+		default:
+			return lateAudit
+		}
+	}
+	// The wait ended: compensating or FAILED or CANCELLED counts on the
+	// effect not being in place, COMPLETED on its being in place.
+	if m.says() == (when == lateDone) {
+		return lateAudit // agrees
+	}
+	if m == lateCompensationFailed || p == LateManualReview {
+		return lateReview
+	}
+	return lateAudit
+}
+
+// LatePolicyInert reports whether the step's late-reply policy cannot take
+// effect without an operator: LateApplyIfWaiting differs from LateIgnore only
+// for the answer to an earlier attempt while the step still waits, and only
+// a step that resends its command on timeout (TimeoutRetry; never an
+// External step) makes earlier attempts by itself. After an operator's
+// retry, the answer to the resent command settles the step anyway.
+func (s Step) LatePolicyInert() bool {
+	return s.Late == LateApplyIfWaiting && (s.External || s.OnTimeout != TimeoutRetry)
+}
