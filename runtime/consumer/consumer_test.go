@@ -735,6 +735,29 @@ func TestConsumer(t *testing.T) {
 		require.Equal(t, "saga-not-a-uuid", rows["not-a-uuid"].SagaID, "a saga id that is no UUID is kept as it came")
 	})
 
+	t.Run("ParkedAgainAfterADismissal", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		b.send("again", doPermanent, nil)
+		b.waitSettled("again", "park")
+		// An operator dismissed the open row; the same message parked
+		// again is a new, open row (an open row would have kept one).
+		_, err := b.pool.Exec(b.ctx, `UPDATE saga_parked SET dismissed_at = now(), dismissed_by = 'alice' WHERE message_id = 'again'`)
+		require.NoError(t, err)
+		b.mu.Lock()
+		b.settled = nil
+		b.mu.Unlock()
+		b.send("again", doPermanent, nil)
+		b.waitSettled("again", "park")
+		b.stop(r)
+		var open, dismissed int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE dismissed_at IS NULL), count(*) FILTER (WHERE dismissed_at IS NOT NULL)
+FROM saga_parked WHERE message_id = 'again'`).Scan(&open, &dismissed))
+		require.Equal(t, 1, open)
+		require.Equal(t, 1, dismissed)
+	})
+
 	t.Run("BrokenHandlerTransactionsAreRoutedNotLooped", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -115,7 +115,8 @@ func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
 }
 
 // insertParked records it in saga_parked within tx. A message already
-// parked from this queue and not replayed since is not recorded twice, so a
+// parked from this queue and still open (neither replayed nor dismissed
+// since) is not recorded twice, so a
 // redelivery after a lost ack (or a failed parking-lot publish) keeps one
 // row. Text is made storable: PostgreSQL text cannot hold NUL bytes or
 // invalid UTF-8, and a malformed message must still be parkable.
@@ -151,7 +152,7 @@ INSERT INTO saga_parked (message_id, queue, message_type, saga_id, saga_type, co
   class, reason, attempts, exchange, routing_key, headers, body, first_failure_at)
 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
 WHERE NOT EXISTS (
-  SELECT 1 FROM saga_parked WHERE message_id = $1 AND queue = $2 AND replayed_at IS NULL
+  SELECT 1 FROM saga_parked WHERE message_id = $1 AND queue = $2 AND replayed_at IS NULL AND dismissed_at IS NULL
 )`,
 		text(it.parkID), text(c.cfg.Queue), text(raw.Type), text(sagaID), text(sagaType), text(raw.CorrelationId),
 		it.parkClass(), text(truncate(it.err.Error(), maxStoredReason)), it.attempt,
