@@ -235,6 +235,11 @@ func (s *Server) routes() http.Handler {
 		{http.MethodGet, "/api/parked/{id}", RoleRead, s.handleParked},
 		{http.MethodPost, "/api/parked/{id}/replay", RoleRepair, s.handleReplay},
 		{http.MethodPost, "/api/bulk/parked/replay", RoleRepair, s.handleBulkReplay},
+		{http.MethodPost, "/api/parked/{id}/dismiss", RoleRepair, s.handleDismiss},
+		{http.MethodPost, "/api/bulk/parked/dismiss", RoleRepair, s.handleBulkDismiss},
+		{http.MethodGet, "/api/stats", RoleRead, s.handleStats},
+		{http.MethodGet, "/api/search", RoleRead, s.handleSearch},
+		{http.MethodGet, "/api/operator-log", RoleRead, s.handleOperatorLog},
 	}
 	for _, rt := range routes {
 		api.Handle(rt.method+" "+rt.path, s.endpoint(rt.role, rt.h))
@@ -394,6 +399,19 @@ func (q query) boolean(k string) (bool, error) {
 		return false, badRequest("%s=%q: want true or false", k, v)
 	}
 	return b, nil
+}
+
+// time parses an RFC 3339 time; nil when the parameter is absent.
+func (q query) time(k string) (*time.Time, error) {
+	v, ok := q.vals[k]
+	if !ok || v == "" {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return nil, badRequest("%s=%q: want an RFC 3339 time such as 2026-01-02T15:04:05Z", k, v)
+	}
+	return &t, nil
 }
 
 func (q query) limit() (int, error) {

@@ -43,7 +43,7 @@ var noteInfo = &message.Info{
 
 func (n *note) SagaMessageInfo() *message.Info { return noteInfo }
 func (n *note) IdempotencyKey() string         { return "" }
-func (n *note) CorrelationKey() string         { return "" }
+func (n *note) CorrelationKey() string         { return "key-" + n.GetValue() } // its correlation field
 
 // Handler behaviours, chosen by the note's text.
 const (
@@ -756,6 +756,27 @@ func TestConsumer(t *testing.T) {
 FROM saga_parked WHERE message_id = 'again'`).Scan(&open, &dismissed))
 		require.Equal(t, 1, open)
 		require.Equal(t, 1, dismissed)
+	})
+
+	t.Run("ParkedWithoutSagaKeepsItsCorrelationKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		// A message that names no saga is found by its correlation field:
+		// parking keeps it, to join the row to its saga. One that names a
+		// saga needs none.
+		b.send("no-saga", doPermanent, func(p *amqp.Publishing) { delete(p.Headers, envelope.HeaderSagaID) })
+		b.send("with-saga", doPermanent, nil)
+		b.waitSettled("no-saga", "park")
+		b.waitSettled("with-saga", "park")
+		b.stop(r)
+		keys := map[string]string{}
+		rows, err := b.pool.Query(b.ctx, `SELECT message_id, correlation_key FROM saga_parked`)
+		require.NoError(t, err)
+		var id, key string
+		_, err = pgx.ForEachRow(rows, []any{&id, &key}, func() error { keys[id] = key; return nil })
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"no-saga": "key-" + doPermanent, "with-saga": ""}, keys)
 	})
 
 	t.Run("BrokenHandlerTransactionsAreRoutedNotLooped", func(t *testing.T) {

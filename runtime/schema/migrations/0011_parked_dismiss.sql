@@ -11,9 +11,13 @@ ALTER TABLE saga_parked
   ADD COLUMN dismiss_reason text NOT NULL DEFAULT '';
 
 -- A message parked without saga metadata (an event published without a
--- saga id) is joined to its saga by its correlation id, the saga's business
--- key: the admin API looks such rows up by it.
-CREATE INDEX saga_parked_unlinked ON saga_parked (correlation_id) WHERE saga_id = '';
+-- saga id, which its saga's consumer finds by the message's correlation
+-- field) keeps that field's value, the saga's business key (or id), so
+-- that the admin API joins it to its saga: correlation_key, set by parking
+-- when the message names no saga and decodes. Rows parked before keep ''
+-- (the admin API reads their bodies).
+ALTER TABLE saga_parked ADD COLUMN correlation_key text NOT NULL DEFAULT '';
+CREATE INDEX saga_parked_unlinked ON saga_parked (correlation_key) WHERE saga_id = '' AND correlation_key <> '';
 
 -- The admin API's log of operator actions across sagas reads the audit rows
 -- an operator wrote, newest first.
