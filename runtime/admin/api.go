@@ -12,7 +12,7 @@ import (
 type Error struct {
 	// Code is a stable, machine-readable kind: bad_request, unauthenticated,
 	// forbidden, not_found, version_conflict, rejected, refused,
-	// method_not_allowed, too_large, internal.
+	// method_not_allowed, too_large, rate_limited, internal.
 	Code string `json:"code"`
 	// Message says what is wrong, for a human.
 	Message string `json:"error"`

@@ -131,8 +131,10 @@ func setup(t *testing.T) *bundle {
 	po, err := orderv1.NewPlaceOrder(saga.Config{Pool: pool, Now: clk.Now, Logger: slog.New(slog.DiscardHandler)}, decider{broken: broken})
 	require.NoError(t, err)
 	logs := &testenv.LogBuffer{}
+	// Tests try many wrong tokens on purpose; the sign-in limit has its
+	// own test.
 	srv, err := admin.New(admin.Config{Pool: pool, Sagas: []*saga.Engine{po.Engine()}, Tokens: tokens,
-		Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: clk.Now, StuckGrace: -1})
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: clk.Now, StuckGrace: -1, MaxFailedSignIns: -1})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
