@@ -17,6 +17,7 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	"github.com/protosaga/saga/internal/browsertest"
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/saga"
 )
@@ -53,7 +54,7 @@ func TestConsoleSignIn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.start(t, "order-sign-in")
-	ctx := browser(t)
+	ctx := browsertest.New(t)
 	c := &console{t: t, ctx: ctx, b: b}
 
 	var stored string
@@ -451,7 +452,7 @@ func TestConsoleScreenshots(t *testing.T) {
 		}
 	}
 	// And the sign-in page.
-	ctx := browser(t)
+	ctx := browsertest.New(t)
 	s := &console{t: t, ctx: ctx, b: b}
 	for _, size := range [][2]int{{1400, 1000}, {1024, 768}} {
 		s.setViewport(size[0], size[1])

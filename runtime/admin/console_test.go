@@ -13,6 +13,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/internal/browsertest"
 )
 
 // console is a headless Chromium on the bundle's console.
@@ -25,7 +27,7 @@ type console struct {
 // openConsole starts a browser on the console and signs in with token.
 func openConsole(t *testing.T, b *bundle, token string) *console {
 	t.Helper()
-	c := &console{t: t, ctx: browser(t), b: b}
+	c := &console{t: t, ctx: browsertest.New(t), b: b}
 	c.run(
 		chromedp.Navigate(b.http.URL+"/"),
 		chromedp.WaitVisible("#token", chromedp.ByQuery),

@@ -1,4 +1,6 @@
-package admin_test
+// Package browsertest starts a headless Chromium for tests of the web
+// console (package runtime/admin) and of walkthroughs that use it.
+package browsertest
 
 import (
 	"context"
@@ -12,7 +14,6 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/stretchr/testify/require"
 )
 
 var (
@@ -62,10 +63,10 @@ func findChromium() (string, string) {
 	return chromiumPath, chromiumErr
 }
 
-// browser returns a chromedp context on a fresh headless Chromium. The test
-// is skipped when there is no Chromium, except under CI=true, where that is
-// a failure.
-func browser(t *testing.T) context.Context {
+// New returns a chromedp context on a fresh headless Chromium (window
+// 1400×1000) that lives until the test ends. The test is skipped when there
+// is no Chromium, except under CI=true, where that is a failure.
+func New(t testing.TB) context.Context {
 	t.Helper()
 	path, why := findChromium()
 	if path == "" {
@@ -77,7 +78,9 @@ func browser(t *testing.T) context.Context {
 	// A fresh profile per test. Not t.TempDir: Chromium's helper processes
 	// may still write into it for a moment after the browser exits.
 	profile, err := os.MkdirTemp("", "saga-console-chromium-")
-	require.NoError(t, err)
+	if err != nil {
+		t.Fatalf("browsertest: chromium profile: %v", err)
+	}
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path),
 		chromedp.UserDataDir(profile),
@@ -115,6 +118,8 @@ func browser(t *testing.T) context.Context {
 		}
 		t.Logf("could not remove chromium profile %s", profile)
 	})
-	require.NoError(t, chromedp.Run(ctx), "start chromium %s", path)
+	if err := chromedp.Run(ctx); err != nil {
+		t.Fatalf("browsertest: start chromium %s: %v", path, err)
+	}
 	return ctx
 }
