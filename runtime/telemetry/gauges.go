@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -202,8 +201,7 @@ func (g sagaGauge) query(ctx context.Context, pool *pgxpool.Pool) (counts, stuck
 //     rows gives the backlog;
 //   - saga.parked.messages{messaging.destination.name}: open parked
 //     messages (neither replayed nor dismissed), per original queue; a
-//     queue that had open ones since registration and has none now is
-//     reported as 0.
+//     queue whose parked messages are all closed is reported as 0.
 func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeOption) (metric.Registration, error) {
 	if meter == nil || pool == nil {
 		return nil, errors.New("register outbox gauges: meter and pool are required")
@@ -224,10 +222,6 @@ func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeO
 	if err != nil {
 		return nil, fmt.Errorf("register outbox gauges: %w", err)
 	}
-	var (
-		seenMu     sync.Mutex
-		seenQueues = map[string]bool{} // every queue with an open parked message since registration
-	)
 	reg, err := meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, cfg.queryTimeout)
 		defer cancel()
@@ -242,8 +236,11 @@ SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(pending_since))::float8
 		}
 		o.ObserveInt64(backlog, n)
 		o.ObserveFloat64(age, max(secs, 0))
-		rows, err := pool.Query(ctx, `SELECT queue, count(*) FROM saga_parked
-WHERE replayed_at IS NULL AND dismissed_at IS NULL GROUP BY queue`)
+		// Every queue that has parked rows, open or not: one whose rows
+		// were all replayed or dismissed is reported as 0, so an alert on
+		// it clears (one read of the parking lot, which holds exceptions).
+		rows, err := pool.Query(ctx, `SELECT queue, count(*) FILTER (WHERE replayed_at IS NULL AND dismissed_at IS NULL)
+FROM saga_parked GROUP BY queue`)
 		if err != nil {
 			return fmt.Errorf("count parked messages: %w", err)
 		}
@@ -252,17 +249,10 @@ WHERE replayed_at IS NULL AND dismissed_at IS NULL GROUP BY queue`)
 		if _, err := pgx.ForEachRow(rows, []any{&queue, &n}, func() error { counts[queue] = n; return nil }); err != nil {
 			return fmt.Errorf("count parked messages: %w", err)
 		}
-		// A queue whose parked messages were all replayed or dismissed is
-		// reported as 0, not dropped, so an alert on it sees it clear.
-		seenMu.Lock()
+		queues := make([]string, 0, len(counts))
 		for q := range counts {
-			seenQueues[q] = true
-		}
-		queues := make([]string, 0, len(seenQueues))
-		for q := range seenQueues {
 			queues = append(queues, q)
 		}
-		seenMu.Unlock()
 		slices.Sort(queues)
 		for _, q := range queues {
 			o.ObserveInt64(parked, counts[q], metric.WithAttributes(attribute.String(string(KeyDestinationName), q)))
