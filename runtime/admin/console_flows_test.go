@@ -19,6 +19,7 @@ import (
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/internal/browsertest"
 	"github.com/protosaga/saga/runtime/admin"
+	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/saga"
 )
 
@@ -417,6 +418,10 @@ func TestConsoleScreenshots(t *testing.T) {
 	}{
 		{"sagas", "#/sagas", "tr.saga-row", nil},
 		{"stuck", "#/sagas?stuck=true", "tr.saga-row", nil},
+		{"review", "#/sagas?review=true", "tr.saga-row", nil},
+		{"sagas-bulk-preview", "#/sagas?review=true", "#bulk-repair", []chromedp.Action{
+			chromedp.Click("#bulk-repair", chromedp.ByQuery), chromedp.SendKeys("#bulk-reason", "provider back", chromedp.ByQuery),
+			chromedp.Click("#bulk-preview-button", chromedp.ByQuery), chromedp.WaitVisible("#bulk-table", chromedp.ByQuery)}},
 		{"saga", "#/saga/" + id, "#diagram svg", nil},
 		{"saga-operator-arrows", "#/saga/" + id, "#diagram svg", []chromedp.Action{chromedp.Click("#show-operator", chromedp.ByQuery)}},
 		{"confirm", "#/saga/" + id, "#act-cancel", []chromedp.Action{chromedp.Click("#act-cancel", chromedp.ByQuery), chromedp.WaitVisible("#confirm-effect", chromedp.ByQuery)}},
@@ -426,7 +431,8 @@ func TestConsoleScreenshots(t *testing.T) {
 			chromedp.Click("#bulk-preview-button", chromedp.ByQuery), chromedp.WaitVisible("#bulk-table", chromedp.ByQuery)}},
 		{"search", "#/search?q=shot-", "tr.search-hit", nil},
 		{"operator-log", "#/log", "tr.log-row", nil},
-		{"types", "#/types/shop.order.v1.PlaceOrder", "#diagram svg", nil},
+		{"types", "#/types", "#types li", nil},
+		{"type", "#/types/shop.order.v1.PlaceOrder", "#diagram svg", nil},
 	}
 	for _, size := range [][2]int{{1400, 1000}, {1024, 768}} {
 		c.setViewport(size[0], size[1])
@@ -461,4 +467,70 @@ func TestConsoleScreenshots(t *testing.T) {
 		s.noOverflow(name)
 		s.screenshot(name, size[0])
 	}
+}
+
+// TestConsoleLinksAndPreviews: a bulk repair's preview names the one state
+// each saga would reach and what it would send, then runs; a saga repaired
+// and completed shows no old error; a reply parked without saga metadata
+// is shown under the saga its correlation field names, and replaying it is
+// checked against that saga and audited in its trail.
+func TestConsoleLinksAndPreviews(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reviews := []string{b.manualReview(t, "preview-1"), b.manualReview(t, "preview-2")}
+	done := b.manualReview(t, "preview-done")
+	postJSON[admin.ActionResult](t, b, "/api/sagas/"+done+"/retry",
+		admin.ActionRequest{ExpectedVersion: b.status(t, done).Version, Reason: "provider back"}, http.StatusOK)
+	b.reply(t, done, &paymentv1.PaymentAuthorized{OrderId: "preview-done", AuthorizationId: "a-1"})
+	b.reply(t, done, &shippingv1.ShippingScheduled{OrderId: "preview-done", TrackingId: "T-1"})
+	b.reply(t, done, &orderv1.OrderApproved{OrderId: "preview-done"})
+	require.NotEmpty(t, b.status(t, done).LastError, "the engine keeps the error the saga got past")
+	unlinked := b.start(t, "preview-unlinked")
+	reply := &inventoryv1.InventoryReserved{OrderId: "preview-unlinked"}
+	env, err := envelope.New(reply, envelope.Meta{CausationID: b.status(t, unlinked).PendingMessageID})
+	require.NoError(t, err)
+	pid := b.park(t, env, "order.saga.place_order", "fold failed: bug 18")
+
+	c := openConsole(t, b, repairToken)
+
+	// The bulk preview: where each saga goes, not every state a retry may
+	// lead to.
+	c.open("#/sagas?review=true", "tr.saga-row")
+	c.run(chromedp.Click("#bulk-repair", chromedp.ByQuery), chromedp.WaitVisible("#bulk-reason", chromedp.ByQuery),
+		chromedp.SendKeys("#bulk-reason", "payment provider back", chromedp.ByQuery),
+		chromedp.Click("#bulk-preview-button", chromedp.ByQuery), chromedp.WaitVisible("#bulk-table", chromedp.ByQuery))
+	var reaches []string
+	c.eval(`[...document.querySelectorAll("#bulk-table td.bulk-to")].map((td) => td.textContent)`, &reaches)
+	require.Equal(t, []string{"AUTHORIZE_PAYMENT", "AUTHORIZE_PAYMENT"}, reaches)
+	require.Contains(t, c.text("#bulk-table"), "sends AuthorizePayment and the saga goes to AUTHORIZE_PAYMENT")
+	for _, id := range reviews {
+		require.Equal(t, "MANUAL_REVIEW", b.status(t, id).State, "a preview changes nothing")
+	}
+	c.run(chromedp.Click("#bulk-run", chromedp.ByQuery))
+	c.confirm("payment provider back")
+	c.run(chromedp.WaitVisible("#bulk-done", chromedp.ByQuery))
+	require.Contains(t, c.text("#bulk-done"), "applied 2")
+	for _, id := range reviews {
+		require.Equal(t, "AUTHORIZE_PAYMENT", b.status(t, id).State)
+	}
+
+	// A completed saga shows no old error, in the list and on its page.
+	c.open("#/sagas?key_prefix=preview-done", `tr.saga-row[data-id="`+done+`"]`)
+	var attention string
+	c.eval(`document.querySelector('tr.saga-row[data-id="`+done+`"] td.reason').textContent`, &attention)
+	require.Empty(t, attention, "no old error")
+	c.open("#/saga/"+done, "#facts")
+	require.NotContains(t, c.text("#facts"), "Last error")
+
+	// The parked reply without saga metadata, joined to its saga.
+	c.open("#/parked", `tr.parked-row[data-id="`+itoa(pid)+`"]`)
+	row := c.text(`tr.parked-row[data-id="` + itoa(pid) + `"]`)
+	containsAll(t, row, unlinked, "preview-unlinked", "linked by correlation", "current")
+	c.run(chromedp.Click(`tr.parked-row[data-id="`+itoa(pid)+`"] button.replay-button`, chromedp.ByQuery))
+	require.Contains(t, c.confirmOpen(), "the saga waits for it in RESERVE_INVENTORY")
+	c.confirm("bug 18 fixed")
+	c.waitFor(`document.querySelector(".parked-result .badge.replayed")`)
+	note := b.lastAudit(t, unlinked)
+	require.Equal(t, admin.TriggerReplay, note.Trigger, "audited in the saga's trail")
+	require.Contains(t, note.Note, "bug 18 fixed")
 }

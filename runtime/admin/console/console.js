@@ -370,7 +370,13 @@
       tbody);
     const more = el("div", { class: "more" });
     const counts = await countsView(params);
-    fill(view, el("h2", {}, title), counts, form, table, more);
+    const filter = {};
+    for (const k of ["type", "state", "key_prefix", "created_after", "created_before"]) if (params.get(k)) filter[k] = params.get(k);
+    for (const k of ["stuck", "review"]) if (params.get(k) === "true") filter[k] = true;
+    const bulkBox = el("div", { id: "bulk" });
+    const bulkButton = canRepair() ? el("div", { class: "inline" },
+      el("button", { type: "button", class: "secondary", id: "bulk-repair", onclick: () => sagaBulkPanel(bulkBox, filter) }, "Repair matching…")) : "";
+    fill(view, el("h2", {}, title), counts, form, bulkButton, bulkBox, table, more);
 
     const q = new URLSearchParams();
     for (const k of ["type", "state", "key_prefix", "stuck", "review", "created_after", "created_before", "sort"]) if (params.get(k)) q.set(k, params.get(k));
@@ -397,6 +403,67 @@
       el("td", {}, s.version),
       el("td", {}, when(s.updated_at)),
       el("td", { class: "reason" }, attention));
+  }
+
+  // sagaBulkPanel previews a repair of every saga the list's filter selects
+  // (a dry run: per saga, the state it would reach and what it would send,
+  // as its state machine decides), then runs it once confirmed.
+  function sagaBulkPanel(box, filter) {
+    const title = "Repair every matching saga";
+    if (!Object.keys(filter).length) {
+      fill(box, el("div", { class: "card bulk", id: "bulk-panel" }, el("h3", {}, title),
+        el("p", { class: "warning" }, "Choose at least one filter first (type, state, business key, window, stuck or manual review): a bulk repair never takes every saga.")));
+      return;
+    }
+    const action = el("select", { id: "bulk-action" }, [["retry", "retry"], ["compensate", "compensate"], ["cancel", "cancel"],
+      ["resolve:COMPLETED", "resolve as COMPLETED"], ["resolve:FAILED", "resolve as FAILED"], ["resolve:CANCELLED", "resolve as CANCELLED"]]
+      .map(([v, l]) => el("option", { value: v }, l)));
+    const reason = el("input", { type: "text", id: "bulk-reason", placeholder: "why (required)" });
+    const out = el("div", { id: "bulk-preview" });
+    const request = (dryRun) => {
+      const [name, to] = action.value.split(":");
+      const body = { filter, reason: reason.value.trim(), dry_run: dryRun };
+      if (to) body.to = to;
+      return api("bulk/sagas/" + name, { method: "POST", body });
+    };
+    const preview = async () => {
+      if (!reason.value.trim()) { fill(out, el("p", { class: "warning" }, "A reason is required.")); return; }
+      const res = await request(true);
+      const n = res.items.filter((it) => it.outcome === "would_apply").length;
+      const rows = res.items.map((it) => el("tr", { class: "bulk-item", "data-id": it.saga_id },
+        el("td", {}, el("a", { class: "mono", href: "#/saga/" + encodeURIComponent(it.saga_id) + "?type=" + encodeURIComponent(it.type) }, it.saga_id),
+          el("div", {}, it.business_key)),
+        el("td", {}, it.state), el("td", {}, outcomeBadge(it.outcome)),
+        el("td", { class: "bulk-to" }, it.to || ""), el("td", {}, (it.sends || []).join(", ")),
+        el("td", {}, it.effect || it.error || "")));
+      const run = el("button", { type: "button", id: "bulk-run", class: "danger", disabled: n === 0 }, "Apply to " + n + "…");
+      run.addEventListener("click", async () => {
+        const r = await confirmRepair(title, action.options[action.selectedIndex].textContent + " " + n + " saga(s) as previewed above, each in its own transaction at the version listed (one that moved meanwhile is left alone).",
+          "Apply to " + n, true);
+        if (r === null) return;
+        reason.value = r;
+        try {
+          const done = await request(false);
+          fill(out, el("p", { id: "bulk-done" }, action.value.split(":")[0] + " done: ", Object.entries(done.counts).map(([k, v]) => [outcomeBadge(k), " " + v + " "])));
+          setTimeout(() => { box.replaceChildren(); route(); }, 1200);
+        } catch (e) {
+          fill(out, el("p", { class: "bad" }, e.message));
+        }
+      });
+      fill(out, el("table", { id: "bulk-table" },
+        el("colgroup", {}, [24, 14, 11, 14, 11, 26].map((w) => el("col", { class: "w" + w }))),
+        el("thead", {}, el("tr", {}, ["Saga", "State", "Would", "Reaches", "Sends", "What"].map((h) => el("th", {}, h)))), el("tbody", {}, rows)),
+        res.truncated ? el("p", { class: "warning" }, "More match than shown: the repair takes at most " + res.items.length + ".") : "",
+        el("div", { class: "inline more" }, run));
+    };
+    fill(box, el("div", { class: "card bulk", id: "bulk-panel" },
+      el("h3", {}, title),
+      el("p", { class: "muted" }, "Filter: " + Object.entries(filter).map(([k, v]) => k + " = " + v).join(", ")),
+      el("div", { class: "inline" }, el("label", {}, "Repair", action), el("label", {}, "Reason", reason),
+        el("button", { type: "button", id: "bulk-preview-button", onclick: () => preview().catch((e) => showError(e.message)) }, "Preview"),
+        el("button", { type: "button", class: "secondary", id: "bulk-close", onclick: () => box.replaceChildren() }, "Close")),
+      out));
+    reason.addEventListener("keydown", (ev) => { if (ev.key === "Enter") ev.preventDefault(); });
   }
 
   // ---- parked messages ----------------------------------------------------
