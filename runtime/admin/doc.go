@@ -89,21 +89,21 @@
 // digests in constant time and never logged. A request with a missing or
 // unknown token is logged; a client address that sends too many unknown
 // tokens in a window (Config.MaxFailedSignIns) is refused every request
-// (429) until the window ends. The console's
-// static files need no token: the page asks for one and keeps it in the tab's
-// sessionStorage; it offers only the repairs a saga's state allows, each
-// behind a confirmation that names its effect. Answers carry a strict
-// Content-Security-Policy (same-origin
-// scripts and styles only; the console uses no external resources) and the
-// console builds its DOM from text, never from HTML strings; the one markup
-// it inserts, the state diagram the server draws (GET
-// /api/types/{type}/diagram.svg, sagadef.Definition.SVG), is parsed as XML
-// and pruned to an allowlist of SVG elements and attributes first. Message bodies
-// and saga data are decoded through the message registries and shown as
-// protojson with every field the contract marks sensitive replaced by
-// "[REDACTED]" (saga data with the sensitive paths of every message its saga
-// names; when one of those types is unknown, saga data is not shown at all);
-// a body of an unknown type is shown by size only. Inputs are validated
-// (UUIDs, known types and states, page sizes, cursors, unknown parameters and
-// JSON fields) with 400 answers that say what is wrong.
+// (429) until the window ends. The console's static files need no token:
+// the page asks for one and keeps it in the tab's sessionStorage; it offers
+// only the repairs a saga's state allows, each behind a confirmation that
+// names its effect. Answers carry a strict Content-Security-Policy
+// (same-origin scripts and styles only; the console uses no external
+// resources) and the console builds its DOM from text, never from HTML
+// strings; the one markup it inserts, the state diagram the server draws
+// (GET /api/types/{type}/diagram.svg, sagadef.Definition.SVG), is parsed as
+// XML and pruned to an allowlist of SVG elements and attributes first.
+// Message bodies and saga data are decoded through the message registries
+// and shown as protojson with every field the contract marks sensitive
+// replaced by "[REDACTED]" (saga data with the sensitive paths of every
+// message its saga names; when one of those types is unknown, saga data is
+// not shown at all); a body of an unknown type is shown by size only.
+// Inputs are validated (UUIDs, known types and states, page sizes, cursors,
+// unknown parameters and JSON fields) with 400 answers that say what is
+// wrong.
 package admin
