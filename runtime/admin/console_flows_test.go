@@ -323,7 +323,12 @@ func TestConsoleRepairsSafely(t *testing.T) {
 	c.run(chromedp.Click("#act-retry", chromedp.ByQuery))
 	require.Contains(t, c.confirmOpen(), "sends ReserveInventory and the saga stays in RESERVE_INVENTORY")
 	c.confirm("inventory service back")
-	c.waitFor(`document.querySelector("#action-result .badge.applied")`)
+	// The answer shows for a moment, then the page reloads: wait for the
+	// saga instead.
+	require.Eventually(t, func() bool {
+		st, err := b.engine.Status(t.Context(), waiting)
+		return err == nil && st.Version == 2
+	}, 30*time.Second, 50*time.Millisecond)
 	a := b.lastAudit(t, waiting)
 	require.Equal(t, "operator.retry", a.Trigger)
 	require.Equal(t, "alice", a.Operator)
@@ -529,7 +534,10 @@ func TestConsoleLinksAndPreviews(t *testing.T) {
 	c.run(chromedp.Click(`tr.parked-row[data-id="`+itoa(pid)+`"] button.replay-button`, chromedp.ByQuery))
 	require.Contains(t, c.confirmOpen(), "the saga waits for it in RESERVE_INVENTORY")
 	c.confirm("bug 18 fixed")
-	c.waitFor(`document.querySelector(".parked-result .badge.replayed")`)
+	require.Eventually(t, func() bool {
+		h, err := b.engine.History(t.Context(), unlinked)
+		return err == nil && h[len(h)-1].Trigger == admin.TriggerReplay
+	}, 30*time.Second, 50*time.Millisecond)
 	note := b.lastAudit(t, unlinked)
 	require.Equal(t, admin.TriggerReplay, note.Trigger, "audited in the saga's trail")
 	require.Contains(t, note.Note, "bug 18 fixed")

@@ -152,6 +152,14 @@
     box.hidden = !msg;
   }
 
+  // flash re-renders the view with a message on top saying what the last
+  // repair did (it stays until the next view is rendered).
+  let flashed = null;
+  function flash(...nodes) {
+    flashed = nodes;
+    route();
+  }
+
   // route renders the view the location's hash names. Views render into a
   // detached section that replaces the shown one only if no later route
   // started meanwhile (a slow answer never overwrites a newer view).
@@ -193,6 +201,10 @@
       else await showSagas(view, params);
       if (mine !== generation) return;
       $("view").replaceChildren(...view.childNodes);
+      if (flashed) {
+        $("view").prepend(el("div", { class: "card flash", id: "flash", role: "status" }, flashed));
+        flashed = null;
+      }
       if (after) after();
       $("refreshed").textContent = "updated " + absolute(new Date(), utc()).slice(11);
       document.body.dataset.route = hash || "#/sagas";
@@ -444,8 +456,8 @@
         reason.value = r;
         try {
           const done = await request(false);
-          fill(out, el("p", { id: "bulk-done" }, action.value.split(":")[0] + " done: ", Object.entries(done.counts).map(([k, v]) => [outcomeBadge(k), " " + v + " "])));
-          setTimeout(() => { box.replaceChildren(); route(); }, 1200);
+          box.replaceChildren();
+          flash(el("span", { id: "bulk-done" }, action.value.split(":")[0] + " done: ", Object.entries(done.counts).map(([k, v]) => [outcomeBadge(k), " " + v + " "])));
         } catch (e) {
           fill(out, el("p", { class: "bad" }, e.message));
         }
@@ -565,8 +577,7 @@
       if (reason === null) return;
       try {
         const res = await api("parked/" + p.id + "/replay", { method: "POST", body: { reason } });
-        fill(out, outcomeBadge(res.outcome), " ", res.check.explanation);
-        if (res.outcome === "replayed") setTimeout(route, 800);
+        flash(outcomeBadge(res.outcome), " parked message " + p.id + ": " + res.check.explanation);
       } catch (e) {
         fill(out, el("span", { class: "badge refused" }, (e.body && e.body.code) || "error"), " ", e.message);
       }
@@ -580,8 +591,7 @@
       if (reason === null) return;
       try {
         const res = await api("parked/" + p.id + "/dismiss", { method: "POST", body: { reason, force } });
-        fill(out, outcomeBadge(res.outcome), " ", res.explanation);
-        setTimeout(route, 800);
+        flash(outcomeBadge(res.outcome), " parked message " + p.id + ": " + res.explanation);
       } catch (e) {
         fill(out, el("span", { class: "badge refused" }, (e.body && e.body.code) || "error"), " ", e.message);
       }
@@ -623,8 +633,8 @@
         if (r === null) return;
         try {
           const done = await api("bulk/parked/" + verb, { method: "POST", body: { filter, reason: r } });
-          fill(out, el("p", { id: "bulk-done" }, verb + " done: ", Object.entries(done.counts).map(([k, v]) => [outcomeBadge(k), " " + v + " "])));
-          setTimeout(() => { close(); route(); }, 1200);
+          close();
+          flash(el("span", { id: "bulk-done" }, verb + " done: ", Object.entries(done.counts).map(([k, v]) => [outcomeBadge(k), " " + v + " "])));
         } catch (e) {
           fill(out, el("p", { class: "bad" }, e.message));
         }
@@ -879,8 +889,8 @@
         (superseded.length === 1 ? "ies" : "y") + " (" + superseded.map((e) => "#" + e.parked_id).join(", ") + "); the current copy, if any, stays open.", "Dismiss " + superseded.length, true);
       if (reason === null) return;
       try {
-        await api("bulk/parked/dismiss", { method: "POST", body: { filter: { saga_id: s.id }, reason } });
-        route();
+        const res = await api("bulk/parked/dismiss", { method: "POST", body: { filter: { saga_id: s.id }, reason } });
+        flash("dismiss done: ", Object.entries(res.counts).map(([k, v]) => [outcomeBadge(k), " " + v + " "]));
       } catch (e) { showError(e.message); }
     } }, "Dismiss superseded (" + superseded.length + ")…") : "";
     return el("div", { class: "card", id: "saga-parked" }, el("h3", {}, "Parked copies ", all),
@@ -930,8 +940,7 @@
             const body = { expected_version: s.version, reason, type: s.type };
             if (a.to) body.to = a.to;
             const res = await api("sagas/" + encodeURIComponent(s.id) + "/" + a.action, { method: "POST", body });
-            fill(out, outcomeBadge(res.outcome), " now " + res.saga.state + " v" + res.saga.version);
-            setTimeout(route, 600);
+            flash(outcomeBadge(res.outcome), " " + label.replace("…", "") + ": the saga is now " + res.saga.state + ", version " + res.saga.version);
           } catch (e) {
             fill(out, el("span", { class: "badge error" }, (e.body && e.body.code) || "error"), " ", e.message);
           }
