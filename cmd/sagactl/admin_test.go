@@ -254,8 +254,8 @@ func TestParkedCommands(t *testing.T) {
 	code, out, errOut := f.sagactl(t, readTok, "parked", "list")
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Regexp(t, `^ID\s+MESSAGE\s+SAGA\s+BUSINESS KEY\s+STEP\s+QUEUE\s+CLASS\s+ATTEMPTS\s+FIRST FAILURE\s+LAST FAILURE\s+REPLAYED\s+REASON$`, lines[0])
-	require.Regexp(t, `^`+sid+`\s+InventoryReserved\s+`+id+`\s+cli-parked\s+ReserveInventory\s+order.saga.place_order\s+exhausted\s+5\s+\S+\s+\S+\s+handler timed out$`, lines[1])
+	require.Regexp(t, `^ID\s+MESSAGE\s+SAGA\s+BUSINESS KEY\s+STEP\s+QUEUE\s+CLASS\s+ATTEMPTS\s+FIRST FAILURE\s+LAST FAILURE\s+STANDING\s+REASON$`, lines[0])
+	require.Regexp(t, `^`+sid+`\s+InventoryReserved\s+`+id+`\s+cli-parked\s+ReserveInventory\s+order.saga.place_order\s+exhausted\s+5\s+\S+\s+\S+\s+CURRENT\s+handler timed out$`, lines[1])
 	require.Equal(t, "1 parked message(s)", lines[2])
 
 	code, out, errOut = f.sagactl(t, readTok, "parked", "show", sid)
@@ -294,6 +294,69 @@ func TestParkedCommands(t *testing.T) {
 	code, out, errOut = f.sagactl(t, repairTok, "parked", "replay", "--queue", "order.saga.place_order", "--reason", "sweep", "--dry-run")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "replay dry run: nothing matched")
+}
+
+// TestFindCommands: stats, search, the operator log, the list's prefix
+// and order, and dismissing a parked copy that no longer applies.
+func TestFindCommands(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	first := f.start(t, "find-1")
+	f.clock.Advance(time.Second)
+	second := f.start(t, "find-2")
+	pid := f.park(t, second)
+	sid := strconv.FormatInt(pid, 10)
+
+	code, out, errOut := f.sagactl(t, readTok, "stats")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^PlaceOrder\s+RESERVE_INVENTORY\s+step\s+2\s*$`, out)
+	require.Regexp(t, `(?m)^PlaceOrder\s+COMPLETED\s+terminal\s+0\s*$`, out)
+	require.Contains(t, out, "open parked messages: 1 (order.saga.place_order 1)")
+
+	code, out, errOut = f.sagactl(t, readTok, "search", "find-")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^business key prefix\s+`+second+`\s+PlaceOrder\s+find-2\s+RESERVE_INVENTORY`, out)
+	require.Regexp(t, `(?m)^business key prefix\s+`+first+`\s+PlaceOrder\s+find-1\s+RESERVE_INVENTORY`, out)
+	code, out, errOut = f.sagactl(t, readTok, "search", first)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^saga id\s+`+first, out)
+
+	code, out, errOut = f.sagactl(t, readTok, "sagas", "list", "--prefix", "find-", "--oldest")
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.True(t, strings.HasPrefix(lines[1], first) && strings.HasPrefix(lines[2], second), out)
+	code, out, errOut = f.sagactl(t, readTok, "sagas", "list", "--created-after", "1h", "--prefix", "find-2")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "1 saga(s)")
+
+	// The reply arrives after all: the parked copy no longer applies.
+	st := f.status(t, second)
+	m := &inventoryv1.InventoryReserved{OrderId: "find-2"}
+	env, err := envelope.New(m, envelope.Meta{SagaID: second, SagaType: st.Type, CausationID: st.PendingMessageID})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		return f.engine.Handle(context.Background(), tx, &consumer.Delivery{Envelope: env, Message: m, Attempt: 1})
+	}))
+	code, out, errOut = f.sagactl(t, readTok, "parked", "list")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "superseded")
+	code, out, errOut = f.sagactl(t, repairTok, "parked", "dismiss", "--saga", second, "--reason", "the reply came", "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^`+sid+`\s+InventoryReserved\s+`+second+`\s+would_dismiss\s+its outcome is already recorded`, out)
+	code, out, errOut = f.sagactl(t, repairTok, "parked", "dismiss", sid, "--reason", "the reply came")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "parked message "+sid+": dismissed")
+	code, out, errOut = f.sagactl(t, readTok, "parked", "list", "--replayed")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "dismissed by cli-op")
+	code, _, errOut = f.sagactl(t, repairTok, "parked", "dismiss", "--reason", "x")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "want a parked message ID, or filter flags")
+
+	code, out, errOut = f.sagactl(t, readTok, "log")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^\S+\s+cli-op\s+dismiss\s+`+second+`\s+find-2\s+AUTHORIZE_PAYMENT\s+reason: the reply came; dismissed parked message `+sid, out)
+	require.Contains(t, out, "1 action(s)")
 }
 
 func TestAdminCommandErrors(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,8 +37,9 @@ func TestExportMigrationsCommand(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	require.Len(t, lines, len(runtimeFiles)+2)
 	require.Equal(t, "wrote "+filepath.Join(dir, "00008_saga_runtime_0001_runtime_tables.sql"), lines[0])
-	require.Equal(t, "wrote "+filepath.Join(dir, "00018_participant_0001_participant_once.sql"), lines[len(lines)-2])
-	require.Equal(t, "wrote "+filepath.Join(dir, "00019_saga_orders_0001_orders.sql"), lines[len(lines)-1])
+	next := 8 + len(runtimeFiles) // after the runtime's, numbered from the highest version there (7)
+	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_participant_0001_participant_once.sql", next)), lines[len(lines)-2])
+	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_saga_orders_0001_orders.sql", next+1)), lines[len(lines)-1])
 	require.Len(t, dirEntries(t, dir), len(runtimeFiles)+3)
 
 	out.Reset()
@@ -51,7 +53,7 @@ func TestExportMigrationsCommand(t *testing.T) {
 	require.Equal(t, "not exported: saga_orders/0002_orders_index.sql\n", out.String())
 	out.Reset()
 	require.Equal(t, 0, run(ctx, args, &out, &errOut, none), errOut.String())
-	require.Equal(t, "wrote "+filepath.Join(dir, "00020_saga_orders_0002_orders_index.sql")+"\n", out.String())
+	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_saga_orders_0002_orders_index.sql", next+2))+"\n", out.String())
 }
 
 func TestExportMigrationsCommandErrors(t *testing.T) {

@@ -6,15 +6,20 @@
 //	sagactl migrate [-database-url URL] [-source NAME=DIR]... [-participant] [-status]
 //	sagactl export-migrations -dir DIR -format goose|golang-migrate [-source NAME=DIR]... [-participant] [-check]
 //	sagactl prune [-database-url URL] [-outbox AGE] [-inbox AGE] [-timeout D]
-//	sagactl sagas list [--type T] [--state S] [--stuck] [--review] [--key K] [--limit N] [--all]
+//	sagactl stats
+//	sagactl search TEXT
+//	sagactl log [--operator NAME] [--action A] [--limit N] [--all]
+//	sagactl sagas list [--type T] [--state S] [--stuck] [--review] [--key K] [--prefix P] [--created-after T] [--created-before T] [--oldest] [--limit N] [--all]
 //	sagactl sagas show ID [--type T]
 //	sagactl sagas retry|compensate|cancel ID --reason WHY [--version N]
 //	sagactl sagas resolve ID --to COMPLETED|FAILED|CANCELLED --reason WHY [--version N]
 //	sagactl sagas retry|compensate|cancel|resolve --type/--state/--stuck/--review/--key ... --reason WHY [--dry-run] [--max N]
-//	sagactl parked list [--saga-type T] [--saga ID] [--queue Q] [--message-type M] [--replayed] [--limit N] [--all]
+//	sagactl parked list [--saga-type T] [--saga ID] [--queue Q] [--message-type M] [--reason-has TEXT] [--older-than D] [--newer-than D] [--replayed] [--limit N] [--all]
 //	sagactl parked show ID
 //	sagactl parked replay ID --reason WHY [--dry-run] [--force]
-//	sagactl parked replay --saga-type/--saga/--queue/--message-type ... --reason WHY [--dry-run] [--max N]
+//	sagactl parked replay --saga-type/--saga/--queue/--message-type/--reason-has ... --reason WHY [--dry-run] [--max N]
+//	sagactl parked dismiss ID --reason WHY [--dry-run] [--force]
+//	sagactl parked dismiss --saga-type/--saga/--queue/--message-type/--reason-has ... --reason WHY [--dry-run] [--max N]
 //
 // Admin commands take --server URL (or $SAGACTL_SERVER) and --token TOKEN
 // (or $SAGACTL_TOKEN), print human-readable tables, and print the API's JSON
@@ -71,7 +76,10 @@ commands:
   export-migrations
                  write them into a goose or golang-migrate directory: -dir DIR -format F
   prune          delete old published outbox rows and inbox claims: -outbox AGE, -inbox AGE
-  sagas list     list sagas: --type, --state, --stuck, --review, --key
+  stats          sagas per type and state (stuck ones too), open parked messages per queue
+  search TEXT    sagas and parked messages by saga id, business key (or its start), message id, correlation id
+  log            operator actions across sagas, newest first: --operator, --action
+  sagas list     list sagas: --type, --state, --stuck, --review, --key, --prefix, --created-after/-before, --oldest
   sagas show     one saga's timeline and position: sagas show ID
   sagas retry|compensate|cancel ID --reason WHY
   sagas resolve ID --to STATE --reason WHY
@@ -80,6 +88,8 @@ commands:
   parked show    one parked message with its (redacted) body: parked show ID
   parked replay ID --reason WHY
                  replay a parked message through the outbox; without ID, every match of the filters
+  parked dismiss ID --reason WHY
+                 close a parked copy that no longer applies; without ID, every superseded match of the filters
 
 admin commands need --server URL (or $SAGACTL_SERVER) and --token (or $SAGACTL_TOKEN);
 --json prints the API's JSON. Run "sagactl <command> -h" for a command's flags.
@@ -120,6 +130,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = exportMigrations(args[1:], stdout, stderr)
 	case args[0] == "prune":
 		err = prune(ctx, args[1:], stdout, stderr, getenv)
+	case args[0] == "search", args[0] == "stats", args[0] == "log":
+		err = findCommand(ctx, &cliEnv{stdout: stdout, stderr: stderr, getenv: getenv}, args[0], args[1:])
 	case args[0] == "sagas", args[0] == "parked":
 		if len(args) < 2 {
 			fmt.Fprintf(stderr, "sagactl %s: missing subcommand\n%s", args[0], usage)

@@ -19,25 +19,31 @@ import (
 
 // sagaFilterFlags are the filter flags of sagas list and bulk repairs.
 type sagaFilterFlags struct {
-	typ, state, key string
-	stuck, review   bool
+	typ, state, key, prefix string
+	stuck, review           bool
+	createdAfter            timeFlag
+	createdBefore           timeFlag
 }
 
 func (f *sagaFilterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.typ, "type", "", "saga type (full name, e.g. shop.order.v1.PlaceOrder)")
 	fs.StringVar(&f.state, "state", "", "state name, e.g. RESERVE_INVENTORY")
 	fs.StringVar(&f.key, "key", "", "business key")
+	fs.StringVar(&f.prefix, "prefix", "", "business keys starting with this")
 	fs.BoolVar(&f.stuck, "stuck", false, "only stuck sagas: timeout or deadline overdue, or no progress beyond the step's timeout (plus the server's grace)")
 	fs.BoolVar(&f.review, "review", false, "only sagas in manual review")
+	fs.Var(&f.createdAfter, "created-after", "only sagas created after this time (RFC 3339) or this long ago (Go duration: 2h)")
+	fs.Var(&f.createdBefore, "created-before", "only sagas created before this time (RFC 3339) or this long ago (Go duration: 2h)")
 }
 
 func (f *sagaFilterFlags) filter() admin.SagaFilter {
-	return admin.SagaFilter{Type: f.typ, State: f.state, BusinessKey: f.key, Stuck: f.stuck, Review: f.review}
+	return admin.SagaFilter{Type: f.typ, State: f.state, BusinessKey: f.key, KeyPrefix: f.prefix, Stuck: f.stuck, Review: f.review,
+		CreatedAfter: f.createdAfter.t, CreatedBefore: f.createdBefore.t}
 }
 
 func (f *sagaFilterFlags) query() url.Values {
 	q := url.Values{}
-	for k, v := range map[string]string{"type": f.typ, "state": f.state, "business_key": f.key} {
+	for k, v := range map[string]string{"type": f.typ, "state": f.state, "business_key": f.key, "key_prefix": f.prefix} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -48,7 +54,40 @@ func (f *sagaFilterFlags) query() url.Values {
 	if f.review {
 		q.Set("review", "true")
 	}
+	for k, v := range map[string]*time.Time{"created_after": f.createdAfter.t, "created_before": f.createdBefore.t} {
+		if v != nil {
+			q.Set(k, v.UTC().Format(time.RFC3339Nano))
+		}
+	}
 	return q
+}
+
+// timeFlag is a point in time given as RFC 3339 or as a duration before
+// now ("2h": two hours ago).
+type timeFlag struct{ t *time.Time }
+
+func (f *timeFlag) String() string {
+	if f.t == nil {
+		return ""
+	}
+	return f.t.Format(time.RFC3339)
+}
+
+func (f *timeFlag) Set(v string) error {
+	if d, err := time.ParseDuration(v); err == nil {
+		if d < 0 {
+			return fmt.Errorf("%q: a duration before now must be positive", v)
+		}
+		t := time.Now().Add(-d)
+		f.t = &t
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return fmt.Errorf("%q: want an RFC 3339 time (2026-01-02T15:04:05Z) or a duration before now (2h)", v)
+	}
+	f.t = &t
+	return nil
 }
 
 func sagasCommand(ctx context.Context, env *cliEnv, sub string, args []string) error {
@@ -77,6 +116,7 @@ func sagasList(ctx context.Context, env *cliEnv, args []string) error {
 	f.register(fs)
 	limit := fs.Int("limit", admin.DefaultPageSize, "page size (1-200)")
 	all := fs.Bool("all", false, "follow pages until the end")
+	oldest := fs.Bool("oldest", false, "oldest first (default: newest first)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -91,6 +131,9 @@ func sagasList(ctx context.Context, env *cliEnv, args []string) error {
 	defer cancel()
 	q := f.query()
 	q.Set("limit", strconv.Itoa(*limit))
+	if *oldest {
+		q.Set("sort", admin.SortOldest)
+	}
 	items, next, printed, err := listPages(ctx, cl, env, c.json, *all, "api/sagas", q,
 		func(p admin.SagaPage) ([]admin.Saga, string) { return p.Items, p.NextCursor })
 	if err != nil || printed {
@@ -197,6 +240,20 @@ func printTimeline(w io.Writer, tl admin.Timeline) error {
 		}
 		printf(w, "%-9s %s → %s%s\n", label, trigger, n.To, emits)
 	}
+	var offered []string
+	for _, a := range tl.Actions {
+		if a.Allowed {
+			name := a.Action
+			if a.To != "" {
+				name += " --to " + a.To
+			}
+			offered = append(offered, name)
+		}
+	}
+	if len(offered) == 0 {
+		offered = []string{"none in this state"}
+	}
+	printf(w, "repairs   %s\n", strings.Join(offered, "; "))
 	if tl.Data != nil {
 		if len(tl.Data.JSON) > 0 {
 			printf(w, "data      %s\n", compact(tl.Data.JSON))
@@ -243,8 +300,13 @@ func cause(e admin.Event) string {
 		}
 	case admin.EventParked:
 		parts = append(parts, fmt.Sprintf("parked #%d", e.ParkedID))
-		if e.ReplayedBy != "" {
+		switch {
+		case e.ReplayedBy != "":
 			parts = append(parts, "replayed by "+e.ReplayedBy)
+		case e.DismissedBy != "":
+			parts = append(parts, "dismissed by "+e.DismissedBy)
+		case e.Standing != "":
+			parts = append(parts, strings.ToUpper(e.Standing))
 		}
 	}
 	return strings.Join(parts, ", ")
@@ -282,7 +344,7 @@ func sagasRepair(ctx context.Context, env *cliEnv, action string, args []string)
 	case len(pos) > 1:
 		return usagef("want one saga ID (or none, with filter flags, for a bulk repair)")
 	case bulk && filter == (admin.SagaFilter{}):
-		return usagef("want a saga ID, or filter flags (--type, --state, --key, --stuck, --review) for a bulk repair")
+		return usagef("want a saga ID, or filter flags (--type, --state, --key, --prefix, --stuck, --review, --created-after, --created-before) for a bulk repair")
 	case !bulk && filter != (admin.SagaFilter{}) && filter != (admin.SagaFilter{Type: f.typ}):
 		return usagef("give a saga ID or filter flags, not both")
 	case !bulk && (*dryRun || *maxN != 0):
@@ -307,9 +369,10 @@ func sagasRepair(ctx context.Context, env *cliEnv, action string, args []string)
 			return printJSON(env.stdout, raw)
 		}
 		tw := table(env.stdout)
-		fmt.Fprintln(tw, "SAGA\tTYPE\tBUSINESS KEY\tSTATE\tVERSION\tOUTCOME\tTO\tERROR")
+		fmt.Fprintln(tw, "SAGA\tTYPE\tBUSINESS KEY\tSTATE\tVERSION\tOUTCOME\tTO\tSENDS\tERROR")
 		for _, it := range res.Items {
-			printf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", it.SagaID, short(it.Type), it.BusinessKey, it.State, it.Version, it.Outcome, it.To, it.Error)
+			printf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", it.SagaID, short(it.Type), it.BusinessKey, it.State, it.Version, it.Outcome, it.To,
+				strings.Join(it.Sends, ", "), it.Error)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

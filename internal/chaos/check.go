@@ -511,7 +511,7 @@ func (r *run) checkQueues(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return fmt.Errorf("check: %w", err)
 		}
-		rows, err := r.pool.Query(ctx, `SELECT DISTINCT message_id FROM saga_parked WHERE queue = $1 AND replayed_at IS NULL`, origin)
+		rows, err := r.pool.Query(ctx, `SELECT DISTINCT message_id FROM saga_parked WHERE queue = $1 AND replayed_at IS NULL AND dismissed_at IS NULL`, origin)
 		if err != nil {
 			return fmt.Errorf("check: parked of %s: %w", origin, err)
 		}

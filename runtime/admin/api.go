@@ -12,7 +12,7 @@ import (
 type Error struct {
 	// Code is a stable, machine-readable kind: bad_request, unauthenticated,
 	// forbidden, not_found, version_conflict, rejected, refused,
-	// method_not_allowed, too_large, internal.
+	// method_not_allowed, too_large, rate_limited, internal.
 	Code string `json:"code"`
 	// Message says what is wrong, for a human.
 	Message string `json:"error"`
@@ -73,8 +73,11 @@ type Saga struct {
 	PendingMessageID string     `json:"pending_message_id,omitempty"`
 	TimeoutAt        *time.Time `json:"timeout_at,omitempty"`
 	DeadlineAt       *time.Time `json:"deadline_at,omitempty"`
-	LastError        string     `json:"last_error,omitempty"`
-	ReviewReason     string     `json:"review_reason,omitempty"`
+	// LastError is the last business failure or timeout while the saga
+	// ran. A saga that COMPLETED or was CANCELLED shows none (its timeline
+	// keeps every error); a FAILED one shows why it failed.
+	LastError    string `json:"last_error,omitempty"`
+	ReviewReason string `json:"review_reason,omitempty"`
 	// ReviewFrom is the state the saga was in when it entered manual review.
 	ReviewFrom string    `json:"review_from,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
@@ -124,9 +127,32 @@ type Parked struct {
 	// check (empty for rows replayed before runtime migration 0009).
 	ReplayReason string `json:"replay_reason,omitempty"`
 	ReplayForced bool   `json:"replay_forced,omitempty"`
+	// DismissedAt, DismissedBy and DismissReason say who closed the row
+	// without replaying it, when and why.
+	DismissedAt   *time.Time `json:"dismissed_at,omitempty"`
+	DismissedBy   string     `json:"dismissed_by,omitempty"`
+	DismissReason string     `json:"dismiss_reason,omitempty"`
+	// LinkedBy is "correlation" when the message named no saga and was
+	// joined to the saga whose business key (or id) its correlation field
+	// holds, as the saga's consumer finds it.
+	LinkedBy string `json:"linked_by,omitempty"`
+	// Standing says whether an open copy still applies to its saga:
+	// StandingCurrent (replaying it would act: the saga waits for it),
+	// StandingSuperseded (it no longer applies: the saga resent the
+	// command since, moved past its step or ended; dismiss it), or empty
+	// when it cannot be told (no saga, or one this server does not
+	// serve). StandingNote says why.
+	Standing     string `json:"standing,omitempty"`
+	StandingNote string `json:"standing_note,omitempty"`
 	// Body is set on GET /api/parked/{id} only.
 	Body *Body `json:"body,omitempty"`
 }
+
+// Standings of an open parked copy (Parked.Standing).
+const (
+	StandingCurrent    = "current"
+	StandingSuperseded = "superseded"
+)
 
 // ParkedPage is one page of parked messages, newest first.
 type ParkedPage struct {
@@ -155,19 +181,39 @@ type Body struct {
 type Timeline struct {
 	Saga Saga `json:"saga"`
 	// Data is the saga data, redacted like message bodies.
-	Data     *Body         `json:"data,omitempty"`
-	Position Position      `json:"position"`
-	States   []StateView   `json:"states"`
-	Steps    []StepView    `json:"steps"`
-	Mermaid  string        `json:"mermaid"`
-	Events   []Event       `json:"events"`
-	Progress ProgressView  `json:"progress"`
-	Counts   TimelineCount `json:"counts"`
+	Data     *Body        `json:"data,omitempty"`
+	Position Position     `json:"position"`
+	States   []StateView  `json:"states"`
+	Steps    []StepView   `json:"steps"`
+	Mermaid  string       `json:"mermaid"`
+	Events   []Event      `json:"events"`
+	Progress ProgressView `json:"progress"`
+	// Actions are the repairs and what each would do now, as the state
+	// machine decides: the console offers only those Allowed.
+	Actions []ActionView  `json:"actions"`
+	Counts  TimelineCount `json:"counts"`
 	// Truncated is set when the saga has more audit rows, sent messages or
 	// parked messages than a timeline holds (1000 of each): Events then
 	// holds the newest of each, and the visited states, counts and attempt
 	// numbers cover only those.
 	Truncated bool `json:"truncated,omitempty"`
+}
+
+// ActionView is one repair of a saga as the state machine judges it in the
+// saga's current state (resolve once per target state).
+type ActionView struct {
+	Action string `json:"action"`
+	// To is the target of resolve.
+	To      string `json:"to,omitempty"`
+	Allowed bool   `json:"allowed"`
+	// Reaches is the state the saga would be in afterwards, Sends the
+	// messages it would send (short names).
+	Reaches string   `json:"reaches,omitempty"`
+	Sends   []string `json:"sends,omitempty"`
+	// Effect says what the repair would do, in one sentence; Refusal why
+	// the machine refuses it.
+	Effect  string `json:"effect,omitempty"`
+	Refusal string `json:"refusal,omitempty"`
 }
 
 // ProgressView summarises the instance's per-step memory.
@@ -263,6 +309,13 @@ type Event struct {
 	ReplayedBy   string     `json:"replayed_by,omitempty"`
 	ReplayReason string     `json:"replay_reason,omitempty"`
 	ReplayForced bool       `json:"replay_forced,omitempty"`
+	// DismissedAt, DismissedBy and DismissReason: a dismissed parked copy.
+	DismissedAt   *time.Time `json:"dismissed_at,omitempty"`
+	DismissedBy   string     `json:"dismissed_by,omitempty"`
+	DismissReason string     `json:"dismiss_reason,omitempty"`
+	// Standing and StandingNote: an open parked copy (Parked.Standing).
+	Standing     string `json:"standing,omitempty"`
+	StandingNote string `json:"standing_note,omitempty"`
 }
 
 // Actions on one saga (POST /api/sagas/{id}/{action}).
@@ -299,6 +352,9 @@ const (
 	OutcomeAlreadyReplay  = "already_replayed" // it had been replayed before: nothing done
 	OutcomeWouldReplay    = "would_replay"     // dry run: the check passes
 	OutcomeRefused        = "refused"          // the saga-state check refused the replay
+	OutcomeDismissed      = "dismissed"        // the parked copy is closed without a replay
+	OutcomeAlreadyClosed  = "already_closed"   // it had been replayed or dismissed before: nothing done
+	OutcomeWouldDismiss   = "would_dismiss"    // dry run: it would be dismissed
 )
 
 // ActionResult answers a repair of one saga.
@@ -314,9 +370,23 @@ type SagaFilter struct {
 	Type        string `json:"type,omitempty"`
 	State       string `json:"state,omitempty"`
 	BusinessKey string `json:"business_key,omitempty"`
-	Stuck       bool   `json:"stuck,omitempty"`
-	Review      bool   `json:"review,omitempty"`
+	// KeyPrefix selects business keys starting with it.
+	KeyPrefix string `json:"key_prefix,omitempty"`
+	Stuck     bool   `json:"stuck,omitempty"`
+	Review    bool   `json:"review,omitempty"`
+	// CreatedAfter, CreatedBefore, UpdatedAfter and UpdatedBefore bound
+	// the creation and last-change times (exclusive; RFC 3339).
+	CreatedAfter  *time.Time `json:"created_after,omitempty"`
+	CreatedBefore *time.Time `json:"created_before,omitempty"`
+	UpdatedAfter  *time.Time `json:"updated_after,omitempty"`
+	UpdatedBefore *time.Time `json:"updated_before,omitempty"`
 }
+
+// Sort orders of a saga list (?sort=).
+const (
+	SortNewest = "newest" // by creation, newest first (the default)
+	SortOldest = "oldest" // by creation, oldest first
+)
 
 // BulkRequest is the body of POST /api/bulk/sagas/{action}.
 type BulkRequest struct {
@@ -338,10 +408,13 @@ type BulkItem struct {
 	State       string `json:"state"`
 	Version     int64  `json:"version"`
 	Outcome     string `json:"outcome"`
-	// To is the resulting state (or, in a dry run, the states the
-	// definition allows the action to lead to).
-	To    string `json:"to,omitempty"`
-	Error string `json:"error,omitempty"`
+	// To is the resulting state (in a dry run, the state the saga would
+	// reach), Sends the messages it sent (would send) and Effect what
+	// happened (would happen) to it, in one sentence.
+	To     string   `json:"to,omitempty"`
+	Sends  []string `json:"sends,omitempty"`
+	Effect string   `json:"effect,omitempty"`
+	Error  string   `json:"error,omitempty"`
 }
 
 // BulkResult answers a bulk action.
@@ -390,13 +463,23 @@ type ReplayResult struct {
 	AlsoMarked []int64 `json:"also_marked,omitempty"`
 }
 
-// ParkedFilter selects parked messages for listing and bulk replay.
+// ParkedFilter selects parked messages for listing and bulk replay or
+// dismissal.
 type ParkedFilter struct {
-	SagaType    string `json:"saga_type,omitempty"`
+	SagaType string `json:"saga_type,omitempty"`
+	// SagaID selects the saga's parked messages, those joined to it by
+	// their correlation field included.
 	SagaID      string `json:"saga_id,omitempty"`
 	Queue       string `json:"queue,omitempty"`
 	MessageType string `json:"message_type,omitempty"`
-	// IncludeReplayed lists replayed rows too (bulk replay ignores it).
+	// Reason selects rows whose reason contains it (case-insensitive).
+	Reason string `json:"reason,omitempty"`
+	// OlderThan and NewerThan bound the age of the last failure (Go
+	// durations: "90s", "1h").
+	OlderThan string `json:"older_than,omitempty"`
+	NewerThan string `json:"newer_than,omitempty"`
+	// IncludeReplayed lists closed rows too, replayed or dismissed (bulk
+	// actions refuse it).
 	IncludeReplayed bool `json:"include_replayed,omitempty"`
 }
 
@@ -414,4 +497,119 @@ type BulkReplayResult struct {
 	Truncated bool           `json:"truncated,omitempty"`
 	Items     []ReplayResult `json:"items"`
 	Counts    map[string]int `json:"counts"`
+}
+
+// DismissRequest is the body of POST /api/parked/{id}/dismiss.
+type DismissRequest struct {
+	// Reason is required; it is recorded on the row and in the saga's
+	// audit trail.
+	Reason string `json:"reason"`
+	// DryRun says what would happen and changes nothing.
+	DryRun bool `json:"dry_run,omitempty"`
+	// Force dismisses a copy that is still current (the saga waits for
+	// it): the saga then waits until its step's timeout.
+	Force bool `json:"force,omitempty"`
+}
+
+// DismissResult answers a dismissal.
+type DismissResult struct {
+	Outcome string `json:"outcome"`
+	Parked  Parked `json:"parked"`
+	// Explanation says why, in one sentence.
+	Explanation string `json:"explanation"`
+}
+
+// BulkDismissRequest is the body of POST /api/bulk/parked/dismiss. A bulk
+// dismissal never closes a current copy.
+type BulkDismissRequest struct {
+	Filter ParkedFilter `json:"filter"`
+	Reason string       `json:"reason"`
+	DryRun bool         `json:"dry_run,omitempty"`
+	Max    int          `json:"max,omitempty"`
+}
+
+// BulkDismissResult answers a bulk dismissal.
+type BulkDismissResult struct {
+	DryRun    bool            `json:"dry_run"`
+	Truncated bool            `json:"truncated,omitempty"`
+	Items     []DismissResult `json:"items"`
+	Counts    map[string]int  `json:"counts"`
+}
+
+// Stats answers GET /api/stats: how many sagas are in each state of each
+// type, and how many parked messages are open.
+type Stats struct {
+	Types  []TypeStats `json:"types"`
+	Parked ParkedStats `json:"parked"`
+}
+
+// TypeStats counts one saga type's instances.
+type TypeStats struct {
+	Type   string       `json:"type"`
+	Total  int64        `json:"total"`
+	Stuck  int64        `json:"stuck"`
+	States []StateCount `json:"states"`
+}
+
+// StateCount is how many instances are in one state (Stuck: how many of
+// them are stuck).
+type StateCount struct {
+	State string `json:"state"`
+	Kind  string `json:"kind"`
+	Count int64  `json:"count"`
+	Stuck int64  `json:"stuck,omitempty"`
+}
+
+// ParkedStats counts open parked messages.
+type ParkedStats struct {
+	Open    int64            `json:"open"`
+	ByQueue map[string]int64 `json:"by_queue"`
+}
+
+// SearchResult answers GET /api/search?q=...: every saga and parked message
+// the text names.
+type SearchResult struct {
+	Query string      `json:"query"`
+	Hits  []SearchHit `json:"hits"`
+	// Truncated is set when there were more hits than shown.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// SearchHit is one saga (or parked message) a search found, and how.
+type SearchHit struct {
+	// Matched says what the text matched: "saga id", "business key",
+	// "business key prefix", "message id", "correlation id", "parked
+	// message id".
+	Matched string `json:"matched"`
+	Saga    *Saga  `json:"saga,omitempty"`
+	// ParkedID is set when the hit is a parked message; MessageID and
+	// MessageType name the message a message-id hit found.
+	ParkedID    int64  `json:"parked_id,omitempty"`
+	MessageID   string `json:"message_id,omitempty"`
+	MessageType string `json:"message_type,omitempty"`
+}
+
+// OperatorLog answers GET /api/operator-log: operator actions across every
+// saga, newest first.
+type OperatorLog struct {
+	Items      []OperatorAction `json:"items"`
+	NextCursor string           `json:"next_cursor,omitempty"`
+}
+
+// OperatorAction is one audited operator action (a saga_audit row written
+// for an operator).
+type OperatorAction struct {
+	AuditID     int64     `json:"audit_id"`
+	At          time.Time `json:"at"`
+	Operator    string    `json:"operator"`
+	Action      string    `json:"action"`
+	SagaID      string    `json:"saga_id"`
+	SagaType    string    `json:"saga_type"`
+	BusinessKey string    `json:"business_key,omitempty"`
+	From        string    `json:"from"`
+	To          string    `json:"to"`
+	MessageID   string    `json:"message_id,omitempty"`
+	// Note holds the reason (and what the action did).
+	Note    string `json:"note,omitempty"`
+	Version int64  `json:"version"`
 }

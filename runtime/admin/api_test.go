@@ -1,21 +1,28 @@
 package admin_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
+	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagatest"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 func TestAuthentication(t *testing.T) {
@@ -66,6 +73,78 @@ func TestAuthentication(t *testing.T) {
 	require.NoError(t, err)
 	res.Body.Close()
 	require.Equal(t, http.StatusNotFound, res.StatusCode)
+}
+
+// TestFailedSignIns: a request with an unknown token is logged (never the
+// token) and counted per client address; past the limit in a window, the
+// address is refused every request, a valid token included, until the
+// window ends. Requests without a token are logged, not counted.
+func TestFailedSignIns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	logs := &testenv.LogBuffer{}
+	srv, err := admin.New(admin.Config{Pool: b.pool, Sagas: []*saga.Engine{b.engine}, Tokens: tokens, Now: b.clock.Now,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)), MaxFailedSignIns: 3, SignInWindow: time.Minute})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	call := func(tok string) (int, http.Header) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, hs.URL+"/api/whoami", nil)
+		require.NoError(t, err)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		res, err := hs.Client().Do(req)
+		require.NoError(t, err)
+		res.Body.Close()
+		return res.StatusCode, res.Header
+	}
+	const guess = "guess-0123456789abcdef-guess"
+	code, _ := call("")
+	require.Equal(t, http.StatusUnauthorized, code)
+	for range 3 {
+		code, _ = call(guess)
+		require.Equal(t, http.StatusUnauthorized, code)
+	}
+	code, h := call(repairToken)
+	require.Equal(t, http.StatusTooManyRequests, code, "locked out: not even a valid token is checked")
+	require.Equal(t, "61", h.Get("Retry-After"))
+	code, _ = call(guess)
+	require.Equal(t, http.StatusTooManyRequests, code)
+
+	failed := logs.Records(t, "admin sign-in failed")
+	require.Len(t, failed, 4)
+	require.Equal(t, "no bearer token", failed[0]["reason"])
+	require.Equal(t, "unknown token", failed[1]["reason"])
+	require.Equal(t, "127.0.0.1", failed[1]["client"])
+	require.EqualValues(t, 3, failed[3]["failures"])
+	require.Len(t, logs.Records(t, "admin sign-ins refused: too many failed"), 1, "logged once per window")
+	require.NotContains(t, logs.String(), guess)
+	require.NotContains(t, logs.String(), repairToken)
+
+	b.clock.Advance(time.Minute) // the window ends
+	code, _ = call(repairToken)
+	require.Equal(t, http.StatusOK, code)
+}
+
+// TestTokensReplaced: SetTokens rotates the tokens of a running server;
+// invalid ones are refused and the current ones kept.
+func TestTokensReplaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const next = "next-token-0123456789abcdef"
+	require.NoError(t, b.server.SetTokens(admin.Tokens{next: {Name: "bob", Role: admin.RoleRead}}))
+	code, _ := b.call(t, repairToken, http.MethodGet, "/api/whoami", nil)
+	require.Equal(t, http.StatusUnauthorized, code, "the old token no longer works")
+	code, raw := b.call(t, next, http.MethodGet, "/api/whoami", nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, string(raw), `"bob"`)
+	require.ErrorContains(t, b.server.SetTokens(admin.Tokens{"short": {Name: "x", Role: admin.RoleRead}}), "shorter than 16")
+	code, _ = b.call(t, next, http.MethodGet, "/api/whoami", nil)
+	require.Equal(t, http.StatusOK, code, "a refused reload keeps the tokens")
+	require.NotContains(t, b.logs.String(), next)
+	require.Len(t, b.logs.Records(t, "admin tokens replaced"), 1)
 }
 
 func TestTokens(t *testing.T) {
@@ -499,4 +578,35 @@ func TestInternalErrorsAreLoggedUnderError(t *testing.T) {
 	require.Len(t, recs, 1)
 	require.Contains(t, recs[0]["error"], "saga_place_order", "the cause, under error")
 	require.NotContains(t, recs[0], "err")
+}
+
+// TestRequestsAreTraced: with a tracer, every API request is a span
+// (continuing the caller's traceparent), so a repair's log line carries
+// its trace id.
+func TestRequestsAreTraced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	logs := &testenv.LogBuffer{}
+	tp := sdktrace.NewTracerProvider()
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	srv, err := admin.New(admin.Config{Pool: b.pool, Sagas: []*saga.Engine{b.engine}, Tokens: tokens, Now: b.clock.Now, Tracer: tp,
+		Logger: slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(logs, nil), telemetry.LogOptions{}))})
+	require.NoError(t, err)
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	id := b.start(t, "order-traced")
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, hs.URL+"/api/sagas/"+id+"/cancel",
+		strings.NewReader(`{"expected_version": 1, "reason": "customer called"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+repairToken)
+	req.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	res, err := hs.Client().Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	recs := logs.Records(t, "admin repair")
+	require.Len(t, recs, 1)
+	require.Equal(t, traceID, recs[0]["trace_id"], "the caller's trace continues")
+	require.Equal(t, id, recs[0]["saga_id"])
 }

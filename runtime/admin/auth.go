@@ -6,9 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
+	"time"
 )
 
 // Role is what a token may do.
@@ -108,7 +112,8 @@ func (t Tokens) String() string { return fmt.Sprintf("%d admin tokens (redacted)
 func (t Tokens) LogValue() slog.Value { return slog.StringValue(t.String()) }
 
 // authenticator checks bearer tokens against hashes of the configured ones,
-// in time independent of which token (if any) matches.
+// in time independent of which token (if any) matches. It is replaced as a
+// whole when the tokens are reloaded (Server.SetTokens).
 type authenticator struct {
 	entries []authEntry
 }
@@ -126,16 +131,23 @@ func newAuthenticator(t Tokens) *authenticator {
 	return a
 }
 
-// principal returns the principal of the request's bearer token.
-func (a *authenticator) principal(r *http.Request) (Principal, bool) {
+// Why a request was not authenticated.
+const (
+	noToken      = "no bearer token"
+	unknownToken = "unknown token"
+)
+
+// principal returns the principal of the request's bearer token, or why
+// there is none (noToken, unknownToken).
+func (a *authenticator) principal(r *http.Request) (Principal, string) {
 	h := r.Header.Get("Authorization")
 	scheme, tok, ok := strings.Cut(h, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return Principal{}, false
+		return Principal{}, noToken
 	}
 	tok = strings.TrimSpace(tok)
 	if tok == "" {
-		return Principal{}, false
+		return Principal{}, noToken
 	}
 	sum := sha256.Sum256([]byte(tok))
 	var found Principal
@@ -147,5 +159,108 @@ func (a *authenticator) principal(r *http.Request) (Principal, bool) {
 		}
 		match |= eq
 	}
-	return found, match == 1
+	if match != 1 {
+		return Principal{}, unknownToken
+	}
+	return found, ""
+}
+
+// signInLimiter counts failed sign-ins (requests with a token that matches
+// none) per client address in fixed windows. An address that failed max
+// times in a window is refused every request (429, Retry-After) until the
+// window ends, whatever token it sends: a guess that would match is not
+// even checked.
+type signInLimiter struct {
+	max    int // <= 0: no limit
+	window time.Duration
+	now    func() time.Time
+
+	mu      sync.Mutex
+	clients map[string]*signInWindow
+}
+
+type signInWindow struct {
+	start    time.Time
+	failures int
+	logged   bool // the lock of this window was logged
+}
+
+// maxTrackedClients bounds the limiter's memory: beyond it, windows that
+// ended are dropped, and if none has, the oldest half.
+const maxTrackedClients = 10000
+
+func newSignInLimiter(max int, window time.Duration, now func() time.Time) *signInLimiter {
+	return &signInLimiter{max: max, window: window, now: now, clients: map[string]*signInWindow{}}
+}
+
+// locked reports whether addr is refused now, for how long more, and
+// whether this is the first refusal of its window (to log once).
+func (l *signInLimiter) locked(addr string) (bool, time.Duration, bool) {
+	if l.max <= 0 {
+		return false, 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w, ok := l.clients[addr]
+	now := l.now()
+	if !ok || now.Sub(w.start) >= l.window {
+		return false, 0, false
+	}
+	if w.failures < l.max {
+		return false, 0, false
+	}
+	first := !w.logged
+	w.logged = true
+	return true, w.start.Add(l.window).Sub(now), first
+}
+
+// fail counts a failed sign-in of addr and returns the count in its
+// window.
+func (l *signInLimiter) fail(addr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	w, ok := l.clients[addr]
+	if !ok || now.Sub(w.start) >= l.window {
+		if len(l.clients) >= maxTrackedClients {
+			l.prune(now)
+		}
+		w = &signInWindow{start: now}
+		l.clients[addr] = w
+	}
+	w.failures++
+	return w.failures
+}
+
+// prune drops ended windows, and the older half of the rest if that is
+// not enough.
+func (l *signInLimiter) prune(now time.Time) {
+	for a, w := range l.clients {
+		if now.Sub(w.start) >= l.window {
+			delete(l.clients, a)
+		}
+	}
+	if len(l.clients) < maxTrackedClients {
+		return
+	}
+	starts := make([]time.Time, 0, len(l.clients))
+	for _, w := range l.clients {
+		starts = append(starts, w.start)
+	}
+	slices.SortFunc(starts, time.Time.Compare)
+	cut := starts[len(starts)/2]
+	for a, w := range l.clients {
+		if !w.start.After(cut) {
+			delete(l.clients, a)
+		}
+	}
+}
+
+// clientAddr is the request's remote address without its port.
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }

@@ -19,6 +19,22 @@
 // parking lot's index, joined to each message's saga and step). Nothing is
 // cached: every answer reflects the database at the time of the request.
 //
+// It answers, besides: counts of instances per state and type (with the
+// stuck ones) and of open parked messages per queue (GET /api/stats); a
+// search by saga id, business key or its start, message id or correlation
+// id (GET /api/search); the log of operator actions across sagas, read from
+// saga_audit (GET /api/operator-log); and, in a timeline, the repairs the
+// state machine allows now with what each would do (Timeline.Actions).
+//
+// A parked message that names no saga (an event published without saga
+// metadata, which its saga's consumer finds by the message's correlation
+// field) is joined to the saga that field names (Parked.LinkedBy): it is
+// listed under the saga, checked against it before a replay, and its
+// replay is audited in the saga's trail. Every open parked copy has a
+// standing from the same check a replay makes: current (replaying it would
+// act) or superseded (the saga resent the command since, moved past the
+// step, or ended).
+//
 // A saga is stuck by telemetry.StuckRule, the rule of the
 // saga.instances.stuck gauge: it waits on a step (or a compensation) and,
 // by more than Config.StuckGrace, its timeout_at or deadline_at is past
@@ -53,27 +69,41 @@
 //     marked replayed with who and when, and a TriggerReplay row with the
 //     reason is written to the saga's audit trail. A replayed row is never
 //     replayed again.
+//   - Dismissing a parked copy closes it without a replay, in one
+//     transaction that locks the row and its saga's, records who, when and
+//     why on the row and writes a TriggerDismiss row in the saga's audit
+//     trail. A current copy is dismissed only when forced; a bulk
+//     dismissal never closes one.
 //   - Bulk forms apply one action to every saga (or parked message) matching
 //     a filter, each in its own transaction with the version it was listed
-//     at; dry_run reports what each would do without changing anything.
+//     at; dry_run reports what each would do without changing anything: for
+//     a saga, the state its machine would take it to and what it would send
+//     (sagadef.Definition.Apply on a copy of the instance, with hooks that
+//     build empty messages instead of calling the user's code).
 //
 // # Security
 //
-// Every /api/ request needs a bearer token (Config.Tokens); read tokens may
-// list and inspect, repair tokens may also repair (403 otherwise). Tokens are
-// compared as SHA-256 digests in constant time and never logged. The console's
-// static files need no token: the page asks for one and keeps it in the tab's
-// sessionStorage. Answers carry a strict Content-Security-Policy (same-origin
-// scripts and styles only; the console uses no external resources) and the
-// console builds its DOM from text, never from HTML strings; the one markup
-// it inserts, the state diagram the server draws (GET
-// /api/types/{type}/diagram.svg, sagadef.Definition.SVG), is parsed as XML
-// and pruned to an allowlist of SVG elements and attributes first. Message bodies
-// and saga data are decoded through the message registries and shown as
-// protojson with every field the contract marks sensitive replaced by
-// "[REDACTED]" (saga data with the sensitive paths of every message its saga
-// names; when one of those types is unknown, saga data is not shown at all);
-// a body of an unknown type is shown by size only. Inputs are validated
-// (UUIDs, known types and states, page sizes, cursors, unknown parameters and
-// JSON fields) with 400 answers that say what is wrong.
+// Every /api/ request needs a bearer token (Config.Tokens, replaceable at
+// run time with Server.SetTokens); read tokens may list and inspect, repair
+// tokens may also repair (403 otherwise). Tokens are compared as SHA-256
+// digests in constant time and never logged. A request with a missing or
+// unknown token is logged; a client address that sends too many unknown
+// tokens in a window (Config.MaxFailedSignIns) is refused every request
+// (429) until the window ends. The console's static files need no token:
+// the page asks for one and keeps it in the tab's sessionStorage; it offers
+// only the repairs a saga's state allows, each behind a confirmation that
+// names its effect. Answers carry a strict Content-Security-Policy
+// (same-origin scripts and styles only; the console uses no external
+// resources) and the console builds its DOM from text, never from HTML
+// strings; the one markup it inserts, the state diagram the server draws
+// (GET /api/types/{type}/diagram.svg, sagadef.Definition.SVG), is parsed as
+// XML and pruned to an allowlist of SVG elements and attributes first.
+// Message bodies and saga data are decoded through the message registries
+// and shown as protojson with every field the contract marks sensitive
+// replaced by "[REDACTED]" (saga data with the sensitive paths of every
+// message its saga names; when one of those types is unknown, saga data is
+// not shown at all); a body of an unknown type is shown by size only.
+// Inputs are validated (UUIDs, known types and states, page sizes, cursors,
+// unknown parameters and JSON fields) with 400 answers that say what is
+// wrong.
 package admin

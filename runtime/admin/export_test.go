@@ -5,8 +5,9 @@ package admin
 const TimelineOutboxSQLForTest = timelineOutboxSQL
 
 // ParkedListSQLForTest is the statement listing the parked messages that
-// match f, newest first, and its arguments.
-func ParkedListSQLForTest(f ParkedFilter, limit int) (string, []any) {
-	where, args := parkedListSQL(f, newestFirst, 0, limit)
+// match f (with the correlation ids of f.SagaID's saga), newest first, and
+// its arguments.
+func ParkedListSQLForTest(f ParkedFilter, correlations []string, limit int) (string, []any) {
+	where, args := parkedListSQL(parkedQuery{ParkedFilter: f, correlations: correlations}, newestFirst, 0, limit)
 	return `SELECT ` + parkedColumns + ` FROM saga_parked ` + where, args
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
@@ -130,8 +131,10 @@ func setup(t *testing.T) *bundle {
 	po, err := orderv1.NewPlaceOrder(saga.Config{Pool: pool, Now: clk.Now, Logger: slog.New(slog.DiscardHandler)}, decider{broken: broken})
 	require.NoError(t, err)
 	logs := &testenv.LogBuffer{}
+	// Tests try many wrong tokens on purpose; the sign-in limit has its
+	// own test.
 	srv, err := admin.New(admin.Config{Pool: pool, Sagas: []*saga.Engine{po.Engine()}, Tokens: tokens,
-		Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: clk.Now, StuckGrace: -1})
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)), Now: clk.Now, StuckGrace: -1, MaxFailedSignIns: -1})
 	require.NoError(t, err)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
@@ -207,12 +210,23 @@ func (b *bundle) park(t *testing.T, env envelope.Envelope, queue, reason string)
 	pub := env.Publishing()
 	headers, err := json.Marshal(pub.Headers)
 	require.NoError(t, err)
+	// A message that names no saga keeps its correlation field, as the
+	// consumer parks it.
+	var key string
+	if env.SagaID == "" {
+		if info, ok := b.engine.Registry().Lookup(env.MessageType); ok {
+			m := info.New()
+			if proto.Unmarshal(env.Body, m) == nil {
+				key = m.CorrelationKey()
+			}
+		}
+	}
 	var id int64
 	require.NoError(t, b.pool.QueryRow(context.Background(), `INSERT INTO saga_parked (message_id, queue, message_type,
-	saga_id, saga_type, correlation_id, class, reason, attempts, exchange, routing_key, headers, body, first_failure_at)
-VALUES ($1, $2, $3, $4, $5, $6, 'permanent', $7, 1, $8, $9, $10, $11, $12) RETURNING id`,
+	saga_id, saga_type, correlation_id, class, reason, attempts, exchange, routing_key, headers, body, first_failure_at, correlation_key)
+VALUES ($1, $2, $3, $4, $5, $6, 'permanent', $7, 1, $8, $9, $10, $11, $12, $13) RETURNING id`,
 		env.MessageID, queue, env.MessageType, env.SagaID, env.SagaType, env.CorrelationID, reason,
-		env.Exchange, env.RoutingKey, headers, env.Body, b.clock.Now()).Scan(&id))
+		env.Exchange, env.RoutingKey, headers, env.Body, b.clock.Now(), key).Scan(&id))
 	return id
 }
 

@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/protosaga/saga/runtime/internal/where"
 )
 
@@ -16,18 +20,28 @@ type parkedRow struct {
 	Parked
 	headers []byte
 	body    []byte
+	// correlationKey is the message's correlation field, kept when it was
+	// parked naming no saga.
+	correlationKey string
 }
+
+// open reports whether the row is neither replayed nor dismissed.
+func (p parkedRow) open() bool { return p.ReplayedAt == nil && p.DismissedAt == nil }
 
 const parkedColumns = `id, message_id, queue, message_type, saga_id, saga_type, correlation_id, class, reason,
 	attempts, exchange, routing_key, headers, body, first_failure_at, parked_at, replayed_at, replayed_by,
-	replay_reason, replay_forced`
+	replay_reason, replay_forced, dismissed_at, dismissed_by, dismiss_reason, correlation_key`
+
+// openParked is the condition of an open parked row.
+const openParked = "replayed_at IS NULL AND dismissed_at IS NULL"
 
 func scanParked(r pgx.Row) (parkedRow, error) {
 	var p parkedRow
 	err := r.Scan(&p.ID, &p.MessageID, &p.Queue, &p.MessageType, &p.SagaID, &p.SagaType, &p.CorrelationID,
 		&p.Class, &p.Reason, &p.Attempts, &p.Exchange, &p.RoutingKey, &p.headers, &p.body,
-		&p.FirstFailureAt, &p.ParkedAt, &p.ReplayedAt, &p.ReplayedBy, &p.ReplayReason, &p.ReplayForced)
-	p.FirstFailureAt, p.ParkedAt, p.ReplayedAt = p.FirstFailureAt.UTC(), p.ParkedAt.UTC(), utcPtr(p.ReplayedAt)
+		&p.FirstFailureAt, &p.ParkedAt, &p.ReplayedAt, &p.ReplayedBy, &p.ReplayReason, &p.ReplayForced,
+		&p.DismissedAt, &p.DismissedBy, &p.DismissReason, &p.correlationKey)
+	p.FirstFailureAt, p.ParkedAt, p.ReplayedAt, p.DismissedAt = p.FirstFailureAt.UTC(), p.ParkedAt.UTC(), utcPtr(p.ReplayedAt), utcPtr(p.DismissedAt)
 	return p, err
 }
 
@@ -40,26 +54,59 @@ func (s *Server) parkedRows(ctx context.Context, clause string, args ...any) ([]
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedRow, error) { return scanParked(r) })
 }
 
-// parkedListSQL selects at most limit open (or, with f.IncludeReplayed,
-// all) parked messages matching f, in order (newest first for listing,
+// parkedQuery is a validated ParkedFilter.
+type parkedQuery struct {
+	ParkedFilter
+	// correlations are the correlation keys of messages parked without a
+	// saga id that belong to the saga of SagaID (its id and business key).
+	correlations []string
+	olderThan    time.Duration
+	newerThan    time.Duration
+}
+
+// parkedListSQL selects at most limit open (or, with IncludeReplayed,
+// all) parked messages matching q, in order (newest first for listing,
 // oldest first for replaying), with ids below before (0: from the newest).
-func parkedListSQL(f ParkedFilter, order parkedOrder, before int64, limit int) (string, []any) {
+func parkedListSQL(q parkedQuery, order parkedOrder, before int64, limit int) (string, []any) {
 	var w where.Clause
-	if !f.IncludeReplayed {
-		w.And("replayed_at IS NULL")
+	if !q.IncludeReplayed {
+		w.And(openParked)
 	}
 	for _, c := range []struct{ column, v string }{
-		{"saga_type", f.SagaType}, {"saga_id", f.SagaID}, {"queue", f.Queue}, {"message_type", f.MessageType},
+		{"saga_type", q.SagaType}, {"queue", q.Queue}, {"message_type", q.MessageType},
 	} {
 		if c.v != "" {
 			w.And(c.column + " = " + w.Arg(c.v))
 		}
+	}
+	if q.SagaID != "" {
+		if len(q.correlations) > 0 {
+			w.And("(saga_id = " + w.Arg(q.SagaID) + " OR " + unlinkedOf(w.Arg(q.correlations)) + ")")
+		} else {
+			w.And("saga_id = " + w.Arg(q.SagaID))
+		}
+	}
+	if q.Reason != "" {
+		w.And("strpos(lower(reason), lower(" + w.Arg(q.Reason) + ")) > 0")
+	}
+	if q.olderThan > 0 {
+		w.And("parked_at < now() - make_interval(secs => " + w.Arg(q.olderThan.Seconds()) + ")")
+	}
+	if q.newerThan > 0 {
+		w.And("parked_at > now() - make_interval(secs => " + w.Arg(q.newerThan.Seconds()) + ")")
 	}
 	if before != 0 {
 		w.And("id < " + w.Arg(before))
 	}
 	return w.String() + `
 ORDER BY id ` + string(order) + ` LIMIT ` + w.Arg(limit), w.Args
+}
+
+// unlinkedOf is the condition of the rows parked without a saga id whose
+// correlation field is one of keys (an SQL text[] expression), read through
+// the saga_parked_unlinked index.
+func unlinkedOf(keys string) string {
+	return "(saga_id = '' AND correlation_key <> '' AND correlation_key = ANY(" + keys + "))"
 }
 
 // parkedOrder is the order of a list of parked messages.
@@ -70,42 +117,78 @@ const (
 	oldestFirst parkedOrder = "ASC"  // replaying: messages go out again in the order they were parked
 )
 
-// normalized validates f and returns it with its saga id in canonical form
-// (the form consumers record, and /api/sagas/{id} accepts in any case).
-func (f ParkedFilter) normalized() (ParkedFilter, error) {
+// query validates f and returns it with its saga id in canonical form
+// (the form consumers record, and /api/sagas/{id} accepts in any case) and
+// the correlation ids of the saga's messages parked without a saga id.
+func (s *Server) query(ctx context.Context, f ParkedFilter) (parkedQuery, error) {
+	q := parkedQuery{ParkedFilter: f}
 	if f.SagaID != "" {
 		id, err := parseSagaID(f.SagaID)
 		if err != nil {
-			return f, err
+			return q, err
 		}
-		f.SagaID = id
+		q.SagaID = id
+		q.correlations = []string{id}
+		for _, t := range s.sagas {
+			if st, err := t.engine.Status(ctx, id); err == nil {
+				q.correlations = append(q.correlations, st.BusinessKey)
+				break
+			}
+		}
 	}
-	for _, c := range []struct{ name, v string }{{"saga_type", f.SagaType}, {"queue", f.Queue}, {"message_type", f.MessageType}} {
+	for _, c := range []struct{ name, v string }{{"saga_type", f.SagaType}, {"queue", f.Queue}, {"message_type", f.MessageType}, {"reason", f.Reason}} {
 		if err := checkText(c.name, c.v, 255); err != nil {
-			return f, err
+			return q, err
 		}
 	}
-	return f, nil
+	for _, d := range []struct {
+		name, v string
+		dst     *time.Duration
+	}{{"older_than", f.OlderThan, &q.olderThan}, {"newer_than", f.NewerThan, &q.newerThan}} {
+		if d.v == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.v)
+		if err != nil || v <= 0 {
+			return q, badRequest("%s=%q: want a positive Go duration such as 90s or 2h", d.name, d.v)
+		}
+		*d.dst = v
+	}
+	if q.olderThan > 0 && q.newerThan > 0 && q.olderThan >= q.newerThan {
+		return q, badRequest("older_than %s and newer_than %s: an empty window", q.olderThan, q.newerThan)
+	}
+	return q, nil
 }
 
+// listParked lists the parked messages f selects, joined to their sagas,
+// with the standing of the open ones.
 func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrder, before int64, limit int) ([]parkedRow, error) {
-	f, err := f.normalized()
+	q, err := s.query(ctx, f)
 	if err != nil {
 		return nil, err
 	}
-	clause, args := parkedListSQL(f, order, before, limit)
+	clause, args := parkedListSQL(q, order, before, limit)
 	rows, err := s.parkedRows(ctx, clause, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list parked messages: %w", err)
 	}
-	return rows, s.join(ctx, rows)
+	if err := s.join(ctx, rows); err != nil {
+		return nil, err
+	}
+	return rows, s.stand(ctx, rows)
 }
 
 // join fills in each parked row's saga: business key, state and the step
-// its message belongs to. Rows of saga types this server does not serve,
-// without a saga, or whose saga id is not a UUID in the form parseSagaID
-// accepts (a consumer parks whatever a message said), are left as they are.
+// its message belongs to. A row without a saga id whose message belongs to
+// a served saga type is linked to the saga its correlation id names (as
+// business key, or as saga id), as the saga's consumer would have found it
+// (Parked.LinkedBy). Rows of saga types this server does not serve, or
+// whose saga id is not a UUID in the form parseSagaID accepts (a consumer
+// parks whatever a message said), are left as they are.
 func (s *Server) join(ctx context.Context, rows []parkedRow) error {
+	if err := s.link(ctx, rows); err != nil {
+		return err
+	}
 	ids := map[string][]string{}
 	canonical := make([]string, len(rows)) // "" where there is nothing to join
 	for i := range rows {
@@ -150,12 +233,137 @@ func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 	return nil
 }
 
+// link joins rows that name no saga to the saga their correlation field
+// (message.Message.CorrelationKey: a business key, or a saga id) names, as
+// the saga's consumer finds it: the value parking kept, or else the one
+// read from the body. Only saga types whose definition names the message
+// are asked.
+func (s *Server) link(ctx context.Context, rows []parkedRow) error {
+	type want struct {
+		row int
+		key string
+	}
+	byType := map[*sagaType][]want{}
+	for i := range rows {
+		p := &rows[i]
+		if p.SagaID != "" || p.SagaType != "" {
+			continue
+		}
+		key := p.correlationKey
+		if key == "" { // parked before parking kept it
+			key = s.correlationKey(p.MessageType, p.body)
+		}
+		if key == "" {
+			continue
+		}
+		for _, t := range s.sagas {
+			if _, ok := t.def.Lookup(p.MessageType); ok || t.def.StartMessage == p.MessageType {
+				byType[t] = append(byType[t], want{i, key})
+			}
+		}
+	}
+	for _, t := range s.sagas { // in Config order: the first type that has the saga wins
+		ws := byType[t]
+		if len(ws) == 0 {
+			continue
+		}
+		keys, ids := make([]string, 0, len(ws)), []string{}
+		for _, w := range ws {
+			keys = append(keys, w.key)
+			if u, err := uuid.Parse(w.key); err == nil {
+				ids = append(ids, u.String())
+			}
+		}
+		rs, err := s.cfg.Pool.Query(ctx, `SELECT id::text, business_key FROM `+t.table+` WHERE business_key = ANY($1)
+UNION ALL SELECT id::text, business_key FROM `+t.table+` WHERE id = ANY($2::uuid[])`, keys, ids)
+		if err != nil {
+			return fmt.Errorf("link parked messages to %s sagas: %w", t.def.Name, err)
+		}
+		byKey := map[string]string{}
+		var id, key string
+		_, err = pgx.ForEachRow(rs, []any{&id, &key}, func() error {
+			byKey[key], byKey[id] = id, id
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("link parked messages to %s sagas: %w", t.def.Name, err)
+		}
+		for _, w := range ws {
+			p := &rows[w.row]
+			if p.LinkedBy != "" {
+				continue
+			}
+			k := w.key
+			if u, err := uuid.Parse(k); err == nil {
+				k = u.String()
+			}
+			if id, ok := byKey[k]; ok {
+				p.SagaID, p.SagaType, p.LinkedBy = id, t.def.Name, "correlation"
+			}
+		}
+	}
+	return nil
+}
+
+// correlationKey decodes body as typ and returns its correlation field's
+// value, or "" when the type is unknown or the body does not decode.
+func (s *Server) correlationKey(typ string, body []byte) string {
+	info, ok := s.lookup(typ)
+	if !ok || info.New == nil {
+		return ""
+	}
+	m := info.New()
+	if proto.Unmarshal(body, m) != nil {
+		return ""
+	}
+	return m.CorrelationKey()
+}
+
+// stand sets the standing of every open row with a saga: whether replaying
+// it now would act (current) or it no longer applies (superseded), by the
+// saga-state check a replay makes (read only, nothing locked).
+func (s *Server) stand(ctx context.Context, rows []parkedRow) error {
+	for i := range rows {
+		p := &rows[i]
+		if !p.open() {
+			continue
+		}
+		standing, note, err := s.standing(ctx, nil, *p)
+		if err != nil {
+			return err
+		}
+		p.Standing, p.StandingNote = standing, note
+	}
+	return nil
+}
+
+// standing judges one open row with the replay check; tx locks the saga's
+// row when set (a dismissal decides on it), and may be nil.
+func (s *Server) standing(ctx context.Context, tx pgx.Tx, p parkedRow) (standing, note string, err error) {
+	if p.SagaID == "" {
+		return "", "it names no saga", nil
+	}
+	t, st, check, err := s.check(ctx, tx, p, tx == nil)
+	if err != nil {
+		return "", "", err
+	}
+	switch {
+	case t == nil || st == nil:
+		return "", check.Explanation, nil
+	case check.Allowed:
+		return StandingCurrent, check.Explanation, nil
+	}
+	return StandingSuperseded, check.Explanation, nil
+}
+
 func (s *Server) handleListParked(w http.ResponseWriter, r *http.Request) error {
-	q, err := parseQuery(r, "saga_type", "saga_id", "queue", "message_type", "include_replayed", "limit", "cursor")
+	q, err := parseQuery(r, "saga_type", "saga_id", "queue", "message_type", "reason", "older_than", "newer_than",
+		"include_replayed", "limit", "cursor")
 	if err != nil {
 		return err
 	}
-	f := ParkedFilter{SagaType: q.str("saga_type"), SagaID: q.str("saga_id"), Queue: q.str("queue"), MessageType: q.str("message_type")}
+	f := ParkedFilter{SagaType: q.str("saga_type"), SagaID: q.str("saga_id"), Queue: q.str("queue"), MessageType: q.str("message_type"),
+		Reason: q.str("reason"), OlderThan: q.str("older_than"), NewerThan: q.str("newer_than")}
 	if f.IncludeReplayed, err = q.boolean("include_replayed"); err != nil {
 		return err
 	}
@@ -195,7 +403,7 @@ func parseParkedID(raw string) (int64, error) {
 	return id, nil
 }
 
-// loadParked returns one parked message joined to its saga, with its body.
+// loadParked returns one parked message, with its body.
 func (s *Server) loadParked(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, id int64) (parkedRow, error) {
@@ -227,6 +435,9 @@ func (s *Server) handleParked(w http.ResponseWriter, r *http.Request) error {
 	}
 	rows := []parkedRow{p}
 	if err := s.join(r.Context(), rows); err != nil {
+		return err
+	}
+	if err := s.stand(r.Context(), rows); err != nil {
 		return err
 	}
 	out := rows[0].Parked

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -193,14 +191,14 @@ func (s *Server) handleBulk(w http.ResponseWriter, r *http.Request) error {
 	}
 	f := req.Filter
 	if f == (SagaFilter{}) {
-		return badRequest("filter: name at least one of type, state, business_key, stuck, review")
+		return badRequest("filter: name at least one of type, state, business_key, key_prefix, stuck, review, created_after, created_before, updated_after, updated_before")
 	}
 	types, err := s.scope(f)
 	if err != nil {
 		return err
 	}
 	ctx := r.Context()
-	items, more, err := s.list(ctx, types, f, n, "")
+	items, more, err := s.list(ctx, types, f, false, n, "")
 	if err != nil {
 		return err
 	}
@@ -209,7 +207,8 @@ func (s *Server) handleBulk(w http.ResponseWriter, r *http.Request) error {
 	for _, it := range items {
 		item := BulkItem{SagaID: it.w.ID, Type: it.t.def.Name, BusinessKey: it.w.BusinessKey, State: it.w.State, Version: it.w.Version}
 		if req.DryRun {
-			item.Outcome, item.To, item.Error = s.predict(ctx, it.t, it.w, a, p)
+			pr := s.predict(ctx, it.t, it.w, a, p)
+			item.Outcome, item.To, item.Sends, item.Effect, item.Error = pr.Outcome, pr.To, pr.Sends, pr.Effect, pr.Error
 		} else {
 			res, err := s.operate(ctx, p, it.t, it.w.ID, a, it.w.Version)
 			var ae *apiError
@@ -233,35 +232,25 @@ func (s *Server) handleBulk(w http.ResponseWriter, r *http.Request) error {
 }
 
 // predict says what a would do to the saga in row w, without doing it:
-// the state machine classifies the operator trigger against the instance.
-func (s *Server) predict(ctx context.Context, t *sagaType, w sagaRow, a action, p Principal) (outcome, to, msg string) {
+// the state machine decides on the instance as it is now (judge), with
+// the state it would reach and the messages it would send.
+func (s *Server) predict(ctx context.Context, t *sagaType, w sagaRow, a action, p Principal) BulkItem {
+	item := BulkItem{}
 	if tg := a.target(); tg != "" && w.State == tg {
-		return OutcomeAlreadyApplied, tg, ""
+		item.Outcome, item.To = OutcomeAlreadyApplied, tg
+		item.Effect = "nothing: the saga already is in " + tg
+		return item
 	}
 	st, err := t.engine.Status(ctx, w.ID)
 	if err != nil {
-		return OutcomeError, "", errorText(operateError(err, w.ID))
+		item.Outcome, item.Error = OutcomeError, errorText(operateError(err, w.ID))
+		return item
 	}
-	if st.DataError != "" && !saga.AppliesWithoutData(a.trigger) {
-		return OutcomeWouldReject, "", st.DataError + "; " + saga.UnreadableDataHint
+	v := s.judge(ctx, t, st, a, p)
+	if !v.allowed {
+		item.Outcome, item.Error = OutcomeWouldReject, v.refusal
+		return item
 	}
-	inst := sagadef.Instance{
-		ID: st.ID, Type: st.Type, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Data: st.Data,
-		Attempt: st.Attempt, PendingMessageID: st.PendingMessageID, Progress: st.Progress,
-		TimeoutAt: st.TimeoutAt, DeadlineAt: st.DeadlineAt, LastError: st.LastError, ReviewReason: st.ReviewReason,
-	}
-	class := t.def.Classify(inst, sagadef.Trigger{Kind: a.trigger, Operator: p.Name, Reason: a.reason, ResolveTo: a.to})
-	if class != sagadef.ClassNew {
-		return OutcomeWouldReject, "", fmt.Sprintf("the state machine refuses %s in state %s", a.trigger, st.State)
-	}
-	if a.to != "" {
-		return OutcomeWouldApply, a.to, ""
-	}
-	var tos []string
-	for _, tr := range t.def.Transitions {
-		if tr.From == st.State && tr.Trigger == a.trigger && !slices.Contains(tos, tr.To) {
-			tos = append(tos, tr.To)
-		}
-	}
-	return OutcomeWouldApply, strings.Join(tos, " | "), ""
+	item.Outcome, item.To, item.Sends, item.Effect = OutcomeWouldApply, v.reaches, v.sends, v.effect
+	return item
 }

@@ -173,7 +173,7 @@ func TestBulkRepair(t *testing.T) {
 	resolve.To = "COMPLETED"
 	dryResolve := postJSON[admin.BulkResult](t, b, "/api/bulk/sagas/resolve", resolve, http.StatusOK)
 	require.Equal(t, map[string]int{admin.OutcomeWouldReject: 3}, dryResolve.Counts)
-	require.Contains(t, dryResolve.Items[0].Error, "refuses operator.resolve in state RESERVE_INVENTORY")
+	require.Contains(t, dryResolve.Items[0].Error, "does not allow resolve in state RESERVE_INVENTORY")
 
 	req.DryRun, req.Max = false, 2
 	res := postJSON[admin.BulkResult](t, b, "/api/bulk/sagas/cancel", req, http.StatusOK)
@@ -189,6 +189,39 @@ func TestBulkRepair(t *testing.T) {
 		require.Contains(t, a.Note, "warehouse outage")
 	}
 	require.Equal(t, "RESERVE_INVENTORY", b.status(t, fresh).State)
+}
+
+// TestBulkDryRunSaysWhereEachSagaGoes: a dry run names the one state each
+// saga would reach and what it would send, as the state machine decides on
+// the instance (a saga in manual review resumes the state it came from),
+// not every state the transition table allows from its state.
+func TestBulkDryRunSaysWhereEachSagaGoes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	review := b.manualReview(t, "dry-review") // from AUTHORIZE_PAYMENT
+	waiting := b.start(t, "dry-waiting")      // RESERVE_INVENTORY
+
+	dry := postJSON[admin.BulkResult](t, b, "/api/bulk/sagas/retry",
+		admin.BulkRequest{Filter: admin.SagaFilter{KeyPrefix: "dry-"}, Reason: "provider back", DryRun: true}, http.StatusOK)
+	require.Equal(t, map[string]int{admin.OutcomeWouldApply: 2}, dry.Counts)
+	byID := map[string]admin.BulkItem{}
+	for _, it := range dry.Items {
+		byID[it.SagaID] = it
+	}
+	require.Equal(t, "AUTHORIZE_PAYMENT", byID[review].To, "the state it came from, not every state a retry may lead to")
+	require.Equal(t, []string{"AuthorizePayment"}, byID[review].Sends)
+	require.Contains(t, byID[review].Effect, "sends AuthorizePayment and the saga goes to AUTHORIZE_PAYMENT")
+	require.Equal(t, "RESERVE_INVENTORY", byID[waiting].To)
+	require.Equal(t, []string{"ReserveInventory"}, byID[waiting].Sends)
+	require.Contains(t, byID[waiting].Effect, "the saga stays in RESERVE_INVENTORY")
+
+	comp := postJSON[admin.BulkResult](t, b, "/api/bulk/sagas/compensate",
+		admin.BulkRequest{Filter: admin.SagaFilter{BusinessKey: "dry-waiting"}, Reason: "fraud", DryRun: true}, http.StatusOK)
+	require.Equal(t, "COMPENSATING_RESERVE_INVENTORY", comp.Items[0].To)
+	require.Equal(t, []string{"ReleaseInventory"}, comp.Items[0].Sends)
+	require.Equal(t, "MANUAL_REVIEW", b.status(t, review).State, "a dry run changes nothing")
+	require.Equal(t, "RESERVE_INVENTORY", b.status(t, waiting).State)
+	require.Len(t, b.audit(t, waiting), 1)
 }
 
 // TestRepairsOfASagaWithUnreadableData: for a saga whose stored data cannot

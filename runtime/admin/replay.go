@@ -62,11 +62,8 @@ func (s *Server) handleBulkReplay(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	f := req.Filter
-	if f.SagaType == "" && f.SagaID == "" && f.Queue == "" && f.MessageType == "" {
-		return badRequest("filter: name at least one of saga_type, saga_id, queue, message_type")
-	}
-	if f.IncludeReplayed {
-		return badRequest("filter: include_replayed cannot be used to replay (replayed messages are never replayed again)")
+	if err := bulkFilter(f, "replay"); err != nil {
+		return err
 	}
 	rows, err := s.listParked(r.Context(), f, oldestFirst, 0, n+1)
 	if err != nil {
@@ -88,6 +85,18 @@ func (s *Server) handleBulkReplay(w http.ResponseWriter, r *http.Request) error 
 	}
 	s.cfg.Logger.InfoContext(r.Context(), "admin bulk replay", "operator", p.Name, "reason", reason, "dry_run", req.DryRun, "counts", out.Counts)
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// bulkFilter checks the filter of a bulk action on parked messages.
+func bulkFilter(f ParkedFilter, verb string) error {
+	if f.IncludeReplayed {
+		return badRequest("filter: include_replayed cannot be used to %s (closed messages stay closed)", verb)
+	}
+	f.OlderThan, f.NewerThan = "", "" // ages alone select too much
+	if f == (ParkedFilter{}) {
+		return badRequest("filter: name at least one of saga_type, saga_id, queue, message_type, reason")
+	}
 	return nil
 }
 
@@ -132,6 +141,11 @@ func (s *Server) replay(ctx context.Context, p Principal, id int64, reason strin
 			res.Check = ReplayCheck{Explanation: fmt.Sprintf("replayed at %s by %s", row.ReplayedAt.Format(time.RFC3339), row.ReplayedBy)}
 			return nil
 		}
+		if row.DismissedAt != nil {
+			res.Outcome = OutcomeAlreadyClosed
+			res.Check = ReplayCheck{Explanation: fmt.Sprintf("dismissed at %s by %s: %s", row.DismissedAt.Format(time.RFC3339), row.DismissedBy, row.DismissReason)}
+			return nil
+		}
 		t, st, check, err := s.check(ctx, tx, row, dryRun)
 		if err != nil {
 			return err
@@ -151,7 +165,7 @@ func (s *Server) replay(ctx context.Context, p Principal, id int64, reason strin
 		now := s.cfg.Now().UTC()
 		forced := !check.Allowed
 		rs, err := tx.Query(ctx, `UPDATE saga_parked SET replayed_at = $2, replayed_by = $3, replay_reason = $6, replay_forced = $7
-WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS NULL RETURNING id`,
+WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND `+openParked+` RETURNING id`,
 			row.MessageID, now, p.Name, row.Exchange, row.RoutingKey, reason, forced)
 		if err != nil {
 			return fmt.Errorf("mark parked message %d replayed: %w", id, err)
@@ -198,7 +212,7 @@ WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND replayed_at IS 
 // republishing the message.
 func lockSiblings(ctx context.Context, tx pgx.Tx, row parkedRow) (parkedRow, error) {
 	rows, err := tx.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked
-WHERE message_id = $1 AND exchange = $2 AND routing_key = $3 AND (replayed_at IS NULL OR id = $4)
+WHERE message_id = $1 AND exchange = $2 AND routing_key = $3 AND ((`+openParked+`) OR id = $4)
 ORDER BY id FOR UPDATE`, row.MessageID, row.Exchange, row.RoutingKey, row.ID)
 	if err != nil {
 		return parkedRow{}, fmt.Errorf("lock parked message %d: %w", row.ID, err)
@@ -272,11 +286,16 @@ func envelopeOf(row parkedRow) (envelope.Envelope, error) {
 		Traceparent: str(envelope.HeaderTraceparent), Tracestate: str(envelope.HeaderTracestate),
 		Exchange: row.Exchange, RoutingKey: row.RoutingKey, Body: row.body,
 	}
-	if env.SagaID == "" {
-		env.SagaID = row.SagaID
-	}
-	if env.SagaType == "" {
-		env.SagaType = row.SagaType
+	if row.LinkedBy == "" {
+		// A message linked to its saga by its correlation id goes out as
+		// it came, without saga metadata: its consumer finds the saga by
+		// the same correlation.
+		if env.SagaID == "" {
+			env.SagaID = row.SagaID
+		}
+		if env.SagaType == "" {
+			env.SagaType = row.SagaType
+		}
 	}
 	if env.CorrelationID == "" {
 		env.CorrelationID = env.SagaID

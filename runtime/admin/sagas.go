@@ -47,6 +47,12 @@ func (t *sagaType) view(w sagaRow, now time.Time) Saga {
 	}
 	out.StuckReason = t.stuckReason(w, now)
 	out.Stuck = out.StuckReason != ""
+	if w.State == sagadef.StateCompleted || w.State == sagadef.StateCancelled {
+		// An error the saga got past (a timeout it retried, a failure an
+		// operator repaired) says nothing about a saga that ended well or
+		// was ended on purpose; its timeline keeps it.
+		out.LastError = ""
+	}
 	return out
 }
 
@@ -108,6 +114,18 @@ func (s *Server) scope(f SagaFilter) ([]*sagaType, error) {
 	if err := checkText("business_key", f.BusinessKey, 1000); err != nil {
 		return nil, err
 	}
+	if err := checkText("key_prefix", f.KeyPrefix, 1000); err != nil {
+		return nil, err
+	}
+	for _, win := range []struct {
+		name          string
+		after, before *time.Time
+	}{{"created", f.CreatedAfter, f.CreatedBefore}, {"updated", f.UpdatedAfter, f.UpdatedBefore}} {
+		if win.after != nil && win.before != nil && !win.after.Before(*win.before) {
+			return nil, badRequest("%s_after %s is not before %s_before %s: an empty window", win.name,
+				win.after.Format(time.RFC3339), win.name, win.before.Format(time.RFC3339))
+		}
+	}
 	if f.Review && f.State != "" && f.State != sagadef.StateManualReview {
 		return nil, badRequest("review selects state %s; state=%s contradicts it", sagadef.StateManualReview, f.State)
 	}
@@ -139,15 +157,23 @@ type listedSaga struct {
 // comes from its engine (saga.Engine.List, the one listing query of an
 // instance table); the pages are merged in the same newest-first order,
 // which one cursor continues for every type.
-func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limit int, after string) ([]listedSaga, bool, error) {
+func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, oldest bool, limit int, after string) ([]listedSaga, bool, error) {
 	now := s.cfg.Now()
 	var all []listedSaga
 	more := false
+	deref := func(t *time.Time) time.Time {
+		if t == nil {
+			return time.Time{}
+		}
+		return *t
+	}
 	for _, t := range types {
 		if f.State != "" && !t.hasState(f.State) {
 			continue
 		}
-		lf := saga.ListFilter{BusinessKey: f.BusinessKey, Limit: limit, After: after}
+		lf := saga.ListFilter{BusinessKey: f.BusinessKey, KeyPrefix: f.KeyPrefix, Limit: limit, After: after, Oldest: oldest,
+			CreatedAfter: deref(f.CreatedAfter), CreatedBefore: deref(f.CreatedBefore),
+			UpdatedAfter: deref(f.UpdatedAfter), UpdatedBefore: deref(f.UpdatedBefore)}
 		switch {
 		case f.State != "":
 			lf.States = []string{f.State}
@@ -167,6 +193,9 @@ func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limi
 		}
 	}
 	slices.SortFunc(all, func(a, b listedSaga) int {
+		if oldest {
+			a, b = b, a
+		}
 		if c := b.w.CreatedAt.Compare(a.w.CreatedAt); c != 0 {
 			return c
 		}
@@ -179,11 +208,28 @@ func (s *Server) list(ctx context.Context, types []*sagaType, f SagaFilter, limi
 }
 
 func (s *Server) handleListSagas(w http.ResponseWriter, r *http.Request) error {
-	q, err := parseQuery(r, "type", "state", "business_key", "stuck", "review", "limit", "cursor")
+	q, err := parseQuery(r, "type", "state", "business_key", "key_prefix", "stuck", "review", "created_after", "created_before",
+		"updated_after", "updated_before", "sort", "limit", "cursor")
 	if err != nil {
 		return err
 	}
-	f := SagaFilter{Type: q.str("type"), State: q.str("state"), BusinessKey: q.str("business_key")}
+	f := SagaFilter{Type: q.str("type"), State: q.str("state"), BusinessKey: q.str("business_key"), KeyPrefix: q.str("key_prefix")}
+	for _, tv := range []struct {
+		name string
+		dst  **time.Time
+	}{{"created_after", &f.CreatedAfter}, {"created_before", &f.CreatedBefore}, {"updated_after", &f.UpdatedAfter}, {"updated_before", &f.UpdatedBefore}} {
+		if *tv.dst, err = q.time(tv.name); err != nil {
+			return err
+		}
+	}
+	var oldest bool
+	switch q.str("sort") {
+	case "", SortNewest:
+	case SortOldest:
+		oldest = true
+	default:
+		return badRequest("sort=%q: want %s or %s", q.str("sort"), SortNewest, SortOldest)
+	}
 	if f.Stuck, err = q.boolean("stuck"); err != nil {
 		return err
 	}
@@ -202,7 +248,7 @@ func (s *Server) handleListSagas(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	items, more, err := s.list(r.Context(), types, f, limit, after)
+	items, more, err := s.list(r.Context(), types, f, oldest, limit, after)
 	if err != nil {
 		return err
 	}

@@ -13,11 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/internal/termtext"
 	"github.com/protosaga/saga/runtime/message"
@@ -47,7 +49,25 @@ type Config struct {
 	// (telemetry.StuckRule). Default: telemetry.DefaultStuckGrace, as the
 	// saga.instances.stuck gauge; give both the same value. Negative: none.
 	StuckGrace time.Duration
+	// MaxFailedSignIns is how many requests with an unknown token one
+	// client address may make in SignInWindow; beyond, every API request
+	// from it is answered 429 until the window ends. Default
+	// DefaultMaxFailedSignIns; negative: no limit.
+	MaxFailedSignIns int
+	// SignInWindow is the window of MaxFailedSignIns. Default one minute.
+	SignInWindow time.Duration
+	// ClientAddr names a request's client for the sign-in limit and the
+	// logs. Default: the connection's remote address without its port.
+	// Behind a reverse proxy, return the address the proxy vouches for.
+	ClientAddr func(*http.Request) string
+	// Tracer, when set, traces every API request (continuing a W3C
+	// traceparent header): a repair's log lines and the messages it sends
+	// carry its trace id.
+	Tracer trace.TracerProvider
 }
+
+// DefaultMaxFailedSignIns is Config.MaxFailedSignIns' default.
+const DefaultMaxFailedSignIns = 10
 
 // Limits.
 const (
@@ -73,7 +93,8 @@ const TriggerReplay = "operator.replay"
 // mounted under a prefix with http.StripPrefix).
 type Server struct {
 	cfg     Config
-	auth    *authenticator
+	auth    atomic.Pointer[authenticator]
+	limiter *signInLimiter
 	sagas   []*sagaType // in Config order
 	byName  map[string]*sagaType
 	handler http.Handler
@@ -103,6 +124,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.StuckGrace == 0 {
 		cfg.StuckGrace = telemetry.DefaultStuckGrace
 	}
+	if cfg.MaxFailedSignIns == 0 {
+		cfg.MaxFailedSignIns = DefaultMaxFailedSignIns
+	}
+	if cfg.SignInWindow <= 0 {
+		cfg.SignInWindow = time.Minute
+	}
+	if cfg.ClientAddr == nil {
+		cfg.ClientAddr = clientAddr
+	}
 	var errs []error
 	if cfg.Pool == nil {
 		errs = append(errs, errors.New("admin: Pool is required"))
@@ -113,7 +143,8 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Tokens.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("admin: Tokens: %w", err))
 	}
-	s := &Server{cfg: cfg, auth: newAuthenticator(cfg.Tokens), byName: map[string]*sagaType{}}
+	s := &Server{cfg: cfg, byName: map[string]*sagaType{}, limiter: newSignInLimiter(cfg.MaxFailedSignIns, cfg.SignInWindow, cfg.Now)}
+	s.auth.Store(newAuthenticator(cfg.Tokens))
 	for i, e := range cfg.Sagas {
 		if e == nil {
 			errs = append(errs, fmt.Errorf("admin: Sagas[%d] is nil", i))
@@ -206,6 +237,18 @@ func (s *Server) lookupWith(extra *saga.Engine, fullName string) (*message.Info,
 	return nil, false
 }
 
+// SetTokens replaces the accepted bearer tokens, for rotating them without
+// a restart: requests after it are checked against tokens only. Invalid
+// tokens (Tokens.Validate) are refused and the current ones kept.
+func (s *Server) SetTokens(tokens Tokens) error {
+	if err := tokens.Validate(); err != nil {
+		return fmt.Errorf("admin: tokens: %w", err)
+	}
+	s.auth.Store(newAuthenticator(tokens))
+	s.cfg.Logger.Info("admin tokens replaced", "tokens", tokens)
+	return nil
+}
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
@@ -235,6 +278,11 @@ func (s *Server) routes() http.Handler {
 		{http.MethodGet, "/api/parked/{id}", RoleRead, s.handleParked},
 		{http.MethodPost, "/api/parked/{id}/replay", RoleRepair, s.handleReplay},
 		{http.MethodPost, "/api/bulk/parked/replay", RoleRepair, s.handleBulkReplay},
+		{http.MethodPost, "/api/parked/{id}/dismiss", RoleRepair, s.handleDismiss},
+		{http.MethodPost, "/api/bulk/parked/dismiss", RoleRepair, s.handleBulkDismiss},
+		{http.MethodGet, "/api/stats", RoleRead, s.handleStats},
+		{http.MethodGet, "/api/search", RoleRead, s.handleSearch},
+		{http.MethodGet, "/api/operator-log", RoleRead, s.handleOperatorLog},
 	}
 	for _, rt := range routes {
 		api.Handle(rt.method+" "+rt.path, s.endpoint(rt.role, rt.h))
@@ -294,8 +342,32 @@ func badRequest(format string, args ...any) *apiError {
 func (s *Server) endpoint(need Role, h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
-		p, ok := s.auth.principal(r)
-		if !ok {
+		if s.cfg.Tracer != nil {
+			ctx := telemetry.ContextWithTraceparent(r.Context(), r.Header.Get("traceparent"), r.Header.Get("tracestate"))
+			ctx, span := s.cfg.Tracer.Tracer(telemetry.ScopeName).Start(ctx, "admin "+r.Pattern, trace.WithSpanKind(trace.SpanKindServer))
+			defer span.End()
+			r = r.WithContext(ctx)
+		}
+		client := s.cfg.ClientAddr(r)
+		if locked, wait, first := s.limiter.locked(client); locked {
+			secs := int(wait.Seconds()) + 1
+			if first {
+				s.cfg.Logger.WarnContext(r.Context(), "admin sign-ins refused: too many failed", "client", client,
+					"failures", s.cfg.MaxFailedSignIns, "window", s.cfg.SignInWindow.String(), "retry_after_s", secs)
+			}
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			writeJSON(w, http.StatusTooManyRequests, Error{Code: "rate_limited",
+				Message: fmt.Sprintf("too many failed sign-ins from this address: try again in %d s", secs)})
+			return
+		}
+		p, why := s.auth.Load().principal(r)
+		if why != "" {
+			failures := 0
+			if why == unknownToken {
+				failures = s.limiter.fail(client)
+			}
+			s.cfg.Logger.WarnContext(r.Context(), "admin sign-in failed", "reason", why, "client", client,
+				"method", r.Method, "path", r.URL.Path, "failures", failures)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="saga-admin"`)
 			writeJSON(w, http.StatusUnauthorized, Error{Code: "unauthenticated", Message: "a valid bearer token is required (Authorization: Bearer <token>)"})
 			return
@@ -394,6 +466,19 @@ func (q query) boolean(k string) (bool, error) {
 		return false, badRequest("%s=%q: want true or false", k, v)
 	}
 	return b, nil
+}
+
+// time parses an RFC 3339 time; nil when the parameter is absent.
+func (q query) time(k string) (*time.Time, error) {
+	v, ok := q.vals[k]
+	if !ok || v == "" {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return nil, badRequest("%s=%q: want an RFC 3339 time such as 2026-01-02T15:04:05Z", k, v)
+	}
+	return &t, nil
 }
 
 func (q query) limit() (int, error) {

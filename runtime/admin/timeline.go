@@ -27,7 +27,7 @@ func (s *Server) handleTimeline(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	tl, err := s.timeline(r.Context(), t, st)
+	tl, err := s.timeline(r.Context(), t, st, principalOf(r.Context()))
 	if err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ WHERE o.saga_id = $1 AND o.saga_id <> '' ORDER BY o.id DESC LIMIT $2`
 
 // timeline assembles one saga's story from its audit trail, its outbox rows
 // and its parked messages.
-func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Timeline, error) {
+func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Principal) (Timeline, error) {
 	now := s.cfg.Now()
 	hist, histCut, err := t.engine.RecentHistory(ctx, st.ID, maxTimelineRows)
 	if err != nil {
@@ -71,9 +71,19 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Tim
 	if err != nil {
 		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
 	}
-	parked, err := s.parkedRows(ctx, `WHERE saga_id = $1 ORDER BY id DESC LIMIT $2`, st.ID, maxTimelineRows+1)
+	// Its parked messages, those parked without a saga id and joined to it
+	// by their correlation field (its id or business key) included.
+	parked, err := s.parkedRows(ctx, `WHERE saga_id = $1 OR `+unlinkedOf("$3")+`
+ORDER BY id DESC LIMIT $2`, st.ID, maxTimelineRows+1, []string{st.ID, st.BusinessKey})
 	if err != nil {
 		return Timeline{}, fmt.Errorf("parked messages of saga %s: %w", st.ID, err)
+	}
+	if err := s.join(ctx, parked); err != nil {
+		return Timeline{}, err
+	}
+	parked = slices.DeleteFunc(parked, func(p parkedRow) bool { return p.SagaID != st.ID }) // a correlation of another saga type
+	if err := s.stand(ctx, parked); err != nil {
+		return Timeline{}, err
 	}
 	out, outCut := newest(out)
 	parked, parkedCut := newest(parked)
@@ -85,6 +95,7 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Tim
 		Steps:     stepViews(t.def),
 		Mermaid:   t.def.Mermaid(),
 		Progress:  ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped},
+		Actions:   s.actionViews(ctx, t, st, p),
 	}
 	visited := map[string]bool{}
 	for _, a := range hist {
@@ -145,10 +156,17 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status) (Tim
 			Queue:     p.Queue, ParkClass: p.Class, Reason: p.Reason, Attempts: p.Attempts,
 			Exchange: p.Exchange, RoutingKey: p.RoutingKey, ReplayedAt: p.ReplayedAt, ReplayedBy: p.ReplayedBy,
 			ReplayReason: p.ReplayReason, ReplayForced: p.ReplayForced, Body: s.body(p.MessageType, p.body),
+			DismissedAt: p.DismissedAt, DismissedBy: p.DismissedBy, DismissReason: p.DismissReason,
+			Standing: p.Standing, StandingNote: p.StandingNote,
 		}
 		e.Summary = fmt.Sprintf("parked %s from %s after %d attempt(s) (%s): %s", short(p.MessageType), p.Queue, p.Attempts, p.Class, firstLine(p.Reason))
-		if p.ReplayedAt != nil {
+		switch {
+		case p.ReplayedAt != nil:
 			e.Summary += fmt.Sprintf("; replayed by %s", p.ReplayedBy)
+		case p.DismissedAt != nil:
+			e.Summary += fmt.Sprintf("; dismissed by %s", p.DismissedBy)
+		case p.Standing != "":
+			e.Summary += "; " + p.Standing
 		}
 		tl.Events = append(tl.Events, e)
 		tl.Counts.Parked++

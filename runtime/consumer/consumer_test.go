@@ -43,7 +43,7 @@ var noteInfo = &message.Info{
 
 func (n *note) SagaMessageInfo() *message.Info { return noteInfo }
 func (n *note) IdempotencyKey() string         { return "" }
-func (n *note) CorrelationKey() string         { return "" }
+func (n *note) CorrelationKey() string         { return "key-" + n.GetValue() } // its correlation field
 
 // Handler behaviours, chosen by the note's text.
 const (
@@ -733,6 +733,50 @@ func TestConsumer(t *testing.T) {
 		rows := b.parked()
 		require.Equal(t, "0190b1e2-7c3a-7d4e-8f60-1a2b3c4d5e6f", rows["odd-id"].SagaID)
 		require.Equal(t, "saga-not-a-uuid", rows["not-a-uuid"].SagaID, "a saga id that is no UUID is kept as it came")
+	})
+
+	t.Run("ParkedAgainAfterADismissal", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		b.send("again", doPermanent, nil)
+		b.waitSettled("again", "park")
+		// An operator dismissed the open row; the same message parked
+		// again is a new, open row (an open row would have kept one).
+		_, err := b.pool.Exec(b.ctx, `UPDATE saga_parked SET dismissed_at = now(), dismissed_by = 'alice' WHERE message_id = 'again'`)
+		require.NoError(t, err)
+		b.mu.Lock()
+		b.settled = nil
+		b.mu.Unlock()
+		b.send("again", doPermanent, nil)
+		b.waitSettled("again", "park")
+		b.stop(r)
+		var open, dismissed int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE dismissed_at IS NULL), count(*) FILTER (WHERE dismissed_at IS NOT NULL)
+FROM saga_parked WHERE message_id = 'again'`).Scan(&open, &dismissed))
+		require.Equal(t, 1, open)
+		require.Equal(t, 1, dismissed)
+	})
+
+	t.Run("ParkedWithoutSagaKeepsItsCorrelationKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.start(nil, nil)
+		// A message that names no saga is found by its correlation field:
+		// parking keeps it, to join the row to its saga. One that names a
+		// saga needs none.
+		b.send("no-saga", doPermanent, func(p *amqp.Publishing) { delete(p.Headers, envelope.HeaderSagaID) })
+		b.send("with-saga", doPermanent, nil)
+		b.waitSettled("no-saga", "park")
+		b.waitSettled("with-saga", "park")
+		b.stop(r)
+		keys := map[string]string{}
+		rows, err := b.pool.Query(b.ctx, `SELECT message_id, correlation_key FROM saga_parked`)
+		require.NoError(t, err)
+		var id, key string
+		_, err = pgx.ForEachRow(rows, []any{&id, &key}, func() error { keys[id] = key; return nil })
+		require.NoError(t, err)
+		require.Equal(t, map[string]string{"no-saga": "key-" + doPermanent, "with-saga": ""}, keys)
 	})
 
 	t.Run("BrokenHandlerTransactionsAreRoutedNotLooped", func(t *testing.T) {

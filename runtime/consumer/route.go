@@ -115,7 +115,8 @@ func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
 }
 
 // insertParked records it in saga_parked within tx. A message already
-// parked from this queue and not replayed since is not recorded twice, so a
+// parked from this queue and still open (neither replayed nor dismissed
+// since) is not recorded twice, so a
 // redelivery after a lost ack (or a failed parking-lot publish) keeps one
 // row. Text is made storable: PostgreSQL text cannot hold NUL bytes or
 // invalid UTF-8, and a malformed message must still be parkable.
@@ -137,6 +138,12 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error 
 	if id, err := uuid.Parse(sagaID); err == nil {
 		sagaID = id.String() // the form saga tables, timelines and filters use
 	}
+	// A message that names no saga is found by its correlation field (the
+	// saga's business key or id): keep it, so it can be joined to its saga.
+	var correlationKey string
+	if sagaID == "" && it.d != nil && it.d.Message != nil {
+		correlationKey = it.d.Message.CorrelationKey()
+	}
 	headers, err := json.Marshal(jsonValue(map[string]any(raw.Headers)))
 	if err != nil {
 		return fmt.Errorf("encode headers of parked message: %w", err)
@@ -148,14 +155,14 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error 
 	}
 	_, err = tx.Exec(ctx, `
 INSERT INTO saga_parked (message_id, queue, message_type, saga_id, saga_type, correlation_id,
-  class, reason, attempts, exchange, routing_key, headers, body, first_failure_at)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
+  class, reason, attempts, exchange, routing_key, headers, body, first_failure_at, correlation_key)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15
 WHERE NOT EXISTS (
-  SELECT 1 FROM saga_parked WHERE message_id = $1 AND queue = $2 AND replayed_at IS NULL
+  SELECT 1 FROM saga_parked WHERE message_id = $1 AND queue = $2 AND replayed_at IS NULL AND dismissed_at IS NULL
 )`,
 		text(it.parkID), text(c.cfg.Queue), text(raw.Type), text(sagaID), text(sagaType), text(raw.CorrelationId),
 		it.parkClass(), text(truncate(it.err.Error(), maxStoredReason)), it.attempt,
-		text(exchange), text(routingKey), headers, body, c.firstFailureAt(raw))
+		text(exchange), text(routingKey), headers, body, c.firstFailureAt(raw), text(correlationKey))
 	if err != nil {
 		return fmt.Errorf("record parked message: %w", err)
 	}

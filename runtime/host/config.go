@@ -26,19 +26,22 @@ import (
 // The environment variables [FromEnv] reads. They are the same names the
 // project's scripts export and its README documents.
 const (
-	EnvPostgresURL = "SAGA_PG_URL"      // PostgreSQL URL (required unless Config.Pool is set)
-	EnvAMQPURL     = "SAGA_AMQP_URL"    // RabbitMQ URL, amqp:// or amqps:// (required)
-	EnvAMQPCA      = "SAGA_AMQP_CA"     // PEM file of the CA that signed the broker's certificate (amqps://); default: the system's roots
-	EnvService     = "SAGA_SERVICE"     // service name; default: the executable's name
-	EnvHTTPAddr    = "SAGA_HTTP_ADDR"   // listen address of the host's HTTP server; "off" disables it
-	EnvAdminTokens = admin.EnvTokens    // "name:role:token,..." (admin.ParseTokens); none: no admin API
-	EnvQueueType   = "SAGA_QUEUE_TYPE"  // "quorum" (default) or "classic"
-	EnvRelays      = "SAGA_RELAYS"      // outbox relays in this process; default 1, 0 runs none
-	EnvConcurrency = "SAGA_CONCURRENCY" // workers per consumer; default consumer's (4)
-	EnvMigrate     = "SAGA_MIGRATE"     // "false" skips applying migrations at Start
-	EnvStart       = "SAGA_HTTP_START"  // "true" serves each saga's start endpoint (Config.StartEndpoints)
-	EnvLogLevel    = "SAGA_LOG_LEVEL"   // debug, info (default), warn, error
-	EnvLogFormat   = "SAGA_LOG_FORMAT"  // json (default) or text
+	EnvPostgresURL = "SAGA_PG_URL"    // PostgreSQL URL (required unless Config.Pool is set)
+	EnvAMQPURL     = "SAGA_AMQP_URL"  // RabbitMQ URL, amqp:// or amqps:// (required)
+	EnvAMQPCA      = "SAGA_AMQP_CA"   // PEM file of the CA that signed the broker's certificate (amqps://); default: the system's roots
+	EnvService     = "SAGA_SERVICE"   // service name; default: the executable's name
+	EnvHTTPAddr    = "SAGA_HTTP_ADDR" // listen address of the host's HTTP server; "off" disables it
+	EnvAdminTokens = admin.EnvTokens  // "name:role:token,..." (admin.ParseTokens); none: no admin API
+	// EnvAdminTokensFile names a file holding the same list, read at start
+	// and again when it changes or the process gets SIGHUP.
+	EnvAdminTokensFile = "SAGA_ADMIN_TOKENS_FILE"
+	EnvQueueType       = "SAGA_QUEUE_TYPE"  // "quorum" (default) or "classic"
+	EnvRelays          = "SAGA_RELAYS"      // outbox relays in this process; default 1, 0 runs none
+	EnvConcurrency     = "SAGA_CONCURRENCY" // workers per consumer; default consumer's (4)
+	EnvMigrate         = "SAGA_MIGRATE"     // "false" skips applying migrations at Start
+	EnvStart           = "SAGA_HTTP_START"  // "true" serves each saga's start endpoint (Config.StartEndpoints)
+	EnvLogLevel        = "SAGA_LOG_LEVEL"   // debug, info (default), warn, error
+	EnvLogFormat       = "SAGA_LOG_FORMAT"  // json (default) or text
 )
 
 // DefaultHTTPAddr is where the host serves health, metrics, saga status and
@@ -82,6 +85,14 @@ type Config struct {
 	// AdminTokens are the admin API's bearer tokens (admin.ParseTokens).
 	// Without tokens the admin API and console are not served.
 	AdminTokens admin.Tokens
+	// AdminTokensFile names a file of admin tokens in admin.ParseTokens'
+	// form, instead of AdminTokens: read at New, and read again while the
+	// host runs when its modification time or size changes (checked every
+	// AdminTokensCheck, default 5 s) and on [Host.ReloadAdminTokens]
+	// ([Main] calls it on SIGHUP), so tokens rotate without a restart. A
+	// file that no longer parses is logged and the tokens in use are kept.
+	AdminTokensFile  string
+	AdminTokensCheck time.Duration
 	// StartEndpoints serves POST /sagas/<saga> for every registered saga
 	// (the generated start handler: protojson body, 202 with the status
 	// URL). Off by default: starting a saga is usually a decision of the
@@ -139,7 +150,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Telemetry receives the runtime's spans and metrics. When its Meter is
 	// nil and the HTTP server runs, the host exports metrics in the
-	// Prometheus format at /metrics.
+	// Prometheus format at /metrics, with the Go runtime's and the
+	// process's, under service.name Service. When its Tracer is nil, the
+	// host uses one that records no spans but gives every saga start,
+	// message and admin request a W3C trace id: messages carry it
+	// (traceparent) and every log line about them says it (trace_id).
 	Telemetry telemetry.Providers
 }
 
@@ -166,6 +181,10 @@ func FromEnv(getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", EnvAdminTokens, err))
 		}
 		cfg.AdminTokens = t
+	}
+	cfg.AdminTokensFile = get(EnvAdminTokensFile)
+	if cfg.AdminTokensFile != "" && get(EnvAdminTokens) != "" {
+		errs = append(errs, fmt.Errorf("set %s or %s, not both", EnvAdminTokens, EnvAdminTokensFile))
 	}
 	if s := get(EnvQueueType); s != "" {
 		cfg.QueueType = broker.QueueType(s)
@@ -281,6 +300,23 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger, _ = loggerFromEnv("", "") // the defaults cannot fail
 	}
+	if c.AdminTokensCheck <= 0 {
+		c.AdminTokensCheck = 5 * time.Second
+	}
+}
+
+// readTokens reads an admin tokens file (admin.ParseTokens' form). Errors
+// name the file, never a token.
+func readTokens(path string) (admin.Tokens, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("admin tokens file: %w", err)
+	}
+	t, err := admin.ParseTokens(string(raw))
+	if err != nil {
+		return nil, fmt.Errorf("admin tokens file %s: %w", path, err)
+	}
+	return t, nil
 }
 
 // Validate reports every problem with c, after defaults.
@@ -326,6 +362,9 @@ func (c *Config) Validate() error {
 	if len(c.AdminTokens) > 0 {
 		if err := c.AdminTokens.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("admin tokens: %w", err))
+		}
+		if c.AdminTokensFile != "" {
+			errs = append(errs, errors.New("admin tokens: set AdminTokens or AdminTokensFile, not both"))
 		}
 	}
 	return errors.Join(errs...)

@@ -47,6 +47,7 @@
 //	SAGA_HTTP_ADDR     where to serve HTTP (default "127.0.0.1:8080"; ":8080" for every interface; "off": none)
 //	SAGA_HTTP_START    "true": serve POST /sagas/<saga> for every registered saga
 //	SAGA_ADMIN_TOKENS  "name:role:token,..." for the admin API and console (none: not served)
+//	SAGA_ADMIN_TOKENS_FILE  a file holding that list instead, read again when it changes and on SIGHUP
 //	SAGA_QUEUE_TYPE    "quorum" (default) or "classic"
 //	SAGA_RELAYS        outbox relays in this process (default 1; 0: none)
 //	SAGA_CONCURRENCY   workers per consumer (default 4)
@@ -62,9 +63,20 @@
 // On Config.HTTPAddr (default "127.0.0.1:8080", loopback only: a container
 // sets ":8080"): GET /healthz (the process runs),
 // GET /readyz (started, database and broker reachable), GET /metrics
-// (Prometheus, unless Config.Telemetry brings its own meter), the saga
-// endpoints under /sagas/<saga>/ and, with admin tokens, the admin API and
-// console under /admin/ (see runtime/admin).
+// (Prometheus, unless Config.Telemetry brings its own meter: the runtime's
+// metrics, the Go runtime's and the process's, target_info naming the
+// service), the saga endpoints under /sagas/<saga>/ and, with admin
+// tokens, the admin API and console under /admin/ (see runtime/admin).
+//
+// # Logs and traces
+//
+// The host logs JSON (telemetry.NewLogHandler) with the saga, message,
+// correlation and causation ids of the message being handled and the
+// trace and span ids. Without a tracer of the user's (Config.Telemetry),
+// the host's tracer records nothing but gives every saga start, message
+// and admin request a trace id, so that one saga's log lines, across
+// services, share theirs. Failed admin sign-ins are logged (Warn) and
+// limited per client address (admin.Config.MaxFailedSignIns).
 //
 // # Stopping
 //

@@ -11,7 +11,9 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
 	"github.com/protosaga/saga/runtime/service"
@@ -35,7 +37,9 @@ type Host struct {
 	ownPool bool
 	log     *slog.Logger
 	mux     *http.ServeMux
-	metrics *promexport.Exporter // nil when Config.Telemetry has a meter or HTTP is off
+	metrics *promexport.Exporter     // nil when Config.Telemetry has a meter or HTTP is off
+	tracer  *sdktrace.TracerProvider // the id-only tracer, nil when Config.Telemetry has one
+	admin   *admin.Server            // nil without admin tokens (set by Start)
 
 	mu           sync.Mutex
 	participants []service.Participant
@@ -65,15 +69,32 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("host %s: %w", cfg.Service, err)
 	}
+	if cfg.AdminTokensFile != "" {
+		t, err := readTokens(cfg.AdminTokensFile)
+		if err != nil {
+			return nil, fmt.Errorf("host %s: %w", cfg.Service, err)
+		}
+		cfg.AdminTokens = t
+	}
 	h := &Host{cfg: cfg, log: cfg.Logger.With("service", cfg.Service), mux: http.NewServeMux(), queues: map[string]string{},
 		migrations: slices.Clone(cfg.Migrations)}
 	if cfg.Telemetry.Meter == nil && cfg.HTTPAddr != HTTPOff {
-		exp, err := promexport.New(nil)
+		res, err := promexport.ServiceResource(cfg.Service)
+		if err != nil {
+			return nil, fmt.Errorf("host %s: %w", cfg.Service, err)
+		}
+		exp, err := promexport.New(res)
 		if err != nil {
 			return nil, fmt.Errorf("host %s: %w", cfg.Service, err)
 		}
 		h.metrics = exp
 		h.cfg.Telemetry.Meter = exp.MeterProvider()
+	}
+	if cfg.Telemetry.Tracer == nil {
+		// Spans sampled never are recorded nowhere, but each has a valid
+		// trace id, which messages carry and log lines name.
+		h.tracer = sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+		h.cfg.Telemetry.Tracer = h.tracer
 	}
 	h.pool = cfg.Pool
 	if h.pool == nil {

@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/examples/placeorder/app"
@@ -24,6 +26,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 func env(vars map[string]string) func(string) string {
@@ -107,10 +110,11 @@ func TestHostServes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
+	logs := &testenv.LogBuffer{}
 	h, err := host.New(ctx, host.Config{
 		Service: "host-test", Pool: pool, AMQPURL: testenv.AMQP(t), HTTPAddr: "127.0.0.1:0",
 		AdminTokens: mustTokens(t, "ops:read:0123456789abcdef0123"), StartEndpoints: true,
-		Logger: slog.New(slog.DiscardHandler),
+		Logger: slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}), telemetry.LogOptions{})),
 	})
 	require.NoError(t, err)
 	po, err := app.Register(h)
@@ -144,6 +148,11 @@ func TestHostServes(t *testing.T) {
 	code, body = get("/metrics", "")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, "saga_instances", "the saga gauges are exported")
+	require.Contains(t, body, `target_info{service_name="host-test"`, "the service by its name")
+	require.NotContains(t, body, "unknown_service")
+	for _, m := range []string{"go_goroutines ", "go_memstats_heap_alloc_bytes ", "process_resident_memory_bytes ", "process_cpu_seconds_total "} {
+		require.Contains(t, body, m, "the Go runtime's and the process's metrics")
+	}
 	code, _ = get("/admin/api/sagas", "")
 	require.Equal(t, http.StatusUnauthorized, code)
 	code, body = get("/admin/api/sagas", "0123456789abcdef0123")
@@ -175,6 +184,23 @@ func TestHostServes(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "saga %s still in %s", started.SagaID, st.State)
 		time.Sleep(50 * time.Millisecond)
 	}
+
+	// Without a tracer of its own, the saga still has one trace id: in each
+	// of its messages and in the log lines about them.
+	rows, err := pool.Query(ctx, `SELECT DISTINCT substr(traceparent, 4, 32) FROM saga_outbox WHERE saga_id = $1`, started.SagaID)
+	require.NoError(t, err)
+	traces, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, traces, 1, "one trace per saga")
+	require.Len(t, traces[0], 32)
+	var logged int
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, `"saga_id":"`+started.SagaID+`"`) {
+			require.Contains(t, line, `"trace_id":"`+traces[0]+`"`, "a log line about the saga without its trace id: %s", line)
+			logged++
+		}
+	}
+	require.Positive(t, logged)
 
 	// A saga started from application code under WithRelay completes too
 	// (examples/placeorder/app TestStartHandsFirstCommandToTheRelay checks
@@ -300,4 +326,53 @@ func TestMainOverTLS(t *testing.T) {
 
 	_, err := host.FromEnv(env(map[string]string{host.EnvAMQPCA: "/nonexistent/ca.pem"}))
 	require.ErrorContains(t, err, "SAGA_AMQP_CA")
+}
+
+// TestAdminTokensReload: the admin tokens come from a file that the host
+// reads again when it changes (and on ReloadAdminTokens): a rotated token
+// works without a restart, the old one no longer does, and a file that no
+// longer parses keeps the tokens in use.
+func TestAdminTokensReload(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	file := filepath.Join(t.TempDir(), "tokens")
+	const first, second = "first-token-0123456789abcdef", "second-token-0123456789abcdef"
+	require.NoError(t, os.WriteFile(file, []byte("ops:repair:"+first+"\n"), 0o600))
+	logs := &testenv.LogBuffer{}
+	h, err := host.New(ctx, host.Config{
+		Service: "host-tokens", Pool: testenv.Postgres(t), AMQPURL: testenv.AMQP(t), HTTPAddr: "127.0.0.1:0",
+		AdminTokensFile: file, AdminTokensCheck: 20 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+	})
+	require.NoError(t, err)
+	require.NoError(t, inventoryv1.RegisterInventoryParticipant(h, app.Inventory{}))
+	_, err = orderv1.RegisterPlaceOrder(h, app.Decider{})
+	require.NoError(t, err)
+	require.NoError(t, h.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, h.Stop(ctx)) })
+	whoami := func(token string) int {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h.Addr()+"/admin/api/whoami", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, whoami(first))
+
+	// Rotated in place: the host sees the change.
+	require.NoError(t, os.WriteFile(file, []byte("ops:repair:"+second+"\n"), 0o600))
+	require.Eventually(t, func() bool { return whoami(second) == http.StatusOK }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, http.StatusUnauthorized, whoami(first))
+
+	// A broken file: refused, logged, the tokens in use stay.
+	require.NoError(t, os.WriteFile(file, []byte("ops:repair:short\n"), 0o600))
+	require.Error(t, h.ReloadAdminTokens())
+	require.Equal(t, http.StatusOK, whoami(second))
+	require.NotEmpty(t, logs.Records(t, "admin tokens not reloaded; the tokens in use stay"))
+	require.NotContains(t, logs.String(), second, "tokens are never logged")
+
+	_, err = host.FromEnv(env(map[string]string{host.EnvAdminTokens: "ops:read:0123456789abcdef0123", host.EnvAdminTokensFile: file}))
+	require.ErrorContains(t, err, "not both")
 }

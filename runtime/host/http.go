@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/protosaga/saga/runtime/admin"
@@ -52,10 +53,14 @@ func (h *Host) serve(r *running) error {
 		}
 		srv, err := admin.New(admin.Config{
 			Pool: h.pool, Sagas: engines, Registry: reg, Tokens: h.cfg.AdminTokens, Logger: h.log, Now: h.cfg.Now,
+			Tracer: h.cfg.Telemetry.Tracer,
 		})
 		if err != nil {
 			return fmt.Errorf("admin server: %w", err)
 		}
+		h.mu.Lock()
+		h.admin = srv
+		h.mu.Unlock()
 		route("/admin/", http.StripPrefix("/admin", srv))
 	}
 	for _, s := range h.sagas {
@@ -154,4 +159,59 @@ func (h *Host) Addr() string {
 		return ""
 	}
 	return h.run.listener.Addr().String()
+}
+
+// ReloadAdminTokens reads Config.AdminTokensFile again and gives the admin
+// server its tokens: requests after it are checked against those only. A
+// file that cannot be read or parsed is an error and the tokens in use
+// stay. [Main] calls it on SIGHUP; the host also calls it when the file
+// changes.
+func (h *Host) ReloadAdminTokens() error {
+	h.mu.Lock()
+	srv := h.admin
+	h.mu.Unlock()
+	switch {
+	case h.cfg.AdminTokensFile == "":
+		return fmt.Errorf("host %s: no admin tokens file to reload (%s)", h.cfg.Service, EnvAdminTokensFile)
+	case srv == nil:
+		return fmt.Errorf("host %s: the admin server does not run", h.cfg.Service)
+	}
+	t, err := readTokens(h.cfg.AdminTokensFile)
+	if err == nil {
+		err = srv.SetTokens(t)
+	}
+	if err != nil {
+		h.log.Error("admin tokens not reloaded; the tokens in use stay", "file", h.cfg.AdminTokensFile, "error", err)
+		return fmt.Errorf("host %s: %w", h.cfg.Service, err)
+	}
+	h.log.Info("admin tokens reloaded", "file", h.cfg.AdminTokensFile, "tokens", t)
+	return nil
+}
+
+// watchTokens reloads the admin tokens file whenever its modification time
+// or size changes, until ctx ends.
+func (h *Host) watchTokens(ctx context.Context) error {
+	stamp := func() (time.Time, int64) {
+		fi, err := os.Stat(h.cfg.AdminTokensFile)
+		if err != nil {
+			return time.Time{}, -1
+		}
+		return fi.ModTime(), fi.Size()
+	}
+	mod, size := stamp()
+	t := time.NewTicker(h.cfg.AdminTokensCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		m, n := stamp()
+		if m.Equal(mod) && n == size {
+			continue
+		}
+		mod, size = m, n
+		_ = h.ReloadAdminTokens() // logged; the tokens in use stay
+	}
 }

@@ -13,7 +13,8 @@ import (
 // [FromEnv], builds the host, makes its logger slog's default (so the
 // service's own logs come out alike), calls register to add the service's
 // participants and sagas (the generated Register functions), and runs until
-// SIGINT or SIGTERM, then stops in order and returns. When anything fails it
+// SIGINT or SIGTERM, then stops in order and returns; SIGHUP reloads the
+// admin tokens file (SAGA_ADMIN_TOKENS_FILE). When anything fails it
 // prints the reason on standard error and exits the process with status 1.
 // A service's main is one call:
 //
@@ -54,6 +55,18 @@ func run(ctx context.Context, getenv func(string) string, register func(*Host) e
 	if err := register(h); err != nil {
 		h.Close()
 		return fmt.Errorf("host %s: register: %w", h.cfg.Service, err)
+	}
+	if setDefault && h.cfg.AdminTokensFile != "" {
+		// SIGHUP reloads the admin tokens file (as the host does when the
+		// file changes).
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go func() {
+			for range hup {
+				_ = h.ReloadAdminTokens() // logged
+			}
+		}()
 	}
 	return h.Run(ctx)
 }

@@ -397,6 +397,9 @@ func (h *Host) launch(r *running) {
 			return s.Engine.RunTimeouts(r.work, h.cfg.TimeoutScanInterval)
 		})
 	}
+	if h.cfg.AdminTokensFile != "" && h.admin != nil {
+		part("admin tokens watcher", nil, func() error { return h.watchTokens(r.work) })
+	}
 	if r.server != nil {
 		part("HTTP server", nil, func() error {
 			if err := r.server.Serve(r.listener); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -468,6 +471,11 @@ func (h *Host) stop(ctx context.Context, r *running) error {
 	if h.metrics != nil {
 		if err := h.metrics.Shutdown(ctx); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if h.tracer != nil {
+		if err := h.tracer.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("tracer shutdown: %w", err))
 		}
 	}
 	if h.ownPool {

@@ -37,9 +37,18 @@ type ListFilter struct {
 	States []string
 	// BusinessKey selects the instance with this business key.
 	BusinessKey string
+	// KeyPrefix selects the instances whose business key starts with it
+	// (compared byte for byte, whatever the database's collation).
+	KeyPrefix string
 	// UpdatedAfter and UpdatedBefore select instances last changed
 	// strictly after, and strictly before, these times (zero: no bound).
 	UpdatedAfter, UpdatedBefore time.Time
+	// CreatedAfter and CreatedBefore select instances created strictly
+	// after, and strictly before, these times (zero: no bound).
+	CreatedAfter, CreatedBefore time.Time
+	// Oldest lists the oldest instances first (by creation time, then id)
+	// instead of the newest.
+	Oldest bool
 	// Stuck selects the instances stuck by this rule (the rule of the
 	// saga.instances.stuck gauge and the admin API) at StuckAt (zero: the
 	// engine's clock).
@@ -54,7 +63,8 @@ type ListFilter struct {
 }
 
 // ListPage is one page of instances, newest first (by creation time, then
-// id). NextCursor continues the list; it is empty on the last page.
+// id; oldest first with ListFilter.Oldest). NextCursor continues the list;
+// it is empty on the last page.
 type ListPage struct {
 	Items      []Status
 	NextCursor string
@@ -140,15 +150,23 @@ func (e *Engine) listSQL(f ListFilter) (sql string, args []any, limit int, err e
 	if f.BusinessKey != "" {
 		w.And("t.business_key = " + w.Arg(f.BusinessKey))
 	}
-	if !f.UpdatedAfter.IsZero() && !f.UpdatedBefore.IsZero() && !f.UpdatedAfter.Before(f.UpdatedBefore) {
-		return "", nil, 0, fmt.Errorf("updated after %s and before %s: an empty window: %w",
-			f.UpdatedAfter.Format(time.RFC3339Nano), f.UpdatedBefore.Format(time.RFC3339Nano), ErrInvalidFilter)
+	if f.KeyPrefix != "" {
+		w.And("starts_with(t.business_key, " + w.Arg(f.KeyPrefix) + ")")
 	}
-	if !f.UpdatedAfter.IsZero() {
-		w.And("t.updated_at > " + w.Arg(f.UpdatedAfter) + "::timestamptz")
-	}
-	if !f.UpdatedBefore.IsZero() {
-		w.And("t.updated_at < " + w.Arg(f.UpdatedBefore) + "::timestamptz")
+	for _, win := range []struct {
+		column        string
+		after, before time.Time
+	}{{"updated_at", f.UpdatedAfter, f.UpdatedBefore}, {"created_at", f.CreatedAfter, f.CreatedBefore}} {
+		if !win.after.IsZero() && !win.before.IsZero() && !win.after.Before(win.before) {
+			return "", nil, 0, fmt.Errorf("%s after %s and before %s: an empty window: %w", strings.TrimSuffix(win.column, "_at"),
+				win.after.Format(time.RFC3339Nano), win.before.Format(time.RFC3339Nano), ErrInvalidFilter)
+		}
+		if !win.after.IsZero() {
+			w.And("t." + win.column + " > " + w.Arg(win.after) + "::timestamptz")
+		}
+		if !win.before.IsZero() {
+			w.And("t." + win.column + " < " + w.Arg(win.before) + "::timestamptz")
+		}
 	}
 	if f.Stuck != nil {
 		at := f.StuckAt
@@ -163,15 +181,24 @@ func (e *Engine) listSQL(f ListFilter) (sql string, args []any, limit int, err e
 		if err != nil {
 			return "", nil, 0, err
 		}
-		w.And("(t.created_at, t.id) < (" + w.Arg(c.at) + "::timestamptz, " + w.Arg(c.id) + "::uuid)")
+		cmp := "<"
+		if f.Oldest {
+			cmp = ">"
+		}
+		w.And("(t.created_at, t.id) " + cmp + " (" + w.Arg(c.at) + "::timestamptz, " + w.Arg(c.id) + "::uuid)")
+	}
+	order := "DESC"
+	if f.Oldest {
+		order = "ASC"
 	}
 	return `SELECT ` + columns + ` FROM ` + e.table + ` AS t
 ` + w.String() + `
-ORDER BY t.created_at DESC, t.id DESC
+ORDER BY t.created_at ` + order + `, t.id ` + order + `
 LIMIT ` + w.Arg(limit+1), w.Args, limit, nil
 }
 
-// cursor is a keyset position in the newest-first order.
+// cursor is a keyset position in the creation order (newest or oldest
+// first, as the filter says).
 type cursor struct {
 	at time.Time
 	id string

@@ -73,12 +73,37 @@ func TestList(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{ids[4], ids[2]}, idsOf(page.Items), "strictly after, strictly before")
 
+	// Oldest first, paged the other way.
+	page, err = b.engine.List(ctx, saga.ListFilter{Limit: 2, Oldest: true})
+	require.NoError(t, err)
+	require.Equal(t, []string{ids[0], ids[1]}, idsOf(page.Items))
+	page, err = b.engine.List(ctx, saga.ListFilter{Limit: 2, Oldest: true, After: page.NextCursor})
+	require.NoError(t, err)
+	require.Equal(t, []string{ids[2], ids[3]}, idsOf(page.Items))
+
+	// Business key prefix, byte for byte (LIKE's wildcards are plain text).
+	other := b.start(t, "p%_-1")
+	page, err = b.engine.List(ctx, saga.ListFilter{KeyPrefix: "o-"})
+	require.NoError(t, err)
+	require.Equal(t, []string{ids[4], ids[3], ids[2], ids[1], ids[0]}, idsOf(page.Items))
+	page, err = b.engine.List(ctx, saga.ListFilter{KeyPrefix: "p%_"})
+	require.NoError(t, err)
+	require.Equal(t, []string{other}, idsOf(page.Items))
+	page, err = b.engine.List(ctx, saga.ListFilter{KeyPrefix: "p_"})
+	require.NoError(t, err)
+	require.Empty(t, page.Items)
+
+	// Created: o-1..o-5 at base+0..4s.
+	page, err = b.engine.List(ctx, saga.ListFilter{CreatedAfter: baseTime.Add(2500 * time.Millisecond), CreatedBefore: baseTime.Add(4 * time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, []string{ids[3]}, idsOf(page.Items), "strictly after, strictly before")
+
 	// Stuck at base+30s: the 10 s step timeouts of those still waiting on
 	// a step passed long ago.
 	rule := telemetry.NewStuckRule(b.def, time.Second)
 	page, err = b.engine.List(ctx, saga.ListFilter{Stuck: &rule, StuckAt: baseTime.Add(30 * time.Second)})
 	require.NoError(t, err)
-	require.Equal(t, []string{ids[4], ids[3], ids[2], ids[0]}, idsOf(page.Items))
+	require.Equal(t, []string{other, ids[4], ids[3], ids[2], ids[0]}, idsOf(page.Items))
 	page, err = b.engine.List(ctx, saga.ListFilter{Stuck: &rule, StuckAt: baseTime.Add(3 * time.Second)})
 	require.NoError(t, err)
 	require.Empty(t, page.Items)
@@ -91,6 +116,7 @@ func TestList(t *testing.T) {
 		{After: "bm9wZQ"},
 		{After: "%%"},
 		{UpdatedAfter: baseTime, UpdatedBefore: baseTime},
+		{CreatedAfter: baseTime.Add(time.Second), CreatedBefore: baseTime},
 	} {
 		_, err := b.engine.List(ctx, f)
 		require.ErrorIs(t, err, saga.ErrInvalidFilter, "%+v", f)

@@ -199,8 +199,9 @@ func (g sagaGauge) query(ctx context.Context, pool *pgxpool.Pool) (counts, stuck
 //     written, or since an operator's replay made it pending again), by the
 //     database clock (0 when there is none); the same scan of the pending
 //     rows gives the backlog;
-//   - saga.parked.messages{messaging.destination.name}: parked messages not
-//     replayed, per original queue.
+//   - saga.parked.messages{messaging.destination.name}: open parked
+//     messages (neither replayed nor dismissed), per original queue; a
+//     queue whose parked messages are all closed is reported as 0.
 func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeOption) (metric.Registration, error) {
 	if meter == nil || pool == nil {
 		return nil, errors.New("register outbox gauges: meter and pool are required")
@@ -217,7 +218,7 @@ func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeO
 		return nil, fmt.Errorf("register outbox gauges: %w", err)
 	}
 	parked, err := meter.Int64ObservableGauge(MetricParkedMessages, metric.WithUnit(metricMessageUnit),
-		metric.WithDescription("Parked messages not replayed, by original queue."))
+		metric.WithDescription("Parked messages neither replayed nor dismissed, by original queue."))
 	if err != nil {
 		return nil, fmt.Errorf("register outbox gauges: %w", err)
 	}
@@ -235,7 +236,11 @@ SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(pending_since))::float8
 		}
 		o.ObserveInt64(backlog, n)
 		o.ObserveFloat64(age, max(secs, 0))
-		rows, err := pool.Query(ctx, `SELECT queue, count(*) FROM saga_parked WHERE replayed_at IS NULL GROUP BY queue`)
+		// Every queue that has parked rows, open or not: one whose rows
+		// were all replayed or dismissed is reported as 0, so an alert on
+		// it clears (one read of the parking lot, which holds exceptions).
+		rows, err := pool.Query(ctx, `SELECT queue, count(*) FILTER (WHERE replayed_at IS NULL AND dismissed_at IS NULL)
+FROM saga_parked GROUP BY queue`)
 		if err != nil {
 			return fmt.Errorf("count parked messages: %w", err)
 		}

@@ -575,6 +575,18 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	require.Equal(t, 7.0, mp.Value(t, telemetry.MetricOutboxBacklog, nil))
 	require.GreaterOrEqual(t, mp.Value(t, telemetry.MetricOutboxOldestAge, nil), oldest, "the newest pending row hid the oldest")
 	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
+	// Dismissed by an operator: the queue's gauge returns to 0 instead of
+	// disappearing, so an alert on it clears, even for a collector that
+	// never saw it open.
+	_, err = gaugePool.Exec(w.ctx, `UPDATE saga_parked SET dismissed_at = now(), dismissed_by = 'alice', dismiss_reason = 'test'`)
+	require.NoError(t, err)
+	require.True(t, mp.Has(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
+	require.Equal(t, 0.0, mp.Value(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
+	fresh := metrictest.New(t)
+	_, err = telemetry.RegisterOutboxGauges(fresh.Meter("gauges"), gaugePool)
+	require.NoError(t, err)
+	require.True(t, fresh.Has(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
+	require.Equal(t, 0.0, fresh.Value(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
 }
 
 // TestTimeoutLinksToTheUnansweredCommand: a fired timeout starts a trace of

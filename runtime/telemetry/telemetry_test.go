@@ -128,7 +128,9 @@ func TestDisabledIsFree(t *testing.T) {
 
 func TestPrometheusExposition(t *testing.T) {
 	t.Parallel()
-	prom, err := promexport.New(nil)
+	res, err := promexport.ServiceResource("orders-test")
+	require.NoError(t, err)
+	prom, err := promexport.New(res)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = prom.Shutdown(context.Background()) })
 	m, err := telemetry.NewMetrics(telemetry.Providers{Meter: prom.MeterProvider()})
@@ -163,7 +165,14 @@ func TestPrometheusExposition(t *testing.T) {
 		`saga_consumer_messages_total{`,
 		`messaging_process_duration_seconds_bucket{`,
 		`saga_consumer_parked_total{`,
+		// The service, by name, and the Go runtime's and the process's metrics.
+		`target_info{service_name="orders-test",`,
+		`go_goroutines `,
+		`go_memstats_heap_alloc_bytes `,
+		`process_resident_memory_bytes `,
+		`process_open_fds `,
 	} {
 		require.True(t, strings.Contains(text, want), "exposition lacks %s:\n%s", want, text)
 	}
+	require.NotContains(t, text, "unknown_service")
 }

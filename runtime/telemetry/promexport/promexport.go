@@ -8,9 +8,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -28,11 +31,22 @@ type Exporter struct {
 }
 
 // New returns an exporter with a registry of its own. res describes the process
-// (service.name, ...); nil uses the SDK's default resource. Metric names
+// (service.name, ...: the target_info metric and every series' job label
+// carry it); nil uses the SDK's default resource, whose service name is
+// "unknown_service:<executable>" (see [ServiceResource]). Metric names
 // are translated by the exporter: dots become underscores, units and
-// _total are appended (saga.transitions → saga_transitions_total).
+// _total are appended (saga.transitions → saga_transitions_total). The
+// registry also holds the Go runtime's metrics (go_*: goroutines, memory,
+// GC) and the process's (process_*: CPU, resident memory, open file
+// descriptors, start time).
 func New(res *resource.Resource) (*Exporter, error) {
 	reg := prometheus.NewRegistry()
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, fmt.Errorf("prometheus exporter: Go collector: %w", err)
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return nil, fmt.Errorf("prometheus exporter: process collector: %w", err)
+	}
 	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
 		return nil, fmt.Errorf("prometheus exporter: %w", err)
@@ -45,6 +59,21 @@ func New(res *resource.Resource) (*Exporter, error) {
 		provider: sdkmetric.NewMeterProvider(opts...),
 		handler:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 	}, nil
+}
+
+// ServiceResource describes a process of the named service for [New]: the
+// SDK's default resource (SDK name and version, and what the
+// OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME variables say) with
+// service.name set to service unless OTEL_SERVICE_NAME set one.
+func ServiceResource(service string) (*resource.Resource, error) {
+	if os.Getenv("OTEL_SERVICE_NAME") != "" {
+		return resource.Default(), nil
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", service)))
+	if err != nil {
+		return nil, fmt.Errorf("resource of service %s: %w", service, err)
+	}
+	return res, nil
 }
 
 // MeterProvider returns the provider to put in Providers.Meter.

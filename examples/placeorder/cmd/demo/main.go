@@ -1,7 +1,8 @@
 // Command demo runs a fleet of Place Order sagas through the real runtime, on
-// PostgreSQL and RabbitMQ, and prints what happened.
+// PostgreSQL and RabbitMQ, prints what happened, and serves the operator
+// console with a repair to make.
 //
-//	go run ./examples/placeorder/cmd/demo [-n 200] [-wait 90s] [-v]
+//	go run ./examples/placeorder/cmd/demo [-n 200] [-wait 90s] [-v] [-serve=false]
 //
 // The database and broker URLs come from SAGA_PG_URL and SAGA_AMQP_URL
 // (scripts/with-services.sh sets them; `make demo` runs this program under it).
@@ -9,28 +10,38 @@
 // Most orders go straight through. Some fail on purpose — a product without
 // stock (failed, nothing to compensate), a declined card (inventory released),
 // a carrier that fails twice (retried through the retry tiers) — and a few
-// exercise the clock: a participant that never answers (the step times out and
-// is compensated; its answer arrives late), one that answers late (applied
-// while the saga still waits; the answer to the resend is a duplicate), and one
-// that never answers at all (manual review after its attempts). One payment
-// reply is sent twice, and a message nobody can decode is published to the
-// inventory's queue (parked, while the fleet runs on).
+// exercise the step timeouts: a participant that never answers (the step times
+// out and is compensated; its answer arrives late), one that answers late
+// (applied while the saga still waits; the answer to the resend is a
+// duplicate), and one that never answers at all (manual review after its
+// attempts). One payment reply is sent twice, and a message nobody can decode
+// is published to the inventory's queue (parked, while the fleet runs on).
 //
 // The contract's step timeouts are 30 s and 1 min. Rather than wait, the demo
-// moves the saga engine's clock forward (host.Config.Now) once the rest of the
-// fleet has settled; the summary says when it did.
+// makes the timeouts of those three orders due at once (their timeout_at is set
+// to now; the timeout scanner does the rest); the summary says when it did.
+// The saga clock is the real one throughout, so every timestamp is true and a
+// saga started from outside times out when its contract says.
 //
 // Last, one order ships to a country no carrier serves: its shipping command
 // is parked at once (retrying cannot help) and the saga waits for an operator.
+// Its step resends the command when its timeout passes, and after its last
+// attempt the saga goes to manual review; the printed repair walkthrough holds
+// at every one of those moments.
 //
-// While it runs, the demo serves the operator console and its API (package
-// runtime/admin) and the runtime's Prometheus metrics on -addr (default
-// 127.0.0.1:8090) through its host (runtime/host): the console at /admin/,
-// the API at /admin/api/, metrics at /metrics, readiness at /readyz.
-// From a terminal it keeps serving after the summary until Ctrl-C, so the
-// parked order can be repaired: add the carrier, replay the parked command
-// (console or sagactl), and watch the saga complete. Tokens come from
+// The demo serves the operator console and its API (package runtime/admin)
+// and the runtime's Prometheus metrics on -addr (default 127.0.0.1:8090)
+// through its host (runtime/host): the console at /admin/, the API at
+// /admin/api/, metrics at /metrics, readiness at /readyz, and POST
+// /sagas/place_order to start an order from outside. After the summary it
+// keeps serving until interrupted (Ctrl-C, SIGTERM; -serve=false stops at
+// once, -serve-for bounds it), so the parked order can be repaired: add the
+// carrier, retry the step (console or sagactl), watch the saga complete, and
+// dismiss the parked copies that no longer apply. Tokens come from
 // SAGA_ADMIN_TOKENS ("name:role:token,..."), or are made up and printed.
+// The runtime logs JSON (saga, message and trace ids on every line) at Info
+// (-v: Debug) to -log (default: a file in the temporary directory, named in
+// the output; "-": standard error).
 //
 // The demo exits non-zero when a saga is lost, stuck, or ends differently
 // from what its order provoked.
@@ -45,10 +56,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -67,10 +80,11 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv); err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
@@ -98,8 +112,8 @@ const (
 const unservedCountry = "IS"
 
 const (
-	poisonMsgID = "-poison"        // suffix of the poison message's id
-	timeoutJump = 61 * time.Second // past every step timeout of the contract
+	poisonMsgID    = "-poison"                  // suffix of the poison message's id
+	placeOrderType = "shop.order.v1.PlaceOrder" // the saga's full name
 )
 
 // expected is the state each kind of order must end in.
@@ -115,7 +129,7 @@ var expected = map[kind]orderv1.PlaceOrderState{
 	unserved:    orderv1.PlaceOrderStateScheduleShipping, // parked, waiting for an operator
 }
 
-// clockNeeded lists the kinds that settle only once the clock moves.
+// clockNeeded lists the kinds that settle only once a step's timeout fires.
 var clockNeeded = map[kind]bool{silentInv: true, latePayment: true, silentPay: true}
 
 type order struct {
@@ -123,12 +137,6 @@ type order struct {
 	kind   kind
 	sagaID string
 }
-
-// clock is real time plus an offset the demo moves forward.
-type clock struct{ offset atomic.Int64 }
-
-func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
-func (c *clock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
 type demo struct {
 	pgURL string // redacted, for the commands the demo prints
@@ -141,8 +149,9 @@ type demo struct {
 	pool                   *pgxpool.Pool
 	amqp                   string
 	script                 *script.Script
-	clock                  *clock
 	runID                  string
+	logPath                string // where the runtime's JSON logs go; "" for standard error
+	stepTimeouts           map[string]time.Duration
 	orders                 []*order
 	wait                   time.Duration
 	events                 []string // what the demo did, in order
@@ -155,8 +164,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	wait := fs.Duration("wait", 90*time.Second, "longest wait for the fleet to settle")
 	verbose := fs.Bool("v", false, "log the runtime's info messages to stderr")
 	addr := fs.String("addr", "127.0.0.1:8090", "where to serve the operator console, its API and /metrics (a free port if taken)")
-	serve := fs.Bool("serve", isTerminal(os.Stdin) && isTerminal(os.Stdout), "after the summary, keep serving the console until interrupted (default: when run from a terminal)")
+	serve := fs.Bool("serve", true, "after the summary, keep serving the console until interrupted (Ctrl-C, SIGTERM)")
 	serveFor := fs.Duration("serve-for", 0, "with -serve, stop serving after this long (0: until interrupted)")
+	logFlag := fs.String("log", "", `write the runtime's JSON logs to this file ("-": standard error; default: a file in the temporary directory)`)
+	stepTimeouts := stepTimeoutFlag{}
+	fs.Var(stepTimeouts, "step-timeout", "STEP=DURATION: override a Place Order step's timeout from the contract (repeatable; for tests of the walkthrough)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -168,11 +180,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return errors.New("set SAGA_PG_URL and SAGA_AMQP_URL, " +
 			"or run `make demo`, which starts PostgreSQL and RabbitMQ for you")
 	}
-	level := slog.LevelError
+	runID := "demo-" + time.Now().UTC().Format("20060102-150405")
+	level := slog.LevelInfo
 	if *verbose {
-		level = slog.LevelInfo
+		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	logOut, logPath := stderr, ""
+	if *logFlag != "-" {
+		logPath = *logFlag
+		if logPath == "" {
+			logPath = filepath.Join(os.TempDir(), "placeorder-"+runID+".log")
+		}
+		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return fmt.Errorf("open the log file: %w", err)
+		}
+		defer f.Close()
+		logOut = f
+	}
+	// The runtime's logs: JSON, with the saga, message and trace ids of
+	// what each line is about (telemetry.NewLogHandler).
+	logger := slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: level}), telemetry.LogOptions{}))
 
 	poolCfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
@@ -186,8 +214,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	defer pool.Close()
 
 	d := &demo{
-		out: stdout, pool: pool, amqp: amqpURL, script: script.New(), clock: &clock{}, wait: *wait,
-		runID: "demo-" + time.Now().UTC().Format("20060102-150405"), pgURL: redactURL(pgURL),
+		out: stdout, pool: pool, amqp: amqpURL, script: script.New(), wait: *wait,
+		runID: runID, pgURL: redactURL(pgURL), logPath: logPath, stepTimeouts: stepTimeouts,
 	}
 	began := time.Now()
 	fmt.Fprintf(stdout, "Place Order demo %s: %d sagas on PostgreSQL and RabbitMQ (%s)\n", d.runID, *n, broker.Redact(amqpURL))
@@ -208,7 +236,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		Retry:                 retry.Policy{Tiers: []time.Duration{250 * time.Millisecond, time.Second, 2 * time.Second}, MaxAttempts: 5},
 		TimeoutScanInterval:   200 * time.Millisecond,
 		DrainTimeout:          10 * time.Second,
-		Now:                   d.clock.Now,
+		StepTimeouts:          map[string]map[string]time.Duration{placeOrderType: stepTimeouts},
+		StartEndpoints:        true, // POST /sagas/place_order: start an order from outside
 		ParticipantMiddleware: d.script.Middleware,
 		Logger:                logger,
 	})
@@ -368,7 +397,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 			res.fleetSettled++
 		}
 	}
-	d.event("%d sagas without clock faults settled in %s", res.fleetSettled, res.fleetElapsed.Round(time.Millisecond))
+	d.event("%d sagas without a silent participant settled in %s", res.fleetSettled, res.fleetElapsed.Round(time.Millisecond))
 
 	silent, late, never := d.first(silentInv), d.first(latePayment), d.first(silentPay)
 	for _, o := range []*order{silent, late, never} {
@@ -376,8 +405,10 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 			return res, err
 		}
 	}
-	d.clock.Advance(timeoutJump)
-	d.event("moved the saga clock forward %s: the 30s inventory timeout and the 1m payment timeout are due", timeoutJump)
+	if err := d.dueNow(ctx, silent, late, never); err != nil {
+		return res, err
+	}
+	d.event("made the inventory timeout (30s) of %s and the payment timeout (1m) of %s and %s due now, instead of waiting", silent.id, late.id, never.id)
 	if err := d.waitState(ctx, silent, orderv1.PlaceOrderStateFailed); err != nil {
 		return res, err
 	}
@@ -404,9 +435,11 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	}
 	d.event("%s: the answer to the resent AuthorizePayment arrives after all (a duplicate)", late.id)
 
-	// Each move fires one timeout: the third attempt's, then the last.
+	// Each fires one timeout: the second attempt's, then the last.
 	for attempt := 3; attempt <= 4; attempt++ {
-		d.clock.Advance(timeoutJump)
+		if err := d.dueNow(ctx, never); err != nil {
+			return res, err
+		}
 		if err := d.until(ctx, fmt.Sprintf("%s to time out again", never.id), func() (bool, error) {
 			st, err := d.placeOrder.GetByID(ctx, never.sagaID)
 			return err == nil && (st.Attempt >= attempt || st.State == orderv1.PlaceOrderStateManualReview), err
@@ -414,9 +447,9 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 			return res, err
 		}
 	}
-	d.event("moved the saga clock forward twice more: %s used its 3 payment attempts and waits for an operator", never.id)
+	d.event("made %s's payment timeout due twice more: it used its 3 payment attempts and waits for an operator", never.id)
 
-	// Last (so no clock move resends its command): an order no carrier ships.
+	// Last: an order no carrier ships.
 	u := &order{id: fmt.Sprintf("%s-%04d", d.runID, n+1), kind: unserved}
 	d.orders = append(d.orders, u)
 	id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), d.request(u, n+1), envelope.Meta{})
@@ -426,7 +459,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	u.sagaID = id
 	if err := d.until(ctx, "the unservable shipping command to be parked", func() (bool, error) {
 		var n int
-		err := d.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked WHERE saga_id = $1 AND replayed_at IS NULL`, u.sagaID).Scan(&n)
+		err := d.pool.QueryRow(ctx, `SELECT count(*) FROM saga_parked WHERE saga_id = $1 AND replayed_at IS NULL AND dismissed_at IS NULL`, u.sagaID).Scan(&n)
 		return n == 1, err
 	}); err != nil {
 		return res, err
@@ -449,6 +482,22 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// dueNow makes the armed step timeouts of the orders due at once (their
+// timeout_at set to now), so that the timeout scanner fires them at its
+// next scan instead of after the contract's 30 s or 1 min.
+func (d *demo) dueNow(ctx context.Context, orders ...*order) error {
+	ids := make([]string, len(orders))
+	for i, o := range orders {
+		ids[i] = o.sagaID
+	}
+	table := pgx.Identifier(strings.Split(d.placeOrder.Engine().Definition().Table, ".")).Sanitize()
+	if _, err := d.pool.Exec(ctx, `UPDATE `+table+` SET timeout_at = $2 WHERE id = ANY($1::uuid[]) AND timeout_at IS NOT NULL`,
+		ids, time.Now()); err != nil {
+		return fmt.Errorf("make the timeouts of %v due: %w", ids, err)
+	}
+	return nil
 }
 
 func (d *demo) first(k kind) *order {
@@ -697,7 +746,7 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 		outboxRows, unpublished, rs.Published, rs.HandedOff)
 	fmt.Fprintf(tw, "  elapsed\t%s\n", res.elapsed.Round(time.Millisecond))
 	if res.fleetElapsed > 0 {
-		fmt.Fprintf(tw, "  throughput\t%.0f sagas/s\t(%d sagas settled in %s, before the clock moved)\n",
+		fmt.Fprintf(tw, "  throughput\t%.0f sagas/s\t(%d sagas settled in %s, before any timeout fired)\n",
 			float64(res.fleetSettled)/res.fleetElapsed.Seconds(), res.fleetSettled, res.fleetElapsed.Round(time.Millisecond))
 	}
 	_ = tw.Flush()
@@ -721,7 +770,7 @@ Where to look next (psql "%[4]s")
   SELECT order_id, service, effect, detail FROM shop_ledger WHERE order_id = '%[2]s' ORDER BY id;
   go run ./cmd/sagactl migrate -status -database-url "%[4]s"
 Parked messages also wait in RabbitMQ queue %[3]s (management UI).
-make demo stops the services it started when it exits; to keep them for a look around:
+make demo stops the services it started when it exits; to keep them afterwards:
   make services-start && source /tmp/saga-services/env.sh && make demo
 `, d.runID, d.first(declined).id, broker.ParkingQueue("inventory.commands"), d.pgURL)
 	return problems, nil
