@@ -144,7 +144,8 @@ type bundle struct {
 	ch        *amqp.Channel
 	po        *orderv1.PlaceOrder
 	ids       atomic.Int64
-	failing   atomic.Bool // the payment participant fails while set
+	later     atomic.Int64 // the engine's clock is clock plus this
+	failing   atomic.Bool  // the payment participant fails while set
 	log       *slog.Logger
 	sagaReg   *message.Registry
 	paymentRg *message.Registry
@@ -152,9 +153,10 @@ type bundle struct {
 
 // Queues the test reads what is published from.
 const (
-	captureCommands = "wire.capture.commands"
-	captureReplies  = "wire.capture.replies"
-	paymentQueue    = "payment.commands"
+	captureCommands      = "wire.capture.commands"
+	captureReplies       = "wire.capture.replies"
+	captureCompensations = "wire.capture.compensations"
+	paymentQueue         = "payment.commands"
 )
 
 func setup(t *testing.T) *bundle {
@@ -173,8 +175,10 @@ func setup(t *testing.T) *bundle {
 		Merge(inventoryv1.TopologyWith(broker.QueueQuorum, policy)).
 		Merge(paymentv1.TopologyWith(broker.QueueQuorum, policy)).
 		Merge(shippingv1.TopologyWith(broker.QueueQuorum, policy))
-	top.Queues = append(top.Queues, broker.Queue{Name: captureCommands, Type: broker.QueueClassic}, broker.Queue{Name: captureReplies, Type: broker.QueueClassic})
+	top.Queues = append(top.Queues, broker.Queue{Name: captureCommands, Type: broker.QueueClassic}, broker.Queue{Name: captureReplies, Type: broker.QueueClassic},
+		broker.Queue{Name: captureCompensations, Type: broker.QueueClassic})
 	top.Bindings = append(top.Bindings,
+		broker.Binding{Queue: captureCompensations, Exchange: inventoryv1.ReleaseInventoryInfo.Exchange, RoutingKey: inventoryv1.ReleaseInventoryInfo.RoutingKey},
 		broker.Binding{Queue: captureCommands, Exchange: paymentv1.AuthorizePaymentInfo.Exchange, RoutingKey: paymentv1.AuthorizePaymentInfo.RoutingKey},
 		broker.Binding{Queue: captureReplies, Exchange: paymentv1.PaymentAuthorizedInfo.Exchange, RoutingKey: paymentv1.PaymentAuthorizedInfo.RoutingKey})
 	require.NoError(t, broker.Declare(ctx, b.ch, top))
@@ -195,7 +199,7 @@ func setup(t *testing.T) *bundle {
 
 	b.po, err = orderv1.NewPlaceOrder(saga.Config{
 		Pool:   b.pool,
-		Now:    func() time.Time { return clock },
+		Now:    func() time.Time { return clock.Add(time.Duration(b.later.Load())) },
 		NewID:  func() string { return engineID(b.ids.Add(1)) },
 		Logger: b.log,
 	}, app.Decider{})
@@ -304,8 +308,16 @@ func (b *bundle) derive(t *testing.T, sections map[string]string) {
 	otherSt, err := b.po.Status(b.ctx, other)
 	require.NoError(t, err)
 
+	// The second saga's reservation times out: the saga compensates the
+	// step it stopped waiting for, naming the command it undoes.
+	b.later.Store(int64(31 * time.Second))
+	fired, err := b.po.Engine().FireTimeouts(b.ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, fired)
+
 	cmd := b.get(t, captureCommands)
 	sections["command"] = fence(render(cmd))
+	sections["compensation"] = fence(render(b.get(t, captureCompensations)))
 
 	// The participant fails: the consumer sends a copy to the tier queue.
 	b.failing.Store(true)
@@ -585,9 +597,11 @@ func field(v any) (typ, val string) {
 }
 
 // bodyJSON is the body as compact JSON (proto field names), or "" when the
-// type is not one of the example's.
+// type is not one of Place Order's.
 func bodyJSON(typ string, body []byte) string {
-	for _, in := range []*message.Info{paymentv1.AuthorizePaymentInfo, paymentv1.PaymentAuthorizedInfo, paymentv1.PaymentAuthorizationFailedInfo} {
+	infos := slices.Concat(orderv1.SagaPackage().Messages, inventoryv1.SagaPackage().Messages,
+		paymentv1.SagaPackage().Messages, shippingv1.SagaPackage().Messages)
+	for _, in := range infos {
 		if in.FullName != typ {
 			continue
 		}
