@@ -110,7 +110,7 @@ def header_int(headers, name, default=None):
     try:
         return int(v)
     except ValueError:
-        raise Permanent("envelope %s: %r is not an integer" % (name, v))
+        raise Permanent('envelope %s: "%s" is not an integer' % (name, v))
 
 
 def now():
@@ -182,7 +182,10 @@ class Participant:
             raise Permanent("invalid envelope: envelope message id: missing")
         if not props.type:
             raise Permanent("invalid envelope: message %s: envelope type: missing" % props.message_id)
-        version = header_int(headers, "x-schema-version")
+        try:
+            version = header_int(headers, "x-schema-version")
+        except Permanent as e:
+            raise Permanent("invalid envelope: message %s: %s" % (props.message_id, e))
         if version is None:
             raise Permanent("invalid envelope: message %s: envelope x-schema-version: missing" % props.message_id)
         if not 1 <= version <= 2**31 - 1:
