@@ -1,6 +1,6 @@
 // Package templates embeds the text/template files the generator renders
-// non-Go artifacts from: SQL migrations, the saga documentation page and the
-// topology definitions. Keeping them as files (not Go strings) lets a
+// non-Go artifacts from: SQL migrations, the saga documentation page and its
+// BPMN 2.0 process. Keeping them as files (not Go strings) lets a
 // reviewer read the output's shape directly.
 package templates
 

@@ -167,19 +167,24 @@ func TestQuoteApprovalCancelTx(t *testing.T) {
 	require.NoError(t, schema.Migrate(ctx, pool, quotev1.QuoteApprovalMigrations()))
 	qa, err := quotev1.NewQuoteApproval(saga.Config{Pool: pool}, quoteApproval{})
 	require.NoError(t, err)
-	deliver := func(m message.Message, meta envelope.Meta) {
+	handle := func(m message.Message, meta envelope.Meta) error {
 		t.Helper()
 		env, err := envelope.New(m, meta)
 		require.NoError(t, err)
-		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			return qa.Handler()(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: qa.Queue(), Attempt: 1})
-		}))
+		})
+	}
+	deliver := func(m message.Message, meta envelope.Meta) {
+		t.Helper()
+		require.NoError(t, handle(m, meta))
 	}
 	id, _, err := qa.Start(ctx, &quotev1.SubmitQuote{QuoteId: "q-1", PriceVersion: 3}, envelope.Meta{})
 	require.NoError(t, err)
 	st, err := qa.GetByID(ctx, id)
 	require.NoError(t, err)
-	deliver(&pricingv1.QuotePriced{QuoteId: "q-1"}, envelope.Meta{SagaID: id, CausationID: st.Data.GetQuoteId()})
+	err = handle(&pricingv1.QuotePriced{QuoteId: "q-1"}, envelope.Meta{SagaID: id, CausationID: st.Data.GetQuoteId()})
+	require.ErrorIs(t, err, sagadef.ErrMisaddressed, "a reply that answers no command sent is refused")
 	st, err = qa.GetByID(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, quotev1.QuoteApprovalStatePriceQuote, st.State, "a reply that answers no command sent changes nothing")

@@ -1,7 +1,7 @@
 // Package gen is protoc-gen-saga: it reads a plugin request into one
 // reviewed model (package model) and renders every artifact from it (Go
-// through package golang, SQL and Markdown through package text, Grafana
-// dashboards through runtime/telemetry/dashboard).
+// through package golang, SQL, Markdown and BPMN through package text,
+// Grafana dashboards through runtime/telemetry/dashboard).
 //
 // Nothing is written unless the whole design review passes: [Run] returns
 // every finding at once, and protogen then sends an error response with no
@@ -137,6 +137,12 @@ func Run(gen *protogen.Plugin, p Params, warn io.Writer) error {
 				continue
 			}
 			write(gen, path.Join(dir, s.Snake+".saga.md"), doc)
+			process, err := r.BPMN(s)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			write(gen, path.Join(dir, s.Snake+".saga.bpmn"), process)
 			dash, err := dashboard.Build([]*sagadef.Definition{s.Definition}, dashboard.Options{Title: "Saga " + s.FullName})
 			if err != nil {
 				errs = append(errs, fmt.Errorf("dashboard of saga %s: %w", s.FullName, err))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -12,6 +14,7 @@ import (
 	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -38,7 +41,11 @@ import (
 //
 // Errors: a message for a saga id that does not exist, for another saga type,
 // or without any way to find its saga is marked [failure.Permanent] (the
-// consumer parks it with the reason). An event whose business key names no
+// consumer parks it with the reason). So is a misaddressed reply, whose
+// causation id names no command the saga sent for what the reply answers
+// ([sagadef.ErrMisaddressed]): the reason, "misaddressed reply: ...", names
+// the header that is wrong (x-causation-id, or x-saga-id when the causation
+// id is another saga's command). An event whose business key names no
 // saga yet, or that an external step the saga has not reached waits for
 // ([sagadef.ErrNotReached]), is marked [failure.Transient]: the saga may get
 // there, so the consumer retries it through its tiers before parking it (about
@@ -101,6 +108,9 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		trig.Operator, trig.Reason = e.def.CancelRequest(d.Message)
 	}
 	out, err := e.transition(ctx, tx, w, trig, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt})
+	if ce := (*sagadef.CausationError)(nil); errors.As(err, &ce) {
+		return failure.Permanent(e.misaddressed(ctx, tx, env, w.ID, ce))
+	}
 	if err != nil {
 		return err
 	}
@@ -113,6 +123,52 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		"message_id", env.MessageID, "message_type", kind, "correlation_id", env.CorrelationID, "causation_id", env.CausationID,
 		"class", res.Class.String(), "from", w.State, "to", res.Instance.State, "version", out.Version)
 	return nil
+}
+
+// misaddressed says, for a reply whose causation names no command this saga
+// sent for what the reply answers, which header is wrong: the reason the
+// consumer parks it with. When the causation id is a message another saga
+// sent (the outbox knows it), the reply went to the wrong saga.
+func (e *Engine) misaddressed(ctx context.Context, tx pgx.Tx, env *envelope.Envelope, sagaID string, ce *sagadef.CausationError) error {
+	head := fmt.Sprintf("message %s (%s) to saga %s %s: header %s",
+		env.MessageID, env.MessageType, e.def.Name, sagaID, envelope.HeaderCausationID)
+	want := "a reply carries the message id of the command it answers, here " + ce.Expected()
+	c := ce.CausationID
+	switch {
+	case c == "":
+		return fmt.Errorf("%w: %s is missing; %s", sagadef.ErrMisaddressed, head, want)
+	case ce.NamedStep != "":
+		named := "the command of step " + ce.NamedStep
+		if ce.NamedCompensation {
+			named = "the compensation of step " + ce.NamedStep
+		}
+		return fmt.Errorf("%w: %s %q names %s, but %s answers %s", sagadef.ErrMisaddressed, head, c, named, shortName(env.MessageType), ce.Expected())
+	}
+	if utf8.ValidString(c) && !strings.ContainsRune(c, 0) {
+		// A failed read would abort the transaction the batch shares:
+		// only ids PostgreSQL can compare are looked up.
+		sent, ok, err := outbox.Lookup(ctx, tx, c)
+		if err != nil {
+			return err
+		}
+		if ok && sent.SagaID != "" && sent.SagaID != sagaID {
+			by := fmt.Sprintf("header %s names saga %s", envelope.HeaderSagaID, sagaID)
+			if env.SagaID == "" {
+				by = fmt.Sprintf("its correlation key (no %s) names saga %s", envelope.HeaderSagaID, sagaID)
+			}
+			return fmt.Errorf("%w: %s %q names %s of saga %s %s, but %s", sagadef.ErrMisaddressed, head, c, shortName(sent.MessageType),
+				sent.SagaType, sent.SagaID, by)
+		}
+	}
+	return fmt.Errorf("%w: %s %q names no command this saga sent; %s", sagadef.ErrMisaddressed, head, c, want)
+}
+
+// shortName returns the last dot-separated part of a full name.
+func shortName(full string) string {
+	if i := strings.LastIndexByte(full, '.'); i >= 0 {
+		return full[i+1:]
+	}
+	return full
 }
 
 // handleStart starts a saga from a delivered start message. A redelivery

@@ -18,6 +18,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
+	"github.com/protosaga/saga/runtime/sagadef"
 )
 
 // logBuffer collects an engine's log lines; handlers log from the
@@ -208,7 +209,7 @@ func TestStatusHandler(t *testing.T) {
 	b.mustReply(t, review, msgInventoryReserved)
 	b.mustReply(t, review, msgPaymentAuthorized)
 	_, err := b.reply(t, review, msg(msgShippingScheduled, "o-review"), "")
-	require.NoError(t, err)
+	require.ErrorIs(t, err, sagadef.ErrMisaddressed, "a reply without causation changes nothing")
 	st := b.status(t, review)
 	_, err = e.Cancel(context.Background(), review, st.Version, "ops", "test")
 	require.NoError(t, err)

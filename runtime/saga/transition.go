@@ -66,7 +66,7 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 	if err != nil {
 		err = fmt.Errorf("apply %s to saga %s in state %s: %w", trig.Kind, w.ID, w.State, err)
 		if errors.Is(err, sagadef.ErrInvalidTrigger) || errors.Is(err, sagadef.ErrUnknownState) ||
-			errors.Is(err, sagadef.ErrNotCompiled) {
+			errors.Is(err, sagadef.ErrNotCompiled) || errors.Is(err, sagadef.ErrMisaddressed) {
 			// No retry can change the outcome: park the message.
 			err = failure.Permanent(err)
 		} else if errors.Is(err, sagadef.ErrNotReached) {

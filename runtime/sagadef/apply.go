@@ -77,7 +77,11 @@ func (d *Definition) Begin(ctx context.Context, env Env, id string, start messag
 // Errors: [ErrNotCompiled]; [ErrUnknownState] when inst.State is not a state
 // of the definition; [ErrInvalidTrigger] for malformed triggers and operator
 // actions the state does not allow; [ErrTerminal] for operator actions on a
-// terminal instance; and errors of the hooks, wrapped.
+// terminal instance; a [*CausationError] (matching [ErrMisaddressed]) for a
+// reply whose causation id names no command the saga sent for the step or
+// compensation its type answers; [ErrNotReached] for an external step's
+// event that arrives before the saga waits for it; and errors of the hooks,
+// wrapped.
 func (d *Definition) Apply(ctx context.Context, env Env, inst Instance, trig Trigger) (Result, error) {
 	if err := env.check(); err != nil {
 		return Result{}, fmt.Errorf("saga %s %s: %w", d.Name, inst.ID, err)
@@ -524,6 +528,14 @@ func (w *work) onMessage(ref msgRef) error {
 func (w *work) onStepReply(i int, success bool) error {
 	s := w.step(i)
 	in := &w.in.Progress
+	if !s.External {
+		// A reply names the command it answers: one that names none of
+		// this step's commands was misaddressed by its sender, whatever
+		// the step's outcome.
+		if c := w.trig.CausationID; c == "" || in.Sent[c] != s.Name {
+			return w.misaddressed(s, false)
+		}
+	}
 	if rec, ok := in.Outcomes[s.Name]; ok {
 		if rec == w.kind {
 			w.noop(ClassDuplicate, "%s repeats the outcome of step %s", shortName(w.kind), s.Name)
@@ -559,12 +571,7 @@ func (w *work) onStepReply(i int, success bool) error {
 			}
 		}
 	} else {
-		c := w.trig.CausationID
-		if c == "" || in.Sent[c] != s.Name {
-			w.noop(ClassInvalid, "%s (causation %q) answers no command this saga sent for step %s", shortName(w.kind), c, s.Name)
-			return nil
-		}
-		pending = c == w.in.PendingMessageID
+		pending = w.trig.CausationID == w.in.PendingMessageID
 	}
 	if waiting && pending {
 		w.class = ClassNew
@@ -598,6 +605,22 @@ func (w *work) onStepReply(i int, success bool) error {
 		w.noop(ClassLate, "%s; audited (late policy: %s)%s", what, s.Late, w.lateRisk(s, m, when, false))
 		return nil
 	}
+}
+
+// misaddressed returns the error of a reply to step s (to its compensation
+// when compensation is set) whose causation id names no such command:
+// none of the saga's, or one it sent for something else.
+func (w *work) misaddressed(s *Step, compensation bool) error {
+	c := w.trig.CausationID
+	e := &CausationError{Reply: w.kind, Step: s.Name, Compensation: compensation, CausationID: c}
+	if c != "" {
+		if step, ok := w.in.Progress.Sent[c]; ok {
+			e.NamedStep = step
+		} else if step, ok := w.in.Progress.SentCompensations[c]; ok {
+			e.NamedStep, e.NamedCompensation = step, true
+		}
+	}
+	return e
 }
 
 // compensationSent reports whether the saga sent the compensation of step.
@@ -826,6 +849,10 @@ func (w *work) record(step string) error {
 func (w *work) onCompensationReply(i int, success bool) error {
 	s := w.step(i)
 	in := &w.in.Progress
+	c := w.trig.CausationID
+	if c == "" || in.SentCompensations[c] != s.Name {
+		return w.misaddressed(s, true)
+	}
 	if rec, ok := in.CompensationOutcomes[s.Name]; ok {
 		if rec == w.kind {
 			w.noop(ClassDuplicate, "%s repeats the outcome of the compensation of step %s", shortName(w.kind), s.Name)
@@ -835,11 +862,6 @@ func (w *work) onCompensationReply(i int, success bool) error {
 		w.out.LastError = fmt.Sprintf("conflicting %s for the compensation of step %s, settled by %s", shortName(w.kind), s.Name, shortName(rec))
 		w.review(fmt.Sprintf("conflicting reply %s for the compensation of step %s, which %s already settled",
 			shortName(w.kind), s.Name, shortName(rec)))
-		return nil
-	}
-	c := w.trig.CausationID
-	if c == "" || in.SentCompensations[c] != s.Name {
-		w.noop(ClassInvalid, "%s (causation %q) answers no compensation this saga sent for step %s", shortName(w.kind), c, s.Name)
 		return nil
 	}
 	waiting := w.in.State == CompensatingStateName(s.Name)

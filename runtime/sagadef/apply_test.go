@@ -263,16 +263,56 @@ func TestScenarios(t *testing.T) {
 			v := h.Instance().Version
 			h.Reply(msg(unknownMessage)) // not part of the definition
 			h.RequireClass(sagadef.ClassInvalid)
-			h.ReplyTo(h.Instance().PendingMessageID, msg(pPaymentAuthorized)) // a step never sent
-			h.RequireClass(sagadef.ClassInvalid)
-			h.ReplyTo("someone-elses-command", msg(pInventoryReserved)) // answers nothing we sent
-			h.RequireClass(sagadef.ClassInvalid)
-			h.ReplyTo(h.Instance().PendingMessageID, msg(pInventoryReleased)) // a compensation never sent
-			h.RequireClass(sagadef.ClassInvalid)
 			h.Reply(msg(pPlaceOrder))
 			h.RequireClass(sagadef.ClassDuplicate)
 			h.RequireState(sReserve)
 			require.Equal(t, v, h.Instance().Version)
+		}},
+		{"misaddressed replies are refused, naming what their causation names", placeOrder, func(t *testing.T, h *sagatest.Harness) {
+			h.Start(msg(pPlaceOrder))
+			reserve := h.Instance().PendingMessageID
+			before := h.Instance()
+			misaddressed := func(causation, reply string) *sagadef.CausationError {
+				t.Helper()
+				_, err := h.TryApply(sagadef.Trigger{Kind: reply, Message: msg(reply), MessageID: "m-" + causation, CausationID: causation})
+				require.ErrorIs(t, err, sagadef.ErrMisaddressed)
+				var ce *sagadef.CausationError
+				require.ErrorAs(t, err, &ce)
+				require.Equal(t, before, h.Instance(), "nothing changed")
+				return ce
+			}
+			ce := misaddressed("", pInventoryReserved)
+			require.Equal(t, sagadef.CausationError{Reply: pInventoryReserved, Step: "ReserveInventory"}, *ce)
+			require.Equal(t, "InventoryReserved carries no causation id; it answers the command of step ReserveInventory", ce.Error())
+			ce = misaddressed("someone-elses-command", pInventoryReserved)
+			require.Empty(t, ce.NamedStep)
+			require.Equal(t, `InventoryReserved names causation "someone-elses-command", which is no command this saga sent; `+
+				"it answers the command of step ReserveInventory", ce.Error())
+			ce = misaddressed(reserve, pPaymentAuthorized) // a step whose command was never sent
+			require.Equal(t, sagadef.CausationError{Reply: pPaymentAuthorized, Step: "AuthorizePayment", CausationID: reserve,
+				NamedStep: "ReserveInventory"}, *ce)
+			ce = misaddressed(reserve, pInventoryReleased) // a compensation never sent
+			require.True(t, ce.Compensation)
+			require.Equal(t, "the compensation of step ReserveInventory", ce.Expected())
+			require.Equal(t, "ReserveInventory", ce.NamedStep)
+
+			// Settled steps too: a misaddressed copy of the outcome is
+			// neither a duplicate nor a conflict.
+			h.Reply(msg(pInventoryReserved))
+			h.Reply(msg(pPaymentDeclined))
+			release := h.Instance().PendingMessageID
+			before = h.Instance()
+			misaddressed("stray", pInventoryReserved)
+			ce = misaddressed("stray", pInventoryFailed)
+			require.Equal(t, "ReserveInventory", ce.Step)
+			ce = misaddressed(reserve, pInventoryReleased) // the command's id on the compensation's reply
+			require.False(t, ce.NamedCompensation)
+			ce = misaddressed(release, pInventoryReserved) // the compensation's id on the command's reply
+			require.True(t, ce.NamedCompensation)
+			require.Equal(t, `InventoryReserved names causation "`+release+`", which is the compensation of step ReserveInventory; `+
+				"it answers the command of step ReserveInventory", ce.Error())
+			h.ReplyTo(reserve, msg(pInventoryReserved))
+			h.RequireClass(sagadef.ClassDuplicate)
 		}},
 		{"compensation failure goes to manual review and retries on request", placeOrder, func(t *testing.T, h *sagatest.Harness) {
 			h.Start(msg(pPlaceOrder))

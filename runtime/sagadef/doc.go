@@ -76,9 +76,17 @@
 //   - conflicting: the reply contradicts the outcome recorded for its step
 //     (or its compensation). The saga never transitions blindly: it goes to
 //     MANUAL_REVIEW with the reason, even from a terminal state.
-//   - invalid: the message is not part of this saga's conversation — unknown
-//     to the definition, or answering no command this instance sent. No
-//     effect.
+//   - invalid: the message is not part of this saga's conversation — a type
+//     the saga does not receive, or an External step's event for a step the
+//     saga will not reach (it compensates or ended). No effect.
+//
+// A reply whose CausationID names no command this instance sent for the
+// step (or compensation) its type answers — none at all, another saga's,
+// or the command of another step — is none of these either: its sender got
+// the conversation wrong, and Apply returns a [*CausationError] (matching
+// [ErrMisaddressed]) and changes nothing, whatever the step's outcome. The
+// engine marks it permanent, so the consumer parks it with a reason that
+// names the header.
 //
 // An External step's event that arrives while the saga is still on its way
 // to that step, waiting on an earlier step, is none of these: Apply returns

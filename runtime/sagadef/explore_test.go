@@ -73,6 +73,9 @@ func (d *Definition) walk(operators bool, visit func(inst Instance, trig Trigger
 				if errors.Is(err, ErrNotReached) {
 					continue // an event retried until the saga reaches its step
 				}
+				if errors.Is(err, ErrMisaddressed) && trig.CausationID == "explore-unknown" {
+					continue // a reply naming no command sent for it: parked
+				}
 				return err
 			}
 			visit(inst, trig, res, names)
@@ -172,20 +175,18 @@ func (d *Definition) canon(inst Instance) Instance {
 			c.Attempt = a
 		}
 	}
-	// Ids of a settled step's commands no longer matter (its replies are
-	// duplicates or conflicts whatever they answer), unless an operator
-	// retry may clear the outcome: the step is what the review resumes.
-	rename := func(m map[string]string, prefix string, settled map[string]string, stateOf func(string) string) map[string]string {
+	// A command's id matters only as the pending one or not: the other
+	// ids of one step (earlier attempts) behave alike. A settled step's
+	// ids are kept: a reply that names none of them is misaddressed.
+	rename := func(m map[string]string, prefix string) map[string]string {
 		if len(m) == 0 {
 			return nil
 		}
 		out := make(map[string]string, len(m))
 		for id, step := range m {
-			switch {
-			case id == inst.PendingMessageID:
+			if id == inst.PendingMessageID {
 				out["p"] = step
-			case settled[step] != "" && inst.Progress.ReviewFrom != stateOf(step):
-			default:
+			} else {
 				out[prefix+step] = step
 			}
 		}
@@ -206,8 +207,8 @@ func (d *Definition) canon(inst Instance) Instance {
 		Stopped:              byStep(p.Stopped),
 		Outcomes:             cloneMap(p.Outcomes),
 		CompensationOutcomes: cloneMap(p.CompensationOutcomes),
-		Sent:                 rename(p.Sent, "s:", p.Outcomes, StateName),
-		SentCompensations:    rename(p.SentCompensations, "c:", p.CompensationOutcomes, CompensatingStateName),
+		Sent:                 rename(p.Sent, "s:"),
+		SentCompensations:    rename(p.SentCompensations, "c:"),
 		ReviewFrom:           p.ReviewFrom,
 	}
 	if p.Cancel != nil {

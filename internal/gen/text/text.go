@@ -1,6 +1,7 @@
 // Package text renders the non-Go artifacts of a contract from the
-// templates in /templates: per saga, its SQL migrations and its Markdown
-// page with a Mermaid state diagram.
+// templates in /templates: per saga, its SQL migrations, its Markdown page
+// with a Mermaid state diagram, and its BPMN 2.0 process with a laid-out
+// diagram (bpmn.go).
 package text
 
 import (
@@ -27,6 +28,7 @@ func New() (*Renderer, error) {
 		"sqlList": sqlList,
 		"inc":     func(i int) int { return i + 1 },
 		"codes":   codes,
+		"x":       xmlText,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("parse templates: %w", err)
@@ -85,6 +87,11 @@ func (r *Renderer) Migrations(s *model.Saga) ([]File, error) {
 		{Name: dir + "0003_indexes.sql", Content: indexes},
 	}, nil
 }
+
+// xmlText escapes s for XML character data and attribute values.
+func xmlText(s string) string { return xmlEscaper.Replace(s) }
+
+var xmlEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", `"`, "&quot;", "'", "&apos;")
 
 func sqlList(ss []string) string {
 	q := make([]string, len(ss))
