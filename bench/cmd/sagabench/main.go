@@ -73,7 +73,8 @@ type options struct {
 	stderr        io.Writer
 	logged        map[string]bool
 	pgbenchBin    string
-	peerSagas     int
+	dbosSagas     int
+	temporalSagas int
 	// Temporal: the server and its schema tool, pollers per measurement,
 	// history shards.
 	temporalBin, temporalSQLTool string
@@ -100,11 +101,12 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.pgbenchTime, "pgbench-duration", 4*time.Second, "duration of each pgbench run")
 	clients := fs.String("pgbench-clients", "1,4,16", "pgbench client counts")
 	fs.IntVar(&o.relayRows, "relay-rows", 30000, "outbox rows per relay measurement")
-	fs.Float64Var(&o.lowRate, "low-rate", 20, "offered sagas/s for the low-load latency measurement")
+	fs.Float64Var(&o.lowRate, "low-rate", 20, "offered sagas/s for the low-load latency measurement (at most a quarter of the side's measured capacity)")
 	fs.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "how long each latency measurement offers load")
 	fs.DurationVar(&o.limit, "limit", 60*time.Second, "longest any one measurement may take")
 	only := fs.String("only", "", "comma-separated groups to run: raw,pg,watermill,ours,relay,latency (default all of these), temporal, dbos (only when named)")
-	fs.IntVar(&o.peerSagas, "peer-sagas", 2000, "sagas per throughput measurement of the Temporal and DBOS builds")
+	fs.IntVar(&o.dbosSagas, "dbos-sagas", 3000, "sagas per throughput measurement of the DBOS build")
+	fs.IntVar(&o.temporalSagas, "temporal-sagas", 300, "sagas per throughput measurement of the Temporal build")
 	temporalDir := fs.String("temporal", "", "directory of the Temporal server binaries `server` and `sql` (bench/temporal/build.sh prints it)")
 	temporalPollers := fs.String("temporal-pollers", "2,8", "Temporal worker: workflow-task and activity-task pollers each, per measurement")
 	fs.IntVar(&o.temporalShards, "temporal-shards", 4, "Temporal server: persistence.numHistoryShards")
@@ -142,7 +144,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if o.quick {
 		o.runs, o.sagas, o.wmSags, o.inflight = 1, 300, 150, 150
 		o.workers = []int{4}
-		o.peerSagas = 150
+		o.dbosSagas, o.temporalSagas = 150, 50
 		o.temporalPollers, o.dbosConcurrency = o.temporalPollers[:1], o.dbosConcurrency[:1]
 		o.rawDuration, o.pgbenchTime, o.pgbenchCl = 500*time.Millisecond, time.Second, []int{4}
 		o.relayRows, o.latencyFor = 2000, 2*time.Second
@@ -151,8 +153,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.runs < 1:
 		return o, fmt.Errorf("-runs %d: want at least 1", o.runs)
-	case o.sagas < 1 || o.wmSags < 1 || o.peerSagas < 1 || o.inflight < 1:
-		return o, errors.New("-sagas, -wm-sagas, -peer-sagas and -inflight must be positive")
+	case o.sagas < 1 || o.wmSags < 1 || o.dbosSagas < 1 || o.temporalSagas < 1 || o.inflight < 1:
+		return o, errors.New("-sagas, -wm-sagas, -dbos-sagas, -temporal-sagas and -inflight must be positive")
 	case o.wantPeer("temporal") && (o.temporalBin == "" || o.temporalShards < 1):
 		return o, errors.New("-only temporal needs -temporal DIR (bench/temporal/build.sh builds the server) and -temporal-shards ≥ 1")
 	case o.wantPeer("dbos") && o.dbosPoll <= 0:
@@ -290,7 +292,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		for _, p := range o.temporalPollers {
 			c := temporalConfig{Pollers: p}
-			name := fmt.Sprintf("Temporal on PostgreSQL, %s, %d sagas", c, o.peerSagas)
+			name := fmt.Sprintf("Temporal on PostgreSQL, %s, %d sagas", c, o.temporalSagas)
 			temporalNames = append(temporalNames, name)
 			add("saga throughput", name, func(ctx context.Context) ([]report.Metric, error) {
 				sys, err := newTemporal(ctx, env, o, c, logger)
@@ -298,14 +300,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					return nil, err
 				}
 				defer sys.Close()
-				return throughput(ctx, env, sys, "tp", o.peerSagas, o.inflight, o.limit, o.stmtLog(name))
+				return throughput(ctx, env, sys, "tp", o.temporalSagas, o.inflight, o.limit, o.stmtLog(name))
 			})
 		}
 	}
 	if o.wantPeer("dbos") {
 		for _, n := range o.dbosConcurrency {
 			c := dbosConfig{Concurrency: n, Poll: o.dbosPoll}
-			name := fmt.Sprintf("DBOS, %s, %d sagas", c, o.peerSagas)
+			name := fmt.Sprintf("DBOS, %s, %d sagas", c, o.dbosSagas)
 			dbosNames = append(dbosNames, name)
 			add("saga throughput", name, func(ctx context.Context) ([]report.Metric, error) {
 				sys, err := newDBOS(ctx, env, c, logger)
@@ -313,7 +315,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					return nil, err
 				}
 				defer sys.Close()
-				return throughput(ctx, env, sys, "dbos", o.peerSagas, o.inflight, o.limit, o.stmtLog(name))
+				return throughput(ctx, env, sys, "dbos", o.dbosSagas, o.inflight, o.limit, o.stmtLog(name))
 			})
 		}
 	}
@@ -417,7 +419,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				newSys: func(ctx context.Context) (system, error) { return newDBOS(ctx, env, c, logger) }})
 		}
 		for _, sd := range sides {
-			rates := []float64{o.lowRate}
+			// Low load is at most a quarter of the side's capacity: the
+			// default rate is above what the slowest peers complete.
+			low := o.lowRate
+			if !math.IsNaN(sd.capacity) && sd.capacity/4 < low {
+				low = math.Max(1, math.Round(sd.capacity/4))
+			}
+			rates := []float64{low}
 			if !math.IsNaN(sd.capacity) && !o.quick {
 				rates = append(rates, math.Round(sd.capacity*0.75))
 			}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -43,9 +44,10 @@ type ServerConfig struct {
 type Server struct {
 	cfg       ServerConfig
 	cmd       *exec.Cmd
-	exited    chan error
-	HostPort  string // the frontend's gRPC address
-	Namespace string // registered by StartServer
+	exited    chan struct{} // closed when the process has exited
+	exitErr   error         // how it exited, once exited is closed
+	HostPort  string        // the frontend's gRPC address
+	Namespace string        // registered by StartServer
 	// DB and VisibilityDB are the server's databases.
 	DB, VisibilityDB string
 }
@@ -110,8 +112,8 @@ func StartServer(ctx context.Context, cfg ServerConfig) (*Server, error) {
 		s.dropDatabases()
 		return nil, fmt.Errorf("temporal server: start %s: %w", cfg.Bin, err)
 	}
-	s.exited = make(chan error, 1)
-	go func() { s.exited <- s.cmd.Wait(); logf.Close() }()
+	s.exited = make(chan struct{})
+	go func() { s.exitErr = s.cmd.Wait(); logf.Close(); close(s.exited) }()
 	if err := s.ready(ctx); err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("%w (log: %s)", err, logf.Name())
@@ -141,8 +143,8 @@ func (s *Server) ready(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("temporal server: frontend %s did not answer: %w", s.HostPort, err)
-		case err := <-s.exited:
-			return fmt.Errorf("temporal server: exited while starting: %v", err)
+		case <-s.exited:
+			return fmt.Errorf("temporal server: exited while starting: %v", s.exitErr)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -221,7 +223,10 @@ func (s *Server) sqlTool(ctx context.Context, db string, args ...string) error {
 	return nil
 }
 
-// freePorts returns n distinct loopback ports free at the time of the call.
+// freePorts returns n distinct loopback ports free at the time of the call,
+// between 20000 and 32767: the server stores membership ports in a smallint
+// column, and ports below the kernel's ephemeral range (from 32768) are not
+// taken by outgoing connections between this check and the server's bind.
 func freePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
@@ -230,13 +235,17 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for try := 0; len(ports) < n; try++ {
+		if try == 1000 {
+			return nil, errors.New("temporal server: no free ports between 20000 and 32767")
+		}
+		p := 20000 + mrand.IntN(12768)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
-			return nil, fmt.Errorf("temporal server: free port: %w", err)
+			continue
 		}
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, p)
 	}
 	return ports, nil
 }
