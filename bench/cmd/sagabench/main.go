@@ -2,7 +2,9 @@
 // and prints one Markdown table: the raw limits of this machine's RabbitMQ
 // and PostgreSQL, a Watermill build of the same Place Order saga, and the
 // Place Order example on the saga runtime (completed sagas per second, relay
-// throughput, step latency, commits per step, CPU per saga).
+// throughput, step latency, commits per step, CPU per saga). With -only
+// naming them, also the same saga on Temporal (its server on PostgreSQL,
+// started per measurement) and on DBOS.
 //
 //	cd bench && go run ./cmd/sagabench [-quick] [-runs 3] [-sagas 10000] [-workers 2,4]
 //
