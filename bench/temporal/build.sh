@@ -4,7 +4,8 @@
 #
 # Both come from the Go module proxy at the pinned version (go install MODULE/cmd/...@VERSION, with
 # the server's own go.mod and go.sum), into a cache outside the clone: nothing of Temporal's is
-# committed or vendored. The build takes about 10 minutes and 1 GB of module cache on 2 cores.
+# committed or vendored. The build takes about 10 minutes of CPU (25 minutes of wall time on a
+# 2-core machine shared with other work).
 #
 #   TEMPORAL_CACHE   where to build (default ~/.cache/protosaga/temporal-VERSION)
 set -euo pipefail
