@@ -11,7 +11,7 @@ BUF       := $(HOME)/.cache/protosaga/buf-$(BUF_VERSION)/buf
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
-.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench bench-slowdisk soak buf-plugins buf-generate check-buf check-bufplugin services-start services-stop clean
+.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench bench-peers bench-slowdisk soak buf-plugins buf-generate check-buf check-bufplugin services-start services-stop clean
 
 all: build
 
@@ -80,6 +80,13 @@ bench:
 	cd bench && $(GO) run ./cmd/genbench -sagas 40 -runs 9
 	mkdir -p $(CACHE)
 	scripts/with-services.sh sh -c '$(GO) test -run "^$$" -bench BenchmarkTransition -benchmem -count 6 ./runtime/telemetry/ && cd bench && $(GO) run ./cmd/sagabench -out $(CACHE)/bench.md'
+
+## bench-peers: the saga comparison with the engines a Go team would pick instead — Temporal on PostgreSQL
+## and DBOS — next to the runtime and Watermill, in one run (about 20 minutes). The Temporal server is
+## built once per machine from the Go module proxy into ~/.cache/protosaga (bench/temporal/build.sh).
+bench-peers:
+	mkdir -p $(CACHE)
+	dir=$$(bench/temporal/build.sh) && scripts/with-services.sh sh -c 'cd bench && $(GO) run ./cmd/sagabench -only watermill,ours,temporal,dbos,latency -temporal "$$0" -out $(CACHE)/bench-peers.md' "$$dir"
 
 ## bench-slowdisk: the saga throughput comparison and pgbench ceiling again, on private servers whose
 ## every fsync takes SLOWSYNC_US (default 1000) microseconds longer: a disk that flushes like network block storage.

@@ -2,7 +2,9 @@
 // and prints one Markdown table: the raw limits of this machine's RabbitMQ
 // and PostgreSQL, a Watermill build of the same Place Order saga, and the
 // Place Order example on the saga runtime (completed sagas per second, relay
-// throughput, step latency, commits per step, CPU per saga).
+// throughput, step latency, commits per step, CPU per saga). With -only
+// naming them, also the same saga on Temporal (its server on PostgreSQL,
+// started per measurement) and on DBOS.
 //
 //	cd bench && go run ./cmd/sagabench [-quick] [-runs 3] [-sagas 10000] [-workers 2,4]
 //
@@ -24,6 +26,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -36,6 +39,7 @@ import (
 	"github.com/protosaga/saga/bench/internal/benv"
 	"github.com/protosaga/saga/bench/internal/raw"
 	"github.com/protosaga/saga/bench/internal/report"
+	"github.com/protosaga/saga/bench/internal/temporalsaga"
 	"github.com/protosaga/saga/bench/internal/workload"
 )
 
@@ -71,6 +75,16 @@ type options struct {
 	stderr        io.Writer
 	logged        map[string]bool
 	pgbenchBin    string
+	dbosSagas     int
+	temporalSagas int
+	// Temporal: the server and its schema tool, pollers per measurement,
+	// history shards.
+	temporalBin, temporalSQLTool string
+	temporalPollers              []int
+	temporalShards               int
+	// DBOS: queue worker concurrency per measurement, polling interval.
+	dbosConcurrency []int
+	dbosPoll        time.Duration
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
@@ -89,10 +103,17 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.pgbenchTime, "pgbench-duration", 4*time.Second, "duration of each pgbench run")
 	clients := fs.String("pgbench-clients", "1,4,16", "pgbench client counts")
 	fs.IntVar(&o.relayRows, "relay-rows", 30000, "outbox rows per relay measurement")
-	fs.Float64Var(&o.lowRate, "low-rate", 20, "offered sagas/s for the low-load latency measurement")
+	fs.Float64Var(&o.lowRate, "low-rate", 20, "offered sagas/s for the low-load latency measurement (at most a quarter of the side's measured capacity)")
 	fs.DurationVar(&o.latencyFor, "latency-duration", 10*time.Second, "how long each latency measurement offers load")
 	fs.DurationVar(&o.limit, "limit", 60*time.Second, "longest any one measurement may take")
-	only := fs.String("only", "", "comma-separated groups to run: raw,pg,watermill,ours,relay,latency (default all)")
+	only := fs.String("only", "", "comma-separated groups to run: raw,pg,watermill,ours,relay,latency (default all of these), temporal, dbos (only when named)")
+	fs.IntVar(&o.dbosSagas, "dbos-sagas", 3000, "sagas per throughput measurement of the DBOS build")
+	fs.IntVar(&o.temporalSagas, "temporal-sagas", 300, "sagas per throughput measurement of the Temporal build")
+	temporalDir := fs.String("temporal", "", "directory of the Temporal server binaries `server` and `sql` (bench/temporal/build.sh prints it)")
+	temporalPollers := fs.String("temporal-pollers", "2,8", "Temporal worker: workflow-task and activity-task pollers each, per measurement")
+	fs.IntVar(&o.temporalShards, "temporal-shards", 4, "Temporal server: persistence.numHistoryShards")
+	dbosConcurrency := fs.String("dbos-concurrency", "20,100", "DBOS queue: worker concurrency per measurement")
+	fs.DurationVar(&o.dbosPoll, "dbos-poll", 100*time.Millisecond, "DBOS queue: base polling interval")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the runtime's first throughput or relay measurement here")
 	fs.StringVar(&o.out, "out", "", "also write the report to this file")
 	fs.BoolVar(&o.statements, "statements", false, "print each saga configuration's most frequent SQL statements per completed saga to stderr (first round)")
@@ -107,6 +128,15 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if o.pgbenchCl, err = ints(*clients); err != nil {
 		return o, fmt.Errorf("-pgbench-clients: %w", err)
 	}
+	if o.temporalPollers, err = ints(*temporalPollers); err != nil {
+		return o, fmt.Errorf("-temporal-pollers: %w", err)
+	}
+	if o.dbosConcurrency, err = ints(*dbosConcurrency); err != nil {
+		return o, fmt.Errorf("-dbos-concurrency: %w", err)
+	}
+	if *temporalDir != "" {
+		o.temporalBin, o.temporalSQLTool = filepath.Join(*temporalDir, "server"), filepath.Join(*temporalDir, "sql")
+	}
 	o.only = map[string]bool{}
 	for _, g := range strings.Split(*only, ",") {
 		if g = strings.TrimSpace(g); g != "" {
@@ -116,6 +146,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if o.quick {
 		o.runs, o.sagas, o.wmSags, o.inflight = 1, 300, 150, 150
 		o.workers = []int{4}
+		o.dbosSagas, o.temporalSagas = 150, 50
+		o.temporalPollers, o.dbosConcurrency = o.temporalPollers[:1], o.dbosConcurrency[:1]
 		o.rawDuration, o.pgbenchTime, o.pgbenchCl = 500*time.Millisecond, time.Second, []int{4}
 		o.relayRows, o.latencyFor = 2000, 2*time.Second
 		o.limit = 20 * time.Second
@@ -123,8 +155,12 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case o.runs < 1:
 		return o, fmt.Errorf("-runs %d: want at least 1", o.runs)
-	case o.sagas < 1 || o.wmSags < 1 || o.inflight < 1:
-		return o, errors.New("-sagas, -wm-sagas and -inflight must be positive")
+	case o.sagas < 1 || o.wmSags < 1 || o.dbosSagas < 1 || o.temporalSagas < 1 || o.inflight < 1:
+		return o, errors.New("-sagas, -wm-sagas, -dbos-sagas, -temporal-sagas and -inflight must be positive")
+	case o.wantPeer("temporal") && (o.temporalBin == "" || o.temporalShards < 1):
+		return o, errors.New("-only temporal needs -temporal DIR (bench/temporal/build.sh builds the server) and -temporal-shards ≥ 1")
+	case o.wantPeer("dbos") && o.dbosPoll <= 0:
+		return o, errors.New("-dbos-poll must be positive")
 	case o.queueType != "quorum" && o.queueType != "classic":
 		return o, fmt.Errorf("-queue-type %q: want quorum or classic", o.queueType)
 	case o.lowRate <= 0:
@@ -156,6 +192,10 @@ func (o options) stmtLog(name string) io.Writer {
 }
 
 func (o options) want(group string) bool { return len(o.only) == 0 || o.only[group] }
+
+// wantPeer says whether a peer group that runs only when named (temporal,
+// dbos) was named.
+func (o options) wantPeer(group string) bool { return o.only[group] }
 
 // measurement is one row group of the table, run once per round.
 type measurement struct {
@@ -247,6 +287,40 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			})
 		}
 	}
+	var temporalNames, dbosNames []string
+	if o.wantPeer("temporal") {
+		if err := (temporalsaga.ServerConfig{Bin: o.temporalBin, SQLTool: o.temporalSQLTool}).Check(); err != nil {
+			return err
+		}
+		for _, p := range o.temporalPollers {
+			c := temporalConfig{Pollers: p}
+			name := fmt.Sprintf("Temporal on PostgreSQL, %s, %d sagas", c, o.temporalSagas)
+			temporalNames = append(temporalNames, name)
+			add("saga throughput", name, func(ctx context.Context) ([]report.Metric, error) {
+				sys, err := newTemporal(ctx, env, o, c, logger)
+				if err != nil {
+					return nil, err
+				}
+				defer sys.Close()
+				return throughput(ctx, env, sys, "tp", o.temporalSagas, o.inflight, o.limit, o.stmtLog(name))
+			})
+		}
+	}
+	if o.wantPeer("dbos") {
+		for _, n := range o.dbosConcurrency {
+			c := dbosConfig{Concurrency: n, Poll: o.dbosPoll}
+			name := fmt.Sprintf("DBOS, %s, %d sagas", c, o.dbosSagas)
+			dbosNames = append(dbosNames, name)
+			add("saga throughput", name, func(ctx context.Context) ([]report.Metric, error) {
+				sys, err := newDBOS(ctx, env, c, logger)
+				if err != nil {
+					return nil, err
+				}
+				defer sys.Close()
+				return throughput(ctx, env, sys, "dbos", o.dbosSagas, o.inflight, o.limit, o.stmtLog(name))
+			})
+		}
+	}
 	relayNames := map[string]string{}
 	if o.want("relay") {
 		// The defaults, two relays, and the defaults before the relay was
@@ -324,8 +398,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				sides[0].also = []float64{math.Round(wmCapacity * 0.75)}
 			}
 		}
+		// The peers: each at its best measured setting.
+		best := func(names []string) (int, float64) {
+			bi, bv := -1, math.NaN()
+			for i, n := range names {
+				if v := t.Median(n, "sagas/s"); !math.IsNaN(v) && (math.IsNaN(bv) || v > bv) {
+					bi, bv = i, v
+				}
+			}
+			return bi, bv
+		}
+		if o.wantPeer("temporal") {
+			i, v := best(temporalNames)
+			c := temporalConfig{Pollers: o.temporalPollers[max(i, 0)]}
+			sides = append(sides, side{name: "Temporal on PostgreSQL, " + c.String(), capacity: v,
+				newSys: func(ctx context.Context) (system, error) { return newTemporal(ctx, env, o, c, logger) }})
+		}
+		if o.wantPeer("dbos") {
+			i, v := best(dbosNames)
+			c := dbosConfig{Concurrency: o.dbosConcurrency[max(i, 0)], Poll: o.dbosPoll}
+			sides = append(sides, side{name: "DBOS, " + c.String(), capacity: v,
+				newSys: func(ctx context.Context) (system, error) { return newDBOS(ctx, env, c, logger) }})
+		}
 		for _, sd := range sides {
-			rates := []float64{o.lowRate}
+			// Low load is at most a quarter of the side's capacity: the
+			// default rate is above what the slowest peers complete.
+			low := o.lowRate
+			if !math.IsNaN(sd.capacity) && sd.capacity/4 < low {
+				low = math.Max(1, math.Round(sd.capacity/4))
+			}
+			rates := []float64{low}
 			if !math.IsNaN(sd.capacity) && !o.quick {
 				rates = append(rates, math.Round(sd.capacity*0.75))
 			}
@@ -355,6 +457,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 
 	notes(&t, o, wmName, oursNames, relayNames)
+	peerNotes(&t, oursNames, map[string][]string{"Temporal on PostgreSQL": temporalNames, "DBOS": dbosNames})
 	var b strings.Builder
 	fmt.Fprintf(&b, "sagabench %s — %s, %d CPUs, %s; load average %s at start, %s at end; %s total\n\n",
 		strings.Join(args, " "), started.Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.Version(),

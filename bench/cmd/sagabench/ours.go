@@ -66,10 +66,11 @@ func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logg
 	if workers == 0 {
 		workers = 4
 	}
-	// host.Config.Pool: "4 per relay, Concurrency+1 per registered participant or saga";
-	// plus headroom for starts and polls.
+	// host.Config.Pool: 4 per relay, Concurrency+1 per consumer (five here:
+	// four participants and the saga), 4 for starts, reads and gauges; plus
+	// headroom for the benchmark's own polls.
 	relays := max(c.Relays, 1)
-	if s.pool, err = s.schema.Pool(ctx, int32(3*relays+5*workers+2+6), &s.stmts); err != nil {
+	if s.pool, err = s.schema.Pool(ctx, int32(4*relays+5*(workers+1)+4+4), &s.stmts); err != nil {
 		s.Close()
 		return nil, err
 	}

@@ -54,6 +54,10 @@ type infra struct {
 // Statements counts the statements the pool sent.
 func (b *infra) Statements() *benv.StatementCounter { return &b.stmts }
 
+// usesBroker says whether the system runs on RabbitMQ (the peers without a
+// vhost do not, and their measurements leave out the broker's idle CPU).
+func (b *infra) usesBroker() bool { return b.vhost != nil }
+
 // close closes the pool and drops the vhost and schema that exist.
 func (b *infra) close() {
 	if b.pool != nil {
@@ -129,8 +133,12 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 		{Name: "saga-equivalents/s (steps applied ÷ 4)", Value: work / elapsed.Seconds()},
 		{Name: "commits/step", Value: commits},
 		{Name: "WAL flushes/saga (cluster)", Value: float64(after.WALSyncs-before.WALSyncs) / work},
-		{Name: "statements/saga", Value: float64(statements) / work},
 		{Name: "client CPU ms/saga", Value: ms(d.Self) / work},
+	}
+	if p, ok := sys.(interface{ StatementsPartial() bool }); ok && p.StatementsPartial() {
+		out = append(out, report.Metric{Name: "statements/saga (this process's; not the peer server's)", Value: float64(statements) / work})
+	} else {
+		out = append(out, report.Metric{Name: "statements/saga", Value: float64(statements) / work})
 	}
 	if stmtLog != nil {
 		fmt.Fprintf(stmtLog, "statements of %s, per saga's worth of steps:\n", label)
@@ -147,8 +155,11 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 	if d.PostgresOK {
 		out = append(out, report.Metric{Name: "PostgreSQL CPU ms/saga", Value: ms(d.Postgres) / work})
 	}
-	if d.RabbitOK {
+	if b, ok := sys.(interface{ usesBroker() bool }); d.RabbitOK && (!ok || b.usesBroker()) {
 		out = append(out, report.Metric{Name: "RabbitMQ CPU ms/saga", Value: ms(d.Rabbit) / work})
+	}
+	if d.PeerOK {
+		out = append(out, report.Metric{Name: env.PeerLabel() + " CPU ms/saga", Value: ms(d.Peer) / work})
 	}
 	return out, nil
 }

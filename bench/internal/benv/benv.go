@@ -40,6 +40,7 @@ type Env struct {
 	dbName        string
 	admin         *pgxpool.Pool // on the base database: create/drop the run's database
 	db            *pgxpool.Pool // on the run's database: create/drop schemas, read stats
+	peer          peer          // counted by Sample next to the run's database (CountPeer)
 }
 
 // FromEnv reads the server addresses from the environment and creates the
@@ -96,6 +97,13 @@ func (e *Env) Close() {
 		fmt.Fprintf(os.Stderr, "sagabench: drop database %s: %v\n", e.dbName, err)
 	}
 	e.admin.Close()
+}
+
+// DatabaseURL is the URL of database name on the run's server.
+func (e *Env) DatabaseURL(name string) string {
+	u, _ := url.Parse(e.dbURL) // parsed in FromEnv
+	u.Path = "/" + name
+	return u.String()
 }
 
 // Database is the name of the run's own database.

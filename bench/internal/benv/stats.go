@@ -21,7 +21,8 @@ const clockTicks = 100
 type Sample struct {
 	At time.Time
 	// Commits is xact_commit of the run's database (every committed
-	// transaction, read-only ones included).
+	// transaction, read-only ones included) and of the databases of the
+	// peer being counted (CountPeer).
 	Commits int64
 	// WALSyncs is pg_stat_wal.wal_sync: WAL flushes of the whole cluster
 	// (other databases included).
@@ -33,18 +34,21 @@ type Sample struct {
 	Postgres time.Duration
 	// Rabbit is the CPU of the RabbitMQ node (beam.smp).
 	Rabbit time.Duration
-	// PostgresOK and RabbitOK say whether the server CPU could be read
-	// (the servers must run on this machine).
-	PostgresOK, RabbitOK bool
+	// Peer is the CPU of the peer's server process being counted
+	// (CountPeer), such as the Temporal server.
+	Peer time.Duration
+	// PostgresOK, RabbitOK and PeerOK say whether the server CPU could be
+	// read (the servers must run on this machine).
+	PostgresOK, RabbitOK, PeerOK bool
 }
 
 // Delta is the difference of two samples.
 type Delta struct {
-	Elapsed              time.Duration
-	Commits, WALSyncs    int64
-	Self, Postgres       time.Duration
-	Rabbit               time.Duration
-	PostgresOK, RabbitOK bool
+	Elapsed                      time.Duration
+	Commits, WALSyncs            int64
+	Self, Postgres               time.Duration
+	Rabbit, Peer                 time.Duration
+	PostgresOK, RabbitOK, PeerOK bool
 }
 
 // Sub returns s - earlier.
@@ -56,8 +60,10 @@ func (s Sample) Sub(earlier Sample) Delta {
 		Self:       s.Self - earlier.Self,
 		Postgres:   s.Postgres - earlier.Postgres,
 		Rabbit:     s.Rabbit - earlier.Rabbit,
+		Peer:       s.Peer - earlier.Peer,
 		PostgresOK: s.PostgresOK && earlier.PostgresOK,
 		RabbitOK:   s.RabbitOK && earlier.RabbitOK,
+		PeerOK:     s.PeerOK && earlier.PeerOK,
 	}
 }
 
@@ -66,9 +72,10 @@ func (s Sample) Sub(earlier Sample) Delta {
 // sample of a measurement.
 func (e *Env) Sample(ctx context.Context) (Sample, error) {
 	s := Sample{At: time.Now()}
-	if err := e.db.QueryRow(ctx, `SELECT pg_stat_get_db_xact_commit(oid) FROM pg_database WHERE datname = $1`,
-		e.dbName).Scan(&s.Commits); err != nil {
-		return s, fmt.Errorf("read xact_commit of %s: %w", e.dbName, err)
+	dbs := append([]string{e.dbName}, e.peer.databases...)
+	if err := e.db.QueryRow(ctx, `SELECT sum(pg_stat_get_db_xact_commit(oid))::bigint FROM pg_database WHERE datname = ANY($1)`,
+		dbs).Scan(&s.Commits); err != nil {
+		return s, fmt.Errorf("read xact_commit of %v: %w", dbs, err)
 	}
 	if err := e.db.QueryRow(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&s.WALSyncs); err != nil {
 		return s, fmt.Errorf("read pg_stat_wal: %w", err)
@@ -83,8 +90,30 @@ func (e *Env) Sample(ctx context.Context) (Sample, error) {
 	if pid, err := e.rabbitPID(ctx); err == nil {
 		s.Rabbit, s.RabbitOK = procCPU(pid, false)
 	}
+	if e.peer.pid != 0 {
+		s.Peer, s.PeerOK = procCPU(e.peer.pid, true)
+	}
 	return s, nil
 }
+
+// peer is what Sample counts of a peer's own server (CountPeer).
+type peer struct {
+	label     string
+	pid       int
+	databases []string
+}
+
+// CountPeer makes Sample count, until the returned function is called, the
+// commits of databases next to the run's database and the CPU of process
+// pid (0: none) as Sample.Peer. label names the process in reports
+// (PeerLabel).
+func (e *Env) CountPeer(label string, pid int, databases ...string) (stop func()) {
+	e.peer = peer{label: label, pid: pid, databases: databases}
+	return func() { e.peer = peer{} }
+}
+
+// PeerLabel names the process CountPeer counts, or is empty.
+func (e *Env) PeerLabel() string { return e.peer.label }
 
 // Settle waits until PostgreSQL has published the statistics of
 // transactions that just ended (backends report at most once a second).
