@@ -37,10 +37,12 @@ func TestQuick(t *testing.T) {
 		"| saga throughput | saga runtime, workers 4, 300 sagas | sagas/s |",
 		"| saga throughput | saga runtime, workers 4, 300 sagas | commits/step |",
 		"| relay | outbox relay ×1 (batch 500, window 1024: defaults), 2000 rows | msgs/s |",
-		"| latency | saga runtime, workers 4, 20 sagas/s offered | step p99 ms |",
 		"ours / Watermill (completed sagas/s)",
 	} {
 		require.True(t, strings.Contains(table, want), "table lacks %q:\n%s", want, table)
 	}
+	// The offered rate of the latency run follows the measured capacity, so
+	// the row is matched without it.
+	require.Regexp(t, `\| latency \| saga runtime, workers 4, [0-9.]+ sagas/s offered \| step p99 ms \| [0-9.]+ \|`, table)
 	require.NotContains(t, table, "% of sagas completed within the limit", "a quick run must complete every saga")
 }
