@@ -109,7 +109,7 @@ func (f *Faults) roll(parts ...string) float64 {
 }
 
 // Middleware injects the faults around one participant.
-func (f *injector) Middleware(_ string, next participant.Func) participant.Func {
+func (f *injector) Middleware(service string, next participant.Func) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		env, ok := participant.Command(ctx)
 		if !ok {
@@ -148,6 +148,12 @@ func (f *injector) Middleware(_ string, next participant.Func) participant.Func 
 			if err != nil {
 				return nil, err
 			}
+			// The guard's own resend of a stored reply says that the
+			// command ran once; so does this copy of it.
+			if dup.Headers == nil {
+				dup.Headers = map[string]any{}
+			}
+			dup.Headers[envelope.HeaderOnce] = service
 			if err := outbox.Enqueue(ctx, tx, dup); err != nil {
 				return nil, fmt.Errorf("faults: enqueue duplicate reply to %s %s: %w", env.MessageType, id, err)
 			}
