@@ -30,7 +30,10 @@ func TestWorkQueue(t *testing.T) {
 	p := retry.Policy{Tiers: []time.Duration{time.Second, 10 * time.Second, time.Minute}, MaxAttempts: 3}
 	got := broker.WorkQueue("orders", "", p)
 	require.Equal(t, []broker.Queue{
-		{Name: "orders", Type: broker.QueueQuorum},
+		{Name: "orders", Type: broker.QueueQuorum, Args: amqp.Table{
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders.parking",
+			"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+		}},
 		{Name: "orders.retry.1s", Type: broker.QueueQuorum, Args: amqp.Table{
 			"x-message-ttl": int64(1000), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders",
 			"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
@@ -40,7 +43,7 @@ func TestWorkQueue(t *testing.T) {
 			"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
 		}},
 		{Name: "orders.parking", Type: broker.QueueQuorum},
-	}, got, "MaxAttempts 3 waits twice: the one-minute tier is never used")
+	}, got, "MaxAttempts 3 waits twice: the one-minute tier is never used; the work queue parks what the broker gives up on")
 
 	classic := broker.WorkQueue("q", broker.QueueClassic, retry.Policy{Tiers: []time.Duration{time.Second}, MaxAttempts: 9})
 	require.Equal(t, []broker.Queue{
@@ -134,6 +137,10 @@ func TestDefinitionsJSON(t *testing.T) {
       "durable": true,
       "auto_delete": false,
       "arguments": {
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "orders.parking",
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
         "x-queue-type": "quorum"
       }
     },
