@@ -7,6 +7,12 @@
 #   scripts/services.sh stop DIR                    stop both and leave DIR for inspection
 #   scripts/services.sh status DIR                  print DIR/env.sh and what runs; exit 0 only when both run
 #
+# Versions: by default Debian 12's PostgreSQL 15 and RabbitMQ 3.10. With SAGA_SERVICES_VERSIONS=new at
+# start, PostgreSQL 17 and RabbitMQ 4.x from Debian 13, run inside a Debian 13 root
+# (scripts/trixie-root.sh makes it once per machine) on the same loopback; DIR remembers the choice
+# (DIR/versions), so restart and stop need no variable, and env.sh exports it, so servers a test or
+# the soak starts for itself from that environment are of the same versions.
+#
 # Everything lives under DIR: data directories, sockets, logs, the Erlang cookie. Ports are
 # chosen free at start and kept by restarts. No systemd, no Docker: the servers run as plain
 # processes (PostgreSQL as the `postgres` user, because initdb refuses root). DIR/env.sh exports
@@ -29,6 +35,11 @@ PG_BIN=${SAGA_PG_BIN:-/usr/lib/postgresql/$PG_VERSION/bin}
 RMQ_BIN=${SAGA_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
 RMQ_SERVER=$RMQ_BIN/rabbitmq-server
 RMQ_CTL=$RMQ_BIN/rabbitmqctl
+# The servers run on the host unless use_versions points these at the Debian 13 root.
+ROOT_DIR=            # the root the servers run in; empty: the host
+IN_ROOT=()           # the prefix that runs a command in it (chroot ROOT_DIR)
+PG_OWNER=postgres:postgres # the owner of PostgreSQL's files, as the servers see it
+here=$(cd "$(dirname "$0")" && pwd)
 
 as_root() {
 	if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -49,6 +60,7 @@ apt_install() {
 }
 
 ensure_installed() {
+	[ -z "$ROOT_DIR" ] || return 0 # trixie-root.sh installed and checked them
 	[ -x "$PG_BIN/postgres" ] || apt_install postgresql-$PG_VERSION
 	[ -x "$RMQ_SERVER" ] || apt_install rabbitmq-server
 	[ -x "$PG_BIN/postgres" ] || die "PostgreSQL $PG_VERSION not found at $PG_BIN after install"
@@ -112,7 +124,8 @@ make_tls() {
 
 # as_pg CMD [ARGS...]: a PostgreSQL tool, as the postgres user when we are root (the server refuses root).
 as_pg() {
-	if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+	if [ -n "$ROOT_DIR" ]; then chroot --userspec="$PG_OWNER" "$ROOT_DIR" "$@"
+	elif [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
 start_pg() {
@@ -120,7 +133,7 @@ start_pg() {
 	port=$(free_port)
 	mkdir -p "$dir/pg"
 	echo "$port" >"$dir/pg/port"
-	chown -R postgres:postgres "$dir/pg" 2>/dev/null || true
+	chown -R "$PG_OWNER" "$dir/pg" 2>/dev/null || true
 	chmod 700 "$dir/pg"
 	as_pg "$PG_BIN/initdb" -D "$dir/pg/data" -U postgres --auth=trust -E UTF8 --no-sync >"$dir/pg/initdb.log" 2>&1 ||
 		{ cat "$dir/pg/initdb.log" >&2; die "initdb failed (log: $dir/pg/initdb.log)"; }
@@ -231,12 +244,12 @@ launch_rabbit() {
 	(
 		rmq_env "$dir"
 		[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || export LD_PRELOAD=$SAGA_SERVICES_PRELOAD
-		setsid "$RMQ_SERVER" >>"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
+		setsid "${IN_ROOT[@]}" "$RMQ_SERVER" >>"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
 	)
 	# await_startup fails at once while the node is not yet reachable: retry until it answers.
 	local i ok=
 	for i in $(seq 1 90); do
-		if (rmq_env "$dir" && "$RMQ_CTL" -q await_startup --timeout 60 >/dev/null 2>&1); then ok=1; break; fi
+		if (rmq_env "$dir" && "${IN_ROOT[@]}" "$RMQ_CTL" -q await_startup --timeout 60 >/dev/null 2>&1); then ok=1; break; fi
 		sleep 1
 	done
 	if [ -z "$ok" ]; then
@@ -273,7 +286,7 @@ stop_rabbit() {
 	pid=$(rabbit_pid "$dir") || return 0
 	(
 		rmq_env "$dir"
-		timeout 30 "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
+		timeout 30 "${IN_ROOT[@]}" "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
 	)
 }
 
@@ -288,6 +301,51 @@ restart_rabbit() {
 	log "RabbitMQ restarted on 127.0.0.1:$port"
 }
 
+# choose_versions DIR: record in DIR/versions the versions SAGA_SERVICES_VERSIONS asks for:
+# "debian12" (empty or unset: PostgreSQL 15, RabbitMQ 3.10) or "new" (PostgreSQL 17, RabbitMQ 4.x).
+choose_versions() {
+	local dir=$1 v=${SAGA_SERVICES_VERSIONS:-debian12}
+	case $v in debian12 | new) ;; *) die "SAGA_SERVICES_VERSIONS=$v: want debian12 or new" ;; esac
+	echo "$v" >"$dir/versions"
+}
+
+# use_versions DIR [make]: point the server paths at the installation DIR/versions names. For "new",
+# the Debian 13 root (made first when the second argument is "make"), with /proc mounted in it and
+# DIR bind-mounted at the same path inside, so every path in the servers' configuration and on
+# their command lines means the same inside the root and out.
+use_versions() {
+	local dir=$1 make=${2:-} uid gid
+	[ "$(cat "$dir/versions" 2>/dev/null || echo debian12)" = new ] || return 0
+	if [ "$make" = make ]; then
+		ROOT_DIR=$("$here/trixie-root.sh") || die "could not make the Debian 13 root (scripts/trixie-root.sh)"
+	else
+		ROOT_DIR=${SAGA_TRIXIE_ROOT:-$HOME/.cache/protosaga/trixie-root}
+		[ -f "$ROOT_DIR/.protosaga-ready" ] || die "the Debian 13 root $ROOT_DIR is missing (services in $dir use it)"
+	fi
+	IN_ROOT=(chroot "$ROOT_DIR")
+	PG_VERSION=17
+	PG_BIN=/usr/lib/postgresql/17/bin
+	RMQ_BIN=/usr/lib/rabbitmq/bin
+	RMQ_SERVER=$RMQ_BIN/rabbitmq-server
+	RMQ_CTL=$RMQ_BIN/rabbitmqctl
+	uid=$(awk -F: '$1 == "postgres" { print $3 }' "$ROOT_DIR/etc/passwd")
+	gid=$(awk -F: '$1 == "postgres" { print $4 }' "$ROOT_DIR/etc/passwd")
+	[ -n "$uid" ] && [ -n "$gid" ] || die "no postgres user in $ROOT_DIR/etc/passwd"
+	PG_OWNER=$uid:$gid
+	mountpoint -q "$ROOT_DIR/proc" || mount -t proc proc "$ROOT_DIR/proc" || die "mount /proc in $ROOT_DIR"
+	mkdir -p "$ROOT_DIR/dev/shm" "$ROOT_DIR$dir"
+	chmod 1777 "$ROOT_DIR/dev/shm"
+	mountpoint -q "$ROOT_DIR$dir" || mount --bind "$dir" "$ROOT_DIR$dir" || die "bind-mount $dir into $ROOT_DIR"
+}
+
+# unmount_root DIR: undo use_versions' bind mount of DIR (the root's /proc stays for other runs).
+unmount_root() {
+	local dir=$1
+	[ -n "$ROOT_DIR" ] || return 0
+	if mountpoint -q "$ROOT_DIR$dir"; then umount "$ROOT_DIR$dir" || log "could not unmount $ROOT_DIR$dir"; fi
+	rmdir "$ROOT_DIR$dir" 2>/dev/null || true
+}
+
 cmd_start() {
 	local dir=${1:?usage: services.sh start DIR}
 	mkdir -p "$dir"
@@ -296,14 +354,17 @@ cmd_start() {
 	# A failed start (die exits) stops what did start, so that no server is
 	# left running: PostgreSQL, when RabbitMQ fails.
 	trap 'cmd_stop "$dir" >/dev/null 2>&1 || true' EXIT
+	choose_versions "$dir"
+	use_versions "$dir" make
 	ensure_installed
 	command -v curl >/dev/null || apt_install curl
 	make_tls "$dir"
-	chown -R postgres:postgres "$dir/pg" 2>/dev/null || true
+	chown -R "$PG_OWNER" "$dir/pg" 2>/dev/null || true
 	start_pg "$dir"
 	start_rabbit "$dir"
 	cat >"$dir/env.sh" <<EOF
 export SAGA_SERVICES_DIR='$dir'
+export SAGA_SERVICES_VERSIONS='$(cat "$dir/versions")'
 export SAGA_PG_URL='postgres://postgres@127.0.0.1:$(cat "$dir/pg/port")/saga?sslmode=disable'
 export SAGA_AMQP_URL='amqp://guest:guest@127.0.0.1:$(cat "$dir/rabbit/port")/'
 export SAGA_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/rabbit/mgmt-port")/api'
@@ -322,6 +383,7 @@ cmd_restart() {
 	case $which in pg | rabbit | all) ;; *) die "restart: unknown service '$which' (pg, rabbit or all)" ;; esac
 	[ -f "$dir/env.sh" ] || die "no services in $dir (start them with: services.sh start $dir)"
 	dir=$(cd "$dir" && pwd)
+	use_versions "$dir"
 	case $which in pg | all) restart_pg "$dir" ;; esac
 	case $which in rabbit | all) restart_rabbit "$dir" ;; esac
 }
@@ -330,6 +392,7 @@ cmd_stop() {
 	local dir=${1:?usage: services.sh stop DIR}
 	[ -d "$dir" ] || return 0
 	dir=$(cd "$dir" && pwd)
+	use_versions "$dir"
 	if [ -f "$dir/rabbit/port" ]; then
 		stop_rabbit "$dir"
 		# epmd outlives the node; kill it only when no node is left on it.
@@ -338,6 +401,7 @@ cmd_stop() {
 		fi
 	fi
 	stop_pg "$dir"
+	unmount_root "$dir"
 	log "stopped services in $dir"
 }
 
