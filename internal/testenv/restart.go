@@ -160,7 +160,7 @@ func (s *Services) RestartPostgres(ctx context.Context, immediate bool) error {
 	}
 	data := filepath.Join(s.Dir, "pg", "data")
 	args := []string{"-D", data, "-m", mode, "-w", "-t", "120", "-l", filepath.Join(s.Dir, "pg", "postgres.log"), "restart"}
-	cmd := asPostgres(ctx, filepath.Join(pgBin(), "pg_ctl"), args...)
+	cmd := s.asPostgres(ctx, filepath.Join(s.pgBin(), "pg_ctl"), args...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("restart PostgreSQL in %s: %w\n%s", s.Dir, err, out)
 	}
@@ -170,7 +170,7 @@ func (s *Services) RestartPostgres(ctx context.Context, immediate bool) error {
 // StopPostgres stops PostgreSQL (fast shutdown); StartPostgres starts it.
 // Together they make an outage of a chosen length.
 func (s *Services) StopPostgres(ctx context.Context) error {
-	cmd := asPostgres(ctx, filepath.Join(pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"), "-m", "fast", "-w", "stop")
+	cmd := s.asPostgres(ctx, filepath.Join(s.pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"), "-m", "fast", "-w", "stop")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("stop PostgreSQL in %s: %w\n%s", s.Dir, err, out)
 	}
@@ -179,7 +179,7 @@ func (s *Services) StopPostgres(ctx context.Context) error {
 
 // StartPostgres starts a PostgreSQL stopped by StopPostgres.
 func (s *Services) StartPostgres(ctx context.Context) error {
-	cmd := asPostgres(ctx, filepath.Join(pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"),
+	cmd := s.asPostgres(ctx, filepath.Join(s.pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"),
 		"-l", filepath.Join(s.Dir, "pg", "postgres.log"), "-w", "-t", "120", "start")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("start PostgreSQL in %s: %w\n%s", s.Dir, err, out)
@@ -207,7 +207,7 @@ func (s *Services) RabbitCtl(ctx context.Context, args ...string) (string, error
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), args...)
+	cmd := s.command(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), args...)
 	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -223,7 +223,7 @@ func (s *Services) StopRabbitMQ(ctx context.Context) error {
 		return err
 	}
 	pidFile := filepath.Join(s.Dir, "rabbit", "rabbit.pid")
-	cmd := exec.CommandContext(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "stop", pidFile)
+	cmd := s.command(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "stop", pidFile)
 	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("stop RabbitMQ in %s: %w\n%s", s.Dir, err, out)
@@ -244,7 +244,7 @@ func (s *Services) StartRabbitMQ(ctx context.Context) error {
 		return fmt.Errorf("start RabbitMQ in %s: %w", s.Dir, err)
 	}
 	defer logf.Close()
-	server := exec.Command(filepath.Join(rabbitBin(), "rabbitmq-server"))
+	server := s.command(context.Background(), filepath.Join(rabbitBin(), "rabbitmq-server"))
 	server.Env = env
 	server.Stdout, server.Stderr = logf, logf
 	server.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -255,7 +255,7 @@ func (s *Services) StartRabbitMQ(ctx context.Context) error {
 	// await_startup fails at once while the node is not reachable yet.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		await := exec.CommandContext(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "await_startup", "--timeout", "60")
+		await := s.command(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "await_startup", "--timeout", "60")
 		await.Env = env
 		out, err := await.CombinedOutput()
 		if err == nil {
@@ -358,7 +358,34 @@ func (s *Services) API(ctx context.Context, method, path string, body, out any) 
 	return rabbitapi.Call(ctx, s.RabbitAPI, method, path, body, out)
 }
 
-func pgBin() string {
+// root returns the Debian 13 root the servers of s run in
+// (scripts/services.sh with SAGA_SERVICES_VERSIONS=new, recorded in
+// Dir/versions), or "" when they run on the host.
+func (s *Services) root() string {
+	b, err := os.ReadFile(filepath.Join(s.Dir, "versions"))
+	if err != nil || strings.TrimSpace(string(b)) != "new" {
+		return ""
+	}
+	if r := os.Getenv("SAGA_TRIXIE_ROOT"); r != "" {
+		return r
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "protosaga", "trixie-root")
+}
+
+// command runs a server's tool where the server runs: in its root, if any
+// (Dir is mounted at the same path inside).
+func (s *Services) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if r := s.root(); r != "" {
+		return exec.CommandContext(ctx, "chroot", append([]string{r, name}, args...)...)
+	}
+	return exec.CommandContext(ctx, name, args...)
+}
+
+func (s *Services) pgBin() string {
+	if s.root() != "" {
+		return "/usr/lib/postgresql/17/bin"
+	}
 	if d := os.Getenv("SAGA_PG_BIN"); d != "" {
 		return d
 	}
@@ -373,12 +400,31 @@ func rabbitBin() string {
 }
 
 // asPostgres runs a PostgreSQL tool as the postgres user when we are root
-// (the server refuses to run as root), as services.sh does.
-func asPostgres(ctx context.Context, name string, args ...string) *exec.Cmd {
+// (the server refuses to run as root), as services.sh does: in the servers'
+// root as its postgres user, if they run in one.
+func (s *Services) asPostgres(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if r := s.root(); r != "" {
+		return exec.CommandContext(ctx, "chroot", append([]string{"--userspec=" + rootPostgres(r), r, name}, args...)...)
+	}
 	if os.Geteuid() == 0 {
 		return exec.CommandContext(ctx, "runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
 	}
 	return exec.CommandContext(ctx, name, args...)
+}
+
+// rootPostgres returns "uid:gid" of the postgres user of root (the owner of
+// the data directory services.sh made for the servers in it).
+func rootPostgres(root string) string {
+	b, err := os.ReadFile(filepath.Join(root, "etc", "passwd"))
+	if err == nil {
+		for line := range strings.Lines(string(b)) {
+			f := strings.Split(line, ":")
+			if len(f) > 3 && f[0] == "postgres" {
+				return f[2] + ":" + f[3]
+			}
+		}
+	}
+	return "postgres:postgres"
 }
 
 // servicesScript finds scripts/services.sh in the module around the working
