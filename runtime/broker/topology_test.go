@@ -209,6 +209,7 @@ func TestRedactAndBackoff(t *testing.T) {
 	require.Equal(t, "amqps://user:xxxxx@host:5671/vh", broker.Redact("amqps://user:s3cret@host:5671/vh"))
 	require.Equal(t, "amqp://host/", broker.Redact("amqp://host/"))
 	require.NotContains(t, broker.Redact("amqp://u:s3cret@host:bad port/"), "s3cret")
+	require.Equal(t, "amqp://u:xxxxx@a:5672/,amqp://u:xxxxx@b:5672/", broker.Redact("amqp://u:s3cret@a:5672/, amqp://u:s3cret@b:5672/"))
 
 	for attempt := range 20 {
 		d := broker.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
@@ -225,6 +226,15 @@ func TestURLFromEnv(t *testing.T) {
 	require.Equal(t, "amqps://u:s3cret@example.com/vh", got)
 
 	t.Setenv("SAGA_BROKER_TEST_URL", "http://u:s3cret@example.com/")
+	_, err = broker.URLFromEnv("SAGA_BROKER_TEST_URL")
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cret")
+
+	t.Setenv("SAGA_BROKER_TEST_URL", "amqp://u:s3cret@a/,amqp://u:s3cret@b/")
+	got, err = broker.URLFromEnv("SAGA_BROKER_TEST_URL")
+	require.NoError(t, err, "a cluster's nodes")
+	require.Equal(t, "amqp://u:s3cret@a/,amqp://u:s3cret@b/", got)
+	t.Setenv("SAGA_BROKER_TEST_URL", "amqp://u:s3cret@a/,http://u:s3cret@b/")
 	_, err = broker.URLFromEnv("SAGA_BROKER_TEST_URL")
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cret")
