@@ -105,10 +105,14 @@ bench-slowdisk:
 	bench/slowdisk/run.sh $(SLOWSYNC_US) -only pg,watermill,ours -workers 2 -out $(CACHE)/bench-slowdisk.md
 
 ## soak: long chaos soak (3 runs x 2000 sagas; SIGKILLs at every crash point and at random; 2 RabbitMQ
-## and 2 PostgreSQL restarts per run), then a 12,000-saga load run with memory watched. Private servers; ~15 min.
+## and 2 PostgreSQL restarts per run), a run on a 3-node RabbitMQ cluster whose node leading the queues is
+## SIGKILLed twice, a run on a PostgreSQL whose primary crashes and whose synchronous replica is promoted,
+## then a 12,000-saga load run with memory watched. Private servers; ~30 min.
 soak:
 	$(GO) build -o $(BIN)/soak ./examples/placeorder/cmd/soak
 	$(BIN)/soak -runs 3 -sagas 2000 -rate 30
+	$(BIN)/soak -cluster 3 -node-kills 2 -sagas 1000 -rate 30
+	$(BIN)/soak -replica sync -sagas 1000 -rate 30
 	$(BIN)/soak -load -sagas 12000 -rate 40
 
 ## services-start / services-stop: long-lived services for development in /tmp/saga-services.
