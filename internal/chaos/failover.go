@@ -21,8 +21,8 @@ type FailoverLoss struct {
 	Missing int
 	// Lag is the replica's replay lag behind the primary the last time it
 	// was sampled before the crash (pg_stat_replication.replay_lag), and
-	// Outage the time between the last commit before the promotion and
-	// the first one after it.
+	// Outage the longest time no writer committed (the crash, the
+	// promotion and the writers' reconnection).
 	Lag, Outage time.Duration
 }
 
@@ -54,8 +54,8 @@ func MeasureFailover(ctx context.Context, svc *testenv.Services, writers int, be
 		mu         sync.Mutex
 		acked      = map[[2]int]bool{}
 		promoted   bool
-		lastBefore time.Time // the last commit that returned before the promotion
-		firstAfter time.Time // the first one after it
+		firstAfter bool      // a commit returned after the promotion
+		last       time.Time // when the last commit returned
 	)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -85,12 +85,12 @@ func MeasureFailover(ctx context.Context, svc *testenv.Services, writers int, be
 				}
 				mu.Lock()
 				acked[[2]int{w, seq}] = true // before the crash, or on the new primary
-				switch {
-				case !promoted:
-					lastBefore = time.Now()
-				case firstAfter.IsZero():
-					firstAfter = time.Now()
+				now := time.Now()
+				if !last.IsZero() {
+					loss.Outage = max(loss.Outage, now.Sub(last))
 				}
+				last = now
+				firstAfter = firstAfter || promoted
 				mu.Unlock()
 				seq++
 			}
@@ -126,7 +126,7 @@ func MeasureFailover(ctx context.Context, svc *testenv.Services, writers int, be
 	mu.Unlock()
 	for {
 		mu.Lock()
-		ok := !firstAfter.IsZero()
+		ok := firstAfter
 		mu.Unlock()
 		if ok || !sleep(ctx, 50*time.Millisecond) {
 			break
@@ -137,7 +137,6 @@ func MeasureFailover(ctx context.Context, svc *testenv.Services, writers int, be
 	if ctx.Err() != nil {
 		return loss, ctx.Err()
 	}
-	loss.Outage = firstAfter.Sub(lastBefore)
 
 	conn, err := pgx.Connect(ctx, svc.PostgresURL)
 	if err != nil {

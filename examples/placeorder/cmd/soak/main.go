@@ -202,7 +202,7 @@ func measureFailover(ctx context.Context, runs int, mode string) int {
 			return 1
 		}
 		_ = os.RemoveAll(dir)
-		fmt.Printf("failover %d/%d (%s replica): %d commits acknowledged, %d lost; replay lag before the crash %s; no commit for %s around the promotion\n",
+		fmt.Printf("failover %d/%d (%s replica): %d commits acknowledged, %d lost; replay lag before the crash %s; longest time without a commit %s\n",
 			i+1, runs, mode, loss.Acknowledged, loss.Missing, loss.Lag, loss.Outage.Round(time.Millisecond))
 	}
 	return 0
