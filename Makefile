@@ -11,7 +11,7 @@ BUF       := $(HOME)/.cache/protosaga/buf-$(BUF_VERSION)/buf
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
-.PHONY: all build plugin generate check-generated fmt-check vet test test-unit demo bench bench-peers bench-slowdisk soak buf-plugins buf-generate check-buf check-bufplugin services-start services-stop clean
+.PHONY: all build plugin generate check-generated fmt-check vet test test-matrix test-unit demo bench bench-peers bench-slowdisk soak buf-plugins buf-generate check-buf check-bufplugin services-start services-stop clean
 
 all: build
 
@@ -62,10 +62,19 @@ vet:
 check-bufplugin: $(BUF) buf-plugins
 	scripts/check-bufplugin.sh $(BUF)
 
-## test: every test — unit, golden and integration against a real PostgreSQL and RabbitMQ.
+## test: every test — unit, golden and integration against a real PostgreSQL 15 and RabbitMQ 3.10 —
+## then test-matrix.
 test: fmt-check vet check-buf check-bufplugin
 	scripts/ensure-tools.sh
 	scripts/with-services.sh sh -c 'scripts/gotest.sh $(TESTFLAGS) $(PKGS) && cd bench && ../scripts/gotest.sh $(TESTFLAGS) ./...'
+	$(MAKE) test-matrix
+
+## test-matrix: the integration packages of the runtime and the short chaos soak again, against
+## PostgreSQL 17 and RabbitMQ 4.x (Debian 13's, in a root scripts/trixie-root.sh makes once per machine,
+## about 5 minutes; the run itself about 5 minutes).
+MATRIX_PKGS ?= ./runtime/broker ./runtime/consumer ./runtime/outbox ./runtime/saga ./runtime/host ./runtime/participant ./runtime/inbox ./internal/chaos
+test-matrix:
+	SAGA_SERVICES_VERSIONS=new scripts/with-services.sh scripts/gotest.sh $(TESTFLAGS) $(MATRIX_PKGS)
 
 ## test-unit: only the tests that need no services (integration tests skip, or fail under CI=true).
 test-unit:
@@ -96,10 +105,14 @@ bench-slowdisk:
 	bench/slowdisk/run.sh $(SLOWSYNC_US) -only pg,watermill,ours -workers 2 -out $(CACHE)/bench-slowdisk.md
 
 ## soak: long chaos soak (3 runs x 2000 sagas; SIGKILLs at every crash point and at random; 2 RabbitMQ
-## and 2 PostgreSQL restarts per run), then a 12,000-saga load run with memory watched. Private servers; ~15 min.
+## and 2 PostgreSQL restarts per run), a run on a 3-node RabbitMQ cluster whose node leading the queues is
+## SIGKILLed twice, a run on a PostgreSQL whose primary crashes and whose synchronous replica is promoted,
+## then a 12,000-saga load run with memory watched. Private servers; ~30 min.
 soak:
 	$(GO) build -o $(BIN)/soak ./examples/placeorder/cmd/soak
 	$(BIN)/soak -runs 3 -sagas 2000 -rate 30
+	$(BIN)/soak -cluster 3 -node-kills 2 -sagas 1000 -rate 30
+	$(BIN)/soak -replica sync -sagas 1000 -rate 30
 	$(BIN)/soak -load -sagas 12000 -rate 40
 
 ## services-start / services-stop: long-lived services for development in /tmp/saga-services.

@@ -7,6 +7,26 @@
 #   scripts/services.sh stop DIR                    stop both and leave DIR for inspection
 #   scripts/services.sh status DIR                  print DIR/env.sh and what runs; exit 0 only when both run
 #
+# A RabbitMQ cluster, with a PostgreSQL as above:
+#   scripts/services.sh cluster-start DIR [N]       N RabbitMQ nodes (default 3) joined in one cluster, node i
+#                                                   in DIR/node<i>; DIR/env.sh's SAGA_AMQP_URL lists every
+#                                                   node's URL, comma-separated, SAGA_RABBIT_APIS every
+#                                                   node's management API (SAGA_RABBIT_API is node 1's)
+#   scripts/services.sh cluster-node DIR I kill|start|stop   SIGKILL node I, start it again, or stop it
+#   scripts/services.sh cluster-stop DIR            stop every node and PostgreSQL
+#
+# A PostgreSQL with a streaming replica, with a RabbitMQ as above:
+#   scripts/services.sh replica-start DIR [sync|async]   start, plus a replica (default synchronous);
+#                                                   SAGA_PG_URL names both, target_session_attrs=read-write
+#   scripts/services.sh replica-failover DIR        crash the primary, promote the replica
+#   scripts/services.sh replica-stop DIR            stop everything
+#
+# Versions: by default Debian 12's PostgreSQL 15 and RabbitMQ 3.10. With SAGA_SERVICES_VERSIONS=new at
+# start, PostgreSQL 17 and RabbitMQ 4.x from Debian 13, run inside a Debian 13 root
+# (scripts/trixie-root.sh makes it once per machine) on the same loopback; DIR remembers the choice
+# (DIR/versions), so restart and stop need no variable, and env.sh exports it, so servers a test or
+# the soak starts for itself from that environment are of the same versions.
+#
 # Everything lives under DIR: data directories, sockets, logs, the Erlang cookie. Ports are
 # chosen free at start and kept by restarts. No systemd, no Docker: the servers run as plain
 # processes (PostgreSQL as the `postgres` user, because initdb refuses root). DIR/env.sh exports
@@ -29,6 +49,11 @@ PG_BIN=${SAGA_PG_BIN:-/usr/lib/postgresql/$PG_VERSION/bin}
 RMQ_BIN=${SAGA_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
 RMQ_SERVER=$RMQ_BIN/rabbitmq-server
 RMQ_CTL=$RMQ_BIN/rabbitmqctl
+# The servers run on the host unless use_versions points these at the Debian 13 root.
+ROOT_DIR=            # the root the servers run in; empty: the host
+IN_ROOT=()           # the prefix that runs a command in it (chroot ROOT_DIR)
+PG_OWNER=postgres:postgres # the owner of PostgreSQL's files, as the servers see it
+here=$(cd "$(dirname "$0")" && pwd)
 
 as_root() {
 	if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -49,6 +74,7 @@ apt_install() {
 }
 
 ensure_installed() {
+	[ -z "$ROOT_DIR" ] || return 0 # trixie-root.sh installed and checked them
 	[ -x "$PG_BIN/postgres" ] || apt_install postgresql-$PG_VERSION
 	[ -x "$RMQ_SERVER" ] || apt_install rabbitmq-server
 	[ -x "$PG_BIN/postgres" ] || die "PostgreSQL $PG_VERSION not found at $PG_BIN after install"
@@ -112,7 +138,8 @@ make_tls() {
 
 # as_pg CMD [ARGS...]: a PostgreSQL tool, as the postgres user when we are root (the server refuses root).
 as_pg() {
-	if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+	if [ -n "$ROOT_DIR" ]; then chroot --userspec="$PG_OWNER" "$ROOT_DIR" "$@"
+	elif [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
 start_pg() {
@@ -120,7 +147,7 @@ start_pg() {
 	port=$(free_port)
 	mkdir -p "$dir/pg"
 	echo "$port" >"$dir/pg/port"
-	chown -R postgres:postgres "$dir/pg" 2>/dev/null || true
+	chown -R "$PG_OWNER" "$dir/pg" 2>/dev/null || true
 	chmod 700 "$dir/pg"
 	as_pg "$PG_BIN/initdb" -D "$dir/pg/data" -U postgres --auth=trust -E UTF8 --no-sync >"$dir/pg/initdb.log" 2>&1 ||
 		{ cat "$dir/pg/initdb.log" >&2; die "initdb failed (log: $dir/pg/initdb.log)"; }
@@ -231,12 +258,12 @@ launch_rabbit() {
 	(
 		rmq_env "$dir"
 		[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || export LD_PRELOAD=$SAGA_SERVICES_PRELOAD
-		setsid "$RMQ_SERVER" >>"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
+		setsid "${IN_ROOT[@]}" "$RMQ_SERVER" >>"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
 	)
 	# await_startup fails at once while the node is not yet reachable: retry until it answers.
 	local i ok=
 	for i in $(seq 1 90); do
-		if (rmq_env "$dir" && "$RMQ_CTL" -q await_startup --timeout 60 >/dev/null 2>&1); then ok=1; break; fi
+		if (rmq_env "$dir" && "${IN_ROOT[@]}" "$RMQ_CTL" -q await_startup --timeout 60 >/dev/null 2>&1); then ok=1; break; fi
 		sleep 1
 	done
 	if [ -z "$ok" ]; then
@@ -273,7 +300,7 @@ stop_rabbit() {
 	pid=$(rabbit_pid "$dir") || return 0
 	(
 		rmq_env "$dir"
-		timeout 30 "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
+		timeout 30 "${IN_ROOT[@]}" "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
 	)
 }
 
@@ -288,6 +315,51 @@ restart_rabbit() {
 	log "RabbitMQ restarted on 127.0.0.1:$port"
 }
 
+# choose_versions DIR: record in DIR/versions the versions SAGA_SERVICES_VERSIONS asks for:
+# "debian12" (empty or unset: PostgreSQL 15, RabbitMQ 3.10) or "new" (PostgreSQL 17, RabbitMQ 4.x).
+choose_versions() {
+	local dir=$1 v=${SAGA_SERVICES_VERSIONS:-debian12}
+	case $v in debian12 | new) ;; *) die "SAGA_SERVICES_VERSIONS=$v: want debian12 or new" ;; esac
+	echo "$v" >"$dir/versions"
+}
+
+# use_versions DIR [make]: point the server paths at the installation DIR/versions names. For "new",
+# the Debian 13 root (made first when the second argument is "make"), with /proc mounted in it and
+# DIR bind-mounted at the same path inside, so every path in the servers' configuration and on
+# their command lines means the same inside the root and out.
+use_versions() {
+	local dir=$1 make=${2:-} uid gid
+	[ "$(cat "$dir/versions" 2>/dev/null || echo debian12)" = new ] || return 0
+	if [ "$make" = make ]; then
+		ROOT_DIR=$("$here/trixie-root.sh") || die "could not make the Debian 13 root (scripts/trixie-root.sh)"
+	else
+		ROOT_DIR=${SAGA_TRIXIE_ROOT:-$HOME/.cache/protosaga/trixie-root}
+		[ -f "$ROOT_DIR/.protosaga-ready" ] || die "the Debian 13 root $ROOT_DIR is missing (services in $dir use it)"
+	fi
+	IN_ROOT=(chroot "$ROOT_DIR")
+	PG_VERSION=17
+	PG_BIN=/usr/lib/postgresql/17/bin
+	RMQ_BIN=/usr/lib/rabbitmq/bin
+	RMQ_SERVER=$RMQ_BIN/rabbitmq-server
+	RMQ_CTL=$RMQ_BIN/rabbitmqctl
+	uid=$(awk -F: '$1 == "postgres" { print $3 }' "$ROOT_DIR/etc/passwd")
+	gid=$(awk -F: '$1 == "postgres" { print $4 }' "$ROOT_DIR/etc/passwd")
+	[ -n "$uid" ] && [ -n "$gid" ] || die "no postgres user in $ROOT_DIR/etc/passwd"
+	PG_OWNER=$uid:$gid
+	mountpoint -q "$ROOT_DIR/proc" || mount -t proc proc "$ROOT_DIR/proc" || die "mount /proc in $ROOT_DIR"
+	mkdir -p "$ROOT_DIR/dev/shm" "$ROOT_DIR$dir"
+	chmod 1777 "$ROOT_DIR/dev/shm"
+	mountpoint -q "$ROOT_DIR$dir" || mount --bind "$dir" "$ROOT_DIR$dir" || die "bind-mount $dir into $ROOT_DIR"
+}
+
+# unmount_root DIR: undo use_versions' bind mount of DIR (the root's /proc stays for other runs).
+unmount_root() {
+	local dir=$1
+	[ -n "$ROOT_DIR" ] || return 0
+	if mountpoint -q "$ROOT_DIR$dir"; then umount "$ROOT_DIR$dir" || log "could not unmount $ROOT_DIR$dir"; fi
+	rmdir "$ROOT_DIR$dir" 2>/dev/null || true
+}
+
 cmd_start() {
 	local dir=${1:?usage: services.sh start DIR}
 	mkdir -p "$dir"
@@ -296,14 +368,17 @@ cmd_start() {
 	# A failed start (die exits) stops what did start, so that no server is
 	# left running: PostgreSQL, when RabbitMQ fails.
 	trap 'cmd_stop "$dir" >/dev/null 2>&1 || true' EXIT
+	choose_versions "$dir"
+	use_versions "$dir" make
 	ensure_installed
 	command -v curl >/dev/null || apt_install curl
 	make_tls "$dir"
-	chown -R postgres:postgres "$dir/pg" 2>/dev/null || true
+	chown -R "$PG_OWNER" "$dir/pg" 2>/dev/null || true
 	start_pg "$dir"
 	start_rabbit "$dir"
 	cat >"$dir/env.sh" <<EOF
 export SAGA_SERVICES_DIR='$dir'
+export SAGA_SERVICES_VERSIONS='$(cat "$dir/versions")'
 export SAGA_PG_URL='postgres://postgres@127.0.0.1:$(cat "$dir/pg/port")/saga?sslmode=disable'
 export SAGA_AMQP_URL='amqp://guest:guest@127.0.0.1:$(cat "$dir/rabbit/port")/'
 export SAGA_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/rabbit/mgmt-port")/api'
@@ -322,6 +397,7 @@ cmd_restart() {
 	case $which in pg | rabbit | all) ;; *) die "restart: unknown service '$which' (pg, rabbit or all)" ;; esac
 	[ -f "$dir/env.sh" ] || die "no services in $dir (start them with: services.sh start $dir)"
 	dir=$(cd "$dir" && pwd)
+	use_versions "$dir"
 	case $which in pg | all) restart_pg "$dir" ;; esac
 	case $which in rabbit | all) restart_rabbit "$dir" ;; esac
 }
@@ -330,6 +406,7 @@ cmd_stop() {
 	local dir=${1:?usage: services.sh stop DIR}
 	[ -d "$dir" ] || return 0
 	dir=$(cd "$dir" && pwd)
+	use_versions "$dir"
 	if [ -f "$dir/rabbit/port" ]; then
 		stop_rabbit "$dir"
 		# epmd outlives the node; kill it only when no node is left on it.
@@ -338,6 +415,7 @@ cmd_stop() {
 		fi
 	fi
 	stop_pg "$dir"
+	unmount_root "$dir"
 	log "stopped services in $dir"
 }
 
@@ -362,10 +440,198 @@ cmd_status() {
 	return "$rc"
 }
 
+# cluster_nodes DIR: the node directories of the cluster in DIR, in order.
+cluster_nodes() {
+	local dir=$1 i
+	for i in $(seq 1 "$(cat "$dir/cluster-size")"); do echo "$dir/node$i"; done
+}
+
+# rabbit_name NODEDIR: the Erlang node name of the node start_rabbit made in NODEDIR.
+rabbit_name() { echo "saga$(cat "$1/rabbit/port")@localhost"; }
+
+# cmd_cluster_start DIR [N]: PostgreSQL and N RabbitMQ nodes clustered with the first one. Each
+# node is a private node as start_rabbit makes it, in DIR/node<i> (its own ports, data and
+# management API), all with one Erlang cookie.
+cmd_cluster_start() {
+	local dir=${1:?usage: services.sh cluster-start DIR [N]} n=${2:-3} i node first cookie urls= apis
+	[ "$n" -ge 1 ] 2>/dev/null || die "cluster-start: want a number of nodes, got '$n'"
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	chmod 755 "$dir"
+	trap 'cmd_cluster_stop "$dir" >/dev/null 2>&1 || true' EXIT
+	echo debian12 >"$dir/versions"
+	echo "$n" >"$dir/cluster-size"
+	ensure_installed
+	command -v curl >/dev/null || apt_install curl
+	make_tls "$dir"
+	chown -R "$PG_OWNER" "$dir/pg" 2>/dev/null || true
+	start_pg "$dir"
+	cookie=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F)
+	for i in $(seq 1 "$n"); do
+		node=$dir/node$i
+		mkdir -p "$node/rabbit/home"
+		ln -sfn ../tls "$node/tls"
+		printf '%s' "$cookie" >"$node/rabbit/home/.erlang.cookie"
+		chmod 400 "$node/rabbit/home/.erlang.cookie"
+		start_rabbit "$node"
+		if [ "$i" -gt 1 ]; then
+			first=$(rabbit_name "$dir/node1")
+			(
+				rmq_env "$node"
+				"$RMQ_CTL" -q stop_app >/dev/null &&
+					"$RMQ_CTL" -q join_cluster "$first" >/dev/null &&
+					"$RMQ_CTL" -q start_app >/dev/null
+			) || die "node $i did not join $first (logs: $node/rabbit/log)"
+			log "node $i joined $first"
+		fi
+		urls="${urls:+$urls,}amqp://guest:guest@127.0.0.1:$(cat "$node/rabbit/port")/"
+	done
+	{
+		echo "export SAGA_SERVICES_DIR='$dir'"
+		echo "export SAGA_SERVICES_VERSIONS='debian12'"
+		echo "export SAGA_PG_URL='postgres://postgres@127.0.0.1:$(cat "$dir/pg/port")/saga?sslmode=disable'"
+		echo "export SAGA_AMQP_URL='$urls'"
+		echo "export SAGA_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/node1/rabbit/mgmt-port")/api'"
+		apis=
+		for i in $(seq 1 "$n"); do
+			apis="${apis:+$apis,}http://guest:guest@127.0.0.1:$(cat "$dir/node$i/rabbit/mgmt-port")/api"
+		done
+		echo "export SAGA_RABBIT_APIS='$apis'"
+	} >"$dir/env.sh"
+	trap - EXIT
+	log "cluster of $n nodes ready: source $dir/env.sh"
+}
+
+# cmd_cluster_node DIR I kill|start|stop: SIGKILL node I (its Erlang VM, like a machine that
+# dies), start it again on its ports and data (it rejoins the cluster; its quorum queue members
+# catch up), or stop it cleanly.
+cmd_cluster_node() {
+	local dir=${1:?usage: services.sh cluster-node DIR I kill|start|stop} i=${2:?node number} what=${3:?kill, start or stop} node pid
+	dir=$(cd "$dir" && pwd)
+	node=$dir/node$i
+	[ -f "$node/rabbit/port" ] || die "no node $i in $dir"
+	case $what in
+	kill)
+		pid=$(rabbit_pid "$node") || die "node $i in $dir is not running"
+		kill -9 "$pid"
+		wait_port_free "$(cat "$node/rabbit/port")" || die "node $i: port still taken after SIGKILL"
+		log "node $i killed"
+		;;
+	start)
+		! rabbit_running "$node" || die "node $i in $dir runs already"
+		launch_rabbit "$node"
+		log "node $i started on 127.0.0.1:$(cat "$node/rabbit/port")"
+		;;
+	stop)
+		stop_rabbit "$node"
+		log "node $i stopped"
+		;;
+	*) die "cluster-node: want kill, start or stop, got '$what'" ;;
+	esac
+}
+
+# cmd_cluster_stop DIR: stop every node of the cluster and PostgreSQL; DIR stays for inspection.
+cmd_cluster_stop() {
+	local dir=${1:?usage: services.sh cluster-stop DIR} node
+	[ -d "$dir" ] || return 0
+	dir=$(cd "$dir" && pwd)
+	if [ -f "$dir/cluster-size" ]; then
+		for node in $(cluster_nodes "$dir"); do
+			if [ -f "$node/rabbit/port" ]; then stop_rabbit "$node"; fi
+		done
+	fi
+	if command -v epmd >/dev/null && ! ERL_EPMD_ADDRESS=127.0.0.1 epmd -names 2>/dev/null | grep -q '^name '; then
+		ERL_EPMD_ADDRESS=127.0.0.1 epmd -kill >/dev/null 2>&1 || true
+	fi
+	stop_pg "$dir"
+	log "stopped the cluster in $dir"
+}
+
+# cmd_replica_start DIR [sync|async]: RabbitMQ and PostgreSQL as start does, plus a streaming
+# replica of that PostgreSQL (DIR/pg2, its own port), synchronous by default: a commit returns once
+# the replica has flushed it (synchronous_commit on, synchronous_standby_names = the replica).
+# DIR/env.sh's SAGA_PG_URL names both servers with target_session_attrs=read-write, so clients
+# reach whichever is the primary; SAGA_PG_PRIMARY_URL and SAGA_PG_REPLICA_URL name each.
+cmd_replica_start() {
+	local dir=${1:?usage: services.sh replica-start DIR [sync|async]} mode=${2:-sync} p1 p2
+	case $mode in sync | async) ;; *) die "replica-start: want sync or async, got '$mode'" ;; esac
+	cmd_start "$dir"
+	dir=$(cd "$dir" && pwd)
+	trap 'cmd_replica_stop "$dir" >/dev/null 2>&1 || true' EXIT
+	p1=$(cat "$dir/pg/port")
+	p2=$(free_port)
+	mkdir -p "$dir/pg2"
+	echo "$p2" >"$dir/pg2/port"
+	echo "$mode" >"$dir/pg2/mode"
+	chown -R "$PG_OWNER" "$dir/pg2"
+	chmod 700 "$dir/pg2"
+	as_pg "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$p1" -U postgres -D "$dir/pg2/data" -R -X stream -c fast \
+		>"$dir/pg2/basebackup.log" 2>&1 || { cat "$dir/pg2/basebackup.log" >&2; die "pg_basebackup failed"; }
+	cat >>"$dir/pg2/data/postgresql.conf" <<EOF
+port = $p2
+unix_socket_directories = '$dir/pg2'
+cluster_name = 'replica'
+EOF
+	as_pg "$PG_BIN/pg_ctl" -D "$dir/pg2/data" -l "$dir/pg2/postgres.log" -w -t 60 start >/dev/null ||
+		{ tail -20 "$dir/pg2/postgres.log" >&2; die "the replica did not start (log: $dir/pg2/postgres.log)"; }
+	if [ "$mode" = sync ]; then
+		as_pg psql -h 127.0.0.1 -p "$p1" -U postgres -qc "ALTER SYSTEM SET synchronous_standby_names = 'replica'" >/dev/null &&
+			as_pg psql -h 127.0.0.1 -p "$p1" -U postgres -qc "SELECT pg_reload_conf()" >/dev/null ||
+			die "could not make the replica synchronous"
+	fi
+	local i state=
+	for i in $(seq 1 60); do
+		state=$(as_pg psql -h 127.0.0.1 -p "$p1" -U postgres -Atqc \
+			"SELECT sync_state FROM pg_stat_replication WHERE application_name = 'replica' AND state = 'streaming'")
+		[ "$state" = "$mode" ] && break
+		sleep 0.5
+	done
+	[ "$state" = "$mode" ] || die "the replica does not stream as $mode (state '$state'; log: $dir/pg2/postgres.log)"
+	sed -i '/^export SAGA_PG_URL=/d' "$dir/env.sh"
+	{
+		echo "export SAGA_PG_URL='postgres://postgres@127.0.0.1:$p1,127.0.0.1:$p2/saga?sslmode=disable&target_session_attrs=read-write'"
+		echo "export SAGA_PG_PRIMARY_URL='postgres://postgres@127.0.0.1:$p1/saga?sslmode=disable'"
+		echo "export SAGA_PG_REPLICA_URL='postgres://postgres@127.0.0.1:$p2/saga?sslmode=disable'"
+	} >>"$dir/env.sh"
+	trap - EXIT
+	log "PostgreSQL replica ($mode) on 127.0.0.1:$p2, streaming from 127.0.0.1:$p1"
+}
+
+# cmd_replica_failover DIR: the primary crashes (immediate stop: no checkpoint, clients cut) and
+# the replica is promoted; it takes writes as soon as the promotion returns. The old primary stays
+# down (it would need pg_rewind to follow the new one).
+cmd_replica_failover() {
+	local dir=${1:?usage: services.sh replica-failover DIR}
+	dir=$(cd "$dir" && pwd)
+	[ -f "$dir/pg2/port" ] || die "no replica in $dir"
+	as_pg "$PG_BIN/pg_ctl" -D "$dir/pg/data" -m immediate -w -t 60 stop >/dev/null ||
+		die "the primary in $dir did not stop"
+	as_pg "$PG_BIN/pg_ctl" -D "$dir/pg2/data" -w -t 60 promote >/dev/null ||
+		{ tail -20 "$dir/pg2/postgres.log" >&2; die "the replica in $dir was not promoted"; }
+	log "primary stopped, replica promoted on 127.0.0.1:$(cat "$dir/pg2/port")"
+}
+
+# cmd_replica_stop DIR: stop what replica-start started.
+cmd_replica_stop() {
+	local dir=${1:?usage: services.sh replica-stop DIR}
+	[ -d "$dir" ] || return 0
+	dir=$(cd "$dir" && pwd)
+	if [ -f "$dir/pg2/data/postmaster.pid" ]; then
+		as_pg "$PG_BIN/pg_ctl" -D "$dir/pg2/data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+	fi
+	cmd_stop "$dir"
+}
+
 case "${1:-}" in
+replica-start) shift; cmd_replica_start "$@" ;;
+replica-failover) shift; cmd_replica_failover "$@" ;;
+replica-stop) shift; cmd_replica_stop "$@" ;;
+cluster-start) shift; cmd_cluster_start "$@" ;;
+cluster-node) shift; cmd_cluster_node "$@" ;;
+cluster-stop) shift; cmd_cluster_stop "$@" ;;
 start) shift; cmd_start "$@" ;;
 restart) shift; cmd_restart "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 status) shift; cmd_status "$@" ;;
-*) die "usage: services.sh start|stop|status DIR, or services.sh restart DIR [pg|rabbit|all]" ;;
+*) die "usage: services.sh start|stop|status DIR, services.sh restart DIR [pg|rabbit|all], services.sh cluster-start|cluster-node|cluster-stop DIR ..., or services.sh replica-start|replica-failover|replica-stop DIR ..." ;;
 esac

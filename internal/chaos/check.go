@@ -497,7 +497,13 @@ func (r *run) checkQueues(ctx context.Context, rep *Report) error {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	conn, err := amqp.Dial(r.amqp)
+	var conn *amqp.Connection
+	var err error
+	for u := range strings.SplitSeq(r.amqp, ",") { // the first node that answers
+		if conn, err = amqp.Dial(u); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("check: dial broker: %w", err)
 	}

@@ -63,6 +63,16 @@ type Config struct {
 	// BrokerRestarts and PostgresRestarts are how many times each server is
 	// restarted, evenly spread over the load phase.
 	BrokerRestarts, PostgresRestarts int
+	// NodeKills, on a RabbitMQ cluster (Services.Nodes > 0), is how many
+	// times the node that leads most of the run's quorum queues is
+	// SIGKILLed, evenly spread over the load phase; it is started again
+	// NodeDown later (default 10 s) and rejoins the cluster.
+	NodeKills int
+	NodeDown  time.Duration
+	// Failover, on a PostgreSQL with a replica (Services.Replica), crashes
+	// the primary and promotes the replica once, in the middle of the load
+	// phase; the fleet follows through the multi-host URL.
+	Failover bool
 
 	// Participant faults (see Faults) and the step timeout they race.
 	Transient, Slow, Duplicate float64
@@ -107,6 +117,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SettleTimeout <= 0 {
 		c.SettleTimeout = 3 * time.Minute
+	}
+	if c.NodeDown <= 0 {
+		c.NodeDown = 10 * time.Second
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
@@ -175,6 +188,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Bin == "" || cfg.Services == nil || cfg.Sagas <= 0 {
 		return nil, errors.New("soak: Bin, Services and Sagas are required")
 	}
+	if cfg.Services.Nodes > 0 && cfg.BrokerRestarts > 0 {
+		return nil, errors.New("soak: a RabbitMQ cluster loses nodes (NodeKills), it is not restarted whole (BrokerRestarts)")
+	}
+	if cfg.NodeKills > 0 && cfg.Services.Nodes < 2 {
+		return nil, errors.New("soak: NodeKills needs a RabbitMQ cluster of two nodes or more")
+	}
+	if cfg.Failover && (!cfg.Services.Replica || cfg.PostgresRestarts > 0) {
+		return nil, errors.New("soak: Failover needs a PostgreSQL with a replica, and no PostgresRestarts")
+	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	r := &run{
@@ -190,6 +212,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			return nil, err
 		}
 		r.cfg.LogDir = dir
+	} else if err := os.MkdirAll(r.cfg.LogDir, 0o755); err != nil {
+		return nil, fmt.Errorf("soak: node log directory: %w", err)
 	}
 	if err := r.setup(ctx); err != nil {
 		return nil, err
@@ -487,6 +511,13 @@ func (r *run) chaos(ctx context.Context, loadDone <-chan struct{}) {
 		plan = append(plan, restart{loadTime * time.Duration(2*i+1) / time.Duration(2*r.cfg.BrokerRestarts+1), "broker",
 			r.cfg.Services.RestartRabbitMQ})
 	}
+	for i := range r.cfg.NodeKills {
+		plan = append(plan, restart{loadTime * time.Duration(2*i+1) / time.Duration(2*r.cfg.NodeKills+1), "rabbitmq-leader-node",
+			r.killLeader})
+	}
+	if r.cfg.Failover {
+		plan = append(plan, restart{loadTime / 2, "postgres-failover", r.cfg.Services.Failover})
+	}
 	for i := range r.cfg.PostgresRestarts {
 		plan = append(plan, restart{loadTime * time.Duration(2*i+2) / time.Duration(2*r.cfg.PostgresRestarts+2), "postgres",
 			func(ctx context.Context) error { return r.cfg.Services.RestartPostgres(ctx, true) }})
@@ -531,6 +562,46 @@ func (r *run) chaos(ctx context.Context, loadDone <-chan struct{}) {
 		})
 	}
 	wg.Wait()
+}
+
+// killLeader SIGKILLs the cluster node that leads most of the run's quorum
+// queues, waits NodeDown and starts it again. Every queue must have a
+// member on every node: a queue that lives on fewer would lose its leader
+// with no replica to elect.
+func (r *run) killLeader(ctx context.Context) error {
+	s := r.cfg.Services
+	qs, err := s.Queues(ctx, r.vhost)
+	if err != nil {
+		return err
+	}
+	led := map[string]int{}
+	for _, q := range qs {
+		if q.Leader == "" {
+			continue // a classic queue
+		}
+		if len(q.Members) != s.Nodes {
+			return fmt.Errorf("queue %s has members %v, not one on each of the %d nodes", q.Name, q.Members, s.Nodes)
+		}
+		led[q.Leader]++
+	}
+	leader, most := "", 0
+	for name, n := range led {
+		if n > most || (n == most && name < leader) {
+			leader, most = name, n
+		}
+	}
+	node := s.NodeOf(leader)
+	if node == 0 {
+		return fmt.Errorf("no quorum queue leader among the cluster's nodes (leaders: %v)", led)
+	}
+	r.logf("killing RabbitMQ node %d (%s), leader of %d of %d queues", node, leader, most, len(qs))
+	if err := s.KillNode(ctx, node); err != nil {
+		return err
+	}
+	if !sleep(ctx, r.cfg.NodeDown) {
+		return ctx.Err()
+	}
+	return s.StartNode(ctx, node)
 }
 
 // settle waits until every saga has ended (terminal or manual review), the

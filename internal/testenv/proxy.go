@@ -23,6 +23,8 @@ type Proxy struct {
 	frozen  chan struct{}
 	freeze  func()
 	conns   []net.Conn
+	ln      net.Listener
+	carried int // connections accepted and forwarded
 }
 
 // NewProxy starts a proxy to amqpURL's broker until the test ends.
@@ -39,7 +41,7 @@ func NewProxy(t testing.TB, amqpURL string) *Proxy {
 	target := u.Host
 	u.Host = ln.Addr().String()
 	frozen := make(chan struct{})
-	p := &Proxy{URL: u.String(), release: make(chan struct{}), frozen: frozen, freeze: sync.OnceFunc(func() { close(frozen) })}
+	p := &Proxy{URL: u.String(), release: make(chan struct{}), frozen: frozen, freeze: sync.OnceFunc(func() { close(frozen) }), ln: ln}
 	t.Cleanup(func() {
 		_ = ln.Close()
 		p.Hold(false)
@@ -58,6 +60,7 @@ func NewProxy(t testing.TB, amqpURL string) *Proxy {
 			}
 			p.mu.Lock()
 			p.conns = append(p.conns, c, s)
+			p.carried++
 			p.mu.Unlock()
 			go p.pipe(s, c, false)
 			go p.pipe(c, s, true)
@@ -79,6 +82,20 @@ func (p *Proxy) Hold(on bool) {
 
 // Freeze stops forwarding in both directions, for good.
 func (p *Proxy) Freeze() { p.freeze() }
+
+// Down stops the proxy for good, as a broker node that died: it accepts no
+// connection any more and closes those it carries.
+func (p *Proxy) Down() {
+	_ = p.ln.Close()
+	p.Cut()
+}
+
+// Carried returns how many connections the proxy has accepted and forwarded.
+func (p *Proxy) Carried() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.carried
+}
 
 // Cut closes every connection the proxy carries.
 func (p *Proxy) Cut() {

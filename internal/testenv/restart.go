@@ -35,6 +35,17 @@ type Services struct {
 	AMQPURL string
 	// RabbitAPI is the management API base URL, with credentials.
 	RabbitAPI string
+	// Nodes is the number of RabbitMQ nodes of a cluster
+	// (scripts/services.sh cluster-start), 0 for a single node. AMQPURL
+	// then lists every node's URL, comma-separated.
+	Nodes int
+	// RabbitAPIs are every node's management API, for a cluster; API
+	// asks them in turn, so that it answers while a node is down.
+	RabbitAPIs []string
+	// Replica is true for a PostgreSQL with a streaming replica
+	// (scripts/services.sh replica-start): PostgresURL then names both
+	// servers with target_session_attrs=read-write.
+	Replica bool
 }
 
 // EnvServicesDir names the services directory scripts/services.sh writes
@@ -66,6 +77,8 @@ func LoadServices(dir string) (*Services, error) {
 			s.AMQPURL = value
 		case EnvRabbitAPI:
 			s.RabbitAPI = value
+		case "SAGA_RABBIT_APIS":
+			s.RabbitAPIs = strings.Split(value, ",")
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -74,7 +87,88 @@ func LoadServices(dir string) (*Services, error) {
 	if s.PostgresURL == "" || s.AMQPURL == "" || s.RabbitAPI == "" {
 		return nil, fmt.Errorf("services in %s: env.sh lacks %s, %s or %s", dir, EnvPostgresURL, EnvAMQPURL, EnvRabbitAPI)
 	}
+	if _, err := os.Stat(filepath.Join(s.Dir, "pg2", "port")); err == nil {
+		s.Replica = true
+	}
+	if b, err := os.ReadFile(filepath.Join(s.Dir, "cluster-size")); err == nil {
+		if s.Nodes, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+			return nil, fmt.Errorf("services in %s: cluster-size: %w", dir, err)
+		}
+	}
 	return s, nil
+}
+
+// StartCluster starts a PostgreSQL and a cluster of nodes RabbitMQ nodes in
+// dir with scripts/services.sh cluster-start (about 30 s a node) and
+// returns them.
+func StartCluster(ctx context.Context, dir string, nodes int) (*Services, error) {
+	script, err := servicesScript()
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, script, "cluster-start", dir, strconv.Itoa(nodes)).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("start a cluster of %d nodes in %s: %w\n%s", nodes, dir, err, out)
+	}
+	return LoadServices(dir)
+}
+
+// StartReplicated starts a RabbitMQ and a PostgreSQL with a streaming
+// replica in dir with scripts/services.sh replica-start; mode is "sync" or
+// "async".
+func StartReplicated(ctx context.Context, dir, mode string) (*Services, error) {
+	script, err := servicesScript()
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, script, "replica-start", dir, mode).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("start PostgreSQL with a %s replica in %s: %w\n%s", mode, dir, err, out)
+	}
+	return LoadServices(dir)
+}
+
+// Failover crashes the primary PostgreSQL of a replicated pair (immediate
+// stop) and promotes the replica (scripts/services.sh replica-failover).
+func (s *Services) Failover(ctx context.Context) error {
+	script, err := servicesScript()
+	if err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, script, "replica-failover", s.Dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("fail over PostgreSQL in %s: %w\n%s", s.Dir, err, out)
+	}
+	return nil
+}
+
+// KillNode SIGKILLs RabbitMQ node i (1-based) of a cluster, as a machine
+// that dies; StartNode starts it again on its data, and it rejoins.
+func (s *Services) KillNode(ctx context.Context, i int) error { return s.clusterNode(ctx, i, "kill") }
+
+// StartNode starts node i (1-based) of a cluster after KillNode.
+func (s *Services) StartNode(ctx context.Context, i int) error { return s.clusterNode(ctx, i, "start") }
+
+func (s *Services) clusterNode(ctx context.Context, i int, what string) error {
+	script, err := servicesScript()
+	if err != nil {
+		return err
+	}
+	if out, err := exec.CommandContext(ctx, script, "cluster-node", s.Dir, strconv.Itoa(i), what).CombinedOutput(); err != nil {
+		return fmt.Errorf("cluster node %d in %s: %s: %w\n%s", i, s.Dir, what, err, out)
+	}
+	return nil
+}
+
+// NodeOf returns the 1-based index of the cluster node named name (as the
+// management API names it, "saga<port>@localhost"), or 0.
+func (s *Services) NodeOf(name string) int {
+	for i := 1; i <= s.Nodes; i++ {
+		b, err := os.ReadFile(filepath.Join(s.Dir, fmt.Sprintf("node%d", i), "rabbit", "port"))
+		if err == nil && "saga"+strings.TrimSpace(string(b))+"@localhost" == name {
+			return i
+		}
+	}
+	return 0
 }
 
 // StartServices starts a PostgreSQL and a RabbitMQ in dir with
@@ -97,7 +191,14 @@ func (s *Services) Stop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if out, err := exec.CommandContext(ctx, script, "stop", s.Dir).CombinedOutput(); err != nil {
+	stop := "stop"
+	switch {
+	case s.Nodes > 0:
+		stop = "cluster-stop"
+	case s.Replica:
+		stop = "replica-stop"
+	}
+	if out, err := exec.CommandContext(ctx, script, stop, s.Dir).CombinedOutput(); err != nil {
 		return fmt.Errorf("stop services in %s: %w\n%s", s.Dir, err, out)
 	}
 	return nil
@@ -160,7 +261,7 @@ func (s *Services) RestartPostgres(ctx context.Context, immediate bool) error {
 	}
 	data := filepath.Join(s.Dir, "pg", "data")
 	args := []string{"-D", data, "-m", mode, "-w", "-t", "120", "-l", filepath.Join(s.Dir, "pg", "postgres.log"), "restart"}
-	cmd := asPostgres(ctx, filepath.Join(pgBin(), "pg_ctl"), args...)
+	cmd := s.asPostgres(ctx, filepath.Join(s.pgBin(), "pg_ctl"), args...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("restart PostgreSQL in %s: %w\n%s", s.Dir, err, out)
 	}
@@ -170,7 +271,7 @@ func (s *Services) RestartPostgres(ctx context.Context, immediate bool) error {
 // StopPostgres stops PostgreSQL (fast shutdown); StartPostgres starts it.
 // Together they make an outage of a chosen length.
 func (s *Services) StopPostgres(ctx context.Context) error {
-	cmd := asPostgres(ctx, filepath.Join(pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"), "-m", "fast", "-w", "stop")
+	cmd := s.asPostgres(ctx, filepath.Join(s.pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"), "-m", "fast", "-w", "stop")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("stop PostgreSQL in %s: %w\n%s", s.Dir, err, out)
 	}
@@ -179,7 +280,7 @@ func (s *Services) StopPostgres(ctx context.Context) error {
 
 // StartPostgres starts a PostgreSQL stopped by StopPostgres.
 func (s *Services) StartPostgres(ctx context.Context) error {
-	cmd := asPostgres(ctx, filepath.Join(pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"),
+	cmd := s.asPostgres(ctx, filepath.Join(s.pgBin(), "pg_ctl"), "-D", filepath.Join(s.Dir, "pg", "data"),
 		"-l", filepath.Join(s.Dir, "pg", "postgres.log"), "-w", "-t", "120", "start")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("start PostgreSQL in %s: %w\n%s", s.Dir, err, out)
@@ -207,7 +308,7 @@ func (s *Services) RabbitCtl(ctx context.Context, args ...string) (string, error
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), args...)
+	cmd := s.command(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), args...)
 	cmd.Env = env
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -223,7 +324,7 @@ func (s *Services) StopRabbitMQ(ctx context.Context) error {
 		return err
 	}
 	pidFile := filepath.Join(s.Dir, "rabbit", "rabbit.pid")
-	cmd := exec.CommandContext(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "stop", pidFile)
+	cmd := s.command(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "stop", pidFile)
 	cmd.Env = env
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("stop RabbitMQ in %s: %w\n%s", s.Dir, err, out)
@@ -244,7 +345,7 @@ func (s *Services) StartRabbitMQ(ctx context.Context) error {
 		return fmt.Errorf("start RabbitMQ in %s: %w", s.Dir, err)
 	}
 	defer logf.Close()
-	server := exec.Command(filepath.Join(rabbitBin(), "rabbitmq-server"))
+	server := s.command(context.Background(), filepath.Join(rabbitBin(), "rabbitmq-server"))
 	server.Env = env
 	server.Stdout, server.Stderr = logf, logf
 	server.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -255,7 +356,7 @@ func (s *Services) StartRabbitMQ(ctx context.Context) error {
 	// await_startup fails at once while the node is not reachable yet.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		await := exec.CommandContext(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "await_startup", "--timeout", "60")
+		await := s.command(ctx, filepath.Join(rabbitBin(), "rabbitmqctl"), "-q", "await_startup", "--timeout", "60")
 		await.Env = env
 		out, err := await.CombinedOutput()
 		if err == nil {
@@ -310,9 +411,11 @@ func (s *Services) rabbitEnv() ([]string, error) {
 }
 
 // CreateVHost creates a vhost, grants the AMQP URL's user every permission on
-// it and returns an AMQP URL for it.
+// it and returns an AMQP URL for it (a list of the nodes' URLs for a
+// cluster).
 func (s *Services) CreateVHost(ctx context.Context, name string) (string, error) {
-	u, err := url.Parse(s.AMQPURL)
+	bases := strings.Split(s.AMQPURL, ",")
+	u, err := url.Parse(bases[0])
 	if err != nil {
 		return "", fmt.Errorf("parse AMQP URL: %w", err)
 	}
@@ -327,19 +430,31 @@ func (s *Services) CreateVHost(ctx context.Context, name string) (string, error)
 	if err := s.API(ctx, http.MethodPut, "/permissions/"+url.PathEscape(name)+"/"+url.PathEscape(user), perm, nil); err != nil {
 		return "", fmt.Errorf("grant permissions on vhost %s: %w", name, err)
 	}
-	u.Path = "/" + name
-	u.RawPath = "/" + url.PathEscape(name)
-	return u.String(), nil
+	urls := make([]string, len(bases))
+	for i, b := range bases {
+		u, err := url.Parse(b)
+		if err != nil {
+			return "", fmt.Errorf("parse AMQP URL: %w", err)
+		}
+		u.Path = "/" + name
+		u.RawPath = "/" + url.PathEscape(name)
+		urls[i] = u.String()
+	}
+	return strings.Join(urls, ","), nil
 }
 
 // QueueStat is one queue as the management API reports it (with up to
 // collect_statistics_interval of lag).
 type QueueStat struct {
-	Name           string `json:"name"`
-	Messages       int    `json:"messages"`
-	Ready          int    `json:"messages_ready"`
-	Unacknowledged int    `json:"messages_unacknowledged"`
-	Consumers      int    `json:"consumers"`
+	Name string `json:"name"`
+	// Leader and Members are a quorum queue's leader node and member
+	// nodes (node names as in NodeOf).
+	Leader         string   `json:"leader"`
+	Members        []string `json:"members"`
+	Messages       int      `json:"messages"`
+	Ready          int      `json:"messages_ready"`
+	Unacknowledged int      `json:"messages_unacknowledged"`
+	Consumers      int      `json:"consumers"`
 }
 
 // Queues lists the queues of a vhost.
@@ -355,10 +470,46 @@ func (s *Services) Queues(ctx context.Context, vhost string) ([]QueueStat, error
 // escaped, e.g. "/vhosts/"+url.PathEscape(name)), decoding a JSON answer
 // into out when out is not nil.
 func (s *Services) API(ctx context.Context, method, path string, body, out any) error {
-	return rabbitapi.Call(ctx, s.RabbitAPI, method, path, body, out)
+	err := rabbitapi.Call(ctx, s.RabbitAPI, method, path, body, out)
+	for _, api := range s.RabbitAPIs {
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		if api != s.RabbitAPI {
+			err = rabbitapi.Call(ctx, api, method, path, body, out)
+		}
+	}
+	return err
 }
 
-func pgBin() string {
+// root returns the Debian 13 root the servers of s run in
+// (scripts/services.sh with SAGA_SERVICES_VERSIONS=new, recorded in
+// Dir/versions), or "" when they run on the host.
+func (s *Services) root() string {
+	b, err := os.ReadFile(filepath.Join(s.Dir, "versions"))
+	if err != nil || strings.TrimSpace(string(b)) != "new" {
+		return ""
+	}
+	if r := os.Getenv("SAGA_TRIXIE_ROOT"); r != "" {
+		return r
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "protosaga", "trixie-root")
+}
+
+// command runs a server's tool where the server runs: in its root, if any
+// (Dir is mounted at the same path inside).
+func (s *Services) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if r := s.root(); r != "" {
+		return exec.CommandContext(ctx, "chroot", append([]string{r, name}, args...)...)
+	}
+	return exec.CommandContext(ctx, name, args...)
+}
+
+func (s *Services) pgBin() string {
+	if s.root() != "" {
+		return "/usr/lib/postgresql/17/bin"
+	}
 	if d := os.Getenv("SAGA_PG_BIN"); d != "" {
 		return d
 	}
@@ -373,12 +524,31 @@ func rabbitBin() string {
 }
 
 // asPostgres runs a PostgreSQL tool as the postgres user when we are root
-// (the server refuses to run as root), as services.sh does.
-func asPostgres(ctx context.Context, name string, args ...string) *exec.Cmd {
+// (the server refuses to run as root), as services.sh does: in the servers'
+// root as its postgres user, if they run in one.
+func (s *Services) asPostgres(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if r := s.root(); r != "" {
+		return exec.CommandContext(ctx, "chroot", append([]string{"--userspec=" + rootPostgres(r), r, name}, args...)...)
+	}
 	if os.Geteuid() == 0 {
 		return exec.CommandContext(ctx, "runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
 	}
 	return exec.CommandContext(ctx, name, args...)
+}
+
+// rootPostgres returns "uid:gid" of the postgres user of root (the owner of
+// the data directory services.sh made for the servers in it).
+func rootPostgres(root string) string {
+	b, err := os.ReadFile(filepath.Join(root, "etc", "passwd"))
+	if err == nil {
+		for line := range strings.Lines(string(b)) {
+			f := strings.Split(line, ":")
+			if len(f) > 3 && f[0] == "postgres" {
+				return f[2] + ":" + f[3]
+			}
+		}
+	}
+	return "postgres:postgres"
 }
 
 // servicesScript finds scripts/services.sh in the module around the working

@@ -148,6 +148,39 @@ func TestConnReconnects(t *testing.T) {
 	require.ErrorIs(t, err, broker.ErrClosed)
 }
 
+// TestConnMovesToAnotherNode: with a list of nodes, Dial passes over one
+// that does not answer, and a lost connection is replaced by one to another
+// node while the first stays dead. The nodes are proxies to one broker.
+func TestConnMovesToAnotherNode(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	u := testenv.AMQP(t)
+	a, b := testenv.NewProxy(t, u), testenv.NewProxy(t, u)
+	conn, err := broker.Dial(ctx, a.URL+","+b.URL, broker.ConnConfig{Name: t.Name(), MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, conn.Close()) })
+	require.Equal(t, 1, a.Carried(), "the first node first")
+	require.Zero(t, b.Carried())
+	require.NotContains(t, conn.String(), "guest:guest", "every URL redacted")
+
+	ch, err := conn.Channel(ctx)
+	require.NoError(t, err)
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	a.Down()
+	<-closed
+	ch, err = conn.Channel(ctx)
+	require.NoError(t, err, "a channel on the other node")
+	_, err = ch.QueueDeclare("moved", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	require.NoError(t, err)
+	require.Equal(t, 1, b.Carried())
+
+	// A dead node first in the list is passed over.
+	first, err := broker.Dial(ctx, "amqp://guest:guest@127.0.0.1:1/,"+b.URL, broker.ConnConfig{MinBackoff: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, first.Close())
+	require.Equal(t, 2, b.Carried())
+}
+
 func TestDialFailures(t *testing.T) {
 	t.Parallel()
 	u := testenv.AMQP(t)

@@ -79,9 +79,10 @@ func (c *ConnConfig) setDefaults() {
 // one, which waits for the next live connection. Conn is safe for concurrent
 // use.
 type Conn struct {
-	url      string
-	redacted string
+	urls     []string // the nodes, in the order given
+	redacted string   // every URL, redacted, comma-separated
 	cfg      ConnConfig
+	next     int // the index in urls to dial first; only connect uses it
 
 	mu    sync.Mutex
 	cur   *generation   // nil while reconnecting
@@ -154,14 +155,24 @@ func (c *Conn) Connected() bool {
 // backoff until ctx ends, so processes may start before the broker; refused
 // credentials or vhost, a malformed URL and certificate errors fail at once.
 // Errors and logs never contain the URL's password.
+//
+// url may list the nodes of a cluster, comma-separated. Conn then dials
+// them in turn, starting with the first: a node that does not answer is
+// passed over at once for the next, and the backoff applies after a round
+// in which none answered. A lost connection is replaced by one to the node
+// after the one that was lost, so that clients leave a node that died
+// rather than wait for it.
 func Dial(ctx context.Context, url string, cfg ConnConfig) (*Conn, error) {
 	cfg.setDefaults()
 	redacted := Redact(url)
-	if _, err := amqp.ParseURI(url); err != nil {
-		return nil, fmt.Errorf("dial %s: %w", redacted, err)
+	urls := splitURLs(url)
+	for _, u := range urls {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return nil, fmt.Errorf("dial %s: %w", Redact(u), err)
+		}
 	}
 	c := &Conn{
-		url:      url,
+		urls:     urls,
 		redacted: redacted,
 		cfg:      cfg,
 		ready:    make(chan struct{}),
@@ -321,28 +332,29 @@ func (c *Conn) dropCurrent(g *generation) {
 	close(g.lost)
 }
 
-// connect dials until it succeeds or ctx ends. During the first Dial,
-// permanent errors end it at once; when reconnecting they are retried.
+// connect dials until it succeeds or ctx ends, trying the nodes in turn
+// from c.next; a connection made leaves c.next at the node after its own,
+// for the next reconnect. During the first Dial, permanent errors end it at
+// once; when reconnecting they are retried.
 func (c *Conn) connect(ctx context.Context, first bool) (*amqp.Connection, error) {
 	for attempt := 0; ; attempt++ {
-		props := amqp.NewConnectionProperties()
-		if c.cfg.Name != "" {
-			props.SetClientConnectionName(c.cfg.Name)
+		var err error
+		for range c.urls {
+			u := c.urls[c.next%len(c.urls)]
+			c.next = (c.next + 1) % len(c.urls)
+			var conn *amqp.Connection
+			if conn, err = c.dial(u); err == nil {
+				if len(c.urls) > 1 {
+					c.cfg.Logger.Info("broker connection made", "url", Redact(u))
+				}
+				return conn, nil
+			}
+			err = fmt.Errorf("dial %s: %w", Redact(u), err)
+			if first && permanent(err) {
+				return nil, err
+			}
+			c.cfg.Logger.Debug("broker dial failed", "url", Redact(u), "attempt", attempt+1, "error", err)
 		}
-		conn, err := amqp.DialConfig(c.url, amqp.Config{
-			Heartbeat:       c.cfg.Heartbeat,
-			TLSClientConfig: c.cfg.TLS,
-			Properties:      props,
-			Locale:          "en_US",
-		})
-		if err == nil {
-			return conn, nil
-		}
-		err = fmt.Errorf("dial %s: %w", c.redacted, err)
-		if first && permanent(err) {
-			return nil, err
-		}
-		c.cfg.Logger.Debug("broker dial failed", "url", c.redacted, "attempt", attempt+1, "error", err)
 		t := time.NewTimer(Backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff))
 		select {
 		case <-ctx.Done():
@@ -354,6 +366,34 @@ func (c *Conn) connect(ctx context.Context, first bool) (*amqp.Connection, error
 		case <-t.C:
 		}
 	}
+}
+
+// dial makes one connection to the node at u.
+func (c *Conn) dial(u string) (*amqp.Connection, error) {
+	props := amqp.NewConnectionProperties()
+	if c.cfg.Name != "" {
+		props.SetClientConnectionName(c.cfg.Name)
+	}
+	return amqp.DialConfig(u, amqp.Config{
+		Heartbeat:       c.cfg.Heartbeat,
+		TLSClientConfig: c.cfg.TLS,
+		Properties:      props,
+		Locale:          "en_US",
+	})
+}
+
+// splitURLs returns the URLs of a comma-separated list, blanks removed.
+func splitURLs(list string) []string {
+	var urls []string
+	for u := range strings.SplitSeq(list, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		return []string{list} // empty: ParseURI reports it
+	}
+	return urls
 }
 
 // permanent reports dial errors that retrying cannot fix.
@@ -381,10 +421,17 @@ func Backoff(attempt int, min, max time.Duration) time.Duration {
 	return half + rand.N(d-half+1)
 }
 
-// Redact returns url with its password replaced by "xxxxx". A string that
-// does not parse as a URL is replaced entirely, since it may contain a
-// secret anywhere.
+// Redact returns url with its password replaced by "xxxxx" (each URL's, for
+// a comma-separated list). A string that does not parse as a URL is
+// replaced entirely, since it may contain a secret anywhere.
 func Redact(rawURL string) string {
+	if strings.Contains(rawURL, ",") {
+		var out []string
+		for u := range strings.SplitSeq(rawURL, ",") {
+			out = append(out, Redact(strings.TrimSpace(u)))
+		}
+		return strings.Join(out, ",")
+	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return "<unparseable URL>"
@@ -393,14 +440,17 @@ func Redact(rawURL string) string {
 }
 
 // URLFromEnv returns the broker URL in environment variable name, checked
-// to be an amqp:// or amqps:// URL. Errors never contain the value.
+// to be an amqp:// or amqps:// URL, or a comma-separated list of such URLs
+// (the nodes of a cluster; see Dial). Errors never contain the value.
 func URLFromEnv(name string) (string, error) {
 	v := strings.TrimSpace(os.Getenv(name))
 	if v == "" {
 		return "", fmt.Errorf("broker URL: environment variable %s is empty or unset", name)
 	}
-	if _, err := amqp.ParseURI(v); err != nil {
-		return "", fmt.Errorf("broker URL in %s (%s): %w", name, Redact(v), err)
+	for _, u := range splitURLs(v) {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return "", fmt.Errorf("broker URL in %s (%s): %w", name, Redact(u), err)
+		}
 	}
 	return v, nil
 }

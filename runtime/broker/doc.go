@@ -11,7 +11,9 @@
 // separate Conns for publishing and consuming, so that flow control on a
 // publishing connection never stalls consumers' acks. URLs may be amqps://
 // (TLS from [ConnConfig]) and come from the environment ([URLFromEnv]);
-// the password never appears in errors or logs ([Redact]).
+// the password never appears in errors or logs ([Redact]). For a cluster,
+// the URL is every node's URL, comma-separated: Conn dials them in turn
+// and, when its connection is lost, moves to the next node.
 //
 // # Topology
 //
@@ -20,7 +22,9 @@
 // never requeue (no hot loop): a failed delivery is republished into the
 // tier for its attempt and acked; the tier's x-message-ttl and
 // x-dead-letter-* arguments bring it back to the work queue. Queues are
-// quorum queues unless told otherwise. [Declare] is idempotent;
+// quorum queues unless told otherwise; a quorum work queue dead-letters
+// into its parking lot what the broker gives up on (its delivery limit).
+// [Declare] is idempotent;
 // [Topology.DefinitionsJSON] renders the same topology for review and
 // import.
 //

@@ -96,6 +96,19 @@ func formatTTL(d time.Duration) string {
 // one TTL, so no message waits behind a longer-lived one. Quorum tier
 // queues dead-letter at-least-once (x-dead-letter-strategy), so an expiring
 // message cannot be lost on its way back.
+//
+// A quorum work queue dead-letters into its parking lot, at-least-once: a
+// message the broker gives up on goes there instead of being dropped.
+// RabbitMQ 4 gives quorum queues a delivery limit (20 by default; 3.x has
+// none unless a policy or x-delivery-limit sets one): a message returned
+// unacknowledged that many times (its handling killed the consumer each
+// time, or a client nacked it) is dead-lettered, and without a dead-letter
+// target it would be lost. The consumer's own guard (consumer
+// Config.MaxRedeliveries, 10 by default) parks such a message first, with a
+// saga_parked row; the broker's limit is the backstop, and a message it
+// parks carries x-death (reason "delivery_limit") and no saga_parked row.
+// A work queue that exists without these arguments (declared by an older
+// version) is refused by Declare; see [LegacyWorkQueue] for the upgrade.
 func WorkQueue(name string, qt QueueType, p retry.Policy) []Queue {
 	if p.IsZero() {
 		p = retry.Default()
@@ -115,7 +128,11 @@ func WorkQueue(name string, qt QueueType, p retry.Policy) []Queue {
 		}
 	}
 	slices.Sort(ttls)
-	qs := []Queue{{Name: name, Type: qt}}
+	work := Queue{Name: name, Type: qt}
+	if qt == QueueQuorum {
+		work.Args = parkingArgs(name)
+	}
+	qs := []Queue{work}
 	for _, d := range ttls {
 		args := amqp.Table{
 			ArgMessageTTL:           d.Milliseconds(),
@@ -129,6 +146,17 @@ func WorkQueue(name string, qt QueueType, p retry.Policy) []Queue {
 		qs = append(qs, Queue{Name: TierQueue(name, d), Type: qt, Args: args})
 	}
 	return append(qs, Queue{Name: ParkingQueue(name), Type: qt})
+}
+
+// parkingArgs are the arguments that make quorum work queue name
+// dead-letter into its parking lot (see WorkQueue).
+func parkingArgs(name string) amqp.Table {
+	return amqp.Table{
+		ArgDeadLetterExchange:   "",
+		ArgDeadLetterRoutingKey: ParkingQueue(name),
+		ArgDeadLetterStrategy:   "at-least-once",
+		ArgOverflow:             "reject-publish", // required by at-least-once
+	}
 }
 
 func orQuorum(qt QueueType) QueueType {
@@ -302,4 +330,68 @@ func (t Topology) DefinitionsJSON() ([]byte, error) {
 		return nil, fmt.Errorf("topology definitions: %w", err)
 	}
 	return append(out, '\n'), nil
+}
+
+// LegacyWorkQueue recognizes Declare's error for t when the broker refused a
+// quorum work queue of t because the queue exists without the dead-letter
+// arguments WorkQueue gives it (declared by a version of the runtime that
+// did not set them): the PRECONDITION_FAILED names one of them. It returns
+// the queue's name and t with that queue declared as it exists, so that
+// declaring the result succeeds and the deployment keeps running; the
+// queue then has no dead-letter target, and the caller says so. A policy
+// gives it one without redeclaring the queue (policies apply to existing
+// queues; x-arguments are fixed when a queue is created): see
+// LegacyWorkQueuePolicy. ok is false for any other error.
+func LegacyWorkQueue(t Topology, err error) (_ Topology, queue string, ok bool) {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
+		return t, "", false
+	}
+	arg, queue := inequivalentArg(ae.Reason)
+	if _, ok := parkingArgs("")[arg]; !ok {
+		return t, "", false
+	}
+	i := slices.IndexFunc(t.Queues, func(q Queue) bool {
+		return q.Name == queue && orQuorum(q.Type) == QueueQuorum && reflect.DeepEqual(q.Args, parkingArgs(queue))
+	})
+	if i < 0 {
+		return t, "", false
+	}
+	t.Queues = slices.Clone(t.Queues)
+	t.Queues[i].Args = nil
+	return t, queue, true
+}
+
+// LegacyWorkQueuePolicy is the policy definition that gives work queue
+// queue, declared without dead-lettering, the dead-lettering WorkQueue
+// declares (see LegacyWorkQueue), as JSON for rabbitmqctl set_policy or the
+// management API.
+func LegacyWorkQueuePolicy(queue string) string {
+	b, _ := json.Marshal(map[string]string{
+		"dead-letter-exchange":    "",
+		"dead-letter-routing-key": ParkingQueue(queue),
+		"dead-letter-strategy":    "at-least-once",
+		"overflow":                "reject-publish",
+	})
+	return string(b)
+}
+
+// inequivalentArg returns the argument and the queue a PRECONDITION_FAILED
+// reason of queue.declare names ("inequivalent arg 'x-dead-letter-exchange'
+// for queue 'orders' in vhost '/': ..."), or "".
+func inequivalentArg(reason string) (arg, queue string) {
+	return quoted(reason, "inequivalent arg '"), quoted(reason, "for queue '")
+}
+
+// quoted returns the text between prefix and the next single quote in s.
+func quoted(s, prefix string) string {
+	i := strings.Index(s, prefix)
+	if i < 0 {
+		return ""
+	}
+	rest := s[i+len(prefix):]
+	if j := strings.IndexByte(rest, '\''); j >= 0 {
+		return rest[:j]
+	}
+	return ""
 }

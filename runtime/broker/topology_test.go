@@ -30,7 +30,10 @@ func TestWorkQueue(t *testing.T) {
 	p := retry.Policy{Tiers: []time.Duration{time.Second, 10 * time.Second, time.Minute}, MaxAttempts: 3}
 	got := broker.WorkQueue("orders", "", p)
 	require.Equal(t, []broker.Queue{
-		{Name: "orders", Type: broker.QueueQuorum},
+		{Name: "orders", Type: broker.QueueQuorum, Args: amqp.Table{
+			"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders.parking",
+			"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+		}},
 		{Name: "orders.retry.1s", Type: broker.QueueQuorum, Args: amqp.Table{
 			"x-message-ttl": int64(1000), "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "orders",
 			"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
@@ -40,7 +43,7 @@ func TestWorkQueue(t *testing.T) {
 			"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
 		}},
 		{Name: "orders.parking", Type: broker.QueueQuorum},
-	}, got, "MaxAttempts 3 waits twice: the one-minute tier is never used")
+	}, got, "MaxAttempts 3 waits twice: the one-minute tier is never used; the work queue parks what the broker gives up on")
 
 	classic := broker.WorkQueue("q", broker.QueueClassic, retry.Policy{Tiers: []time.Duration{time.Second}, MaxAttempts: 9})
 	require.Equal(t, []broker.Queue{
@@ -134,6 +137,10 @@ func TestDefinitionsJSON(t *testing.T) {
       "durable": true,
       "auto_delete": false,
       "arguments": {
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "orders.parking",
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
         "x-queue-type": "quorum"
       }
     },
@@ -202,6 +209,7 @@ func TestRedactAndBackoff(t *testing.T) {
 	require.Equal(t, "amqps://user:xxxxx@host:5671/vh", broker.Redact("amqps://user:s3cret@host:5671/vh"))
 	require.Equal(t, "amqp://host/", broker.Redact("amqp://host/"))
 	require.NotContains(t, broker.Redact("amqp://u:s3cret@host:bad port/"), "s3cret")
+	require.Equal(t, "amqp://u:xxxxx@a:5672/,amqp://u:xxxxx@b:5672/", broker.Redact("amqp://u:s3cret@a:5672/, amqp://u:s3cret@b:5672/"))
 
 	for attempt := range 20 {
 		d := broker.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
@@ -218,6 +226,15 @@ func TestURLFromEnv(t *testing.T) {
 	require.Equal(t, "amqps://u:s3cret@example.com/vh", got)
 
 	t.Setenv("SAGA_BROKER_TEST_URL", "http://u:s3cret@example.com/")
+	_, err = broker.URLFromEnv("SAGA_BROKER_TEST_URL")
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cret")
+
+	t.Setenv("SAGA_BROKER_TEST_URL", "amqp://u:s3cret@a/,amqp://u:s3cret@b/")
+	got, err = broker.URLFromEnv("SAGA_BROKER_TEST_URL")
+	require.NoError(t, err, "a cluster's nodes")
+	require.Equal(t, "amqp://u:s3cret@a/,amqp://u:s3cret@b/", got)
+	t.Setenv("SAGA_BROKER_TEST_URL", "amqp://u:s3cret@a/,http://u:s3cret@b/")
 	_, err = broker.URLFromEnv("SAGA_BROKER_TEST_URL")
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cret")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/testenv"
@@ -16,17 +17,24 @@ import (
 
 // returnUnacked takes the queue's ready messages and gives them back
 // unacknowledged, times times over, as a consumer that died holding them
-// would: the quorum queue counts each return in x-delivery-count.
+// would: the quorum queue counts each return in x-delivery-count. Each
+// round holds every message before returning them, so each is counted once
+// per round wherever the queue puts a returned message (RabbitMQ 3.10 and
+// 4.0 differ there: returning one at a time, 4.0 hands the same one back).
 func (b *testBundle) returnUnacked(times, messages int) {
 	b.t.Helper()
 	ch, err := b.pubConn.Channel(b.ctx)
 	require.NoError(b.t, err)
 	defer func() { _ = ch.Close() }()
 	for range times {
+		var held []amqp.Delivery
 		for range messages {
 			d, ok, err := ch.Get(b.queue, false)
 			require.NoError(b.t, err)
 			require.True(b.t, ok, "a message is missing from %s", b.queue)
+			held = append(held, d)
+		}
+		for _, d := range held {
 			require.NoError(b.t, d.Nack(false, true))
 		}
 	}

@@ -247,6 +247,15 @@ func (h *Host) connect(ctx context.Context, r *running) error {
 		if err == nil {
 			return nil
 		}
+		if legacy, queue, ok := broker.LegacyWorkQueue(topo, err); ok {
+			h.log.Warn("a work queue exists without the dead-letter arguments this runtime declares; "+
+				"unless a policy gives it this dead-lettering, a message the broker gives up on "+
+				"(RabbitMQ 4's quorum delivery limit) is dropped instead of parked (docs/reliability.md, upgrading)",
+				"queue", queue, "policy", broker.LegacyWorkQueuePolicy(queue), "error", err)
+			topo = legacy
+			attempt--
+			continue
+		}
 		if !retryDeclare(err) || attempt == declareAttempts || ctx.Err() != nil {
 			return err
 		}

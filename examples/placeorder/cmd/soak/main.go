@@ -10,7 +10,12 @@
 //
 // The driver starts private servers with scripts/services.sh unless
 // -services names a directory of running ones (which it restarts: share
-// them with nothing else). Run it from the repository root, or through
+// them with nothing else). With -cluster N they are a RabbitMQ cluster of N
+// nodes (services.sh cluster-start), whose node leading the queues is
+// killed -node-kills times instead of restarting the broker. With -replica
+// sync (or async) PostgreSQL has a streaming replica (services.sh
+// replica-start), promoted mid-run after the primary crashes, instead of
+// PostgreSQL restarts. Run it from the repository root, or through
 // `make soak`. The exit status is 1 when an invariant is broken.
 package main
 
@@ -51,6 +56,9 @@ func drive(ctx context.Context) int {
 		runs     int
 		services string
 		load     bool
+		cluster  int
+		replica  string
+		measure  string
 	)
 	flag.IntVar(&runs, "runs", 1, "soak runs, one after another (fresh schema and vhost each)")
 	flag.StringVar(&services, "services", "", "directory of running services (scripts/services.sh); empty: start private ones")
@@ -65,6 +73,11 @@ func drive(ctx context.Context) int {
 	flag.Float64Var(&cfg.Rearm, "rearm", 0.3, "probability that a restarted node is armed at a crash point again")
 	flag.IntVar(&cfg.BrokerRestarts, "broker-restarts", 2, "RabbitMQ restarts per run")
 	flag.IntVar(&cfg.PostgresRestarts, "postgres-restarts", 2, "PostgreSQL restarts per run")
+	flag.IntVar(&cluster, "cluster", 0, "run on a RabbitMQ cluster of this many nodes (0: one node)")
+	flag.IntVar(&cfg.NodeKills, "node-kills", 2, "with -cluster: SIGKILLs of the node leading the queues per run (each brought back after -node-down)")
+	flag.DurationVar(&cfg.NodeDown, "node-down", 10*time.Second, "with -cluster: how long a killed node stays down")
+	flag.StringVar(&measure, "measure-failover", "", "sync or async: instead of a soak, measure what a failover of a PostgreSQL with a replica of that kind loses (chaos.MeasureFailover), -runs times")
+	flag.StringVar(&replica, "replica", "", "sync or async: run on a PostgreSQL with a streaming replica of that kind, crash the primary and promote the replica mid-run (instead of PostgreSQL restarts)")
 	flag.Float64Var(&cfg.Transient, "transient", 0.08, "probability of a transient failure per delivery")
 	flag.Float64Var(&cfg.Slow, "slow", 0.03, "probability of a reply held back past the step timeout")
 	flag.Float64Var(&cfg.Duplicate, "duplicate", 0.05, "probability of a duplicate reply")
@@ -87,6 +100,21 @@ func drive(ctx context.Context) int {
 	if cfg.Seed == 0 {
 		cfg.Seed = uint64(time.Now().UnixNano())
 	}
+	if cluster == 0 {
+		cfg.NodeKills = 0
+	} else {
+		cfg.BrokerRestarts = 0 // a cluster loses nodes instead
+	}
+	if measure != "" {
+		return measureFailover(ctx, runs, measure)
+	}
+	if replica != "" {
+		if cluster > 0 {
+			fmt.Fprintln(os.Stderr, "soak: -cluster and -replica are separate runs")
+			return 2
+		}
+		cfg.Failover, cfg.PostgresRestarts = true, 0 // the primary fails over instead
+	}
 
 	var svc *testenv.Services
 	var err error
@@ -99,8 +127,17 @@ func drive(ctx context.Context) int {
 			return 1
 		}
 		_ = os.Chmod(dir, 0o755)
-		fmt.Fprintf(os.Stderr, "soak: starting private PostgreSQL and RabbitMQ in %s\n", dir)
-		svc, err = testenv.StartServices(ctx, dir)
+		switch {
+		case cluster > 0:
+			fmt.Fprintf(os.Stderr, "soak: starting a private PostgreSQL and a RabbitMQ cluster of %d nodes in %s\n", cluster, dir)
+			svc, err = testenv.StartCluster(ctx, dir, cluster)
+		case replica != "":
+			fmt.Fprintf(os.Stderr, "soak: starting a private RabbitMQ and a PostgreSQL with a %s replica in %s\n", replica, dir)
+			svc, err = testenv.StartReplicated(ctx, dir, replica)
+		default:
+			fmt.Fprintf(os.Stderr, "soak: starting private PostgreSQL and RabbitMQ in %s\n", dir)
+			svc, err = testenv.StartServices(ctx, dir)
+		}
 		if svc != nil {
 			defer func() {
 				sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -137,6 +174,36 @@ func drive(ctx context.Context) int {
 	fmt.Printf("=== %d of %d runs passed\n", passed, runs)
 	if passed != runs {
 		return 1
+	}
+	return 0
+}
+
+// measureFailover runs chaos.MeasureFailover runs times, each on a fresh
+// PostgreSQL with a replica of the given mode, and prints what each lost.
+func measureFailover(ctx context.Context, runs int, mode string) int {
+	for i := range runs {
+		dir, err := os.MkdirTemp("", "saga-failover-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+			return 1
+		}
+		_ = os.Chmod(dir, 0o755)
+		svc, err := testenv.StartReplicated(ctx, dir, mode)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+			return 1
+		}
+		loss, err := chaos.MeasureFailover(ctx, svc, 4, 20*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_ = svc.Stop(sctx)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "soak:", err)
+			return 1
+		}
+		_ = os.RemoveAll(dir)
+		fmt.Printf("failover %d/%d (%s replica): %d commits acknowledged, %d lost; replay lag before the crash %s; longest time without a commit %s\n",
+			i+1, runs, mode, loss.Acknowledged, loss.Missing, loss.Lag, loss.Outage.Round(time.Millisecond))
 	}
 	return 0
 }
