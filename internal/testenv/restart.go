@@ -35,6 +35,8 @@ type Services struct {
 	AMQPURL string
 	// RabbitAPI is the management API base URL, with credentials.
 	RabbitAPI string
+	// RedisURL is the Redis server's URL (database 0).
+	RedisURL string
 }
 
 // EnvServicesDir names the services directory scripts/services.sh writes
@@ -66,6 +68,8 @@ func LoadServices(dir string) (*Services, error) {
 			s.AMQPURL = value
 		case EnvRabbitAPI:
 			s.RabbitAPI = value
+		case EnvRedisURL:
+			s.RedisURL = value
 		}
 	}
 	if err := sc.Err(); err != nil {
