@@ -12,7 +12,8 @@
 //   - CarrierManifests: the carriers' pickup manifests, a resource outside
 //     the shop's database. Shipping adds each booking to its carrier's under
 //     the carrier's lease from runtime/lock (PostgreSQL), and the manifest
-//     refuses a write whose fencing token is older than one it has seen.
+//     refuses a write whose fencing token is older than one it has seen
+//     (RegisterWithManifests; Register leaves the manifests out).
 //   - Migrations: the services' own tables.
 //
 // Register puts all of it on a host (runtime/host), which does the rest:

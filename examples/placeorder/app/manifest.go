@@ -58,6 +58,18 @@ func (m *CarrierManifests) Write(carrier string, token int64, orders []string) e
 	})
 }
 
+// Carriers returns the carriers that have a manifest, sorted.
+func (m *CarrierManifests) Carriers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.docs))
+	for c := range m.docs {
+		out = append(out, c)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Orders returns the carrier's manifest as it stands, for reading only.
 func (m *CarrierManifests) Orders(carrier string) []string {
 	m.mu.Lock()
