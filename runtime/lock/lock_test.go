@@ -61,14 +61,16 @@ func TestPostgresConnectionLoss(t *testing.T) {
 	}()
 	require.Positive(t, testenv.KillPostgresConnections(t, pool))
 
-	// The first statement on a killed connection may fail: the owner
-	// retries a failure that is not ErrLost, as any caller would.
+	// A statement on a killed connection fails (the pool then drops that
+	// connection): the owner retries a failure that is not ErrLost, as any
+	// caller would, until the pool has dialed a new one.
 	retry := func(op func() error) error {
 		var err error
-		for range 5 {
+		for range 50 {
 			if err = op(); err == nil || errors.Is(err, lock.ErrLost) {
 				return err
 			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		return err
 	}

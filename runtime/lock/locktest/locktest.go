@@ -219,14 +219,14 @@ func testExpiryDuringPause(t *testing.T, newLocker NewLocker) {
 func testExtendKeepsLease(t *testing.T, newLocker NewLocker) {
 	l := newLocker(t, fastRetries())
 	ctx := context.Background()
-	a, err := l.TryAcquire(ctx, "extended", 200*time.Millisecond)
+	a, err := l.TryAcquire(ctx, "extended", 2*time.Second)
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
 	if err := a.Extend(ctx, time.Minute); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	time.Sleep(400 * time.Millisecond) // past the first lease time, well within the extension
+	time.Sleep(2500 * time.Millisecond) // past the first lease time, well within the extension
 	if _, err := l.TryAcquire(ctx, "extended", time.Minute); !errors.Is(err, lock.ErrHeld) {
 		t.Fatalf("TryAcquire of an extended lease: got %v, want ErrHeld", err)
 	}
@@ -286,7 +286,7 @@ func testAcquireCanceled(t *testing.T, newLocker NewLocker) {
 	if err != nil {
 		t.Fatalf("TryAcquire: %v", err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, err = l.Acquire(wctx, "busy", time.Minute)
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, lock.ErrHeld) {

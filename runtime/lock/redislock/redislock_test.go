@@ -64,7 +64,7 @@ func client(t *testing.T, url string) *redis.Client {
 func do(t *testing.T, op func() error) error {
 	t.Helper()
 	var err error
-	for range 20 {
+	for range 100 {
 		if err = op(); err == nil || errorsIsLockErr(err) {
 			return err
 		}
