@@ -185,8 +185,10 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 
 // Do runs fn under the lease on name (waiting for it like Acquire) and
 // releases it when fn returns. fn's context ends at the lease's local
-// deadline; fn must still pass lease.Token to the resource it writes, which
-// is what protects it when fn overruns. Do returns fn's error, or the
+// deadline as it was when fn started (an Extend inside fn does not move it:
+// use Acquire for work that extends its lease); fn must still pass
+// lease.Token to the resource it writes, which is what protects it when fn
+// overruns. Do returns fn's error, or the
 // release's error (matching [ErrLost] when the lease ran out under fn).
 func (l *Locker) Do(ctx context.Context, name string, ttl time.Duration, fn func(ctx context.Context, lease *Lease) error) error {
 	lease, err := l.Acquire(ctx, name, ttl)
