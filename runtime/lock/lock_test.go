@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -225,6 +226,38 @@ func TestSemanticLock(t *testing.T) {
 		require.False(t, ok)
 		return err
 	}))
+}
+
+// TestSemanticLockConcurrentMarkers: a second saga marking a record whose
+// mark is not committed yet waits for that transaction: it gets the
+// record when the first rolls back, and a PendingError when it commits.
+func TestSemanticLockConcurrentMarkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := migrated(t)
+	markLater := func(resource, sagaID string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			done <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return lock.MarkPendingTx(ctx, tx, resource, sagaID, "") })
+		}()
+		return done
+	}
+	for _, commit := range []bool{false, true} {
+		resource := fmt.Sprintf("order/commit=%t", commit)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		require.NoError(t, lock.MarkPendingTx(ctx, tx, resource, "saga-first", ""))
+		done := markLater(resource, "saga-second")
+		testenv.WaitBlocked(t, pool, "%saga_pending%")
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+			require.ErrorIs(t, <-done, lock.ErrPending, "the first saga committed its mark")
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+			require.NoError(t, <-done, "the first saga's mark rolled back")
+		}
+	}
 }
 
 func TestMetrics(t *testing.T) {
