@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# services.sh — start, restart and stop a private PostgreSQL and RabbitMQ for tests and the demo.
+# services.sh — start, restart and stop a private PostgreSQL, RabbitMQ and Redis for tests and the demo.
 #
 #   scripts/services.sh start DIR                   install if missing, start both on loopback, write DIR/env.sh
-#   scripts/services.sh restart DIR [pg|rabbit|all] stop and start one server (default: both) on the same
+#   scripts/services.sh restart DIR [pg|rabbit|redis|all]
+#                                                   stop and start one server (default: all) on the same
 #                                                   ports with the same data, and wait until it answers
-#   scripts/services.sh stop DIR                    stop both and leave DIR for inspection
-#   scripts/services.sh status DIR                  print DIR/env.sh and what runs; exit 0 only when both run
+#   scripts/services.sh stop DIR                    stop them and leave DIR for inspection
+#   scripts/services.sh status DIR                  print DIR/env.sh and what runs; exit 0 only when all run
+#
+# A Redis server runs next to them (Debian's redis-server, loopback only, append-only file
+# with fsync every second), for the Redis lock implementation's tests.
 #
 # A RabbitMQ cluster, with a PostgreSQL as above:
 #   scripts/services.sh cluster-start DIR [N]       N RabbitMQ nodes (default 3) joined in one cluster, node i
@@ -38,6 +42,7 @@
 #   SAGA_TLS_CA         PEM of the throwaway CA that signed both servers' certificates
 #   SAGA_PG_TLS_URL     the PostgreSQL URL with sslmode=verify-full against that CA
 #   SAGA_AMQPS_URL      amqps://guest:guest@localhost:PORT/ (TLS listener)
+#   SAGA_REDIS_URL      redis://127.0.0.1:PORT/0 (Redis, for runtime/lock/redislock)
 set -euo pipefail
 
 die() { echo "services: $*" >&2; exit 1; }
@@ -54,6 +59,8 @@ ROOT_DIR=            # the root the servers run in; empty: the host
 IN_ROOT=()           # the prefix that runs a command in it (chroot ROOT_DIR)
 PG_OWNER=postgres:postgres # the owner of PostgreSQL's files, as the servers see it
 here=$(cd "$(dirname "$0")" && pwd)
+REDIS_SERVER=${SAGA_REDIS_SERVER:-/usr/bin/redis-server}
+REDIS_CLI=${SAGA_REDIS_CLI:-/usr/bin/redis-cli}
 
 as_root() {
 	if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -360,6 +367,86 @@ unmount_root() {
 	rmdir "$ROOT_DIR$dir" 2>/dev/null || true
 }
 
+# ensure_redis: Debian's redis-server (and redis-cli, from redis-tools).
+ensure_redis() {
+	[ -x "$REDIS_SERVER" ] && [ -x "$REDIS_CLI" ] || apt_install redis-server
+	[ -x "$REDIS_SERVER" ] || die "redis-server not found at $REDIS_SERVER after install"
+	[ -x "$REDIS_CLI" ] || die "redis-cli not found at $REDIS_CLI after install"
+}
+
+# start_redis DIR: a Redis server on a free loopback port, its data and log in DIR/redis.
+start_redis() {
+	local dir=$1 port
+	port=$(free_port)
+	mkdir -p "$dir/redis"
+	echo "$port" >"$dir/redis/port"
+	cat >"$dir/redis/redis.conf" <<EOF
+bind 127.0.0.1
+port $port
+dir $dir/redis
+pidfile $dir/redis/redis.pid
+logfile $dir/redis/redis.log
+daemonize yes
+save ""
+appendonly yes
+appendfsync everysec
+EOF
+	launch_redis "$dir"
+	log "Redis on 127.0.0.1:$port"
+}
+
+# launch_redis DIR: start the server of DIR (configured by start_redis) and wait until it answers.
+launch_redis() {
+	local dir=$1 port i
+	port=$(cat "$dir/redis/port")
+	"$REDIS_SERVER" "$dir/redis/redis.conf" >>"$dir/redis/stdout.log" 2>&1 </dev/null ||
+		{ tail -20 "$dir/redis/redis.log" >&2 || true; die "Redis did not start (log: $dir/redis/redis.log)"; }
+	for i in $(seq 1 100); do
+		if [ "$("$REDIS_CLI" -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ]; then return 0; fi
+		sleep 0.1
+	done
+	tail -20 "$dir/redis/redis.log" >&2 || true
+	die "Redis did not answer on 127.0.0.1:$port within 10 s (log: $dir/redis/redis.log)"
+}
+
+# redis_pid DIR: the PID of DIR's Redis server while it runs.
+redis_pid() {
+	local dir=$1 pid
+	[ -f "$dir/redis/redis.pid" ] && [ -f "$dir/redis/port" ] || return 1
+	pid=$(cat "$dir/redis/redis.pid")
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 1
+	tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "127.0.0.1:$(cat "$dir/redis/port")" || return 1
+	echo "$pid"
+}
+
+# redis_running DIR: the server of DIR is alive and its port is taken.
+redis_running() {
+	redis_pid "$1" >/dev/null && ! port_free "$(cat "$1/redis/port")"
+}
+
+# stop_redis DIR: SHUTDOWN (which flushes the append-only file), or TERM; waits for the exit.
+stop_redis() {
+	local dir=$1 pid i
+	pid=$(redis_pid "$dir") || return 0
+	"$REDIS_CLI" -h 127.0.0.1 -p "$(cat "$dir/redis/port")" shutdown >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
+	for i in $(seq 1 100); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	kill -9 "$pid" 2>/dev/null || true
+}
+
+restart_redis() {
+	local dir=$1 port
+	[ -f "$dir/redis/port" ] || die "no Redis in $dir"
+	port=$(cat "$dir/redis/port")
+	stop_redis "$dir"
+	! redis_running "$dir" || die "Redis in $dir did not stop"
+	wait_port_free "$port" || die "port $port is still taken after Redis in $dir stopped"
+	launch_redis "$dir"
+	log "Redis restarted on 127.0.0.1:$port"
+}
+
 cmd_start() {
 	local dir=${1:?usage: services.sh start DIR}
 	mkdir -p "$dir"
@@ -371,11 +458,13 @@ cmd_start() {
 	choose_versions "$dir"
 	use_versions "$dir" make
 	ensure_installed
+	ensure_redis
 	command -v curl >/dev/null || apt_install curl
 	make_tls "$dir"
 	chown -R "$PG_OWNER" "$dir/pg" 2>/dev/null || true
 	start_pg "$dir"
 	start_rabbit "$dir"
+	start_redis "$dir"
 	cat >"$dir/env.sh" <<EOF
 export SAGA_SERVICES_DIR='$dir'
 export SAGA_SERVICES_VERSIONS='$(cat "$dir/versions")'
@@ -385,6 +474,7 @@ export SAGA_RABBIT_API='http://guest:guest@127.0.0.1:$(cat "$dir/rabbit/mgmt-por
 export SAGA_TLS_CA='$dir/tls/ca.pem'
 export SAGA_PG_TLS_URL='postgres://postgres@localhost:$(cat "$dir/pg/port")/saga?sslmode=verify-full&sslrootcert=$dir/tls/ca.pem'
 export SAGA_AMQPS_URL='amqps://guest:guest@localhost:$(cat "$dir/rabbit/tls-port")/'
+export SAGA_REDIS_URL='redis://127.0.0.1:$(cat "$dir/redis/port")/0'
 EOF
 	trap - EXIT
 	log "ready: source $dir/env.sh"
@@ -393,13 +483,14 @@ EOF
 # cmd_restart DIR [pg|rabbit|all]: the servers keep their ports, data directories, durable queues
 # and persistent messages; every client connection drops.
 cmd_restart() {
-	local dir=${1:?usage: services.sh restart DIR [pg|rabbit|all]} which=${2:-all}
-	case $which in pg | rabbit | all) ;; *) die "restart: unknown service '$which' (pg, rabbit or all)" ;; esac
+	local dir=${1:?usage: services.sh restart DIR [pg|rabbit|redis|all]} which=${2:-all}
+	case $which in pg | rabbit | redis | all) ;; *) die "restart: unknown service '$which' (pg, rabbit, redis or all)" ;; esac
 	[ -f "$dir/env.sh" ] || die "no services in $dir (start them with: services.sh start $dir)"
 	dir=$(cd "$dir" && pwd)
 	use_versions "$dir"
 	case $which in pg | all) restart_pg "$dir" ;; esac
 	case $which in rabbit | all) restart_rabbit "$dir" ;; esac
+	case $which in redis | all) restart_redis "$dir" ;; esac
 }
 
 cmd_stop() {
@@ -416,6 +507,7 @@ cmd_stop() {
 	fi
 	stop_pg "$dir"
 	unmount_root "$dir"
+	stop_redis "$dir"
 	log "stopped services in $dir"
 }
 
@@ -435,6 +527,12 @@ cmd_status() {
 		echo "# RabbitMQ: running on 127.0.0.1:$(cat "$dir/rabbit/port")"
 	else
 		echo "# RabbitMQ: not running"
+		rc=1
+	fi
+	if redis_running "$dir"; then
+		echo "# Redis: running on 127.0.0.1:$(cat "$dir/redis/port")"
+	else
+		echo "# Redis: not running"
 		rc=1
 	fi
 	return "$rc"
@@ -633,5 +731,5 @@ start) shift; cmd_start "$@" ;;
 restart) shift; cmd_restart "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 status) shift; cmd_status "$@" ;;
-*) die "usage: services.sh start|stop|status DIR, services.sh restart DIR [pg|rabbit|all], services.sh cluster-start|cluster-node|cluster-stop DIR ..., or services.sh replica-start|replica-failover|replica-stop DIR ..." ;;
+*) die "usage: services.sh start|stop|status DIR, services.sh restart DIR [pg|rabbit|redis|all], services.sh cluster-start|cluster-node|cluster-stop DIR ..., or services.sh replica-start|replica-failover|replica-stop DIR ..." ;;
 esac

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# with-services.sh CMD [ARGS...] — run CMD with a private PostgreSQL and RabbitMQ.
+# with-services.sh CMD [ARGS...] — run CMD with a private PostgreSQL, RabbitMQ and Redis.
 #
 # CMD runs with the variables of scripts/services.sh's env.sh (SAGA_PG_URL, SAGA_AMQP_URL,
-# SAGA_RABBIT_API, the TLS ones and SAGA_SERVICES_DIR), always taken from an env.sh, never from
+# SAGA_RABBIT_API, the TLS ones, SAGA_REDIS_URL and SAGA_SERVICES_DIR), always taken from an env.sh, never from
 # the caller's environment: a SAGA_PG_URL that names the user's own database is overridden, so
 # `make test` and `make demo` never touch it. When SAGA_SERVICES_DIR names a directory where
 # services.sh started servers that still run (`scripts/services.sh start DIR` and

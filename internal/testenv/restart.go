@@ -46,6 +46,8 @@ type Services struct {
 	// (scripts/services.sh replica-start): PostgresURL then names both
 	// servers with target_session_attrs=read-write.
 	Replica bool
+	// RedisURL is the Redis server's URL (database 0).
+	RedisURL string
 }
 
 // EnvServicesDir names the services directory scripts/services.sh writes
@@ -79,6 +81,8 @@ func LoadServices(dir string) (*Services, error) {
 			s.RabbitAPI = value
 		case "SAGA_RABBIT_APIS":
 			s.RabbitAPIs = strings.Split(value, ",")
+		case EnvRedisURL:
+			s.RedisURL = value
 		}
 	}
 	if err := sc.Err(); err != nil {

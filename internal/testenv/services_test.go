@@ -11,14 +11,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/testenv"
 )
 
 // TestServicesScript drives scripts/services.sh and scripts/with-services.sh
-// against servers of the test's own: `restart DIR pg|rabbit|all` brings each
-// server back on the same port with its data and leaves the other alone;
+// against servers of the test's own: `restart DIR pg|rabbit|redis|all` brings
+// each server back on the same port with its data and leaves the others alone;
 // `status` tells running servers from stopped ones; with-services.sh reuses
 // the servers SAGA_SERVICES_DIR names only while they run, and never hands
 // its command a SAGA_PG_URL or SAGA_AMQP_URL from the caller's environment.
@@ -81,9 +82,26 @@ func TestServicesScript(t *testing.T) {
 	require.NotEqual(t, rabbit2, rabbit3, "restart (all) must restart RabbitMQ")
 	checkData("restart (all)")
 
-	out, err = exec.CommandContext(ctx, script("services.sh"), "restart", s.Dir, "redis").CombinedOutput()
+	// Redis keeps its keys (append-only file) across a restart and comes
+	// back on its port; the others keep running.
+	require.NotEmpty(t, s.RedisURL)
+	redisOpts, err := redis.ParseURL(s.RedisURL)
+	require.NoError(t, err)
+	rc := redis.NewClient(redisOpts)
+	defer rc.Close()
+	require.NoError(t, rc.Set(ctx, "restart-probe", "kept", 0).Err())
+	restart("redis")
+	pg4, rabbit4 := pgPID(t, s.Dir), rabbitPID(t, s.Dir)
+	require.Equal(t, pg3, pg4, "restart redis must leave PostgreSQL running")
+	require.Equal(t, rabbit3, rabbit4, "restart redis must leave RabbitMQ running")
+	v, err := rc.Get(ctx, "restart-probe").Result()
+	require.NoError(t, err, "the key after restart redis")
+	require.Equal(t, "kept", v)
+	checkData("restart redis")
+
+	out, err = exec.CommandContext(ctx, script("services.sh"), "restart", s.Dir, "kafka").CombinedOutput()
 	require.Error(t, err, "restart of an unknown service must fail")
-	require.Contains(t, string(out), "unknown service 'redis'")
+	require.Contains(t, string(out), "unknown service 'kafka'")
 
 	out, err = exec.CommandContext(ctx, script("services.sh"), "status", s.Dir).CombinedOutput()
 	require.NoError(t, err, "status of running services:\n%s", out)
@@ -106,6 +124,7 @@ func TestServicesScript(t *testing.T) {
 	require.Error(t, err, "status of stopped services must fail:\n%s", out)
 	require.Contains(t, string(out), "PostgreSQL: not running")
 	require.Contains(t, string(out), "RabbitMQ: not running")
+	require.Contains(t, string(out), "Redis: not running")
 	got = withServices(ctx, t, script("with-services.sh"), callerEnv)
 	require.NotEqual(t, s.Dir, got[0], "stopped services must not be reused")
 	for i, name := range []string{testenv.EnvPostgresURL, testenv.EnvAMQPURL} {

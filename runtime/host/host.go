@@ -17,6 +17,7 @@ import (
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
 	"github.com/protosaga/saga/runtime/service"
+	"github.com/protosaga/saga/runtime/telemetry"
 	"github.com/protosaga/saga/runtime/telemetry/promexport"
 )
 
@@ -128,6 +129,10 @@ func (h *Host) Pool() *pgxpool.Pool { return h.pool }
 
 // Logger returns the host's logger.
 func (h *Host) Logger() *slog.Logger { return h.log }
+
+// Telemetry returns the host's tracer and meter providers, for the
+// service's own instrumented components (a lock.Locker, for one).
+func (h *Host) Telemetry() telemetry.Providers { return h.cfg.Telemetry }
 
 // Handle registers an HTTP handler of the service's own on the host's
 // server (http.ServeMux patterns). The host's own paths are /healthz,

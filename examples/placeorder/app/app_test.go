@@ -57,6 +57,7 @@ type testBundle struct {
 	amqpURL    string
 	clock      *clock
 	script     *script.Script
+	manifests  *app.CarrierManifests
 	stop       func() error // stops the host and returns its error (once)
 }
 
@@ -84,10 +85,11 @@ func (b *testBundle) config() host.Config {
 func setup(t *testing.T) *testBundle {
 	t.Helper()
 	ctx := context.Background()
-	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t), clock: &clock{}, script: script.New()}
+	b := &testBundle{pool: testenv.Postgres(t), amqpURL: testenv.AMQP(t), clock: &clock{}, script: script.New(),
+		manifests: app.NewCarrierManifests()}
 	h, err := host.New(ctx, b.config())
 	require.NoError(t, err)
-	b.placeOrder, err = app.Register(h)
+	b.placeOrder, err = app.RegisterWithManifests(h, b.manifests)
 	require.NoError(t, err)
 	require.NoError(t, h.Start(ctx))
 	b.host = h
@@ -275,6 +277,7 @@ func TestPlaceOrder(t *testing.T) {
 		data := st.Data
 		require.True(t, strings.HasPrefix(data.GetAuthorizationId(), "auth_"), data.GetAuthorizationId())
 		require.True(t, strings.HasPrefix(data.GetTrackingId(), "trk_"), data.GetTrackingId())
+		require.Contains(t, b.manifests.Orders("Colis Rapide"), "o-happy", "shipping put the order on its carrier's manifest")
 	})
 
 	t.Run("InventoryFailureFailsWithNothingReleased", func(t *testing.T) {

@@ -9,6 +9,11 @@
 //     the reply's outbox row. Business failures (out of stock, card
 //     declined) are replies; errors are for "cannot process now" and are
 //     retried, then parked.
+//   - CarrierManifests: the carriers' pickup manifests, a resource outside
+//     the shop's database. Shipping adds each booking to its carrier's under
+//     the carrier's lease from runtime/lock (PostgreSQL), and the manifest
+//     refuses a write whose fencing token is older than one it has seen
+//     (RegisterWithManifests; Register leaves the manifests out).
 //   - Migrations: the services' own tables.
 //
 // Register puts all of it on a host (runtime/host), which does the rest:

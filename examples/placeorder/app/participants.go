@@ -16,6 +16,7 @@ import (
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/lock"
 	"github.com/protosaga/saga/runtime/participant"
 )
 
@@ -221,12 +222,21 @@ VALUES ($1, $2, $3, $4)`, orderID, authID, amount.GetCurrency(), amount.GetMinor
 // Shipping is the shipping service: it books a shipment. Its step comes after
 // the pivot, so it never answers with a business failure: it either books or
 // returns an error, and the message is retried.
-type Shipping struct{}
+type Shipping struct {
+	// Manifests, with Locks, are the carriers' pickup manifests: each
+	// booking is added to its carrier's under the carrier's fenced lease
+	// (see CarrierManifests). Without them, bookings stay in the shop's
+	// database only.
+	Manifests *CarrierManifests
+	// Locks hands out the carriers' leases.
+	Locks *lock.Locker
+}
 
 var _ shippingv1.ShippingParticipant = Shipping{}
 
-// ScheduleShipping books the shipment of an order.
-func (Shipping) ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *shippingv1.ScheduleShipping) (shippingv1.ScheduleShippingResult, error) {
+// ScheduleShipping books the shipment of an order, and puts it on its
+// carrier's pickup manifest.
+func (s Shipping) ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *shippingv1.ScheduleShipping) (shippingv1.ScheduleShippingResult, error) {
 	orderID, country := cmd.GetOrderId(), cmd.GetAddress().GetCountry()
 	if country == "" {
 		// After the pivot there is no business failure to answer
@@ -242,6 +252,11 @@ func (Shipping) ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *shippingv1
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shipping: find a carrier for %s (order %s): %w", country, orderID, err)
+	}
+	if s.Manifests != nil {
+		if err := addToManifest(ctx, s.Locks, s.Manifests, carrier, orderID); err != nil {
+			return nil, err
+		}
 	}
 	tracking := "trk_" + uuid.NewString()
 	if err := participant.Defer(ctx, tx, "shipping: book order "+orderID,

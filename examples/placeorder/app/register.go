@@ -14,6 +14,7 @@ import (
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/lock"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
@@ -28,14 +29,31 @@ func Migrations() schema.Source {
 }
 
 // Register registers the whole Place Order example on h: the services' tables,
-// the four participants and the saga. In production each service registers
-// its own part on a host of its own; any number of copies of each may run.
+// the four participants and the saga, with shipping's bookings kept in the
+// shop's database only. In production each service registers its own part
+// on a host of its own; any number of copies of each may run.
 func Register(h *host.Host) (*orderv1.PlaceOrder, error) {
+	return RegisterWithManifests(h, nil)
+}
+
+// RegisterWithManifests is Register with the carriers' manifests: shipping
+// also adds each booking to its carrier's manifest, under the carrier's
+// PostgreSQL lease (runtime/lock) on h's database — two more commits and a
+// wait per carrier for each booking. A nil manifests is Register.
+func RegisterWithManifests(h *host.Host, manifests *CarrierManifests) (*orderv1.PlaceOrder, error) {
+	shipping := Shipping{}
+	if manifests != nil {
+		locks, err := lock.NewPostgres(h.Pool(), lock.Config{OwnerPrefix: "placeorder-shipping", Telemetry: h.Telemetry()})
+		if err != nil {
+			return nil, h.Fail(err)
+		}
+		shipping = Shipping{Manifests: manifests, Locks: locks}
+	}
 	err := errors.Join(
 		h.AddMigrations(Migrations()),
 		inventoryv1.RegisterInventoryParticipant(h, Inventory{}),
 		paymentv1.RegisterPaymentParticipant(h, Payment{}),
-		shippingv1.RegisterShippingParticipant(h, Shipping{}),
+		shippingv1.RegisterShippingParticipant(h, shipping),
 		orderv1.RegisterOrderParticipant(h, Approval{}),
 	)
 	if err != nil {

@@ -185,6 +185,8 @@ func TestWalkthroughFollowedSlowly(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	w := parseWalkthrough(t, out.String())
+	require.Regexp(t, `carrier manifests\s+[1-9][0-9]*\s+\(bookings on [1-9][0-9]* carriers' manifests`, out.String(),
+		"shipping put the bookings on the carriers' manifests under fenced leases")
 	pool, err := pgxpool.New(context.Background(), pgURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)

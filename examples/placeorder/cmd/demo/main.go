@@ -16,6 +16,8 @@
 // duplicate), and one that never answers at all (manual review after its
 // attempts). One payment reply is sent twice, and a message nobody can decode
 // is published to the inventory's queue (parked, while the fleet runs on).
+// Shipping puts every booking on its carrier's pickup manifest under the
+// carrier's fenced PostgreSQL lease (runtime/lock; docs/locks.md).
 //
 // The contract's step timeouts are 30 s and 1 min. Rather than wait, the demo
 // makes the timeouts of those three orders due at once (their timeout_at is set
@@ -149,6 +151,7 @@ type demo struct {
 	pool                   *pgxpool.Pool
 	amqp                   string
 	script                 *script.Script
+	manifests              *app.CarrierManifests
 	runID                  string
 	logPath                string // where the runtime's JSON logs go; "" for standard error
 	stepTimeouts           map[string]time.Duration
@@ -244,7 +247,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if err != nil {
 		return err
 	}
-	if d.placeOrder, err = app.Register(d.host); err != nil {
+	d.manifests = app.NewCarrierManifests()
+	if d.placeOrder, err = app.RegisterWithManifests(d.host, d.manifests); err != nil {
 		d.host.Close()
 		return err
 	}
@@ -741,6 +745,12 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 	fmt.Fprintf(tw, "  late replies\t%d\t(handled by each step's late-reply policy)\n", audit.late)
 	fmt.Fprintf(tw, "  shipping retries\t%d\t(through the TTL retry tiers, then success)\n", shippingRetries)
 	fmt.Fprintf(tw, "  transitions audited\t%d\n", audit.transitions)
+	var booked int
+	carriers := d.manifests.Carriers()
+	for _, c := range carriers {
+		booked += len(d.manifests.Orders(c))
+	}
+	fmt.Fprintf(tw, "  carrier manifests\t%d\t(bookings on %d carriers' manifests, each written under the carrier's fenced lease: docs/locks.md)\n", booked, len(carriers))
 	rs := d.host.RelayStats()
 	fmt.Fprintf(tw, "  outbox rows\t%d\t(%d unpublished; relays published %d messages; %d rows were handed to them after their commit instead of claimed)\n",
 		outboxRows, unpublished, rs.Published, rs.HandedOff)
