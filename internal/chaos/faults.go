@@ -261,6 +261,12 @@ func (f *injector) sendSlow(ctx context.Context, pool *pgxpool.Pool, r slowReply
 		return err
 	}
 	env.MessageID = uuid.NewSHA1(slowReplyNamespace, []byte(p.MessageID)).String()
+	// The command ran under the once-per-command guard, whose record is
+	// checked below: the reply says so, as participant.ReplyLater's does.
+	if env.Headers == nil {
+		env.Headers = map[string]any{}
+	}
+	env.Headers[envelope.HeaderOnce] = p.Service
 	sent := false
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The guard's once record commits with the effect.
