@@ -70,7 +70,7 @@ func FuzzHeaderReaders(f *testing.F) {
 	f.Add(byte(1), "\xff\xfe", int64(-1), math.NaN())
 	f.Add(byte(6), "", int64(-1), math.Inf(1))
 	f.Add(byte(9), "x", int64(0), 9.223372036854775807e18)
-	f.Add(byte(11), "1.5", int64(3), -0.0)
+	f.Add(byte(11), "1.5", int64(3), math.Copysign(0, -1))
 	f.Add(byte(19), " 7 ", int64(math.MinInt64), 1e300)
 	f.Add(byte(0), "2024-02-29T23:59:60Z", int64(1), 0.5)
 	f.Fuzz(func(t *testing.T, kind byte, s string, n int64, fl float64) {

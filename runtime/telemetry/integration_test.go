@@ -378,7 +378,7 @@ func processSpan(t *testing.T, spans []sdktrace.ReadOnlySpan, name, messageID st
 func attr(s sdktrace.ReadOnlySpan, k attribute.Key) string {
 	for _, a := range s.Attributes() {
 		if a.Key == k {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""

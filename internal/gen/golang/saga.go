@@ -10,14 +10,6 @@ import (
 	"github.com/protosaga/saga/internal/gen/model"
 )
 
-func messageNames(ms []*model.Message) []string {
-	out := make([]string, len(ms))
-	for i, m := range ms {
-		out[i] = m.FullName
-	}
-	return out
-}
-
 func genSaga(g *protogen.GeneratedFile, s *model.Saga, migrations []string) {
 	l := sagaLocals(s)
 	genDefinition(g, s, l)
