@@ -3,7 +3,9 @@ package consumer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
 )
 
@@ -261,3 +264,80 @@ func jsonValue(v any) any {
 		return text(fmt.Sprint(x))
 	}
 }
+
+// finish routes failed items to their tier or the parking lot and
+// acknowledges every item that is settled. An item whose publish failed is
+// not acknowledged; the error makes the session end so it is redelivered.
+func (s *session) finish(ctx context.Context, items []*item) error {
+	c := s.c
+	var tags []uint64
+	var settled []*item
+	var routed []*item
+	var out []broker.Outgoing
+	for _, it := range items {
+		switch it.outcome {
+		case outcomeDone, outcomeDuplicate:
+			tags = append(tags, it.raw.DeliveryTag)
+			settled = append(settled, it)
+		case outcomeRetry:
+			routed = append(routed, it)
+			out = append(out, broker.Outgoing{RoutingKey: broker.TierQueue(c.cfg.Queue, it.tier), Publishing: c.retryPublishing(it)})
+		case outcomePark:
+			routed = append(routed, it)
+			out = append(out, broker.Outgoing{RoutingKey: broker.ParkingQueue(c.cfg.Queue), Publishing: c.parkPublishing(it)})
+		}
+	}
+	var routeErr error
+	if len(out) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		errs := c.pub.Publish(pctx, out)
+		cancel()
+		for i, it := range routed {
+			if errs[i] != nil {
+				routeErr = errors.Join(routeErr, fmt.Errorf("message %q: publish to %q: %w", it.messageID(), out[i].RoutingKey, errs[i]))
+				continue
+			}
+			tags = append(tags, it.raw.DeliveryTag)
+			settled = append(settled, it)
+			// The handler's context: a telemetry.NewLogHandler adds the
+			// delivery's saga, correlation and causation ids.
+			lctx := it.handlerContext(ctx)
+			if it.outcome == outcomeRetry {
+				c.log.WarnContext(lctx, "message failed; retrying after a delay",
+					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
+					slog.String("class", it.class.String()), slog.String("delay", it.tier.String()), slog.Any("error", it.err))
+			} else {
+				c.log.ErrorContext(lctx, "message parked",
+					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
+					slog.String("class", it.parkClass()), slog.Any("error", it.err))
+			}
+		}
+	}
+	if err := s.acker.ack(tags); err != nil {
+		// The channel is gone: the session ends through its close
+		// notification and the deliveries come back; the inbox makes
+		// their second handling a no-op.
+		c.log.Warn("acknowledgement failed; deliveries will be redelivered", slog.Any("error", err))
+	} else if len(tags) > 0 {
+		s.progress.Store(true)
+		c.redelivered.forget(settled)
+		c.tel.settled(ctx, settled, c.now())
+		if c.onSettle != nil {
+			for _, it := range settled {
+				c.onSettle(it.messageID(), it.outcome.String())
+			}
+		}
+	}
+	if routeErr != nil {
+		return &routeError{routeErr}
+	}
+	return nil
+}
+
+// routeError: retry or parked copies could not be published, so their
+// deliveries were not acknowledged (see restartsAfresh).
+type routeError struct{ err error }
+
+func (e *routeError) Error() string { return "route failed deliveries: " + e.err.Error() }
+
+func (e *routeError) Unwrap() error { return e.err }
