@@ -17,10 +17,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Fault kinds, as Faults.Observe reports them.
@@ -122,7 +122,7 @@ func (f *injector) Middleware(_ string, next participant.Func) participant.Func 
 		}
 		if f.roll(id, strconv.FormatInt(attempt, 10), "transient") < f.Transient {
 			f.observe(FaultTransient)
-			return nil, failure.Transient(fmt.Errorf("injected transient failure of %s %s (attempt %d)", env.MessageType, id, attempt))
+			return nil, retry.Transient(fmt.Errorf("injected transient failure of %s %s (attempt %d)", env.MessageType, id, attempt))
 		}
 		if f.roll(id, "slow") < f.Slow {
 			reply, err := next(ctx, tx, cmd)

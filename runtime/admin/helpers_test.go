@@ -30,8 +30,8 @@ import (
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
 )
@@ -85,7 +85,7 @@ func (decider) BuildApproveOrder(_ context.Context, d *orderv1.PlaceOrderData) (
 
 func (d decider) OnInventoryReserved(_ context.Context, data *orderv1.PlaceOrderData, _ *inventoryv1.InventoryReserved) error {
 	if d.broken != nil && d.broken.Load() {
-		return failure.Permanent(errors.New("inventory reservation rejected by a bug in OnInventoryReserved"))
+		return retry.Permanent(errors.New("inventory reservation rejected by a bug in OnInventoryReserved"))
 	}
 	data.FailureReason = ""
 	return nil

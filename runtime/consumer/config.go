@@ -80,7 +80,7 @@ func BatchFault(err error) error { return &BatchFaultError{Err: err} }
 // then unusable: the delivery fails as unclassified).
 //
 // A nil error commits the handler's effects. An error rolls them back and is
-// routed by its class (see runtime/failure): permanent errors park the
+// routed by its class (see runtime/retry): permanent errors park the
 // message, transient and unclassified ones retry it through the tiers until
 // the policy's budget is spent, then park it. A panic counts as an
 // unclassified error.

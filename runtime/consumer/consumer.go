@@ -7,13 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/internal/retain"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Backoff bounds between sessions that ended in a failure.
@@ -125,8 +125,7 @@ func (e *topologyError) Error() string {
 func (c *Consumer) Run(ctx context.Context) error {
 	defer func() { _ = c.pub.Close() }()
 	defer c.retention().Start(ctx)()
-	backoff := minBackoff
-	for {
+	for attempt := 0; ; attempt++ {
 		err := c.checkTopology(ctx)
 		if err == nil {
 			break
@@ -138,15 +137,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if errors.As(err, &te) || errors.Is(err, broker.ErrClosed) {
 			return fmt.Errorf("consumer %q: %w", c.cfg.Name, err)
 		}
+		backoff := retry.Backoff(attempt, minBackoff, maxBackoff)
 		c.log.Warn("consumer cannot check its queues; retrying", slog.Any("error", err), slog.Duration("backoff", backoff))
 		if !sleep(ctx, backoff) {
 			return nil
 		}
-		backoff = nextBackoff(backoff)
 	}
 
-	backoff = minBackoff
-	for {
+	for attempt := 0; ; attempt++ {
 		progress, err := c.session(ctx)
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
@@ -162,14 +160,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 			return fmt.Errorf("consumer %q: %w", c.cfg.Name, err)
 		}
 		if restartsAfresh(progress, err) {
-			backoff = minBackoff
+			attempt = 0
 		}
+		backoff := retry.Backoff(attempt, minBackoff, maxBackoff)
 		c.log.Warn("consumer session ended; starting a new one", slog.Any("error", err), slog.Duration("backoff", backoff))
 		c.tel.metrics.ConsumerRestarted(ctx, c.tel.labels)
 		if !sleep(ctx, backoff) {
 			return nil
 		}
-		backoff = nextBackoff(backoff)
 	}
 }
 
@@ -202,15 +200,4 @@ func sleep(ctx context.Context, d time.Duration) bool {
 func restartsAfresh(progress bool, err error) bool {
 	var re *routeError
 	return progress && !errors.As(err, &re)
-}
-
-// nextBackoff doubles d up to maxBackoff, with ±25% jitter so that many
-// consumers do not reconnect in lockstep.
-func nextBackoff(d time.Duration) time.Duration {
-	d *= 2
-	if d > maxBackoff {
-		d = maxBackoff
-	}
-	jitter := time.Duration(rand.Int64N(int64(d) / 2))
-	return d - d/4 + jitter
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
@@ -167,7 +166,7 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 	first := len(b.calls[id]) == 1
 	b.mu.Unlock()
 	if d.Queue != b.queue {
-		return failure.Permanent(errors.New("wrong queue in delivery"))
+		return retry.Permanent(errors.New("wrong queue in delivery"))
 	}
 	text := d.Message.(*note).GetValue()
 	if text == doBlock && first {
@@ -179,13 +178,13 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 	}
 	switch text {
 	case doPermanent:
-		return failure.Permanent(errors.New("order rejected"))
+		return retry.Permanent(errors.New("order rejected"))
 	case doTransientOnce:
 		if d.Attempt == 1 {
-			return failure.Transient(errors.New("flaky dependency"))
+			return retry.Transient(errors.New("flaky dependency"))
 		}
 	case doTransient:
-		return failure.Transient(errors.New("flaky dependency"))
+		return retry.Transient(errors.New("flaky dependency"))
 	case doPanic:
 		panic("boom")
 	case doSwallow:
@@ -203,7 +202,7 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		}
 		switch {
 		case text == doEnqueueFail:
-			return failure.Permanent(errors.New("rejected after writing to the outbox"))
+			return retry.Permanent(errors.New("rejected after writing to the outbox"))
 		case text == doEnqueueHold && first:
 			b.entered <- id
 			<-b.release

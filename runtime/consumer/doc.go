@@ -53,7 +53,7 @@
 //
 // # Failure routing
 //
-// A handler error is classified with runtime/failure:
+// A handler error is classified with runtime/retry:
 //
 //   - permanent: parked at once;
 //   - transient or unknown (including a recovered panic): republished to

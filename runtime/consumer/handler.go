@@ -9,9 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // insertAllParked records every item to park in saga_parked.
@@ -44,7 +44,7 @@ func (c *Consumer) sendWakes(ctx context.Context, wakes *txq.Wakes) {
 func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, it *item) error {
 	if it.stoppedBefore && it.failedBefore != "" {
 		it.reason = "redelivered"
-		return failure.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
+		return retry.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
 			"and handling it alone failed %d times in a row with a database error that ends the session: %s: not run again",
 			it.redeliveries, c.cfg.MaxRedeliveries, maxSpared+1, it.failedBefore))
 	}
@@ -52,7 +52,7 @@ func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, 
 		// Not a duplicate (its inbox claim was the first), and its last
 		// handling never finished: do not risk it again.
 		it.reason = "redelivered"
-		return failure.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
+		return retry.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
 			"and handling it alone stopped the consumer before: not run again", it.redeliveries, c.cfg.MaxRedeliveries))
 	}
 	err := txq.Run(wakes.Attach(ctx), tx, wakes, func(ctx context.Context, tx pgx.Tx) error {

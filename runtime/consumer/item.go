@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/retry"
 )
 
@@ -41,7 +40,7 @@ type item struct {
 	attempt int
 	outcome outcome
 	err     error         // the failure being routed (outcomeRetry, outcomePark)
-	class   failure.Class // err's class
+	class   retry.Class   // err's class
 	tier    time.Duration // the retry delay (outcomeRetry)
 	parkID  string        // the parked copy's message id (outcomePark)
 
@@ -74,8 +73,8 @@ func (it *item) messageID() string { return it.raw.MessageId }
 // retry while the policy allows, then park.
 func (it *item) fail(err error, p retry.Policy) {
 	it.err = err
-	it.class = failure.ClassOf(err)
-	if it.class != failure.ClassPermanent {
+	it.class = retry.ClassOf(err)
+	if it.class != retry.ClassPermanent {
 		if ttl, ok := p.TierFor(it.attempt); ok {
 			it.outcome, it.tier = outcomeRetry, ttl
 			return
@@ -86,7 +85,7 @@ func (it *item) fail(err error, p retry.Policy) {
 
 // parkClass is the saga_parked.class and HeaderParkClass value.
 func (it *item) parkClass() string {
-	if it.class == failure.ClassPermanent {
+	if it.class == retry.ClassPermanent {
 		return "permanent"
 	}
 	return "exhausted"
@@ -99,31 +98,31 @@ func (c *Consumer) decode(raw *amqp.Delivery) *item {
 	env, err := envelope.FromDelivery(raw)
 	if err != nil {
 		it.reason = "invalid_envelope"
-		it.fail(failure.Permanent(fmt.Errorf("invalid envelope: %w", err)), c.cfg.Retry)
+		it.fail(retry.Permanent(fmt.Errorf("invalid envelope: %w", err)), c.cfg.Retry)
 		return it
 	}
 	if !utf8.ValidString(env.MessageID) || strings.ContainsRune(env.MessageID, 0) {
 		// The inbox could never store it: every claim would fail.
 		it.reason = "invalid_envelope"
-		it.fail(failure.Permanent(fmt.Errorf("invalid envelope: message id %q is not valid UTF-8 text", env.MessageID)), c.cfg.Retry)
+		it.fail(retry.Permanent(fmt.Errorf("invalid envelope: message id %q is not valid UTF-8 text", env.MessageID)), c.cfg.Retry)
 		return it
 	}
 	info, ok := c.cfg.Registry.Lookup(env.MessageType)
 	if !ok {
 		it.reason = "unknown_type"
-		it.fail(failure.Permanent(fmt.Errorf("unknown message type %q", env.MessageType)), c.cfg.Retry)
+		it.fail(retry.Permanent(fmt.Errorf("unknown message type %q", env.MessageType)), c.cfg.Retry)
 		return it
 	}
 	if env.SchemaVersion > info.SchemaVersion {
 		it.reason = "schema_mismatch"
-		it.fail(failure.Permanent(fmt.Errorf("schema version mismatch: %s version %d is newer than this consumer's version %d",
+		it.fail(retry.Permanent(fmt.Errorf("schema version mismatch: %s version %d is newer than this consumer's version %d",
 			env.MessageType, env.SchemaVersion, info.SchemaVersion)), c.cfg.Retry)
 		return it
 	}
 	msg, err := c.cfg.Registry.Decode(env.MessageType, env.Body)
 	if err != nil {
 		it.reason = "undecodable"
-		it.fail(failure.Permanent(fmt.Errorf("undecodable body: %w", err)), c.cfg.Retry)
+		it.fail(retry.Permanent(fmt.Errorf("undecodable body: %w", err)), c.cfg.Retry)
 		return it
 	}
 	it.d = &Delivery{Envelope: env, Message: msg, Queue: c.cfg.Queue, Attempt: it.attempt, ReceivedAt: it.received}

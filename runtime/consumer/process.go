@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 const (
@@ -98,7 +98,7 @@ func (s *session) handle(ctx context.Context, batch []amqp.Delivery, count bool)
 		}
 		items[0].outcome = outcomePending
 		items[0].reason = "handler_fault"
-		items[0].fail(failure.Permanent(fault.err), c.cfg.Retry)
+		items[0].fail(retry.Permanent(fault.err), c.cfg.Retry)
 		err = c.transact(ctx, items)
 	case errors.As(err, &ce) && ce.serverRejected():
 		if len(items) > 1 {

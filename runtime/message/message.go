@@ -140,12 +140,17 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion4 is referenced by generated code to assert at
+// SupportPackageIsVersion5 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
+//
+// Version 5: generated code marks a participant's undecodable command with
+// retry.Permanent; the failure classes moved into runtime/retry, so code
+// generated for version 4 (which imports runtime/failure) does not compile
+// against this runtime, and version 4 is dropped.
 //
 // Version 4: generated transition tables follow the late-reply table of
 // docs/options.md (a late success the saga no longer counts on goes to
@@ -161,4 +166,4 @@ func OnceKey(m Message, operatorRetry int) string {
 // generated sagas call saga.Get, saga.GetByID, saga.List,
 // Engine.StatusHandler and Engine.RequestCancelTx, declare
 // sagadef.Definition.Cancel, and their harnesses call sagatest's Cancel.
-const SupportPackageIsVersion4 = true
+const SupportPackageIsVersion5 = true

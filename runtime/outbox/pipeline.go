@@ -9,6 +9,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // pipeline is the state the stages of one Run share.
@@ -129,7 +130,7 @@ func (p *pipeline) claimer(wake <-chan struct{}, out chan<- *batch) {
 				return
 			}
 			r.cfg.Logger.Error("outbox relay: claim failed", "owner", r.cfg.Owner, "error", err)
-			wait := broker.Backoff(failures, 50*time.Millisecond, 5*time.Second)
+			wait := retry.Backoff(failures, 50*time.Millisecond, 5*time.Second)
 			failures++
 			select {
 			case <-p.stop.Done():

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 func (p *pipeline) settle(bs []*batch) {
@@ -121,12 +122,12 @@ func retryDelay(err error, attempts int32) time.Duration {
 	const minDelay, maxDelay = 100 * time.Millisecond, 30 * time.Second
 	if errors.Is(err, broker.ErrNacked) || errors.Is(err, broker.ErrReturned) || errors.Is(err, broker.ErrNoExchange) ||
 		errors.Is(err, broker.ErrInvalidMessage) {
-		return broker.Backoff(int(attempts)-1, minDelay, maxDelay)
+		return retry.Backoff(int(attempts)-1, minDelay, maxDelay)
 	}
 	if attempts < 3 || errors.Is(err, broker.ErrNotSent) {
 		return 0 // a row never written cannot be what closed the channel
 	}
-	return broker.Backoff(int(attempts)-3, minDelay, maxDelay)
+	return retry.Backoff(int(attempts)-3, minDelay, maxDelay)
 }
 
 // settleDoneCTEs finds its rows by id = ANY(ids) and checks each row's claim
@@ -213,7 +214,7 @@ func (r *Relay) settle(ctx context.Context, start time.Time, s settlement) error
 			}
 			return nil
 		}
-		wait := broker.Backoff(attempt, 20*time.Millisecond, time.Second)
+		wait := retry.Backoff(attempt, 20*time.Millisecond, time.Second)
 		if r.cfg.Now().Add(wait).After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("mark %d outbox rows published and release %d (they will be published again): %w", len(done), len(failed), err)
 		}

@@ -12,9 +12,9 @@ import (
 
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Once records that service applied the effect keyed by idempotencyKey, in
@@ -30,7 +30,7 @@ import (
 // Once needs the saga_participant_once table ([Migrations]).
 func Once(ctx context.Context, tx pgx.Tx, service, idempotencyKey string) (first bool, err error) {
 	if service == "" || idempotencyKey == "" {
-		return false, failure.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
+		return false, retry.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
 	}
 	if p, ok := txq.PartIf(ctx, tx, aheadKey{service}); ok {
 		if first, ok := p.(*claimedAhead).take(idempotencyKey); ok {
@@ -60,7 +60,7 @@ VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, ide
 func Idempotent(service string, reg *message.Registry, fn Func) Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		if cmd.IdempotencyKey() == "" {
-			return nil, failure.Permanent(fmt.Errorf("participant %s: command %s has no idempotency key",
+			return nil, retry.Permanent(fmt.Errorf("participant %s: command %s has no idempotency key",
 				service, cmd.SagaMessageInfo().FullName))
 		}
 		env, _ := Command(ctx)
@@ -175,11 +175,11 @@ WHERE service = $1 AND idempotency_key = $2`, service, key).Scan(&typ, &body)
 		return nil, nil // the first execution sent no reply
 	}
 	if reg == nil {
-		return nil, failure.Permanent(fmt.Errorf("participant %s: cannot replay reply %s for key %q without a registry", service, typ, key))
+		return nil, retry.Permanent(fmt.Errorf("participant %s: cannot replay reply %s for key %q without a registry", service, typ, key))
 	}
 	reply, err := reg.Decode(typ, body)
 	if err != nil {
-		return nil, failure.Permanent(fmt.Errorf("participant %s: replay reply for key %q: %w", service, key, err))
+		return nil, retry.Permanent(fmt.Errorf("participant %s: replay reply for key %q: %w", service, key, err))
 	}
 	return reply, nil
 }

@@ -53,10 +53,10 @@ import (
 
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Func executes one command in the consumer's transaction and returns its
@@ -76,7 +76,7 @@ type Func func(ctx context.Context, tx pgx.Tx, cmd message.Message) (reply messa
 func Handler(fn Func) consumer.HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (err error) {
 		if d == nil || d.Message == nil {
-			return failure.Permanent(errors.New("participant: delivery without a decoded message"))
+			return retry.Permanent(errors.New("participant: delivery without a decoded message"))
 		}
 		cmd := &d.Envelope
 		ctx, span := startSpan(ctx, cmd)
@@ -193,7 +193,7 @@ func Reply[R message.Message](reply R, err error) (message.Message, error) {
 		return nil, err
 	}
 	if isNil(reply) {
-		return nil, failure.Permanent(errors.New("the handler returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
+		return nil, retry.Permanent(errors.New("the handler returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 	}
 	return reply, nil
 }

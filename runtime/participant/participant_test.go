@@ -18,11 +18,11 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	sagaoutbox "github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
@@ -185,7 +185,7 @@ func TestHandlerWritesReplyInSameTransaction(t *testing.T) {
 	require.NoError(t, run(ctx, pool, none, command(t, "order-2")))
 	require.Len(t, outbox(t, pool), 2)
 
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(run(ctx, pool, h, &consumer.Delivery{})))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(run(ctx, pool, h, &consumer.Delivery{})))
 }
 
 func TestOnce(t *testing.T) {
@@ -249,7 +249,7 @@ func TestOnce(t *testing.T) {
 	require.Equal(t, int32(1), firsts.Load())
 
 	_, err = once("")
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 }
 
 // TestIdempotentResentCommand resends one command with a new message id (a
@@ -478,7 +478,7 @@ func TestReplyAdapters(t *testing.T) {
 	_, err = participant.Reply(r, boom)
 	require.ErrorIs(t, err, boom)
 	_, err = participant.Reply[message.Message](nil, nil)
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 	_, err = participant.Reply[message.Message](nil, participant.ErrReplyLater)
 	require.ErrorIs(t, err, participant.ErrReplyLater)
 

@@ -1,4 +1,4 @@
-package failure_test
+package retry_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 func pgErr(code string) error {
@@ -27,40 +27,40 @@ func TestClassOf(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want failure.Class
+		want retry.Class
 	}{
-		{"nil", nil, failure.ClassUnknown},
-		{"plain", base, failure.ClassUnknown},
-		{"marked permanent", failure.Permanent(base), failure.ClassPermanent},
-		{"marked transient", failure.Transient(base), failure.ClassTransient},
-		{"wrapped permanent", fmt.Errorf("handle: %w", failure.Permanent(base)), failure.ClassPermanent},
-		{"outermost mark wins", failure.Transient(fmt.Errorf("x: %w", failure.Permanent(base))), failure.ClassTransient},
-		{"mark overrides pg code", failure.Transient(pgErr("23505")), failure.ClassTransient},
-		{"mark overrides pg code 2", failure.Permanent(pgErr("40001")), failure.ClassPermanent},
-		{"deadline", fmt.Errorf("q: %w", context.DeadlineExceeded), failure.ClassTransient},
-		{"canceled", context.Canceled, failure.ClassTransient},
-		{"serialization", fmt.Errorf("update: %w", pgErr("40001")), failure.ClassTransient},
-		{"deadlock", pgErr("40P01"), failure.ClassTransient},
-		{"lock not available", pgErr("55P03"), failure.ClassTransient},
-		{"statement timeout", pgErr("57014"), failure.ClassTransient},
-		{"admin shutdown", pgErr("57P01"), failure.ClassTransient},
-		{"cannot connect now", pgErr("57P03"), failure.ClassTransient},
-		{"connection failure", pgErr("08006"), failure.ClassTransient},
-		{"too many connections", pgErr("53300"), failure.ClassTransient},
-		{"unique violation", pgErr("23505"), failure.ClassPermanent},
-		{"check violation", pgErr("23514"), failure.ClassPermanent},
-		{"invalid text", pgErr("22P02"), failure.ClassPermanent},
-		{"syntax error", pgErr("42601"), failure.ClassUnknown},
-		{"conn closed", fmt.Errorf("exec: %w", pgconn.ErrConnClosed), failure.ClassTransient},
-		{"unexpected eof", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), failure.ClassTransient},
-		{"reset", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, failure.ClassTransient},
-		{"refused", fmt.Errorf("dial: %w", syscall.ECONNREFUSED), failure.ClassTransient},
-		{"net closed", net.ErrClosed, failure.ClassTransient},
+		{"nil", nil, retry.ClassUnknown},
+		{"plain", base, retry.ClassUnknown},
+		{"marked permanent", retry.Permanent(base), retry.ClassPermanent},
+		{"marked transient", retry.Transient(base), retry.ClassTransient},
+		{"wrapped permanent", fmt.Errorf("handle: %w", retry.Permanent(base)), retry.ClassPermanent},
+		{"outermost mark wins", retry.Transient(fmt.Errorf("x: %w", retry.Permanent(base))), retry.ClassTransient},
+		{"mark overrides pg code", retry.Transient(pgErr("23505")), retry.ClassTransient},
+		{"mark overrides pg code 2", retry.Permanent(pgErr("40001")), retry.ClassPermanent},
+		{"deadline", fmt.Errorf("q: %w", context.DeadlineExceeded), retry.ClassTransient},
+		{"canceled", context.Canceled, retry.ClassTransient},
+		{"serialization", fmt.Errorf("update: %w", pgErr("40001")), retry.ClassTransient},
+		{"deadlock", pgErr("40P01"), retry.ClassTransient},
+		{"lock not available", pgErr("55P03"), retry.ClassTransient},
+		{"statement timeout", pgErr("57014"), retry.ClassTransient},
+		{"admin shutdown", pgErr("57P01"), retry.ClassTransient},
+		{"cannot connect now", pgErr("57P03"), retry.ClassTransient},
+		{"connection failure", pgErr("08006"), retry.ClassTransient},
+		{"too many connections", pgErr("53300"), retry.ClassTransient},
+		{"unique violation", pgErr("23505"), retry.ClassPermanent},
+		{"check violation", pgErr("23514"), retry.ClassPermanent},
+		{"invalid text", pgErr("22P02"), retry.ClassPermanent},
+		{"syntax error", pgErr("42601"), retry.ClassUnknown},
+		{"conn closed", fmt.Errorf("exec: %w", pgconn.ErrConnClosed), retry.ClassTransient},
+		{"unexpected eof", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), retry.ClassTransient},
+		{"reset", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, retry.ClassTransient},
+		{"refused", fmt.Errorf("dial: %w", syscall.ECONNREFUSED), retry.ClassTransient},
+		{"net closed", net.ErrClosed, retry.ClassTransient},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			require.Equal(t, tt.want, failure.ClassOf(tt.err), "error %v", tt.err)
+			require.Equal(t, tt.want, retry.ClassOf(tt.err), "error %v", tt.err)
 		})
 	}
 }
@@ -69,22 +69,22 @@ func TestMarksKeepTheChain(t *testing.T) {
 	t.Parallel()
 
 	base := pgErr("23505")
-	for _, marked := range []error{failure.Permanent(base), failure.Transient(base)} {
+	for _, marked := range []error{retry.Permanent(base), retry.Transient(base)} {
 		require.ErrorIs(t, marked, base)
 		var pe *pgconn.PgError
 		require.ErrorAs(t, marked, &pe)
 		require.Equal(t, "23505", pe.Code)
 		require.Contains(t, marked.Error(), "test 23505")
 	}
-	require.NoError(t, failure.Permanent(nil))
-	require.NoError(t, failure.Transient(nil))
+	require.NoError(t, retry.Permanent(nil))
+	require.NoError(t, retry.Transient(nil))
 }
 
 func TestClassString(t *testing.T) {
 	t.Parallel()
 
-	require.Equal(t, "unknown", failure.ClassUnknown.String())
-	require.Equal(t, "transient", failure.ClassTransient.String())
-	require.Equal(t, "permanent", failure.ClassPermanent.String())
-	require.Equal(t, "unknown", failure.Class(42).String())
+	require.Equal(t, "unknown", retry.ClassUnknown.String())
+	require.Equal(t, "transient", retry.ClassTransient.String())
+	require.Equal(t, "permanent", retry.ClassPermanent.String())
+	require.Equal(t, "unknown", retry.Class(42).String())
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -41,7 +40,7 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 	early := msg(msgPaymentApproved, "o-early")
 	_, err := b.reply(t, "", early, "")
 	require.Error(t, err, "an event for a step not reached yet is not acknowledged as handled")
-	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
+	require.Equal(t, retry.ClassTransient, retry.ClassOf(err))
 	require.True(t, errors.Is(err, sagadef.ErrNotReached), "%v", err)
 	require.Equal(t, stReserve, b.status(t, id).State)
 	require.Len(t, b.history(t, id), 1, "nothing audited: the event will come again")
@@ -105,7 +104,7 @@ func TestEventBeforeItsSagaStarts(t *testing.T) {
 	// Directly: no saga for the key yet is a transient failure.
 	_, err := b.reply(t, "", msg(msgPaymentApproved, "o-before"), "")
 	require.ErrorIs(t, err, saga.ErrNotFound)
-	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
+	require.Equal(t, retry.ClassTransient, retry.ClassOf(err))
 
 	send := runQueue(t, b, "test.saga.before-start", b.engine.Handle)
 	enveloped := func(m testMsg) envelope.Envelope {

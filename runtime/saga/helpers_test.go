@@ -22,8 +22,8 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
@@ -128,9 +128,9 @@ func (hooks) Start(_ context.Context, start message.Message) (proto.Message, str
 	case strings.HasPrefix(order, "secret-"):
 		return nil, "", fmt.Errorf("start: dial tcp 10.0.0.7:5432: password=hunter2 rejected")
 	case strings.HasPrefix(order, "refused-"):
-		return nil, "", failure.Permanent(fmt.Errorf("start: internal rule 17 (password=hunter2) refuses %s", order))
+		return nil, "", retry.Permanent(fmt.Errorf("start: internal rule 17 (password=hunter2) refuses %s", order))
 	case strings.HasPrefix(order, "transient-"):
-		return nil, "", failure.Transient(fmt.Errorf("start: SQLSTATE 40001 password=hunter2"))
+		return nil, "", retry.Transient(fmt.Errorf("start: SQLSTATE 40001 password=hunter2"))
 	}
 	data, err := structpb.NewStruct(map[string]any{"order": order, "applied": []any{}})
 	if err != nil {

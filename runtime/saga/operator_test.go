@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -246,7 +246,7 @@ func TestUnreadableData(t *testing.T) {
 
 	_, err = b.reply(t, id, msg(msgInventoryReserved, "order-1"), st.PendingMessageID)
 	require.ErrorIs(t, err, saga.ErrUnreadableData)
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err), "parked at once: no retry can decode it")
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err), "parked at once: no retry can decode it")
 
 	_, err = b.engine.Retry(ctx, id, st.Version, "alice", "try again")
 	require.ErrorIs(t, err, saga.ErrRejected)

@@ -12,8 +12,8 @@ import (
 
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -125,7 +125,7 @@ func TestStartIdempotentOnBusinessKey(t *testing.T) {
 
 	// The wrong start message is refused.
 	_, _, err = b.engine.Start(ctx, msg(msgReserveInventory, "order-3"), envelope.Meta{})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 }
 
 func TestHappyPath(t *testing.T) {
@@ -286,27 +286,27 @@ func TestHandleRefusesMessagesItCannotPlace(t *testing.T) {
 
 	err := deliver(msg(msgInventoryReserved, "order-1"), envelope.Meta{SagaID: newID(), SagaType: sagaTypeName})
 	require.ErrorIs(t, err, saga.ErrNotFound)
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	err = deliver(msg(msgInventoryReserved, "order-1"), envelope.Meta{SagaID: "not-a-uuid"})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	err = deliver(msg(msgInventoryReserved, "order-1"), envelope.Meta{SagaID: id, SagaType: "other.Saga"})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	err = deliver(msg(msgInventoryReserved, ""), envelope.Meta{})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err), "no saga id and no correlation key")
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err), "no saga id and no correlation key")
 
 	err = deliver(msg(msgInventoryReserved, "no-such-order"), envelope.Meta{})
 	require.ErrorIs(t, err, saga.ErrNotFound)
 
 	err = handle(&consumer.Delivery{})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	unregistered := newInfo("Unregistered", 0)
 	err = deliver(msg(unregistered, "order-1"), envelope.Meta{SagaID: id})
 	require.ErrorContains(t, err, "unknown message type")
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	require.Equal(t, int64(1), b.status(t, id).Version, "nothing was applied")
 
@@ -400,7 +400,7 @@ func TestVersionGuardRefusesStaleWrite(t *testing.T) {
 		})
 	})
 	require.ErrorIs(t, err, saga.ErrVersionConflict)
-	require.Equal(t, failure.ClassTransient, failure.ClassOf(err), "a retry reloads and classifies again")
+	require.Equal(t, retry.ClassTransient, retry.ClassOf(err), "a retry reloads and classifies again")
 	st := b.status(t, id)
 	require.Equal(t, int64(2), st.Version)
 	require.Equal(t, []string{"InventoryReserved"}, applied(t, st))

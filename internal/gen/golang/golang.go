@@ -45,7 +45,6 @@ const (
 	outboxPkg      = protogen.GoImportPath(runtimeRoot + "outbox")
 	consumerPkg    = protogen.GoImportPath(runtimeRoot + "consumer")
 	participantPkg = protogen.GoImportPath(runtimeRoot + "participant")
-	failurePkg     = protogen.GoImportPath(runtimeRoot + "failure")
 	sagadefPkg     = protogen.GoImportPath(runtimeRoot + "sagadef")
 	sagaPkg        = protogen.GoImportPath(runtimeRoot + "saga")
 	schemaPkg      = protogen.GoImportPath(runtimeRoot + "schema")
@@ -256,7 +255,7 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 		g.P("return ", participantPkg.Ident(adapt), "(impl.", c.Proto.GoIdent.GoName, "(ctx, tx, c))")
 	}
 	g.P("default:")
-	g.P("return nil, ", failurePkg.Ident("Permanent"), "(", fmtPkg.Ident("Errorf"), "(",
+	g.P("return nil, ", retryPkg.Ident("Permanent"), "(", fmtPkg.Ident("Errorf"), "(",
 		strconv.Quote("service "+p.Owner+": unexpected command %s"), ", cmd.SagaMessageInfo().FullName))")
 	g.P("}")
 	g.P("}")
@@ -285,7 +284,7 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 // older runtimes lack: a runtime identifier they do not have (the internal/gen
 // test TestGeneratedRuntimeAPI lists those generated code uses) or a
 // transition table their sagadef does not compute.
-const supportVersion = 4
+const supportVersion = 5
 
 var (
 	roleNames = map[sagadef.Role]string{

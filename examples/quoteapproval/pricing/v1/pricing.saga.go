@@ -10,7 +10,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -21,8 +20,8 @@ import (
 	strconv "strconv"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // PriceQuoteInfo describes the command pricing.v1.PriceQuote.
 var PriceQuoteInfo = &message.Info{
@@ -221,7 +220,7 @@ func PricingParticipantFunc(impl PricingParticipant) participant.Func {
 		case *ReleasePrice:
 			return participant.Reply(impl.ReleasePrice(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service pricing: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service pricing: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

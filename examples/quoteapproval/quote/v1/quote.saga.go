@@ -14,7 +14,6 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -30,8 +29,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // CancelQuoteInfo describes the command quote.v1.CancelQuote.
 var CancelQuoteInfo = &message.Info{
@@ -176,7 +175,7 @@ func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
 		case *SubmitOrder:
 			return participant.Reply(impl.SubmitOrder(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service ordering: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service ordering: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

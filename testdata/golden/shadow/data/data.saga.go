@@ -10,7 +10,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -19,8 +18,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // DoDataInfo describes the command shadow.data.DoData.
 var DoDataInfo = &message.Info{
@@ -108,7 +107,7 @@ func SvcDataParticipantFunc(impl SvcDataParticipant) participant.Func {
 		case *DoData:
 			return participant.Reply(impl.DoData(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service svc-data: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service svc-data: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

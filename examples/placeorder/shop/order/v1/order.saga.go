@@ -15,7 +15,6 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -31,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{
@@ -149,7 +148,7 @@ func OrderParticipantFunc(impl OrderParticipant) participant.Func {
 		case *ApproveOrder:
 			return participant.Reply(impl.ApproveOrder(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service order: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service order: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

@@ -12,7 +12,6 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
 	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -30,8 +29,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // Account_OpenInfo describes the command legacy.v1.Account.Open.
 var Account_OpenInfo = &message.Info{
@@ -169,7 +168,7 @@ func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
 		case *Account_Open:
 			return participant.Reply(impl.Account_Open(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service accounts: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service accounts: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }
