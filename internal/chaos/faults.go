@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
@@ -117,7 +116,7 @@ func (f *injector) Middleware(_ string, next participant.Func) participant.Func 
 		}
 		id := env.MessageID
 		attempt := int64(1)
-		if n, ok, err := envelope.HeaderInt(env.Headers, envelope.HeaderAttempt); ok && err == nil && n > 1 {
+		if n, ok, err := message.HeaderInt(env.Headers, message.HeaderAttempt); ok && err == nil && n > 1 {
 			attempt = n
 		}
 		if f.roll(id, strconv.FormatInt(attempt, 10), "transient") < f.Transient {

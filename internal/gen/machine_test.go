@@ -20,7 +20,6 @@ import (
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	"github.com/protosaga/saga/examples/quoteapproval/quote/v1/quotev1test"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
@@ -261,7 +260,7 @@ func TestParticipantDispatch(t *testing.T) {
 	t.Parallel()
 	handle := participant.Handler(inventoryv1.InventoryParticipantFunc(inventory{}))
 	deliver := func(m message.Message) error {
-		env := envelope.Envelope{MessageID: "m-1", MessageType: m.SagaMessageInfo().FullName}
+		env := message.Envelope{MessageID: "m-1", MessageType: m.SagaMessageInfo().FullName}
 		return handle(context.Background(), nil, &consumer.Delivery{Envelope: env, Message: m})
 	}
 	err := deliver(&inventoryv1.ReserveInventory{OrderId: "o-1"})

@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 )
 
@@ -95,7 +95,7 @@ func (it *item) parkClass() string {
 // body. Every failure here is permanent: the same bytes never decode later.
 func (c *Consumer) decode(raw *amqp.Delivery) *item {
 	it := &item{raw: raw, attempt: attemptOf(raw.Headers), redeliveries: c.redeliveriesOf(raw), received: c.now()}
-	env, err := envelope.FromDelivery(raw)
+	env, err := message.FromDelivery(raw)
 	if err != nil {
 		it.reason = "invalid_envelope"
 		it.fail(retry.Permanent(fmt.Errorf("invalid envelope: %w", err)), c.cfg.Retry)

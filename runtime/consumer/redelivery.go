@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // headerDeliveryCount is the header in which quorum queues count a
@@ -25,7 +25,7 @@ const headerDeliveryCount = "x-delivery-count"
 // consumer then counts the redeliveries of each message id it sees itself
 // (see redeliveryCounter).
 func (c *Consumer) redeliveriesOf(raw *amqp.Delivery) int {
-	n, ok, err := envelope.HeaderInt(raw.Headers, headerDeliveryCount)
+	n, ok, err := message.HeaderInt(raw.Headers, headerDeliveryCount)
 	switch {
 	case ok && (err != nil || n < 0):
 		return 0
@@ -232,7 +232,7 @@ func (c *Consumer) clearSuspects(ctx context.Context, tx pgx.Tx, items []*item) 
 
 // attemptOf reads HeaderAttempt; absent or malformed means the first.
 func attemptOf(h amqp.Table) int {
-	v, ok, err := envelope.HeaderInt(h, envelope.HeaderAttempt)
+	v, ok, err := message.HeaderInt(h, message.HeaderAttempt)
 	if !ok || err != nil || v < 1 {
 		return 1
 	}

@@ -17,7 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // HeaderLastError carries the error of the failed attempt on a retry copy,
@@ -37,10 +37,10 @@ const (
 // from a tier queue arrives through the default exchange).
 func routing(raw *amqp.Delivery) (exchange, routingKey string) {
 	exchange, routingKey = raw.Exchange, raw.RoutingKey
-	if s, ok, err := envelope.HeaderString(raw.Headers, envelope.HeaderOrigExchange); ok && err == nil {
+	if s, ok, err := message.HeaderString(raw.Headers, message.HeaderOrigExchange); ok && err == nil {
 		exchange = s
 	}
-	if s, ok, err := envelope.HeaderString(raw.Headers, envelope.HeaderOrigRoutingKey); ok && err == nil {
+	if s, ok, err := message.HeaderString(raw.Headers, message.HeaderOrigRoutingKey); ok && err == nil {
 		routingKey = s
 	}
 	return exchange, routingKey
@@ -49,7 +49,7 @@ func routing(raw *amqp.Delivery) (exchange, routingKey string) {
 // firstFailureAt returns the time of the delivery's first failure: the one
 // recorded on its first retry, or now.
 func (c *Consumer) firstFailureAt(raw *amqp.Delivery) time.Time {
-	if t, ok, err := envelope.HeaderTime(raw.Headers, envelope.HeaderFirstFailureAt); ok && err == nil {
+	if t, ok, err := message.HeaderTime(raw.Headers, message.HeaderFirstFailureAt); ok && err == nil {
 		return t
 	}
 	return c.now().UTC()
@@ -84,10 +84,10 @@ func (c *Consumer) retryPublishing(it *item) amqp.Publishing {
 		h = amqp.Table{}
 	}
 	exchange, routingKey := routing(it.raw)
-	h[envelope.HeaderAttempt] = int32(min(it.attempt+1, 1<<31-1))
-	h[envelope.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
-	h[envelope.HeaderOrigExchange] = exchange
-	h[envelope.HeaderOrigRoutingKey] = routingKey
+	h[message.HeaderAttempt] = int32(min(it.attempt+1, 1<<31-1))
+	h[message.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
+	h[message.HeaderOrigExchange] = exchange
+	h[message.HeaderOrigRoutingKey] = routingKey
 	h[HeaderLastError] = truncate(it.class.String()+": "+it.err.Error(), maxHeaderReason)
 	delete(h, headerDeliveryCount) // a new message to the broker: its count starts again
 	return copyPublishing(it.raw, h)
@@ -103,13 +103,13 @@ func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
 		h = amqp.Table{}
 	}
 	exchange, routingKey := routing(it.raw)
-	h[envelope.HeaderAttempt] = int32(it.attempt)
-	h[envelope.HeaderParkReason] = truncate(it.err.Error(), maxHeaderReason)
-	h[envelope.HeaderParkClass] = it.parkClass()
-	h[envelope.HeaderOrigExchange] = exchange
-	h[envelope.HeaderOrigRoutingKey] = routingKey
-	h[envelope.HeaderOrigQueue] = c.cfg.Queue
-	h[envelope.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
+	h[message.HeaderAttempt] = int32(it.attempt)
+	h[message.HeaderParkReason] = truncate(it.err.Error(), maxHeaderReason)
+	h[message.HeaderParkClass] = it.parkClass()
+	h[message.HeaderOrigExchange] = exchange
+	h[message.HeaderOrigRoutingKey] = routingKey
+	h[message.HeaderOrigQueue] = c.cfg.Queue
+	h[message.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
 	delete(h, HeaderLastError)
 	delete(h, headerDeliveryCount)
 	p := copyPublishing(it.raw, h)
@@ -135,8 +135,8 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error 
 	if it.d != nil {
 		sagaID, sagaType = it.d.Envelope.SagaID, it.d.Envelope.SagaType
 	} else {
-		sagaID, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaID)
-		sagaType, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaType)
+		sagaID, _, _ = message.HeaderString(raw.Headers, message.HeaderSagaID)
+		sagaType, _, _ = message.HeaderString(raw.Headers, message.HeaderSagaType)
 	}
 	if id, err := uuid.Parse(sagaID); err == nil {
 		sagaID = id.String() // the form saga tables, timelines and filters use
@@ -184,7 +184,7 @@ func parkIDFor(queue string, raw *amqp.Delivery) string {
 	h := maps.Clone(raw.Headers)
 	for _, k := range []string{headerDeliveryCount, "x-death", "x-first-death-exchange", "x-first-death-queue",
 		"x-first-death-reason", "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
-		HeaderLastError, envelope.HeaderAttempt, envelope.HeaderFirstFailureAt} {
+		HeaderLastError, message.HeaderAttempt, message.HeaderFirstFailureAt} {
 		delete(h, k)
 	}
 	headers, err := json.Marshal(jsonValue(map[string]any(h))) // map keys sorted

@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 )
 
@@ -48,7 +48,7 @@ func (p *pipeline) hasCrashed() bool {
 type row struct {
 	id       int64
 	attempts int32
-	env      envelope.Envelope
+	env      message.Envelope
 	// pendingSince is when the row became pending again after it was
 	// published (an operator's replay: saga_outbox_pending.pending_since);
 	// invalid for every other row. The claim compares it with the outbox

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -100,7 +100,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
 	}
-	if service, ok, err := envelope.HeaderString(env.Headers, envelope.HeaderOnce); ok && err == nil && service != "" {
+	if service, ok, err := message.HeaderString(env.Headers, message.HeaderOnce); ok && err == nil && service != "" {
 		trig.Once = true
 	}
 	if kind == e.def.Cancel.Message {
@@ -129,9 +129,9 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 // sent for what the reply answers, which header is wrong: the reason the
 // consumer parks it with. When the causation id is a message another saga
 // sent (the outbox knows it), the reply went to the wrong saga.
-func (e *Engine) misaddressed(ctx context.Context, tx pgx.Tx, env *envelope.Envelope, sagaID string, ce *sagadef.CausationError) error {
+func (e *Engine) misaddressed(ctx context.Context, tx pgx.Tx, env *message.Envelope, sagaID string, ce *sagadef.CausationError) error {
 	head := fmt.Sprintf("message %s (%s) to saga %s %s: header %s",
-		env.MessageID, env.MessageType, e.def.Name, sagaID, envelope.HeaderCausationID)
+		env.MessageID, env.MessageType, e.def.Name, sagaID, message.HeaderCausationID)
 	want := "a reply carries the message id of the command it answers, here " + ce.Expected()
 	c := ce.CausationID
 	switch {
@@ -152,9 +152,9 @@ func (e *Engine) misaddressed(ctx context.Context, tx pgx.Tx, env *envelope.Enve
 			return err
 		}
 		if ok && sent.SagaID != "" && sent.SagaID != sagaID {
-			by := fmt.Sprintf("header %s names saga %s", envelope.HeaderSagaID, sagaID)
+			by := fmt.Sprintf("header %s names saga %s", message.HeaderSagaID, sagaID)
 			if env.SagaID == "" {
-				by = fmt.Sprintf("its correlation key (no %s) names saga %s", envelope.HeaderSagaID, sagaID)
+				by = fmt.Sprintf("its correlation key (no %s) names saga %s", message.HeaderSagaID, sagaID)
 			}
 			return fmt.Errorf("%w: %s %q names %s of saga %s %s, but %s", sagadef.ErrMisaddressed, head, c, shortName(sent.MessageType),
 				sent.SagaType, sent.SagaID, by)
@@ -176,7 +176,7 @@ func shortName(full string) string {
 // nothing.
 func (e *Engine) handleStart(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	env := &d.Envelope
-	_, _, err := e.StartTx(ctx, tx, d.Message, envelope.Meta{
+	_, _, err := e.StartTx(ctx, tx, d.Message, message.Meta{
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
 		Traceparent: env.Traceparent,

@@ -21,7 +21,6 @@ import (
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
@@ -330,7 +329,7 @@ func (b *testBundle) newEngine(t *testing.T, edit func(*saga.Config)) *saga.Engi
 // start starts a saga for order and returns its id.
 func (b *testBundle) start(t *testing.T, order string) string {
 	t.Helper()
-	id, created, err := b.engine.Start(context.Background(), msg(msgPlaceOrder, order), envelope.Meta{MessageID: newID()})
+	id, created, err := b.engine.Start(context.Background(), msg(msgPlaceOrder, order), message.Meta{MessageID: newID()})
 	require.NoError(t, err)
 	require.True(t, created)
 	return id
@@ -347,7 +346,7 @@ func (b *testBundle) reply(t *testing.T, sagaID string, m testMsg, causation str
 // replyWith is reply with the envelope's headers.
 func (b *testBundle) replyWith(t *testing.T, sagaID string, m testMsg, causation string, headers map[string]any) (string, error) {
 	t.Helper()
-	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: b.def.Name, CausationID: causation})
+	env, err := message.New(m, message.Meta{SagaID: sagaID, SagaType: b.def.Name, CausationID: causation})
 	require.NoError(t, err)
 	env.Headers = headers
 	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1, ReceivedAt: time.Now()}

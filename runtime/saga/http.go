@@ -13,7 +13,6 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -82,7 +81,7 @@ func (e *Engine) StartHandler(newStart func() message.Message, statusURL func(sa
 				Error: "decode " + string(start.ProtoReflect().Descriptor().Name()) + ": " + err.Error()})
 			return
 		}
-		meta := envelope.Meta{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")}
+		meta := message.Meta{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")}
 		id, created, err := e.Start(r.Context(), start, meta)
 		if err != nil {
 			code, msg := http.StatusInternalServerError, "the saga could not be started"

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
@@ -27,7 +26,7 @@ import (
 // meta carries the start message's identity: its MessageID becomes the
 // causation id of the first commands, its trace context continues in them.
 // Its SagaID, SagaType and CorrelationID are ignored (the engine assigns them).
-func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta message.Meta) (sagaID string, created bool, err error) {
 	ctx, span := e.tel.startStart(ctx, messageMeta{messageID: meta.MessageID, causationID: meta.CausationID})
 	var state string
 	defer func() { e.tel.endStart(ctx, tx, span, sagaID, created, state, err) }()
@@ -94,7 +93,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 }
 
 // startExisting handles a start whose business key is taken.
-func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta envelope.Meta) (string, bool, error) {
+func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta message.Meta) (string, bool, error) {
 	w, err := e.loadIn(ctx, tx, e.q.existingByKey, key)
 	if errors.Is(err, ErrNotFound) {
 		// The conflicting row exists but this transaction cannot see it:
@@ -119,7 +118,7 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 // the first commands go to the relay ctx carries (outbox.WithRelay), or
 // relays are woken to claim them; the start is counted in the metrics once
 // it committed.
-func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (e *Engine) Start(ctx context.Context, start message.Message, meta message.Meta) (sagaID string, created bool, err error) {
 	err = e.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		sagaID, created, err = e.StartTx(ctx, tx, start, meta)

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -154,12 +154,12 @@ func (e *Engine) emit(ctx context.Context, tx pgx.Tx, sagaID string, msgs []saga
 		return nil
 	}
 	now := e.cfg.Now()
-	envs := make([]envelope.Envelope, 0, len(msgs))
+	envs := make([]message.Envelope, 0, len(msgs))
 	for _, m := range msgs {
 		if m.Message == nil {
 			return fmt.Errorf("saga %s: transition emitted a nil message", sagaID)
 		}
-		env, err := envelope.New(m.Message, envelope.Meta{
+		env, err := message.New(m.Message, message.Meta{
 			MessageID:     m.MessageID,
 			CorrelationID: sagaID,
 			CausationID:   causation,
@@ -175,10 +175,10 @@ func (e *Engine) emit(ctx context.Context, tx pgx.Tx, sagaID string, msgs []saga
 		if m.OperatorRetry > 0 || m.Compensates != "" {
 			env.Headers = map[string]any{}
 			if m.OperatorRetry > 0 {
-				env.Headers[envelope.HeaderOperatorRetry] = m.OperatorRetry
+				env.Headers[message.HeaderOperatorRetry] = m.OperatorRetry
 			}
 			if m.Compensates != "" {
-				env.Headers[envelope.HeaderCompensates] = m.Compensates
+				env.Headers[message.HeaderCompensates] = m.Compensates
 			}
 		}
 		envs = append(envs, env)

@@ -41,7 +41,6 @@ const (
 	protoPkg       = protogen.GoImportPath("google.golang.org/protobuf/proto")
 	runtimeRoot    = "github.com/protosaga/saga/runtime/"
 	messagePkg     = protogen.GoImportPath(runtimeRoot + "message")
-	envelopePkg    = protogen.GoImportPath(runtimeRoot + "envelope")
 	outboxPkg      = protogen.GoImportPath(runtimeRoot + "outbox")
 	consumerPkg    = protogen.GoImportPath(runtimeRoot + "consumer")
 	participantPkg = protogen.GoImportPath(runtimeRoot + "participant")
@@ -154,7 +153,7 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 		g.P("// publishes it to ", strconv.Quote(m.Exchange), " with routing key ", strconv.Quote(m.RoutingKey), " after commit.")
 		g.P("// It returns the message id (meta.MessageID, or a new UUID when empty).")
 		g.P("func ", pub, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
-			", meta ", envelopePkg.Ident("Meta"), ") (string, error) {")
+			", meta ", messagePkg.Ident("Meta"), ") (string, error) {")
 		g.P("return ", outboxPkg.Ident("Publish"), "(ctx, tx, m, meta)")
 		g.P("}")
 		g.P()

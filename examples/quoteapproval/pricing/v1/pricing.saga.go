@@ -9,7 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -48,7 +47,7 @@ func (x *PriceQuote) CorrelationKey() string { return x.GetQuoteId() }
 // PublishPriceQuote writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.pricing.price-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta envelope.Meta) (string, error) {
+func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -175,7 +174,7 @@ func (x *ReleasePrice) CorrelationKey() string { return x.GetQuoteId() }
 // PublishReleasePrice writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.pricing.release-price.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta envelope.Meta) (string, error) {
+func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

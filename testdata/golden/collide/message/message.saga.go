@@ -11,7 +11,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -56,7 +55,7 @@ func (x *Context) CorrelationKey() string { return x.GetType() }
 // PublishContext writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.context" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta envelope.Meta) (string, error) {
+func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -105,7 +104,7 @@ func (*Info) CorrelationKey() string { return "" }
 // PublishInfo writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.info" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta envelope.Meta) (string, error) {
+func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -149,7 +148,7 @@ func (*Message) CorrelationKey() string { return "" }
 // PublishMessage writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.message" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta envelope.Meta) (string, error) {
+func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -190,7 +189,7 @@ func (x *Meta) CorrelationKey() string { return x.GetDefault() }
 // PublishMeta writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.events" with routing key "event.collide.message.meta" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta envelope.Meta) (string, error) {
+func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -566,12 +565,12 @@ func (s *Switch) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key type: a second start returns the same saga id with created=false.
-func (s *Switch) StartTx(ctx context.Context, tx pgx.Tx, start *Context, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Switch) StartTx(ctx context.Context, tx pgx.Tx, start *Context, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *Switch) Start(ctx context.Context, start *Context, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Switch) Start(ctx context.Context, start *Context, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 

@@ -9,7 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -45,7 +44,7 @@ func (*DoCfg) CorrelationKey() string { return "" }
 // PublishDoCfg writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.cfg.commands" with routing key "command.shadow.cfg.do-cfg" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoCfg(ctx context.Context, tx pgx.Tx, m *DoCfg, meta envelope.Meta) (string, error) {
+func PublishDoCfg(ctx context.Context, tx pgx.Tx, m *DoCfg, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

@@ -9,7 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -45,7 +44,7 @@ func (*DoCtx) CorrelationKey() string { return "" }
 // PublishDoCtx writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.ctx.commands" with routing key "command.shadow.ctx.do-ctx" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoCtx(ctx context.Context, tx pgx.Tx, m *DoCtx, meta envelope.Meta) (string, error) {
+func PublishDoCtx(ctx context.Context, tx pgx.Tx, m *DoCtx, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

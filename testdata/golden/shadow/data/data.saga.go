@@ -9,7 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -45,7 +44,7 @@ func (*DoData) CorrelationKey() string { return "" }
 // PublishDoData writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.data.commands" with routing key "command.shadow.data.do-data" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoData(ctx context.Context, tx pgx.Tx, m *DoData, meta envelope.Meta) (string, error) {
+func PublishDoData(ctx context.Context, tx pgx.Tx, m *DoData, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

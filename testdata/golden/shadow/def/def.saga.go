@@ -9,7 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -45,7 +44,7 @@ func (*DoDef) CorrelationKey() string { return "" }
 // PublishDoDef writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.def.commands" with routing key "command.shadow.def.do-def" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoDef(ctx context.Context, tx pgx.Tx, m *DoDef, meta envelope.Meta) (string, error) {
+func PublishDoDef(ctx context.Context, tx pgx.Tx, m *DoDef, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

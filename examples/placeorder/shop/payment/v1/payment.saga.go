@@ -9,7 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -46,7 +45,7 @@ func (x *AuthorizePayment) CorrelationKey() string { return x.GetOrderId() }
 // PublishAuthorizePayment writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.payment.v1.commands" with routing key "command.shop.payment.v1.authorize-payment" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta envelope.Meta) (string, error) {
+func PublishAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

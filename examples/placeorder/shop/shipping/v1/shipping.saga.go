@@ -9,7 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -46,7 +45,7 @@ func (x *ScheduleShipping) CorrelationKey() string { return x.GetOrderId() }
 // PublishScheduleShipping writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.shipping.v1.commands" with routing key "command.shop.shipping.v1.schedule-shipping" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishScheduleShipping(ctx context.Context, tx pgx.Tx, m *ScheduleShipping, meta envelope.Meta) (string, error) {
+func PublishScheduleShipping(ctx context.Context, tx pgx.Tx, m *ScheduleShipping, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

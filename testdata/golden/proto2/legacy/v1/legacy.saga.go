@@ -11,7 +11,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -58,7 +57,7 @@ func (x *Account_Open) CorrelationKey() string { return x.GetHolder().GetId() }
 // PublishAccount_Open writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.commands" with routing key "command.legacy.v1.account-open" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta envelope.Meta) (string, error) {
+func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -142,7 +141,7 @@ func (x *OpenAccountRequest) CorrelationKey() string { return x.GetHolderId() }
 // PublishOpenAccountRequest writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.events" with routing key "event.legacy.v1.open-account-request" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta envelope.Meta) (string, error) {
+func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -452,12 +451,12 @@ func (s *Onboarding) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key holder_id: a second start returns the same saga id with created=false.
-func (s *Onboarding) StartTx(ctx context.Context, tx pgx.Tx, start *OpenAccountRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Onboarding) StartTx(ctx context.Context, tx pgx.Tx, start *OpenAccountRequest, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *Onboarding) Start(ctx context.Context, start *OpenAccountRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Onboarding) Start(ctx context.Context, start *OpenAccountRequest, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 
