@@ -8,6 +8,10 @@ BIN       := $(CACHE)/bin
 # buf is pinned by tools/go.mod and built once per machine (about 5 minutes), outside the clone.
 BUF_VERSION := $(shell sed -n 's/^\tgithub.com\/bufbuild\/buf \(v[^ ]*\).*/\1/p' tools/go.mod)
 BUF       := $(HOME)/.cache/protosaga/buf-$(BUF_VERSION)/buf
+# staticcheck (its default checks plus unused-code detection, U1000) runs in `make vet`; built once
+# per machine from the module proxy, outside the clone.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(HOME)/.cache/protosaga/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
@@ -54,9 +58,15 @@ check-buf: $(BUF) buf-plugins
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 
-vet:
+$(STATICCHECK):
+	GOBIN=$(dir $(STATICCHECK)) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+## vet: go vet and staticcheck (staticcheck.conf) on both modules.
+vet: $(STATICCHECK)
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd bench && $(STATICCHECK) ./...
 
 ## check-bufplugin: `buf lint` and `buf breaking` (against internal/bufcheck/testdata/baseline) with buf-plugin-saga.
 check-bufplugin: $(BUF) buf-plugins

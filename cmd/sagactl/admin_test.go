@@ -23,7 +23,7 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
 )
@@ -93,7 +93,7 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) start(t *testing.T, order string) string {
 	t.Helper()
-	id, _, err := f.engine.Start(context.Background(), &orderv1.PlaceOrderRequest{OrderId: order, CardToken: "tok_secret_4242"}, envelope.Meta{})
+	id, _, err := f.engine.Start(context.Background(), &orderv1.PlaceOrderRequest{OrderId: order, CardToken: "tok_secret_4242"}, message.Meta{})
 	require.NoError(t, err)
 	return id
 }
@@ -110,7 +110,7 @@ func (f *fixture) review(t *testing.T, order string) string {
 	t.Helper()
 	id := f.start(t, order)
 	m := &inventoryv1.InventoryReserved{OrderId: order}
-	env, err := envelope.New(m, envelope.Meta{SagaID: id, SagaType: "shop.order.v1.PlaceOrder", CausationID: f.status(t, id).PendingMessageID})
+	env, err := message.New(m, message.Meta{SagaID: id, SagaType: "shop.order.v1.PlaceOrder", CausationID: f.status(t, id).PendingMessageID})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
 		return f.engine.Handle(context.Background(), tx, &consumer.Delivery{Envelope: env, Message: m, Attempt: 1})
@@ -128,8 +128,8 @@ func (f *fixture) review(t *testing.T, order string) string {
 func (f *fixture) park(t *testing.T, id string) int64 {
 	t.Helper()
 	st := f.status(t, id)
-	env, err := envelope.New(&inventoryv1.InventoryReserved{OrderId: st.BusinessKey},
-		envelope.Meta{SagaID: id, SagaType: st.Type, CausationID: st.PendingMessageID})
+	env, err := message.New(&inventoryv1.InventoryReserved{OrderId: st.BusinessKey},
+		message.Meta{SagaID: id, SagaType: st.Type, CausationID: st.PendingMessageID})
 	require.NoError(t, err)
 	headers, err := json.Marshal(env.Publishing().Headers)
 	require.NoError(t, err)
@@ -332,7 +332,7 @@ func TestFindCommands(t *testing.T) {
 	// The reply arrives after all: the parked copy no longer applies.
 	st := f.status(t, second)
 	m := &inventoryv1.InventoryReserved{OrderId: "find-2"}
-	env, err := envelope.New(m, envelope.Meta{SagaID: second, SagaType: st.Type, CausationID: st.PendingMessageID})
+	env, err := message.New(m, message.Meta{SagaID: second, SagaType: st.Type, CausationID: st.PendingMessageID})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
 		return f.engine.Handle(context.Background(), tx, &consumer.Delivery{Envelope: env, Message: m, Attempt: 1})

@@ -16,11 +16,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Fault kinds, as Faults.Observe reports them.
@@ -117,12 +116,12 @@ func (f *injector) Middleware(service string, next participant.Func) participant
 		}
 		id := env.MessageID
 		attempt := int64(1)
-		if n, ok, err := envelope.HeaderInt(env.Headers, envelope.HeaderAttempt); ok && err == nil && n > 1 {
+		if n, ok, err := message.HeaderInt(env.Headers, message.HeaderAttempt); ok && err == nil && n > 1 {
 			attempt = n
 		}
 		if f.roll(id, strconv.FormatInt(attempt, 10), "transient") < f.Transient {
 			f.observe(FaultTransient)
-			return nil, failure.Transient(fmt.Errorf("injected transient failure of %s %s (attempt %d)", env.MessageType, id, attempt))
+			return nil, retry.Transient(fmt.Errorf("injected transient failure of %s %s (attempt %d)", env.MessageType, id, attempt))
 		}
 		if f.roll(id, "slow") < f.Slow {
 			reply, err := next(ctx, tx, cmd)
@@ -153,7 +152,7 @@ func (f *injector) Middleware(service string, next participant.Func) participant
 			if dup.Headers == nil {
 				dup.Headers = map[string]any{}
 			}
-			dup.Headers[envelope.HeaderOnce] = service
+			dup.Headers[message.HeaderOnce] = service
 			if err := outbox.Enqueue(ctx, tx, dup); err != nil {
 				return nil, fmt.Errorf("faults: enqueue duplicate reply to %s %s: %w", env.MessageType, id, err)
 			}
@@ -266,7 +265,7 @@ func (f *injector) sendSlow(ctx context.Context, pool *pgxpool.Pool, r slowReply
 	if env.Headers == nil {
 		env.Headers = map[string]any{}
 	}
-	env.Headers[envelope.HeaderOnce] = p.Service
+	env.Headers[message.HeaderOnce] = p.Service
 	sent := false
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The guard's once record commits with the effect.

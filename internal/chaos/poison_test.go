@@ -21,7 +21,7 @@ import (
 	"github.com/protosaga/saga/internal/chaos"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 )
@@ -63,7 +63,7 @@ func TestPoisonMessagesParkedWithoutSpinning(t *testing.T) {
 	defer pool.Close()
 
 	reserve := &inventoryv1.ReserveInventory{OrderId: "o-poison", Lines: []*commonv1.OrderLine{{ProductId: "p", Quantity: 1}}}
-	reserveEnv, err := envelope.New(reserve, envelope.Meta{})
+	reserveEnv, err := message.New(reserve, message.Meta{})
 	require.NoError(t, err)
 	body, err := proto.Marshal(reserve)
 	require.NoError(t, err)
@@ -79,11 +79,11 @@ func TestPoisonMessagesParkedWithoutSpinning(t *testing.T) {
 		return p
 	}
 	reply := func(sagaID string) amqp.Publishing {
-		env, err := envelope.New(&inventoryv1.InventoryReserved{OrderId: "o-poison"}, envelope.Meta{SagaID: sagaID, CausationID: "c"})
+		env, err := message.New(&inventoryv1.InventoryReserved{OrderId: "o-poison"}, message.Meta{SagaID: sagaID, CausationID: "c"})
 		require.NoError(t, err)
 		return env.Publishing()
 	}
-	stray, err := envelope.New(&paymentv1.PaymentAuthorized{OrderId: "o-poison"}, envelope.Meta{})
+	stray, err := message.New(&paymentv1.PaymentAuthorized{OrderId: "o-poison"}, message.Meta{})
 	require.NoError(t, err)
 
 	inv, sagaQ := "inventory.commands", "order.saga.place_order"
@@ -93,8 +93,8 @@ func TestPoisonMessagesParkedWithoutSpinning(t *testing.T) {
 		{"oversized body", inv, with(func(p *amqp.Publishing) { p.Body = bytes.Repeat([]byte{0xff}, 4<<20) }), "undecodable"},
 		{"unknown type", inv, with(func(p *amqp.Publishing) { p.Type = "shop.inventory.v1.NoSuchCommand" }), "unknown message type"},
 		{"wrong type for the queue", inv, withID(stray.Publishing()), "PaymentAuthorized"},
-		{"newer schema version", inv, with(func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = int32(99) }), "schema version mismatch"},
-		{"schema version not a number", inv, with(func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = "one" }), "invalid envelope"},
+		{"newer schema version", inv, with(func(p *amqp.Publishing) { p.Headers[message.HeaderSchemaVersion] = int32(99) }), "schema version mismatch"},
+		{"schema version not a number", inv, with(func(p *amqp.Publishing) { p.Headers[message.HeaderSchemaVersion] = "one" }), "invalid envelope"},
 		{"missing type", inv, with(func(p *amqp.Publishing) { p.Type = "" }), "invalid envelope"},
 		{"reply for no saga", sagaQ, withID(reply(uuid.NewString())), "not found"},
 		{"reply with a malformed saga id", sagaQ, withID(reply("not-a-uuid")), "not a UUID"},
@@ -147,7 +147,7 @@ func TestPoisonMessagesParkedWithoutSpinning(t *testing.T) {
 		OrderId: "o-after-poison", Lines: []*commonv1.OrderLine{{ProductId: "p", Quantity: 1}},
 		Amount:          &commonv1.Money{Currency: "EUR", MinorUnits: 100},
 		ShippingAddress: &commonv1.Address{Country: "FR"}, CardToken: "tok_visa",
-	}, envelope.Meta{})
+	}, message.Meta{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		st, err := po.GetByID(ctx, sagaID)

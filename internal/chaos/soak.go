@@ -22,7 +22,7 @@ import (
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	"github.com/protosaga/saga/internal/testenv"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
@@ -475,7 +475,7 @@ func (r *run) load(ctx context.Context) {
 		o := &order{id: req.GetOrderId(), kind: kind, started: time.Now()}
 		for attempt := 0; ; attempt++ {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			id, _, err := r.po.Start(sctx, req, envelope.Meta{})
+			id, _, err := r.po.Start(sctx, req, message.Meta{})
 			cancel()
 			if err == nil {
 				o.sagaID = id

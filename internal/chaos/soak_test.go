@@ -2,10 +2,10 @@ package chaos_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -42,9 +42,11 @@ func soakBinary(t *testing.T) string {
 			return
 		}
 		binDir = dir
+		// go test puts its own GOROOT/bin first on PATH.
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			buildErr = fmt.Errorf("find the go command to build the soak binary: %w", err)
+			return
 		}
 		binPath = filepath.Join(dir, "soak")
 		cmd := exec.Command(goBin, "build", "-o", binPath, "github.com/protosaga/saga/examples/placeorder/cmd/soak")

@@ -20,7 +20,6 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -167,30 +166,30 @@ func TestQuoteApprovalCancelTx(t *testing.T) {
 	require.NoError(t, schema.Migrate(ctx, pool, quotev1.QuoteApprovalMigrations()))
 	qa, err := quotev1.NewQuoteApproval(saga.Config{Pool: pool}, quoteApproval{})
 	require.NoError(t, err)
-	handle := func(m message.Message, meta envelope.Meta) error {
+	handle := func(m message.Message, meta message.Meta) error {
 		t.Helper()
-		env, err := envelope.New(m, meta)
+		env, err := message.New(m, meta)
 		require.NoError(t, err)
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			return qa.Handler()(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: qa.Queue(), Attempt: 1})
 		})
 	}
-	deliver := func(m message.Message, meta envelope.Meta) {
+	deliver := func(m message.Message, meta message.Meta) {
 		t.Helper()
 		require.NoError(t, handle(m, meta))
 	}
-	id, _, err := qa.Start(ctx, &quotev1.SubmitQuote{QuoteId: "q-1", PriceVersion: 3}, envelope.Meta{})
+	id, _, err := qa.Start(ctx, &quotev1.SubmitQuote{QuoteId: "q-1", PriceVersion: 3}, message.Meta{})
 	require.NoError(t, err)
 	st, err := qa.GetByID(ctx, id)
 	require.NoError(t, err)
-	err = handle(&pricingv1.QuotePriced{QuoteId: "q-1"}, envelope.Meta{SagaID: id, CausationID: st.Data.GetQuoteId()})
+	err = handle(&pricingv1.QuotePriced{QuoteId: "q-1"}, message.Meta{SagaID: id, CausationID: st.Data.GetQuoteId()})
 	require.ErrorIs(t, err, sagadef.ErrMisaddressed, "a reply that answers no command sent is refused")
 	st, err = qa.GetByID(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, quotev1.QuoteApprovalStatePriceQuote, st.State, "a reply that answers no command sent changes nothing")
 	status, err := qa.Status(ctx, id)
 	require.NoError(t, err)
-	deliver(&pricingv1.QuotePriced{QuoteId: "q-1"}, envelope.Meta{SagaID: id, CausationID: status.PendingMessageID})
+	deliver(&pricingv1.QuotePriced{QuoteId: "q-1"}, message.Meta{SagaID: id, CausationID: status.PendingMessageID})
 	st, err = qa.Get(ctx, "q-1")
 	require.NoError(t, err)
 	require.Equal(t, quotev1.QuoteApprovalStateApproval, st.State)
@@ -198,7 +197,7 @@ func TestQuoteApprovalCancelTx(t *testing.T) {
 	cancel := &quotev1.CancelQuote{QuoteId: "q-1", RequestedBy: "customer:c-1", Reason: "bought elsewhere"}
 	var messageID string
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		messageID, err = qa.CancelTx(ctx, tx, cancel, envelope.Meta{})
+		messageID, err = qa.CancelTx(ctx, tx, cancel, message.Meta{})
 		return err
 	}))
 	var exchange, key, typ string
@@ -208,7 +207,7 @@ func TestQuoteApprovalCancelTx(t *testing.T) {
 	require.Contains(t, quotev1.Topology().Bindings, broker.Binding{Queue: qa.Queue(), Exchange: exchange, RoutingKey: key},
 		"the saga's queue receives its cancel command")
 
-	deliver(cancel, envelope.Meta{MessageID: messageID})
+	deliver(cancel, message.Meta{MessageID: messageID})
 	st, err = qa.GetByID(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, quotev1.QuoteApprovalStateCompensatingPriceQuote, st.State)
@@ -220,7 +219,7 @@ func TestQuoteApprovalCancelTx(t *testing.T) {
 	require.Equal(t, "customer:c-1", last.Operator)
 	require.Contains(t, last.Note, "reason: bought elsewhere")
 
-	_, err = qa.Cancel(ctx, &quotev1.CancelQuote{RequestedBy: "x", Reason: "y"}, envelope.Meta{})
+	_, err = qa.Cancel(ctx, &quotev1.CancelQuote{RequestedBy: "x", Reason: "y"}, message.Meta{})
 	require.ErrorIs(t, err, saga.ErrNoCancel, "a cancel that names no quote is refused before the outbox")
 }
 

@@ -20,10 +20,9 @@ import (
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	"github.com/protosaga/saga/examples/quoteapproval/quote/v1/quotev1test"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -261,20 +260,20 @@ func TestParticipantDispatch(t *testing.T) {
 	t.Parallel()
 	handle := participant.Handler(inventoryv1.InventoryParticipantFunc(inventory{}))
 	deliver := func(m message.Message) error {
-		env := envelope.Envelope{MessageID: "m-1", MessageType: m.SagaMessageInfo().FullName}
+		env := message.Envelope{MessageID: "m-1", MessageType: m.SagaMessageInfo().FullName}
 		return handle(context.Background(), nil, &consumer.Delivery{Envelope: env, Message: m})
 	}
 	err := deliver(&inventoryv1.ReserveInventory{OrderId: "o-1"})
 	require.Error(t, err)
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err), "a nil reply is a bug: parked, not retried")
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err), "a nil reply is a bug: parked, not retried")
 	require.ErrorContains(t, err, "handle shop.inventory.v1.ReserveInventory m-1")
 	require.ErrorContains(t, err, "returned neither a reply nor an error")
 
 	err = deliver(&inventoryv1.ReleaseInventory{OrderId: "o-1"})
 	require.ErrorContains(t, err, "unavailable")
-	require.NotEqual(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.NotEqual(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	err = deliver(&paymentv1.AuthorizePayment{OrderId: "o-1"})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 	require.ErrorContains(t, err, "unexpected command shop.payment.v1.AuthorizePayment")
 }

@@ -19,7 +19,7 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	"github.com/protosaga/saga/internal/testenv"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
@@ -45,7 +45,7 @@ func startPlaceOrder(t *testing.T, pool *pgxpool.Pool) {
 	po, err := orderv1.NewPlaceOrder(saga.Config{Pool: pool}, placeOrder{})
 	require.NoError(t, err)
 	require.NoError(t, po.Engine().CheckStates(ctx))
-	id, created, err := po.Start(ctx, placeOrderRequest(), envelope.Meta{})
+	id, created, err := po.Start(ctx, placeOrderRequest(), message.Meta{})
 	require.NoError(t, err)
 	require.True(t, created)
 	var state string

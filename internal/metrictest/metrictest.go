@@ -40,7 +40,7 @@ type Point struct {
 func (p Point) Matches(labels map[string]string) bool {
 	for k, v := range labels {
 		got, ok := p.Attrs.Value(attribute.Key(k))
-		if !ok || got.Emit() != v {
+		if !ok || got.String() != v {
 			return false
 		}
 	}

@@ -35,7 +35,6 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
@@ -282,9 +281,9 @@ func request(order string) *orderv1.PlaceOrderRequest {
 
 // deliver hands m to the saga's handler in a transaction of its own, as its
 // consumer would.
-func (b *bundle) deliver(t *testing.T, m message.Message, meta envelope.Meta) {
+func (b *bundle) deliver(t *testing.T, m message.Message, meta message.Meta) {
 	t.Helper()
-	env, err := envelope.New(m, meta)
+	env, err := message.New(m, meta)
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		return b.po.Handler()(b.ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: b.po.Queue(), Attempt: 1, ReceivedAt: clock})
@@ -295,15 +294,15 @@ func (b *bundle) deliver(t *testing.T, m message.Message, meta envelope.Meta) {
 func (b *bundle) derive(t *testing.T, sections map[string]string) {
 	// A saga started by an API call, its first step answered: the saga
 	// sends AuthorizePayment.
-	sagaID, _, err := b.po.Start(b.ctx, request("o-1001"), envelope.Meta{MessageID: testID(1), Traceparent: traceparent})
+	sagaID, _, err := b.po.Start(b.ctx, request("o-1001"), message.Meta{MessageID: testID(1), Traceparent: traceparent})
 	require.NoError(t, err)
 	st, err := b.po.Status(b.ctx, sagaID)
 	require.NoError(t, err)
 	reserve := st.PendingMessageID
-	b.deliver(t, &inventoryv1.InventoryReserved{OrderId: "o-1001"}, envelope.Meta{MessageID: testID(2),
+	b.deliver(t, &inventoryv1.InventoryReserved{OrderId: "o-1001"}, message.Meta{MessageID: testID(2),
 		SagaID: sagaID, SagaType: b.po.Engine().Definition().Name, CausationID: reserve, Traceparent: traceparent})
 	// A second saga, whose command a misaddressed reply names below.
-	other, _, err := b.po.Start(b.ctx, request("o-2002"), envelope.Meta{MessageID: testID(3)})
+	other, _, err := b.po.Start(b.ctx, request("o-2002"), message.Meta{MessageID: testID(3)})
 	require.NoError(t, err)
 	otherSt, err := b.po.Status(b.ctx, other)
 	require.NoError(t, err)
@@ -324,23 +323,23 @@ func (b *bundle) derive(t *testing.T, sections map[string]string) {
 	b.consume(t, "payment", paymentQueue, b.paymentRg,
 		participant.Handler(participant.Idempotent("payment", b.paymentRg, paymentv1.PaymentParticipantFunc(payment{b}))))
 	retried := b.get(t, broker.TierQueue(paymentQueue, time.Hour))
-	mint(t, &retried, envelope.HeaderFirstFailureAt)
+	mint(t, &retried, message.HeaderFirstFailureAt)
 	sections["retry"] = fence(render(retried))
 
 	// Back from the tier (as its TTL would send it), the command succeeds.
 	b.failing.Store(false)
 	b.send(t, "", paymentQueue, republish(retried))
 	reply := b.get(t, captureReplies)
-	mint(t, &reply, "message-id", "timestamp", envelope.HeaderOccurredAt)
+	mint(t, &reply, "message-id", "timestamp", message.HeaderOccurredAt)
 	sections["reply"] = fence(render(reply))
 
 	// A schema version newer than the participant knows: parked at once.
 	newer := publishing(cmd)
 	newer.MessageId = testID(4)
-	newer.Headers[envelope.HeaderSchemaVersion] = int32(2)
+	newer.Headers[message.HeaderSchemaVersion] = int32(2)
 	b.send(t, cmd.Exchange, cmd.RoutingKey, newer)
 	parked := b.get(t, broker.ParkingQueue(paymentQueue))
-	mint(t, &parked, envelope.HeaderFirstFailureAt)
+	mint(t, &parked, message.HeaderFirstFailureAt)
 	sections["parked"] = fence(render(parked))
 
 	b.consume(t, "order-saga", b.po.Queue(), b.sagaReg, b.po.Handler())
@@ -366,7 +365,7 @@ func (b *bundle) parkReasons(t *testing.T, cmd amqp.Delivery, sagaID, reserve, o
 		return p
 	}
 	reply := func(m message.Message, causation string) amqp.Publishing {
-		env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: b.po.Engine().Definition().Name, CausationID: causation, OccurredAt: clock})
+		env, err := message.New(m, message.Meta{SagaID: sagaID, SagaType: b.po.Engine().Definition().Name, CausationID: causation, OccurredAt: clock})
 		require.NoError(t, err)
 		return env.Publishing()
 	}
@@ -387,13 +386,13 @@ func (b *bundle) parkReasons(t *testing.T, cmd amqp.Delivery, sagaID, reserve, o
 	onCommands("no `message-id` property", func(p *amqp.Publishing) {})
 	cases[0].noID = true
 	onCommands("no `type` property", func(p *amqp.Publishing) { p.Type = "" })
-	onCommands("no `x-schema-version` header", func(p *amqp.Publishing) { delete(p.Headers, envelope.HeaderSchemaVersion) })
-	onCommands("`x-schema-version` not an integer", func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = "two" })
-	onCommands("`x-schema-version` below 1", func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = int32(0) })
-	onCommands("a string header of another type (`x-saga-id` a boolean)", func(p *amqp.Publishing) { p.Headers[envelope.HeaderSagaID] = true })
-	onCommands("`x-occurred-at` not an RFC 3339 time", func(p *amqp.Publishing) { p.Headers[envelope.HeaderOccurredAt] = "yesterday" })
+	onCommands("no `x-schema-version` header", func(p *amqp.Publishing) { delete(p.Headers, message.HeaderSchemaVersion) })
+	onCommands("`x-schema-version` not an integer", func(p *amqp.Publishing) { p.Headers[message.HeaderSchemaVersion] = "two" })
+	onCommands("`x-schema-version` below 1", func(p *amqp.Publishing) { p.Headers[message.HeaderSchemaVersion] = int32(0) })
+	onCommands("a string header of another type (`x-saga-id` a boolean)", func(p *amqp.Publishing) { p.Headers[message.HeaderSagaID] = true })
+	onCommands("`x-occurred-at` not an RFC 3339 time", func(p *amqp.Publishing) { p.Headers[message.HeaderOccurredAt] = "yesterday" })
 	onCommands("a type the queue's consumer does not know", func(p *amqp.Publishing) { p.Type = "shop.payment.v1.RefundPayment" })
-	onCommands("a schema version newer than the consumer's", func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = int32(2) })
+	onCommands("a schema version newer than the consumer's", func(p *amqp.Publishing) { p.Headers[message.HeaderSchemaVersion] = int32(2) })
 	onCommands("a body that is not the type's protobuf encoding", func(p *amqp.Publishing) { p.Body = []byte{0x0a, 0xff} })
 	onCommands("a command without its idempotency key (`order_id` empty)", func(p *amqp.Publishing) {
 		body, err := proto.Marshal(&paymentv1.AuthorizePayment{CustomerId: "c-1"})
@@ -404,16 +403,16 @@ func (b *bundle) parkReasons(t *testing.T, cmd amqp.Delivery, sagaID, reserve, o
 		body, err := proto.Marshal(&paymentv1.AuthorizePayment{OrderId: "o-3003", CustomerId: "c-unavailable"})
 		require.NoError(t, err)
 		p.Body = body
-		p.Headers[envelope.HeaderIdempotency] = "o-3003"
-		p.Headers[envelope.HeaderAttempt] = int32(3)
+		p.Headers[message.HeaderIdempotency] = "o-3003"
+		p.Headers[message.HeaderAttempt] = int32(3)
 	})
-	onSaga("`x-saga-id` not a UUID", reply(reserved, reserve), func(p *amqp.Publishing) { p.Headers[envelope.HeaderSagaID] = "o-1001" })
+	onSaga("`x-saga-id` not a UUID", reply(reserved, reserve), func(p *amqp.Publishing) { p.Headers[message.HeaderSagaID] = "o-1001" })
 	onSaga("`x-saga-id` of no saga", reply(reserved, reserve), func(p *amqp.Publishing) {
-		p.Headers[envelope.HeaderSagaID] = "01906f3e-8c00-7000-8000-0000000000ff"
+		p.Headers[message.HeaderSagaID] = "01906f3e-8c00-7000-8000-0000000000ff"
 	})
-	onSaga("`x-saga-type` of another saga", reply(reserved, reserve), func(p *amqp.Publishing) { p.Headers[envelope.HeaderSagaType] = "shop.order.v1.ReturnOrder" })
+	onSaga("`x-saga-type` of another saga", reply(reserved, reserve), func(p *amqp.Publishing) { p.Headers[message.HeaderSagaType] = "shop.order.v1.ReturnOrder" })
 	onSaga("a reply with neither `x-saga-id` nor a correlation key", reply(&inventoryv1.InventoryReserved{}, reserve), func(p *amqp.Publishing) {
-		delete(p.Headers, envelope.HeaderSagaID)
+		delete(p.Headers, message.HeaderSagaID)
 	})
 	onSaga("a reply without `x-causation-id`", reply(reserved, ""), nil)
 	onSaga("a reply whose `x-causation-id` names no command the saga sent", reply(reserved, testID(99)), nil)

@@ -18,7 +18,6 @@ import (
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagatest"
@@ -347,8 +346,8 @@ func TestTimeline(t *testing.T) {
 		_, err := b.engine.FireTimeouts(t.Context(), 10)
 		require.NoError(t, err)
 	}
-	payEnv, err := envelope.New(&paymentv1.PaymentAuthorized{OrderId: "order-tl", AuthorizationId: "auth-1"},
-		envelope.Meta{SagaID: id, SagaType: "shop.order.v1.PlaceOrder", CausationID: b.status(t, id).PendingMessageID})
+	payEnv, err := message.New(&paymentv1.PaymentAuthorized{OrderId: "order-tl", AuthorizationId: "auth-1"},
+		message.Meta{SagaID: id, SagaType: "shop.order.v1.PlaceOrder", CausationID: b.status(t, id).PendingMessageID})
 	require.NoError(t, err)
 	parkedID := b.park(t, payEnv, "order.saga.place_order", "handler exploded")
 
@@ -423,13 +422,13 @@ func TestRedaction(t *testing.T) {
 
 	// A parked command with a sensitive field, and a parked message of a type
 	// no registry knows.
-	cmd, err := envelope.New(&paymentv1.AuthorizePayment{OrderId: "order-secret", CardToken: cardToken},
-		envelope.Meta{SagaID: id, SagaType: "shop.order.v1.PlaceOrder"})
+	cmd, err := message.New(&paymentv1.AuthorizePayment{OrderId: "order-secret", CardToken: cardToken},
+		message.Meta{SagaID: id, SagaType: "shop.order.v1.PlaceOrder"})
 	require.NoError(t, err)
 	cmdParked := b.park(t, cmd, "payment.commands", "card service down")
 	unknownInfo := sagatest.NewType("other.v1.Mystery", message.KindEvent)
 	unknownInfo.Exchange, unknownInfo.RoutingKey, unknownInfo.SchemaVersion = "other", "event.mystery", 1
-	unk, err := envelope.New(sagatest.NewMessage(unknownInfo, cardToken), envelope.Meta{})
+	unk, err := message.New(sagatest.NewMessage(unknownInfo, cardToken), message.Meta{})
 	require.NoError(t, err)
 	unkParked := b.park(t, unk, "other.events", "unknown message type")
 

@@ -19,7 +19,7 @@ import (
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/internal/browsertest"
 	"github.com/protosaga/saga/runtime/admin"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 )
 
@@ -492,7 +492,7 @@ func TestConsoleLinksAndPreviews(t *testing.T) {
 	require.NotEmpty(t, b.status(t, done).LastError, "the engine keeps the error the saga got past")
 	unlinked := b.start(t, "preview-unlinked")
 	reply := &inventoryv1.InventoryReserved{OrderId: "preview-unlinked"}
-	env, err := envelope.New(reply, envelope.Meta{CausationID: b.status(t, unlinked).PendingMessageID})
+	env, err := message.New(reply, message.Meta{CausationID: b.status(t, unlinked).PendingMessageID})
 	require.NoError(t, err)
 	pid := b.park(t, env, "order.saga.place_order", "fold failed: bug 18")
 

@@ -96,7 +96,7 @@
 // (same-origin scripts and styles only; the console uses no external
 // resources) and the console builds its DOM from text, never from HTML
 // strings; the one markup it inserts, the state diagram the server draws
-// (GET /api/types/{type}/diagram.svg, sagadef.Definition.SVG), is parsed as
+// (GET /api/types/{type}/diagram.svg, drawn by runtime/admin/internal/diagram), is parsed as
 // XML and pruned to an allowlist of SVG elements and attributes first.
 // Message bodies and saga data are decoded through the message registries
 // and shown as protojson with every field the contract marks sensitive

@@ -18,7 +18,7 @@ import (
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 )
 
@@ -63,7 +63,7 @@ func (b *bundle) runBroker(t *testing.T) {
 
 // publishReply writes a participant's reply to the outbox, as
 // participant.Handler would.
-func (b *bundle) publishReply(t *testing.T, env envelope.Envelope) {
+func (b *bundle) publishReply(t *testing.T, env message.Envelope) {
 	t.Helper()
 	tx, err := b.pool.Begin(t.Context())
 	require.NoError(t, err)

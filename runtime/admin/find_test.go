@@ -14,7 +14,7 @@ import (
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/runtime/admin"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // toShipping drives a new saga to SCHEDULE_SHIPPING.
@@ -95,7 +95,7 @@ func TestRepairsOfferedByState(t *testing.T) {
 func (b *bundle) parkCommand(t *testing.T, id, queue, reason string) int64 {
 	t.Helper()
 	st := b.status(t, id)
-	var env envelope.Envelope
+	var env message.Envelope
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT message_id, message_type, exchange, routing_key, body FROM saga_outbox WHERE message_id = $1`,
 		st.PendingMessageID).Scan(&env.MessageID, &env.MessageType, &env.Exchange, &env.RoutingKey, &env.Body))
 	env.SagaID, env.SagaType, env.SchemaVersion = id, st.Type, 1
@@ -197,7 +197,7 @@ func TestParkedWithoutSagaMetadataIsLinked(t *testing.T) {
 	b := setup(t)
 	id := b.start(t, "order-unlinked")
 	reply := &inventoryv1.InventoryReserved{OrderId: "order-unlinked"}
-	env, err := envelope.New(reply, envelope.Meta{CausationID: b.status(t, id).PendingMessageID})
+	env, err := message.New(reply, message.Meta{CausationID: b.status(t, id).PendingMessageID})
 	require.NoError(t, err)
 	require.Empty(t, env.SagaID)
 	require.Equal(t, "order-unlinked", reply.CorrelationKey(), "its correlation field is the business key")

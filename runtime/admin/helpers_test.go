@@ -29,9 +29,8 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
 )
@@ -85,7 +84,7 @@ func (decider) BuildApproveOrder(_ context.Context, d *orderv1.PlaceOrderData) (
 
 func (d decider) OnInventoryReserved(_ context.Context, data *orderv1.PlaceOrderData, _ *inventoryv1.InventoryReserved) error {
 	if d.broken != nil && d.broken.Load() {
-		return failure.Permanent(errors.New("inventory reservation rejected by a bug in OnInventoryReserved"))
+		return retry.Permanent(errors.New("inventory reservation rejected by a bug in OnInventoryReserved"))
 	}
 	data.FailureReason = ""
 	return nil
@@ -150,7 +149,7 @@ func (b *bundle) start(t *testing.T, order string) string {
 		Amount:          &commonv1.Money{Currency: "EUR", MinorUnits: 4200},
 		ShippingAddress: &commonv1.Address{Name: "S. Holmes", Street: street, City: "London"},
 		CardToken:       cardToken,
-	}, envelope.Meta{})
+	}, message.Meta{})
 	require.NoError(t, err)
 	require.True(t, created)
 	return id
@@ -165,23 +164,23 @@ func (b *bundle) status(t *testing.T, id string) saga.Status {
 
 // replyEnvelope is the envelope a participant would publish for m in answer
 // to the saga's pending command.
-func (b *bundle) replyEnvelope(t *testing.T, id string, m message.Message) envelope.Envelope {
+func (b *bundle) replyEnvelope(t *testing.T, id string, m message.Message) message.Envelope {
 	t.Helper()
 	st := b.status(t, id)
-	env, err := envelope.New(m, envelope.Meta{SagaID: id, SagaType: st.Type, CausationID: st.PendingMessageID})
+	env, err := message.New(m, message.Meta{SagaID: id, SagaType: st.Type, CausationID: st.PendingMessageID})
 	require.NoError(t, err)
 	return env
 }
 
 // deliver applies env to its saga as the consumer would, in a transaction.
-func (b *bundle) deliver(t *testing.T, env envelope.Envelope, m message.Message) error {
+func (b *bundle) deliver(t *testing.T, env message.Envelope, m message.Message) error {
 	t.Helper()
 	return pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
 		return b.engine.Handle(context.Background(), tx, deliveryOf(env, m))
 	})
 }
 
-func deliveryOf(env envelope.Envelope, m message.Message) *consumer.Delivery {
+func deliveryOf(env message.Envelope, m message.Message) *consumer.Delivery {
 	return &consumer.Delivery{Envelope: env, Message: m, Queue: "order.saga.place_order", Attempt: 1}
 }
 
@@ -205,7 +204,7 @@ INSERT INTO saga_outbox_sent (id, published_at, attempts, relay) SELECT id, now(
 
 // park records env as the consumer of queue would after a permanent
 // failure, and returns the saga_parked id.
-func (b *bundle) park(t *testing.T, env envelope.Envelope, queue, reason string) int64 {
+func (b *bundle) park(t *testing.T, env message.Envelope, queue, reason string) int64 {
 	t.Helper()
 	pub := env.Publishing()
 	headers, err := json.Marshal(pub.Headers)

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -247,23 +247,23 @@ func republish(ctx context.Context, tx pgx.Tx, row parkedRow) error {
 // transportHeaders are headers of a parked copy that describe its failed
 // deliveries, not the message; a replay starts without them.
 var transportHeaders = []string{
-	envelope.HeaderAttempt, envelope.HeaderParkReason, envelope.HeaderParkClass, envelope.HeaderOrigExchange,
-	envelope.HeaderOrigRoutingKey, envelope.HeaderOrigQueue, envelope.HeaderFirstFailureAt, "x-last-error",
+	message.HeaderAttempt, message.HeaderParkReason, message.HeaderParkClass, message.HeaderOrigExchange,
+	message.HeaderOrigRoutingKey, message.HeaderOrigQueue, message.HeaderFirstFailureAt, "x-last-error",
 	"x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
 	"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason", "x-delivery-count",
 }
 
 // envelopeHeaders are the envelope's own fields carried as headers.
 var envelopeHeaders = []string{
-	envelope.HeaderSagaID, envelope.HeaderSagaType, envelope.HeaderCausationID, envelope.HeaderSchemaVersion,
-	envelope.HeaderTraceparent, envelope.HeaderTracestate, envelope.HeaderIdempotency, envelope.HeaderOccurredAt,
+	message.HeaderSagaID, message.HeaderSagaType, message.HeaderCausationID, message.HeaderSchemaVersion,
+	message.HeaderTraceparent, message.HeaderTracestate, message.HeaderIdempotency, message.HeaderOccurredAt,
 }
 
 // envelopeOf rebuilds the envelope of a parked message from its row.
-func envelopeOf(row parkedRow) (envelope.Envelope, error) {
+func envelopeOf(row parkedRow) (message.Envelope, error) {
 	h := row.headerMap()
-	refuse := func(format string, args ...any) (envelope.Envelope, error) {
-		return envelope.Envelope{}, apiErr(http.StatusConflict, "refused", "parked message %d cannot be replayed: "+format, append([]any{row.ID}, args...)...)
+	refuse := func(format string, args ...any) (message.Envelope, error) {
+		return message.Envelope{}, apiErr(http.StatusConflict, "refused", "parked message %d cannot be replayed: "+format, append([]any{row.ID}, args...)...)
 	}
 	if row.MessageType == "" {
 		return refuse("it has no message type (its envelope was invalid; it would be parked again)")
@@ -271,19 +271,19 @@ func envelopeOf(row parkedRow) (envelope.Envelope, error) {
 	if row.Exchange == "" && row.RoutingKey == "" {
 		return refuse("no original exchange or routing key was recorded")
 	}
-	sv, ok, err := envelope.HeaderInt(h, envelope.HeaderSchemaVersion)
+	sv, ok, err := message.HeaderInt(h, message.HeaderSchemaVersion)
 	if err != nil || !ok || sv < 1 || sv > 1<<31-1 {
-		return refuse("it has no valid %s header (it would be parked again)", envelope.HeaderSchemaVersion)
+		return refuse("it has no valid %s header (it would be parked again)", message.HeaderSchemaVersion)
 	}
 	str := func(k string) string {
-		v, _, _ := envelope.HeaderString(h, k)
+		v, _, _ := message.HeaderString(h, k)
 		return v
 	}
-	env := envelope.Envelope{
-		MessageID: row.MessageID, CorrelationID: row.CorrelationID, CausationID: str(envelope.HeaderCausationID),
-		SagaID: str(envelope.HeaderSagaID), SagaType: str(envelope.HeaderSagaType),
-		MessageType: row.MessageType, SchemaVersion: int32(sv), IdempotencyKey: str(envelope.HeaderIdempotency),
-		Traceparent: str(envelope.HeaderTraceparent), Tracestate: str(envelope.HeaderTracestate),
+	env := message.Envelope{
+		MessageID: row.MessageID, CorrelationID: row.CorrelationID, CausationID: str(message.HeaderCausationID),
+		SagaID: str(message.HeaderSagaID), SagaType: str(message.HeaderSagaType),
+		MessageType: row.MessageType, SchemaVersion: int32(sv), IdempotencyKey: str(message.HeaderIdempotency),
+		Traceparent: str(message.HeaderTraceparent), Tracestate: str(message.HeaderTracestate),
 		Exchange: row.Exchange, RoutingKey: row.RoutingKey, Body: row.body,
 	}
 	if row.LinkedBy == "" {
@@ -300,7 +300,7 @@ func envelopeOf(row parkedRow) (envelope.Envelope, error) {
 	if env.CorrelationID == "" {
 		env.CorrelationID = env.SagaID
 	}
-	if at, ok, err := envelope.HeaderTime(h, envelope.HeaderOccurredAt); ok && err == nil {
+	if at, ok, err := message.HeaderTime(h, message.HeaderOccurredAt); ok && err == nil {
 		env.OccurredAt = at
 	} else {
 		env.OccurredAt = row.FirstFailureAt
@@ -390,7 +390,7 @@ func (s *Server) check(ctx context.Context, tx pgx.Tx, row parkedRow, dryRun boo
 		c.Explanation = st.DataError + ": a message for it would be parked again"
 		return t, &st, c, nil
 	}
-	causation, _, _ := envelope.HeaderString(row.headerMap(), envelope.HeaderCausationID)
+	causation, _, _ := message.HeaderString(row.headerMap(), message.HeaderCausationID)
 	inst := sagadef.Instance{
 		ID: st.ID, Type: st.Type, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Data: st.Data,
 		Attempt: st.Attempt, PendingMessageID: st.PendingMessageID, Progress: st.Progress,

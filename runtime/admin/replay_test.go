@@ -13,7 +13,7 @@ import (
 
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
 	"github.com/protosaga/saga/runtime/admin"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 )
 
@@ -190,10 +190,10 @@ func TestReplayChecksSagaState(t *testing.T) {
 // parkPendingCommand parks the command saga id waits on (its outbox row),
 // as the participant's consumer would, and returns the parked id and the
 // command's envelope.
-func (b *bundle) parkPendingCommand(t *testing.T, id string) (int64, envelope.Envelope) {
+func (b *bundle) parkPendingCommand(t *testing.T, id string) (int64, message.Envelope) {
 	t.Helper()
 	st := b.status(t, id)
-	var env envelope.Envelope
+	var env message.Envelope
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT message_id, message_type, exchange, routing_key, body FROM saga_outbox WHERE message_id = $1`,
 		st.PendingMessageID).Scan(&env.MessageID, &env.MessageType, &env.Exchange, &env.RoutingKey, &env.Body))
 	env.SagaID, env.SagaType, env.SchemaVersion = id, st.Type, 1

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/url"
 	"os"
 	"strings"
@@ -17,6 +16,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // ErrClosed is returned by Conn methods after Close.
@@ -355,7 +356,7 @@ func (c *Conn) connect(ctx context.Context, first bool) (*amqp.Connection, error
 			}
 			c.cfg.Logger.Debug("broker dial failed", "url", Redact(u), "attempt", attempt+1, "error", err)
 		}
-		t := time.NewTimer(Backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff))
+		t := time.NewTimer(retry.Backoff(attempt, c.cfg.MinBackoff, c.cfg.MaxBackoff))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -403,22 +404,6 @@ func permanent(err error) bool {
 	var hostErr x509.HostnameError
 	return errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost) || errors.Is(err, amqp.ErrSASL) ||
 		errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr)
-}
-
-// Backoff returns the wait before retry attempt (0-based): min doubled per
-// attempt, capped at max, with "equal jitter" (a uniformly random value in
-// [d/2, d]) so that many clients losing the broker at once do not return in
-// lockstep.
-func Backoff(attempt int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 0; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max || d <= 0 {
-		d = max
-	}
-	half := d / 2
-	return half + rand.N(d-half+1)
 }
 
 // Redact returns url with its password replaced by "xxxxx" (each URL's, for

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/retain"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
@@ -21,7 +20,7 @@ import (
 // Delivery is one decoded message handed to a [HandlerFunc].
 type Delivery struct {
 	// Envelope is the message's metadata and raw body.
-	Envelope envelope.Envelope
+	Envelope message.Envelope
 	// Message is the body decoded through the registry.
 	Message message.Message
 	// Queue is the work queue the message was consumed from.
@@ -80,7 +79,7 @@ func BatchFault(err error) error { return &BatchFaultError{Err: err} }
 // then unusable: the delivery fails as unclassified).
 //
 // A nil error commits the handler's effects. An error rolls them back and is
-// routed by its class (see runtime/failure): permanent errors park the
+// routed by its class (see runtime/retry): permanent errors park the
 // message, transient and unclassified ones retry it through the tiers until
 // the policy's budget is spent, then park it. A panic counts as an
 // unclassified error.

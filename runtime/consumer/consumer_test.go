@@ -20,8 +20,6 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
@@ -167,7 +165,7 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 	first := len(b.calls[id]) == 1
 	b.mu.Unlock()
 	if d.Queue != b.queue {
-		return failure.Permanent(errors.New("wrong queue in delivery"))
+		return retry.Permanent(errors.New("wrong queue in delivery"))
 	}
 	text := d.Message.(*note).GetValue()
 	if text == doBlock && first {
@@ -179,13 +177,13 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 	}
 	switch text {
 	case doPermanent:
-		return failure.Permanent(errors.New("order rejected"))
+		return retry.Permanent(errors.New("order rejected"))
 	case doTransientOnce:
 		if d.Attempt == 1 {
-			return failure.Transient(errors.New("flaky dependency"))
+			return retry.Transient(errors.New("flaky dependency"))
 		}
 	case doTransient:
-		return failure.Transient(errors.New("flaky dependency"))
+		return retry.Transient(errors.New("flaky dependency"))
 	case doPanic:
 		panic("boom")
 	case doSwallow:
@@ -197,13 +195,13 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		if text == doEnqueueShared {
 			out = "shared-out"
 		}
-		if err := outbox.Enqueue(ctx, tx, envelope.Envelope{MessageID: out, MessageType: noteInfo.FullName,
+		if err := outbox.Enqueue(ctx, tx, message.Envelope{MessageID: out, MessageType: noteInfo.FullName,
 			SchemaVersion: 1, Exchange: "events", RoutingKey: copyKey}); err != nil {
 			return err
 		}
 		switch {
 		case text == doEnqueueFail:
-			return failure.Permanent(errors.New("rejected after writing to the outbox"))
+			return retry.Permanent(errors.New("rejected after writing to the outbox"))
 		case text == doEnqueueHold && first:
 			b.entered <- id
 			<-b.release
@@ -330,9 +328,9 @@ func (b *testBundle) sendOneBatch(r *running, notes ...[2]string) {
 }
 
 // envelopeFor builds the envelope of a note.
-func (b *testBundle) envelopeFor(id, text string) envelope.Envelope {
+func (b *testBundle) envelopeFor(id, text string) message.Envelope {
 	b.t.Helper()
-	env, err := envelope.New(&note{wrapperspb.String(text)}, envelope.Meta{MessageID: id, SagaID: "saga-" + id})
+	env, err := message.New(&note{wrapperspb.String(text)}, message.Meta{MessageID: id, SagaID: "saga-" + id})
 	require.NoError(b.t, err)
 	return env
 }
@@ -468,7 +466,7 @@ func (b *testBundle) parked() map[string]parkedRow {
 
 func header(t *testing.T, h amqp.Table, key string) string {
 	t.Helper()
-	s, ok, err := envelope.HeaderString(h, key)
+	s, ok, err := message.HeaderString(h, key)
 	require.NoError(t, err)
 	require.True(t, ok, "header %s missing in %v", key, h)
 	return s
@@ -579,9 +577,9 @@ func TestConsumer(t *testing.T) {
 		require.Equal(t, 2, calls[1].attempt)
 		second := amqp.Table(calls[1].headers)
 		require.Contains(t, header(t, second, consumer.HeaderLastError), "flaky dependency")
-		require.Equal(t, "events", header(t, second, envelope.HeaderOrigExchange))
-		require.Equal(t, "note.created", header(t, second, envelope.HeaderOrigRoutingKey))
-		_, ok, err := envelope.HeaderTime(second, envelope.HeaderFirstFailureAt)
+		require.Equal(t, "events", header(t, second, message.HeaderOrigExchange))
+		require.Equal(t, "note.created", header(t, second, message.HeaderOrigRoutingKey))
+		_, ok, err := message.HeaderTime(second, message.HeaderFirstFailureAt)
 		require.NoError(t, err)
 		require.True(t, ok)
 		// The copy waited in the first tier queue and expired back.
@@ -627,16 +625,16 @@ func TestConsumer(t *testing.T) {
 		require.Len(t, parked, 1)
 		p := parked[0]
 		require.Equal(t, "t2", p.MessageId)
-		require.Equal(t, "exhausted", header(t, p.Headers, envelope.HeaderParkClass))
-		require.Contains(t, header(t, p.Headers, envelope.HeaderParkReason), "flaky dependency")
-		require.Equal(t, b.queue, header(t, p.Headers, envelope.HeaderOrigQueue))
-		require.Equal(t, "events", header(t, p.Headers, envelope.HeaderOrigExchange))
-		require.Equal(t, "note.created", header(t, p.Headers, envelope.HeaderOrigRoutingKey))
-		attempt, _, err := envelope.HeaderInt(p.Headers, envelope.HeaderAttempt)
+		require.Equal(t, "exhausted", header(t, p.Headers, message.HeaderParkClass))
+		require.Contains(t, header(t, p.Headers, message.HeaderParkReason), "flaky dependency")
+		require.Equal(t, b.queue, header(t, p.Headers, message.HeaderOrigQueue))
+		require.Equal(t, "events", header(t, p.Headers, message.HeaderOrigExchange))
+		require.Equal(t, "note.created", header(t, p.Headers, message.HeaderOrigRoutingKey))
+		attempt, _, err := message.HeaderInt(p.Headers, message.HeaderAttempt)
 		require.NoError(t, err)
 		require.EqualValues(t, 3, attempt)
 		// The parked copy is still a valid envelope: it can be replayed.
-		env, err := envelope.FromDelivery(&p)
+		env, err := message.FromDelivery(&p)
 		require.NoError(t, err)
 		require.Equal(t, "saga-t2", env.SagaID)
 		require.Zero(t, b.ready(b.queue))
@@ -650,8 +648,8 @@ func TestConsumer(t *testing.T) {
 		b.send("perm", doPermanent, nil)
 		b.send("undecodable", doOK, func(p *amqp.Publishing) { p.Body = []byte{0x0a, 0x05, 'a'} })
 		b.send("unknown-type", doOK, func(p *amqp.Publishing) { p.Type = "sagatest.v1.Nope" })
-		b.send("newer-schema", doOK, func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = int32(3) })
-		b.send("older-schema", doOK, func(p *amqp.Publishing) { p.Headers[envelope.HeaderSchemaVersion] = int32(1) })
+		b.send("newer-schema", doOK, func(p *amqp.Publishing) { p.Headers[message.HeaderSchemaVersion] = int32(3) })
+		b.send("older-schema", doOK, func(p *amqp.Publishing) { p.Headers[message.HeaderSchemaVersion] = int32(1) })
 		// Hostile metadata: a message id and header PostgreSQL text cannot hold.
 		hostile := "bad\x00id\xff"
 		b.send(hostile, doOK, func(p *amqp.Publishing) {
@@ -707,9 +705,9 @@ func TestConsumer(t *testing.T) {
 		parked := b.drain(broker.ParkingQueue(b.queue))
 		require.Len(t, parked, 6)
 		for _, p := range parked {
-			require.Equal(t, "permanent", header(t, p.Headers, envelope.HeaderParkClass))
-			require.NotEmpty(t, header(t, p.Headers, envelope.HeaderParkReason))
-			require.Equal(t, b.queue, header(t, p.Headers, envelope.HeaderOrigQueue))
+			require.Equal(t, "permanent", header(t, p.Headers, message.HeaderParkClass))
+			require.NotEmpty(t, header(t, p.Headers, message.HeaderParkReason))
+			require.Equal(t, b.queue, header(t, p.Headers, message.HeaderOrigQueue))
 			if p.CorrelationId == "corr-no-id" {
 				require.Equal(t, noID.MessageID, p.MessageId)
 			}
@@ -724,7 +722,7 @@ func TestConsumer(t *testing.T) {
 		// A saga id in another UUID form is stored in the form saga
 		// tables, timelines and filters use.
 		b.send("odd-id", doPermanent, func(p *amqp.Publishing) {
-			p.Headers[envelope.HeaderSagaID] = "urn:uuid:0190B1E2-7C3A-7D4E-8F60-1A2B3C4D5E6F"
+			p.Headers[message.HeaderSagaID] = "urn:uuid:0190B1E2-7C3A-7D4E-8F60-1A2B3C4D5E6F"
 		})
 		b.send("not-a-uuid", doPermanent, nil)
 		b.waitSettled("odd-id", "park")
@@ -765,7 +763,7 @@ FROM saga_parked WHERE message_id = 'again'`).Scan(&open, &dismissed))
 		// A message that names no saga is found by its correlation field:
 		// parking keeps it, to join the row to its saga. One that names a
 		// saga needs none.
-		b.send("no-saga", doPermanent, func(p *amqp.Publishing) { delete(p.Headers, envelope.HeaderSagaID) })
+		b.send("no-saga", doPermanent, func(p *amqp.Publishing) { delete(p.Headers, message.HeaderSagaID) })
 		b.send("with-saga", doPermanent, nil)
 		b.waitSettled("no-saga", "park")
 		b.waitSettled("with-saga", "park")

@@ -7,7 +7,7 @@
 //
 // # One delivery's path
 //
-//  1. Decode: envelope.FromDelivery, registry lookup of the message type,
+//  1. Decode: message.FromDelivery, registry lookup of the message type,
 //     schema version check (a version newer than the registered
 //     message.Info.SchemaVersion is not understood), protobuf decode. Any
 //     failure here is permanent: the message is parked at once, without
@@ -53,7 +53,7 @@
 //
 // # Failure routing
 //
-// A handler error is classified with runtime/failure:
+// A handler error is classified with runtime/retry:
 //
 //   - permanent: parked at once;
 //   - transient or unknown (including a recovered panic): republished to
@@ -81,7 +81,7 @@
 // "exhausted", attempts, original exchange/routing key/queue, headers,
 // body, saga id) in the batch's transaction and, after the commit,
 // publishes the message to broker.ParkingQueue with the reason and origin
-// in the envelope.HeaderPark*/HeaderOrig* headers. Retry copies and parked
+// in the message.HeaderPark*/HeaderOrig* headers. Retry copies and parked
 // messages are published with mandatory publisher confirms
 // (broker.Publisher); only when the broker confirmed and routed the copy is
 // the original acknowledged.

@@ -11,7 +11,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 )
 
@@ -48,7 +48,7 @@ func (b *testBundle) runRelay(owner string) (*outbox.Relay, func()) {
 	b.t.Cleanup(stop)
 	probe := "probe-" + owner
 	require.NoError(b.t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		return outbox.Enqueue(b.ctx, tx, envelope.Envelope{MessageID: probe, MessageType: noteInfo.FullName,
+		return outbox.Enqueue(b.ctx, tx, message.Envelope{MessageID: probe, MessageType: noteInfo.FullName,
 			SchemaVersion: 1, Exchange: "events", RoutingKey: copyKey})
 	}))
 	b.waitPublished(probe)

@@ -12,7 +12,7 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // returnUnacked takes the queue's ready messages and gives them back
@@ -90,7 +90,7 @@ func TestRedeliveryGuard(t *testing.T) {
 
 	parked := b.drain(broker.ParkingQueue(b.queue))
 	require.Len(t, parked, 1)
-	count, _, err := envelope.HeaderInt(parked[0].Headers, "x-delivery-count")
+	count, _, err := message.HeaderInt(parked[0].Headers, "x-delivery-count")
 	require.NoError(t, err)
 	require.Zero(t, count, "the parked copy starts counting afresh")
 	require.Zero(t, b.ready(b.queue))

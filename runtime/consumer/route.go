@@ -3,7 +3,9 @@ package consumer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"strings"
@@ -14,7 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // HeaderLastError carries the error of the failed attempt on a retry copy,
@@ -34,10 +37,10 @@ const (
 // from a tier queue arrives through the default exchange).
 func routing(raw *amqp.Delivery) (exchange, routingKey string) {
 	exchange, routingKey = raw.Exchange, raw.RoutingKey
-	if s, ok, err := envelope.HeaderString(raw.Headers, envelope.HeaderOrigExchange); ok && err == nil {
+	if s, ok, err := message.HeaderString(raw.Headers, message.HeaderOrigExchange); ok && err == nil {
 		exchange = s
 	}
-	if s, ok, err := envelope.HeaderString(raw.Headers, envelope.HeaderOrigRoutingKey); ok && err == nil {
+	if s, ok, err := message.HeaderString(raw.Headers, message.HeaderOrigRoutingKey); ok && err == nil {
 		routingKey = s
 	}
 	return exchange, routingKey
@@ -46,7 +49,7 @@ func routing(raw *amqp.Delivery) (exchange, routingKey string) {
 // firstFailureAt returns the time of the delivery's first failure: the one
 // recorded on its first retry, or now.
 func (c *Consumer) firstFailureAt(raw *amqp.Delivery) time.Time {
-	if t, ok, err := envelope.HeaderTime(raw.Headers, envelope.HeaderFirstFailureAt); ok && err == nil {
+	if t, ok, err := message.HeaderTime(raw.Headers, message.HeaderFirstFailureAt); ok && err == nil {
 		return t
 	}
 	return c.now().UTC()
@@ -81,10 +84,10 @@ func (c *Consumer) retryPublishing(it *item) amqp.Publishing {
 		h = amqp.Table{}
 	}
 	exchange, routingKey := routing(it.raw)
-	h[envelope.HeaderAttempt] = int32(min(it.attempt+1, 1<<31-1))
-	h[envelope.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
-	h[envelope.HeaderOrigExchange] = exchange
-	h[envelope.HeaderOrigRoutingKey] = routingKey
+	h[message.HeaderAttempt] = int32(min(it.attempt+1, 1<<31-1))
+	h[message.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
+	h[message.HeaderOrigExchange] = exchange
+	h[message.HeaderOrigRoutingKey] = routingKey
 	h[HeaderLastError] = truncate(it.class.String()+": "+it.err.Error(), maxHeaderReason)
 	delete(h, headerDeliveryCount) // a new message to the broker: its count starts again
 	return copyPublishing(it.raw, h)
@@ -100,13 +103,13 @@ func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
 		h = amqp.Table{}
 	}
 	exchange, routingKey := routing(it.raw)
-	h[envelope.HeaderAttempt] = int32(it.attempt)
-	h[envelope.HeaderParkReason] = truncate(it.err.Error(), maxHeaderReason)
-	h[envelope.HeaderParkClass] = it.parkClass()
-	h[envelope.HeaderOrigExchange] = exchange
-	h[envelope.HeaderOrigRoutingKey] = routingKey
-	h[envelope.HeaderOrigQueue] = c.cfg.Queue
-	h[envelope.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
+	h[message.HeaderAttempt] = int32(it.attempt)
+	h[message.HeaderParkReason] = truncate(it.err.Error(), maxHeaderReason)
+	h[message.HeaderParkClass] = it.parkClass()
+	h[message.HeaderOrigExchange] = exchange
+	h[message.HeaderOrigRoutingKey] = routingKey
+	h[message.HeaderOrigQueue] = c.cfg.Queue
+	h[message.HeaderFirstFailureAt] = c.firstFailureAt(it.raw).Format(time.RFC3339Nano)
 	delete(h, HeaderLastError)
 	delete(h, headerDeliveryCount)
 	p := copyPublishing(it.raw, h)
@@ -132,8 +135,8 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error 
 	if it.d != nil {
 		sagaID, sagaType = it.d.Envelope.SagaID, it.d.Envelope.SagaType
 	} else {
-		sagaID, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaID)
-		sagaType, _, _ = envelope.HeaderString(raw.Headers, envelope.HeaderSagaType)
+		sagaID, _, _ = message.HeaderString(raw.Headers, message.HeaderSagaID)
+		sagaType, _, _ = message.HeaderString(raw.Headers, message.HeaderSagaType)
 	}
 	if id, err := uuid.Parse(sagaID); err == nil {
 		sagaID = id.String() // the form saga tables, timelines and filters use
@@ -181,7 +184,7 @@ func parkIDFor(queue string, raw *amqp.Delivery) string {
 	h := maps.Clone(raw.Headers)
 	for _, k := range []string{headerDeliveryCount, "x-death", "x-first-death-exchange", "x-first-death-queue",
 		"x-first-death-reason", "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
-		HeaderLastError, envelope.HeaderAttempt, envelope.HeaderFirstFailureAt} {
+		HeaderLastError, message.HeaderAttempt, message.HeaderFirstFailureAt} {
 		delete(h, k)
 	}
 	headers, err := json.Marshal(jsonValue(map[string]any(h))) // map keys sorted
@@ -261,3 +264,80 @@ func jsonValue(v any) any {
 		return text(fmt.Sprint(x))
 	}
 }
+
+// finish routes failed items to their tier or the parking lot and
+// acknowledges every item that is settled. An item whose publish failed is
+// not acknowledged; the error makes the session end so it is redelivered.
+func (s *session) finish(ctx context.Context, items []*item) error {
+	c := s.c
+	var tags []uint64
+	var settled []*item
+	var routed []*item
+	var out []broker.Outgoing
+	for _, it := range items {
+		switch it.outcome {
+		case outcomeDone, outcomeDuplicate:
+			tags = append(tags, it.raw.DeliveryTag)
+			settled = append(settled, it)
+		case outcomeRetry:
+			routed = append(routed, it)
+			out = append(out, broker.Outgoing{RoutingKey: broker.TierQueue(c.cfg.Queue, it.tier), Publishing: c.retryPublishing(it)})
+		case outcomePark:
+			routed = append(routed, it)
+			out = append(out, broker.Outgoing{RoutingKey: broker.ParkingQueue(c.cfg.Queue), Publishing: c.parkPublishing(it)})
+		}
+	}
+	var routeErr error
+	if len(out) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		errs := c.pub.Publish(pctx, out)
+		cancel()
+		for i, it := range routed {
+			if errs[i] != nil {
+				routeErr = errors.Join(routeErr, fmt.Errorf("message %q: publish to %q: %w", it.messageID(), out[i].RoutingKey, errs[i]))
+				continue
+			}
+			tags = append(tags, it.raw.DeliveryTag)
+			settled = append(settled, it)
+			// The handler's context: a telemetry.NewLogHandler adds the
+			// delivery's saga, correlation and causation ids.
+			lctx := it.handlerContext(ctx)
+			if it.outcome == outcomeRetry {
+				c.log.WarnContext(lctx, "message failed; retrying after a delay",
+					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
+					slog.String("class", it.class.String()), slog.String("delay", it.tier.String()), slog.Any("error", it.err))
+			} else {
+				c.log.ErrorContext(lctx, "message parked",
+					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
+					slog.String("class", it.parkClass()), slog.Any("error", it.err))
+			}
+		}
+	}
+	if err := s.acker.ack(tags); err != nil {
+		// The channel is gone: the session ends through its close
+		// notification and the deliveries come back; the inbox makes
+		// their second handling a no-op.
+		c.log.Warn("acknowledgement failed; deliveries will be redelivered", slog.Any("error", err))
+	} else if len(tags) > 0 {
+		s.progress.Store(true)
+		c.redelivered.forget(settled)
+		c.tel.settled(ctx, settled, c.now())
+		if c.onSettle != nil {
+			for _, it := range settled {
+				c.onSettle(it.messageID(), it.outcome.String())
+			}
+		}
+	}
+	if routeErr != nil {
+		return &routeError{routeErr}
+	}
+	return nil
+}
+
+// routeError: retry or parked copies could not be published, so their
+// deliveries were not acknowledged (see restartsAfresh).
+type routeError struct{ err error }
+
+func (e *routeError) Error() string { return "route failed deliveries: " + e.err.Error() }
+
+func (e *routeError) Unwrap() error { return e.err }

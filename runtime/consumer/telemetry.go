@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -59,8 +59,8 @@ func (t consumerTelemetry) begin(ctx context.Context, items []*item, count bool)
 		if it.d != nil {
 			pctx = telemetry.Extract(it.ctx, &it.d.Envelope)
 		} else {
-			tp, _, _ := envelope.HeaderString(raw.Headers, envelope.HeaderTraceparent)
-			ts, _, _ := envelope.HeaderString(raw.Headers, envelope.HeaderTracestate)
+			tp, _, _ := message.HeaderString(raw.Headers, message.HeaderTraceparent)
+			ts, _, _ := message.HeaderString(raw.Headers, message.HeaderTracestate)
 			pctx = telemetry.ContextWithTraceparent(it.ctx, tp, ts)
 		}
 		exchange, routingKey := routing(raw)

@@ -23,8 +23,8 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -208,7 +208,7 @@ func TestHostServes(t *testing.T) {
 	id, created, err := po.Start(h.WithRelay(ctx), &orderv1.PlaceOrderRequest{
 		OrderId: "o-app", CustomerId: "c", Lines: []*commonv1.OrderLine{{ProductId: "widget", Quantity: 1}},
 		Amount: &commonv1.Money{Currency: "EUR", MinorUnits: 100}, ShippingAddress: &commonv1.Address{Country: "FR"}, CardToken: "tok",
-	}, envelope.Meta{})
+	}, message.Meta{})
 	require.NoError(t, err)
 	require.True(t, created)
 	for {

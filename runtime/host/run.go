@@ -19,6 +19,7 @@ import (
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
 	"github.com/protosaga/saga/runtime/service"
@@ -263,7 +264,7 @@ func (h *Host) connect(ctx context.Context, r *running) error {
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(broker.Backoff(attempt, time.Second, 10*time.Second)):
+		case <-time.After(retry.Backoff(attempt, time.Second, 10*time.Second)):
 		}
 	}
 }

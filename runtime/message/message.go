@@ -2,6 +2,26 @@
 // (command, event, reply), where they are routed, and how their identity is
 // derived. Generated code implements [Message] for every annotated proto
 // message; the runtime reads only this package's types, never the generator.
+//
+// # Envelope
+//
+// [Envelope] is the one envelope every message travels in: the identity and
+// tracing metadata that accompany a protobuf body from the outbox row,
+// through the broker, to the consumer's inbox.
+//
+// On the wire the metadata lives in AMQP properties and headers (see the
+// Header* constants); the body is protobuf binary. In PostgreSQL it lives in
+// the outbox row's columns.
+//
+// Invariants: [New] always produces a complete envelope (a UUIDv7 message id,
+// a correlation id, type and schema version from the generated
+// [Info], a deterministic protobuf body), so every published message
+// carries the metadata consumers need. [FromDelivery] is the mirror image:
+// it refuses a delivery whose message id, type or schema version is missing
+// or malformed with an error matching [ErrInvalidMetadata], which consumers
+// treat as permanent (park at once, never retry). Header readers
+// ([HeaderInt], [HeaderString], [HeaderTime]) accept every encoding other
+// clients and the broker use for the same value and never panic.
 package message
 
 import (
@@ -140,12 +160,19 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion4 is referenced by generated code to assert at
+// SupportPackageIsVersion5 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
+//
+// Version 5: generated code marks a participant's undecodable command with
+// retry.Permanent and takes publishing metadata as message.Meta (the failure
+// classes are part of runtime/retry, the envelope part of this package), so
+// code generated for version 4, which imports runtime/failure and
+// runtime/envelope, does not compile against this runtime: version 4 is
+// dropped.
 //
 // Version 4: generated transition tables follow the late-reply table of
 // docs/options.md (a late success the saga no longer counts on goes to
@@ -161,4 +188,4 @@ func OnceKey(m Message, operatorRetry int) string {
 // generated sagas call saga.Get, saga.GetByID, saga.List,
 // Engine.StatusHandler and Engine.RequestCancelTx, declare
 // sagadef.Definition.Cancel, and their harnesses call sagatest's Cancel.
-const SupportPackageIsVersion4 = true
+const SupportPackageIsVersion5 = true

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // listenHealthInterval is how long the listener waits for a notification
@@ -82,7 +82,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}, tried chan<- s
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(broker.Backoff(attempt, 100*time.Millisecond, min(10*time.Second, max(r.cfg.PollInterval, 100*time.Millisecond)))):
+		case <-time.After(retry.Backoff(attempt, 100*time.Millisecond, min(10*time.Second, max(r.cfg.PollInterval, 100*time.Millisecond)))):
 		}
 	}
 }

@@ -113,7 +113,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 )
@@ -141,7 +140,7 @@ const NotifyChannel = "saga_outbox"
 // error there sends the batch to the savepoint path, where it is the
 // handler's again. Until then Enqueue keeps envs' bodies and headers: do not
 // change them after it returns.
-func Enqueue(ctx context.Context, tx pgx.Tx, envs ...envelope.Envelope) error {
+func Enqueue(ctx context.Context, tx pgx.Tx, envs ...message.Envelope) error {
 	if len(envs) == 0 {
 		return nil
 	}
@@ -205,7 +204,7 @@ func write(ctx context.Context, tx pgx.Tx, rs *rowset, result txq.Result) error 
 // rowset is outbox rows as the insert statements take them: one array per
 // column.
 type rowset struct {
-	envs                                                   []envelope.Envelope
+	envs                                                   []message.Envelope
 	ids, exchanges, keys, types                            []string
 	versions                                               []int32
 	correlations, causations, sagaIDs, sagaTypes, idemKeys []string
@@ -215,7 +214,7 @@ type rowset struct {
 }
 
 // newRowset checks envs and encodes them as rows.
-func newRowset(envs []envelope.Envelope) (*rowset, error) {
+func newRowset(envs []message.Envelope) (*rowset, error) {
 	n := len(envs)
 	// The twelve text columns share one allocation; each column's capacity
 	// ends at its own rows, so add reallocates rather than overwrite the
@@ -357,10 +356,10 @@ WITH ins AS (` + insertSQL + `
 )
 SELECT pg_notify('` + NotifyChannel + `', '')`
 
-// Publish wraps m in a new envelope (see envelope.New) and enqueues it in
+// Publish wraps m in a new envelope (see message.New) and enqueues it in
 // tx. It returns the message id.
-func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta envelope.Meta) (messageID string, err error) {
-	e, err := envelope.New(m, meta)
+func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta message.Meta) (messageID string, err error) {
+	e, err := message.New(m, meta)
 	if err != nil {
 		return "", fmt.Errorf("publish: %w", err)
 	}
@@ -373,6 +372,6 @@ func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta envelope.Me
 // checkAMQP refuses, at enqueue, what the relay could never publish: a
 // name or property that does not fit an AMQP short string. Such a row would
 // be claimed, fail and be released for ever.
-func checkAMQP(e *envelope.Envelope) error {
+func checkAMQP(e *message.Envelope) error {
 	return broker.CheckEnvelope(e.Exchange, e.RoutingKey, e.MessageID, e.CorrelationID, e.MessageType, e.Headers)
 }

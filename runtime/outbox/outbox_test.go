@@ -19,7 +19,6 @@ import (
 	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/schema"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -76,9 +75,9 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-func env(key string) envelope.Envelope {
+func env(key string) message.Envelope {
 	id := uuid.Must(uuid.NewV7()).String()
-	return envelope.Envelope{
+	return message.Envelope{
 		MessageID: id, CorrelationID: "corr", MessageType: "shop.v1.OrderPlaced", SchemaVersion: 1,
 		Exchange: testExchange, RoutingKey: key, Body: []byte(id), OccurredAt: time.Now(),
 	}
@@ -87,7 +86,7 @@ func env(key string) envelope.Envelope {
 // enqueue commits n messages in one transaction and returns their ids.
 func enqueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, n int, key string) []string {
 	t.Helper()
-	envs := make([]envelope.Envelope, n)
+	envs := make([]message.Envelope, n)
 	ids := make([]string, n)
 	for i := range envs {
 		envs[i] = env(key)
@@ -210,7 +209,7 @@ func TestRelayPublishesEnvelope(t *testing.T) {
 	e := env(routedKey)
 	e.CausationID, e.SagaID, e.SagaType, e.IdempotencyKey = "cause", "saga", "PlaceOrder", "idem"
 	e.Traceparent, e.Tracestate = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "k=v"
-	e.Headers = map[string]any{envelope.HeaderAttempt: 3, "note": "x"}
+	e.Headers = map[string]any{message.HeaderAttempt: 3, "note": "x"}
 	e.OccurredAt = time.Date(2024, 1, 2, 3, 4, 5, 6000, time.UTC)
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, e) }))
 
@@ -219,10 +218,10 @@ func TestRelayPublishesEnvelope(t *testing.T) {
 	d, ok, err := b.ch.Get(testQueue, true)
 	require.NoError(t, err)
 	require.True(t, ok)
-	got, err := envelope.FromDelivery(&d)
+	got, err := message.FromDelivery(&d)
 	require.NoError(t, err)
 	want := e
-	want.Headers = map[string]any{envelope.HeaderAttempt: int64(3), "note": "x"}
+	want.Headers = map[string]any{message.HeaderAttempt: int64(3), "note": "x"}
 	require.Equal(t, want, got)
 	require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
 }
@@ -631,7 +630,7 @@ func TestPublishAndEnqueueErrors(t *testing.T) {
 	require.NoError(t, err)
 	var id string
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		id, err = Publish(ctx, tx, testMsg{s}, envelope.Meta{SagaID: "saga-1"})
+		id, err = Publish(ctx, tx, testMsg{s}, message.Meta{SagaID: "saga-1"})
 		return err
 	}))
 	var typ, corr, ex, key string
@@ -641,21 +640,21 @@ func TestPublishAndEnqueueErrors(t *testing.T) {
 	require.Equal(t, []any{"shop.v1.OrderPlaced", 2, "saga-1", testExchange, routedKey}, []any{typ, version, corr, ex, key})
 
 	tests := []struct {
-		env  envelope.Envelope
+		env  message.Envelope
 		want string
 	}{
-		{envelope.Envelope{MessageType: "t", SchemaVersion: 1}, "empty message id"},
-		{envelope.Envelope{MessageID: "m", SchemaVersion: 1}, "message m: empty message type"},
-		{envelope.Envelope{MessageID: "m", MessageType: "t"}, "message m: schema version 0"},
-		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, Headers: map[string]any{"f": func() {}}}, "message m: encode headers"},
-		{envelope.Envelope{MessageID: id, MessageType: "t", SchemaVersion: 1}, fmt.Sprintf("enqueue outbox message %s", id)},
+		{message.Envelope{MessageType: "t", SchemaVersion: 1}, "empty message id"},
+		{message.Envelope{MessageID: "m", SchemaVersion: 1}, "message m: empty message type"},
+		{message.Envelope{MessageID: "m", MessageType: "t"}, "message m: schema version 0"},
+		{message.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, Headers: map[string]any{"f": func() {}}}, "message m: encode headers"},
+		{message.Envelope{MessageID: id, MessageType: "t", SchemaVersion: 1}, fmt.Sprintf("enqueue outbox message %s", id)},
 		// What the relay could never publish is refused here, not claimed
 		// and failed for ever.
-		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, CorrelationID: strings.Repeat("c", 256)},
+		{message.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, CorrelationID: strings.Repeat("c", 256)},
 			"message m: message cannot be sent over AMQP: correlation id is 256 bytes, at most 255 fit"},
-		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, RoutingKey: strings.Repeat("k", 300)}, "routing key is 300 bytes"},
-		{envelope.Envelope{MessageID: strings.Repeat("i", 256), MessageType: "t", SchemaVersion: 1}, "message id is 256 bytes"},
-		{envelope.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, Headers: map[string]any{"x-outer": map[string]any{strings.Repeat("h", 256): 1}}},
+		{message.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, RoutingKey: strings.Repeat("k", 300)}, "routing key is 300 bytes"},
+		{message.Envelope{MessageID: strings.Repeat("i", 256), MessageType: "t", SchemaVersion: 1}, "message id is 256 bytes"},
+		{message.Envelope{MessageID: "m", MessageType: "t", SchemaVersion: 1, Headers: map[string]any{"x-outer": map[string]any{strings.Repeat("h", 256): 1}}},
 			`header "x-outer": message cannot be sent over AMQP: header name hhhh`},
 	}
 	for _, tt := range tests {

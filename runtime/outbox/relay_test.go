@@ -16,7 +16,7 @@ import (
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
@@ -62,7 +62,7 @@ func TestRelayPipelineKeepsOutcomesWithTheirRows(t *testing.T) {
 	keys := map[string]string{}
 	var routed []string
 	for k := range 30 {
-		envs := make([]envelope.Envelope, 10)
+		envs := make([]message.Envelope, 10)
 		for i := range envs {
 			key := routedKey
 			switch n := k*10 + i; {
@@ -329,7 +329,7 @@ WHERE id = (SELECT id FROM saga_outbox WHERE message_id = $1)`, ids[2])
 	var rowIDs []int64
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY id) FROM saga_outbox`).Scan(&rowIDs))
 	for i, id := range rowIDs {
-		h.rows = append(h.rows, row{id: id, attempts: 1, env: envelope.Envelope{MessageID: ids[i]}})
+		h.rows = append(h.rows, row{id: id, attempts: 1, env: message.Envelope{MessageID: ids[i]}})
 	}
 
 	r, err := NewRelay(RelayConfig{Pool: b.pool, Conn: b.conn, Owner: "me"})
@@ -358,7 +358,7 @@ func TestHandoffsQueuedAtStopArePublished(t *testing.T) {
 	claimed := enqueue(t, ctx, b.pool, 100, routedKey)
 	// Three rows committed by a consumer of this process: born leased to
 	// the relay, not claimable.
-	envs := []envelope.Envelope{env(routedKey), env(routedKey), env(routedKey)}
+	envs := []message.Envelope{env(routedKey), env(routedKey), env(routedKey)}
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return Enqueue(ctx, tx, envs...) }))
 	h := &handoff{deadline: time.Now().Add(time.Hour)}
 	var handed []string

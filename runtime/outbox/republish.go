@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // Republish makes the relay publish env again, keeping its message id, in
@@ -21,7 +21,7 @@ import (
 // publishes it once more, which consumers' inboxes drop). Otherwise env is
 // enqueued as a new row. Consumers' inboxes drop the replay of a message they
 // already applied, so a replay never has a second effect.
-func Republish(ctx context.Context, tx pgx.Tx, env envelope.Envelope) error {
+func Republish(ctx context.Context, tx pgx.Tx, env message.Envelope) error {
 	// The outbox row's lock serializes replays of one message; the pending
 	// row's waits for a relay's settle in flight, so a row that settle is
 	// recording as sent is released again rather than taken for pending.

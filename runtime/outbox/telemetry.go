@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -20,7 +20,7 @@ import (
 // the row's traceparent; when ctx carries a valid but non-recording span
 // context, that context is written; otherwise the envelopes' own trace
 // context stays. It returns the spans to end after the insert.
-func traceRows(ctx context.Context, envs []envelope.Envelope, parents, states []string) []trace.Span {
+func traceRows(ctx context.Context, envs []message.Envelope, parents, states []string) []trace.Span {
 	parent := trace.SpanFromContext(ctx)
 	sc := parent.SpanContext()
 	if !sc.IsValid() {

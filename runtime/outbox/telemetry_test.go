@@ -70,6 +70,15 @@ func TestRelayPublishMetrics(t *testing.T) {
 	require.InDelta(t, days.Seconds(), delay().Sum, 60, "since the message occurred")
 	require.Zero(t, mp.Value(t, telemetry.MetricPublishDelay, map[string]string{string(telemetry.KeyDestinationName): "no-such-exchange"}))
 	// The failure's log names the message's saga, correlation and cause.
+	// The settle that logs it runs after the confirm's metric is counted.
+	require.Eventually(t, func() bool {
+		for _, rec := range logs.Records(t, "outbox relay: publish failed; will retry") {
+			if rec["message_id"] == lost.MessageID {
+				return true
+			}
+		}
+		return false
+	}, 20*time.Second, 10*time.Millisecond, "the failed publish is logged")
 	var failed int
 	for _, rec := range logs.Records(t, "outbox relay: publish failed; will retry") {
 		if rec["message_id"] == lost.MessageID {

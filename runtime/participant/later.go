@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 )
@@ -48,15 +47,15 @@ type onceRecordKey struct{}
 type onceRecord struct{ service, key string }
 
 // mark tells a reply's receiver, when the command ran under [Idempotent],
-// that it did (envelope.HeaderOnce).
-func (r *onceRecord) mark(env *envelope.Envelope) {
+// that it did (message.HeaderOnce).
+func (r *onceRecord) mark(env *message.Envelope) {
 	if r == nil || r.key == "" {
 		return
 	}
 	if env.Headers == nil {
 		env.Headers = map[string]any{}
 	}
-	env.Headers[envelope.HeaderOnce] = r.service
+	env.Headers[message.HeaderOnce] = r.service
 }
 
 // withOnceRecord returns ctx with a record slot, and the slot: the one ctx
@@ -121,8 +120,8 @@ func (p *Pending) UnmarshalText(text []byte) error {
 
 // Envelope returns the command's envelope as far as a reply needs it
 // (ReplyEnvelope builds the reply's from it).
-func (p Pending) Envelope() *envelope.Envelope {
-	return &envelope.Envelope{
+func (p Pending) Envelope() *message.Envelope {
+	return &message.Envelope{
 		MessageType: p.Command, MessageID: p.MessageID, CorrelationID: p.CorrelationID,
 		SagaID: p.SagaID, SagaType: p.SagaType, Traceparent: p.Traceparent, Tracestate: p.Tracestate,
 	}

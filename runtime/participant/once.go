@@ -11,10 +11,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Once records that service applied the effect keyed by idempotencyKey, in
@@ -30,7 +29,7 @@ import (
 // Once needs the saga_participant_once table ([Migrations]).
 func Once(ctx context.Context, tx pgx.Tx, service, idempotencyKey string) (first bool, err error) {
 	if service == "" || idempotencyKey == "" {
-		return false, failure.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
+		return false, retry.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
 	}
 	if p, ok := txq.PartIf(ctx, tx, aheadKey{service}); ok {
 		if first, ok := p.(*claimedAhead).take(idempotencyKey); ok {
@@ -48,7 +47,7 @@ VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, ide
 // Idempotent wraps fn so that it runs once per command type and idempotency
 // key for service, and a command resent with the same key gets the first reply
 // again (decoded through reg) instead of a second effect. An operator's retry
-// after the step recorded a failure (envelope.HeaderOperatorRetry) is a new
+// after the step recorded a failure (message.HeaderOperatorRetry) is a new
 // command to it: it runs fn again, once per retry. The first reply is
 // stored in the same transaction as the effect. Commands without an
 // idempotency key are refused as permanent failures: the contract must name
@@ -60,7 +59,7 @@ VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, ide
 func Idempotent(service string, reg *message.Registry, fn Func) Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		if cmd.IdempotencyKey() == "" {
-			return nil, failure.Permanent(fmt.Errorf("participant %s: command %s has no idempotency key",
+			return nil, retry.Permanent(fmt.Errorf("participant %s: command %s has no idempotency key",
 				service, cmd.SagaMessageInfo().FullName))
 		}
 		env, _ := Command(ctx)
@@ -113,14 +112,14 @@ WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInf
 func CommandKey(cmd message.Message) string { return message.OnceKey(cmd, 0) }
 
 // onceKey is the key [Idempotent] records cmd under: message.OnceKey with the
-// operator retry count env carries (envelope.HeaderOperatorRetry). The retry
+// operator retry count env carries (message.HeaderOperatorRetry). The retry
 // then runs the command again instead of answering with the failure stored
 // for the first try, and the retry's own resends (after a timeout) share its
 // key.
-func onceKey(cmd message.Message, env *envelope.Envelope) string {
+func onceKey(cmd message.Message, env *message.Envelope) string {
 	n := 0
 	if env != nil {
-		if v, ok, err := envelope.HeaderInt(env.Headers, envelope.HeaderOperatorRetry); ok && err == nil && v > 0 {
+		if v, ok, err := message.HeaderInt(env.Headers, message.HeaderOperatorRetry); ok && err == nil && v > 0 {
 			n = int(v)
 		}
 	}
@@ -128,18 +127,18 @@ func onceKey(cmd message.Message, env *envelope.Envelope) string {
 }
 
 // compensates records, for a compensating command that names the command it
-// undoes (envelope.HeaderCompensates), that command's key as done for
+// undoes (message.HeaderCompensates), that command's key as done for
 // service, unless it ran already: the command, arriving after its
 // compensation, then finds its record and has no effect and no reply. The
 // record is written before the compensation runs, at once (not queued with
 // the handler's writes): when the command is running in another transaction
 // right now, the insert waits for it to commit, and the compensation then
 // sees its effect to undo.
-func compensates(ctx context.Context, tx pgx.Tx, service string, env *envelope.Envelope) error {
+func compensates(ctx context.Context, tx pgx.Tx, service string, env *message.Envelope) error {
 	if env == nil {
 		return nil
 	}
-	key, ok, err := envelope.HeaderString(env.Headers, envelope.HeaderCompensates)
+	key, ok, err := message.HeaderString(env.Headers, message.HeaderCompensates)
 	if err != nil || !ok || key == "" {
 		return nil // a malformed hint is not this command's failure: the compensation still runs
 	}
@@ -175,11 +174,11 @@ WHERE service = $1 AND idempotency_key = $2`, service, key).Scan(&typ, &body)
 		return nil, nil // the first execution sent no reply
 	}
 	if reg == nil {
-		return nil, failure.Permanent(fmt.Errorf("participant %s: cannot replay reply %s for key %q without a registry", service, typ, key))
+		return nil, retry.Permanent(fmt.Errorf("participant %s: cannot replay reply %s for key %q without a registry", service, typ, key))
 	}
 	reply, err := reg.Decode(typ, body)
 	if err != nil {
-		return nil, failure.Permanent(fmt.Errorf("participant %s: replay reply for key %q: %w", service, key, err))
+		return nil, retry.Permanent(fmt.Errorf("participant %s: replay reply for key %q: %w", service, key, err))
 	}
 	return reply, nil
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
@@ -36,9 +35,9 @@ func compensation(t *testing.T, order string, undoes message.Message) *consumer.
 	t.Helper()
 	d := command(t, order)
 	m := msg(releaseInfo, order)
-	env, err := envelope.New(m, envelope.Meta{SagaID: d.Envelope.SagaID, CorrelationID: d.Envelope.SagaID})
+	env, err := message.New(m, message.Meta{SagaID: d.Envelope.SagaID, CorrelationID: d.Envelope.SagaID})
 	require.NoError(t, err)
-	env.Headers = map[string]any{envelope.HeaderCompensates: message.OnceKey(undoes, 0)}
+	env.Headers = map[string]any{message.HeaderCompensates: message.OnceKey(undoes, 0)}
 	return &consumer.Delivery{Envelope: env, Message: m, Queue: "inventory.commands", Attempt: 1}
 }
 

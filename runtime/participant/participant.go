@@ -30,7 +30,7 @@
 // compensate), since its effect may have happened; but the command may not
 // have run yet (it waits in a retry tier, or its handler is slow), so the
 // compensating command can be handled first and the command after it. The
-// saga names the command on such a compensation (envelope.HeaderCompensates)
+// saga names the command on such a compensation (message.HeaderCompensates)
 // and [Idempotent] records it as done while it handles the compensation:
 // the command, arriving later, has no effect and sends no reply. This holds
 // when the command and its compensation have the same owner, which is how
@@ -52,11 +52,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Func executes one command in the consumer's transaction and returns its
@@ -76,7 +75,7 @@ type Func func(ctx context.Context, tx pgx.Tx, cmd message.Message) (reply messa
 func Handler(fn Func) consumer.HandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (err error) {
 		if d == nil || d.Message == nil {
-			return failure.Permanent(errors.New("participant: delivery without a decoded message"))
+			return retry.Permanent(errors.New("participant: delivery without a decoded message"))
 		}
 		cmd := &d.Envelope
 		ctx, span := startSpan(ctx, cmd)
@@ -141,15 +140,15 @@ type commandKey struct{}
 // [Idempotent] reads the command's headers from it (an operator's retry is
 // recorded under a key of its own). Use it to run a Func, or a generated
 // participant method, outside Handler.
-func WithCommand(ctx context.Context, cmd *envelope.Envelope) context.Context {
+func WithCommand(ctx context.Context, cmd *message.Envelope) context.Context {
 	return context.WithValue(ctx, commandKey{}, cmd)
 }
 
 // Command returns the envelope of the command being handled, inside a Func
 // run by [Handler]: keep it (it is small) to answer later with
 // [ReplyEnvelope].
-func Command(ctx context.Context) (*envelope.Envelope, bool) {
-	env, ok := ctx.Value(commandKey{}).(*envelope.Envelope)
+func Command(ctx context.Context) (*message.Envelope, bool) {
+	env, ok := ctx.Value(commandKey{}).(*message.Envelope)
 	return env, ok
 }
 
@@ -158,14 +157,14 @@ func Command(ctx context.Context) (*envelope.Envelope, bool) {
 // correlation id, saga id, saga type and trace context. Handler uses it; it
 // is exported for participants that answer later, outside the command's
 // delivery (store the command's envelope, reply in another transaction).
-func ReplyEnvelope(cmd *envelope.Envelope, reply message.Message) (envelope.Envelope, error) {
+func ReplyEnvelope(cmd *message.Envelope, reply message.Message) (message.Envelope, error) {
 	if cmd == nil {
-		return envelope.Envelope{}, errors.New("participant: reply envelope without the command's envelope")
+		return message.Envelope{}, errors.New("participant: reply envelope without the command's envelope")
 	}
 	if isNil(reply) {
-		return envelope.Envelope{}, fmt.Errorf("participant: reply envelope for %s %s: nil reply", cmd.MessageType, cmd.MessageID)
+		return message.Envelope{}, fmt.Errorf("participant: reply envelope for %s %s: nil reply", cmd.MessageType, cmd.MessageID)
 	}
-	env, err := envelope.New(reply, envelope.Meta{
+	env, err := message.New(reply, message.Meta{
 		CorrelationID: cmd.CorrelationID,
 		CausationID:   cmd.MessageID,
 		SagaID:        cmd.SagaID,
@@ -178,7 +177,7 @@ func ReplyEnvelope(cmd *envelope.Envelope, reply message.Message) (envelope.Enve
 		if in := reply.SagaMessageInfo(); in != nil {
 			name = in.FullName
 		}
-		return envelope.Envelope{}, fmt.Errorf("participant: envelope for reply %s to %s %s: %w",
+		return message.Envelope{}, fmt.Errorf("participant: envelope for reply %s to %s %s: %w",
 			name, cmd.MessageType, cmd.MessageID, err)
 	}
 	return env, nil
@@ -193,7 +192,7 @@ func Reply[R message.Message](reply R, err error) (message.Message, error) {
 		return nil, err
 	}
 	if isNil(reply) {
-		return nil, failure.Permanent(errors.New("the handler returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
+		return nil, retry.Permanent(errors.New("the handler returned neither a reply nor an error (return participant.ErrReplyLater to answer later)"))
 	}
 	return reply, nil
 }

@@ -17,12 +17,11 @@ import (
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	sagaoutbox "github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
@@ -84,7 +83,7 @@ func command(t *testing.T, order string) *consumer.Delivery {
 	t.Helper()
 	sagaID := uuid.NewString()
 	m := msg(reserveInfo, order)
-	env, err := envelope.New(m, envelope.Meta{
+	env, err := message.New(m, message.Meta{
 		SagaID: sagaID, SagaType: "test.order.v1.PlaceOrder", CorrelationID: sagaID,
 		CausationID: uuid.NewString(),
 		Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Tracestate: "vendor=x",
@@ -185,7 +184,7 @@ func TestHandlerWritesReplyInSameTransaction(t *testing.T) {
 	require.NoError(t, run(ctx, pool, none, command(t, "order-2")))
 	require.Len(t, outbox(t, pool), 2)
 
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(run(ctx, pool, h, &consumer.Delivery{})))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(run(ctx, pool, h, &consumer.Delivery{})))
 }
 
 func TestOnce(t *testing.T) {
@@ -249,7 +248,7 @@ func TestOnce(t *testing.T) {
 	require.Equal(t, int32(1), firsts.Load())
 
 	_, err = once("")
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 }
 
 // TestIdempotentResentCommand resends one command with a new message id (a
@@ -294,7 +293,7 @@ func TestIdempotentResentCommand(t *testing.T) {
 }
 
 // TestIdempotentRunsAnOperatorRetryAgain: a command an operator retried
-// after its step recorded a business failure (envelope.HeaderOperatorRetry)
+// after its step recorded a business failure (message.HeaderOperatorRetry)
 // runs the effect again instead of replaying the stored failure; resends of
 // that retry replay its own reply, and a second retry runs again.
 func TestIdempotentRunsAnOperatorRetryAgain(t *testing.T) {
@@ -314,7 +313,7 @@ func TestIdempotentRunsAnOperatorRetryAgain(t *testing.T) {
 	retry := func(n any) *consumer.Delivery {
 		d := command(t, "order-7")
 		if n != nil {
-			d.Envelope.Headers = map[string]any{envelope.HeaderOperatorRetry: n}
+			d.Envelope.Headers = map[string]any{message.HeaderOperatorRetry: n}
 		}
 		return d
 	}
@@ -434,7 +433,7 @@ func TestReplyLater(t *testing.T) {
 	pool := setup(t)
 	ctx := context.Background()
 
-	var kept *envelope.Envelope
+	var kept *message.Envelope
 	h := participant.Handler(func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		env, ok := participant.Command(ctx)
 		require.True(t, ok, "the command's envelope is in the handler's context")
@@ -478,7 +477,7 @@ func TestReplyAdapters(t *testing.T) {
 	_, err = participant.Reply(r, boom)
 	require.ErrorIs(t, err, boom)
 	_, err = participant.Reply[message.Message](nil, nil)
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 	_, err = participant.Reply[message.Message](nil, participant.ErrReplyLater)
 	require.ErrorIs(t, err, participant.ErrReplyLater)
 

@@ -6,14 +6,14 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // startSpan starts the "participant COMMAND" span when the context's span
 // (the consumer's process span) is recording, from the same
 // TracerProvider: the participant needs no configuration of its own.
-func startSpan(ctx context.Context, cmd *envelope.Envelope) (context.Context, trace.Span) {
+func startSpan(ctx context.Context, cmd *message.Envelope) (context.Context, trace.Span) {
 	parent := trace.SpanFromContext(ctx)
 	if !parent.IsRecording() {
 		return ctx, nil

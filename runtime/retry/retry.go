@@ -1,19 +1,3 @@
-// Package retry defines Policy, the one retry policy type of the runtime: how
-// many times a message may be delivered before it is parked, and how long it
-// waits between deliveries.
-//
-// Delays are implemented by the broker, not by sleeping consumers: each
-// distinct delay is a tier queue with that message TTL whose dead-letter
-// target is the work queue (see runtime/broker). A failed message is
-// republished to the tier of its attempt and comes back when the TTL expires.
-// Because a tier queue holds only messages of one TTL, messages never wait
-// behind a longer-lived one at the head of the queue. Tiers therefore have
-// millisecond granularity (AMQP's x-message-ttl) and are strictly increasing,
-// so every tier maps to exactly one queue.
-//
-// Attempts are counted from 1: the first delivery is attempt 1. MaxAttempts
-// bounds the total number of deliveries, so a message is handled at most
-// MaxAttempts times and waits at most MaxAttempts-1 times.
 package retry
 
 import (

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 )
@@ -26,7 +25,7 @@ var ErrNoCancel = errors.New("not the saga's cancel message")
 // What the cancel does depends on where the saga is then (see
 // sagadef.Cancel): it compensates and ends CANCELLED, or is refused and
 // audited. It returns the cancel message's id.
-func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, m message.Message, meta envelope.Meta) (messageID string, err error) {
+func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, m message.Message, meta message.Meta) (messageID string, err error) {
 	if err := e.checkCancel(m, meta); err != nil {
 		return "", err
 	}
@@ -39,7 +38,7 @@ func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, m message.Messa
 
 // RequestCancel is [Engine.RequestCancelTx] in a transaction of its own;
 // relays are woken (or the local relay handed the row) after the commit.
-func (e *Engine) RequestCancel(ctx context.Context, m message.Message, meta envelope.Meta) (messageID string, err error) {
+func (e *Engine) RequestCancel(ctx context.Context, m message.Message, meta message.Meta) (messageID string, err error) {
 	err = e.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		messageID, err = e.RequestCancelTx(ctx, tx, m, meta)
@@ -48,7 +47,7 @@ func (e *Engine) RequestCancel(ctx context.Context, m message.Message, meta enve
 	return messageID, err
 }
 
-func (e *Engine) checkCancel(m message.Message, meta envelope.Meta) error {
+func (e *Engine) checkCancel(m message.Message, meta message.Meta) error {
 	want := e.def.Cancel.Message
 	switch {
 	case want == "":

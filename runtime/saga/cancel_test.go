@@ -13,7 +13,7 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
@@ -96,7 +96,7 @@ func TestCancelThroughTheBroker(t *testing.T) {
 	b.mustReply(t, mid, msgInventoryReserved)
 	before := b.status(t, mid)
 	require.Equal(t, stPayment, before.State)
-	cancelID, err := b.engine.RequestCancel(ctx, cancelOrder("o-mid", "alice@example.com", "customer changed her mind"), envelope.Meta{})
+	cancelID, err := b.engine.RequestCancel(ctx, cancelOrder("o-mid", "alice@example.com", "customer changed her mind"), message.Meta{})
 	require.NoError(t, err)
 	rec := cancelled(mid, cancelID)
 	require.Equal(t, msgCancelOrder.FullName, rec.Trigger)
@@ -123,7 +123,7 @@ func TestCancelThroughTheBroker(t *testing.T) {
 	b.mustReply(t, late, msgInventoryReserved)
 	before = b.mustReply(t, late, msgPaymentAuthorized)
 	require.Equal(t, stShipping, before.State)
-	refusedID, err := b.engine.RequestCancel(ctx, cancelOrder("o-late", "bob@example.com", "too slow"), envelope.Meta{})
+	refusedID, err := b.engine.RequestCancel(ctx, cancelOrder("o-late", "bob@example.com", "too slow"), message.Meta{})
 	require.NoError(t, err)
 	rec = cancelled(late, refusedID)
 	require.Equal(t, sagadef.ClassLate.String(), rec.Class)
@@ -145,17 +145,17 @@ func TestRequestCancelChecks(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{cancel: true})
 	ctx := context.Background()
-	_, err := b.engine.RequestCancel(ctx, msg(msgPlaceOrder, "o-1"), envelope.Meta{})
+	_, err := b.engine.RequestCancel(ctx, msg(msgPlaceOrder, "o-1"), message.Meta{})
 	require.ErrorIs(t, err, saga.ErrNoCancel)
 	require.ErrorContains(t, err, "test.order.v1.PlaceOrder is not its cancel message test.order.v1.CancelOrder")
-	_, err = b.engine.RequestCancel(ctx, cancelOrder("", "x", "y"), envelope.Meta{})
+	_, err = b.engine.RequestCancel(ctx, cancelOrder("", "x", "y"), message.Meta{})
 	require.ErrorIs(t, err, saga.ErrNoCancel)
 	require.ErrorContains(t, err, "no correlation key")
-	_, err = b.engine.RequestCancel(ctx, nil, envelope.Meta{})
+	_, err = b.engine.RequestCancel(ctx, nil, message.Meta{})
 	require.ErrorIs(t, err, saga.ErrNoCancel)
 
 	plain := b.newEngine(t, func(c *saga.Config) { c.Definition = placeOrder(t, "saga_place_order", defOptions{}) })
-	_, err = plain.RequestCancel(ctx, cancelOrder("o-1", "x", "y"), envelope.Meta{})
+	_, err = plain.RequestCancel(ctx, cancelOrder("o-1", "x", "y"), message.Meta{})
 	require.ErrorIs(t, err, saga.ErrNoCancel)
 	require.ErrorContains(t, err, "declares no cancel message")
 
@@ -163,7 +163,7 @@ func TestRequestCancelChecks(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox`).Scan(&n))
 	require.Zero(t, n, "nothing refused was written")
 
-	id, err := b.engine.RequestCancel(ctx, cancelOrder("o-1", "x", "y"), envelope.Meta{})
+	id, err := b.engine.RequestCancel(ctx, cancelOrder("o-1", "x", "y"), message.Meta{})
 	require.NoError(t, err)
 	var typ, corr string
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT message_type, correlation_id FROM saga_outbox WHERE message_id = $1`, id).Scan(&typ, &corr))

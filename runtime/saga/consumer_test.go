@@ -14,7 +14,7 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -89,16 +89,16 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	send := func(env envelope.Envelope) {
+	send := func(env message.Envelope) {
 		t.Helper()
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, env.Publishing())
 		require.NoError(t, err)
 		require.True(t, dc.Wait(), "publish %s", env.MessageID)
 	}
-	replyTo := func(id string) envelope.Envelope {
+	replyTo := func(id string) message.Envelope {
 		t.Helper()
 		st := b.status(t, id)
-		env, err := envelope.New(msg(msgInventoryReserved, st.BusinessKey), envelope.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
+		env, err := message.New(msg(msgInventoryReserved, st.BusinessKey), message.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
 		require.NoError(t, err)
 		return env
 	}
@@ -113,10 +113,10 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 	<-entered
 	one, two := b.start(t, "o-1"), b.start(t, "o-2")
 	first := replyTo(one)
-	resend, err := envelope.New(msg(msgInventoryReserved, "o-1"), envelope.Meta{SagaID: one, SagaType: b.def.Name, CausationID: first.CausationID})
+	resend, err := message.New(msg(msgInventoryReserved, "o-1"), message.Meta{SagaID: one, SagaType: b.def.Name, CausationID: first.CausationID})
 	require.NoError(t, err)
 	other := replyTo(two)
-	for _, env := range []envelope.Envelope{first, resend, other} {
+	for _, env := range []message.Envelope{first, resend, other} {
 		send(env)
 	}
 	require.Eventually(t, func() bool {
@@ -161,7 +161,7 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
-		published = append(published, d.Type+" "+d.Headers[envelope.HeaderSagaID].(string))
+		published = append(published, d.Type+" "+d.Headers[message.HeaderSagaID].(string))
 	}
 	require.ElementsMatch(t, []string{
 		msgReserveInventory.FullName + " " + gated.SagaID, msgAuthorizePayment.FullName + " " + gated.SagaID,

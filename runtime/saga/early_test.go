@@ -14,8 +14,7 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -41,7 +40,7 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 	early := msg(msgPaymentApproved, "o-early")
 	_, err := b.reply(t, "", early, "")
 	require.Error(t, err, "an event for a step not reached yet is not acknowledged as handled")
-	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
+	require.Equal(t, retry.ClassTransient, retry.ClassOf(err))
 	require.True(t, errors.Is(err, sagadef.ErrNotReached), "%v", err)
 	require.Equal(t, stReserve, b.status(t, id).State)
 	require.Len(t, b.history(t, id), 1, "nothing audited: the event will come again")
@@ -56,9 +55,9 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 		mu.Unlock()
 		return b.engine.Handle(hctx, tx, d)
 	})
-	event, err := envelope.New(early, envelope.Meta{})
+	event, err := message.New(early, message.Meta{})
 	require.NoError(t, err)
-	reply, err := envelope.New(msg(msgInventoryReserved, "o-early"), envelope.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
+	reply, err := message.New(msg(msgInventoryReserved, "o-early"), message.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
 	require.NoError(t, err)
 	send(event)
 	send(reply)
@@ -105,12 +104,12 @@ func TestEventBeforeItsSagaStarts(t *testing.T) {
 	// Directly: no saga for the key yet is a transient failure.
 	_, err := b.reply(t, "", msg(msgPaymentApproved, "o-before"), "")
 	require.ErrorIs(t, err, saga.ErrNotFound)
-	require.Equal(t, failure.ClassTransient, failure.ClassOf(err))
+	require.Equal(t, retry.ClassTransient, retry.ClassOf(err))
 
 	send := runQueue(t, b, "test.saga.before-start", b.engine.Handle)
-	enveloped := func(m testMsg) envelope.Envelope {
+	enveloped := func(m testMsg) message.Envelope {
 		t.Helper()
-		env, err := envelope.New(m, envelope.Meta{})
+		env, err := message.New(m, message.Meta{})
 		require.NoError(t, err)
 		return env
 	}
@@ -135,7 +134,7 @@ func TestEventBeforeItsSagaStarts(t *testing.T) {
 // runQueue runs a consumer of a quorum work queue of its own (one worker,
 // one delivery at a time, a 100 ms retry tier and room for 50 attempts) with
 // handler until the test ends, and returns a func that publishes to it.
-func runQueue(t *testing.T, b *testBundle, queue string, handler consumer.HandlerFunc) func(envelope.Envelope) {
+func runQueue(t *testing.T, b *testBundle, queue string, handler consumer.HandlerFunc) func(message.Envelope) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	quiet := slog.New(slog.DiscardHandler)
@@ -164,7 +163,7 @@ func runQueue(t *testing.T, b *testBundle, queue string, handler consumer.Handle
 		}
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return func(env envelope.Envelope) {
+	return func(env message.Envelope) {
 		t.Helper()
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, env.Publishing())
 		require.NoError(t, err)
@@ -192,7 +191,7 @@ func TestEventInReviewWaitsForTheRetry(t *testing.T) {
 	require.Equal(t, stManualReview, inReview.State)
 
 	send := runQueue(t, b, "test.saga.in-review", b.engine.Handle)
-	event, err := envelope.New(msg(msgPaymentApproved, "o-review"), envelope.Meta{})
+	event, err := message.New(msg(msgPaymentApproved, "o-review"), message.Meta{})
 	require.NoError(t, err)
 	send(event)
 	var h []saga.AuditRecord

@@ -11,10 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -40,14 +40,14 @@ import (
 // key, so one queue can carry a saga's start commands and its replies.
 //
 // Errors: a message for a saga id that does not exist, for another saga type,
-// or without any way to find its saga is marked [failure.Permanent] (the
+// or without any way to find its saga is marked [retry.Permanent] (the
 // consumer parks it with the reason). So is a misaddressed reply, whose
 // causation id names no command the saga sent for what the reply answers
 // ([sagadef.ErrMisaddressed]): the reason, "misaddressed reply: ...", names
 // the header that is wrong (x-causation-id, or x-saga-id when the causation
 // id is another saga's command). An event whose business key names no
 // saga yet, or that an external step the saga has not reached waits for
-// ([sagadef.ErrNotReached]), is marked [failure.Transient]: the saga may get
+// ([sagadef.ErrNotReached]), is marked [retry.Transient]: the saga may get
 // there, so the consumer retries it through its tiers before parking it (about
 // two minutes with retry.Default). While the saga is in manual review at an
 // earlier step, the event is recorded in the saga instead and acknowledged:
@@ -61,7 +61,7 @@ import (
 // delivery there rather than being returned by Handle.
 func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	if d == nil || d.Message == nil {
-		return failure.Permanent(errors.New("saga handle: delivery without a decoded message"))
+		return retry.Permanent(errors.New("saga handle: delivery without a decoded message"))
 	}
 	env := &d.Envelope
 	kind := env.MessageType
@@ -69,17 +69,17 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		if kind == "" {
 			kind = info.FullName
 		} else if info.FullName != kind {
-			return failure.Permanent(fmt.Errorf("saga handle: message %s: envelope type %s does not match decoded type %s",
+			return retry.Permanent(fmt.Errorf("saga handle: message %s: envelope type %s does not match decoded type %s",
 				env.MessageID, kind, info.FullName))
 		}
 	}
 	if e.cfg.Registry != nil {
 		if _, ok := e.cfg.Registry.Lookup(kind); !ok {
-			return failure.Permanent(fmt.Errorf("saga handle: message %s: unknown message type %s", env.MessageID, kind))
+			return retry.Permanent(fmt.Errorf("saga handle: message %s: unknown message type %s", env.MessageID, kind))
 		}
 	}
 	if env.SagaType != "" && env.SagaType != e.def.Name {
-		return failure.Permanent(fmt.Errorf("saga handle: message %s (%s) belongs to saga type %s, this engine runs %s",
+		return retry.Permanent(fmt.Errorf("saga handle: message %s (%s) belongs to saga type %s, this engine runs %s",
 			env.MessageID, kind, env.SagaType, e.def.Name))
 	}
 	// What this handler queued so far (a saga started or moved by the same
@@ -100,7 +100,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
 	}
-	if service, ok, err := envelope.HeaderString(env.Headers, envelope.HeaderOnce); ok && err == nil && service != "" {
+	if service, ok, err := message.HeaderString(env.Headers, message.HeaderOnce); ok && err == nil && service != "" {
 		trig.Once = true
 	}
 	if kind == e.def.Cancel.Message {
@@ -109,7 +109,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 	}
 	out, err := e.transition(ctx, tx, w, trig, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt})
 	if ce := (*sagadef.CausationError)(nil); errors.As(err, &ce) {
-		return failure.Permanent(e.misaddressed(ctx, tx, env, w.ID, ce))
+		return retry.Permanent(e.misaddressed(ctx, tx, env, w.ID, ce))
 	}
 	if err != nil {
 		return err
@@ -129,9 +129,9 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 // sent for what the reply answers, which header is wrong: the reason the
 // consumer parks it with. When the causation id is a message another saga
 // sent (the outbox knows it), the reply went to the wrong saga.
-func (e *Engine) misaddressed(ctx context.Context, tx pgx.Tx, env *envelope.Envelope, sagaID string, ce *sagadef.CausationError) error {
+func (e *Engine) misaddressed(ctx context.Context, tx pgx.Tx, env *message.Envelope, sagaID string, ce *sagadef.CausationError) error {
 	head := fmt.Sprintf("message %s (%s) to saga %s %s: header %s",
-		env.MessageID, env.MessageType, e.def.Name, sagaID, envelope.HeaderCausationID)
+		env.MessageID, env.MessageType, e.def.Name, sagaID, message.HeaderCausationID)
 	want := "a reply carries the message id of the command it answers, here " + ce.Expected()
 	c := ce.CausationID
 	switch {
@@ -152,9 +152,9 @@ func (e *Engine) misaddressed(ctx context.Context, tx pgx.Tx, env *envelope.Enve
 			return err
 		}
 		if ok && sent.SagaID != "" && sent.SagaID != sagaID {
-			by := fmt.Sprintf("header %s names saga %s", envelope.HeaderSagaID, sagaID)
+			by := fmt.Sprintf("header %s names saga %s", message.HeaderSagaID, sagaID)
 			if env.SagaID == "" {
-				by = fmt.Sprintf("its correlation key (no %s) names saga %s", envelope.HeaderSagaID, sagaID)
+				by = fmt.Sprintf("its correlation key (no %s) names saga %s", message.HeaderSagaID, sagaID)
 			}
 			return fmt.Errorf("%w: %s %q names %s of saga %s %s, but %s", sagadef.ErrMisaddressed, head, c, shortName(sent.MessageType),
 				sent.SagaType, sent.SagaID, by)
@@ -176,7 +176,7 @@ func shortName(full string) string {
 // nothing.
 func (e *Engine) handleStart(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	env := &d.Envelope
-	_, _, err := e.StartTx(ctx, tx, d.Message, envelope.Meta{
+	_, _, err := e.StartTx(ctx, tx, d.Message, message.Meta{
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
 		Traceparent: env.Traceparent,
@@ -190,14 +190,14 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 	if sagaID != "" {
 		id, err := uuid.Parse(sagaID)
 		if err != nil {
-			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga id %q is not a UUID", d.Envelope.MessageID, sagaID))
+			return row{}, retry.Permanent(fmt.Errorf("saga handle: message %s: saga id %q is not a UUID", d.Envelope.MessageID, sagaID))
 		}
 		// Every form uuid.Parse takes (urn:uuid:, braces, upper case), as
 		// a batch's prefetch takes it: PostgreSQL takes only some of them.
 		sagaID = id.String()
 		w, err := e.loadIn(ctx, tx, e.q.lockByID, sagaID)
 		if errors.Is(err, ErrNotFound) {
-			return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s: saga %s %s: %w",
+			return row{}, retry.Permanent(fmt.Errorf("saga handle: message %s: saga %s %s: %w",
 				d.Envelope.MessageID, e.def.Name, sagaID, ErrNotFound))
 		}
 		if err != nil {
@@ -207,7 +207,7 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 	}
 	key := d.Message.CorrelationKey()
 	if key == "" {
-		return row{}, failure.Permanent(fmt.Errorf("saga handle: message %s (%s) has neither a saga id nor a correlation key",
+		return row{}, retry.Permanent(fmt.Errorf("saga handle: message %s (%s) has neither a saga id nor a correlation key",
 			d.Envelope.MessageID, d.Envelope.MessageType))
 	}
 	w, err := e.loadIn(ctx, tx, e.q.lockByKey, key)
@@ -223,7 +223,7 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 		// business key may name a saga whose start is still on its way
 		// (queued behind this event, or in a retry tier): retried, then
 		// parked when it never starts.
-		return row{}, failure.Transient(fmt.Errorf("saga handle: message %s: no saga %s with business key %q (yet): %w",
+		return row{}, retry.Transient(fmt.Errorf("saga handle: message %s: no saga %s with business key %q (yet): %w",
 			d.Envelope.MessageID, e.def.Name, key, ErrNotFound))
 	}
 	if err != nil {

@@ -21,9 +21,8 @@ import (
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
@@ -128,9 +127,9 @@ func (hooks) Start(_ context.Context, start message.Message) (proto.Message, str
 	case strings.HasPrefix(order, "secret-"):
 		return nil, "", fmt.Errorf("start: dial tcp 10.0.0.7:5432: password=hunter2 rejected")
 	case strings.HasPrefix(order, "refused-"):
-		return nil, "", failure.Permanent(fmt.Errorf("start: internal rule 17 (password=hunter2) refuses %s", order))
+		return nil, "", retry.Permanent(fmt.Errorf("start: internal rule 17 (password=hunter2) refuses %s", order))
 	case strings.HasPrefix(order, "transient-"):
-		return nil, "", failure.Transient(fmt.Errorf("start: SQLSTATE 40001 password=hunter2"))
+		return nil, "", retry.Transient(fmt.Errorf("start: SQLSTATE 40001 password=hunter2"))
 	}
 	data, err := structpb.NewStruct(map[string]any{"order": order, "applied": []any{}})
 	if err != nil {
@@ -330,7 +329,7 @@ func (b *testBundle) newEngine(t *testing.T, edit func(*saga.Config)) *saga.Engi
 // start starts a saga for order and returns its id.
 func (b *testBundle) start(t *testing.T, order string) string {
 	t.Helper()
-	id, created, err := b.engine.Start(context.Background(), msg(msgPlaceOrder, order), envelope.Meta{MessageID: newID()})
+	id, created, err := b.engine.Start(context.Background(), msg(msgPlaceOrder, order), message.Meta{MessageID: newID()})
 	require.NoError(t, err)
 	require.True(t, created)
 	return id
@@ -347,7 +346,7 @@ func (b *testBundle) reply(t *testing.T, sagaID string, m testMsg, causation str
 // replyWith is reply with the envelope's headers.
 func (b *testBundle) replyWith(t *testing.T, sagaID string, m testMsg, causation string, headers map[string]any) (string, error) {
 	t.Helper()
-	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: b.def.Name, CausationID: causation})
+	env, err := message.New(m, message.Meta{SagaID: sagaID, SagaType: b.def.Name, CausationID: causation})
 	require.NoError(t, err)
 	env.Headers = headers
 	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1, ReceivedAt: time.Now()}

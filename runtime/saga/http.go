@@ -13,9 +13,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -82,14 +81,14 @@ func (e *Engine) StartHandler(newStart func() message.Message, statusURL func(sa
 				Error: "decode " + string(start.ProtoReflect().Descriptor().Name()) + ": " + err.Error()})
 			return
 		}
-		meta := envelope.Meta{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")}
+		meta := message.Meta{Traceparent: r.Header.Get("traceparent"), Tracestate: r.Header.Get("tracestate")}
 		id, created, err := e.Start(r.Context(), start, meta)
 		if err != nil {
 			code, msg := http.StatusInternalServerError, "the saga could not be started"
-			switch failure.ClassOf(err) {
-			case failure.ClassPermanent:
+			switch retry.ClassOf(err) {
+			case retry.ClassPermanent:
 				code, msg = http.StatusUnprocessableEntity, "the saga refused this start message"
-			case failure.ClassTransient:
+			case retry.ClassTransient:
 				code, msg = http.StatusServiceUnavailable, "the saga could not be started now; try again"
 				w.Header().Set("Retry-After", "1")
 			}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -149,7 +149,7 @@ func TestLateSuccessAfterCompensation(t *testing.T) {
 	failed := b.mustReply(t, id, msgInventoryReleased)
 	require.Equal(t, stFailed, failed.State)
 
-	_, err := b.replyWith(t, id, msg(msgInventoryReserved, "order-1"), reserveCmd, map[string]any{envelope.HeaderOnce: "inventory"})
+	_, err := b.replyWith(t, id, msg(msgInventoryReserved, "order-1"), reserveCmd, map[string]any{message.HeaderOnce: "inventory"})
 	require.NoError(t, err)
 	st := b.status(t, id)
 	require.Equal(t, stFailed, st.State)

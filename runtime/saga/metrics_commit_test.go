@@ -14,8 +14,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/protosaga/saga/internal/metrictest"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -44,7 +44,7 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 		wakes := txq.NewWakes(tx)
 		sctx, scope := txq.WithScope(wakes.Attach(ctx), tx)
 		scope.CommitsWith(wakes)
-		_, created, err := eng.StartTx(sctx, tx, msg(msgPlaceOrder, order), envelope.Meta{MessageID: newID()})
+		_, created, err := eng.StartTx(sctx, tx, msg(msgPlaceOrder, order), message.Meta{MessageID: newID()})
 		require.NoError(t, err)
 		require.True(t, created)
 		require.Zero(t, starts(), "nothing is counted before the commit")
@@ -66,7 +66,7 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 	require.EqualValues(t, 1, starts(), "the start that ran twice counts once")
 
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, _, err := eng.StartTx(ctx, tx, msg(msgPlaceOrder, "o-2"), envelope.Meta{MessageID: newID()})
+		_, _, err := eng.StartTx(ctx, tx, msg(msgPlaceOrder, "o-2"), message.Meta{MessageID: newID()})
 		return err
 	}))
 	require.EqualValues(t, 2, starts(), "in the caller's own transaction the start counts at once")

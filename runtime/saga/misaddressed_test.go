@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -29,7 +29,7 @@ func TestMisaddressedReplyIsRefused(t *testing.T) {
 		before, trail := b.status(t, id), len(b.history(t, id))
 		msgID, err := b.reply(t, sagaID, m, causation)
 		require.ErrorIs(t, err, sagadef.ErrMisaddressed)
-		require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+		require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 		require.Equal(t, "permanent: misaddressed reply: message "+msgID+" ("+m.info.FullName+") to saga "+sagaTypeName+" "+id+
 			": header x-causation-id "+reason, err.Error())
 		after := b.status(t, id)

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -194,7 +194,7 @@ func TestOperatorRacesLiveReply(t *testing.T) {
 }
 
 // TestOperatorRetryAfterARecordedFailure: a retry of a step whose business
-// failure was recorded sends its command with envelope.HeaderOperatorRetry
+// failure was recorded sends its command with message.HeaderOperatorRetry
 // (1, then 2), so that an idempotent participant runs it again instead of
 // replaying the failure; the first command carries no such header.
 func TestOperatorRetryAfterARecordedFailure(t *testing.T) {
@@ -203,7 +203,7 @@ func TestOperatorRetryAfterARecordedFailure(t *testing.T) {
 	id := b.toShipping(t, "order-1")
 	retries := func() []any {
 		t.Helper()
-		rows, err := b.pool.Query(context.Background(), `SELECT headers->'`+envelope.HeaderOperatorRetry+`'
+		rows, err := b.pool.Query(context.Background(), `SELECT headers->'`+message.HeaderOperatorRetry+`'
 FROM saga_outbox WHERE saga_id = $1 AND message_type = $2 ORDER BY id`, id, msgScheduleShipping.FullName)
 		require.NoError(t, err)
 		out, err := pgx.CollectRows(rows, pgx.RowTo[any])
@@ -246,7 +246,7 @@ func TestUnreadableData(t *testing.T) {
 
 	_, err = b.reply(t, id, msg(msgInventoryReserved, "order-1"), st.PendingMessageID)
 	require.ErrorIs(t, err, saga.ErrUnreadableData)
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err), "parked at once: no retry can decode it")
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err), "parked at once: no retry can decode it")
 
 	_, err = b.engine.Retry(ctx, id, st.Version, "alice", "try again")
 	require.ErrorIs(t, err, saga.ErrRejected)

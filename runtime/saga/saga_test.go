@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -82,7 +82,7 @@ func TestStartIdempotentOnBusinessKey(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			id, created, err := b.engine.Start(ctx, msg(msgPlaceOrder, "order-1"), envelope.Meta{MessageID: newID()})
+			id, created, err := b.engine.Start(ctx, msg(msgPlaceOrder, "order-1"), message.Meta{MessageID: newID()})
 			results[i] = result{id, created, err}
 		})
 	}
@@ -114,7 +114,7 @@ func TestStartIdempotentOnBusinessKey(t *testing.T) {
 
 	// A start in the caller's transaction rolls back with it.
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, created, err := b.engine.StartTx(ctx, tx, msg(msgPlaceOrder, "order-2"), envelope.Meta{})
+		_, created, err := b.engine.StartTx(ctx, tx, msg(msgPlaceOrder, "order-2"), message.Meta{})
 		require.NoError(t, err)
 		require.True(t, created)
 		return errors.New("caller aborts")
@@ -124,8 +124,8 @@ func TestStartIdempotentOnBusinessKey(t *testing.T) {
 	require.ErrorIs(t, err, saga.ErrNotFound)
 
 	// The wrong start message is refused.
-	_, _, err = b.engine.Start(ctx, msg(msgReserveInventory, "order-3"), envelope.Meta{})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	_, _, err = b.engine.Start(ctx, msg(msgReserveInventory, "order-3"), message.Meta{})
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 }
 
 func TestHappyPath(t *testing.T) {
@@ -133,7 +133,7 @@ func TestHappyPath(t *testing.T) {
 	b := setup(t, defOptions{})
 	startID := newID()
 	id, created, err := b.engine.Start(context.Background(), msg(msgPlaceOrder, "order-1"),
-		envelope.Meta{MessageID: startID, Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+		message.Meta{MessageID: startID, Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
 	require.NoError(t, err)
 	require.True(t, created)
 
@@ -278,45 +278,45 @@ func TestHandleRefusesMessagesItCannotPlace(t *testing.T) {
 	handle := func(d *consumer.Delivery) error {
 		return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return b.engine.Handle(ctx, tx, d) })
 	}
-	deliver := func(m testMsg, meta envelope.Meta) error {
-		env, err := envelope.New(m, meta)
+	deliver := func(m testMsg, meta message.Meta) error {
+		env, err := message.New(m, meta)
 		require.NoError(t, err)
 		return handle(&consumer.Delivery{Envelope: env, Message: m})
 	}
 
-	err := deliver(msg(msgInventoryReserved, "order-1"), envelope.Meta{SagaID: newID(), SagaType: sagaTypeName})
+	err := deliver(msg(msgInventoryReserved, "order-1"), message.Meta{SagaID: newID(), SagaType: sagaTypeName})
 	require.ErrorIs(t, err, saga.ErrNotFound)
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
-	err = deliver(msg(msgInventoryReserved, "order-1"), envelope.Meta{SagaID: "not-a-uuid"})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	err = deliver(msg(msgInventoryReserved, "order-1"), message.Meta{SagaID: "not-a-uuid"})
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
-	err = deliver(msg(msgInventoryReserved, "order-1"), envelope.Meta{SagaID: id, SagaType: "other.Saga"})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	err = deliver(msg(msgInventoryReserved, "order-1"), message.Meta{SagaID: id, SagaType: "other.Saga"})
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
-	err = deliver(msg(msgInventoryReserved, ""), envelope.Meta{})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err), "no saga id and no correlation key")
+	err = deliver(msg(msgInventoryReserved, ""), message.Meta{})
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err), "no saga id and no correlation key")
 
-	err = deliver(msg(msgInventoryReserved, "no-such-order"), envelope.Meta{})
+	err = deliver(msg(msgInventoryReserved, "no-such-order"), message.Meta{})
 	require.ErrorIs(t, err, saga.ErrNotFound)
 
 	err = handle(&consumer.Delivery{})
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	unregistered := newInfo("Unregistered", 0)
-	err = deliver(msg(unregistered, "order-1"), envelope.Meta{SagaID: id})
+	err = deliver(msg(unregistered, "order-1"), message.Meta{SagaID: id})
 	require.ErrorContains(t, err, "unknown message type")
-	require.Equal(t, failure.ClassPermanent, failure.ClassOf(err))
+	require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
 
 	require.Equal(t, int64(1), b.status(t, id).Version, "nothing was applied")
 
 	// An event without a saga id finds its saga by correlation key.
 	st := b.status(t, id)
-	require.NoError(t, deliver(msg(msgInventoryReserved, "order-1"), envelope.Meta{CausationID: st.PendingMessageID}))
+	require.NoError(t, deliver(msg(msgInventoryReserved, "order-1"), message.Meta{CausationID: st.PendingMessageID}))
 	require.Equal(t, stPayment, b.status(t, id).State)
 
 	// A message the saga never expects is audited as invalid and acked.
-	require.NoError(t, deliver(msg(msgUnrelatedEvent, "order-1"), envelope.Meta{SagaID: id}))
+	require.NoError(t, deliver(msg(msgUnrelatedEvent, "order-1"), message.Meta{SagaID: id}))
 	h := b.history(t, id)
 	require.Equal(t, sagadef.ClassInvalid.String(), h[len(h)-1].Class)
 	require.Equal(t, stPayment, b.status(t, id).State)
@@ -400,7 +400,7 @@ func TestVersionGuardRefusesStaleWrite(t *testing.T) {
 		})
 	})
 	require.ErrorIs(t, err, saga.ErrVersionConflict)
-	require.Equal(t, failure.ClassTransient, failure.ClassOf(err), "a retry reloads and classifies again")
+	require.Equal(t, retry.ClassTransient, retry.ClassOf(err), "a retry reloads and classifies again")
 	st := b.status(t, id)
 	require.Equal(t, int64(2), st.Version)
 	require.Equal(t, []string{"InventoryReserved"}, applied(t, st))
@@ -416,7 +416,7 @@ func TestHandleStartsFromDeliveredStartMessage(t *testing.T) {
 	ctx := context.Background()
 	deliver := func() string {
 		m := msg(msgPlaceOrder, "order-1")
-		env, err := envelope.New(m, envelope.Meta{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+		env, err := message.New(m, message.Meta{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
 		require.NoError(t, err)
 		require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			return b.engine.Handle(ctx, tx, &consumer.Delivery{Envelope: env, Message: m})
@@ -451,7 +451,7 @@ func TestRepliesForOneSagaInOneScope(t *testing.T) {
 	st := b.status(t, id)
 	deliver := func(ctx context.Context, tx pgx.Tx) {
 		m := msg(msgInventoryReserved, st.BusinessKey)
-		env, err := envelope.New(m, envelope.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
+		env, err := message.New(m, message.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
 		require.NoError(t, err)
 		require.NoError(t, b.engine.Handle(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}))
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
@@ -50,7 +49,7 @@ func (b *testBundle) stagedBatchOn(t *testing.T, pool *pgxpool.Pool) *stagedBatc
 func (s *stagedBatch) reply(sagaID, businessKey, pending string, in *message.Info) error {
 	s.t.Helper()
 	m := msg(in, businessKey)
-	env, err := envelope.New(m, envelope.Meta{SagaID: sagaID, SagaType: s.b.def.Name, CausationID: pending})
+	env, err := message.New(m, message.Meta{SagaID: sagaID, SagaType: s.b.def.Name, CausationID: pending})
 	require.NoError(s.t, err)
 	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}
 	hctx, scope := txq.WithScope(consumer.WithBatch(s.stage.Attach(s.wakes.Attach(s.ctx)), s.batch), s.tx)
@@ -186,9 +185,9 @@ func TestBatchLockedAhead(t *testing.T) {
 	statuses := make([]saga.Status, len(ids))
 	for i, id := range ids[:2] { // o-3 is not in the batch
 		statuses[i] = b.status(t, id)
-		s.batch = append(s.batch, &consumer.Delivery{Envelope: envelope.Envelope{SagaID: id, SagaType: b.def.Name}})
+		s.batch = append(s.batch, &consumer.Delivery{Envelope: message.Envelope{SagaID: id, SagaType: b.def.Name}})
 	}
-	s.batch = append(s.batch, &consumer.Delivery{Envelope: envelope.Envelope{SagaID: newID(), SagaType: "other.Saga"}})
+	s.batch = append(s.batch, &consumer.Delivery{Envelope: message.Envelope{SagaID: newID(), SagaType: "other.Saga"}})
 	require.NoError(t, s.reply(ids[0], statuses[0].BusinessKey, statuses[0].PendingMessageID, msgInventoryReserved))
 	locked := func(id string) bool {
 		t.Helper()

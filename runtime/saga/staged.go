@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -136,7 +136,7 @@ func (s *stagedUpdates) Queue(ctx context.Context, tx pgx.Tx) {
 		if err == nil && tag.RowsAffected() != int64(n) {
 			// Only possible when a caller wrote a row it staged without
 			// the engine: the guard refuses to overwrite it.
-			err = failure.Transient(fmt.Errorf("update %d sagas: %d matched their stored version (first %s)",
+			err = retry.Transient(fmt.Errorf("update %d sagas: %d matched their stored version (first %s)",
 				n, tag.RowsAffected(), ids[0]))
 		}
 		return results(tag, err)

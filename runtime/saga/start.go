@@ -7,10 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -27,15 +26,15 @@ import (
 // meta carries the start message's identity: its MessageID becomes the
 // causation id of the first commands, its trace context continues in them.
 // Its SagaID, SagaType and CorrelationID are ignored (the engine assigns them).
-func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta message.Meta) (sagaID string, created bool, err error) {
 	ctx, span := e.tel.startStart(ctx, messageMeta{messageID: meta.MessageID, causationID: meta.CausationID})
 	var state string
 	defer func() { e.tel.endStart(ctx, tx, span, sagaID, created, state, err) }()
 	if start == nil {
-		return "", false, failure.Permanent(errors.New("start saga: start message is nil"))
+		return "", false, retry.Permanent(errors.New("start saga: start message is nil"))
 	}
 	if name := start.SagaMessageInfo().FullName; e.def.StartMessage != "" && name != e.def.StartMessage {
-		return "", false, failure.Permanent(fmt.Errorf("start saga %s: message %s is not its start message %s",
+		return "", false, retry.Permanent(fmt.Errorf("start saga %s: message %s is not its start message %s",
 			e.def.Name, name, e.def.StartMessage))
 	}
 	id := e.cfg.NewID()
@@ -43,14 +42,14 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	if err != nil {
 		err = fmt.Errorf("begin saga %s: %w", e.def.Name, err)
 		if errors.Is(err, sagadef.ErrInvalidTrigger) || errors.Is(err, sagadef.ErrNotCompiled) {
-			err = failure.Permanent(err)
+			err = retry.Permanent(err)
 		}
 		return "", false, err
 	}
 	inst := res.Instance
 	inst.ID = id
 	if inst.BusinessKey == "" {
-		return "", false, failure.Permanent(fmt.Errorf("start saga %s: hooks returned an empty business key", e.def.Name))
+		return "", false, retry.Permanent(fmt.Errorf("start saga %s: hooks returned an empty business key", e.def.Name))
 	}
 	enc, err := encode(inst, nil)
 	if err != nil {
@@ -94,13 +93,13 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 }
 
 // startExisting handles a start whose business key is taken.
-func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta envelope.Meta) (string, bool, error) {
+func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta message.Meta) (string, bool, error) {
 	w, err := e.loadIn(ctx, tx, e.q.existingByKey, key)
 	if errors.Is(err, ErrNotFound) {
 		// The conflicting row exists but this transaction cannot see it:
 		// it runs at REPEATABLE READ or stricter with an older snapshot.
 		// A retry in a new transaction sees it.
-		return "", false, failure.Transient(fmt.Errorf("start saga %s: business key %q is taken by a row this transaction cannot see", e.def.Name, key))
+		return "", false, retry.Transient(fmt.Errorf("start saga %s: business key %q is taken by a row this transaction cannot see", e.def.Name, key))
 	}
 	if err != nil {
 		return "", false, fmt.Errorf("load saga %s by business key %q: %w", e.def.Name, key, err)
@@ -119,7 +118,7 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 // the first commands go to the relay ctx carries (outbox.WithRelay), or
 // relays are woken to claim them; the start is counted in the metrics once
 // it committed.
-func (e *Engine) Start(ctx context.Context, start message.Message, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (e *Engine) Start(ctx context.Context, start message.Message, meta message.Meta) (sagaID string, created bool, err error) {
 	err = e.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		sagaID, created, err = e.StartTx(ctx, tx, start, meta)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 )
 
@@ -22,7 +22,7 @@ func TestStepTimeoutsOverrideTheContract(t *testing.T) {
 	})
 	ctx := context.Background()
 
-	id, created, err := eng.Start(ctx, msg(msgPlaceOrder, "order-short"), envelope.Meta{MessageID: newID()})
+	id, created, err := eng.Start(ctx, msg(msgPlaceOrder, "order-short"), message.Meta{MessageID: newID()})
 	require.NoError(t, err)
 	require.True(t, created)
 	st, err := eng.Status(ctx, id)

@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protosaga/saga/runtime/envelope"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -57,7 +57,7 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 	}()
 	inst, err := e.instanceFor(w, trig.Kind)
 	if errors.Is(err, ErrUnreadableData) {
-		return outcome{}, failure.Permanent(fmt.Errorf("%s: %w", trig.Kind, err))
+		return outcome{}, retry.Permanent(fmt.Errorf("%s: %w", trig.Kind, err))
 	}
 	if err != nil {
 		return outcome{}, err
@@ -68,10 +68,10 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 		if errors.Is(err, sagadef.ErrInvalidTrigger) || errors.Is(err, sagadef.ErrUnknownState) ||
 			errors.Is(err, sagadef.ErrNotCompiled) || errors.Is(err, sagadef.ErrMisaddressed) {
 			// No retry can change the outcome: park the message.
-			err = failure.Permanent(err)
+			err = retry.Permanent(err)
 		} else if errors.Is(err, sagadef.ErrNotReached) {
 			// The saga may get there: retry it, park it if it does not.
-			err = failure.Transient(err)
+			err = retry.Transient(err)
 		}
 		return outcome{}, err
 	}
@@ -111,7 +111,7 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 				// Only possible when a caller did not lock the row: the
 				// guard refuses to overwrite a concurrent transition.
 				// Transient: a retry reloads the row and classifies again.
-				return failure.Transient(fmt.Errorf("update saga %s: %w", w.ID,
+				return retry.Transient(fmt.Errorf("update saga %s: %w", w.ID,
 					&VersionConflictError{SagaID: w.ID, Expected: w.Version, State: w.State}))
 			}
 			return nil
@@ -154,12 +154,12 @@ func (e *Engine) emit(ctx context.Context, tx pgx.Tx, sagaID string, msgs []saga
 		return nil
 	}
 	now := e.cfg.Now()
-	envs := make([]envelope.Envelope, 0, len(msgs))
+	envs := make([]message.Envelope, 0, len(msgs))
 	for _, m := range msgs {
 		if m.Message == nil {
 			return fmt.Errorf("saga %s: transition emitted a nil message", sagaID)
 		}
-		env, err := envelope.New(m.Message, envelope.Meta{
+		env, err := message.New(m.Message, message.Meta{
 			MessageID:     m.MessageID,
 			CorrelationID: sagaID,
 			CausationID:   causation,
@@ -175,10 +175,10 @@ func (e *Engine) emit(ctx context.Context, tx pgx.Tx, sagaID string, msgs []saga
 		if m.OperatorRetry > 0 || m.Compensates != "" {
 			env.Headers = map[string]any{}
 			if m.OperatorRetry > 0 {
-				env.Headers[envelope.HeaderOperatorRetry] = m.OperatorRetry
+				env.Headers[message.HeaderOperatorRetry] = m.OperatorRetry
 			}
 			if m.Compensates != "" {
-				env.Headers[envelope.HeaderCompensates] = m.Compensates
+				env.Headers[message.HeaderCompensates] = m.Compensates
 			}
 		}
 		envs = append(envs, env)

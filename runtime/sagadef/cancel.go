@@ -58,3 +58,74 @@ func fieldText(m protoreflect.Message, path string) string {
 	}
 	return ""
 }
+
+// onCancel applies the business cancel message (Definition.Cancel). Waiting
+// on a compensatable step or the pivot, the saga stops waiting, records the
+// cancel and compensates as after a business failure, ending CANCELLED.
+// Everywhere else it changes nothing and says why in the audit note.
+func (w *work) onCancel() error {
+	by, why := w.cancelRequest()
+	who := fmt.Sprintf("cancel requested by %s (%s)", orUnknown(by), orUnknown(why))
+	st := w.state()
+	switch st.Kind {
+	case StateKindTerminal:
+		w.noop(ClassLate, "%s ignored: the saga already ended %s", who, st.Name)
+		return nil
+	case StateKindCompensating:
+		w.noop(ClassLate, "%s ignored: the saga is already compensating (step %s)", who, st.Step)
+		return nil
+	case StateKindManualReview:
+		w.noop(ClassLate, "%s not applied: the saga is in manual review; an operator decides (compensate, or resolve to %s)", who, StateCancelled)
+		return nil
+	}
+	if passed := w.pointOfNoReturn(w.stepIndex(st.Step)); passed != "" {
+		w.noop(ClassLate, "%s refused: %s, past the point of no return; the saga runs to completion", who, passed)
+		return nil
+	}
+	w.class = ClassNew
+	if err := w.fold(); err != nil {
+		return err
+	}
+	w.progress().Cancel = &Cancellation{RequestedBy: by, Reason: why, MessageID: w.trig.MessageID}
+	w.note("%s while waiting on step %s; compensating", who, st.Step)
+	w.stop(st.Step)
+	return w.compensate()
+}
+
+// pointOfNoReturn says how the saga, waiting on step i, is past its point
+// of no return (waiting on a retriable step, or a pivot or retriable step
+// completed), or returns "" when it is not.
+func (w *work) pointOfNoReturn(i int) string {
+	for _, name := range w.in.Progress.Completed {
+		if j, ok := w.d.compiled.steps[name]; ok && w.step(j).Role != RoleCompensatable {
+			return fmt.Sprintf("%s step %s completed", w.step(j).Role, name)
+		}
+	}
+	if s := w.step(i); s.Role == RoleRetriable {
+		return fmt.Sprintf("it waits on retriable step %s", s.Name)
+	}
+	return ""
+}
+
+// cancelRequest returns who asked for the cancel and why: the trigger's
+// Operator and Reason when set, otherwise the cancel message's fields.
+func (w *work) cancelRequest() (by, why string) {
+	by, why = strings.TrimSpace(w.trig.Operator), strings.TrimSpace(w.trig.Reason)
+	if by == "" || why == "" {
+		mb, mw := w.d.CancelRequest(w.trig.Message)
+		if by == "" {
+			by = mb
+		}
+		if why == "" {
+			why = mw
+		}
+	}
+	return by, why
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "(not given)"
+	}
+	return s
+}

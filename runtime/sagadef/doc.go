@@ -12,8 +12,8 @@
 // The generator imports this package too: the transition table printed into
 // generated code and the Mermaid diagram in the docs come from
 // [Definition.Compile], so docs, generated code and run-time behaviour are
-// one table. [Definition.SVG] draws the same table as a picture (the admin
-// console shows it, with an instance's state highlighted).
+// one table. The admin console draws the same table as a picture, from
+// [Definition.Edges].
 //
 // # States
 //

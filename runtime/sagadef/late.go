@@ -1,5 +1,7 @@
 package sagadef
 
+import "fmt"
+
 // A late message is a reply or event for a wait the saga no longer has, or
 // no longer has for that message: the answer to an earlier attempt of a
 // resent command (or compensation), anything for a step that stopped
@@ -172,4 +174,89 @@ func lateRule(m lateMessage, when lateWhen, p LatePolicy) lateAction {
 // retry, the answer to the resent command settles the step anyway.
 func (s Step) LatePolicyInert() bool {
 	return s.Late == LateApplyIfWaiting && (s.External || s.OnTimeout != TimeoutRetry)
+}
+
+// lateSituation returns where the saga is for a late message of the step
+// (or compensation) the saga waits on when waiting is set.
+func (w *work) lateSituation(waiting bool) lateWhen {
+	switch st := w.state(); {
+	case waiting:
+		return lateWaiting
+	case st.Kind == StateKindManualReview:
+		return lateInReview
+	case st.Kind == StateKindCompensating, st.Name == StateFailed, st.Name == StateCancelled:
+		return lateUndone
+	default:
+		// COMPLETED; a saga on its forward path counts on the steps
+		// before it too.
+		return lateDone
+	}
+}
+
+// lateWhat describes a late message for subject ("step X", "the
+// compensation of step X") for the audit note or review reason.
+func (w *work) lateWhat(subject string, when lateWhen) string {
+	name := shortName(w.kind)
+	switch when {
+	case lateWaiting:
+		return fmt.Sprintf("late %s answers an earlier attempt of %s", name, subject)
+	case lateInReview:
+		return fmt.Sprintf("late %s for %s while in manual review", name, subject)
+	case lateBeforeStep:
+		return fmt.Sprintf("%s for %s while in manual review before the saga reached the step; it settles the step when the saga gets there", name, subject)
+	default:
+		return fmt.Sprintf("late %s for %s, which stopped waiting; the saga is %s", name, subject, w.lateState())
+	}
+}
+
+// lateState names what the saga does, for notes.
+func (w *work) lateState() string {
+	switch st := w.state(); st.Kind {
+	case StateKindCompensating:
+		return "compensating step " + st.Step
+	case StateKindTerminal:
+		return st.Name
+	default:
+		return "waiting on step " + st.Step
+	}
+}
+
+// lateRisk says, for a late message m of step s that the saga no longer
+// waits for, whether it agrees with what the saga does, or what it may
+// leave wrong (for a review reason when review is set, for an audit note
+// otherwise); "" while the saga waits or is in review.
+func (w *work) lateRisk(s *Step, m lateMessage, when lateWhen, review bool) string {
+	if when != lateUndone && when != lateDone {
+		return ""
+	}
+	switch {
+	case m.says() == (when == lateDone):
+		return ": it agrees with what the saga does"
+	case m.compensation() && when == lateDone:
+		return ": the step is undone though the saga completed"
+	case m.compensation():
+		return ": the step's effect is still in place"
+	case !m.says():
+		return ": the saga counts on the step's effect, which did not happen"
+	case s.Role != RoleCompensatable || !sentFor(w.in.Progress.SentCompensations, s.Name):
+		return ": its effect stands and nothing undoes it"
+	case s.External:
+		return fmt.Sprintf(": its compensation %s was sent before it came", shortName(s.Compensation))
+	case review:
+		return fmt.Sprintf(": check that its compensation %s undid it (the compensation names the command, x-saga-compensates, which a participant on runtime/participant honours; the saga cannot tell whether this one did)",
+			shortName(s.Compensation))
+	default:
+		return fmt.Sprintf(": its compensation %s was sent naming the command (x-saga-compensates), so a participant that honours it undid the effect or never applied it",
+			shortName(s.Compensation))
+	}
+}
+
+// sentFor reports whether sent (message id → step) holds a message for step.
+func sentFor(sent map[string]string, step string) bool {
+	for _, s := range sent {
+		if s == step {
+			return true
+		}
+	}
+	return false
 }

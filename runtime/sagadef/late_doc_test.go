@@ -1,6 +1,7 @@
 package sagadef_test
 
 import (
+	"flag"
 	"os"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/protosaga/saga/runtime/sagadef"
 )
+
+var update = flag.Bool("update", false, "rewrite the derived late-reply tables in docs/options.md")
 
 // The late-reply tables sit in docs/options.md between these lines.
 const (

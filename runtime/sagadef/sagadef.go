@@ -317,7 +317,7 @@ type Trigger struct {
 	ResolveTo string
 	// Once is set for a reply from a participant that runs each command
 	// once and records a command as done when its compensation comes first
-	// (envelope.HeaderOnce): its late success for a step whose
+	// (message.HeaderOnce): its late success for a step whose
 	// compensation was sent had its effect undone by that compensation.
 	Once bool
 }
@@ -354,11 +354,11 @@ type Outgoing struct {
 	Message   message.Message
 	// OperatorRetry is Progress.OperatorRetries of the command: above 0,
 	// an operator retried or compensated again after a recorded failure,
-	// and the engine says so in the envelope (envelope.HeaderOperatorRetry).
+	// and the engine says so in the envelope (message.HeaderOperatorRetry).
 	OperatorRetry int
 	// Compensates is set on a compensating command for a step that stopped
 	// waiting without an answer: the once key (message.OnceKey) of the
-	// step's command, which may still be on its way (envelope.HeaderCompensates).
+	// step's command, which may still be on its way (message.HeaderCompensates).
 	Compensates string
 }
 

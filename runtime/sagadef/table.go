@@ -414,12 +414,12 @@ func (d *Definition) Mermaid() string {
 	}
 	var b strings.Builder
 	b.WriteString("stateDiagram-v2\n")
-	for _, e := range d.edges() {
-		from := e.from
+	for _, e := range d.Edges() {
+		from := e.From
 		if from == "" {
 			from = "[*]"
 		}
-		fmt.Fprintf(&b, "    %s --> %s : %s\n", from, e.to, strings.Join(e.lines, "<br/>"))
+		fmt.Fprintf(&b, "    %s --> %s : %s\n", from, e.To, strings.Join(e.Lines, "<br/>"))
 	}
 	for _, s := range d.States {
 		if s.Kind == StateKindTerminal {
@@ -429,21 +429,21 @@ func (d *Definition) Mermaid() string {
 	return b.String()
 }
 
-// edge is the rows of the transition table between two states, merged into
+// Edge is the rows of the transition table between two states, merged into
 // one arrow of a diagram.
-type edge struct {
-	from, to string // from is "" for the start row
-	// triggers are the rows' distinct triggers, short names ("timeout",
+type Edge struct {
+	From, To string // From is "" for the start row
+	// Triggers are the rows' distinct triggers, short names ("timeout",
 	// "InventoryReserved", "operator.retry"), in table order.
-	triggers []string
-	// lines are the rows' distinct "trigger / emitted messages" lines.
-	lines []string
+	Triggers []string
+	// Lines are the rows' distinct "trigger / emitted messages" lines.
+	Lines []string
 }
 
-// edges merges the rows of the transition table by (from, to), in table
-// order: the arrows of the Mermaid and SVG diagrams.
-func (d *Definition) edges() []edge {
-	var out []edge
+// Edges merges the rows of the transition table by (from, to), in table
+// order: the arrows of the Mermaid diagram and of the console's SVG.
+func (d *Definition) Edges() []Edge {
+	var out []Edge
 	at := map[[2]string]int{}
 	for _, t := range d.Transitions {
 		k := [2]string{t.From, t.To}
@@ -451,7 +451,7 @@ func (d *Definition) edges() []edge {
 		if !ok {
 			i = len(out)
 			at[k] = i
-			out = append(out, edge{from: t.From, to: t.To})
+			out = append(out, Edge{From: t.From, To: t.To})
 		}
 		e := &out[i]
 		trig := shortName(t.Trigger)
@@ -466,11 +466,11 @@ func (d *Definition) edges() []edge {
 			}
 			l += " / " + strings.Join(short, ", ")
 		}
-		if !slices.Contains(e.triggers, trig) {
-			e.triggers = append(e.triggers, trig)
+		if !slices.Contains(e.Triggers, trig) {
+			e.Triggers = append(e.Triggers, trig)
 		}
-		if !slices.Contains(e.lines, l) {
-			e.lines = append(e.lines, l)
+		if !slices.Contains(e.Lines, l) {
+			e.Lines = append(e.Lines, l)
 		}
 	}
 	return out

@@ -4,7 +4,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // Attribute keys. Semantic-convention keys come from the OpenTelemetry
@@ -131,7 +131,7 @@ const KeyOriginalExchange = attribute.Key("saga.exchange")
 
 // MessageAttrs are the identity attributes of a message every span about it
 // carries: id, type, conversation (correlation), causation, saga id and type.
-func MessageAttrs(e *envelope.Envelope) []attribute.KeyValue {
+func MessageAttrs(e *message.Envelope) []attribute.KeyValue {
 	return []attribute.KeyValue{
 		KeyMessageID.String(e.MessageID),
 		KeyMessageType.String(e.MessageType),

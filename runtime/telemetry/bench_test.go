@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -63,7 +63,7 @@ func BenchmarkTransition(b *testing.B) {
 				var id string
 				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					var err error
-					if id, _, err = eng.StartTx(ctx, tx, sagatest.NewMessage(tPlaceOrder, key), envelope.Meta{}); err != nil {
+					if id, _, err = eng.StartTx(ctx, tx, sagatest.NewMessage(tPlaceOrder, key), message.Meta{}); err != nil {
 						return err
 					}
 					var pending string
@@ -71,7 +71,7 @@ func BenchmarkTransition(b *testing.B) {
 						return err
 					}
 					m := sagatest.NewMessage(tReserved, key)
-					env, err := envelope.New(m, envelope.Meta{SagaID: id, SagaType: w.def.Name, CausationID: pending})
+					env, err := message.New(m, message.Meta{SagaID: id, SagaType: w.def.Name, CausationID: pending})
 					if err != nil {
 						return err
 					}

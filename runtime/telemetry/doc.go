@@ -8,7 +8,7 @@
 //
 // The W3C trace context travels with every message: in the saga_outbox row
 // (traceparent, tracestate columns), in the AMQP headers of the same names,
-// and in envelope.Envelope. The chain of spans is
+// and in message.Envelope. The chain of spans is
 //
 //	saga.start TYPE                        (Engine.StartTx, child of the caller's span)
 //	└ create EXCHANGE   [producer]         (outbox.Enqueue, one per message; its context is the row's traceparent)

@@ -24,7 +24,6 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
@@ -236,7 +235,7 @@ func TestOneTraceAcrossProcesses(t *testing.T) {
 	w.consume("orchestrator", replyQueue, telemetry.Providers{Tracer: sagaTP}, orchestrator.Handle)
 
 	ctx, root := apiTP.Tracer("test").Start(w.ctx, "POST /orders", trace.WithSpanKind(trace.SpanKindServer))
-	sagaID, created, err := api.Start(ctx, sagatest.NewMessage(tPlaceOrder, "order-1"), envelope.Meta{})
+	sagaID, created, err := api.Start(ctx, sagatest.NewMessage(tPlaceOrder, "order-1"), message.Meta{})
 	root.End()
 	require.NoError(t, err)
 	require.True(t, created)
@@ -378,7 +377,7 @@ func processSpan(t *testing.T, spans []sdktrace.ReadOnlySpan, name, messageID st
 func attr(s sdktrace.ReadOnlySpan, k attribute.Key) string {
 	for _, a := range s.Attributes() {
 		if a.Key == k {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
@@ -450,14 +449,14 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 
 	pub := broker.NewPublisher(w.conn("test-publisher"), broker.PublisherConfig{})
 	t.Cleanup(func() { _ = pub.Close() })
-	send := func(env envelope.Envelope) {
+	send := func(env message.Envelope) {
 		t.Helper()
 		errs := pub.Publish(w.ctx, []broker.Outgoing{{Exchange: env.Exchange, RoutingKey: env.RoutingKey, Publishing: env.Publishing()}})
 		require.NoError(t, errs[0])
 	}
-	reply := func(sagaID string, info *message.Info, key, causation string) envelope.Envelope {
+	reply := func(sagaID string, info *message.Info, key, causation string) message.Envelope {
 		t.Helper()
-		env, err := envelope.New(sagatest.NewMessage(info, key), envelope.Meta{SagaID: sagaID, SagaType: w.def.Name, CausationID: causation})
+		env, err := message.New(sagatest.NewMessage(info, key), message.Meta{SagaID: sagaID, SagaType: w.def.Name, CausationID: causation})
 		require.NoError(t, err)
 		return env
 	}
@@ -476,7 +475,7 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	ids := map[string]string{}
 	pending := map[string]string{}
 	for _, key := range []string{"k1", "k2", "flaky"} {
-		id, created, err := eng.Start(w.ctx, sagatest.NewMessage(tPlaceOrder, key), envelope.Meta{})
+		id, created, err := eng.Start(w.ctx, sagatest.NewMessage(tPlaceOrder, key), message.Meta{})
 		require.NoError(t, err)
 		require.True(t, created)
 		ids[key], pending[key] = id, status(id).PendingMessageID
@@ -599,7 +598,7 @@ func TestTimeoutLinksToTheUnansweredCommand(t *testing.T) {
 	eng := w.engine(telemetry.Providers{Tracer: tp}, nil, clk.Now)
 
 	ctx, root := tp.Tracer("test").Start(w.ctx, "POST /orders", trace.WithSpanKind(trace.SpanKindServer))
-	_, created, err := eng.Start(ctx, sagatest.NewMessage(tPlaceOrder, "order-late"), envelope.Meta{})
+	_, created, err := eng.Start(ctx, sagatest.NewMessage(tPlaceOrder, "order-late"), message.Meta{})
 	root.End()
 	require.NoError(t, err)
 	require.True(t, created)

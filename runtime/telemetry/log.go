@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // Log field names: every runtime log record that concerns a message or a
@@ -48,7 +48,7 @@ type messageKey struct{}
 // message id and type, correlation and causation ids), which a
 // [NewLogHandler] handler adds to every record logged with the context. The
 // consumer does this for every delivery it hands to a handler.
-func ContextWithMessage(ctx context.Context, e *envelope.Envelope) context.Context {
+func ContextWithMessage(ctx context.Context, e *message.Envelope) context.Context {
 	return context.WithValue(ctx, messageKey{}, messageIDs{
 		sagaID: e.SagaID, sagaType: e.SagaType, messageID: e.MessageID, messageType: e.MessageType,
 		correlationID: e.CorrelationID, causationID: e.CausationID,

@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // w3c is the W3C Trace Context propagator. It is stateless; the runtime
@@ -18,9 +18,9 @@ type traceCarrier struct{ traceparent, tracestate string }
 
 func (c *traceCarrier) Get(key string) string {
 	switch key {
-	case envelope.HeaderTraceparent:
+	case message.HeaderTraceparent:
 		return c.traceparent
-	case envelope.HeaderTracestate:
+	case message.HeaderTracestate:
 		return c.tracestate
 	}
 	return ""
@@ -28,15 +28,15 @@ func (c *traceCarrier) Get(key string) string {
 
 func (c *traceCarrier) Set(key, value string) {
 	switch key {
-	case envelope.HeaderTraceparent:
+	case message.HeaderTraceparent:
 		c.traceparent = value
-	case envelope.HeaderTracestate:
+	case message.HeaderTracestate:
 		c.tracestate = value
 	}
 }
 
 func (c *traceCarrier) Keys() []string {
-	return []string{envelope.HeaderTraceparent, envelope.HeaderTracestate}
+	return []string{message.HeaderTraceparent, message.HeaderTracestate}
 }
 
 // TraceContext returns the W3C traceparent and tracestate of the span
@@ -70,7 +70,7 @@ func ParseSpanContext(traceparent, tracestate string) trace.SpanContext {
 // Tracestate. When ctx carries no valid span context, e keeps the trace
 // context it has (so a process without tracing passes it through); Inject
 // reports whether it wrote.
-func Inject(ctx context.Context, e *envelope.Envelope) bool {
+func Inject(ctx context.Context, e *message.Envelope) bool {
 	tp, ts := TraceContext(ctx)
 	if tp == "" {
 		return false
@@ -104,6 +104,6 @@ func ContextWithTraceparent(ctx context.Context, traceparent, tracestate string)
 
 // Extract returns ctx carrying e's trace context as the remote parent of
 // spans started from it (see [ContextWithTraceparent]).
-func Extract(ctx context.Context, e *envelope.Envelope) context.Context {
+func Extract(ctx context.Context, e *message.Envelope) context.Context {
 	return ContextWithTraceparent(ctx, e.Traceparent, e.Tracestate)
 }

@@ -17,7 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -30,7 +30,7 @@ func TestPropagationRoundTrip(t *testing.T) {
 	ctx, span := tp.Tracer("test").Start(context.Background(), "op")
 	defer span.End()
 
-	var e envelope.Envelope
+	var e message.Envelope
 	require.True(t, telemetry.Inject(ctx, &e))
 	sc := span.SpanContext()
 	require.Equal(t, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01", e.Traceparent)
@@ -42,12 +42,12 @@ func TestPropagationRoundTrip(t *testing.T) {
 
 	// Publishing carries it as the AMQP header of the same name.
 	e.MessageID, e.MessageType, e.SchemaVersion = "m-1", "x.v1.T", 1
-	require.Equal(t, e.Traceparent, e.Publishing().Headers[envelope.HeaderTraceparent])
+	require.Equal(t, e.Traceparent, e.Publishing().Headers[message.HeaderTraceparent])
 }
 
 func TestPropagationWithoutContext(t *testing.T) {
 	t.Parallel()
-	e := envelope.Envelope{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	e := message.Envelope{Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	require.False(t, telemetry.Inject(context.Background(), &e), "no span: the envelope keeps its context")
 	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", e.Traceparent)
 
@@ -68,7 +68,7 @@ func TestLogHandlerAddsIDsAndRedacts(t *testing.T) {
 	tp := sdktrace.NewTracerProvider()
 	ctx, span := tp.Tracer("test").Start(context.Background(), "op")
 	defer span.End()
-	ctx = telemetry.ContextWithMessage(ctx, &envelope.Envelope{
+	ctx = telemetry.ContextWithMessage(ctx, &message.Envelope{
 		SagaID: "s-1", SagaType: "x.v1.Order", MessageID: "m-1", MessageType: "x.v1.Reply", CorrelationID: "c-1", CausationID: "k-1",
 	})
 	log.With("db_password", "hunter2").InfoContext(ctx, "handled",

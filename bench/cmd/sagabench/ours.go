@@ -15,8 +15,8 @@ import (
 	"github.com/protosaga/saga/examples/placeorder/app"
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/schema"
 )
@@ -108,7 +108,7 @@ func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logg
 func (s *oursSystem) StartBatch(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		for _, r := range reqs {
-			if _, _, err := s.placeOrder.StartTx(ctx, tx, r, envelope.Meta{}); err != nil {
+			if _, _, err := s.placeOrder.StartTx(ctx, tx, r, message.Meta{}); err != nil {
 				return fmt.Errorf("start order %s: %w", r.GetOrderId(), err)
 			}
 		}
@@ -117,7 +117,7 @@ func (s *oursSystem) StartBatch(ctx context.Context, reqs []*orderv1.PlaceOrderR
 }
 
 func (s *oursSystem) Start(ctx context.Context, req *orderv1.PlaceOrderRequest) error {
-	if _, _, err := s.placeOrder.Start(ctx, req, envelope.Meta{}); err != nil {
+	if _, _, err := s.placeOrder.Start(ctx, req, message.Meta{}); err != nil {
 		return fmt.Errorf("start order %s: %w", req.GetOrderId(), err)
 	}
 	return nil
@@ -204,9 +204,9 @@ func relayBench(ctx context.Context, env *benv.Env, relays, batch, window, n int
 	}
 	_ = ch.Close()
 	for from := 0; from < n; from += 1000 {
-		envs := make([]envelope.Envelope, 0, 1000)
+		envs := make([]message.Envelope, 0, 1000)
 		for i := from; i < min(from+1000, n); i++ {
-			envs = append(envs, envelope.Envelope{
+			envs = append(envs, message.Envelope{
 				MessageID: fmt.Sprintf("relay-%08d", i), CorrelationID: "bench", MessageType: "bench.Relay",
 				SchemaVersion: 1, OccurredAt: time.Now(), Exchange: "bench.relay", RoutingKey: "bench.relay",
 				Body: raw.Body,

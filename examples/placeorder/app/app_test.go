@@ -27,8 +27,8 @@ import (
 	"github.com/protosaga/saga/internal/audittest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 )
@@ -126,7 +126,7 @@ func request(orderID string) *orderv1.PlaceOrderRequest {
 
 func (b *testBundle) start(t *testing.T, req *orderv1.PlaceOrderRequest) string {
 	t.Helper()
-	id, created, err := b.placeOrder.Start(context.Background(), req, envelope.Meta{})
+	id, created, err := b.placeOrder.Start(context.Background(), req, message.Meta{})
 	require.NoError(t, err)
 	require.True(t, created)
 	return id
@@ -374,10 +374,10 @@ FROM saga_parked WHERE message_id = 'poison-1'`).Scan(&queue, &class, &reason, &
 
 		d := b.parkedDelivery(t, broker.ParkingQueue("inventory.commands"))
 		require.Equal(t, "poison-1", d.MessageId)
-		parkReason, _, err := envelope.HeaderString(d.Headers, envelope.HeaderParkReason)
+		parkReason, _, err := message.HeaderString(d.Headers, message.HeaderParkReason)
 		require.NoError(t, err)
 		require.Contains(t, parkReason, "decode")
-		origQueue, _, err := envelope.HeaderString(d.Headers, envelope.HeaderOrigQueue)
+		origQueue, _, err := message.HeaderString(d.Headers, message.HeaderOrigQueue)
 		require.NoError(t, err)
 		require.Equal(t, "inventory.commands", origQueue)
 
@@ -540,8 +540,8 @@ func (b *testBundle) publishPoison(t *testing.T, id string) {
 		Publishing: amqp.Publishing{
 			MessageId:   id,
 			Type:        reserveInventory,
-			ContentType: envelope.ContentType,
-			Headers:     amqp.Table{envelope.HeaderSchemaVersion: int32(1)},
+			ContentType: message.ContentType,
+			Headers:     amqp.Table{message.HeaderSchemaVersion: int32(1)},
 			Body:        []byte("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff not protobuf"),
 		},
 	}})
@@ -642,12 +642,12 @@ func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
 	// setup returns once the host started its relays' goroutines: a start
 	// made before a relay's Run has begun is (rightly) written unleased and
 	// claimed. A first saga completes only once the relay runs.
-	warm, _, err := b.placeOrder.Start(ctx, request("o-warm-up"), envelope.Meta{})
+	warm, _, err := b.placeOrder.Start(ctx, request("o-warm-up"), message.Meta{})
 	require.NoError(t, err)
 	b.waitState(t, warm, orderv1.PlaceOrderStateCompleted)
-	handed, _, err := b.placeOrder.Start(b.host.WithRelay(ctx), request("o-handed"), envelope.Meta{})
+	handed, _, err := b.placeOrder.Start(b.host.WithRelay(ctx), request("o-handed"), message.Meta{})
 	require.NoError(t, err)
-	claimed, _, err := b.placeOrder.Start(ctx, request("o-claimed"), envelope.Meta{})
+	claimed, _, err := b.placeOrder.Start(ctx, request("o-claimed"), message.Meta{})
 	require.NoError(t, err)
 	b.waitState(t, handed, orderv1.PlaceOrderStateCompleted)
 	b.waitState(t, claimed, orderv1.PlaceOrderStateCompleted)
@@ -767,7 +767,7 @@ func TestResentCommandAppliedOnce(t *testing.T) {
 	var resentID string
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		resentID, err = paymentv1.PublishAuthorizePayment(ctx, tx, cmd, envelope.Meta{SagaID: id, CorrelationID: id,
+		resentID, err = paymentv1.PublishAuthorizePayment(ctx, tx, cmd, message.Meta{SagaID: id, CorrelationID: id,
 			SagaType: orderv1.PlaceOrderDefinition().Name})
 		return err
 	}))

@@ -12,7 +12,7 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
-	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Decider is the Place Order saga's business logic: the saga data a request
@@ -39,7 +39,7 @@ func (Decider) Start(_ context.Context, req *orderv1.PlaceOrderRequest) (*orderv
 		errs = append(errs, errors.New("amount is not positive"))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, failure.Permanent(fmt.Errorf("place order %q: %w", req.GetOrderId(), err))
+		return nil, retry.Permanent(fmt.Errorf("place order %q: %w", req.GetOrderId(), err))
 	}
 	return &orderv1.PlaceOrderData{
 		OrderId:         req.GetOrderId(),

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/lock"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // CarrierManifests stands in for the carriers' own systems, outside the
@@ -112,7 +112,7 @@ func addToManifest(ctx context.Context, locks *lock.Locker, manifests *CarrierMa
 	case errors.Is(err, lock.ErrStaleToken) || errors.Is(err, lock.ErrLost):
 		// A newer holder took over while this one paused: run the
 		// command again later, under a new lease.
-		return failure.Transient(fmt.Errorf("shipping: add order %s to the %s manifest: %w", orderID, carrier, err))
+		return retry.Transient(fmt.Errorf("shipping: add order %s to the %s manifest: %w", orderID, carrier, err))
 	default:
 		return fmt.Errorf("shipping: add order %s to the %s manifest: %w", orderID, carrier, err)
 	}

@@ -15,9 +15,9 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/lock"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // DeclinedCard is the card token the example payment service declines, like
@@ -241,14 +241,14 @@ func (s Shipping) ScheduleShipping(ctx context.Context, tx pgx.Tx, cmd *shipping
 	if country == "" {
 		// After the pivot there is no business failure to answer
 		// with: this is a bad command, parked for an operator.
-		return nil, failure.Permanent(errors.New("shipping: address without country for order " + orderID))
+		return nil, retry.Permanent(errors.New("shipping: address without country for order " + orderID))
 	}
 	var carrier string
 	err := tx.QueryRow(ctx, `SELECT carrier FROM shipping_carriers WHERE country = $1`, country).Scan(&carrier)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Retrying cannot help: park the command until an operator
 		// adds a carrier for the country and replays it.
-		return nil, failure.Permanent(fmt.Errorf("shipping: no carrier serves country %q (order %s); add one to shipping_carriers, then replay this message", country, orderID))
+		return nil, retry.Permanent(fmt.Errorf("shipping: no carrier serves country %q (order %s); add one to shipping_carriers, then replay this message", country, orderID))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("shipping: find a carrier for %s (order %s): %w", country, orderID, err)

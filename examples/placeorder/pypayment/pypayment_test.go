@@ -31,8 +31,8 @@ import (
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -104,11 +104,11 @@ func TestPythonPayment(t *testing.T) {
 		// and the Go runtime reads it as it reads its own.
 		first = b.get(t, captureCommands)
 		reply := b.get(t, captureReplies)
-		env, err := envelope.FromDelivery(&reply)
+		env, err := message.FromDelivery(&reply)
 		require.NoError(t, err)
 		require.Equal(t, paymentv1.PaymentAuthorizedInfo.Exchange, reply.Exchange)
 		require.Equal(t, paymentv1.PaymentAuthorizedInfo.RoutingKey, reply.RoutingKey)
-		require.Equal(t, envelope.ContentType, reply.ContentType)
+		require.Equal(t, message.ContentType, reply.ContentType)
 		require.Equal(t, amqp.Persistent, reply.DeliveryMode)
 		require.NoError(t, uuid.Validate(env.MessageID))
 		require.NotEqual(t, first.MessageId, env.MessageID)
@@ -119,7 +119,7 @@ func TestPythonPayment(t *testing.T) {
 		require.Equal(t, id, env.SagaID)
 		require.Equal(t, "shop.order.v1.PlaceOrder", env.SagaType)
 		require.WithinDuration(t, time.Now(), env.OccurredAt, time.Minute)
-		require.Equal(t, "payment", env.Headers[envelope.HeaderOnce])
+		require.Equal(t, "payment", env.Headers[message.HeaderOnce])
 		var body paymentv1.PaymentAuthorized
 		require.NoError(t, proto.Unmarshal(env.Body, &body))
 		require.Equal(t, auth, body.GetAuthorizationId())
@@ -156,7 +156,7 @@ func TestPythonPayment(t *testing.T) {
 		require.NotEqual(t, sent.MessageId, st.PendingMessageID, "the resend has a message id of its own")
 		resent := b.get(t, captureCommands)
 		require.Equal(t, st.PendingMessageID, resent.MessageId)
-		require.Equal(t, sent.Headers[envelope.HeaderIdempotency], resent.Headers[envelope.HeaderIdempotency])
+		require.Equal(t, sent.Headers[message.HeaderIdempotency], resent.Headers[message.HeaderIdempotency])
 
 		py = b.startPython(top)
 		py.waitEvent(t, "handled", sent.MessageId)
@@ -183,22 +183,22 @@ func TestPythonPayment(t *testing.T) {
 		for k, v := range first.Headers {
 			newer.Headers[k] = v
 		}
-		newer.Headers[envelope.HeaderSchemaVersion] = int32(2)
+		newer.Headers[message.HeaderSchemaVersion] = int32(2)
 		b.send(t, newer)
 		py.waitEvent(t, "parked", newer.MessageId)
 		parked := b.get(t, "payment.commands.parking")
 		require.Equal(t, newer.MessageId, parked.MessageId)
-		require.Equal(t, "permanent", parked.Headers[envelope.HeaderParkClass])
+		require.Equal(t, "permanent", parked.Headers[message.HeaderParkClass])
 		require.Equal(t, "permanent: schema version mismatch: shop.payment.v1.AuthorizePayment version 2 is newer than this consumer's version 1",
-			parked.Headers[envelope.HeaderParkReason], "the reason the Go runtime gives (docs/wire.md)")
-		require.Equal(t, "payment.commands", parked.Headers[envelope.HeaderOrigQueue])
-		require.Equal(t, first.Exchange, parked.Headers[envelope.HeaderOrigExchange])
-		require.Equal(t, first.RoutingKey, parked.Headers[envelope.HeaderOrigRoutingKey])
-		attempt, ok, err := envelope.HeaderInt(parked.Headers, envelope.HeaderAttempt)
+			parked.Headers[message.HeaderParkReason], "the reason the Go runtime gives (docs/wire.md)")
+		require.Equal(t, "payment.commands", parked.Headers[message.HeaderOrigQueue])
+		require.Equal(t, first.Exchange, parked.Headers[message.HeaderOrigExchange])
+		require.Equal(t, first.RoutingKey, parked.Headers[message.HeaderOrigRoutingKey])
+		attempt, ok, err := message.HeaderInt(parked.Headers, message.HeaderAttempt)
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, int64(1), attempt)
-		_, ok, err = envelope.HeaderTime(parked.Headers, envelope.HeaderFirstFailureAt)
+		_, ok, err = message.HeaderTime(parked.Headers, message.HeaderFirstFailureAt)
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Equal(t, newer.Body, parked.Body)
@@ -298,7 +298,7 @@ func request(order, card string) *orderv1.PlaceOrderRequest {
 
 func (b *bundle) start(t *testing.T, req *orderv1.PlaceOrderRequest) string {
 	t.Helper()
-	id, created, err := b.po.Start(b.ctx, req, envelope.Meta{})
+	id, created, err := b.po.Start(b.ctx, req, message.Meta{})
 	require.NoError(t, err)
 	require.True(t, created)
 	return id

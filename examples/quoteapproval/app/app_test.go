@@ -17,7 +17,6 @@ import (
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	"github.com/protosaga/saga/internal/audittest"
 	"github.com/protosaga/saga/internal/testenv"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
@@ -105,7 +104,7 @@ func (b *testBundle) submit(t *testing.T, quoteID string, version int64) string 
 	t.Helper()
 	id, created, err := b.quotes.Start(context.Background(), &quotev1.SubmitQuote{
 		QuoteId: quoteID, CustomerId: "c-" + quoteID, CustomerEmail: quoteID + "@customer.example", PriceVersion: version,
-	}, envelope.Meta{})
+	}, message.Meta{})
 	require.NoError(t, err)
 	require.True(t, created)
 	return id
@@ -287,7 +286,7 @@ func TestQuoteApproval(t *testing.T) {
 		b.wait(t, id, quotev1.QuoteApprovalStateApproval)
 		_, err := b.quotes.Cancel(context.Background(), &quotev1.CancelQuote{
 			QuoteId: "q-withdrawn", RequestedBy: "customer c-q-withdrawn", Reason: "found a better offer",
-		}, envelope.Meta{})
+		}, message.Meta{})
 		require.NoError(t, err)
 
 		st := b.wait(t, id, quotev1.QuoteApprovalStateCancelled)
@@ -314,7 +313,7 @@ func TestQuoteApproval(t *testing.T) {
 		require.NoError(t, pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
 			_, err := b.quotes.CancelTx(context.Background(), tx, &quotev1.CancelQuote{
 				QuoteId: "q-cancel-late", RequestedBy: "customer c-q-cancel-late", Reason: "changed my mind",
-			}, envelope.Meta{})
+			}, message.Meta{})
 			return err
 		}))
 

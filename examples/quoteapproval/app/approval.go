@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	approvalv1 "github.com/protosaga/saga/examples/quoteapproval/approval/v1"
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // ErrAlreadyDecided is returned by Decide for a quote that has a decision.
@@ -52,10 +52,10 @@ VALUES ($1, $2, $3, $4) ON CONFLICT (quote_id) DO NOTHING`, d.QuoteID, d.Approve
 	}
 	if d.Approve {
 		messageID, err = approvalv1.PublishApprovalGranted(ctx, tx,
-			&approvalv1.ApprovalGranted{QuoteId: proto.String(d.QuoteID), ApproverEmail: proto.String(d.ApproverEmail), Comment: proto.String(d.Note)}, envelope.Meta{})
+			&approvalv1.ApprovalGranted{QuoteId: proto.String(d.QuoteID), ApproverEmail: proto.String(d.ApproverEmail), Comment: proto.String(d.Note)}, message.Meta{})
 	} else {
 		messageID, err = approvalv1.PublishApprovalRejected(ctx, tx,
-			&approvalv1.ApprovalRejected{QuoteId: proto.String(d.QuoteID), ApproverEmail: proto.String(d.ApproverEmail), Reason: proto.String(d.Note)}, envelope.Meta{})
+			&approvalv1.ApprovalRejected{QuoteId: proto.String(d.QuoteID), ApproverEmail: proto.String(d.ApproverEmail), Reason: proto.String(d.Note)}, message.Meta{})
 	}
 	if err != nil {
 		return "", fmt.Errorf("decide quote %s: publish the decision: %w", d.QuoteID, err)

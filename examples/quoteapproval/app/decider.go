@@ -8,7 +8,7 @@ import (
 	approvalv1 "github.com/protosaga/saga/examples/quoteapproval/approval/v1"
 	pricingv1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
-	"github.com/protosaga/saga/runtime/failure"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Decider is the Quote Approval saga's business logic: the saga data a
@@ -36,7 +36,7 @@ func (Decider) Start(_ context.Context, q *quotev1.SubmitQuote) (*quotev1.QuoteA
 		errs = append(errs, errors.New("price_version is not positive"))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, failure.Permanent(fmt.Errorf("submit quote %q: %w", q.GetQuoteId(), err))
+		return nil, retry.Permanent(fmt.Errorf("submit quote %q: %w", q.GetQuoteId(), err))
 	}
 	return &quotev1.QuoteApprovalData{QuoteId: q.GetQuoteId(), CustomerId: q.GetCustomerId(), PriceVersion: q.GetPriceVersion()}, nil
 }

@@ -10,8 +10,8 @@ import (
 
 	pricingv1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // journal records one business effect in quote_ledger, in the effect's
@@ -88,7 +88,7 @@ func (Ordering) SubmitOrder(ctx context.Context, tx pgx.Tx, cmd *quotev1.SubmitO
 	quoteID := cmd.GetQuoteId()
 	if cmd.GetPriceMinorUnits() <= 0 || cmd.GetCurrency() == "" {
 		// Retrying cannot help: park the command for an operator.
-		return nil, failure.Permanent(fmt.Errorf("ordering: quote %s has no price (%d %q)",
+		return nil, retry.Permanent(fmt.Errorf("ordering: quote %s has no price (%d %q)",
 			quoteID, cmd.GetPriceMinorUnits(), cmd.GetCurrency()))
 	}
 	orderID := "ord_" + uuid.NewString()

@@ -41,11 +41,9 @@ const (
 	protoPkg       = protogen.GoImportPath("google.golang.org/protobuf/proto")
 	runtimeRoot    = "github.com/protosaga/saga/runtime/"
 	messagePkg     = protogen.GoImportPath(runtimeRoot + "message")
-	envelopePkg    = protogen.GoImportPath(runtimeRoot + "envelope")
 	outboxPkg      = protogen.GoImportPath(runtimeRoot + "outbox")
 	consumerPkg    = protogen.GoImportPath(runtimeRoot + "consumer")
 	participantPkg = protogen.GoImportPath(runtimeRoot + "participant")
-	failurePkg     = protogen.GoImportPath(runtimeRoot + "failure")
 	sagadefPkg     = protogen.GoImportPath(runtimeRoot + "sagadef")
 	sagaPkg        = protogen.GoImportPath(runtimeRoot + "saga")
 	schemaPkg      = protogen.GoImportPath(runtimeRoot + "schema")
@@ -155,7 +153,7 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 		g.P("// publishes it to ", strconv.Quote(m.Exchange), " with routing key ", strconv.Quote(m.RoutingKey), " after commit.")
 		g.P("// It returns the message id (meta.MessageID, or a new UUID when empty).")
 		g.P("func ", pub, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
-			", meta ", envelopePkg.Ident("Meta"), ") (string, error) {")
+			", meta ", messagePkg.Ident("Meta"), ") (string, error) {")
 		g.P("return ", outboxPkg.Ident("Publish"), "(ctx, tx, m, meta)")
 		g.P("}")
 		g.P()
@@ -256,7 +254,7 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 		g.P("return ", participantPkg.Ident(adapt), "(impl.", c.Proto.GoIdent.GoName, "(ctx, tx, c))")
 	}
 	g.P("default:")
-	g.P("return nil, ", failurePkg.Ident("Permanent"), "(", fmtPkg.Ident("Errorf"), "(",
+	g.P("return nil, ", retryPkg.Ident("Permanent"), "(", fmtPkg.Ident("Errorf"), "(",
 		strconv.Quote("service "+p.Owner+": unexpected command %s"), ", cmd.SagaMessageInfo().FullName))")
 	g.P("}")
 	g.P("}")
@@ -285,7 +283,7 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 // older runtimes lack: a runtime identifier they do not have (the internal/gen
 // test TestGeneratedRuntimeAPI lists those generated code uses) or a
 // transition table their sagadef does not compute.
-const supportVersion = 4
+const supportVersion = 5
 
 var (
 	roleNames = map[sagadef.Role]string{

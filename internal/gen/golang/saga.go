@@ -10,14 +10,6 @@ import (
 	"github.com/protosaga/saga/internal/gen/model"
 )
 
-func messageNames(ms []*model.Message) []string {
-	out := make([]string, len(ms))
-	for i, m := range ms {
-		out[i] = m.FullName
-	}
-	return out
-}
-
 func genSaga(g *protogen.GeneratedFile, s *model.Saga, migrations []string) {
 	l := sagaLocals(s)
 	genDefinition(g, s, l)
@@ -300,13 +292,13 @@ func genWrapper(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	g.P("// StartTx starts an instance in the caller's transaction. It is idempotent on")
 	g.P("// the business key ", s.BusinessKey.Path, ": a second start returns the same saga id with created=false.")
 	g.P("func (", recv, " *", typ, ") StartTx(", ctx, " ", contextPkg.Ident("Context"), ", ", tx, " ", pgxPkg.Ident("Tx"), ", ", startVar, " *", start,
-		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+		", ", meta, " ", messagePkg.Ident("Meta"), ")", results, " {")
 	g.P("return ", recv, ".engine.StartTx(", ctx, ", ", tx, ", ", startVar, ", ", meta, ")")
 	g.P("}")
 	g.P()
 	g.P("// Start is StartTx in a transaction of its own.")
 	g.P("func (", recv, " *", typ, ") Start(", ctx, " ", contextPkg.Ident("Context"), ", ", startVar, " *", start,
-		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+		", ", meta, " ", messagePkg.Ident("Meta"), ")", results, " {")
 	g.P("return ", recv, ".engine.Start(", ctx, ", ", startVar, ", ", meta, ")")
 	g.P("}")
 	g.P()
@@ -408,13 +400,13 @@ func genCancel(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	g.P("// the saga compensates and ends CANCELLED; after it the cancel is refused.")
 	g.P("// The audit trail records who asked (", c.RequestedBy.Path, ") and why (", c.Reason.Path, ").")
 	g.P("func (", recv, " *", typ, ") CancelTx(", ctx, " ", contextPkg.Ident("Context"), ", ", tx, " ", pgxPkg.Ident("Tx"), ", ", msg, " *", m,
-		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+		", ", meta, " ", messagePkg.Ident("Meta"), ")", results, " {")
 	g.P("return ", recv, ".engine.RequestCancelTx(", ctx, ", ", tx, ", ", msg, ", ", meta, ")")
 	g.P("}")
 	g.P()
 	g.P("// Cancel is CancelTx in a transaction of its own.")
 	g.P("func (", recv, " *", typ, ") Cancel(", ctx, " ", contextPkg.Ident("Context"), ", ", msg, " *", m,
-		", ", meta, " ", envelopePkg.Ident("Meta"), ")", results, " {")
+		", ", meta, " ", messagePkg.Ident("Meta"), ")", results, " {")
 	g.P("return ", recv, ".engine.RequestCancel(", ctx, ", ", msg, ", ", meta, ")")
 	g.P("}")
 	g.P()

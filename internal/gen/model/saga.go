@@ -384,7 +384,7 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 // participant's consumer has stopped redelivering its command through the
 // retry tiers. The command can then run after the saga compensated the
 // steps before the pivot, and a pivot has no compensation of its own that
-// would record it as done (envelope.HeaderCompensates), so its effect, the
+// would record it as done (message.HeaderCompensates), so its effect, the
 // point of no return, stays. A compensatable step's command is recorded as
 // done by its compensation when both have one owner (compensation-owner);
 // a timeout that retries or sends to manual review sends no compensation.
@@ -407,7 +407,7 @@ func (b *builder) retryTiers(f *protogen.File, p []int32, s *Saga, st *Step, lab
 // command it undoes (a command still waiting in a retry tier, or slow to
 // run, when its step timed out or was cancelled); the runtime keeps the
 // command from running afterwards by recording it as done under the
-// compensating service (envelope.HeaderCompensates), a record the
+// compensating service (message.HeaderCompensates), a record the
 // command's own service never sees when it is another service.
 func (b *builder) compensationOwner(f *protogen.File, p []int32, s *Saga, st *Step, label string) {
 	cmd, comp := st.Command, st.Compensation

@@ -79,8 +79,8 @@ import (
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/runtime/broker"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -456,7 +456,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	// Last: an order no carrier ships.
 	u := &order{id: fmt.Sprintf("%s-%04d", d.runID, n+1), kind: unserved}
 	d.orders = append(d.orders, u)
-	id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), d.request(u, n+1), envelope.Meta{})
+	id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), d.request(u, n+1), message.Meta{})
 	if err != nil {
 		return res, fmt.Errorf("start order %s: %w", u.id, err)
 	}
@@ -527,7 +527,7 @@ func (d *demo) startAll(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) 
 				if i >= len(reqs) {
 					return
 				}
-				id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), reqs[i], envelope.Meta{})
+				id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), reqs[i], message.Meta{})
 				if err != nil {
 					mu.Lock()
 					firstErr = errors.Join(firstErr, fmt.Errorf("start order %s: %w", reqs[i].GetOrderId(), err))
@@ -558,8 +558,8 @@ func (d *demo) publishPoison(ctx context.Context) error {
 		Publishing: amqp.Publishing{
 			MessageId:   d.runID + poisonMsgID,
 			Type:        inventoryv1.ReserveInventoryInfo.FullName,
-			ContentType: envelope.ContentType,
-			Headers:     amqp.Table{envelope.HeaderSchemaVersion: int32(1)},
+			ContentType: message.ContentType,
+			Headers:     amqp.Table{message.HeaderSchemaVersion: int32(1)},
 			Body:        []byte("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff not protobuf"),
 		},
 	}})

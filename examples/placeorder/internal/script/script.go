@@ -17,10 +17,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protosaga/saga/runtime/failure"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // Script holds the faults to inject. It is safe for concurrent use.
@@ -191,7 +191,7 @@ func (s *Script) Middleware(_ string, next participant.Func) participant.Func {
 		}
 		switch s.next(k) {
 		case actFail:
-			return nil, failure.Transient(fmt.Errorf("scripted transient failure of %s for order %s", k.command, k.orderID))
+			return nil, retry.Transient(fmt.Errorf("scripted transient failure of %s for order %s", k.command, k.orderID))
 		case actHold:
 			reply, err := next(ctx, tx, cmd)
 			if err != nil || reply == nil {

@@ -14,14 +14,13 @@ import (
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
 // TestScriptAnswersAnOperatorRetry: an operator's retry
-// (envelope.HeaderOperatorRetry) of a ReserveInventory whose first try was
+// (message.HeaderOperatorRetry) of a ReserveInventory whose first try was
 // refused (out of stock) runs the reservation again through the script's
 // duplicate and hold paths too: the script wraps the once-per-command guard
 // the host puts around the participant, and its replies are the guard's.
@@ -42,10 +41,10 @@ func TestScriptAnswersAnOperatorRetry(t *testing.T) {
 
 	delivery := func(order string, retry int) *consumer.Delivery {
 		cmd := &inventoryv1.ReserveInventory{OrderId: order, Lines: []*commonv1.OrderLine{{ProductId: "widget", Quantity: 1}}}
-		env, err := envelope.New(cmd, envelope.Meta{SagaID: uuid.NewString()})
+		env, err := message.New(cmd, message.Meta{SagaID: uuid.NewString()})
 		require.NoError(t, err)
 		if retry > 0 {
-			env.Headers = map[string]any{envelope.HeaderOperatorRetry: int64(retry)}
+			env.Headers = map[string]any{message.HeaderOperatorRetry: int64(retry)}
 		}
 		return &consumer.Delivery{Envelope: env, Message: cmd, Queue: "inventory.commands", Attempt: 1}
 	}

@@ -7,15 +7,14 @@ import (
 	context "context"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // ApprovalGrantedInfo describes the event approval.v1.ApprovalGranted.
 var ApprovalGrantedInfo = &message.Info{
@@ -40,7 +39,7 @@ func (x *ApprovalGranted) CorrelationKey() string { return x.GetQuoteId() }
 // PublishApprovalGranted writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.event" with routing key "event.approval.approval-granted.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishApprovalGranted(ctx context.Context, tx pgx.Tx, m *ApprovalGranted, meta envelope.Meta) (string, error) {
+func PublishApprovalGranted(ctx context.Context, tx pgx.Tx, m *ApprovalGranted, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -67,7 +66,7 @@ func (x *ApprovalRejected) CorrelationKey() string { return x.GetQuoteId() }
 // PublishApprovalRejected writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.event" with routing key "event.approval.approval-rejected.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishApprovalRejected(ctx context.Context, tx pgx.Tx, m *ApprovalRejected, meta envelope.Meta) (string, error) {
+func PublishApprovalRejected(ctx context.Context, tx pgx.Tx, m *ApprovalRejected, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

@@ -9,8 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -21,8 +19,8 @@ import (
 	strconv "strconv"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // PriceQuoteInfo describes the command pricing.v1.PriceQuote.
 var PriceQuoteInfo = &message.Info{
@@ -49,7 +47,7 @@ func (x *PriceQuote) CorrelationKey() string { return x.GetQuoteId() }
 // PublishPriceQuote writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.pricing.price-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta envelope.Meta) (string, error) {
+func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -176,7 +174,7 @@ func (x *ReleasePrice) CorrelationKey() string { return x.GetQuoteId() }
 // PublishReleasePrice writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.pricing.release-price.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta envelope.Meta) (string, error) {
+func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -221,7 +219,7 @@ func PricingParticipantFunc(impl PricingParticipant) participant.Func {
 		case *ReleasePrice:
 			return participant.Reply(impl.ReleasePrice(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service pricing: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service pricing: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

@@ -13,8 +13,6 @@ import (
 	pricingv1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -30,8 +28,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // CancelQuoteInfo describes the command quote.v1.CancelQuote.
 var CancelQuoteInfo = &message.Info{
@@ -57,7 +55,7 @@ func (x *CancelQuote) CorrelationKey() string { return x.GetQuoteId() }
 // PublishCancelQuote writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.quote.cancel-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta envelope.Meta) (string, error) {
+func PublishCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -106,7 +104,7 @@ func (x *SubmitOrder) CorrelationKey() string { return x.GetQuoteId() }
 // PublishSubmitOrder writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.ordering.submit-order.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta envelope.Meta) (string, error) {
+func PublishSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -150,7 +148,7 @@ func (x *SubmitQuote) CorrelationKey() string { return x.GetQuoteId() }
 // PublishSubmitQuote writes m to the outbox in the caller's transaction; the relay
 // publishes it to "workflow.command" with routing key "command.quote.submit-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta envelope.Meta) (string, error) {
+func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -176,7 +174,7 @@ func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
 		case *SubmitOrder:
 			return participant.Reply(impl.SubmitOrder(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service ordering: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service ordering: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }
@@ -639,12 +637,12 @@ func (s *QuoteApproval) Handler() consumer.HandlerFunc { return s.engine.Handle 
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key quote_id: a second start returns the same saga id with created=false.
-func (s *QuoteApproval) StartTx(ctx context.Context, tx pgx.Tx, start *SubmitQuote, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *QuoteApproval) StartTx(ctx context.Context, tx pgx.Tx, start *SubmitQuote, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *QuoteApproval) Start(ctx context.Context, start *SubmitQuote, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *QuoteApproval) Start(ctx context.Context, start *SubmitQuote, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 
@@ -715,12 +713,12 @@ func (s *QuoteApproval) StatusHandler() http.Handler { return s.engine.StatusHan
 // saga applies it when its queue delivers it. Before the point of no return
 // the saga compensates and ends CANCELLED; after it the cancel is refused.
 // The audit trail records who asked (requested_by) and why (reason).
-func (s *QuoteApproval) CancelTx(ctx context.Context, tx pgx.Tx, msg *CancelQuote, meta envelope.Meta) (messageID string, err error) {
+func (s *QuoteApproval) CancelTx(ctx context.Context, tx pgx.Tx, msg *CancelQuote, meta message.Meta) (messageID string, err error) {
 	return s.engine.RequestCancelTx(ctx, tx, msg, meta)
 }
 
 // Cancel is CancelTx in a transaction of its own.
-func (s *QuoteApproval) Cancel(ctx context.Context, msg *CancelQuote, meta envelope.Meta) (messageID string, err error) {
+func (s *QuoteApproval) Cancel(ctx context.Context, msg *CancelQuote, meta message.Meta) (messageID string, err error) {
 	return s.engine.RequestCancel(ctx, msg, meta)
 }
 

@@ -11,8 +11,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -30,8 +28,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // ContextInfo describes the command collide.message.Context.
 var ContextInfo = &message.Info{
@@ -57,7 +55,7 @@ func (x *Context) CorrelationKey() string { return x.GetType() }
 // PublishContext writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.context" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta envelope.Meta) (string, error) {
+func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -106,7 +104,7 @@ func (*Info) CorrelationKey() string { return "" }
 // PublishInfo writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.info" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta envelope.Meta) (string, error) {
+func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -150,7 +148,7 @@ func (*Message) CorrelationKey() string { return "" }
 // PublishMessage writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.commands" with routing key "command.collide.message.message" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta envelope.Meta) (string, error) {
+func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -191,7 +189,7 @@ func (x *Meta) CorrelationKey() string { return x.GetDefault() }
 // PublishMeta writes m to the outbox in the caller's transaction; the relay
 // publishes it to "collide.message.events" with routing key "event.collide.message.meta" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta envelope.Meta) (string, error) {
+func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -242,7 +240,7 @@ func SelectParticipantFunc(impl SelectParticipant) participant.Func {
 		case *Message:
 			return participant.Reply(impl.Message(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service select: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service select: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }
@@ -567,12 +565,12 @@ func (s *Switch) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key type: a second start returns the same saga id with created=false.
-func (s *Switch) StartTx(ctx context.Context, tx pgx.Tx, start *Context, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Switch) StartTx(ctx context.Context, tx pgx.Tx, start *Context, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *Switch) Start(ctx context.Context, start *Context, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Switch) Start(ctx context.Context, start *Context, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 

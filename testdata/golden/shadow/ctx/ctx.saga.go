@@ -9,8 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -19,8 +17,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // DoCtxInfo describes the command shadow.ctx.DoCtx.
 var DoCtxInfo = &message.Info{
@@ -46,7 +44,7 @@ func (*DoCtx) CorrelationKey() string { return "" }
 // PublishDoCtx writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.ctx.commands" with routing key "command.shadow.ctx.do-ctx" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoCtx(ctx context.Context, tx pgx.Tx, m *DoCtx, meta envelope.Meta) (string, error) {
+func PublishDoCtx(ctx context.Context, tx pgx.Tx, m *DoCtx, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -108,7 +106,7 @@ func SvcCtxParticipantFunc(impl SvcCtxParticipant) participant.Func {
 		case *DoCtx:
 			return participant.Reply(impl.DoCtx(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service svc-ctx: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service svc-ctx: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

@@ -9,8 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -19,8 +17,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // DoDInfo describes the command shadow.d.DoD.
 var DoDInfo = &message.Info{
@@ -46,7 +44,7 @@ func (*DoD) CorrelationKey() string { return "" }
 // PublishDoD writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.d.commands" with routing key "command.shadow.d.do-d" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoD(ctx context.Context, tx pgx.Tx, m *DoD, meta envelope.Meta) (string, error) {
+func PublishDoD(ctx context.Context, tx pgx.Tx, m *DoD, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -108,7 +106,7 @@ func SvcDParticipantFunc(impl SvcDParticipant) participant.Func {
 		case *DoD:
 			return participant.Reply(impl.DoD(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service svc-d: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service svc-d: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

@@ -9,8 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -19,8 +17,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // DoMsgInfo describes the command shadow.msg.DoMsg.
 var DoMsgInfo = &message.Info{
@@ -46,7 +44,7 @@ func (*DoMsg) CorrelationKey() string { return "" }
 // PublishDoMsg writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.msg.commands" with routing key "command.shadow.msg.do-msg" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDoMsg(ctx context.Context, tx pgx.Tx, m *DoMsg, meta envelope.Meta) (string, error) {
+func PublishDoMsg(ctx context.Context, tx pgx.Tx, m *DoMsg, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -108,7 +106,7 @@ func (x *Stop) CorrelationKey() string { return x.GetId() }
 // PublishStop writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.msg.events" with routing key "event.shadow.msg.stop" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishStop(ctx context.Context, tx pgx.Tx, m *Stop, meta envelope.Meta) (string, error) {
+func PublishStop(ctx context.Context, tx pgx.Tx, m *Stop, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -134,7 +132,7 @@ func SvcMsgParticipantFunc(impl SvcMsgParticipant) participant.Func {
 		case *DoMsg:
 			return participant.Reply(impl.DoMsg(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service svc-msg: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service svc-msg: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

@@ -7,15 +7,14 @@ import (
 	context "context"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // BeginInfo describes the command shadow.s.Begin.
 var BeginInfo = &message.Info{
@@ -41,7 +40,7 @@ func (*Begin) CorrelationKey() string { return "" }
 // PublishBegin writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.s.commands" with routing key "command.shadow.s.begin" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishBegin(ctx context.Context, tx pgx.Tx, m *Begin, meta envelope.Meta) (string, error) {
+func PublishBegin(ctx context.Context, tx pgx.Tx, m *Begin, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 

@@ -11,7 +11,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
@@ -37,8 +36,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // ApprovedInfo describes the event shadow.t.Approved.
 var ApprovedInfo = &message.Info{
@@ -62,7 +61,7 @@ func (x *Approved) CorrelationKey() string { return x.GetId() }
 // PublishApproved writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shadow.t.events" with routing key "event.shadow.t.approved" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishApproved(ctx context.Context, tx pgx.Tx, m *Approved, meta envelope.Meta) (string, error) {
+func PublishApproved(ctx context.Context, tx pgx.Tx, m *Approved, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -329,12 +328,12 @@ func (s_ *ByReceiver) Handler() consumer.HandlerFunc { return s_.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key id: a second start returns the same saga id with created=false.
-func (s_ *ByReceiver) StartTx(ctx context.Context, tx pgx.Tx, start *s.Begin, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s_ *ByReceiver) StartTx(ctx context.Context, tx pgx.Tx, start *s.Begin, meta message.Meta) (sagaID string, created bool, err error) {
 	return s_.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s_ *ByReceiver) Start(ctx context.Context, start *s.Begin, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s_ *ByReceiver) Start(ctx context.Context, start *s.Begin, meta message.Meta) (sagaID string, created bool, err error) {
 	return s_.engine.Start(ctx, start, meta)
 }
 
@@ -405,12 +404,12 @@ func (s_ *ByReceiver) StatusHandler() http.Handler { return s_.engine.StatusHand
 // saga applies it when its queue delivers it. Before the point of no return
 // the saga compensates and ends CANCELLED; after it the cancel is refused.
 // The audit trail records who asked (by) and why (why).
-func (s_ *ByReceiver) CancelTx(ctx context.Context, tx pgx.Tx, msg_ *msg.Stop, meta envelope.Meta) (messageID string, err error) {
+func (s_ *ByReceiver) CancelTx(ctx context.Context, tx pgx.Tx, msg_ *msg.Stop, meta message.Meta) (messageID string, err error) {
 	return s_.engine.RequestCancelTx(ctx, tx, msg_, meta)
 }
 
 // Cancel is CancelTx in a transaction of its own.
-func (s_ *ByReceiver) Cancel(ctx context.Context, msg_ *msg.Stop, meta envelope.Meta) (messageID string, err error) {
+func (s_ *ByReceiver) Cancel(ctx context.Context, msg_ *msg.Stop, meta message.Meta) (messageID string, err error) {
 	return s_.engine.RequestCancel(ctx, msg_, meta)
 }
 
@@ -630,12 +629,12 @@ func (s *ByStatusURL) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key id: a second start returns the same saga id with created=false.
-func (s *ByStatusURL) StartTx(ctx context.Context, tx pgx.Tx, start *statusURL.Begin, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *ByStatusURL) StartTx(ctx context.Context, tx pgx.Tx, start *statusURL.Begin, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *ByStatusURL) Start(ctx context.Context, start *statusURL.Begin, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *ByStatusURL) Start(ctx context.Context, start *statusURL.Begin, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 
@@ -1204,12 +1203,12 @@ func (s *FanOut) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key id: a second start returns the same saga id with created=false.
-func (s *FanOut) StartTx(ctx_ context.Context, tx pgx.Tx, start_ *start.Begin, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *FanOut) StartTx(ctx_ context.Context, tx pgx.Tx, start_ *start.Begin, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx_, tx, start_, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *FanOut) Start(ctx_ context.Context, start_ *start.Begin, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *FanOut) Start(ctx_ context.Context, start_ *start.Begin, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx_, start_, meta)
 }
 

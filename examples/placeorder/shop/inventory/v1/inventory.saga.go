@@ -9,8 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -19,8 +17,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // InventoryReleasedInfo describes the reply shop.inventory.v1.InventoryReleased.
 var InventoryReleasedInfo = &message.Info{
@@ -111,7 +109,7 @@ func (x *ReleaseInventory) CorrelationKey() string { return x.GetOrderId() }
 // PublishReleaseInventory writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.inventory.v1.commands" with routing key "command.shop.inventory.v1.release-inventory" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishReleaseInventory(ctx context.Context, tx pgx.Tx, m *ReleaseInventory, meta envelope.Meta) (string, error) {
+func PublishReleaseInventory(ctx context.Context, tx pgx.Tx, m *ReleaseInventory, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -154,7 +152,7 @@ func (x *ReserveInventory) CorrelationKey() string { return x.GetOrderId() }
 // PublishReserveInventory writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.inventory.v1.commands" with routing key "command.shop.inventory.v1.reserve-inventory" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishReserveInventory(ctx context.Context, tx pgx.Tx, m *ReserveInventory, meta envelope.Meta) (string, error) {
+func PublishReserveInventory(ctx context.Context, tx pgx.Tx, m *ReserveInventory, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -199,7 +197,7 @@ func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
 		case *ReserveInventory:
 			return participant.Reply(impl.ReserveInventory(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service inventory: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service inventory: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

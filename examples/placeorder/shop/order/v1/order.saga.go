@@ -14,8 +14,6 @@ import (
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -31,8 +29,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{
@@ -58,7 +56,7 @@ func (x *ApproveOrder) CorrelationKey() string { return x.GetOrderId() }
 // PublishApproveOrder writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.order.v1.commands" with routing key "command.shop.order.v1.approve-order" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta envelope.Meta) (string, error) {
+func PublishApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -123,7 +121,7 @@ func (x *PlaceOrderRequest) CorrelationKey() string { return x.GetOrderId() }
 // PublishPlaceOrderRequest writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.order.v1.commands" with routing key "command.shop.order.v1.place-order-request" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderRequest, meta envelope.Meta) (string, error) {
+func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderRequest, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -149,7 +147,7 @@ func OrderParticipantFunc(impl OrderParticipant) participant.Func {
 		case *ApproveOrder:
 			return participant.Reply(impl.ApproveOrder(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service order: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service order: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }
@@ -635,12 +633,12 @@ func (s *PlaceOrder) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key order_id: a second start returns the same saga id with created=false.
-func (s *PlaceOrder) StartTx(ctx context.Context, tx pgx.Tx, start *PlaceOrderRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *PlaceOrder) StartTx(ctx context.Context, tx pgx.Tx, start *PlaceOrderRequest, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *PlaceOrder) Start(ctx context.Context, start *PlaceOrderRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *PlaceOrder) Start(ctx context.Context, start *PlaceOrderRequest, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 

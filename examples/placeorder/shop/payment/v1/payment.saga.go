@@ -9,8 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -19,8 +17,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // AuthorizePaymentInfo describes the command shop.payment.v1.AuthorizePayment.
 var AuthorizePaymentInfo = &message.Info{
@@ -47,7 +45,7 @@ func (x *AuthorizePayment) CorrelationKey() string { return x.GetOrderId() }
 // PublishAuthorizePayment writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.payment.v1.commands" with routing key "command.shop.payment.v1.authorize-payment" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta envelope.Meta) (string, error) {
+func PublishAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -132,7 +130,7 @@ func PaymentParticipantFunc(impl PaymentParticipant) participant.Func {
 		case *AuthorizePayment:
 			return participant.Reply(impl.AuthorizePayment(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service payment: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service payment: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

@@ -9,8 +9,6 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -19,8 +17,8 @@ import (
 	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // ScheduleShippingInfo describes the command shop.shipping.v1.ScheduleShipping.
 var ScheduleShippingInfo = &message.Info{
@@ -47,7 +45,7 @@ func (x *ScheduleShipping) CorrelationKey() string { return x.GetOrderId() }
 // PublishScheduleShipping writes m to the outbox in the caller's transaction; the relay
 // publishes it to "shop.shipping.v1.commands" with routing key "command.shop.shipping.v1.schedule-shipping" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishScheduleShipping(ctx context.Context, tx pgx.Tx, m *ScheduleShipping, meta envelope.Meta) (string, error) {
+func PublishScheduleShipping(ctx context.Context, tx pgx.Tx, m *ScheduleShipping, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -109,7 +107,7 @@ func ShippingParticipantFunc(impl ShippingParticipant) participant.Func {
 		case *ScheduleShipping:
 			return participant.Reply(impl.ScheduleShipping(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service shipping: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service shipping: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }

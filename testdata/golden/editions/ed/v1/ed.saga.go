@@ -11,7 +11,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	retry "github.com/protosaga/saga/runtime/retry"
@@ -27,8 +26,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // DeclinedInfo describes the event ed.v1.Declined.
 var DeclinedInfo = &message.Info{
@@ -54,7 +53,7 @@ func (x *Declined) CorrelationKey() string {
 // PublishDeclined writes m to the outbox in the caller's transaction; the relay
 // publishes it to "ed.v1.events" with routing key "event.ed.v1.declined" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishDeclined(ctx context.Context, tx pgx.Tx, m *Declined, meta envelope.Meta) (string, error) {
+func PublishDeclined(ctx context.Context, tx pgx.Tx, m *Declined, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -80,7 +79,7 @@ func (x *Requested) CorrelationKey() string { return strconv.FormatInt(int64(x.G
 // PublishRequested writes m to the outbox in the caller's transaction; the relay
 // publishes it to "ed.v1.events" with routing key "event.ed.v1.requested" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishRequested(ctx context.Context, tx pgx.Tx, m *Requested, meta envelope.Meta) (string, error) {
+func PublishRequested(ctx context.Context, tx pgx.Tx, m *Requested, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -106,7 +105,7 @@ func (x *Signed) CorrelationKey() string { return strconv.FormatInt(int64(x.GetT
 // PublishSigned writes m to the outbox in the caller's transaction; the relay
 // publishes it to "ed.v1.events" with routing key "event.ed.v1.signed" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta envelope.Meta) (string, error) {
+func PublishSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -351,12 +350,12 @@ func (s *CollectSignature) Handler() consumer.HandlerFunc { return s.engine.Hand
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key ticket: a second start returns the same saga id with created=false.
-func (s *CollectSignature) StartTx(ctx context.Context, tx pgx.Tx, start *Requested, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *CollectSignature) StartTx(ctx context.Context, tx pgx.Tx, start *Requested, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *CollectSignature) Start(ctx context.Context, start *Requested, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *CollectSignature) Start(ctx context.Context, start *Requested, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 

@@ -11,8 +11,6 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	consumer "github.com/protosaga/saga/runtime/consumer"
-	envelope "github.com/protosaga/saga/runtime/envelope"
-	failure "github.com/protosaga/saga/runtime/failure"
 	message "github.com/protosaga/saga/runtime/message"
 	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
@@ -30,8 +28,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // Account_OpenInfo describes the command legacy.v1.Account.Open.
 var Account_OpenInfo = &message.Info{
@@ -59,7 +57,7 @@ func (x *Account_Open) CorrelationKey() string { return x.GetHolder().GetId() }
 // PublishAccount_Open writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.commands" with routing key "command.legacy.v1.account-open" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta envelope.Meta) (string, error) {
+func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -143,7 +141,7 @@ func (x *OpenAccountRequest) CorrelationKey() string { return x.GetHolderId() }
 // PublishOpenAccountRequest writes m to the outbox in the caller's transaction; the relay
 // publishes it to "legacy.v1.events" with routing key "event.legacy.v1.open-account-request" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
-func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta envelope.Meta) (string, error) {
+func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
 }
 
@@ -169,7 +167,7 @@ func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
 		case *Account_Open:
 			return participant.Reply(impl.Account_Open(ctx, tx, c))
 		default:
-			return nil, failure.Permanent(fmt.Errorf("service accounts: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, retry.Permanent(fmt.Errorf("service accounts: unexpected command %s", cmd.SagaMessageInfo().FullName))
 		}
 	}
 }
@@ -453,12 +451,12 @@ func (s *Onboarding) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key holder_id: a second start returns the same saga id with created=false.
-func (s *Onboarding) StartTx(ctx context.Context, tx pgx.Tx, start *OpenAccountRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Onboarding) StartTx(ctx context.Context, tx pgx.Tx, start *OpenAccountRequest, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.StartTx(ctx, tx, start, meta)
 }
 
 // Start is StartTx in a transaction of its own.
-func (s *Onboarding) Start(ctx context.Context, start *OpenAccountRequest, meta envelope.Meta) (sagaID string, created bool, err error) {
+func (s *Onboarding) Start(ctx context.Context, start *OpenAccountRequest, meta message.Meta) (sagaID string, created bool, err error) {
 	return s.engine.Start(ctx, start, meta)
 }
 

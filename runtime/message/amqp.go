@@ -1,4 +1,4 @@
-package envelope
+package message
 
 import (
 	"encoding/json"
@@ -10,8 +10,6 @@ import (
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/protosaga/saga/runtime/message"
 )
 
 // HeaderOccurredAt carries OccurredAt with nanosecond precision (RFC 3339).
@@ -61,7 +59,7 @@ type Meta struct {
 // New wraps m in an envelope: the body is m's deterministic protobuf
 // encoding; type, schema version, exchange, routing key and idempotency key
 // come from m's generated Info.
-func New(m message.Message, meta Meta) (Envelope, error) {
+func New(m Message, meta Meta) (Envelope, error) {
 	if m == nil {
 		return Envelope{}, errors.New("new envelope: nil message")
 	}

@@ -1,4 +1,4 @@
-package envelope_test
+package message_test
 
 import (
 	"math"
@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/protosaga/saga/runtime/envelope"
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // headerValue turns a fuzz byte and string into a header value of one of the
@@ -70,17 +70,17 @@ func FuzzHeaderReaders(f *testing.F) {
 	f.Add(byte(1), "\xff\xfe", int64(-1), math.NaN())
 	f.Add(byte(6), "", int64(-1), math.Inf(1))
 	f.Add(byte(9), "x", int64(0), 9.223372036854775807e18)
-	f.Add(byte(11), "1.5", int64(3), -0.0)
+	f.Add(byte(11), "1.5", int64(3), math.Copysign(0, -1))
 	f.Add(byte(19), " 7 ", int64(math.MinInt64), 1e300)
 	f.Add(byte(0), "2024-02-29T23:59:60Z", int64(1), 0.5)
 	f.Fuzz(func(t *testing.T, kind byte, s string, n int64, fl float64) {
 		v := headerValue(kind, s, n, fl)
 		h := map[string]any{"k": v}
 
-		i, ok, err := envelope.HeaderInt(h, "k")
+		i, ok, err := message.HeaderInt(h, "k")
 		require.Equal(t, v != nil, ok, "ok must mean present")
 		if err == nil && ok {
-			back, ok2, err2 := envelope.HeaderInt(map[string]any{"k": strconv.FormatInt(i, 10)}, "k")
+			back, ok2, err2 := message.HeaderInt(map[string]any{"k": strconv.FormatInt(i, 10)}, "k")
 			require.NoError(t, err2)
 			require.True(t, ok2)
 			require.Equal(t, i, back)
@@ -89,7 +89,7 @@ func FuzzHeaderReaders(f *testing.F) {
 			require.NoError(t, err)
 		}
 
-		str, ok, err := envelope.HeaderString(h, "k")
+		str, ok, err := message.HeaderString(h, "k")
 		require.Equal(t, v != nil, ok)
 		if b, isBytes := v.([]byte); isBytes && err == nil {
 			require.Equal(t, string(b), str)
@@ -98,7 +98,7 @@ func FuzzHeaderReaders(f *testing.F) {
 			require.NoError(t, err)
 		}
 
-		tm, ok, err := envelope.HeaderTime(h, "k")
+		tm, ok, err := message.HeaderTime(h, "k")
 		require.Equal(t, v != nil, ok)
 		if err == nil && ok {
 			require.Equal(t, time.UTC, tm.Location(), "times are returned in UTC")
@@ -106,13 +106,13 @@ func FuzzHeaderReaders(f *testing.F) {
 
 		// Absent and nil are the same to every reader.
 		for _, m := range []map[string]any{nil, {}, {"k": nil}} {
-			_, ok, err := envelope.HeaderInt(m, "k")
+			_, ok, err := message.HeaderInt(m, "k")
 			require.False(t, ok)
 			require.NoError(t, err)
-			_, ok, err = envelope.HeaderString(m, "k")
+			_, ok, err = message.HeaderString(m, "k")
 			require.False(t, ok)
 			require.NoError(t, err)
-			_, ok, err = envelope.HeaderTime(m, "k")
+			_, ok, err = message.HeaderTime(m, "k")
 			require.False(t, ok)
 			require.NoError(t, err)
 		}
@@ -130,8 +130,8 @@ func FuzzFromDeliveryHeaders(f *testing.F) {
 	f.Add("id", "t", []byte{0, 1, 1, 1, 1, 1, 0, 0}, "2024-01-02T03:04:05.123456789Z", int64(7), 7.0, []byte(nil))
 	f.Add("\x00id", "t\xff", []byte{9, 15, 16, 14, 3, 11, 12, 19}, "9", int64(1<<31), 2.5, []byte{0xff})
 	keys := []string{
-		envelope.HeaderSchemaVersion, envelope.HeaderSagaID, envelope.HeaderSagaType, envelope.HeaderCausationID,
-		envelope.HeaderIdempotency, envelope.HeaderTraceparent, envelope.HeaderOccurredAt, "x-application",
+		message.HeaderSchemaVersion, message.HeaderSagaID, message.HeaderSagaType, message.HeaderCausationID,
+		message.HeaderIdempotency, message.HeaderTraceparent, message.HeaderOccurredAt, "x-application",
 	}
 	f.Fuzz(func(t *testing.T, id, typ string, kinds []byte, s string, n int64, fl float64, body []byte) {
 		headers := amqp.Table{}
@@ -145,9 +145,9 @@ func FuzzFromDeliveryHeaders(f *testing.F) {
 			}
 		}
 		d := &amqp.Delivery{MessageId: id, Type: typ, Body: body, Headers: headers, Exchange: "x", RoutingKey: "k"}
-		e, err := envelope.FromDelivery(d)
+		e, err := message.FromDelivery(d)
 		if err != nil {
-			require.ErrorIs(t, err, envelope.ErrInvalidMetadata)
+			require.ErrorIs(t, err, message.ErrInvalidMetadata)
 			require.NotEmpty(t, err.Error())
 			return
 		}
@@ -162,7 +162,7 @@ func FuzzFromDeliveryHeaders(f *testing.F) {
 			require.Contains(t, err.Error(), "x-application")
 			return
 		}
-		e2, err := envelope.FromDelivery(&amqp.Delivery{
+		e2, err := message.FromDelivery(&amqp.Delivery{
 			MessageId: p.MessageId, Type: p.Type, CorrelationId: p.CorrelationId, Timestamp: p.Timestamp,
 			Headers: p.Headers, Body: p.Body, Exchange: "x", RoutingKey: "k",
 		})

@@ -1,21 +1,4 @@
-// Package envelope defines the one envelope every message travels in: the
-// identity and tracing metadata that accompany a protobuf body from the outbox
-// row, through the broker, to the consumer's inbox.
-//
-// On the wire the metadata lives in AMQP properties and headers (see the
-// Header* constants); the body is protobuf binary. In PostgreSQL it lives in
-// the outbox row's columns.
-//
-// Invariants: [New] always produces a complete envelope (a UUIDv7 message id,
-// a correlation id, type and schema version from the generated
-// message.Info, a deterministic protobuf body), so every published message
-// carries the metadata consumers need. [FromDelivery] is the mirror image:
-// it refuses a delivery whose message id, type or schema version is missing
-// or malformed with an error matching [ErrInvalidMetadata], which consumers
-// treat as permanent (park at once, never retry). Header readers
-// ([HeaderInt], [HeaderString], [HeaderTime]) accept every encoding other
-// clients and the broker use for the same value and never panic.
-package envelope
+package message
 
 import "time"
 
@@ -38,7 +21,7 @@ const (
 	HeaderOperatorRetry = "x-saga-operator-retry"
 	// HeaderCompensates is on a compensating command the saga sent for a
 	// step that stopped waiting without an answer (a timeout, an operator's
-	// compensate): the once key (message.OnceKey) of the command it undoes,
+	// compensate): the once key (OnceKey) of the command it undoes,
 	// which may not have run yet. An idempotent participant records that
 	// key as done, so the command, arriving after its compensation, has no
 	// effect.

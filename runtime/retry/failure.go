@@ -1,27 +1,4 @@
-// Package failure classifies the errors a message handler returns, so the
-// consumer knows what to do with the delivery that caused them.
-//
-// There are three classes:
-//
-//   - [ClassTransient]: the same message may well succeed later (a
-//     serialization failure, a deadlock, a lock timeout, a lost or refused
-//     database connection, a deadline). The consumer retries it after a delay
-//     through the retry tiers, up to the policy's attempt budget, then parks
-//     it.
-//   - [ClassPermanent]: the message can never succeed as it is (an
-//     undecodable body, an unknown type, a schema mismatch, a validation or
-//     constraint error). The consumer parks it at once: retrying only burns
-//     capacity and delays the operator.
-//   - [ClassUnknown]: everything else, including panics. The consumer treats it
-//     like a transient failure with the same bounded budget, so a bug cannot
-//     loop forever and a flaky dependency is not parked on its first hiccup.
-//
-// Handlers state what they know by wrapping: [Permanent] and [Transient] mark
-// an error, and the outermost mark in the error chain wins, so a caller can
-// reclassify an error a callee already marked. Unmarked errors are classified
-// by what they are ([ClassOf] documents the rules). Marking never hides the
-// wrapped error: errors.Is and errors.As see through it.
-package failure
+package retry
 
 import (
 	"context"

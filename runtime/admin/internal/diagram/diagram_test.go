@@ -1,4 +1,4 @@
-package sagadef_test
+package diagram_test
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
+	"github.com/protosaga/saga/runtime/admin/internal/diagram"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -110,8 +111,8 @@ func bounds(t *testing.T, n svgNode) rect {
 	return r
 }
 
-// diagram is what a test reads back from a rendered SVG.
-type diagram struct {
+// drawing is what a test reads back from a rendered SVG.
+type drawing struct {
 	root   svgNode
 	boxes  map[string]rect    // state name → its box
 	states map[string]svgNode // state name → its <g>
@@ -119,9 +120,9 @@ type diagram struct {
 	labels []rect
 }
 
-func readDiagram(t *testing.T, b []byte) diagram {
+func readDiagram(t *testing.T, b []byte) drawing {
 	t.Helper()
-	d := diagram{root: parseSVG(t, b), boxes: map[string]rect{}, states: map[string]svgNode{}, edges: map[[2]string][]svgNode{}}
+	d := drawing{root: parseSVG(t, b), boxes: map[string]rect{}, states: map[string]svgNode{}, edges: map[[2]string][]svgNode{}}
 	for _, g := range d.root.find(func(n svgNode) bool { return n.XMLName.Local == "g" && n.hasClass("state") }) {
 		name := g.attr("data-state")
 		_, dup := d.states[name]
@@ -141,16 +142,14 @@ func readDiagram(t *testing.T, b []byte) diagram {
 	return d
 }
 
-// examples are the definitions of the example applications and the test
-// fixtures, compiled.
+// examples are the definitions of the example applications and a variant,
+// compiled.
 func examples(t *testing.T) map[string]*sagadef.Definition {
 	t.Helper()
 	out := map[string]*sagadef.Definition{
 		"examples/placeorder":    orderv1.PlaceOrderDefinition(),
 		"examples/quoteapproval": quotev1.QuoteApprovalDefinition(),
-		"fixture placeOrder":     placeOrder(),
-		"fixture quoteApproval":  quoteApproval(),
-		"fixture no deadline, late review": placeOrder(func(d *sagadef.Definition) { d.Deadline = 0 },
+		"variant no deadline, late review": placeOrder(func(d *sagadef.Definition) { d.Deadline = 0 },
 			late("ScheduleShipping", sagadef.LateManualReview)),
 	}
 	for _, d := range out {
@@ -173,7 +172,7 @@ func TestSVGDrawsEveryTransition(t *testing.T) {
 	for name, def := range examples(t) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			b, err := def.SVG(sagadef.SVGOptions{})
+			b, err := diagram.SVG(def, diagram.Options{})
 			require.NoError(t, err)
 			d := readDiagram(t, b)
 			require.Regexp(t, `^0 0 \d+ \d+$`, d.root.attr("viewBox"))
@@ -286,12 +285,12 @@ func TestSVGLayout(t *testing.T) {
 		d.Steps = append(d.Steps, extra)
 	})
 	require.NoError(t, wider.Compile())
-	small, err := placeOrder().SVG(sagadef.SVGOptions{})
+	small, err := diagram.SVG(placeOrder(), diagram.Options{})
 	require.ErrorIs(t, err, sagadef.ErrNotCompiled)
 	require.Nil(t, small)
-	small, err = compiled(t, placeOrder()).SVG(sagadef.SVGOptions{})
+	small, err = diagram.SVG(compiled(t, placeOrder()), diagram.Options{})
 	require.NoError(t, err)
-	big, err := wider.SVG(sagadef.SVGOptions{})
+	big, err := diagram.SVG(wider, diagram.Options{})
 	require.NoError(t, err)
 	width := func(b []byte) float64 { return num(t, parseSVG(t, b).attr("width")) }
 	require.Greater(t, width(big), width(small))
@@ -302,7 +301,7 @@ func TestSVGLayout(t *testing.T) {
 func TestSVGHighlight(t *testing.T) {
 	t.Parallel()
 	def := compiled(t, placeOrder())
-	b, err := def.SVG(sagadef.SVGOptions{Current: "AUTHORIZE_PAYMENT", Visited: []string{"RESERVE_INVENTORY", "AUTHORIZE_PAYMENT"}})
+	b, err := diagram.SVG(def, diagram.Options{Current: "AUTHORIZE_PAYMENT", Visited: []string{"RESERVE_INVENTORY", "AUTHORIZE_PAYMENT"}})
 	require.NoError(t, err)
 	d := readDiagram(t, b)
 	for name, g := range d.states {
@@ -311,13 +310,13 @@ func TestSVGHighlight(t *testing.T) {
 		require.Equal(t, g.hasClass("current") || g.hasClass("visited"),
 			len(g.find(func(n svgNode) bool { return n.hasClass("highlight") })) == 1, "%s is drawn marked", name)
 	}
-	plain, err := def.SVG(sagadef.SVGOptions{})
+	plain, err := diagram.SVG(def, diagram.Options{})
 	require.NoError(t, err)
 	require.NotContains(t, string(plain), "highlight")
 
-	_, err = def.SVG(sagadef.SVGOptions{Current: "NOPE"})
+	_, err = diagram.SVG(def, diagram.Options{Current: "NOPE"})
 	require.ErrorIs(t, err, sagadef.ErrUnknownState)
-	_, err = def.SVG(sagadef.SVGOptions{Visited: []string{"COMPLETED", "nope"}})
+	_, err = diagram.SVG(def, diagram.Options{Visited: []string{"COMPLETED", "nope"}})
 	require.ErrorIs(t, err, sagadef.ErrUnknownState)
 }
 
@@ -326,12 +325,12 @@ func TestSVGHighlight(t *testing.T) {
 func TestSVGDeterministic(t *testing.T) {
 	t.Parallel()
 	for name, def := range examples(t) {
-		a, err := def.SVG(sagadef.SVGOptions{Current: sagadef.StateManualReview})
+		a, err := diagram.SVG(def, diagram.Options{Current: sagadef.StateManualReview})
 		require.NoError(t, err)
 		for range 20 {
 			again := *def
 			require.NoError(t, again.Compile())
-			b, err := again.SVG(sagadef.SVGOptions{Current: sagadef.StateManualReview})
+			b, err := diagram.SVG(&again, diagram.Options{Current: sagadef.StateManualReview})
 			require.NoError(t, err)
 			require.Equal(t, string(a), string(b), name)
 		}
@@ -346,6 +345,7 @@ func TestSVGEscapes(t *testing.T) {
 	const evilTrigger = `evil.v1.<img src=x onerror=f()>&amp;`
 	def := compiled(t, placeOrder())
 	def.States[0].Name = evilState
+	reserved := def.Steps[0].SuccessReplies[0] // InventoryReserved
 	for i, tr := range def.Transitions {
 		if tr.From == "RESERVE_INVENTORY" {
 			def.Transitions[i].From = evilState
@@ -353,11 +353,11 @@ func TestSVGEscapes(t *testing.T) {
 		if tr.To == "RESERVE_INVENTORY" {
 			def.Transitions[i].To = evilState
 		}
-		if tr.Trigger == pInventoryReserved {
+		if tr.Trigger == reserved {
 			def.Transitions[i].Trigger = evilTrigger
 		}
 	}
-	b, err := def.SVG(sagadef.SVGOptions{Current: evilState})
+	b, err := diagram.SVG(def, diagram.Options{Current: evilState})
 	require.NoError(t, err)
 	require.NotContains(t, string(b), "<script")
 	require.NotContains(t, string(b), "<img")
@@ -388,7 +388,7 @@ func TestSVGGolden(t *testing.T) {
 		return
 	}
 	want, err := os.ReadFile(path)
-	require.NoError(t, err, "missing golden file; run go test ./runtime/sagadef -run TestSVGGolden -update")
+	require.NoError(t, err, "missing golden file; run go test ./runtime/admin/internal/diagram -run TestSVGGolden -update")
 	require.Equal(t, string(want), string(got), "golden %s differs; rerun with -update if intended", path)
 }
 
@@ -397,7 +397,36 @@ func placeOrderExampleSVG(t *testing.T) []byte {
 	t.Helper()
 	def := orderv1.PlaceOrderDefinition()
 	require.NoError(t, def.CompileGenerated())
-	b, err := def.SVG(sagadef.SVGOptions{})
+	b, err := diagram.SVG(def, diagram.Options{})
 	require.NoError(t, err)
 	return b
+}
+
+// placeOrder returns the Place Order example's definition without its
+// printed transition table, so that mods can change it before Compile.
+func placeOrder(mods ...func(*sagadef.Definition)) *sagadef.Definition {
+	d := orderv1.PlaceOrderDefinition()
+	d.Transitions = nil
+	for _, m := range mods {
+		m(d)
+	}
+	return d
+}
+
+// compiled compiles d, failing the test on error.
+func compiled(t testing.TB, d *sagadef.Definition) *sagadef.Definition {
+	t.Helper()
+	require.NoError(t, d.Compile())
+	return d
+}
+
+// late sets the late policy of the named step.
+func late(step string, p sagadef.LatePolicy) func(*sagadef.Definition) {
+	return func(d *sagadef.Definition) {
+		for i := range d.Steps {
+			if d.Steps[i].Name == step {
+				d.Steps[i].Late = p
+			}
+		}
+	}
 }

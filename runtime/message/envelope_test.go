@@ -1,4 +1,4 @@
-package envelope_test
+package message_test
 
 import (
 	"errors"
@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/protosaga/saga/runtime/envelope"
 	"github.com/protosaga/saga/runtime/message"
 )
 
@@ -47,7 +46,7 @@ func TestNew(t *testing.T) {
 
 	m := newTestMsg(t)
 	at := time.Date(2024, 5, 6, 7, 8, 9, 123456789, time.FixedZone("x", 3600))
-	e, err := envelope.New(m, envelope.Meta{
+	e, err := message.New(m, message.Meta{
 		CausationID: "cause-1", SagaID: "saga-1", SagaType: "PlaceOrder",
 		Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Tracestate: "k=v",
 		OccurredAt: at,
@@ -73,7 +72,7 @@ func TestNew(t *testing.T) {
 
 	// Deterministic: the same message always encodes to the same bytes.
 	for range 20 {
-		e2, err := envelope.New(m, envelope.Meta{})
+		e2, err := message.New(m, message.Meta{})
 		require.NoError(t, err)
 		require.Equal(t, e.Body, e2.Body)
 		require.NotEqual(t, e.MessageID, e2.MessageID)
@@ -82,7 +81,7 @@ func TestNew(t *testing.T) {
 		require.Equal(t, time.UTC, e2.OccurredAt.Location())
 	}
 
-	e3, err := envelope.New(m, envelope.Meta{MessageID: "fixed", CorrelationID: "corr"})
+	e3, err := message.New(m, message.Meta{MessageID: "fixed", CorrelationID: "corr"})
 	require.NoError(t, err)
 	require.Equal(t, "fixed", e3.MessageID)
 	require.Equal(t, "corr", e3.CorrelationID)
@@ -91,15 +90,15 @@ func TestNew(t *testing.T) {
 func TestNewErrors(t *testing.T) {
 	t.Parallel()
 
-	_, err := envelope.New(nil, envelope.Meta{})
+	_, err := message.New(nil, message.Meta{})
 	require.ErrorContains(t, err, "nil message")
 
-	_, err = envelope.New(testMsg{Struct: &structpb.Struct{}}, envelope.Meta{})
+	_, err = message.New(testMsg{Struct: &structpb.Struct{}}, message.Meta{})
 	require.ErrorContains(t, err, "no info")
 
 	bad := *testInfo
 	bad.SchemaVersion = 0
-	_, err = envelope.New(testMsg{Struct: &structpb.Struct{}, info: &bad}, envelope.Meta{})
+	_, err = message.New(testMsg{Struct: &structpb.Struct{}, info: &bad}, message.Meta{})
 	require.ErrorContains(t, err, "schema version 0")
 }
 
@@ -115,40 +114,40 @@ func deliver(p amqp.Publishing, exchange, key string) *amqp.Delivery {
 func TestPublishingRoundTrip(t *testing.T) {
 	t.Parallel()
 
-	e, err := envelope.New(newTestMsg(t), envelope.Meta{
+	e, err := message.New(newTestMsg(t), message.Meta{
 		CausationID: "c", SagaID: "s", SagaType: "T", Traceparent: "tp", Tracestate: "ts",
 	})
 	require.NoError(t, err)
 	e.Headers = map[string]any{
-		envelope.HeaderAttempt:        2,
-		"nested":                      map[string]any{"k": uint64(7), "l": []string{"a"}},
-		envelope.HeaderSagaID:         "must not override the field",
-		envelope.HeaderOccurredAt:     "must not override the field",
-		envelope.HeaderParkReason:     "why",
-		envelope.HeaderFirstFailureAt: time.Unix(10, 0).UTC(),
+		message.HeaderAttempt:        2,
+		"nested":                     map[string]any{"k": uint64(7), "l": []string{"a"}},
+		message.HeaderSagaID:         "must not override the field",
+		message.HeaderOccurredAt:     "must not override the field",
+		message.HeaderParkReason:     "why",
+		message.HeaderFirstFailureAt: time.Unix(10, 0).UTC(),
 	}
 
 	p := e.Publishing()
 	require.NoError(t, p.Headers.Validate())
-	require.Equal(t, envelope.ContentType, p.ContentType)
+	require.Equal(t, message.ContentType, p.ContentType)
 	require.Equal(t, amqp.Persistent, p.DeliveryMode)
 	require.Equal(t, e.MessageID, p.MessageId)
 	require.Equal(t, "s", p.CorrelationId)
 	require.Equal(t, e.MessageType, p.Type)
 	require.Equal(t, e.OccurredAt, p.Timestamp)
-	require.Equal(t, int32(3), p.Headers[envelope.HeaderSchemaVersion])
-	require.Equal(t, "s", p.Headers[envelope.HeaderSagaID])
+	require.Equal(t, int32(3), p.Headers[message.HeaderSchemaVersion])
+	require.Equal(t, "s", p.Headers[message.HeaderSagaID])
 	require.Equal(t, amqp.Table{"k": int64(7), "l": []any{"a"}}, p.Headers["nested"])
 
-	got, err := envelope.FromDelivery(deliver(p, "ex", "rk"))
+	got, err := message.FromDelivery(deliver(p, "ex", "rk"))
 	require.NoError(t, err)
 	want := e
 	want.Exchange, want.RoutingKey = "ex", "rk"
 	want.Headers = map[string]any{
-		envelope.HeaderAttempt:        2,
-		"nested":                      amqp.Table{"k": int64(7), "l": []any{"a"}},
-		envelope.HeaderParkReason:     "why",
-		envelope.HeaderFirstFailureAt: time.Unix(10, 0).UTC(),
+		message.HeaderAttempt:        2,
+		"nested":                     amqp.Table{"k": int64(7), "l": []any{"a"}},
+		message.HeaderParkReason:     "why",
+		message.HeaderFirstFailureAt: time.Unix(10, 0).UTC(),
 	}
 	require.Equal(t, want, got)
 }
@@ -156,8 +155,8 @@ func TestPublishingRoundTrip(t *testing.T) {
 func TestFromDeliveryErrors(t *testing.T) {
 	t.Parallel()
 
-	_, err := envelope.FromDelivery(nil)
-	require.ErrorIs(t, err, envelope.ErrInvalidMetadata)
+	_, err := message.FromDelivery(nil)
+	require.ErrorIs(t, err, message.ErrInvalidMetadata)
 
 	tests := []struct {
 		name    string
@@ -165,25 +164,25 @@ func TestFromDeliveryErrors(t *testing.T) {
 		wantErr []string
 	}{
 		{"empty", amqp.Delivery{}, []string{"message id: missing", "type: missing", "x-schema-version: missing"}},
-		{"schema version not a number", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{envelope.HeaderSchemaVersion: "three"}},
+		{"schema version not a number", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{message.HeaderSchemaVersion: "three"}},
 			[]string{`message m: envelope x-schema-version: "three" is not an integer`}},
-		{"schema version zero", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{envelope.HeaderSchemaVersion: int64(0)}},
+		{"schema version zero", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{message.HeaderSchemaVersion: int64(0)}},
 			[]string{"x-schema-version: 0 is out of range"}},
-		{"schema version too big", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{envelope.HeaderSchemaVersion: int64(1) << 40}},
+		{"schema version too big", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{message.HeaderSchemaVersion: int64(1) << 40}},
 			[]string{"out of range"}},
-		{"schema version bool", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{envelope.HeaderSchemaVersion: true}},
+		{"schema version bool", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{message.HeaderSchemaVersion: true}},
 			[]string{"type bool is not an integer"}},
-		{"bad saga id", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{envelope.HeaderSchemaVersion: int32(1), envelope.HeaderSagaID: 1.5}},
+		{"bad saga id", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{message.HeaderSchemaVersion: int32(1), message.HeaderSagaID: 1.5}},
 			[]string{"x-saga-id: value of type float64 is not a string"}},
-		{"bad occurred at", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{envelope.HeaderSchemaVersion: int32(1), envelope.HeaderOccurredAt: "yesterday"}},
+		{"bad occurred at", amqp.Delivery{MessageId: "m", Type: "t", Headers: amqp.Table{message.HeaderSchemaVersion: int32(1), message.HeaderOccurredAt: "yesterday"}},
 			[]string{`x-occurred-at: "yesterday" is not an RFC 3339 time`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := envelope.FromDelivery(&tt.d)
-			require.ErrorIs(t, err, envelope.ErrInvalidMetadata)
-			var me *envelope.MetadataError
+			_, err := message.FromDelivery(&tt.d)
+			require.ErrorIs(t, err, message.ErrInvalidMetadata)
+			var me *message.MetadataError
 			require.True(t, errors.As(err, &me))
 			for _, w := range tt.wantErr {
 				require.ErrorContains(t, err, w)
@@ -198,8 +197,8 @@ func TestFromDeliveryLenientTypes(t *testing.T) {
 	for _, v := range []any{int8(4), int16(4), int32(4), int64(4), int(4), uint8(4), uint16(4), uint32(4), uint64(4),
 		float32(4), float64(4), "4", " 4 ", []byte("4"), amqp.Decimal{Value: 4}} {
 		d := amqp.Delivery{MessageId: "m", Type: "t", Timestamp: time.Unix(100, 0),
-			Headers: amqp.Table{envelope.HeaderSchemaVersion: v, envelope.HeaderSagaID: []byte("sid"), envelope.HeaderCausationID: int64(9)}}
-		e, err := envelope.FromDelivery(&d)
+			Headers: amqp.Table{message.HeaderSchemaVersion: v, message.HeaderSagaID: []byte("sid"), message.HeaderCausationID: int64(9)}}
+		e, err := message.FromDelivery(&d)
 		require.NoError(t, err, "%T", v)
 		require.Equal(t, int32(4), e.SchemaVersion)
 		require.Equal(t, "sid", e.SagaID)
@@ -212,24 +211,24 @@ func TestHeaderInt(t *testing.T) {
 	t.Parallel()
 
 	h := map[string]any{"nil": nil, "big": uint64(1 << 63), "frac": 1.5, "nan": "NaN", "dec": amqp.Decimal{Value: 15, Scale: 1}, "neg": int8(-3)}
-	_, ok, err := envelope.HeaderInt(h, "absent")
+	_, ok, err := message.HeaderInt(h, "absent")
 	require.False(t, ok)
 	require.NoError(t, err)
-	_, ok, err = envelope.HeaderInt(h, "nil")
+	_, ok, err = message.HeaderInt(h, "nil")
 	require.False(t, ok)
 	require.NoError(t, err)
 	for _, k := range []string{"big", "frac", "nan", "dec"} {
-		_, ok, err = envelope.HeaderInt(h, k)
+		_, ok, err = message.HeaderInt(h, k)
 		require.True(t, ok)
 		require.Error(t, err, k)
 	}
-	v, ok, err := envelope.HeaderInt(h, "neg")
+	v, ok, err := message.HeaderInt(h, "neg")
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, int64(-3), v)
 
 	long := strings.Repeat("x", 1000)
-	_, _, err = envelope.HeaderInt(map[string]any{"k": long}, "k")
+	_, _, err = message.HeaderInt(map[string]any{"k": long}, "k")
 	require.Less(t, len(err.Error()), 100, "errors quote a bounded prefix of hostile input")
 }
 
@@ -255,14 +254,14 @@ func FuzzFromDelivery(f *testing.F) {
 			sv = amqp.Table{"v": version}
 		}
 		d := &amqp.Delivery{MessageId: id, Type: typ, Body: body, Headers: amqp.Table{
-			envelope.HeaderSchemaVersion: sv,
-			envelope.HeaderSagaID:        []byte(saga),
-			envelope.HeaderOccurredAt:    version,
-			envelope.HeaderAttempt:       version,
+			message.HeaderSchemaVersion: sv,
+			message.HeaderSagaID:        []byte(saga),
+			message.HeaderOccurredAt:    version,
+			message.HeaderAttempt:       version,
 		}}
-		e, err := envelope.FromDelivery(d)
+		e, err := message.FromDelivery(d)
 		if err != nil {
-			require.ErrorIs(t, err, envelope.ErrInvalidMetadata)
+			require.ErrorIs(t, err, message.ErrInvalidMetadata)
 			return
 		}
 		require.NotEmpty(t, e.MessageID)
@@ -272,7 +271,7 @@ func FuzzFromDelivery(f *testing.F) {
 		// A valid envelope survives a round trip unchanged.
 		p := e.Publishing()
 		require.NoError(t, p.Headers.Validate())
-		e2, err := envelope.FromDelivery(deliver(p, e.Exchange, e.RoutingKey))
+		e2, err := message.FromDelivery(deliver(p, e.Exchange, e.RoutingKey))
 		require.NoError(t, err)
 		require.Equal(t, e, e2)
 	})
