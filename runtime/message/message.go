@@ -162,3 +162,9 @@ func OnceKey(m Message, operatorRetry int) string {
 // Engine.StatusHandler and Engine.RequestCancelTx, declare
 // sagadef.Definition.Cancel, and their harnesses call sagatest's Cancel.
 const SupportPackageIsVersion4 = true
+
+// SupportPackageIsVersion5 is the generated-code version of this runtime
+// (see [SupportPackageIsVersion4] for the scheme). Version 5: generated
+// sagas declare sagadef.Definition.Callback (the contract's HTTP
+// callbacks). Code generated for version 4 runs unchanged on it.
+const SupportPackageIsVersion5 = true

@@ -14,8 +14,8 @@ import (
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // BeginInfo describes the command shadow.statusURL.Begin.
 var BeginInfo = &message.Info{

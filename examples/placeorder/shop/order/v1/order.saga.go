@@ -31,8 +31,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 4.
-const _ = message.SupportPackageIsVersion4
+// This file needs a runtime that supports generated code version 5.
+const _ = message.SupportPackageIsVersion5
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{
@@ -317,6 +317,7 @@ func PlaceOrderDefinition() *sagadef.Definition {
 				Late:           sagadef.LateIgnore,
 			},
 		},
+		Callback: sagadef.Callback{States: []string{"COMPLETED", "FAILED", "MANUAL_REVIEW"}, URLField: "callback_url", ClientField: "", IncludeData: false},
 		States: []sagadef.State{
 			{Name: "RESERVE_INVENTORY", Kind: sagadef.StateKindStep, Step: "ReserveInventory"},
 			{Name: "AUTHORIZE_PAYMENT", Kind: sagadef.StateKindStep, Step: "AuthorizePayment"},
