@@ -196,3 +196,20 @@ func (v Verifier) VerifyRequest(r *http.Request, maxBody int64) (id string, body
 	id, err = v.Verify(r.Header, body)
 	return id, body, err
 }
+
+// ParseKeys reads keys from "ID:SECRET[,ID:SECRET]" (the form of the
+// SAGA_CALLBACK_KEYS variable), the current key first, and validates them.
+func ParseKeys(s string) ([]Key, error) {
+	var keys []Key
+	for _, part := range strings.Split(s, ",") {
+		id, secret, ok := strings.Cut(strings.TrimSpace(part), ":")
+		if !ok {
+			return nil, fmt.Errorf("signing key %q: want ID:SECRET", id)
+		}
+		keys = append(keys, Key{ID: id, Secret: []byte(secret)})
+	}
+	if err := ValidateKeys(keys); err != nil {
+		return nil, err
+	}
+	return keys, nil
+}
