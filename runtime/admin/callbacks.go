@@ -14,20 +14,20 @@ import (
 // callback; docs/callbacks.md).
 type Callback struct {
 	ID            string          `json:"id"`
-	SagaID        string          `json:"sagaId"`
-	SagaType      string          `json:"sagaType"`
+	SagaID        string          `json:"saga_id"`
+	SagaType      string          `json:"saga_type"`
 	Event         string          `json:"event"`
 	URL           string          `json:"url,omitempty"`
 	Client        string          `json:"client,omitempty"`
 	Status        callback.Status `json:"status"`
 	Attempts      int             `json:"attempts"`
-	LastStatus    int             `json:"lastStatus,omitempty"`
-	LastError     string          `json:"lastError,omitempty"`
-	ParkReason    string          `json:"parkReason,omitempty"`
-	CreatedAt     time.Time       `json:"createdAt"`
-	NextAttemptAt *time.Time      `json:"nextAttemptAt,omitempty"`
-	DeliveredAt   *time.Time      `json:"deliveredAt,omitempty"`
-	ParkedAt      *time.Time      `json:"parkedAt,omitempty"`
+	LastStatus    int             `json:"last_status,omitempty"`
+	LastError     string          `json:"last_error,omitempty"`
+	ParkReason    string          `json:"park_reason,omitempty"`
+	CreatedAt     time.Time       `json:"created_at"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
+	DeliveredAt   *time.Time      `json:"delivered_at,omitempty"`
+	ParkedAt      *time.Time      `json:"parked_at,omitempty"`
 }
 
 // CallbackList answers GET /api/callbacks.
