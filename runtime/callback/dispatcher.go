@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -448,10 +447,8 @@ func (d *Dispatcher) send(ctx context.Context, c claimed, target string) attempt
 		if errors.Is(err, errForbiddenTarget) {
 			return attempt{Err: err.Error(), Permanent: true}
 		}
-		var dnsErr *net.DNSError
-		if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
-			return attempt{Err: err.Error()} // a name may appear: retry within the budget
-		}
+		// Anything else — a timeout, a refused connection, a name that
+		// does not resolve (yet) — is retried within the budget.
 		return attempt{Err: err.Error()}
 	}
 	defer resp.Body.Close()
