@@ -22,6 +22,7 @@ import (
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
+	"github.com/protosaga/saga/runtime/callback"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
@@ -468,4 +469,44 @@ func TestPrintTimelineSaysWhenCut(t *testing.T) {
 		require.NoError(t, printTimeline(&out, admin.Timeline{Truncated: cut}))
 		require.Equal(t, cut, strings.Contains(out.String(), "CUT: the saga has more than 1000"), out.String())
 	}
+}
+
+func TestCallbacksCommands(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	id := f.start(t, "cli-callback")
+	cbID := "0193a6c0-0000-7000-8000-0000000000c1"
+	require.NoError(t, pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		return callback.EnqueueTx(context.Background(), tx, callback.Delivery{URL: "gopher://client.example/", Payload: callback.Payload{
+			CallbackID: cbID, SagaID: id, SagaType: "shop.order.v1.PlaceOrder", Event: "saga.completed", State: "COMPLETED"}})
+	}))
+
+	code, out, errOut := f.sagactl(t, readTok, "callbacks", "list", "--saga", id)
+	require.Equal(t, 0, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Regexp(t, `^ID\s+SAGA\s+EVENT\s+STATUS\s+ATTEMPTS\s+TARGET\s+CREATED\s+LAST\s+REASON$`, lines[0])
+	require.Regexp(t, `^`+cbID+`\s+`+id+`\s+saga.completed\s+parked\s+0\s+gopher://client.example/\s+\S+\s+callback URL "gopher://client.example/": want an absolute http or https URL$`, lines[1])
+	require.Equal(t, "1 callback(s)", lines[2])
+
+	code, _, errOut = f.sagactl(t, repairTok, "callbacks", "replay", cbID)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--reason is required")
+	code, _, errOut = f.sagactl(t, readTok, "callbacks", "replay", cbID, "--reason", "fixed")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "403")
+
+	code, out, errOut = f.sagactl(t, repairTok, "callbacks", "replay", cbID, "--reason", "client moved to https")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "callback "+cbID+": due again (saga "+id+", saga.completed), replayed by cli-op: client moved to https\n", out)
+
+	code, out, errOut = f.sagactl(t, readTok, "callbacks", "list", "--status", "pending", "--json")
+	require.Equal(t, 0, code, errOut)
+	var list admin.CallbackList
+	require.NoError(t, json.Unmarshal([]byte(out), &list))
+	require.Len(t, list.Callbacks, 1)
+	require.Equal(t, cbID, list.Callbacks[0].ID)
+
+	code, _, errOut = f.sagactl(t, repairTok, "callbacks", "replay", cbID, "--reason", "again")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "not parked")
 }

@@ -20,6 +20,8 @@
 //	sagactl parked replay --saga-type/--saga/--queue/--message-type/--reason-has ... --reason WHY [--dry-run] [--max N]
 //	sagactl parked dismiss ID --reason WHY [--dry-run] [--force]
 //	sagactl parked dismiss --saga-type/--saga/--queue/--message-type/--reason-has ... --reason WHY [--dry-run] [--max N]
+//	sagactl callbacks list [--saga ID] [--status pending|delivered|parked] [--limit N]
+//	sagactl callbacks replay ID --reason WHY
 //
 // Admin commands take --server URL (or $SAGACTL_SERVER) and --token TOKEN
 // (or $SAGACTL_TOKEN), print human-readable tables, and print the API's JSON
@@ -90,6 +92,9 @@ commands:
                  replay a parked message through the outbox; without ID, every match of the filters
   parked dismiss ID --reason WHY
                  close a parked copy that no longer applies; without ID, every superseded match of the filters
+  callbacks list HTTP callbacks of the sagas' outcomes: --saga ID, --status pending|delivered|parked
+  callbacks replay ID --reason WHY
+                 send a parked callback again (same id, fresh retry budget)
 
 admin commands need --server URL (or $SAGACTL_SERVER) and --token (or $SAGACTL_TOKEN);
 --json prints the API's JSON. Run "sagactl <command> -h" for a command's flags.
@@ -132,7 +137,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		err = prune(ctx, args[1:], stdout, stderr, getenv)
 	case args[0] == "search", args[0] == "stats", args[0] == "log":
 		err = findCommand(ctx, &cliEnv{stdout: stdout, stderr: stderr, getenv: getenv}, args[0], args[1:])
-	case args[0] == "sagas", args[0] == "parked":
+	case args[0] == "sagas", args[0] == "parked", args[0] == "callbacks":
 		if len(args) < 2 {
 			fmt.Fprintf(stderr, "sagactl %s: missing subcommand\n%s", args[0], usage)
 			return 2
@@ -143,10 +148,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		}
 		name = args[0] + " " + args[1]
 		env := &cliEnv{stdout: stdout, stderr: stderr, getenv: getenv}
-		if args[0] == "sagas" {
+		switch args[0] {
+		case "sagas":
 			err = sagasCommand(ctx, env, args[1], args[2:])
-		} else {
+		case "parked":
 			err = parkedCommand(ctx, env, args[1], args[2:])
+		default:
+			err = callbacksCommand(ctx, env, args[1], args[2:])
 		}
 	default:
 		fmt.Fprintf(stderr, "sagactl: unknown command %q\n%s", args[0], usage)

@@ -91,6 +91,8 @@ var lintPurposes = map[string]string{
 	"cancel-correlation":        "Checks that a cancel message declares a correlation field.",
 	"cancel-ambiguous":          "Checks that a cancel message plays no other part in its saga.",
 	"cancel-fields":             "Checks that a cancel names the string fields saying who asked and why.",
+	"callback-outcomes":         "Checks that a saga's callbacks name outcomes it can reach, each once.",
+	"callback-target":           "Checks that a saga's callbacks name one target: a string field of the saga data holding a URL or a client id.",
 	"name-collision":            "Checks that generated Go identifiers collide neither with each other nor with protoc-gen-go's.",
 	"name-length":               "Checks that generated table, queue, exchange and routing key names fit PostgreSQL and RabbitMQ.",
 	"go-package":                "Checks that every file has a Go import path.",

@@ -42,7 +42,12 @@ type Report struct {
 	Redelivered int // outbox rows leased more than once (attempts > 1): published twice, or released unsent and published later
 	HandedOff   int // outbox rows a consumer handed to its node's relay (lease born with the insert)
 
-	Lost          int // started orders without a saga, messages neither consumed nor parked
+	// Callbacks are the distinct callbacks the soak's receiver verified and
+	// processed; CallbackDuplicates the verified deliveries of an id it had
+	// processed already (deduplicated); CallbackRequests every request.
+	Callbacks, CallbackDuplicates, CallbackRequests int
+
+	Lost          int // started orders without a saga, messages neither consumed nor parked, outcomes not called back
 	DoubleEffects int // business effects applied more than once
 
 	Throughput  float64 // sagas ended per second of the run
@@ -201,6 +206,9 @@ func (r *run) check(ctx context.Context) (*Report, error) {
 		}
 	}
 	if err := r.checkStock(ctx, rep, sagas); err != nil {
+		return nil, err
+	}
+	if err := r.checkCallbacks(ctx, rep, sagas); err != nil {
 		return nil, err
 	}
 

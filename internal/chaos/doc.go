@@ -42,5 +42,7 @@
 // every committed outbox row published and consumed or parked by every queue
 // it routes to; work and retry queues empty with nothing unacknowledged;
 // parking lots holding exactly the parked messages, each with a reason and a
-// saga. The Report gives the figures and lists every violation.
+// saga; every saga's final outcome the last one its HTTP callback receiver
+// was told (signatures verified, each callback id processed once), no
+// callback parked or pending. The Report gives the figures and lists every violation.
 package chaos

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/protosaga/saga/runtime/callback"
 )
 
 // Fleet runs node processes of the soak binary and keeps them running: a
@@ -132,6 +134,9 @@ func (p *Proc) start() (<-chan struct{}, error) {
 	}
 	fmt.Fprintf(logf, "--- incarnation %d, crash points %v\n", inc, cfg.Crash)
 	cmd := exec.Command(p.f.bin, append([]string{"node"}, cfg.Args()...)...)
+	if cfg.CallbackKeys != "" {
+		cmd.Env = append(os.Environ(), callback.EnvKeys+"="+cfg.CallbackKeys)
+	}
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	"github.com/protosaga/saga/runtime/callback"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
@@ -58,6 +59,10 @@ type NodeConfig struct {
 	Retry retry.Policy
 	// Concurrency and BatchSize tune the consumers.
 	Concurrency, BatchSize int
+	// CallbackKeys, when set, is the signing key of the callback
+	// dispatcher every relay node runs ("ID:SECRET"). It goes to the node
+	// in its environment (callback.EnvKeys), not on its command line.
+	CallbackKeys string
 	// KillWait bounds how long a node stands at a crash point waiting for
 	// the driver's SIGKILL before it kills itself; default 10 s.
 	KillWait time.Duration
@@ -131,6 +136,20 @@ func RunNode(ctx context.Context, cfg NodeConfig, out, logw io.Writer) error {
 	}
 	if slices.Contains(cfg.Roles, RoleRelay) {
 		hcfg.Relays = 1
+		// Relay nodes dispatch the callbacks too, to the driver's receiver
+		// on loopback; short waits and leases, so that a killed node's
+		// deliveries are taken over within the run.
+		cb, err := callback.FromEnv(os.Getenv)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", cfg.Name, err)
+		}
+		if cb != nil {
+			cb.AllowPrivate.Loopback = true
+			cb.Timeout, cb.Lease = 2*time.Second, 5*time.Second
+			cb.MinBackoff, cb.MaxBackoff = 100*time.Millisecond, 2*time.Second
+			cb.MaxAttempts, cb.MaxAge = 1000, time.Hour
+			hcfg.Callbacks = cb
+		}
 	}
 	if cfg.StepTimeout > 0 {
 		timeouts := map[string]time.Duration{}

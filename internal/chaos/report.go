@@ -155,6 +155,7 @@ func (rep *Report) String() string {
 	p("audit: %d rows, %d duplicates absorbed, %d late replies, %d conflicting", rep.AuditRows, rep.Duplicates, rep.Late, rep.Conflicting)
 	p("outbox: %d rows, %d handed by consumers to their node's relay, %d leased more than once (published twice, or released unsent first); parked: %d %v",
 		rep.OutboxRows, rep.HandedOff, rep.Redelivered, rep.Parked, sortedMap(rep.ParkedBy))
+	p("callbacks: %d verified and processed, %d redelivered copies deduplicated by id, %d requests", rep.Callbacks, rep.CallbackDuplicates, rep.CallbackRequests)
 	p("lost: %d; double effects: %d", rep.Lost, rep.DoubleEffects)
 	p("throughput: %.1f sagas ended/s; saga latency (no manual review) %s", rep.Throughput, rep.SagaLatency)
 	for _, step := range slices.Sorted(maps.Keys(rep.StepLatency)) {

@@ -168,6 +168,10 @@ type run struct {
 	po    *orderv1.PlaceOrder
 	fleet *Fleet
 	rng   *mrand.Rand
+	// receiver is the client the orders' outcomes are called back to;
+	// callbackKeys the dispatchers' signing key, in callback.EnvKeys form.
+	receiver     *receiver
+	callbackKeys string
 
 	mu       sync.Mutex
 	orders   []*order
@@ -219,6 +223,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer r.pool.Close()
+	keys, key := newCallbackKey()
+	rcv, err := startReceiver(key)
+	if err != nil {
+		return nil, err
+	}
+	defer rcv.server.Close()
+	r.receiver, r.callbackKeys = rcv, keys
 	r.logf("schema and vhost %s, seed %d, node logs in %s", r.id, cfg.Seed, r.cfg.LogDir)
 
 	began := time.Now()
@@ -355,11 +366,12 @@ func (r *run) startFleet(ctx context.Context) {
 		Faults: Faults{
 			Seed: r.cfg.Seed, Transient: r.cfg.Transient, Slow: r.cfg.Slow, SlowDelay: r.cfg.SlowDelay, Duplicate: r.cfg.Duplicate,
 		},
-		StepTimeout: r.cfg.StepTimeout,
-		RelayLease:  relayLease,
-		Retry:       retryPolicy,
-		Concurrency: 2,
-		BatchSize:   8,
+		StepTimeout:  r.cfg.StepTimeout,
+		RelayLease:   relayLease,
+		Retry:        retryPolicy,
+		Concurrency:  2,
+		BatchSize:    8,
+		CallbackKeys: r.callbackKeys,
 	}
 	add := func(name string, roles []Role) {
 		cfg := base
@@ -459,6 +471,7 @@ func (r *run) request(i int) (*orderv1.PlaceOrderRequest, string) {
 		Amount:          &commonv1.Money{Currency: "EUR", MinorUnits: int64(1000 + i)},
 		ShippingAddress: &commonv1.Address{Name: "A. Customer", Street: "1 Main St", City: "Lyon", PostalCode: "69001", Country: "FR"},
 		CardToken:       card,
+		CallbackUrl:     r.receiver.url + fmt.Sprintf("%s-o%05d", r.id, i),
 	}, kind
 }
 
@@ -643,10 +656,11 @@ func (r *run) settle(ctx context.Context) error {
 }
 
 func (r *run) quiescent(ctx context.Context) (bool, string, error) {
-	var open, unpublished int
+	var open, unpublished, callbacks int
 	if err := r.pool.QueryRow(ctx, `SELECT
   (SELECT count(*) FROM saga_place_order WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW')),
-  (SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL)`).Scan(&open, &unpublished); err != nil {
+  (SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL),
+  (SELECT count(*) FROM saga_callback WHERE delivered_at IS NULL AND parked_at IS NULL)`).Scan(&open, &unpublished, &callbacks); err != nil {
 		return false, "", err
 	}
 	qs, err := r.cfg.Services.Queues(ctx, r.vhost)
@@ -664,6 +678,6 @@ func (r *run) quiescent(ctx context.Context) (bool, string, error) {
 			busyNames = append(busyNames, fmt.Sprintf("%s=%d", q.Name, q.Messages))
 		}
 	}
-	why := fmt.Sprintf("%d sagas still running, %d outbox rows unpublished, %d messages queued %v", open, unpublished, busy, busyNames)
-	return open == 0 && unpublished == 0 && busy == 0, why, nil
+	why := fmt.Sprintf("%d sagas still running, %d outbox rows unpublished, %d callbacks undelivered, %d messages queued %v", open, unpublished, callbacks, busy, busyNames)
+	return open == 0 && unpublished == 0 && callbacks == 0 && busy == 0, why, nil
 }

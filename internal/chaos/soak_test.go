@@ -109,6 +109,9 @@ func TestSoakShort(t *testing.T) {
 	require.Positive(t, rep.HandedOff, "no consumer handed its rows to its node's relay")
 	require.Positive(t, rep.States["COMPLETED"], "no saga completed")
 	require.Positive(t, rep.States["FAILED"], "no saga failed (declined cards and sold-out products must)")
+	require.GreaterOrEqual(t, rep.Callbacks, rep.States["COMPLETED"]+rep.States["FAILED"]+rep.States["MANUAL_REVIEW"],
+		"every outcome called back (a saga may report FAILED, then MANUAL_REVIEW)")
+	require.Greater(t, rep.CallbackRequests, rep.Callbacks, "the receiver's 503s made the dispatchers retry")
 }
 
 // testWriter sends progress lines to the test log.

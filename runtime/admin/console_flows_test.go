@@ -19,6 +19,7 @@ import (
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/internal/browsertest"
 	"github.com/protosaga/saga/runtime/admin"
+	"github.com/protosaga/saga/runtime/callback"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 )
@@ -541,4 +542,39 @@ func TestConsoleLinksAndPreviews(t *testing.T) {
 	note := b.lastAudit(t, unlinked)
 	require.Equal(t, admin.TriggerReplay, note.Trigger, "audited in the saga's trail")
 	require.Contains(t, note.Note, "bug 18 fixed")
+}
+
+// TestConsoleCallbacks: a saga's page lists its HTTP callbacks with their
+// status, and a parked one is replayed from it (confirmed with a reason,
+// audited); a read-only operator sees them without the button.
+func TestConsoleCallbacks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "console-callbacks")
+	pending := b.enqueueCallback(t, id, "https://client.example/orders/console-callbacks")
+	parked := b.enqueueCallback(t, id, "ftp://client.example/orders/console-callbacks")
+
+	ro := openConsole(t, b, readToken)
+	ro.open("#/saga/"+id, "#saga-callbacks")
+	require.Equal(t, 2, ro.count("#saga-callbacks tr.saga-callback"))
+	require.Zero(t, ro.count("#saga-callbacks button"), "read-only: no replay")
+
+	c := openConsole(t, b, repairToken)
+	c.open("#/saga/"+id, "#saga-callbacks")
+	require.Contains(t, c.text(`#saga-callbacks tr[data-id="`+pending+`"]`), "pending")
+	row := c.text(`#saga-callbacks tr[data-id="` + parked + `"]`)
+	containsAll(t, row, "saga.completed", "parked", "want an absolute http or https URL")
+	require.Equal(t, 1, c.count("#saga-callbacks button.callback-replay"))
+
+	c.run(chromedp.Click(`#saga-callbacks button.callback-replay[data-id="`+parked+`"]`, chromedp.ByQuery))
+	require.Contains(t, c.confirmOpen(), "keeps its id, so a receiver that did process it deduplicates")
+	c.confirm("client moved to https")
+	require.Eventually(t, func() bool {
+		audit, err := callback.Audit(t.Context(), b.pool, parked)
+		return err == nil && len(audit) == 1
+	}, 30*time.Second, 50*time.Millisecond)
+	audit, err := callback.Audit(t.Context(), b.pool, parked)
+	require.NoError(t, err)
+	require.Equal(t, "alice", audit[0].Operator)
+	require.Equal(t, "client moved to https", audit[0].Reason)
 }

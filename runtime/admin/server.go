@@ -274,6 +274,8 @@ func (s *Server) routes() http.Handler {
 		{http.MethodPost, "/api/bulk/parked/replay", RoleRepair, s.handleBulkReplay},
 		{http.MethodPost, "/api/parked/{id}/dismiss", RoleRepair, s.handleDismiss},
 		{http.MethodPost, "/api/bulk/parked/dismiss", RoleRepair, s.handleBulkDismiss},
+		{http.MethodGet, "/api/callbacks", RoleRead, s.handleListCallbacks},
+		{http.MethodPost, "/api/callbacks/{id}/replay", RoleRepair, s.handleReplayCallback},
 		{http.MethodGet, "/api/stats", RoleRead, s.handleStats},
 		{http.MethodGet, "/api/search", RoleRead, s.handleSearch},
 		{http.MethodGet, "/api/operator-log", RoleRead, s.handleOperatorLog},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/admin"
 	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/callback"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/schema"
@@ -42,6 +43,11 @@ const (
 	EnvStart           = "SAGA_HTTP_START"  // "true" serves each saga's start endpoint (Config.StartEndpoints)
 	EnvLogLevel        = "SAGA_LOG_LEVEL"   // debug, info (default), warn, error
 	EnvLogFormat       = "SAGA_LOG_FORMAT"  // json (default) or text
+	// EnvCallbackKeys, EnvCallbackAllow and EnvCallbackClients configure
+	// the callback dispatcher (Config.Callbacks; see callback.FromEnv).
+	EnvCallbackKeys    = callback.EnvKeys
+	EnvCallbackAllow   = callback.EnvAllow
+	EnvCallbackClients = callback.EnvClients
 )
 
 // DefaultHTTPAddr is where the host serves health, metrics, saga status and
@@ -124,6 +130,12 @@ type Config struct {
 	// StepTimeouts overrides contract step timeouts, by saga full name and
 	// then step name (saga.Config.StepTimeouts).
 	StepTimeouts map[string]map[string]time.Duration
+	// Callbacks, when set, runs a callback dispatcher in this process
+	// (package callback) that delivers the HTTP callbacks the sagas'
+	// contracts declare; it starts and stops with the relays. Its Pool,
+	// Logger and Telemetry default to the host's. Nil runs none (another
+	// process of the service dispatches).
+	Callbacks *callback.Config
 	// RelayLease, KeepPublished and KeepClaims are passed to the relays and
 	// consumers (outbox.RelayConfig.LeaseDuration, .KeepPublished,
 	// consumer.Config.KeepClaims); zero takes their defaults.
@@ -226,6 +238,11 @@ func FromEnv(getenv func(string) string) (Config, error) {
 			errs = append(errs, err)
 		}
 		cfg.Logger = logger
+	}
+	if cb, err := callback.FromEnv(get); err != nil {
+		errs = append(errs, err)
+	} else {
+		cfg.Callbacks = cb
 	}
 	if path := get(EnvAMQPCA); path != "" {
 		pem, err := os.ReadFile(path)

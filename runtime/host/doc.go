@@ -24,7 +24,8 @@
 //     registered ([Package.Topology] of each).
 //  4. Starts the outbox relays, one consumer per registered queue (rows a
 //     consumer commits are handed to a relay of this process), each saga's
-//     timeout scanner, and the HTTP server.
+//     timeout scanner, the callback dispatcher when Config.Callbacks is set
+//     (it stops with the relays), and the HTTP server.
 //
 // # Defaults that keep the guarantees
 //
@@ -54,6 +55,9 @@
 //	SAGA_MIGRATE       "false": apply no migrations at start
 //	SAGA_LOG_LEVEL     debug, info (default), warn or error
 //	SAGA_LOG_FORMAT    json (default) or text
+//	SAGA_CALLBACK_KEYS     "ID:SECRET[,ID:SECRET]": run a callback dispatcher signing with these keys, current first
+//	SAGA_CALLBACK_ALLOW    address classes callbacks may reach: loopback, private, link-local (default: none)
+//	SAGA_CALLBACK_CLIENTS  "CLIENT=URL,...": client endpoints for contracts that name a client_field
 //
 // The retry policy, per-queue tuning, step timeouts, telemetry providers and
 // participant middleware are set in Config.

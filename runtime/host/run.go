@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/callback"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
@@ -30,6 +31,7 @@ import (
 type running struct {
 	pub, sub  *broker.Conn
 	relays    []*outbox.Relay
+	callbacks *callback.Dispatcher
 	consumers []*consumer.Consumer
 	server    *http.Server
 	listener  net.Listener
@@ -310,6 +312,23 @@ func (h *Host) build(r *running) error {
 		}
 		r.relays = append(r.relays, rl)
 	}
+	if cb := h.cfg.Callbacks; cb != nil {
+		cfg := *cb
+		if cfg.Pool == nil {
+			cfg.Pool = h.pool
+		}
+		if cfg.Logger == nil {
+			cfg.Logger = h.log
+		}
+		if cfg.Telemetry == (telemetry.Providers{}) {
+			cfg.Telemetry = h.cfg.Telemetry
+		}
+		d, err := callback.NewDispatcher(cfg)
+		if err != nil {
+			return fmt.Errorf("callback dispatcher: %w", err)
+		}
+		r.callbacks = d
+	}
 	add := func(queue string, reg *message.Registry, handler consumer.HandlerFunc) error {
 		t := h.cfg.tuning(queue)
 		c, err := consumer.New(consumer.Config{
@@ -392,6 +411,9 @@ func (h *Host) launch(r *running) {
 	}
 	for i, rl := range r.relays {
 		part(fmt.Sprintf("relay %d", i), &r.relaysWG, func() error { return rl.Run(r.relayWork) })
+	}
+	if d := r.callbacks; d != nil {
+		part("callback dispatcher", &r.relaysWG, func() error { return d.Run(r.relayWork) })
 	}
 	for i, c := range r.consumers {
 		ctx := r.work
@@ -513,6 +535,9 @@ func (h *Host) stop(ctx context.Context, r *running) error {
 func (h *Host) teardown(r *running) {
 	for _, g := range r.gauges {
 		_ = g.Unregister()
+	}
+	if r.callbacks != nil {
+		_ = r.callbacks.Close()
 	}
 	if r.listener != nil && r.server == nil {
 		_ = r.listener.Close()

@@ -172,7 +172,8 @@ func OnceKey(m Message, operatorRetry int) string {
 // classes are part of runtime/retry, the envelope part of this package), so
 // code generated for version 4, which imports runtime/failure and
 // runtime/envelope, does not compile against this runtime: version 4 is
-// dropped.
+// dropped. Generated sagas also declare sagadef.Definition.Callback (the
+// contract's HTTP callbacks).
 //
 // Version 4: generated transition tables follow the late-reply table of
 // docs/options.md (a late success the saga no longer counts on goes to

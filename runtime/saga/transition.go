@@ -138,6 +138,9 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 	}); err != nil {
 		return outcome{}, err
 	}
+	if err := e.queueCallback(ctx, tx, w, after, from, to); err != nil {
+		return outcome{}, err
+	}
 	if owned {
 		if err := scope.Flush(ctx); err != nil {
 			return outcome{}, err

@@ -222,6 +222,9 @@ func (d *Definition) validate() (*index, []error) {
 	fail := func(step, format string, args ...any) {
 		errs = append(errs, &DefinitionError{Saga: d.Name, Step: step, Problem: fmt.Sprintf(format, args...)})
 	}
+	if err := validateCallback(d.Callback); err != nil {
+		fail("", "%s", err)
+	}
 	ix := &index{messages: map[string]msgRef{}, steps: map[string]int{}}
 	// uses records every message name with where it was used, so a second
 	// use names the first.

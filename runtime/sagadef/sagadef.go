@@ -119,6 +119,9 @@ type Definition struct {
 	// Cancel is the saga's business cancellation; the zero value declares
 	// none.
 	Cancel Cancel
+	// Callback declares the outcomes delivered to clients as HTTP
+	// callbacks; the zero value declares none.
+	Callback Callback
 	// States and Transitions are the complete state set and transition
 	// table; [Definition.Compile] fills them from Steps.
 	States      []State

@@ -48,6 +48,7 @@ func (Decider) Start(_ context.Context, req *orderv1.PlaceOrderRequest) (*orderv
 		Amount:          proto.Clone(req.GetAmount()).(*commonv1.Money),
 		ShippingAddress: proto.Clone(req.GetShippingAddress()).(*commonv1.Address),
 		CardToken:       req.GetCardToken(),
+		CallbackUrl:     req.GetCallbackUrl(),
 	}, nil
 }
 

@@ -103,6 +103,10 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		g.P("Cancel: ", sagadefPkg.Ident("Cancel"), "{Message: ", strconv.Quote(c.Message), ", RequestedBy: ", strconv.Quote(c.RequestedBy),
 			", Reason: ", strconv.Quote(c.Reason), "},")
 	}
+	if c := d.Callback; c.Declared() {
+		g.P("Callback: ", sagadefPkg.Ident("Callback"), "{States: ", stringSlice(c.States), ", URLField: ", strconv.Quote(c.URLField),
+			", ClientField: ", strconv.Quote(c.ClientField), ", IncludeData: ", c.IncludeData, "},")
+	}
 	g.P("States: []", sagadefPkg.Ident("State"), "{")
 	for _, st := range d.States {
 		step := ""

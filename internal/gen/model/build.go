@@ -40,10 +40,15 @@ const (
 	sagaSteps       = 6
 	sagaService     = 7
 	sagaCancel      = 8
+	sagaCallback    = 9
 
 	cancelMessage     = 1
 	cancelRequestedBy = 2
 	cancelReason      = 3
+
+	callbackOutcomes    = 1
+	callbackURLField    = 2
+	callbackClientField = 3
 
 	stepName                = 1
 	stepRole                = 2

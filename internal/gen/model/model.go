@@ -143,8 +143,20 @@ type Saga struct {
 	Commands []*Message
 	// Cancel is the saga's business cancellation; nil when it declares
 	// none.
-	Cancel   *Cancel
+	Cancel *Cancel
+	// Callback declares the saga's HTTP callbacks; nil when it declares
+	// none.
+	Callback *Callback
 	Generate bool
+}
+
+// Callback is a saga's HTTP callback declaration: the outcomes (state
+// names) delivered and the saga data field naming the target.
+type Callback struct {
+	States      []string
+	URLField    *FieldPath
+	ClientField *FieldPath
+	IncludeData bool
 }
 
 // Cancel is a saga's business cancellation: the message that asks to stop

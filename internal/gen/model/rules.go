@@ -54,6 +54,8 @@ var Rules = []Rule{
 	{ID: "cancel-correlation"},
 	{ID: "cancel-ambiguous"},
 	{ID: "cancel-fields"},
+	{ID: "callback-outcomes"},
+	{ID: "callback-target"},
 	{ID: "name-collision"},
 	{ID: "name-length"},
 	{ID: "go-package"},

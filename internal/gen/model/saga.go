@@ -123,7 +123,74 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 	if o.GetCancel() != nil {
 		s.Cancel = b.cancel(f, path(base, sagaCancel), pkg, s, o.GetCancel())
 	}
+	if o.GetCallback() != nil {
+		s.Callback = b.callback(f, path(base, sagaCallback), s, o.GetCallback())
+	}
 	return s
+}
+
+// outcomeStates maps each callback outcome to the state it reports.
+var outcomeStates = map[sagav1.Outcome]string{
+	sagav1.Outcome_OUTCOME_COMPLETED:     sagadef.StateCompleted,
+	sagav1.Outcome_OUTCOME_FAILED:        sagadef.StateFailed,
+	sagav1.Outcome_OUTCOME_CANCELLED:     sagadef.StateCancelled,
+	sagav1.Outcome_OUTCOME_MANUAL_REVIEW: sagadef.StateManualReview,
+}
+
+// callback reviews a saga's callback declaration: at least one outcome,
+// each once and meaningful for the saga (CANCELLED needs a cancel), and
+// exactly one target field, a singular string of the saga data message.
+func (b *builder) callback(f *protogen.File, base []int32, s *Saga, o *sagav1.Callback) *Callback {
+	c := &Callback{IncludeData: o.GetIncludeData()}
+	if len(o.GetOutcomes()) == 0 {
+		b.errorf(f, base, "callback-outcomes", "add outcomes: [OUTCOME_COMPLETED, OUTCOME_FAILED] (the outcomes the client is told about)",
+			"saga %s: callback names no outcome", s.FullName)
+	}
+	seen := map[sagav1.Outcome]bool{}
+	for i, out := range o.GetOutcomes() {
+		p := path(base, callbackOutcomes, int32(i))
+		state, ok := outcomeStates[out]
+		switch {
+		case !ok:
+			b.errorf(f, p, "callback-outcomes", "use OUTCOME_COMPLETED, OUTCOME_FAILED, OUTCOME_CANCELLED or OUTCOME_MANUAL_REVIEW",
+				"saga %s: callback outcome %s is not an outcome", s.FullName, out)
+		case seen[out]:
+			b.errorf(f, p, "callback-outcomes", "list each outcome once",
+				"saga %s: callback outcome %s is listed twice", s.FullName, out)
+		case out == sagav1.Outcome_OUTCOME_CANCELLED && s.Cancel == nil:
+			b.errorf(f, p, "callback-outcomes", "declare cancel: {...} on the saga, or drop OUTCOME_CANCELLED",
+				"saga %s: callback outcome OUTCOME_CANCELLED can never happen: the saga declares no cancel", s.FullName)
+		default:
+			c.States = append(c.States, state)
+		}
+		seen[out] = true
+	}
+	url, client := o.GetUrlField(), o.GetClientField()
+	if (url == "") == (client == "") {
+		b.errorf(f, base, "callback-target", "set url_field (the URL a request registered, kept in the saga data) or client_field (a client whose endpoint the dispatcher knows), not both",
+			"saga %s: callback sets %s", s.FullName, map[bool]string{true: "neither url_field nor client_field", false: "both url_field and client_field"}[url == ""])
+		return c
+	}
+	field, value, set := int32(callbackURLField), url, func(p *FieldPath) { c.URLField = p }
+	name := "url_field"
+	if client != "" {
+		field, value, set, name = callbackClientField, client, func(p *FieldPath) { c.ClientField = p }, "client_field"
+	}
+	p := path(base, field)
+	if s.Data == nil {
+		return c
+	}
+	fpath := b.fieldPath(f, p, s.Data, value, false)
+	if fpath == nil {
+		return c
+	}
+	if leaf := fpath.Leaf(); leaf.Desc.Kind() != protoreflect.StringKind || leaf.Desc.IsList() || leaf.Desc.IsMap() {
+		b.errorf(f, p, "callback-target", "name a singular string field of the saga data",
+			"saga %s: callback %s %q names a field of type %s in %s, not a string", s.FullName, name, value, fieldKind(leaf), s.Data.Desc.FullName())
+		return c
+	}
+	set(fpath)
+	return c
 }
 
 // cancel resolves and reviews a saga's business cancellation: an annotated
@@ -963,6 +1030,15 @@ func (s *Saga) definition() *sagadef.Definition {
 		}
 		if c.Reason != nil {
 			d.Cancel.Reason = c.Reason.Path
+		}
+	}
+	if c := s.Callback; c != nil && (c.URLField != nil || c.ClientField != nil) && len(c.States) > 0 {
+		d.Callback = sagadef.Callback{States: c.States, IncludeData: c.IncludeData}
+		if c.URLField != nil {
+			d.Callback.URLField = c.URLField.Path
+		}
+		if c.ClientField != nil {
+			d.Callback.ClientField = c.ClientField.Path
 		}
 	}
 	return d

@@ -138,7 +138,9 @@ type docCancel struct {
 }
 
 type docData struct {
-	Cancel                                                                      *docCancel
+	Cancel *docCancel
+	// Callback describes the saga's HTTP callbacks ("" for none).
+	Callback                                                                    string
 	FullName, Source, Start, BusinessKey, Data, Deadline, Table, Queue, Service string
 	Steps                                                                       []docStep
 	Messages                                                                    []docMessage
@@ -156,6 +158,17 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 	}
 	if s.Deadline > 0 {
 		d.Deadline = s.Deadline.String()
+	}
+	if c := s.Definition.Callback; c.Declared() {
+		target := "the URL in `" + c.URLField + "`"
+		if c.ClientField != "" {
+			target = "the endpoint registered for the client in `" + c.ClientField + "`"
+		}
+		d.Callback = "`" + strings.Join(c.States, "`, `") + "` to " + target
+		if c.IncludeData {
+			d.Callback += ", with the saga data"
+		}
+		d.Callback += " (signed HTTP callbacks, docs/callbacks.md)"
 	}
 	if c := s.Cancel; c != nil {
 		d.Cancel = &docCancel{

@@ -91,6 +91,68 @@ func (Kind) EnumDescriptor() ([]byte, []int) {
 	return file_saga_v1_saga_proto_rawDescGZIP(), []int{0}
 }
 
+// Outcome is a saga state a callback reports.
+type Outcome int32
+
+const (
+	// OUTCOME_UNSPECIFIED is refused.
+	Outcome_OUTCOME_UNSPECIFIED Outcome = 0
+	// OUTCOME_COMPLETED: every step succeeded (state COMPLETED).
+	Outcome_OUTCOME_COMPLETED Outcome = 1
+	// OUTCOME_FAILED: a business failure, compensations done (state FAILED).
+	Outcome_OUTCOME_FAILED Outcome = 2
+	// OUTCOME_CANCELLED: cancelled and compensated (state CANCELLED).
+	Outcome_OUTCOME_CANCELLED Outcome = 3
+	// OUTCOME_MANUAL_REVIEW: the saga waits for an operator (state
+	// MANUAL_REVIEW); it may still reach one of the others later.
+	Outcome_OUTCOME_MANUAL_REVIEW Outcome = 4
+)
+
+// Enum value maps for Outcome.
+var (
+	Outcome_name = map[int32]string{
+		0: "OUTCOME_UNSPECIFIED",
+		1: "OUTCOME_COMPLETED",
+		2: "OUTCOME_FAILED",
+		3: "OUTCOME_CANCELLED",
+		4: "OUTCOME_MANUAL_REVIEW",
+	}
+	Outcome_value = map[string]int32{
+		"OUTCOME_UNSPECIFIED":   0,
+		"OUTCOME_COMPLETED":     1,
+		"OUTCOME_FAILED":        2,
+		"OUTCOME_CANCELLED":     3,
+		"OUTCOME_MANUAL_REVIEW": 4,
+	}
+)
+
+func (x Outcome) Enum() *Outcome {
+	p := new(Outcome)
+	*p = x
+	return p
+}
+
+func (x Outcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Outcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_saga_v1_saga_proto_enumTypes[1].Descriptor()
+}
+
+func (Outcome) Type() protoreflect.EnumType {
+	return &file_saga_v1_saga_proto_enumTypes[1]
+}
+
+func (x Outcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Outcome.Descriptor instead.
+func (Outcome) EnumDescriptor() ([]byte, []int) {
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{1}
+}
+
 // CompensationFailure is what a failed compensation does.
 type CompensationFailure int32
 
@@ -124,11 +186,11 @@ func (x CompensationFailure) String() string {
 }
 
 func (CompensationFailure) Descriptor() protoreflect.EnumDescriptor {
-	return file_saga_v1_saga_proto_enumTypes[1].Descriptor()
+	return file_saga_v1_saga_proto_enumTypes[2].Descriptor()
 }
 
 func (CompensationFailure) Type() protoreflect.EnumType {
-	return &file_saga_v1_saga_proto_enumTypes[1]
+	return &file_saga_v1_saga_proto_enumTypes[2]
 }
 
 func (x CompensationFailure) Number() protoreflect.EnumNumber {
@@ -137,7 +199,7 @@ func (x CompensationFailure) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CompensationFailure.Descriptor instead.
 func (CompensationFailure) EnumDescriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{1}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
 }
 
 // Role is a step's structural role.
@@ -181,11 +243,11 @@ func (x Role) String() string {
 }
 
 func (Role) Descriptor() protoreflect.EnumDescriptor {
-	return file_saga_v1_saga_proto_enumTypes[2].Descriptor()
+	return file_saga_v1_saga_proto_enumTypes[3].Descriptor()
 }
 
 func (Role) Type() protoreflect.EnumType {
-	return &file_saga_v1_saga_proto_enumTypes[2]
+	return &file_saga_v1_saga_proto_enumTypes[3]
 }
 
 func (x Role) Number() protoreflect.EnumNumber {
@@ -194,7 +256,7 @@ func (x Role) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Role.Descriptor instead.
 func (Role) EnumDescriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{3}
 }
 
 // TimeoutAction is what a step's timeout does.
@@ -239,11 +301,11 @@ func (x TimeoutAction) String() string {
 }
 
 func (TimeoutAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_saga_v1_saga_proto_enumTypes[3].Descriptor()
+	return file_saga_v1_saga_proto_enumTypes[4].Descriptor()
 }
 
 func (TimeoutAction) Type() protoreflect.EnumType {
-	return &file_saga_v1_saga_proto_enumTypes[3]
+	return &file_saga_v1_saga_proto_enumTypes[4]
 }
 
 func (x TimeoutAction) Number() protoreflect.EnumNumber {
@@ -252,7 +314,7 @@ func (x TimeoutAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TimeoutAction.Descriptor instead.
 func (TimeoutAction) EnumDescriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{3}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{4}
 }
 
 // LateReply is what a reply arriving after its wait ended does.
@@ -298,11 +360,11 @@ func (x LateReply) String() string {
 }
 
 func (LateReply) Descriptor() protoreflect.EnumDescriptor {
-	return file_saga_v1_saga_proto_enumTypes[4].Descriptor()
+	return file_saga_v1_saga_proto_enumTypes[5].Descriptor()
 }
 
 func (LateReply) Type() protoreflect.EnumType {
-	return &file_saga_v1_saga_proto_enumTypes[4]
+	return &file_saga_v1_saga_proto_enumTypes[5]
 }
 
 func (x LateReply) Number() protoreflect.EnumNumber {
@@ -311,7 +373,7 @@ func (x LateReply) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LateReply.Descriptor instead.
 func (LateReply) EnumDescriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{4}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{5}
 }
 
 // Message describes one command, event or reply.
@@ -470,7 +532,10 @@ type Saga struct {
 	Service string `protobuf:"bytes,7,opt,name=service,proto3" json:"service,omitempty"`
 	// cancel declares the saga's business cancellation: the message by which
 	// the business asks to stop an instance. Default: none.
-	Cancel        *Cancel `protobuf:"bytes,8,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	Cancel *Cancel `protobuf:"bytes,8,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	// callback declares which of the saga's outcomes are delivered to the
+	// client as durable, signed HTTP callbacks, and where. Default: none.
+	Callback      *Callback `protobuf:"bytes,9,opt,name=callback,proto3" json:"callback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -561,6 +626,94 @@ func (x *Saga) GetCancel() *Cancel {
 	return nil
 }
 
+func (x *Saga) GetCallback() *Callback {
+	if x != nil {
+		return x.Callback
+	}
+	return nil
+}
+
+// Callback declares a saga's HTTP callbacks: when an instance reaches one of
+// the listed outcomes, the runtime writes a callback in the same transaction
+// and its dispatcher POSTs a signed JSON rendering of the outcome
+// (docs/callbacks.md) to the target the saga data names.
+type Callback struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// outcomes are the outcomes delivered. Required (at least one).
+	Outcomes []Outcome `protobuf:"varint,1,rep,packed,name=outcomes,proto3,enum=saga.v1.Outcome" json:"outcomes,omitempty"`
+	// url_field is the field path, in the saga data message, of the callback
+	// URL registered with the request (a string). An instance whose field
+	// is empty sends no callback. Exactly one of url_field and client_field.
+	UrlField string `protobuf:"bytes,2,opt,name=url_field,json=urlField,proto3" json:"url_field,omitempty"`
+	// client_field is the field path, in the saga data message, of the id
+	// of a client whose endpoint is registered with the dispatcher (a
+	// string). Exactly one of url_field and client_field.
+	ClientField string `protobuf:"bytes,3,opt,name=client_field,json=clientField,proto3" json:"client_field,omitempty"`
+	// include_data adds the saga data, as protobuf JSON, to the payload.
+	// Leave it off when the data holds what the client must not see.
+	IncludeData   bool `protobuf:"varint,4,opt,name=include_data,json=includeData,proto3" json:"include_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Callback) Reset() {
+	*x = Callback{}
+	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Callback) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Callback) ProtoMessage() {}
+
+func (x *Callback) ProtoReflect() protoreflect.Message {
+	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Callback.ProtoReflect.Descriptor instead.
+func (*Callback) Descriptor() ([]byte, []int) {
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Callback) GetOutcomes() []Outcome {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
+func (x *Callback) GetUrlField() string {
+	if x != nil {
+		return x.UrlField
+	}
+	return ""
+}
+
+func (x *Callback) GetClientField() string {
+	if x != nil {
+		return x.ClientField
+	}
+	return ""
+}
+
+func (x *Callback) GetIncludeData() bool {
+	if x != nil {
+		return x.IncludeData
+	}
+	return false
+}
+
 // Cancel names a saga's cancel message and the fields that say who asked
 // and why, which the audit trail records. Before the point of no return a
 // cancel stops the current step and compensates like a business failure,
@@ -584,7 +737,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	mi := &file_saga_v1_saga_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +749,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	mi := &file_saga_v1_saga_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +762,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Cancel) GetMessage() string {
@@ -676,7 +829,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_saga_v1_saga_proto_msgTypes[3]
+	mi := &file_saga_v1_saga_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +841,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[3]
+	mi := &file_saga_v1_saga_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +854,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{3}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Step) GetName() string {
@@ -842,7 +995,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x10sensitive_fields\x18\x06 \x03(\tR\x0fsensitiveFields\x12%\n" +
 	"\x0eschema_version\x18\a \x01(\x05R\rschemaVersion\x12\x14\n" +
 	"\x05owner\x18\b \x01(\tR\x05owner\x12\x18\n" +
-	"\aanswers\x18\t \x01(\tR\aanswers\"\xad\x02\n" +
+	"\aanswers\x18\t \x01(\tR\aanswers\"\xdc\x02\n" +
 	"\x04Saga\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12!\n" +
@@ -851,7 +1004,13 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x17on_compensation_failure\x18\x05 \x01(\x0e2\x1c.saga.v1.CompensationFailureR\x15onCompensationFailure\x12#\n" +
 	"\x05steps\x18\x06 \x03(\v2\r.saga.v1.StepR\x05steps\x12\x18\n" +
 	"\aservice\x18\a \x01(\tR\aservice\x12'\n" +
-	"\x06cancel\x18\b \x01(\v2\x0f.saga.v1.CancelR\x06cancel\"]\n" +
+	"\x06cancel\x18\b \x01(\v2\x0f.saga.v1.CancelR\x06cancel\x12-\n" +
+	"\bcallback\x18\t \x01(\v2\x11.saga.v1.CallbackR\bcallback\"\x9b\x01\n" +
+	"\bCallback\x12,\n" +
+	"\boutcomes\x18\x01 \x03(\x0e2\x10.saga.v1.OutcomeR\boutcomes\x12\x1b\n" +
+	"\turl_field\x18\x02 \x01(\tR\burlField\x12!\n" +
+	"\fclient_field\x18\x03 \x01(\tR\vclientField\x12!\n" +
+	"\finclude_data\x18\x04 \x01(\bR\vincludeData\"]\n" +
 	"\x06Cancel\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12!\n" +
 	"\frequested_by\x18\x02 \x01(\tR\vrequestedBy\x12\x16\n" +
@@ -879,7 +1038,13 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\n" +
 	"KIND_EVENT\x10\x02\x12\x0e\n" +
 	"\n" +
-	"KIND_REPLY\x10\x03*c\n" +
+	"KIND_REPLY\x10\x03*\x7f\n" +
+	"\aOutcome\x12\x17\n" +
+	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11OUTCOME_COMPLETED\x10\x01\x12\x12\n" +
+	"\x0eOUTCOME_FAILED\x10\x02\x12\x15\n" +
+	"\x11OUTCOME_CANCELLED\x10\x03\x12\x19\n" +
+	"\x15OUTCOME_MANUAL_REVIEW\x10\x04*c\n" +
 	"\x13CompensationFailure\x12$\n" +
 	" COMPENSATION_FAILURE_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"COMPENSATION_FAILURE_MANUAL_REVIEW\x10\x01*X\n" +
@@ -914,37 +1079,41 @@ func file_saga_v1_saga_proto_rawDescGZIP() []byte {
 	return file_saga_v1_saga_proto_rawDescData
 }
 
-var file_saga_v1_saga_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_saga_v1_saga_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_saga_v1_saga_proto_goTypes = []any{
 	(Kind)(0),                           // 0: saga.v1.Kind
-	(CompensationFailure)(0),            // 1: saga.v1.CompensationFailure
-	(Role)(0),                           // 2: saga.v1.Role
-	(TimeoutAction)(0),                  // 3: saga.v1.TimeoutAction
-	(LateReply)(0),                      // 4: saga.v1.LateReply
-	(*Message)(nil),                     // 5: saga.v1.Message
-	(*Saga)(nil),                        // 6: saga.v1.Saga
-	(*Cancel)(nil),                      // 7: saga.v1.Cancel
-	(*Step)(nil),                        // 8: saga.v1.Step
-	(*descriptorpb.MessageOptions)(nil), // 9: google.protobuf.MessageOptions
+	(Outcome)(0),                        // 1: saga.v1.Outcome
+	(CompensationFailure)(0),            // 2: saga.v1.CompensationFailure
+	(Role)(0),                           // 3: saga.v1.Role
+	(TimeoutAction)(0),                  // 4: saga.v1.TimeoutAction
+	(LateReply)(0),                      // 5: saga.v1.LateReply
+	(*Message)(nil),                     // 6: saga.v1.Message
+	(*Saga)(nil),                        // 7: saga.v1.Saga
+	(*Callback)(nil),                    // 8: saga.v1.Callback
+	(*Cancel)(nil),                      // 9: saga.v1.Cancel
+	(*Step)(nil),                        // 10: saga.v1.Step
+	(*descriptorpb.MessageOptions)(nil), // 11: google.protobuf.MessageOptions
 }
 var file_saga_v1_saga_proto_depIdxs = []int32{
 	0,  // 0: saga.v1.Message.kind:type_name -> saga.v1.Kind
-	1,  // 1: saga.v1.Saga.on_compensation_failure:type_name -> saga.v1.CompensationFailure
-	8,  // 2: saga.v1.Saga.steps:type_name -> saga.v1.Step
-	7,  // 3: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
-	2,  // 4: saga.v1.Step.role:type_name -> saga.v1.Role
-	3,  // 5: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
-	4,  // 6: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
-	9,  // 7: saga.v1.message:extendee -> google.protobuf.MessageOptions
-	9,  // 8: saga.v1.saga:extendee -> google.protobuf.MessageOptions
-	5,  // 9: saga.v1.message:type_name -> saga.v1.Message
-	6,  // 10: saga.v1.saga:type_name -> saga.v1.Saga
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	9,  // [9:11] is the sub-list for extension type_name
-	7,  // [7:9] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	2,  // 1: saga.v1.Saga.on_compensation_failure:type_name -> saga.v1.CompensationFailure
+	10, // 2: saga.v1.Saga.steps:type_name -> saga.v1.Step
+	9,  // 3: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
+	8,  // 4: saga.v1.Saga.callback:type_name -> saga.v1.Callback
+	1,  // 5: saga.v1.Callback.outcomes:type_name -> saga.v1.Outcome
+	3,  // 6: saga.v1.Step.role:type_name -> saga.v1.Role
+	4,  // 7: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
+	5,  // 8: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
+	11, // 9: saga.v1.message:extendee -> google.protobuf.MessageOptions
+	11, // 10: saga.v1.saga:extendee -> google.protobuf.MessageOptions
+	6,  // 11: saga.v1.message:type_name -> saga.v1.Message
+	7,  // 12: saga.v1.saga:type_name -> saga.v1.Saga
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	11, // [11:13] is the sub-list for extension type_name
+	9,  // [9:11] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_saga_v1_saga_proto_init() }
@@ -957,8 +1126,8 @@ func file_saga_v1_saga_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_saga_v1_saga_proto_rawDesc), len(file_saga_v1_saga_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   4,
+			NumEnums:      6,
+			NumMessages:   5,
 			NumExtensions: 2,
 			NumServices:   0,
 		},

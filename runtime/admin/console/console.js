@@ -831,7 +831,7 @@
 
   async function showSaga(view, id, params) {
     const q = params.get("type") ? "?type=" + encodeURIComponent(params.get("type")) : "";
-    const tl = await api("sagas/" + encodeURIComponent(id) + q);
+    const [tl, cbs] = await Promise.all([api("sagas/" + encodeURIComponent(id) + q), api("callbacks?saga=" + encodeURIComponent(id))]);
     const s = tl.saga;
     const facts = el("dl", { class: "grid", id: "facts" },
       [["Type", el("a", { href: "#/types/" + encodeURIComponent(s.type) }, s.type)], ["Business key", s.business_key], ["State", s.state], ["Version", s.version],
@@ -854,6 +854,7 @@
         el("div", { class: "card", id: "position" }, el("h3", {}, "Where it is"), el("p", { id: "position-summary" }, pos.summary), facts),
         canRepair() ? actions(s, tl.actions) : "",
         open.length ? parkedCard(s, open) : "",
+        cbs.callbacks.length ? callbacksCard(cbs.callbacks) : "",
         el("h3", {}, "Timeline ", el("span", { class: "muted" },
           `${tl.counts.transitions} transitions, ${tl.counts.messages_out} sent, ${tl.counts.messages_in} received, ${tl.counts.retries} retries, ${tl.counts.parked} parked`)),
         tl.truncated ? el("p", { class: "warning", id: "timeline-truncated" },
@@ -872,6 +873,36 @@
     fill(view, el("h2", {}, "Saga ", el("span", { class: "mono", id: "saga-id" }, s.id), " ",
       el("span", { class: "badge" + (s.state === "MANUAL_REVIEW" ? " review" : s.stuck ? " stuck" : ""), id: "saga-state" }, s.state)), layout);
     return () => centerDiagram(d.box);
+  }
+
+  // callbacksCard lists a saga's HTTP callbacks (its outcomes told to the
+  // client) with their delivery status; a parked one can be replayed.
+  function callbacksCard(list) {
+    const rows = list.map((c) => {
+      const out = el("span", { class: "result" });
+      const replay = async () => {
+        const reason = await confirmRepair("Replay callback " + c.id,
+          "Replay makes this " + c.event + " callback due again with a fresh retry budget, to " + (c.url || "client " + c.client) +
+          "; it keeps its id, so a receiver that did process it deduplicates.", "Replay", false);
+        if (reason === null) return;
+        try {
+          const res = await api("callbacks/" + c.id + "/replay", { method: "POST", body: { reason } });
+          flash(el("span", { class: "badge" }, res.callback.status), " callback " + c.id + " is due again");
+        } catch (e) {
+          fill(out, el("span", { class: "badge refused" }, (e.body && e.body.code) || "error"), " ", e.message);
+        }
+      };
+      const detail = c.park_reason || c.last_error || (c.last_status ? "HTTP " + c.last_status : "");
+      return el("tr", { class: "saga-callback", "data-id": c.id, "data-status": c.status },
+        el("td", {}, c.event, el("div", { class: "mono small muted" }, c.id)),
+        el("td", {}, el("span", { class: "badge" + (c.status === "parked" ? " review" : "") }, c.status),
+          el("div", { class: "small" }, c.attempts + " attempt(s)"), when(c.delivered_at || c.parked_at || c.next_attempt_at)),
+        el("td", { class: "small" }, c.url || "client " + c.client, detail ? el("div", { class: "muted" }, detail) : ""),
+        el("td", {}, c.status === "parked" && canRepair()
+          ? el("div", { class: "inline" }, el("button", { type: "button", class: "callback-replay", "data-id": c.id, onclick: replay }, "Replay…"), out) : ""));
+    });
+    return el("div", { class: "card", id: "saga-callbacks" }, el("h3", {}, "Callbacks"),
+      el("table", {}, el("colgroup", {}, [30, 20, 34, 16].map((w) => el("col", { class: "w" + w }))), el("tbody", {}, rows)));
   }
 
   // parkedCard lists a saga's open parked copies with their standing and

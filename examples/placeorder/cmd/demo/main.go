@@ -79,6 +79,8 @@ import (
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/callback"
+	"github.com/protosaga/saga/runtime/callback/signature"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
@@ -157,7 +159,8 @@ type demo struct {
 	stepTimeouts           map[string]time.Duration
 	orders                 []*order
 	wait                   time.Duration
-	events                 []string // what the demo did, in order
+	events                 []string  // what the demo did, in order
+	receiver               *receiver // the client the orders' outcomes are called back to
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
@@ -226,6 +229,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if err != nil {
 		return err
 	}
+	callbackKey := newCallbackKey()
+	if d.receiver, err = startReceiver(callbackKey); err != nil {
+		return err
+	}
+	defer d.receiver.server.Close()
 	d.host, err = host.New(ctx, host.Config{
 		Service:     "placeorder-demo",
 		Pool:        pool,
@@ -243,6 +251,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		StartEndpoints:        true, // POST /sagas/place_order: start an order from outside
 		ParticipantMiddleware: d.script.Middleware,
 		Logger:                logger,
+		// Each order's outcome is called back to the demo's receiver, on
+		// loopback, which the SSRF guard refuses unless allowed.
+		Callbacks: &callback.Config{
+			Keys:         []signature.Key{callbackKey},
+			AllowPrivate: callback.AllowPrivate{Loopback: true},
+			MinBackoff:   250 * time.Millisecond, MaxBackoff: 5 * time.Second,
+		},
 	})
 	if err != nil {
 		return err
@@ -349,6 +364,7 @@ func (d *demo) request(o *order, i int) *orderv1.PlaceOrderRequest {
 		Amount:          &commonv1.Money{Currency: "EUR", MinorUnits: int64(1000 + 37*i)},
 		ShippingAddress: &commonv1.Address{Name: "Customer", Street: "1 Demo Street", City: "Lyon", PostalCode: "69001", Country: "FR"},
 		CardToken:       "tok_visa",
+		CallbackUrl:     d.receiver.urlFor(o.id),
 	}
 	switch o.kind {
 	case noStock:
@@ -684,6 +700,18 @@ FROM saga_place_order s WHERE s.business_key LIKE $1`, d.runID+"-%")
 		}
 	}
 
+	// Every order that reached an outcome the contract calls back is told
+	// so, verified by the receiver.
+	want := map[string]string{}
+	for _, o := range d.orders {
+		switch st := byKey[o.id].state; st {
+		case orderv1.PlaceOrderStateCompleted, orderv1.PlaceOrderStateFailed, orderv1.PlaceOrderStateManualReview:
+			want[o.id] = string(st)
+		}
+	}
+	problems = append(problems, d.awaitCallbacks(ctx, want)...)
+	cbStates, cbDupes, cbRefused := d.receiver.counts()
+
 	var audit struct{ duplicates, late, transitions int }
 	if err := d.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.class = 'duplicate'), count(*) FILTER (WHERE a.class = 'late'),
   count(*) FILTER (WHERE a.class = 'new')
@@ -751,6 +779,8 @@ WHERE message_id LIKE $1 OR saga_id IN (SELECT id::text FROM saga_place_order WH
 		booked += len(d.manifests.Orders(c))
 	}
 	fmt.Fprintf(tw, "  carrier manifests\t%d\t(bookings on %d carriers' manifests, each written under the carrier's fenced lease: docs/locks.md)\n", booked, len(carriers))
+	fmt.Fprintf(tw, "  callbacks verified\t%d\t(completed %d, failed %d, manual review %d; signed, checked by the demo's receiver; %d redelivered copies deduplicated by id, %d refused)\n",
+		cbStates["COMPLETED"]+cbStates["FAILED"]+cbStates["MANUAL_REVIEW"], cbStates["COMPLETED"], cbStates["FAILED"], cbStates["MANUAL_REVIEW"], cbDupes, cbRefused)
 	rs := d.host.RelayStats()
 	fmt.Fprintf(tw, "  outbox rows\t%d\t(%d unpublished; relays published %d messages; %d rows were handed to them after their commit instead of claimed)\n",
 		outboxRows, unpublished, rs.Published, rs.HandedOff)

@@ -38,8 +38,11 @@ type PlaceOrderRequest struct {
 	Amount          *v1.Money              `protobuf:"bytes,4,opt,name=amount,proto3" json:"amount,omitempty"`
 	ShippingAddress *v1.Address            `protobuf:"bytes,5,opt,name=shipping_address,json=shippingAddress,proto3" json:"shipping_address,omitempty"`
 	CardToken       string                 `protobuf:"bytes,6,opt,name=card_token,json=cardToken,proto3" json:"card_token,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// callback_url, when set, receives the order's outcome as a signed HTTP
+	// callback (docs/callbacks.md).
+	CallbackUrl   string `protobuf:"bytes,7,opt,name=callback_url,json=callbackUrl,proto3" json:"callback_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlaceOrderRequest) Reset() {
@@ -110,6 +113,13 @@ func (x *PlaceOrderRequest) GetShippingAddress() *v1.Address {
 func (x *PlaceOrderRequest) GetCardToken() string {
 	if x != nil {
 		return x.CardToken
+	}
+	return ""
+}
+
+func (x *PlaceOrderRequest) GetCallbackUrl() string {
+	if x != nil {
+		return x.CallbackUrl
 	}
 	return ""
 }
@@ -206,7 +216,9 @@ func (x *OrderApproved) GetOrderId() string {
 
 // PlaceOrderData is the saga's instance data. ReserveInventory's max_attempts
 // bounds its compensation: ReleaseInventory is resent (same idempotency key)
-// up to 5 times before the saga goes to manual review.
+// up to 5 times before the saga goes to manual review. An order that
+// registered a callback_url is told when it completes, fails or waits for
+// an operator.
 type PlaceOrderData struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	OrderId         string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
@@ -218,6 +230,7 @@ type PlaceOrderData struct {
 	AuthorizationId string                 `protobuf:"bytes,7,opt,name=authorization_id,json=authorizationId,proto3" json:"authorization_id,omitempty"`
 	TrackingId      string                 `protobuf:"bytes,8,opt,name=tracking_id,json=trackingId,proto3" json:"tracking_id,omitempty"`
 	FailureReason   string                 `protobuf:"bytes,9,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
+	CallbackUrl     string                 `protobuf:"bytes,10,opt,name=callback_url,json=callbackUrl,proto3" json:"callback_url,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -315,11 +328,18 @@ func (x *PlaceOrderData) GetFailureReason() string {
 	return ""
 }
 
+func (x *PlaceOrderData) GetCallbackUrl() string {
+	if x != nil {
+		return x.CallbackUrl
+	}
+	return ""
+}
+
 var File_shop_order_v1_order_proto protoreflect.FileDescriptor
 
 const file_shop_order_v1_order_proto_rawDesc = "" +
 	"\n" +
-	"\x19shop/order/v1/order.proto\x12\rshop.order.v1\x1a\x12saga/v1/saga.proto\x1a\x1bshop/common/v1/common.proto\x1a!shop/inventory/v1/inventory.proto\x1a\x1dshop/payment/v1/payment.proto\x1a\x1fshop/shipping/v1/shipping.proto\"\xcc\x02\n" +
+	"\x19shop/order/v1/order.proto\x12\rshop.order.v1\x1a\x12saga/v1/saga.proto\x1a\x1bshop/common/v1/common.proto\x1a!shop/inventory/v1/inventory.proto\x1a\x1dshop/payment/v1/payment.proto\x1a\x1fshop/shipping/v1/shipping.proto\"\xef\x02\n" +
 	"\x11PlaceOrderRequest\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x1f\n" +
 	"\vcustomer_id\x18\x02 \x01(\tR\n" +
@@ -328,12 +348,13 @@ const file_shop_order_v1_order_proto_rawDesc = "" +
 	"\x06amount\x18\x04 \x01(\v2\x15.shop.common.v1.MoneyR\x06amount\x12B\n" +
 	"\x10shipping_address\x18\x05 \x01(\v2\x17.shop.common.v1.AddressR\x0fshippingAddress\x12\x1d\n" +
 	"\n" +
-	"card_token\x18\x06 \x01(\tR\tcardToken:8\xe2\xdd\x194\b\x01\"\border_id*\border_id2\n" +
+	"card_token\x18\x06 \x01(\tR\tcardToken\x12!\n" +
+	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl:8\xe2\xdd\x194\b\x01\"\border_id*\border_id2\n" +
 	"card_token2\x10shipping_address\"L\n" +
 	"\fApproveOrder\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId:!\xe2\xdd\x19\x1d\b\x01\"\border_id*\border_idB\x05order\"<\n" +
 	"\rOrderApproved\x12\x19\n" +
-	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"\xc3\a\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"\xfb\a\n" +
 	"\x0ePlaceOrderData\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x1f\n" +
 	"\vcustomer_id\x18\x02 \x01(\tR\n" +
@@ -346,11 +367,14 @@ const file_shop_order_v1_order_proto_rawDesc = "" +
 	"\x10authorization_id\x18\a \x01(\tR\x0fauthorizationId\x12\x1f\n" +
 	"\vtracking_id\x18\b \x01(\tR\n" +
 	"trackingId\x12%\n" +
-	"\x0efailure_reason\x18\t \x01(\tR\rfailureReason:\xbe\x04\xea\xdd\x19\xb9\x04\x12\x11PlaceOrderRequest\x1a\border_id\"\x021h2\xdf\x01\n" +
+	"\x0efailure_reason\x18\t \x01(\tR\rfailureReason\x12!\n" +
+	"\fcallback_url\x18\n" +
+	" \x01(\tR\vcallbackUrl:\xd3\x04\xea\xdd\x19\xce\x04\x12\x11PlaceOrderRequest\x1a\border_id\"\x021h2\xdf\x01\n" +
 	"\x10ReserveInventory\x10\x01\x1a\"shop.inventory.v1.ReserveInventory\"#shop.inventory.v1.InventoryReserved*,shop.inventory.v1.InventoryReservationFailed2\"shop.inventory.v1.ReleaseInventory:#shop.inventory.v1.InventoryReleasedJ\x0330sP\x01X\x05`\x022\x8f\x01\n" +
 	"\x10AuthorizePayment\x10\x02\x1a shop.payment.v1.AuthorizePayment\"!shop.payment.v1.PaymentAuthorized**shop.payment.v1.PaymentAuthorizationFailedJ\x021mP\x02X\x03`\x032c\n" +
 	"\x10ScheduleShipping\x10\x03\x1a!shop.shipping.v1.ScheduleShipping\"\"shop.shipping.v1.ShippingScheduledJ\x021mX\x05`\x0326\n" +
-	"\fApproveOrder\x10\x03\x1a\fApproveOrder\"\rOrderApprovedJ\x0330sX\x05`\x01:\x05orderBEZCgithub.com/protosaga/saga/examples/placeorder/shop/order/v1;orderv1b\x06proto3"
+	"\fApproveOrder\x10\x03\x1a\fApproveOrder\"\rOrderApprovedJ\x0330sX\x05`\x01:\x05orderJ\x13\n" +
+	"\x03\x01\x02\x04\x12\fcallback_urlBEZCgithub.com/protosaga/saga/examples/placeorder/shop/order/v1;orderv1b\x06proto3"
 
 var (
 	file_shop_order_v1_order_proto_rawDescOnce sync.Once

@@ -315,6 +315,7 @@ func PlaceOrderDefinition() *sagadef.Definition {
 				Late:           sagadef.LateIgnore,
 			},
 		},
+		Callback: sagadef.Callback{States: []string{"COMPLETED", "FAILED", "MANUAL_REVIEW"}, URLField: "callback_url", ClientField: "", IncludeData: false},
 		States: []sagadef.State{
 			{Name: "RESERVE_INVENTORY", Kind: sagadef.StateKindStep, Step: "ReserveInventory"},
 			{Name: "AUTHORIZE_PAYMENT", Kind: sagadef.StateKindStep, Step: "AuthorizePayment"},
