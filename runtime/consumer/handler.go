@@ -35,13 +35,14 @@ func (c *Consumer) sendWakes(ctx context.Context, wakes *txq.Wakes) {
 	}
 }
 
-// runHandler runs the handler of it on tx with a write scope, sends the
+// runHandler runs the handler of it on tx (which carries the batch's wake
+// set, and its stage on the fast path) with a write scope, sends the
 // writes it queued, and checks it left the transaction usable. The
 // handler's after-commit work (the outbox's hand-off to a local relay) goes
-// to wakes only when it succeeded: its writes then commit with the batch's
-// transaction, or not at all (a failure after this point fails the whole
-// transaction, and the wake set is dropped with it).
-func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, it *item) error {
+// to the wake set only when it succeeded: its writes then commit with the
+// batch's transaction, or not at all (a failure after this point fails the
+// whole transaction, and the wake set is dropped with it).
+func (c *Consumer) runHandler(ctx context.Context, tx *txq.Tx, it *item) error {
 	if it.stoppedBefore && it.failedBefore != "" {
 		it.reason = "redelivered"
 		return retry.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
@@ -55,7 +56,7 @@ func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, 
 		return retry.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
 			"and handling it alone stopped the consumer before: not run again", it.redeliveries, c.cfg.MaxRedeliveries))
 	}
-	err := txq.Run(wakes.Attach(ctx), tx, wakes, func(ctx context.Context, tx pgx.Tx) error {
+	err := txq.Run(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
 		return c.callHandler(ctx, tx, it.d)
 	})
 	if errors.Is(err, txq.ErrAborted) {
@@ -119,7 +120,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wa
 		c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 		return nil
 	}
-	herr := c.runHandler(it.handlerContext(ctx), sp, wakes, it)
+	herr := c.runHandler(it.handlerContext(ctx), txq.New(sp, wakes, nil), it)
 	if herr == nil {
 		if err := sp.Commit(ctx); err != nil {
 			if errors.Is(err, pgx.ErrTxClosed) {

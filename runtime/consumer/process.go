@@ -243,6 +243,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 	guard := &guardedTx{Tx: tx}
 	stage := txq.NewStage(guard, wakes)
 	guard.stage = stage
+	btx := txq.New(guard, wakes, stage)
 	// chargeNone sends the whole batch, rolled back, down the savepoint
 	// path with no attempt charged: the failure was the batch's, not one
 	// delivery's.
@@ -278,9 +279,9 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 			continue
 		}
-		hctx := WithBatch(stage.Attach(it.handlerContext(ctx)), batch)
+		hctx := WithBatch(it.handlerContext(ctx), batch)
 		it.ranFast = true
-		herr := c.runHandler(hctx, guard, wakes, it)
+		herr := c.runHandler(hctx, btx, it)
 		if guard.closed {
 			stage.Discard(errHandlerClosedTx)
 			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}

@@ -160,7 +160,7 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...message.Envelope) error {
 		}
 		return fmt.Errorf("enqueue %d outbox messages (first %s): %w", n, first, err)
 	}
-	if p, ok := txq.PartFor(ctx, tx, stagedKey{}, func() txq.Part { return &staged{} }); ok {
+	if p, ok := txq.PartFor(tx, stagedKey{}, func() txq.Part { return &staged{} }); ok {
 		// A consumer's fast path: the rows of all its handlers go out
 		// as one insert before the commit (see txq.Stage).
 		p.(*staged).add(rs, result)
@@ -169,14 +169,14 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...message.Envelope) error {
 	return write(ctx, tx, rs, result)
 }
 
-// write inserts rs in tx, or queues the insert in ctx's scope for tx, with
+// write inserts rs in tx, or queues the insert in tx's scope, with
 // the hand-off to a local relay or the relays' wake-up arranged.
 func write(ctx context.Context, tx pgx.Tx, rs *rowset, result txq.Result) error {
 	if r := relayFrom(ctx); r != nil && r.accepting() {
 		// Hand the rows to the local relay after the commit, leased to it
 		// from their insert, so no relay claims them (see WithRelay). All
 		// the rows of one commit go over together.
-		if c, ok := txq.CollectorFor(ctx, tx, r, func() txq.Collector { return &handoff{r: r} }); ok {
+		if c, ok := txq.CollectorFor(tx, r, func() txq.Collector { return &handoff{r: r} }); ok {
 			lr := &leasedRows{rows: make([]row, len(rs.envs))}
 			for i := range lr.rows {
 				e := &lr.rows[i].env
@@ -189,13 +189,13 @@ func write(ctx context.Context, tx pgx.Tx, rs *rowset, result txq.Result) error 
 				lr.rows[i].attempts = 1
 			}
 			h := c.(*handoff)
-			txq.AfterCommit(ctx, tx, func(context.Context) { h.add(lr) })
+			txq.AfterCommit(tx, func(context.Context) { h.add(lr) })
 			return txq.Query(ctx, tx, lr.scan, result, insertLeasedSQL, append(rs.args(),
 				r.cfg.Owner, r.cfg.LeaseDuration.Milliseconds())...)
 		}
 	}
 	sql := insertSQL
-	if !txq.Wake(ctx, tx, NotifyChannel) {
+	if !txq.Wake(tx, NotifyChannel) {
 		sql = insertAndNotifySQL
 	}
 	return txq.Exec(ctx, tx, result, sql, rs.args()...)
@@ -310,7 +310,7 @@ func (s *staged) add(rs *rowset, result txq.Result) {
 
 func (s *staged) Queue(ctx context.Context, tx pgx.Tx) {
 	results := txq.Results(s.results)
-	// With a scope in ctx, write queues and returns nil.
+	// tx has the flush's scope: write queues and returns nil.
 	_ = write(ctx, tx, &s.rows, func(tag pgconn.CommandTag, err error) error {
 		if e := results(tag, err); e == nil || err == nil {
 			return e // nothing failed, or a caller's own check did

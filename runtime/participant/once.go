@@ -31,7 +31,7 @@ func Once(ctx context.Context, tx pgx.Tx, service, idempotencyKey string) (first
 	if service == "" || idempotencyKey == "" {
 		return false, retry.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
 	}
-	if p, ok := txq.PartIf(ctx, tx, aheadKey{service}); ok {
+	if p, ok := txq.PartIf(tx, aheadKey{service}); ok {
 		if first, ok := p.(*claimedAhead).take(idempotencyKey); ok {
 			return first, nil
 		}
@@ -142,7 +142,7 @@ func compensates(ctx context.Context, tx pgx.Tx, service string, env *message.En
 	if err != nil || !ok || key == "" {
 		return nil // a malformed hint is not this command's failure: the compensation still runs
 	}
-	if p, ok := txq.PartIf(ctx, tx, aheadKey{service}); ok {
+	if p, ok := txq.PartIf(tx, aheadKey{service}); ok {
 		if p.(*claimedAhead).settle(key) {
 			return nil
 		}
@@ -230,7 +230,7 @@ func (c *claimedAhead) take(key string) (first, ok bool) {
 // batch; outside a consumer's fast path it does nothing.
 func claimAhead(ctx context.Context, tx pgx.Tx, service string) error {
 	fresh := false
-	part, ok := txq.PartFor(ctx, tx, aheadKey{service}, func() txq.Part {
+	part, ok := txq.PartFor(tx, aheadKey{service}, func() txq.Part {
 		fresh = true
 		return &claimedAhead{service: service, first: map[string]bool{}, taken: map[string]bool{}}
 	})

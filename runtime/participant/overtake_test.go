@@ -101,10 +101,12 @@ func TestCompensationOvertakingItsCommandInOneBatch(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	wakes := txq.NewWakes(tx)
 	stage := txq.NewStage(tx, wakes)
+	btx := txq.New(tx, wakes, stage)
 	var replies []message.Message
 	for _, d := range batch {
-		hctx, scope := txq.WithScope(consumer.WithBatch(stage.Attach(wakes.Attach(ctx)), batch), tx)
-		reply, err := fn(participant.WithCommand(hctx, &d.Envelope), tx, d.Message)
+		hctx := consumer.WithBatch(ctx, batch)
+		stx, scope := txq.WithScope(btx)
+		reply, err := fn(participant.WithCommand(hctx, &d.Envelope), stx, d.Message)
 		require.NoError(t, err)
 		require.NoError(t, scope.Flush(hctx))
 		replies = append(replies, reply)
@@ -213,8 +215,9 @@ func TestCompensationWaitsForItsRunningCommand(t *testing.T) {
 	go func() {
 		// In a handler's write scope, as a consumer runs it.
 		done <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			hctx, scope := txq.WithScope(ctx, tx)
-			if _, err := releaseFn(participant.WithCommand(hctx, &release.Envelope), tx, release.Message); err != nil {
+			stx, scope := txq.WithScope(tx)
+			hctx := participant.WithCommand(ctx, &release.Envelope)
+			if _, err := releaseFn(hctx, stx, release.Message); err != nil {
 				return err
 			}
 			return scope.Flush(hctx)

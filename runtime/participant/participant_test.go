@@ -349,16 +349,16 @@ func TestIdempotentReplaysWithinOneWriteScope(t *testing.T) {
 	fn := reserving(t)
 	d := command(t, "order-7")
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		sctx, scope := txq.WithScope(ctx, tx)
-		first, err := fn(sctx, tx, d.Message)
+		stx, scope := txq.WithScope(tx)
+		first, err := fn(ctx, stx, d.Message)
 		require.NoError(t, err)
 		require.Positive(t, scope.Len(), "the stored reply is queued, not yet sent")
-		again, err := fn(sctx, tx, d.Message)
+		again, err := fn(ctx, stx, d.Message)
 		require.NoError(t, err)
 		require.NotNil(t, again, "the queued first reply is replayed")
 		require.Equal(t, first.SagaMessageInfo().FullName, again.SagaMessageInfo().FullName)
 		require.Equal(t, "order-7", again.(testMsg).GetValue())
-		return scope.Flush(sctx)
+		return scope.Flush(ctx)
 	}))
 }
 
@@ -378,11 +378,11 @@ func TestDefer(t *testing.T) {
 		require.NoError(t, participant.Defer(ctx, tx, "journal 1", `INSERT INTO journal VALUES (1)`))
 		require.Equal(t, 1, rows(tx), "without a scope the write runs at once")
 
-		sctx, scope := txq.WithScope(ctx, tx)
-		require.NoError(t, participant.Defer(sctx, tx, "journal 2", `INSERT INTO journal VALUES (2)`))
-		require.NoError(t, participant.Defer(sctx, tx, "journal 1 again", `INSERT INTO journal VALUES (1)`))
+		stx, scope := txq.WithScope(tx)
+		require.NoError(t, participant.Defer(ctx, stx, "journal 2", `INSERT INTO journal VALUES (2)`))
+		require.NoError(t, participant.Defer(ctx, stx, "journal 1 again", `INSERT INTO journal VALUES (1)`))
 		require.Equal(t, 1, rows(tx), "queued until the scope is flushed")
-		err := scope.Flush(sctx)
+		err := scope.Flush(ctx)
 		require.ErrorContains(t, err, "journal 1 again: ")
 		require.ErrorContains(t, err, "23505")
 		return err
@@ -522,6 +522,7 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 	defer func() { _ = tx.Rollback(ctx) }()
 	wakes := txq.NewWakes(tx)
 	stage := txq.NewStage(tx, wakes)
+	btx := txq.New(tx, wakes, stage)
 	keys := func() []string {
 		t.Helper()
 		rows, err := tx.Query(ctx, `SELECT idempotency_key FROM saga_participant_once ORDER BY 1`)
@@ -533,8 +534,9 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 	key := func(order string) string { return reserveInfo.FullName + "/" + order }
 	var replies []string
 	for i, d := range batch[:4] { // order-3 is left to another handler, which fails to run it
-		hctx, scope := txq.WithScope(consumer.WithBatch(stage.Attach(wakes.Attach(ctx)), batch), tx)
-		reply, err := fn(hctx, tx, d.Message)
+		hctx := consumer.WithBatch(ctx, batch)
+		stx, scope := txq.WithScope(btx)
+		reply, err := fn(hctx, stx, d.Message)
 		require.NoError(t, err, "command %d", i)
 		require.NoError(t, scope.Flush(hctx))
 		replies = append(replies, reply.(testMsg).GetValue())
@@ -569,8 +571,8 @@ func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	wakes := txq.NewWakes(tx)
-	hctx := consumer.WithBatch(txq.NewStage(tx, wakes).Attach(wakes.Attach(ctx)), batch)
-	_, err = fn(hctx, tx, good.Message)
+	hctx := consumer.WithBatch(ctx, batch)
+	_, err = fn(hctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), good.Message)
 	var fault *consumer.BatchFaultError
 	require.ErrorAs(t, err, &fault, "not order-1's fault")
 	require.ErrorContains(t, err, "claim the batch's 2 keys")

@@ -42,9 +42,8 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
 		wakes := txq.NewWakes(tx)
-		sctx, scope := txq.WithScope(wakes.Attach(ctx), tx)
-		scope.CommitsWith(wakes)
-		_, created, err := eng.StartTx(sctx, tx, msg(msgPlaceOrder, order), message.Meta{MessageID: newID()})
+		stx, scope := txq.WithScope(txq.New(tx, wakes, nil))
+		_, created, err := eng.StartTx(ctx, stx, msg(msgPlaceOrder, order), message.Meta{MessageID: newID()})
 		require.NoError(t, err)
 		require.True(t, created)
 		require.Zero(t, starts(), "nothing is counted before the commit")
@@ -52,7 +51,7 @@ func TestTransitionMetricsCountCommittedWork(t *testing.T) {
 			scope.Discard(errors.New("a later handler of the batch failed"))
 			return wakes
 		}
-		require.NoError(t, scope.Flush(sctx))
+		require.NoError(t, scope.Flush(ctx))
 		scope.Keep()
 		require.NoError(t, tx.Commit(ctx))
 		return wakes

@@ -456,11 +456,11 @@ func TestRepliesForOneSagaInOneScope(t *testing.T) {
 		require.NoError(t, b.engine.Handle(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}))
 	}
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		sctx, scope := txq.WithScope(ctx, tx)
-		deliver(sctx, tx)
+		stx, scope := txq.WithScope(tx)
+		deliver(ctx, stx)
 		require.Positive(t, scope.Len(), "the transition's writes wait for the flush")
-		deliver(sctx, tx)
-		return scope.Flush(sctx)
+		deliver(ctx, stx)
+		return scope.Flush(ctx)
 	}))
 	var classes []string
 	for _, r := range b.history(t, id) {
@@ -483,14 +483,14 @@ func TestOperateInAWriteScopeReturnsTheNewState(t *testing.T) {
 	before := b.status(t, id)
 	var got saga.Status
 	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		sctx, scope := txq.WithScope(ctx, tx)
+		stx, scope := txq.WithScope(tx)
 		var err error
-		got, err = b.engine.OperateTx(sctx, tx, saga.Operation{Trigger: sagadef.TriggerOperatorCancel, SagaID: id,
+		got, err = b.engine.OperateTx(ctx, stx, saga.Operation{Trigger: sagadef.TriggerOperatorCancel, SagaID: id,
 			ExpectedVersion: before.Version, Operator: "olga", Reason: "customer called"})
 		if err != nil {
 			return err
 		}
-		return scope.Flush(sctx)
+		return scope.Flush(ctx)
 	}))
 	require.Equal(t, before.Version+1, got.Version)
 	require.Equal(t, b.status(t, id).State, got.State)

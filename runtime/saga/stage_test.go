@@ -25,6 +25,7 @@ type stagedBatch struct {
 	tx    pgx.Tx
 	wakes *txq.Wakes
 	stage *txq.Stage
+	btx   *txq.Tx              // tx carrying the wake set and stage, as the consumer hands it on
 	batch []*consumer.Delivery // what consumer.Batch tells the handlers
 }
 
@@ -41,7 +42,8 @@ func (b *testBundle) stagedBatchOn(t *testing.T, pool *pgxpool.Pool) *stagedBatc
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
 	wakes := txq.NewWakes(tx)
-	return &stagedBatch{t: t, b: b, ctx: ctx, tx: tx, wakes: wakes, stage: txq.NewStage(tx, wakes)}
+	stage := txq.NewStage(tx, wakes)
+	return &stagedBatch{t: t, b: b, ctx: ctx, tx: tx, wakes: wakes, stage: stage, btx: txq.New(tx, wakes, stage)}
 }
 
 // reply handles a reply of type in to the saga's command waiting for one,
@@ -52,9 +54,9 @@ func (s *stagedBatch) reply(sagaID, businessKey, pending string, in *message.Inf
 	env, err := message.New(m, message.Meta{SagaID: sagaID, SagaType: s.b.def.Name, CausationID: pending})
 	require.NoError(s.t, err)
 	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}
-	hctx, scope := txq.WithScope(consumer.WithBatch(s.stage.Attach(s.wakes.Attach(s.ctx)), s.batch), s.tx)
-	scope.CommitsWith(s.wakes)
-	if err := s.b.engine.Handle(hctx, s.tx, d); err != nil {
+	hctx := consumer.WithBatch(s.ctx, s.batch)
+	stx, scope := txq.WithScope(s.btx)
+	if err := s.b.engine.Handle(hctx, stx, d); err != nil {
 		scope.Discard(err)
 		return err
 	}
@@ -118,7 +120,7 @@ func TestStagedWrites(t *testing.T) {
 		var stored1 int64
 		require.NoError(t, s.tx.QueryRow(s.ctx, `SELECT version FROM saga_place_order WHERE id = $1`, ids[0]).Scan(&stored1))
 		require.EqualValues(t, 1, stored1, "nothing written yet")
-		noted, err := b.engine.NoteTx(s.stage.Attach(s.ctx), s.tx, saga.Note{SagaID: ids[0], Trigger: "test.note",
+		noted, err := b.engine.NoteTx(s.ctx, s.btx, saga.Note{SagaID: ids[0], Trigger: "test.note",
 			Operator: "tester", Reason: "read the staged row"})
 		require.NoError(t, err)
 		require.Equal(t, "AUTHORIZE_PAYMENT", noted.State)

@@ -45,7 +45,7 @@ type stagedRow struct {
 // stagedUpdatesFor returns the engine's part of ctx's stage for tx, or nil
 // when there is none.
 func (e *Engine) stagedUpdatesFor(ctx context.Context, tx pgx.Tx) *stagedUpdates {
-	p, ok := txq.PartFor(ctx, tx, updatesKey{e.table}, func() txq.Part {
+	p, ok := txq.PartFor(tx, updatesKey{e.table}, func() txq.Part {
 		return &stagedUpdates{sql: e.q.updateMany, rows: map[string]*stagedRow{}}
 	})
 	if !ok {
@@ -81,7 +81,7 @@ func (e *Engine) loadIn(ctx context.Context, tx pgx.Tx, sql, arg string) (row, e
 			return w, err
 		}
 	}
-	if p, ok := txq.PartIf(ctx, tx, updatesKey{e.table}); ok {
+	if p, ok := txq.PartIf(tx, updatesKey{e.table}); ok {
 		if s := p.(*stagedUpdates).rows[w.ID]; s != nil {
 			return s.w, nil
 		}
@@ -162,7 +162,7 @@ func (*prefetched) Discard(error)                 {}
 // outside a consumer's fast path, or when there are fewer than two to lock.
 func (e *Engine) prefetch(ctx context.Context, tx pgx.Tx) (*prefetched, error) {
 	fresh := false
-	part, ok := txq.PartFor(ctx, tx, prefetchKey{e.table}, func() txq.Part {
+	part, ok := txq.PartFor(tx, prefetchKey{e.table}, func() txq.Part {
 		fresh = true
 		return &prefetched{}
 	})

@@ -66,7 +66,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	case err != nil:
 		return "", false, fmt.Errorf("insert saga %s (business key %q): %w", e.def.Name, inst.BusinessKey, err)
 	}
-	ctx, scope, owned := txq.Open(ctx, tx)
+	tx, scope, owned := txq.Open(tx)
 	if err := e.emit(ctx, tx, id, res.Emit, meta.MessageID, origin{Traceparent: meta.Traceparent, Tracestate: meta.Tracestate}); err != nil {
 		return "", false, err
 	}

@@ -48,12 +48,13 @@ func (t sagaTelemetry) startStart(ctx context.Context, meta messageMeta) (contex
 	))
 }
 
-// afterCommit runs record once tx has committed when ctx carries the write
-// scope of a consumer's handler for tx — so that a batch rolled back and
-// applied again counts its transitions once, and a rolled-back one not at
-// all — and at once otherwise (the caller owns the transaction).
+// afterCommit runs record once tx has committed when tx carries the write
+// scope of a consumer's handler (or of Engine.InTx, the timeout scanner) —
+// so that a batch rolled back and applied again counts its transitions
+// once, and a rolled-back one not at all — and at once otherwise (the
+// caller owns the transaction).
 func afterCommit(ctx context.Context, tx pgx.Tx, record func()) {
-	if !txq.AfterCommit(ctx, tx, func(context.Context) { record() }) {
+	if !txq.AfterCommit(tx, func(context.Context) { record() }) {
 		record()
 	}
 }

@@ -42,7 +42,7 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 	err := pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
 		fired = 0
 		wakes = txq.NewWakes(tx)
-		ctx := wakes.Attach(ctx)
+		stx := txq.New(tx, wakes, nil)
 		now := e.cfg.Now()
 		rows, err := tx.Query(ctx, e.q.claimDue, now, limit, e.clocked)
 		if err != nil {
@@ -53,7 +53,7 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 			return fmt.Errorf("claim due saga %s instances: %w", e.def.Name, err)
 		}
 		for _, w := range due {
-			ok, err := e.fireOne(ctx, tx, wakes, w, now)
+			ok, err := e.fireOne(ctx, stx, w, now)
 			if err != nil {
 				return err
 			}
@@ -73,10 +73,10 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 // fireOne applies the due trigger to one claimed row under a savepoint. It
 // returns false (and a nil error) when the instance's transition failed and
 // was rolled back and deferred. The transition's writes go out through a
-// scope that commits with wakes, so its metrics are recorded only once the
-// scan's transaction has committed: a scan whose commit fails is counted
-// by the next one only.
-func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, w row, now time.Time) (bool, error) {
+// scope that commits with tx's wake set, so its metrics are recorded only
+// once the scan's transaction has committed: a scan whose commit fails is
+// counted by the next one only.
+func (e *Engine) fireOne(ctx context.Context, tx *txq.Tx, w row, now time.Time) (bool, error) {
 	kind := sagadef.TriggerTimeout
 	if w.DeadlineAt != nil && !w.DeadlineAt.After(now) {
 		kind = sagadef.TriggerDeadline
@@ -92,7 +92,7 @@ func (e *Engine) fireOne(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, w row
 		return false, fmt.Errorf("savepoint for saga %s: %w", w.ID, err)
 	}
 	var out outcome
-	terr := txq.Run(ctx, sp, wakes, func(ctx context.Context, sp pgx.Tx) error {
+	terr := txq.Run(ctx, sp, func(ctx context.Context, sp pgx.Tx) error {
 		var err error
 		out, err = e.transition(ctx, sp, w, trig, origin{Link: e.pendingTrace(ctx, sp, w), Flush: true})
 		return err

@@ -91,7 +91,7 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 	if err != nil {
 		return outcome{}, err
 	}
-	ctx, scope, owned := txq.Open(ctx, tx)
+	tx, scope, owned := txq.Open(tx)
 	out := outcome{Result: res, Version: w.Version}
 	if changed(w, after, enc) {
 		out.Changed = true
@@ -213,7 +213,7 @@ func (e *Engine) audit(ctx context.Context, tx pgx.Tx, a auditEntry) error {
 		return nil
 	}
 	at := e.cfg.Now()
-	if p, ok := txq.PartFor(ctx, tx, auditKey{}, func() txq.Part { return &auditRows{} }); ok {
+	if p, ok := txq.PartFor(tx, auditKey{}, func() txq.Part { return &auditRows{} }); ok {
 		// A consumer's fast path: the audit rows of all its handlers,
 		// of every saga type, go out as one insert before the commit.
 		p.(*auditRows).add(a, e.def.Name, at, result)

@@ -1,11 +1,12 @@
-// Package txq saves database round trips on the runtime's hot path in two
-// ways, both carried in a context so the code that writes does not need to
-// know who owns the transaction:
+// Package txq saves database round trips on the runtime's hot path. Its
+// one type, [Tx], is a transaction together with what its owner sends
+// later; the code that writes finds that on the transaction it was given,
+// never in a context:
 //
 //   - A [Scope] queues writes whose results nobody reads before the handler
 //     returns (the saga row update, its audit row, outbox rows, a
 //     participant's stored reply) and sends them as one pipeline on
-//     [Scope.Flush]. Without a scope in the context, [Exec] runs the
+//     [Scope.Flush]. Given a transaction without a scope, [Exec] runs the
 //     statement at once, as usual.
 //   - [Wakes] collects the notifications a transaction would send (the
 //     outbox's relay wake-up) so that its owner sends them after COMMIT
@@ -20,9 +21,10 @@
 //     the end of the batch, where each kind goes out as one multi-row
 //     statement.
 //
-// A scope or wake set applies only to the transaction it was made for: a
-// handler that opens a transaction of its own (or a savepoint) with the same
-// context writes there immediately, as if neither existed.
+// Every path that opens a transaction makes a [Tx] for it ([BeginFunc],
+// the consumer's batches, the timeout scanner) and hands it to the code
+// that writes. A savepoint begun on a [Tx] shares its wake set but has no
+// scope or stage of its own: what runs in it writes immediately.
 package txq
 
 import (
@@ -39,6 +41,48 @@ import (
 // and returns the error to report for it, or nil.
 type Result func(tag pgconn.CommandTag, err error) error
 
+// Tx is a transaction as the runtime's writing code receives it: the
+// transaction itself, plus (each may be nil) the scope its writes are
+// queued in, the stage its batch-wide rows go to, and the wake set that
+// runs its after-commit work. It is a pgx.Tx; code that gets a plain
+// pgx.Tx writes at once.
+type Tx struct {
+	pgx.Tx
+	scope *Scope
+	stage *Stage
+	wakes *Wakes
+}
+
+// of returns tx as a *Tx, or nil when it is a plain transaction.
+func of(tx pgx.Tx) *Tx {
+	t, _ := tx.(*Tx)
+	return t
+}
+
+// unwrap returns the transaction under tx.
+func unwrap(tx pgx.Tx) pgx.Tx {
+	if t := of(tx); t != nil {
+		return t.Tx
+	}
+	return tx
+}
+
+// New returns tx carrying w (may be nil) and st (may be nil), without a
+// scope: the consumer's batch transaction before a handler runs in it.
+func New(tx pgx.Tx, w *Wakes, st *Stage) *Tx {
+	return &Tx{Tx: unwrap(tx), stage: st, wakes: w}
+}
+
+// Begin begins a savepoint that shares t's wake set; it has no scope or
+// stage, so what runs in it writes at once.
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	sp, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Tx{Tx: sp, wakes: t.wakes}, nil
+}
+
 // Scope queues the writes of one handler invocation on one transaction.
 type Scope struct {
 	tx      pgx.Tx
@@ -46,39 +90,47 @@ type Scope struct {
 	results []Result
 	rows    []func(pgx.Rows) error // per queued statement; nil for Exec
 
-	wakes *Wakes                  // set by CommitsWith
+	wakes *Wakes                  // the wake set its work commits with
 	after []func(context.Context) // AfterCommit work, until Keep or Discard
 }
 
-type scopeKey struct{}
-
-// WithScope returns a context whose [Exec] calls on tx are queued in the
-// returned scope. The caller owns the scope: it must call Flush before
-// anything reads what the queued statements write, and before committing.
-func WithScope(ctx context.Context, tx pgx.Tx) (context.Context, *Scope) {
-	s := &Scope{tx: tx}
-	return context.WithValue(ctx, scopeKey{}, s), s
-}
-
-// Open returns the scope ctx carries for tx, or a new one owned by the
-// caller (owned = true: the caller flushes it).
-func Open(ctx context.Context, tx pgx.Tx) (_ context.Context, s *Scope, owned bool) {
-	if s, ok := ctx.Value(scopeKey{}).(*Scope); ok && s.tx == tx {
-		return ctx, s, false
+// WithScope returns tx with a new scope: [Exec] calls on the returned
+// transaction are queued in it. The caller owns the scope: it must call
+// Flush before anything reads what the queued statements write, and before
+// committing. The returned transaction keeps tx's stage and wake set; the
+// scope's after-commit work commits with that wake set.
+func WithScope(tx pgx.Tx) (*Tx, *Scope) {
+	t := &Tx{Tx: unwrap(tx)}
+	if o := of(tx); o != nil {
+		t.stage, t.wakes = o.stage, o.wakes
 	}
-	ctx, s = WithScope(ctx, tx)
-	return ctx, s, true
+	t.scope = &Scope{tx: t.Tx, wakes: t.wakes}
+	return t, t.scope
 }
 
-// Exec runs sql on tx, or queues it when ctx carries a scope for tx. result
-// (nil: report the statement's own error) sees the outcome either way: now,
-// or when the scope is flushed; a queued statement's error is returned by
+// Open returns tx when it has a scope, or tx with a new scope owned by the
+// caller (owned = true: the caller flushes it). An owned scope's work does
+// not commit with tx's wake set, whose owner cannot tell whether the
+// caller's writes commit: [AfterCommit] on it reports false.
+func Open(tx pgx.Tx) (_ pgx.Tx, s *Scope, owned bool) {
+	if t := of(tx); t != nil && t.scope != nil {
+		return t, t.scope, false
+	}
+	t, s := WithScope(tx)
+	s.wakes = nil
+	return t, s, true
+}
+
+// Exec runs sql on tx, or queues it when tx has a scope. result (nil:
+// report the statement's own error) sees the outcome either way: now, or
+// when the scope is flushed; a queued statement's error is returned by
 // Flush.
 func Exec(ctx context.Context, tx pgx.Tx, result Result, sql string, args ...any) error {
 	if result == nil {
 		result = passError
 	}
-	if s, ok := ctx.Value(scopeKey{}).(*Scope); ok && s.tx == tx {
+	if t := of(tx); t != nil && t.scope != nil {
+		s := t.scope
 		s.batch.Queue(sql, args...)
 		s.results = append(s.results, result)
 		s.rows = append(s.rows, nil)
@@ -96,7 +148,8 @@ func Query(ctx context.Context, tx pgx.Tx, scan func(pgx.Rows) error, result Res
 	if result == nil {
 		result = passError
 	}
-	if s, ok := ctx.Value(scopeKey{}).(*Scope); ok && s.tx == tx {
+	if t := of(tx); t != nil && t.scope != nil {
+		s := t.scope
 		s.batch.Queue(sql, args...)
 		s.results = append(s.results, result)
 		s.rows = append(s.rows, scan)
@@ -121,17 +174,17 @@ func readRows(rows pgx.Rows, scan func(pgx.Rows) error) (pgconn.CommandTag, erro
 }
 
 // AfterCommit arranges for fn to run once the transaction tx belongs to has
-// committed, and reports whether it could: only when ctx carries a scope for
-// tx whose owner said where its work commits ([Scope.CommitsWith]). fn then
-// runs after that wake set's commit if the scope is kept ([Scope.Keep]),
-// and never if it is discarded or the transaction rolls back. Callers that
-// get false must do without (for the outbox: let relays claim the rows).
-func AfterCommit(ctx context.Context, tx pgx.Tx, fn func(context.Context)) bool {
-	s, ok := ctx.Value(scopeKey{}).(*Scope)
-	if !ok || s.tx != tx || s.wakes == nil {
+// committed, and reports whether it could: only when tx has a scope whose
+// work commits with a wake set. fn then runs after that wake set's commit
+// if the scope is kept ([Scope.Keep]), and never if it is discarded or the
+// transaction rolls back. Callers that get false must do without (for the
+// outbox: let relays claim the rows).
+func AfterCommit(tx pgx.Tx, fn func(context.Context)) bool {
+	t := of(tx)
+	if t == nil || t.scope == nil || t.scope.wakes == nil {
 		return false
 	}
-	s.after = append(s.after, fn)
+	t.scope.after = append(t.scope.after, fn)
 	return true
 }
 
@@ -144,17 +197,17 @@ type Collector interface {
 }
 
 // CollectorFor returns the collector registered under key for the
-// transaction ctx's scope for tx commits with, made by newCollector on
-// first use. It reports false where [AfterCommit] would. Work registered
-// with AfterCommit adds to the collector (when its scope is kept), and the
+// transaction tx's scope commits with, made by newCollector on first use.
+// It reports false where [AfterCommit] would. Work registered with
+// AfterCommit adds to the collector (when its scope is kept), and the
 // collector's Flush runs once after the commit: one action per transaction
 // rather than one per piece of work.
-func CollectorFor(ctx context.Context, tx pgx.Tx, key any, newCollector func() Collector) (Collector, bool) {
-	s, ok := ctx.Value(scopeKey{}).(*Scope)
-	if !ok || s.tx != tx || s.wakes == nil {
+func CollectorFor(tx pgx.Tx, key any, newCollector func() Collector) (Collector, bool) {
+	t := of(tx)
+	if t == nil || t.scope == nil || t.scope.wakes == nil {
 		return nil, false
 	}
-	return lookup(&s.wakes.collectors, key, newCollector), true
+	return lookup(&t.scope.wakes.collectors, key, newCollector), true
 }
 
 // keyed is a value registered under a key.
@@ -185,11 +238,6 @@ func lookup[T any](list *[]keyed[T], key any, newValue func() T) T {
 	return v
 }
 
-// CommitsWith tells the scope that its writes, once the handler that owns
-// it succeeds, commit with w's transaction (the owner knows: a savepoint it
-// releases, or the transaction itself). It enables [AfterCommit].
-func (s *Scope) CommitsWith(w *Wakes) { s.wakes = w }
-
 // Keep hands the scope's after-commit work to its wake set, to run after
 // the commit. The owner calls it once the handler has succeeded and its
 // writes were flushed; work registered later needs another Keep.
@@ -200,18 +248,17 @@ func (s *Scope) Keep() {
 	s.after = nil
 }
 
-// Run runs fn on tx (a transaction or a savepoint of it) as a consumer runs
-// a handler: fn's context carries a scope for tx that commits with w, whose
-// queued writes are sent when fn succeeds and whose after-commit work is
-// then kept for w; when fn or the send fails, or fn returned success with
-// the transaction aborted (it ignored a statement's error), the scope is
-// discarded and its work never runs.
-func Run(ctx context.Context, tx pgx.Tx, w *Wakes, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	sctx, s := WithScope(ctx, tx)
-	s.CommitsWith(w)
-	err := fn(sctx, tx)
+// Run runs fn on tx (a transaction or a savepoint of it, carrying its wake
+// set and stage) as a consumer runs a handler: fn gets tx with a scope of
+// its own whose queued writes are sent when fn succeeds and whose
+// after-commit work is then kept for tx's wake set; when fn or the send
+// fails, or fn returned success with the transaction aborted (it ignored a
+// statement's error), the scope is discarded and its work never runs.
+func Run(ctx context.Context, tx pgx.Tx, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	stx, s := WithScope(tx)
+	err := fn(ctx, stx)
 	if err == nil {
-		err = s.Flush(sctx)
+		err = s.Flush(ctx)
 	}
 	if err == nil && tx.Conn().PgConn().TxStatus() == 'E' {
 		err = ErrAborted
@@ -234,15 +281,15 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// BeginFunc runs fn with [Run] in a new transaction of db, with a wake set
-// attached to its context, and commits. It returns the wake set to [Wakes.Send]
-// once it returned without error (the commit succeeded); on an error nothing
-// of fn's after-commit work may run.
+// BeginFunc runs fn with [Run] in a new transaction of db that carries a
+// wake set, and commits. It returns the wake set to [Wakes.Send] once it
+// returned without error (the commit succeeded); on an error nothing of
+// fn's after-commit work may run.
 func BeginFunc(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (*Wakes, error) {
 	var w *Wakes
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		w = NewWakes(tx)
-		return Run(w.Attach(ctx), tx, w, fn)
+		return Run(ctx, New(tx, w, nil), fn)
 	})
 	if err != nil {
 		return nil, err
@@ -250,12 +297,12 @@ func BeginFunc(ctx context.Context, db Beginner, fn func(ctx context.Context, tx
 	return w, nil
 }
 
-// Sync sends what ctx's scope for tx has queued (nothing when there is no
-// scope or it is empty), so that a following read sees it. The runtime calls
-// it before reading a table it may have queued writes for.
+// Sync sends what tx's scope has queued (nothing when there is no scope or
+// it is empty), so that a following read sees it. The runtime calls it
+// before reading a table it may have queued writes for.
 func Sync(ctx context.Context, tx pgx.Tx) error {
-	if s, ok := ctx.Value(scopeKey{}).(*Scope); ok && s.tx == tx {
-		return s.Flush(ctx)
+	if t := of(tx); t != nil && t.scope != nil {
+		return t.scope.Flush(ctx)
 	}
 	return nil
 }
@@ -326,29 +373,23 @@ type Wakes struct {
 	collectors []keyed[Collector]
 }
 
-type wakesKey struct{}
-
-// NewWakes returns an empty wake set for tx. In a context it is attached to
-// (Attach), [Wake] for tx — or any savepoint of it: they share its
-// connection — records the channel in the set instead of notifying inside
-// the transaction. After a successful commit the owner calls Send.
+// NewWakes returns an empty wake set for tx. On a [Tx] that carries it (or
+// a savepoint begun on one), [Wake] records the channel in the set instead
+// of notifying inside the transaction. After a successful commit the owner
+// calls Send.
 func NewWakes(tx pgx.Tx) *Wakes {
 	return &Wakes{conn: tx.Conn()}
 }
 
-// Attach returns ctx carrying w.
-func (w *Wakes) Attach(ctx context.Context) context.Context {
-	return context.WithValue(ctx, wakesKey{}, w)
-}
-
 // Wake records that channel should be notified once tx commits. It reports
-// false when ctx carries no wake set for tx's connection: the caller must
-// notify inside the transaction itself.
-func Wake(ctx context.Context, tx pgx.Tx, channel string) bool {
-	w, ok := ctx.Value(wakesKey{}).(*Wakes)
-	if !ok || w.conn != tx.Conn() {
+// false when tx carries no wake set: the caller must notify inside the
+// transaction itself.
+func Wake(tx pgx.Tx, channel string) bool {
+	t := of(tx)
+	if t == nil || t.wakes == nil || t.wakes.conn != tx.Conn() {
 		return false
 	}
+	w := t.wakes
 	if !slices.Contains(w.channels, channel) {
 		w.channels = append(w.channels, channel)
 	}
@@ -409,7 +450,8 @@ func (w *Wakes) Reset() { w.channels, w.after, w.collectors = nil, nil, nil }
 //
 // Staged rows are written only at the flush: whoever reads them in the
 // transaction before must read the part (the saga engine does, for its
-// instances: see [PartIf]). [Sync] does not flush a stage.
+// instances: see [PartIf]). [Sync] does not flush a stage. The consumer
+// hands the stage to its handlers on the batch's [Tx] ([New]).
 type Stage struct {
 	tx    pgx.Tx
 	wakes *Wakes
@@ -419,52 +461,44 @@ type Stage struct {
 // Part is one kind of staged write: the rows handlers added, sent as one
 // statement (or a few) when the stage is flushed.
 type Part interface {
-	// Queue queues the part's statements with txq's Exec or Query on ctx
-	// and tx: ctx carries a scope for tx that commits with the stage's
-	// wake set, so AfterCommit and CollectorFor work as in a handler.
+	// Queue queues the part's statements with txq's Exec or Query on tx:
+	// tx has a scope that commits with the stage's wake set, so
+	// AfterCommit and CollectorFor work as in a handler.
 	Queue(ctx context.Context, tx pgx.Tx)
 	// Discard tells the part its rows will not be written (the
 	// transaction rolls back), so it can end what waits for them.
 	Discard(err error)
 }
 
-type stageKey struct{}
-
 // NewStage returns an empty stage for tx whose work after the commit runs
 // with w. The caller owns it: it must Flush it before committing, and
 // Discard it when the transaction rolls back.
 func NewStage(tx pgx.Tx, w *Wakes) *Stage { return &Stage{tx: tx, wakes: w} }
 
-// Attach returns ctx carrying st: [PartFor] calls for st's transaction add
-// to it.
-func (st *Stage) Attach(ctx context.Context) context.Context {
-	return context.WithValue(ctx, stageKey{}, st)
-}
-
-// PartFor returns the part registered under key in ctx's stage for tx, made
-// by newPart on first use. It reports false when ctx carries no stage for
-// tx (a savepoint, a transaction of the handler's own, no consumer): the
-// caller writes as usual then.
-func PartFor(ctx context.Context, tx pgx.Tx, key any, newPart func() Part) (Part, bool) {
-	st := stageFor(ctx, tx)
+// PartFor returns the part registered under key in tx's stage, made by
+// newPart on first use. It reports false when tx carries no stage (a
+// savepoint, a transaction of the handler's own, no consumer): the caller
+// writes as usual then.
+func PartFor(tx pgx.Tx, key any, newPart func() Part) (Part, bool) {
+	st := stageOf(tx)
 	if st == nil {
 		return nil, false
 	}
 	return lookup(&st.parts, key, newPart), true
 }
 
-// stageFor returns the stage ctx carries for tx, or nil.
-func stageFor(ctx context.Context, tx pgx.Tx) *Stage {
-	if st, ok := ctx.Value(stageKey{}).(*Stage); ok && st != nil && st.tx == tx {
-		return st
+// stageOf returns tx's stage, or nil.
+func stageOf(tx pgx.Tx) *Stage {
+	if t := of(tx); t != nil {
+		return t.stage
 	}
 	return nil
 }
 
-// PartIf returns the part registered under key in ctx's stage for tx, if
-// there is one.
-func PartIf(ctx context.Context, tx pgx.Tx, key any) (Part, bool) {
-	st := stageFor(ctx, tx)
+// PartIf returns the part registered under key in tx's stage, if there is
+// one.
+func PartIf(tx pgx.Tx, key any) (Part, bool) {
+	st := stageOf(tx)
 	if st == nil {
 		return nil, false
 	}
@@ -480,12 +514,11 @@ func (st *Stage) Flush(ctx context.Context) error {
 	if len(parts) == 0 {
 		return nil
 	}
-	// The parts' own writes must not be staged again.
-	ctx = context.WithValue(ctx, stageKey{}, (*Stage)(nil))
-	ctx, s := WithScope(st.wakes.Attach(ctx), st.tx)
-	s.CommitsWith(st.wakes)
+	// The parts' own writes are not staged again: the flush's
+	// transaction has a scope and no stage.
+	tx, s := WithScope(New(st.tx, st.wakes, nil))
 	for _, kp := range parts {
-		kp.v.Queue(ctx, st.tx)
+		kp.v.Queue(ctx, tx)
 	}
 	if err := s.Flush(ctx); err != nil {
 		s.Discard(err)

@@ -63,7 +63,7 @@ func TestScope(t *testing.T) {
 	t.Run("QueuedUntilFlushThenEveryResultSeesItsOutcome", func(t *testing.T) {
 		t.Parallel()
 		ctx, tx := begin(t)
-		sctx, scope := txq.WithScope(ctx, tx)
+		stx, scope := txq.WithScope(tx)
 		var seen []string
 		record := func(name string) txq.Result {
 			return func(tag pgconn.CommandTag, err error) error {
@@ -75,20 +75,20 @@ func TestScope(t *testing.T) {
 				return nil
 			}
 		}
-		require.NoError(t, txq.Exec(sctx, tx, record("a"), `INSERT INTO notes VALUES (1)`))
-		require.NoError(t, txq.Exec(sctx, tx, record("b"), `INSERT INTO notes VALUES (2)`))
+		require.NoError(t, txq.Exec(ctx, stx, record("a"), `INSERT INTO notes VALUES (1)`))
+		require.NoError(t, txq.Exec(ctx, stx, record("b"), `INSERT INTO notes VALUES (2)`))
 		require.Equal(t, 2, scope.Len())
 		require.Empty(t, seen)
 		require.Equal(t, 0, count(ctx, t, tx), "nothing is sent before Flush")
-		require.NoError(t, scope.Flush(sctx))
+		require.NoError(t, scope.Flush(ctx))
 		require.Equal(t, []string{"a: INSERT 0 1", "b: INSERT 0 1"}, seen)
 		require.Equal(t, 2, count(ctx, t, tx))
 		require.Zero(t, scope.Len())
 
 		seen = nil
-		require.NoError(t, txq.Exec(sctx, tx, record("dup"), `INSERT INTO notes VALUES (1)`))
-		require.NoError(t, txq.Exec(sctx, tx, record("after"), `INSERT INTO notes VALUES (3)`))
-		err := scope.Flush(sctx)
+		require.NoError(t, txq.Exec(ctx, stx, record("dup"), `INSERT INTO notes VALUES (1)`))
+		require.NoError(t, txq.Exec(ctx, stx, record("after"), `INSERT INTO notes VALUES (3)`))
+		err := scope.Flush(ctx)
 		require.EqualError(t, err, "dup failed", "the first failure is reported")
 		require.Equal(t, []string{"dup: error", "after: error"}, seen, "statements after a failure still get their result")
 	})
@@ -96,18 +96,18 @@ func TestScope(t *testing.T) {
 	t.Run("OnlyForItsOwnTransaction", func(t *testing.T) {
 		t.Parallel()
 		ctx, tx := begin(t)
-		sctx, scope := txq.WithScope(ctx, tx)
-		sp, err := tx.Begin(sctx)
+		stx, scope := txq.WithScope(tx)
+		sp, err := stx.Begin(ctx)
 		require.NoError(t, err)
-		require.NoError(t, txq.Exec(sctx, sp, nil, `INSERT INTO notes VALUES (1)`))
+		require.NoError(t, txq.Exec(ctx, sp, nil, `INSERT INTO notes VALUES (1)`))
 		require.Zero(t, scope.Len(), "a savepoint of the scope's transaction writes at once")
 		require.NoError(t, sp.Rollback(ctx))
 
-		same, s2, owned := txq.Open(sctx, tx)
+		same, s2, owned := txq.Open(stx)
 		require.False(t, owned)
 		require.Same(t, scope, s2)
-		require.Equal(t, sctx, same)
-		_, s3, owned := txq.Open(ctx, tx)
+		require.Equal(t, pgx.Tx(stx), same)
+		_, s3, owned := txq.Open(tx)
 		require.True(t, owned)
 		require.NotSame(t, scope, s3)
 	})
@@ -115,14 +115,14 @@ func TestScope(t *testing.T) {
 	t.Run("DiscardSendsNothing", func(t *testing.T) {
 		t.Parallel()
 		ctx, tx := begin(t)
-		sctx, scope := txq.WithScope(ctx, tx)
+		stx, scope := txq.WithScope(tx)
 		var got error
-		require.NoError(t, txq.Exec(sctx, tx, func(_ pgconn.CommandTag, err error) error { got = err; return err },
+		require.NoError(t, txq.Exec(ctx, stx, func(_ pgconn.CommandTag, err error) error { got = err; return err },
 			`INSERT INTO notes VALUES (1)`))
 		cause := errors.New("handler failed")
 		scope.Discard(cause)
 		require.ErrorIs(t, got, cause)
-		require.NoError(t, scope.Flush(sctx))
+		require.NoError(t, scope.Flush(ctx))
 		require.Equal(t, 0, count(ctx, t, tx))
 	})
 }
@@ -146,18 +146,18 @@ func TestWakes(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	wakes := txq.NewWakes(tx)
-	wctx := wakes.Attach(ctx)
-	require.False(t, txq.Wake(ctx, tx, "wake_test"), "no wake set in the context: notify in the transaction")
+	wtx := txq.New(tx, wakes, nil)
+	require.False(t, txq.Wake(tx, "wake_test"), "no wake set on the transaction: notify in it")
 
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	require.False(t, txq.Wake(wctx, other, "wake_test"), "another transaction is not covered by the set")
+	require.False(t, txq.Wake(txq.New(other, wakes, nil), "wake_test"), "another transaction is not covered by the set")
 	require.NoError(t, other.Rollback(ctx))
 
-	sp, err := tx.Begin(ctx)
+	sp, err := wtx.Begin(ctx)
 	require.NoError(t, err)
-	require.True(t, txq.Wake(wctx, sp, "wake_test"), "a savepoint shares its transaction's set")
-	require.True(t, txq.Wake(wctx, tx, "wake_test"))
+	require.True(t, txq.Wake(sp, "wake_test"), "a savepoint shares its transaction's set")
+	require.True(t, txq.Wake(wtx, "wake_test"))
 	require.True(t, wakes.Pending())
 	require.NoError(t, tx.Commit(ctx))
 	require.False(t, notified(), "nothing was notified inside the transaction")
@@ -200,12 +200,12 @@ func TestQuery(t *testing.T) {
 	t.Run("QueuedRowsAreReadAtFlush", func(t *testing.T) {
 		t.Parallel()
 		ctx, tx := begin(t)
-		sctx, scope := txq.WithScope(ctx, tx)
+		stx, scope := txq.WithScope(tx)
 		var got []int
-		require.NoError(t, txq.Exec(sctx, tx, nil, `INSERT INTO notes VALUES (7)`))
-		require.NoError(t, txq.Query(sctx, tx, scanInto(&got), nil, insert, []int{8, 9}))
+		require.NoError(t, txq.Exec(ctx, stx, nil, `INSERT INTO notes VALUES (7)`))
+		require.NoError(t, txq.Query(ctx, stx, scanInto(&got), nil, insert, []int{8, 9}))
 		require.Empty(t, got, "nothing is sent before the flush")
-		require.NoError(t, scope.Flush(sctx))
+		require.NoError(t, scope.Flush(ctx))
 		require.ElementsMatch(t, []int{8, 9}, got)
 		require.Equal(t, 3, count(ctx, t, tx))
 	})
@@ -213,16 +213,16 @@ func TestQuery(t *testing.T) {
 	t.Run("QueuedFailureAndScanErrorAreReported", func(t *testing.T) {
 		t.Parallel()
 		ctx, tx := begin(t)
-		sctx, scope := txq.WithScope(ctx, tx)
+		stx, scope := txq.WithScope(tx)
 		var got []int
-		require.NoError(t, txq.Query(sctx, tx, scanInto(&got), nil, insert, []int{1, 1}))
-		require.ErrorContains(t, scope.Flush(sctx), "23505")
+		require.NoError(t, txq.Query(ctx, stx, scanInto(&got), nil, insert, []int{1, 1}))
+		require.ErrorContains(t, scope.Flush(ctx), "23505")
 
 		ctx, tx = begin(t)
-		sctx, scope = txq.WithScope(ctx, tx)
+		stx, scope = txq.WithScope(tx)
 		errScan := errors.New("cannot read")
-		require.NoError(t, txq.Query(sctx, tx, func(pgx.Rows) error { return errScan }, nil, insert, []int{3}))
-		require.ErrorIs(t, scope.Flush(sctx), errScan)
+		require.NoError(t, txq.Query(ctx, stx, func(pgx.Rows) error { return errScan }, nil, insert, []int{3}))
+		require.ErrorIs(t, scope.Flush(ctx), errScan)
 	})
 }
 
@@ -245,20 +245,20 @@ func TestAfterCommit(t *testing.T) {
 		return func(context.Context) { ran = append(ran, name) }
 	}
 
-	require.False(t, txq.AfterCommit(wakes.Attach(ctx), tx, work("no scope")), "needs a scope")
-	sctx, scope := txq.WithScope(ctx, tx)
-	require.False(t, txq.AfterCommit(sctx, tx, work("unbound")), "needs a scope whose owner said where it commits")
-	scope.CommitsWith(wakes)
+	require.False(t, txq.AfterCommit(txq.New(tx, wakes, nil), work("no scope")), "needs a scope")
+	unbound, _ := txq.WithScope(tx)
+	require.False(t, txq.AfterCommit(unbound, work("unbound")), "needs a scope whose work commits with a wake set")
+	stx, scope := txq.WithScope(txq.New(tx, wakes, nil))
 	other, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	require.False(t, txq.AfterCommit(sctx, other, work("other tx")), "the scope covers its own transaction only")
+	require.False(t, txq.AfterCommit(other, work("other tx")), "the scope covers its own transaction only")
 	require.NoError(t, other.Rollback(ctx))
 
-	require.True(t, txq.AfterCommit(sctx, tx, work("discarded")))
+	require.True(t, txq.AfterCommit(stx, work("discarded")))
 	scope.Discard(errors.New("handler failed"))
 	require.False(t, wakes.Pending(), "a discarded scope hands nothing on")
 
-	require.True(t, txq.AfterCommit(sctx, tx, work("kept")))
+	require.True(t, txq.AfterCommit(stx, work("kept")))
 	require.False(t, wakes.Pending(), "nothing reaches the wake set before Keep")
 	scope.Keep()
 	require.True(t, wakes.Pending())
@@ -268,7 +268,7 @@ func TestAfterCommit(t *testing.T) {
 	require.Equal(t, []string{"kept"}, ran)
 	require.False(t, wakes.Pending())
 
-	require.True(t, txq.AfterCommit(sctx, tx, work("rolled back")))
+	require.True(t, txq.AfterCommit(stx, work("rolled back")))
 	scope.Keep()
 	wakes.Reset()
 	require.NoError(t, wakes.Send(ctx, pool))
@@ -289,7 +289,7 @@ func TestCollectorFor(t *testing.T) {
 	ctx, pool, tx, wakes := beginWithWakes(t)
 	newCounter := func() txq.Collector { return &counter{} }
 
-	_, ok := txq.CollectorFor(wakes.Attach(ctx), tx, "k", newCounter)
+	_, ok := txq.CollectorFor(txq.New(tx, wakes, nil), "k", newCounter)
 	require.False(t, ok, "needs a scope bound to a wake set, as AfterCommit does")
 
 	// Three handlers' scopes on one transaction: two kept, one discarded.
@@ -298,16 +298,15 @@ func TestCollectorFor(t *testing.T) {
 		name string
 		keep bool
 	}{{"first", true}, {"failed", false}, {"second", true}} {
-		sctx, scope := txq.WithScope(ctx, tx)
-		scope.CommitsWith(wakes)
-		got, ok := txq.CollectorFor(sctx, tx, "k", newCounter)
+		stx, scope := txq.WithScope(txq.New(tx, wakes, nil))
+		got, ok := txq.CollectorFor(stx, "k", newCounter)
 		require.True(t, ok)
 		if c == nil {
 			c = got.(*counter)
 		}
 		require.Same(t, c, got, "one collector per key and transaction")
 		name := h.name
-		require.True(t, txq.AfterCommit(sctx, tx, func(context.Context) { c.added = append(c.added, name) }))
+		require.True(t, txq.AfterCommit(stx, func(context.Context) { c.added = append(c.added, name) }))
 		if h.keep {
 			scope.Keep()
 		} else {
@@ -335,7 +334,7 @@ func (p *notesPart) add(id int) { p.ids = append(p.ids, id) }
 func (p *notesPart) Queue(ctx context.Context, tx pgx.Tx) {
 	p.queued++
 	// A part's own writes go to the flush's scope, not to the stage.
-	_, staged := txq.PartFor(ctx, tx, "notes", func() txq.Part { return &notesPart{} })
+	_, staged := txq.PartFor(tx, "notes", func() txq.Part { return &notesPart{} })
 	if staged {
 		panic("a part's own writes were staged again")
 	}
@@ -352,14 +351,15 @@ func TestStage(t *testing.T) {
 
 	stageOn := func(t *testing.T) (context.Context, pgx.Tx, *txq.Stage, func() *notesPart) {
 		ctx, tx := begin(t)
-		st := txq.NewStage(tx, txq.NewWakes(tx))
-		sctx := st.Attach(ctx)
+		wakes := txq.NewWakes(tx)
+		st := txq.NewStage(tx, wakes)
+		btx := txq.New(tx, wakes, st)
 		part := func() *notesPart {
-			p, ok := txq.PartFor(sctx, tx, "notes", func() txq.Part { return &notesPart{} })
+			p, ok := txq.PartFor(btx, "notes", func() txq.Part { return &notesPart{} })
 			require.True(t, ok)
 			return p.(*notesPart)
 		}
-		return sctx, tx, st, part
+		return ctx, btx, st, part
 	}
 
 	t.Run("FlushWritesEveryHandlersRowsOnce", func(t *testing.T) {
@@ -386,7 +386,7 @@ func TestStage(t *testing.T) {
 		part().add(1)
 		part().add(1)
 		p := part()
-		later, ok := txq.PartFor(ctx, tx, "later", func() txq.Part { return &notesPart{} })
+		later, ok := txq.PartFor(tx, "later", func() txq.Part { return &notesPart{} })
 		require.True(t, ok)
 		later.(*notesPart).add(2)
 		err := st.Flush(ctx)
@@ -414,11 +414,12 @@ func TestStage(t *testing.T) {
 	t.Run("OnlyForItsTransaction", func(t *testing.T) {
 		t.Parallel()
 		ctx, tx, _, _ := stageOn(t)
-		_, ok := txq.PartFor(context.Background(), tx, "notes", func() txq.Part { return &notesPart{} })
-		require.False(t, ok, "no stage in the context")
+		_, plain := begin(t)
+		_, ok := txq.PartFor(plain, "notes", func() txq.Part { return &notesPart{} })
+		require.False(t, ok, "no stage on a plain transaction")
 		sp, err := tx.Begin(ctx)
 		require.NoError(t, err)
-		_, ok = txq.PartFor(ctx, sp, "notes", func() txq.Part { return &notesPart{} })
+		_, ok = txq.PartFor(sp, "notes", func() txq.Part { return &notesPart{} })
 		require.False(t, ok, "a savepoint writes at once, as its owner expects")
 	})
 }
