@@ -33,42 +33,18 @@ type Delivery struct {
 	ReceivedAt time.Time
 }
 
-type batchKey struct{}
-
-// Batch returns the deliveries of the batch whose transaction the handler
-// called with ctx runs in, when the consumer applies them together without
-// savepoints (its fast path): the ones being handled, in order, the
-// handler's own among them. A handler may read ahead for them in one
-// statement (the saga engine locks all the batch's instances at once); if
-// such a statement fails, return its error wrapped by [BatchFault]. The
-// slice is shared by the batch's handlers: do not modify it. It returns nil
-// elsewhere.
-func Batch(ctx context.Context) []*Delivery {
-	b, _ := ctx.Value(batchKey{}).([]*Delivery)
-	return b
-}
-
-// WithBatch returns ctx carrying ds as the handler's batch (see [Batch]),
-// for code that runs handlers itself, as the consumer's fast path does:
-// harnesses and tests.
-func WithBatch(ctx context.Context, ds []*Delivery) context.Context {
-	return context.WithValue(ctx, batchKey{}, ds)
-}
-
-// BatchFaultError is a handler's error caused by work it did for its whole
-// batch (see [Batch]) rather than by its own delivery: a statement that
-// covers every delivery of the batch failed. Made by [BatchFault].
-type BatchFaultError struct{ Err error }
-
-func (e *BatchFaultError) Error() string { return e.Err.Error() }
-func (e *BatchFaultError) Unwrap() error { return e.Err }
-
-// BatchFault marks err as the batch's fault (a [BatchFaultError]). On the
-// fast path the consumer then charges no delivery an attempt and applies
-// the batch again with a savepoint per delivery, where [Batch] is nil and
-// each delivery's own failures are its own. Elsewhere the error is the
-// handler's, as any other.
-func BatchFault(err error) error { return &BatchFaultError{Err: err} }
+// LockBatchFunc prepares a batch the consumer applies in one transaction
+// without savepoints (its fast path). The consumer calls it once, in the
+// batch's transaction, with every delivery it then hands to the Handler, in
+// order, before the first of them. It takes in one statement the locks and
+// records the batch's handlers would otherwise take one by one (the saga
+// engine locks every instance the batch names; a participant claims every
+// command's idempotency key) and leaves them on tx for the handlers. An
+// error is the batch's, not one delivery's: the consumer charges no
+// delivery an attempt and applies the batch again with a savepoint per
+// delivery, where it is not called. The slice is the consumer's: do not
+// keep or modify it.
+type LockBatchFunc func(ctx context.Context, tx pgx.Tx, ds []*Delivery) error
 
 // HandlerFunc handles one delivery inside tx. Everything it does to the
 // database must go through tx: it commits together with the inbox claim, and
@@ -108,6 +84,9 @@ type Config struct {
 	Registry *message.Registry
 	// Handler handles each delivery.
 	Handler HandlerFunc
+	// LockBatch, when set, prepares each batch of the fast path before
+	// Handler runs for its deliveries (see [LockBatchFunc]).
+	LockBatch LockBatchFunc
 	// Prefetch is the channel's QoS prefetch count: how many unacknowledged
 	// deliveries the broker sends ahead. Defaults to 2×Concurrency×BatchSize.
 	Prefetch int

@@ -59,7 +59,7 @@ const (
 	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
 	doEnqueueShared = "enqueue-shared" // writes the outbox row "shared-out", whoever calls
 	doSavepointRead = "savepoint-read" // counts, in a savepoint of its own, the outbox rows it can see
-	doBatchFault    = "batch-fault"    // fails with consumer.BatchFault on the fast path, succeeds elsewhere
+	doBatchFault    = "batch-fault"    // fails the batch's LockBatch on the fast path; its handler succeeds
 	doStopConsumer  = "stop-consumer"  // stops the running consumer and waits to be interrupted, as a crash would
 )
 
@@ -75,7 +75,6 @@ const (
 type call struct {
 	attempt int
 	headers map[string]any
-	batch   []string // the message ids consumer.Batch gave the handler
 }
 
 type settlement struct{ id, outcome string }
@@ -98,7 +97,8 @@ type testBundle struct {
 	mu      sync.Mutex
 	stopRun func() // cancels the running consumer (doStopConsumer)
 	calls   map[string][]call
-	seen    map[string]int // doSavepointRead: outbox rows seen, by message id
+	locked  map[string][][]string // by message id: the batches LockBatch got with it
+	seen    map[string]int        // doSavepointRead: outbox rows seen, by message id
 	settled []settlement
 	batches [][]string
 }
@@ -136,6 +136,7 @@ INSERT INTO uniq VALUES ('taken');`)
 		entered: make(chan string, 16),
 		release: make(chan struct{}),
 		calls:   map[string][]call{},
+		locked:  map[string][][]string{},
 		seen:    map[string]int{},
 	}
 	b.testPub = broker.NewPublisher(b.pubConn, broker.PublisherConfig{})
@@ -157,11 +158,7 @@ INSERT INTO uniq VALUES ('taken');`)
 func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 	id := d.Envelope.MessageID
 	b.mu.Lock()
-	var batch []string
-	for _, o := range consumer.Batch(ctx) {
-		batch = append(batch, o.Envelope.MessageID)
-	}
-	b.calls[id] = append(b.calls[id], call{attempt: d.Attempt, headers: d.Envelope.Headers, batch: batch})
+	b.calls[id] = append(b.calls[id], call{attempt: d.Attempt, headers: d.Envelope.Headers})
 	first := len(b.calls[id]) == 1
 	b.mu.Unlock()
 	if d.Queue != b.queue {
@@ -210,10 +207,6 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		if _, err := tx.Exec(ctx, `INSERT INTO uniq VALUES ('taken')`); err != nil {
 			return err
 		}
-	case doBatchFault:
-		if consumer.Batch(ctx) != nil {
-			return consumer.BatchFault(errors.New("a statement for the whole batch failed"))
-		}
 	case doSavepointRead:
 		sp, err := tx.Begin(ctx)
 		if err != nil {
@@ -259,6 +252,7 @@ func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) 
 		PublishConn: b.pubConn,
 		Registry:    b.reg,
 		Handler:     b.handle,
+		LockBatch:   b.lockBatch,
 		Concurrency: 2,
 		BatchSize:   4,
 		Retry:       b.policy,
@@ -412,6 +406,33 @@ func (b *testBundle) settledCount() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return len(b.settled)
+}
+
+// lockBatch is the test's LockBatch: it records the batch for each of its
+// messages, and fails when one of them says doBatchFault.
+func (b *testBundle) lockBatch(_ context.Context, _ pgx.Tx, ds []*consumer.Delivery) error {
+	ids := make([]string, len(ds))
+	fault := false
+	for i, d := range ds {
+		ids[i] = d.Envelope.MessageID
+		fault = fault || d.Message.(*note).GetValue() == doBatchFault
+	}
+	b.mu.Lock()
+	for _, id := range ids {
+		b.locked[id] = append(b.locked[id], ids)
+	}
+	b.mu.Unlock()
+	if fault {
+		return errors.New("a statement for the whole batch failed")
+	}
+	return nil
+}
+
+// locksOf returns the batches LockBatch got with message id.
+func (b *testBundle) locksOf(id string) [][]string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.locked[id])
 }
 
 func (b *testBundle) callsOf(id string) []call {

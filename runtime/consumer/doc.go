@@ -25,8 +25,11 @@
 // A commit costs an fsync, the scarce resource. With BatchSize > 1 a worker
 // takes the deliveries already waiting (never waiting for more) and applies
 // them in one transaction. It first tries the fast path: one statement
-// claims every delivery in the inbox and the handlers run without
-// savepoints, the writes each one queued through the runtime (participant
+// claims every delivery in the inbox, Config.LockBatch (when set) takes the
+// batch's locks in one statement (the saga engine's instances, a
+// participant's idempotency keys), and the handlers run without
+// savepoints, each on the batch's transaction (a txq.Tx carrying the
+// batch's stage and wake set), the writes each one queued through the runtime (participant
 // replies, participant.Defer) sent in one round trip when it returns, and
 // the saga instance updates, outbox rows and audit rows of all of them
 // written by one statement per kind before the commit (a row inserted with
@@ -36,7 +39,8 @@
 // reads see the staged rows; a savepoint a handler begins writes them
 // first), and triggers on them fire at that last statement. If a handler
 // fails, or those last statements do (no attempt is charged then: which
-// handler wrote the bad row is not known, and it runs again), the
+// handler wrote the bad row is not known, and it runs again), or
+// LockBatch does (no attempt is charged either), the
 // transaction rolls back and the batch is applied again with a savepoint
 // per delivery (a failed delivery is not run again; a deadlock or
 // serialization failure charges no delivery): a failing delivery rolls back

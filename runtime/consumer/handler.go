@@ -146,6 +146,22 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wa
 	return nil
 }
 
+// lockBatch runs the LockBatch function on the batch's transaction,
+// turning a panic into an error.
+func (c *Consumer) lockBatch(ctx context.Context, tx pgx.Tx, ds []*Delivery) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.ErrorContext(ctx, "LockBatch panicked", slog.Int("batch", len(ds)),
+				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("lock batch of %d (first message %s): panic: %v", len(ds), ds[0].Envelope.MessageID, r)
+		}
+	}()
+	if err := c.cfg.LockBatch(ctx, tx, ds); err != nil {
+		return fmt.Errorf("lock batch of %d (first message %s): %w", len(ds), ds[0].Envelope.MessageID, err)
+	}
+	return nil
+}
+
 // callHandler runs the handler, turning a panic into an unclassified error.
 func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, d *Delivery) (err error) {
 	defer func() {

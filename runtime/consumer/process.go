@@ -199,7 +199,8 @@ func (c *Consumer) transact(ctx context.Context, items []*item) error {
 var errFallBack = errors.New("fall back to a savepoint per delivery")
 
 // transactFast applies the batch without savepoints: one statement claims
-// every pending delivery in the inbox, then the handlers run directly in the
+// every pending delivery in the inbox, Config.LockBatch locks what the
+// batch's handlers will need, then the handlers run directly in the
 // batch's transaction, each one's queued writes sent as one pipeline when it
 // returns (see runtime/internal/txq). This saves three round trips per
 // delivery (SAVEPOINT, the claim, RELEASE) when every handler succeeds,
@@ -273,15 +274,34 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			batch = append(batch, it.d)
 		}
 	}
+	if c.cfg.LockBatch != nil && len(batch) > 0 {
+		err := c.lockBatch(ctx, btx, batch)
+		if err == nil && guard.closed {
+			err = fmt.Errorf("lock batch: %w", errHandlerClosedTx)
+		}
+		if err != nil {
+			stage.Discard(err)
+			if ctx.Err() != nil {
+				return err
+			}
+			if rerr := tx.Rollback(ctx); rerr != nil {
+				return fmt.Errorf("roll back after locking the batch failed (%v): %w", err, rerr)
+			}
+			// A statement for the whole batch failed: not one delivery's
+			// fault. The savepoint path, where nothing is locked ahead,
+			// finds the culprit, if there is one.
+			c.log.Debug("locking the batch failed; applying it with a savepoint per delivery", slog.Any("error", err))
+			return chargeNone()
+		}
+	}
 	for i, it := range pending {
 		if !first[i] {
 			it.outcome = outcomeDuplicate
 			c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 			continue
 		}
-		hctx := WithBatch(it.handlerContext(ctx), batch)
 		it.ranFast = true
-		herr := c.runHandler(hctx, btx, it)
+		herr := c.runHandler(it.handlerContext(ctx), btx, it)
 		if guard.closed {
 			stage.Discard(errHandlerClosedTx)
 			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}
@@ -306,13 +326,12 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		if err := tx.Rollback(ctx); err != nil {
 			return fmt.Errorf("message %q: roll back after handler error (%v): %w", it.messageID(), herr, err)
 		}
-		var batchFault *BatchFaultError
-		if lockConflict(herr) || errors.As(herr, &batchFault) {
-			// The batch's inbox claims hold locks from its first
-			// statement, so a deadlock or serialization failure here may
-			// be the batch's doing rather than this delivery's, as is a
-			// failure of work a handler did for the whole batch: charge
-			// no attempt, the savepoint path applies it again.
+		if lockConflict(herr) {
+			// The batch's inbox claims and LockBatch hold locks from
+			// their first statements, so a deadlock or serialization
+			// failure here may be the batch's doing rather than this
+			// delivery's: charge no attempt, the savepoint path applies
+			// it again.
 			return chargeNone()
 		}
 		for _, p := range pending[:i] {

@@ -58,7 +58,7 @@ func TestStagedOutboxRows(t *testing.T) {
 		require.NoError(t, rows.Err())
 		require.Equal(t, []string{"e1-out", "e2-out", "e3-out", "e4-out"}, order, "in the order the handlers ran")
 		for _, id := range []string{"e1", "e2", "e3", "e4"} {
-			require.Equal(t, []string{"e1", "e2", "e3", "e4"}, b.callsOf(id)[0].batch, "consumer.Batch in %s's handler", id)
+			require.Equal(t, [][]string{{"e1", "e2", "e3", "e4"}}, b.locksOf(id), "LockBatch got %s's batch once", id)
 		}
 	})
 
@@ -83,9 +83,8 @@ func TestStagedOutboxRows(t *testing.T) {
 		require.Equal(t, 3, inserts(), "the failed batch insert rolled back with its count; then one per savepoint that kept its row")
 		require.Equal(t, []int{1, 1}, b.attemptsOf("s2"), "the fast path's failure charged no attempt")
 		require.Equal(t, []int{1, 1}, b.attemptsOf("e1"), "e1 ran again on the savepoint path")
-		calls := b.callsOf("e1")
-		require.Equal(t, []string{"e1", "s1", "s2", "e2"}, calls[0].batch, "the fast path tells handlers their batch")
-		require.Nil(t, calls[1].batch, "the savepoint path does not: nothing is staged or locked ahead there")
+		require.Equal(t, [][]string{{"e1", "s1", "s2", "e2"}}, b.locksOf("e1"),
+			"the fast path locks its batch ahead; the savepoint path does not: nothing is staged or locked ahead there")
 		require.Empty(t, b.effects("s2"))
 		for _, id := range []string{"e1", "s1", "e2"} {
 			require.Equal(t, []int{1}, b.effects(id), "%s took effect once", id)
@@ -143,9 +142,11 @@ func TestStagedOutboxRows(t *testing.T) {
 		b.stop(c)
 		_, fellBack := consumer.Paths(c.c)
 		require.Equal(t, int64(1), fellBack)
-		require.Equal(t, []int{1, 1}, b.attemptsOf("f1"), "the batch's fault is not f1's: no attempt charged")
-		require.Equal(t, []int{1, 1}, b.attemptsOf("e1"))
-		require.Equal(t, []int{1}, b.attemptsOf("e2"), "the fast path stopped at f1")
+		require.Equal(t, [][]string{{"e1", "f1", "e2"}}, b.locksOf("f1"), "LockBatch failed on the fast path only")
+		for _, id := range []string{"e1", "f1", "e2"} {
+			require.Equal(t, []int{1}, b.attemptsOf(id),
+				"no handler ran before LockBatch; the batch's failure charged %s no attempt", id)
+		}
 		for _, id := range []string{"e1", "f1", "e2"} {
 			require.Equal(t, []int{1}, b.effects(id), "%s took effect once", id)
 		}

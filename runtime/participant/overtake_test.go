@@ -102,13 +102,13 @@ func TestCompensationOvertakingItsCommandInOneBatch(t *testing.T) {
 	wakes := txq.NewWakes(tx)
 	stage := txq.NewStage(tx, wakes)
 	btx := txq.New(tx, wakes, stage)
+	require.NoError(t, participant.LockBatch("inventory")(ctx, btx, batch))
 	var replies []message.Message
 	for _, d := range batch {
-		hctx := consumer.WithBatch(ctx, batch)
 		stx, scope := txq.WithScope(btx)
-		reply, err := fn(participant.WithCommand(hctx, &d.Envelope), stx, d.Message)
+		reply, err := fn(participant.WithCommand(ctx, &d.Envelope), stx, d.Message)
 		require.NoError(t, err)
-		require.NoError(t, scope.Flush(hctx))
+		require.NoError(t, scope.Flush(ctx))
 		replies = append(replies, reply)
 	}
 	require.NoError(t, stage.Flush(ctx))

@@ -489,10 +489,9 @@ func TestReplyAdapters(t *testing.T) {
 	require.Equal(t, r, got)
 }
 
-// TestIdempotentClaimsTheBatchAhead: on a consumer's fast path (a stage and
-// consumer.Batch) the first Idempotent call records the keys of every
-// command in the batch with one statement; each command's call takes its
-// key from there (a resend in the same batch is not the first), and the
+// TestIdempotentClaimsTheBatchAhead: on a consumer's fast path (a stage)
+// LockBatch records the keys of every command in the batch with one
+// statement; each command's Idempotent call takes its key from there (a resend in the same batch is not the first), and the
 // keys no call took are deleted when the stage is written, so the batch
 // commits exactly the records it would have written one by one.
 func TestIdempotentClaimsTheBatchAhead(t *testing.T) {
@@ -532,18 +531,16 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 		return out
 	}
 	key := func(order string) string { return reserveInfo.FullName + "/" + order }
+	require.NoError(t, participant.LockBatch("inventory")(ctx, btx, batch))
+	require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2"), key("order-3")}, keys(),
+		"LockBatch recorded the whole batch's keys")
 	var replies []string
 	for i, d := range batch[:4] { // order-3 is left to another handler, which fails to run it
-		hctx := consumer.WithBatch(ctx, batch)
 		stx, scope := txq.WithScope(btx)
-		reply, err := fn(hctx, stx, d.Message)
+		reply, err := fn(ctx, stx, d.Message)
 		require.NoError(t, err, "command %d", i)
-		require.NoError(t, scope.Flush(hctx))
+		require.NoError(t, scope.Flush(ctx))
 		replies = append(replies, reply.(testMsg).GetValue())
-		if i == 0 {
-			require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2"), key("order-3")}, keys(),
-				"the first call recorded the whole batch's keys")
-		}
 	}
 	require.Equal(t, []string{"order-1", "order-2"}, effects, "each effect once; order-0's was earlier")
 	require.Equal(t, []string{"order-1", "order-2", "order-1", "order-0"}, replies, "resends get the first reply")
@@ -557,9 +554,9 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 }
 
 // TestClaimAheadFailureIsTheBatchs: a command whose key the table cannot
-// take (a NUL byte) fails the claim of the whole batch. The error is a
-// consumer.BatchFault, so the consumer charges the delivery that happened
-// to run first nothing and applies the batch one delivery at a time.
+// take (a NUL byte) fails LockBatch's claim of the whole batch, before any
+// command ran; the consumer then charges no delivery and applies the batch
+// one delivery at a time (runtime/consumer's TestStagedOutboxRows).
 func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
@@ -571,10 +568,7 @@ func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	wakes := txq.NewWakes(tx)
-	hctx := consumer.WithBatch(ctx, batch)
-	_, err = fn(hctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), good.Message)
-	var fault *consumer.BatchFaultError
-	require.ErrorAs(t, err, &fault, "not order-1's fault")
+	err = participant.LockBatch("inventory")(ctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), batch)
 	require.ErrorContains(t, err, "claim the batch's 2 keys")
 	require.NoError(t, tx.Rollback(ctx))
 

@@ -62,7 +62,6 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 	)
 	handler := func(hctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
 		mu.Lock()
-		batchOf[d.Envelope.MessageID] = len(consumer.Batch(hctx))
 		isGate := d.Envelope.MessageID == gateID
 		mu.Unlock()
 		if isGate {
@@ -71,10 +70,18 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 		}
 		return b.engine.Handle(hctx, tx, d)
 	}
+	lock := func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
+		mu.Lock()
+		for _, d := range ds {
+			batchOf[d.Envelope.MessageID] = len(ds)
+		}
+		mu.Unlock()
+		return b.engine.LockBatch(ctx, tx, ds)
+	}
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Conn: publish, PollInterval: 50 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
 	c, err := consumer.New(consumer.Config{Name: "test-saga", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
-		Registry: testRegistry, Handler: handler, Concurrency: 1, BatchSize: 8, Logger: quiet})
+		Registry: testRegistry, Handler: handler, LockBatch: lock, Concurrency: 1, BatchSize: 8, Logger: quiet})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	runCtx := outbox.WithRelay(ctx, relay)

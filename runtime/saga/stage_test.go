@@ -26,7 +26,7 @@ type stagedBatch struct {
 	wakes *txq.Wakes
 	stage *txq.Stage
 	btx   *txq.Tx              // tx carrying the wake set and stage, as the consumer hands it on
-	batch []*consumer.Delivery // what consumer.Batch tells the handlers
+	batch []*consumer.Delivery // what the consumer hands to LockBatch
 }
 
 func (b *testBundle) stagedBatch(t *testing.T) *stagedBatch {
@@ -54,13 +54,12 @@ func (s *stagedBatch) reply(sagaID, businessKey, pending string, in *message.Inf
 	env, err := message.New(m, message.Meta{SagaID: sagaID, SagaType: s.b.def.Name, CausationID: pending})
 	require.NoError(s.t, err)
 	d := &consumer.Delivery{Envelope: env, Message: m, Queue: "test.replies", Attempt: 1}
-	hctx := consumer.WithBatch(s.ctx, s.batch)
 	stx, scope := txq.WithScope(s.btx)
-	if err := s.b.engine.Handle(hctx, stx, d); err != nil {
+	if err := s.b.engine.Handle(s.ctx, stx, d); err != nil {
 		scope.Discard(err)
 		return err
 	}
-	if err := scope.Flush(hctx); err != nil {
+	if err := scope.Flush(s.ctx); err != nil {
 		return err
 	}
 	scope.Keep()
@@ -169,9 +168,9 @@ func TestStagedWrites(t *testing.T) {
 	})
 }
 
-// TestBatchLockedAhead: on a consumer's fast path the first handler that
-// locks an instance by id locks every instance the batch's deliveries name,
-// in one statement; the handlers of the others then use those rows.
+// TestBatchLockedAhead: on a consumer's fast path LockBatch locks every
+// instance the batch's deliveries name, in one statement; the handlers then
+// use those rows.
 func TestBatchLockedAhead(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{})
@@ -190,6 +189,7 @@ func TestBatchLockedAhead(t *testing.T) {
 		s.batch = append(s.batch, &consumer.Delivery{Envelope: message.Envelope{SagaID: id, SagaType: b.def.Name}})
 	}
 	s.batch = append(s.batch, &consumer.Delivery{Envelope: message.Envelope{SagaID: newID(), SagaType: "other.Saga"}})
+	require.NoError(t, b.engine.LockBatch(s.ctx, s.btx, s.batch))
 	require.NoError(t, s.reply(ids[0], statuses[0].BusinessKey, statuses[0].PendingMessageID, msgInventoryReserved))
 	locked := func(id string) bool {
 		t.Helper()
@@ -201,6 +201,7 @@ func TestBatchLockedAhead(t *testing.T) {
 		return true
 	}
 	require.True(t, locked(ids[1]), "o-2 was locked with o-1, before its own handler ran")
+	require.True(t, locked(ids[0]))
 	require.False(t, locked(ids[2]), "o-3 is not in the batch")
 	require.NoError(t, s.reply(ids[1], statuses[1].BusinessKey, statuses[1].PendingMessageID, msgInventoryReserved))
 	require.Equal(t, lockCount{many: 1}, locks.count(),
@@ -212,7 +213,7 @@ func TestBatchLockedAhead(t *testing.T) {
 	}
 	require.Equal(t, "RESERVE_INVENTORY", b.status(t, ids[2]).State)
 
-	// The control: without a batch the engine locks by id, and the counter
+	// The control: without LockBatch the engine locks by id, and the counter
 	// sees that statement (so the zero above is not a pattern that stopped
 	// matching).
 	alone := b.stagedBatchOn(t, traced)

@@ -56,22 +56,17 @@ func (e *Engine) stagedUpdatesFor(ctx context.Context, tx pgx.Tx) *stagedUpdates
 
 // loadIn runs an instance query in tx and returns the row as this
 // transaction will have it: a row with a staged update is returned as
-// updated. On a consumer's fast path, the first lock by id locks every
-// instance the batch's deliveries name, in one statement, and later locks
-// by id are answered from those rows.
+// updated. On a consumer's fast path, locks by id are answered from the
+// rows LockBatch locked for the batch.
 func (e *Engine) loadIn(ctx context.Context, tx pgx.Tx, sql, arg string) (row, error) {
 	var (
 		w     row
 		found bool
 	)
 	if sql == e.q.lockByID {
-		p, err := e.prefetch(ctx, tx)
-		if err != nil {
-			return row{}, err
-		}
-		if p != nil {
+		if p, ok := txq.PartIf(tx, prefetchKey{e.table}); ok {
 			if id, perr := uuid.Parse(arg); perr == nil {
-				w, found = p.rows[id.String()]
+				w, found = p.(*prefetched).rows[id.String()]
 			}
 		}
 	}
@@ -156,25 +151,15 @@ type prefetched struct{ rows map[string]row }
 func (*prefetched) Queue(context.Context, pgx.Tx) {}
 func (*prefetched) Discard(error)                 {}
 
-// prefetch returns the instances locked ahead for ctx's batch, locking
-// them on first use: those the batch's deliveries of this saga type name,
-// in id order (so that two batches lock in the same order). It returns nil
-// outside a consumer's fast path, or when there are fewer than two to lock.
-func (e *Engine) prefetch(ctx context.Context, tx pgx.Tx) (*prefetched, error) {
-	fresh := false
-	part, ok := txq.PartFor(tx, prefetchKey{e.table}, func() txq.Part {
-		fresh = true
-		return &prefetched{}
-	})
-	if !ok {
-		return nil, nil
-	}
-	p := part.(*prefetched)
-	if !fresh {
-		return p, nil
-	}
+// LockBatch is the engine's [consumer.LockBatchFunc]: it locks, in one
+// statement and in id order (so that two batches lock in the same order),
+// the instances of its saga type that the batch's deliveries name, and
+// leaves them on the batch's transaction, where [Engine.Handle] finds them
+// instead of locking each row by itself. With fewer than two to lock, or on
+// a transaction that is not a consumer batch's, it does nothing.
+func (e *Engine) LockBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
 	var ids []string
-	for _, d := range consumer.Batch(ctx) {
+	for _, d := range ds {
 		if d.Envelope.SagaType != e.def.Name {
 			continue
 		}
@@ -183,7 +168,11 @@ func (e *Engine) prefetch(ctx context.Context, tx pgx.Tx) (*prefetched, error) {
 		}
 	}
 	if len(ids) < 2 {
-		return p, nil
+		return nil
+	}
+	part, ok := txq.PartFor(tx, prefetchKey{e.table}, func() txq.Part { return &prefetched{} })
+	if !ok {
+		return nil
 	}
 	rows, err := tx.Query(ctx, e.q.lockMany, ids)
 	var ws []row
@@ -191,11 +180,12 @@ func (e *Engine) prefetch(ctx context.Context, tx pgx.Tx) (*prefetched, error) {
 		ws, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) { return scanRow(r) })
 	}
 	if err != nil {
-		return nil, consumer.BatchFault(fmt.Errorf("lock the batch's %d sagas: %w", len(ids), err))
+		return fmt.Errorf("lock the batch's %d saga %s instances: %w", len(ids), e.def.Name, err)
 	}
+	p := part.(*prefetched)
 	p.rows = make(map[string]row, len(ws))
 	for _, w := range ws {
 		p.rows[w.ID] = w
 	}
-	return p, nil
+	return nil
 }
