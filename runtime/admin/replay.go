@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
@@ -118,7 +119,7 @@ func errorText(err error) string {
 // OutcomeRefused and changes nothing unless force is set.
 func (s *Server) replay(ctx context.Context, p Principal, id int64, reason string, dryRun, force bool) (ReplayResult, error) {
 	var res ReplayResult
-	err := pgx.BeginFunc(ctx, s.cfg.Pool, func(tx pgx.Tx) error {
+	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, func(ctx context.Context, tx pgx.Tx) error {
 		res = ReplayResult{}
 		row, err := s.loadParked(ctx, tx, id)
 		if err != nil {

@@ -27,14 +27,6 @@ func (c *Consumer) insertAllParked(ctx context.Context, tx pgx.Tx, items []*item
 	return nil
 }
 
-// sendWakes sends, after a commit, the notifications the handlers deferred
-// (the outbox relays' wake-up). A failure costs only latency: relays poll.
-func (c *Consumer) sendWakes(ctx context.Context, wakes *txq.Wakes) {
-	if err := wakes.Send(ctx, c.cfg.Pool); err != nil {
-		c.log.Warn("wake-up after commit failed; relays will find the messages by polling", slog.Any("error", err))
-	}
-}
-
 // runHandler runs the handler of it on tx (which carries the batch's wake
 // set, and its stage on the fast path) with a write scope, sends the
 // writes it queued, and checks it left the transaction usable. The

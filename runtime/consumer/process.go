@@ -400,6 +400,6 @@ func (c *Consumer) inTransaction(ctx context.Context, items []*item, apply func(
 	if err := tx.Commit(ctx); err != nil {
 		return &commitError{err: err}
 	}
-	c.sendWakes(ctx, wakes)
+	wakes.Notify(ctx, c.cfg.Pool, c.log)
 	return nil
 }

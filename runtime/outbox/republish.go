@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 )
 
@@ -50,6 +51,9 @@ ON CONFLICT (id) DO NOTHING`, id)
 		if err != nil {
 			return fmt.Errorf("republish %s %s: release its outbox row %d: %w", env.MessageType, env.MessageID, id, err)
 		}
+	}
+	if txq.Wake(tx, NotifyChannel) {
+		return nil // the transaction's owner notifies after the commit
 	}
 	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, NotifyChannel); err != nil {
 		return fmt.Errorf("republish %s %s: notify relays: %w", env.MessageType, env.MessageID, err)

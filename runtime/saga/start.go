@@ -136,19 +136,5 @@ func (e *Engine) Start(ctx context.Context, start message.Message, meta message.
 // transaction has committed, and relays are woken after the commit. Start
 // and Operate use it; so does the admin server's repair.
 func (e *Engine) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	wakes, err := txq.BeginFunc(ctx, e.cfg.Pool, fn)
-	if err != nil {
-		return err
-	}
-	e.sendWakes(ctx, wakes)
-	return nil
-}
-
-// sendWakes notifies relays after a commit. A failure costs only latency:
-// relays poll.
-func (e *Engine) sendWakes(ctx context.Context, wakes *txq.Wakes) {
-	if err := wakes.Send(ctx, e.cfg.Pool); err != nil {
-		e.cfg.Logger.WarnContext(ctx, "wake-up after commit failed; relays will find the messages by polling",
-			"saga_type", e.def.Name, "error", err)
-	}
+	return txq.Do(ctx, e.cfg.Pool, e.cfg.Logger.With("saga_type", e.def.Name), fn)
 }

@@ -66,7 +66,7 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	e.sendWakes(ctx, wakes)
+	wakes.Notify(ctx, e.cfg.Pool, e.cfg.Logger.With("saga_type", e.def.Name))
 	return fired, nil
 }
 

@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -297,6 +298,24 @@ func BeginFunc(ctx context.Context, db Beginner, fn func(ctx context.Context, tx
 	return w, nil
 }
 
+// Pool begins transactions and runs statements outside them.
+type Pool interface {
+	Beginner
+	Execer
+}
+
+// Do is [BeginFunc] followed, once the commit succeeded, by [Wakes.Notify]:
+// the way a runtime path that owns its transaction (Engine.InTx, an admin
+// repair) runs one.
+func Do(ctx context.Context, db Pool, log *slog.Logger, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	w, err := BeginFunc(ctx, db, fn)
+	if err != nil {
+		return err
+	}
+	w.Notify(ctx, db, log)
+	return nil
+}
+
 // Sync sends what tx's scope has queued (nothing when there is no scope or
 // it is empty), so that a following read sees it. The runtime calls it
 // before reading a table it may have queued writes for.
@@ -427,6 +446,15 @@ func (w *Wakes) Send(ctx context.Context, db Execer) error {
 		return fmt.Errorf("notify %v after commit: %w", channels, err)
 	}
 	return nil
+}
+
+// Notify is [Wakes.Send] for an owner that has nothing better to do with
+// a failure than log it: a lost notification costs only latency, as relays
+// poll.
+func (w *Wakes) Notify(ctx context.Context, db Execer, log *slog.Logger) {
+	if err := w.Send(ctx, db); err != nil {
+		log.WarnContext(ctx, "wake-up after commit failed; relays will find the messages by polling", slog.Any("error", err))
+	}
 }
 
 // Reset forgets the recorded channels and work (the transaction rolled
