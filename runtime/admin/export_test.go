@@ -1,9 +1,5 @@
 package admin
 
-// TimelineOutboxSQLForTest is the timeline's read of a saga's outbox rows:
-// $1 the saga id, $2 the limit.
-const TimelineOutboxSQLForTest = timelineOutboxSQL
-
 // ParkedListSQLForTest is the statement listing the parked messages that
 // match f (with the correlation ids of f.SagaID's saga), newest first, and
 // its arguments.

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -123,21 +124,20 @@ func (s *Server) handleSearch(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	// A message the sagas sent or received through this database's outbox.
-	var sagaID, sagaType, msgType string
-	err = s.cfg.Pool.QueryRow(ctx, `SELECT saga_id, saga_type, message_type FROM saga_outbox WHERE message_id = $1`, text).Scan(&sagaID, &sagaType, &msgType)
+	written, ok, err := outbox.Lookup(ctx, s.cfg.Pool, text)
 	switch {
-	case err == nil:
-		if _, ok := s.byName[sagaType]; ok {
-			t, st, ok, err := find(sagaID, sagaType)
+	case err != nil:
+		return fmt.Errorf("search the outbox for message %q: %w", text, err)
+	case ok:
+		if _, known := s.byName[written.SagaType]; known {
+			t, st, found, err := find(written.SagaID, written.SagaType)
 			if err != nil {
 				return err
 			}
-			if ok {
-				addSaga(t, st, "message id", text, msgType)
+			if found {
+				addSaga(t, st, "message id", text, written.MessageType)
 			}
 		}
-	case !errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("search the outbox for message %q: %w", text, err)
 	}
 	// Parked messages, by their message id or correlation id.
 	parked, err := s.parkedRows(ctx, `WHERE message_id = $1 OR correlation_id = $1 OR correlation_key = $1 ORDER BY id DESC LIMIT $2`, text, maxSearchHits)

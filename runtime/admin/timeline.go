@@ -8,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -35,26 +34,6 @@ func (s *Server) handleTimeline(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// outboxRow is a saga_outbox row of a saga.
-type outboxRow struct {
-	MessageID, MessageType, Exchange, RoutingKey, CausationID string
-	Body                                                      []byte
-	OccurredAt                                                time.Time
-	PublishedAt                                               *time.Time
-	Attempts                                                  int
-}
-
-// timelineOutboxSQL reads the newest $2 outbox rows of saga $1 (a saga id,
-// never empty). Its second condition, saga_id not empty, is the predicate
-// of the saga_outbox_saga index (runtime migration 0003): without it, the
-// generic plan of the statement, which cannot know that $1 is not empty,
-// cannot use that partial index and reads the whole outbox instead of the
-// saga's few index entries.
-const timelineOutboxSQL = `SELECT o.message_id, o.message_type, o.exchange, o.routing_key, o.causation_id,
-	o.body, o.occurred_at, s.published_at, coalesce(p.attempts, s.attempts, o.attempts)
-FROM saga_outbox o LEFT JOIN saga_outbox_sent s ON s.id = o.id LEFT JOIN saga_outbox_pending p ON p.id = o.id
-WHERE o.saga_id = $1 AND o.saga_id <> '' ORDER BY o.id DESC LIMIT $2`
-
 // timeline assembles one saga's story from its audit trail, its outbox rows
 // and its parked messages.
 func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Principal) (Timeline, error) {
@@ -63,13 +42,9 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Pr
 	if err != nil {
 		return Timeline{}, err
 	}
-	rows, err := s.cfg.Pool.Query(ctx, timelineOutboxSQL, st.ID, maxTimelineRows+1)
+	out, err := outbox.SagaMessages(ctx, s.cfg.Pool, st.ID, maxTimelineRows+1)
 	if err != nil {
-		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[outboxRow])
-	if err != nil {
-		return Timeline{}, fmt.Errorf("outbox of saga %s: %w", st.ID, err)
+		return Timeline{}, err
 	}
 	// Its parked messages, those parked without a saga id and joined to it
 	// by their correlation field (its id or business key) included.

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protosaga/saga/runtime/internal/txq"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -200,12 +201,12 @@ func (e *Engine) pendingTrace(ctx context.Context, tx pgx.Tx, w row) trace.SpanC
 	if e.tel.tracer == nil || w.PendingID == "" {
 		return trace.SpanContext{}
 	}
-	var parent, state string
-	if err := tx.QueryRow(ctx, `SELECT traceparent, tracestate FROM saga_outbox WHERE message_id = $1`, w.PendingID).Scan(&parent, &state); err != nil {
-		if !errors.Is(err, pgx.ErrNoRows) {
-			e.cfg.Logger.DebugContext(ctx, "timeout: could not read the pending command's trace context",
-				"saga_type", e.def.Name, "saga_id", w.ID, "message_id", w.PendingID, "error", err)
-		}
+	parent, state, ok, err := outbox.Trace(ctx, tx, w.PendingID)
+	if err != nil {
+		e.cfg.Logger.DebugContext(ctx, "timeout: could not read the pending command's trace context",
+			"saga_type", e.def.Name, "saga_id", w.ID, "message_id", w.PendingID, "error", err)
+	}
+	if !ok {
 		return trace.SpanContext{}
 	}
 	return telemetry.ParseSpanContext(parent, state)
