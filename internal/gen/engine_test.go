@@ -171,7 +171,7 @@ func TestQuoteApprovalCancelTx(t *testing.T) {
 		env, err := message.New(m, meta)
 		require.NoError(t, err)
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			return qa.Handler()(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: qa.Queue(), Attempt: 1})
+			return qa.Engine().Handle(ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: qa.Queue(), Attempt: 1})
 		})
 	}
 	deliver := func(m message.Message, meta message.Meta) {

@@ -170,10 +170,10 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.ch.Close() })
 
-	top := orderv1.TopologyWith(broker.QueueQuorum, policy).
-		Merge(inventoryv1.TopologyWith(broker.QueueQuorum, policy)).
-		Merge(paymentv1.TopologyWith(broker.QueueQuorum, policy)).
-		Merge(shippingv1.TopologyWith(broker.QueueQuorum, policy))
+	top := orderv1.TopologyPlan.Topology(broker.QueueQuorum, policy).
+		Merge(inventoryv1.TopologyPlan.Topology(broker.QueueQuorum, policy)).
+		Merge(paymentv1.TopologyPlan.Topology(broker.QueueQuorum, policy)).
+		Merge(shippingv1.TopologyPlan.Topology(broker.QueueQuorum, policy))
 	top.Queues = append(top.Queues, broker.Queue{Name: captureCommands, Type: broker.QueueClassic}, broker.Queue{Name: captureReplies, Type: broker.QueueClassic},
 		broker.Queue{Name: captureCompensations, Type: broker.QueueClassic})
 	top.Bindings = append(top.Bindings,
@@ -286,7 +286,7 @@ func (b *bundle) deliver(t *testing.T, m message.Message, meta message.Meta) {
 	env, err := message.New(m, meta)
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		return b.po.Handler()(b.ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: b.po.Queue(), Attempt: 1, ReceivedAt: clock})
+		return b.po.Engine().Handle(b.ctx, tx, &consumer.Delivery{Envelope: env, Message: m, Queue: b.po.Queue(), Attempt: 1, ReceivedAt: clock})
 	}))
 }
 
@@ -342,7 +342,7 @@ func (b *bundle) derive(t *testing.T, sections map[string]string) {
 	mint(t, &parked, message.HeaderFirstFailureAt)
 	sections["parked"] = fence(render(parked))
 
-	b.consume(t, "order-saga", b.po.Queue(), b.sagaReg, b.po.Handler())
+	b.consume(t, "order-saga", b.po.Queue(), b.sagaReg, b.po.Engine().Handle)
 	sections["park-reasons"] = b.parkReasons(t, cmd, sagaID, reserve, otherSt.PendingMessageID)
 }
 

@@ -395,3 +395,27 @@ func quoted(s, prefix string) string {
 	}
 	return ""
 }
+
+// Plan is the broker entities of one contract package as generated code
+// declares them (its TopologyPlan): exchanges, work queue names and
+// bindings. [Plan.Topology] adds every work queue's retry tier queues and
+// parking lot.
+type Plan struct {
+	Exchanges  []Exchange
+	WorkQueues []string
+	Bindings   []Binding
+}
+
+// Topology returns the plan's topology with work queues of type qt, each
+// with the retry tier queues of policy p and a parking lot (see
+// [WorkQueue]). The consumers of these queues must use the same policy.
+func (pl Plan) Topology(qt QueueType, p retry.Policy) Topology {
+	t := Topology{Exchanges: slices.Clone(pl.Exchanges), Bindings: slices.Clone(pl.Bindings)}
+	for _, q := range pl.WorkQueues {
+		t.Queues = append(t.Queues, WorkQueue(q, qt, p)...)
+	}
+	return t
+}
+
+// Default is [Plan.Topology] with quorum queues and retry.Default().
+func (pl Plan) Default() Topology { return pl.Topology(QueueQuorum, retry.Default()) }

@@ -235,3 +235,23 @@ func TestURLFromEnv(t *testing.T) {
 	_, err = broker.URLFromEnv("SAGA_BROKER_TEST_UNSET")
 	require.ErrorContains(t, err, "SAGA_BROKER_TEST_UNSET is empty or unset")
 }
+
+// TestPlan: a plan's topology is its exchanges and bindings with every
+// work queue expanded by WorkQueue for the queue type and policy; Default
+// uses quorum queues and retry.Default().
+func TestPlan(t *testing.T) {
+	t.Parallel()
+	plan := broker.Plan{
+		Exchanges:  []broker.Exchange{{Name: "shop.commands", Kind: "direct"}},
+		WorkQueues: []string{"orders", "payments"},
+		Bindings:   []broker.Binding{{Queue: "orders", Exchange: "shop.commands", RoutingKey: "command.order"}},
+	}
+	p := retry.Policy{Tiers: []time.Duration{time.Second}, MaxAttempts: 2}
+	got := plan.Topology(broker.QueueClassic, p)
+	require.Equal(t, plan.Exchanges, got.Exchanges)
+	require.Equal(t, plan.Bindings, got.Bindings)
+	want := append(broker.WorkQueue("orders", broker.QueueClassic, p), broker.WorkQueue("payments", broker.QueueClassic, p)...)
+	require.Equal(t, want, got.Queues)
+	require.NoError(t, got.Validate())
+	require.Equal(t, plan.Topology(broker.QueueQuorum, retry.Default()), plan.Default())
+}

@@ -160,12 +160,23 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion5 is referenced by generated code to assert at
+// SupportPackageIsVersion6 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
+//
+// Version 6: generated code imports six runtime packages (broker, message,
+// participant, saga, sagadef, service): it declares its topology as a
+// broker.Plan (TopologyPlan), publishes through service.Publish, builds its
+// migrations with service.Migrations and answers an unexpected command with
+// participant.UnexpectedCommand; the generated saga type has no Handler
+// method (a host runs the saga).
+const SupportPackageIsVersion6 = true
+
+// SupportPackageIsVersion5 is referenced by code generated for version 5,
+// which this runtime still compiles (see [SupportPackageIsVersion6]).
 //
 // Version 5: generated code marks a participant's undecodable command with
 // retry.Permanent and takes publishing metadata as message.Meta (the failure

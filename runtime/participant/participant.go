@@ -216,3 +216,9 @@ func NoReply[R message.Message](reply R, err error) (message.Message, error) {
 	}
 	return reply, nil
 }
+
+// UnexpectedCommand is the error of generated <Svc>ParticipantFunc dispatch
+// for a command service does not own: permanent, as no retry changes it.
+func UnexpectedCommand(service string, cmd message.Message) error {
+	return retry.Permanent(fmt.Errorf("service %s: unexpected command %s", service, cmd.SagaMessageInfo().FullName))
+}

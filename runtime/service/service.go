@@ -6,8 +6,14 @@
 package service
 
 import (
+	"context"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
@@ -73,4 +79,21 @@ type Saga struct {
 	// NewStart returns an empty start message (the start endpoint decodes
 	// requests into it).
 	NewStart func() message.Message
+}
+
+// Publish is what generated Publish<Msg> functions call: it writes m to the
+// outbox in tx (see outbox.Publish) and returns its message id.
+func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta message.Meta) (string, error) {
+	return outbox.Publish(ctx, tx, m, meta)
+}
+
+// Migrations returns what a generated <Saga>Migrations function returns:
+// the migrations of table in directory dir of fsys, the saga's embedded
+// files, as a schema source (schema.Migrate applies them in file-name
+// order, each once). dir must exist in fsys.
+func Migrations(fsys fs.FS, dir, table string) func() schema.Source {
+	// Sub fails only for a path that is not valid; generated code names a
+	// directory of its own embedded tree.
+	sub, _ := fs.Sub(fsys, dir)
+	return func() schema.Source { return schema.Source{Name: table, FS: sub} }
 }

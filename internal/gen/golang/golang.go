@@ -35,20 +35,14 @@ const (
 	timePkg        = protogen.GoImportPath("time")
 	httpPkg        = protogen.GoImportPath("net/http")
 	embedPkg       = protogen.GoImportPath("embed")
-	fsPkg          = protogen.GoImportPath("io/fs")
-	slicesPkg      = protogen.GoImportPath("slices")
 	pgxPkg         = protogen.GoImportPath("github.com/jackc/pgx/v5")
 	protoPkg       = protogen.GoImportPath("google.golang.org/protobuf/proto")
 	runtimeRoot    = "github.com/protosaga/saga/runtime/"
 	messagePkg     = protogen.GoImportPath(runtimeRoot + "message")
-	outboxPkg      = protogen.GoImportPath(runtimeRoot + "outbox")
-	consumerPkg    = protogen.GoImportPath(runtimeRoot + "consumer")
 	participantPkg = protogen.GoImportPath(runtimeRoot + "participant")
 	sagadefPkg     = protogen.GoImportPath(runtimeRoot + "sagadef")
 	sagaPkg        = protogen.GoImportPath(runtimeRoot + "saga")
-	schemaPkg      = protogen.GoImportPath(runtimeRoot + "schema")
 	brokerPkg      = protogen.GoImportPath(runtimeRoot + "broker")
-	retryPkg       = protogen.GoImportPath(runtimeRoot + "retry")
 	servicePkg     = protogen.GoImportPath(runtimeRoot + "service")
 )
 
@@ -154,7 +148,7 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 		g.P("// It returns the message id (meta.MessageID, or a new UUID when empty).")
 		g.P("func ", pub, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
 			", meta ", messagePkg.Ident("Meta"), ") (string, error) {")
-		g.P("return ", outboxPkg.Ident("Publish"), "(ctx, tx, m, meta)")
+		g.P("return ", servicePkg.Ident("Publish"), "(ctx, tx, m, meta)")
 		g.P("}")
 		g.P()
 	}
@@ -254,8 +248,7 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 		g.P("return ", participantPkg.Ident(adapt), "(impl.", c.Proto.GoIdent.GoName, "(ctx, tx, c))")
 	}
 	g.P("default:")
-	g.P("return nil, ", retryPkg.Ident("Permanent"), "(", fmtPkg.Ident("Errorf"), "(",
-		strconv.Quote("service "+p.Owner+": unexpected command %s"), ", cmd.SagaMessageInfo().FullName))")
+	g.P("return nil, ", participantPkg.Ident("UnexpectedCommand"), "(", strconv.Quote(p.Owner), ", cmd)")
 	g.P("}")
 	g.P("}")
 	g.P("}")
@@ -283,7 +276,7 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 // older runtimes lack: a runtime identifier they do not have (the internal/gen
 // test TestGeneratedRuntimeAPI lists those generated code uses) or a
 // transition table their sagadef does not compute.
-const supportVersion = 5
+const supportVersion = 6
 
 var (
 	roleNames = map[sagadef.Role]string{

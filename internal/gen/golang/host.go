@@ -23,12 +23,12 @@ func genSagaPackage(g *protogen.GeneratedFile, p *model.Package) {
 		}
 	}
 	g.P("// ", model.SagaPackageFunc, " describes this package's contract for a registrar (runtime/host): its")
-	g.P("// message types and its topology (", model.TopologyWithFunc, ").")
+	g.P("// message types and its topology (", model.TopologyPlanVar, ").")
 	g.P("func ", model.SagaPackageFunc, "() ", servicePkg.Ident("Package"), " {")
 	g.P("return ", servicePkg.Ident("Package"), "{")
 	g.P("Path: ", strconv.Quote(string(p.ImportPath)), ",")
 	g.P("Messages: []*", messagePkg.Ident("Info"), "{", strings.Join(infos, ", "), "},")
-	g.P("Topology: ", model.TopologyWithFunc, ",")
+	g.P("Topology: ", model.TopologyPlanVar, ".Topology,")
 	g.P("}")
 	g.P("}")
 	g.P()

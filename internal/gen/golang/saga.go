@@ -239,7 +239,7 @@ func genWrapper(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	recv, cfg, d, def, err, reg, e := l.name("s"), l.name("cfg"), l.name("d"), l.name("def"), l.name("err"), l.name("reg"), l.name("e")
 	ctx, tx, startVar, meta, sagaID, created := l.name("ctx"), l.name("tx"), l.name("start"), l.name("meta"), l.name("sagaID"), l.name("created")
 	g.P("// ", typ, " runs saga ", s.FullName, " on a *saga.Engine with typed methods.")
-	g.P("// Its queue is ", strconv.Quote(s.Queue), "; register ", typ, ".Handler() as that queue's consumer handler.")
+	g.P("// Its queue is ", strconv.Quote(s.Queue), "; ", s.RegisterFunc(), " runs it on a host.")
 	g.P("type ", typ, " struct {")
 	g.P("engine *", sagaPkg.Ident("Engine"))
 	g.P("}")
@@ -288,9 +288,6 @@ func genWrapper(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	g.P("// Queue returns the queue the saga consumes its replies and events from, and")
 	g.P("// its start message unless a participant owns it.")
 	g.P("func (", recv, " *", typ, ") Queue() string { return ", strconv.Quote(s.Queue), " }")
-	g.P()
-	g.P("// Handler returns the consumer handler of the saga's queue.")
-	g.P("func (", recv, " *", typ, ") Handler() ", consumerPkg.Ident("HandlerFunc"), " { return ", recv, ".engine.Handle }")
 	g.P()
 	results := " (" + sagaID + " string, " + created + " bool, " + err + " error)"
 	g.P("// StartTx starts an instance in the caller's transaction. It is idempotent on")
@@ -448,11 +445,7 @@ func genMigrations(g *protogen.GeneratedFile, s *model.Saga, files []string) {
 	fn := s.MigrationsFunc()
 	g.P("// ", fn, " returns the migrations of table ", s.Table, " as a schema source")
 	g.P("// (schema.Migrate applies them in file-name order, each once).")
-	g.P("func ", fn, "() ", schemaPkg.Ident("Source"), " {")
-	g.P("// The directory is a constant that exists in the embedded tree, so Sub cannot fail.")
-	g.P("sub, _ := ", fsPkg.Ident("Sub"), "(", v, ", ", strconv.Quote(dir), ")")
-	g.P("return ", schemaPkg.Ident("Source"), "{Name: ", strconv.Quote(s.Table), ", FS: sub}")
-	g.P("}")
+	g.P("var ", fn, " = ", servicePkg.Ident("Migrations"), "(", v, ", ", strconv.Quote(dir), ", ", strconv.Quote(s.Table), ")")
 	g.P()
 }
 

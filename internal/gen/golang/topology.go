@@ -86,32 +86,30 @@ func (t PackageTopology) Broker() broker.Topology {
 
 func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	t := Topology(p)
-	with := model.TopologyWithFunc
+	plan := model.TopologyPlanVar
 	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
 	g.P("// its exchanges (direct, or topic where an event is published), the work")
 	g.P("// queues of its participants and sagas (quorum")
 	g.P("// queues, each with the retry tier queues of retry.Default() and a parking")
 	g.P("// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every")
 	g.P("// package a process uses and declare the result with broker.Declare.")
-	g.P("func ", model.TopologyFunc, "() ", brokerPkg.Ident("Topology"), " {")
-	g.P("return ", with, "(", brokerPkg.Ident("QueueQuorum"), ", ", retryPkg.Ident("Default"), "())")
-	g.P("}")
+	g.P("// ", plan, ".Topology(qt, p) is the same with work queues of type qt and")
+	g.P("// retry tiers for policy p; the consumers of these queues must use the same policy.")
+	g.P("func ", model.TopologyFunc, "() ", brokerPkg.Ident("Topology"), " { return ", plan, ".Default() }")
 	g.P()
-	g.P("// ", with, " is ", model.TopologyFunc, " with work queues of type qt and retry tiers for")
-	g.P("// policy p. The consumers of these queues must use the same policy.")
-	g.P("func ", with, "(qt ", brokerPkg.Ident("QueueType"), ", p ", retryPkg.Ident("Policy"), ") ", brokerPkg.Ident("Topology"), " {")
-	g.P("return ", brokerPkg.Ident("Topology"), "{")
+	g.P("// ", plan, " is this package's exchanges, work queues and bindings (see ", model.TopologyFunc, ").")
+	g.P("var ", plan, " = ", brokerPkg.Ident("Plan"), "{")
 	g.P("Exchanges: []", brokerPkg.Ident("Exchange"), "{")
 	for _, e := range t.Exchanges {
 		g.P("{Name: ", strconv.Quote(e.Name), ", Kind: ", strconv.Quote(e.Kind), "},")
 	}
 	g.P("},")
 	if len(t.Queues) > 0 {
-		g.P("Queues: ", slicesPkg.Ident("Concat"), "(")
+		g.P("WorkQueues: []string{")
 		for _, q := range t.Queues {
-			g.P(brokerPkg.Ident("WorkQueue"), "(", strconv.Quote(q), ", qt, p),")
+			g.P(strconv.Quote(q), ",")
 		}
-		g.P("),")
+		g.P("},")
 	}
 	if len(t.Bindings) > 0 {
 		g.P("Bindings: []", brokerPkg.Ident("Binding"), "{")
@@ -120,7 +118,6 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 		}
 		g.P("},")
 	}
-	g.P("}")
 	g.P("}")
 	g.P()
 }

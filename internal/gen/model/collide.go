@@ -74,9 +74,9 @@ func ParticipantQueue(owner string) string { return owner + ".commands" }
 
 // Package-level identifiers.
 const (
-	TopologyFunc     = "Topology"
-	TopologyWithFunc = "TopologyWith"
-	SagaPackageFunc  = "SagaPackage"
+	TopologyFunc    = "Topology"
+	TopologyPlanVar = "TopologyPlan"
+	SagaPackageFunc = "SagaPackage"
 )
 
 // Lower returns s with its first letter lower-cased; anything else (a
@@ -249,7 +249,7 @@ func (b *builder) collisions() {
 	for _, f := range b.gen.Files {
 		if f.Generate && !claimed[f.GoImportPath] && b.annotated(f) {
 			claimed[f.GoImportPath] = true
-			for _, name := range []string{TopologyFunc, TopologyWithFunc, SagaPackageFunc} {
+			for _, name := range []string{TopologyFunc, TopologyPlanVar, SagaPackageFunc} {
 				// Point at the declaration the user has to rename, when
 				// there is one; the package function has no position.
 				df, dp := f, []int32(nil)

@@ -8,13 +8,11 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
-	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // ApprovalGrantedInfo describes the event approval.v1.ApprovalGranted.
 var ApprovalGrantedInfo = &message.Info{
@@ -40,7 +38,7 @@ func (x *ApprovalGranted) CorrelationKey() string { return x.GetQuoteId() }
 // publishes it to "workflow.event" with routing key "event.approval.approval-granted.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishApprovalGranted(ctx context.Context, tx pgx.Tx, m *ApprovalGranted, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // ApprovalRejectedInfo describes the event approval.v1.ApprovalRejected.
@@ -67,7 +65,7 @@ func (x *ApprovalRejected) CorrelationKey() string { return x.GetQuoteId() }
 // publishes it to "workflow.event" with routing key "event.approval.approval-rejected.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishApprovalRejected(ctx context.Context, tx pgx.Tx, m *ApprovalRejected, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -76,26 +74,23 @@ func PublishApprovalRejected(ctx context.Context, tx pgx.Tx, m *ApprovalRejected
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "workflow.event", Kind: "topic"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "workflow.event", Kind: "topic"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/quoteapproval/approval/v1",
 		Messages: []*message.Info{ApprovalGrantedInfo, ApprovalRejectedInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }

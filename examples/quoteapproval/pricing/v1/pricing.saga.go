@@ -6,21 +6,17 @@ package pricingv1
 import (
 	context "context"
 	errors "errors"
-	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
 	url "net/url"
-	slices "slices"
 	strconv "strconv"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // PriceQuoteInfo describes the command pricing.v1.PriceQuote.
 var PriceQuoteInfo = &message.Info{
@@ -48,7 +44,7 @@ func (x *PriceQuote) CorrelationKey() string { return x.GetQuoteId() }
 // publishes it to "workflow.command" with routing key "command.pricing.price-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // PriceQuoteResult is a reply to PriceQuote.
@@ -175,7 +171,7 @@ func (x *ReleasePrice) CorrelationKey() string { return x.GetQuoteId() }
 // publishes it to "workflow.command" with routing key "command.pricing.release-price.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // ReleasePriceResult is a reply to ReleasePrice.
@@ -219,7 +215,7 @@ func PricingParticipantFunc(impl PricingParticipant) participant.Func {
 		case *ReleasePrice:
 			return participant.Reply(impl.ReleasePrice(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service pricing: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("pricing", cmd)
 		}
 	}
 }
@@ -247,34 +243,31 @@ func RegisterPricingParticipant(h service.Registrar, impl PricingParticipant) er
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "workflow.command", Kind: "direct"},
-			{Name: "workflow.reply", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("pricing.commands", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "pricing.commands", Exchange: "workflow.command", RoutingKey: "command.pricing.price-quote.v1"},
-			{Queue: "pricing.commands", Exchange: "workflow.command", RoutingKey: "command.pricing.release-price.v1"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "workflow.command", Kind: "direct"},
+		{Name: "workflow.reply", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"pricing.commands",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "pricing.commands", Exchange: "workflow.command", RoutingKey: "command.pricing.price-quote.v1"},
+		{Queue: "pricing.commands", Exchange: "workflow.command", RoutingKey: "command.pricing.release-price.v1"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/quoteapproval/pricing/v1",
 		Messages: []*message.Info{PriceQuoteInfo, PriceReleaseFailedInfo, PriceReleasedInfo, QuotePricedInfo, QuotePricingFailedInfo, ReleasePriceInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }

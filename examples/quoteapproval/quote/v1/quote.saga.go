@@ -12,24 +12,18 @@ import (
 	approvalv1 "github.com/protosaga/saga/examples/quoteapproval/approval/v1"
 	pricingv1 "github.com/protosaga/saga/examples/quoteapproval/pricing/v1"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
-	schema "github.com/protosaga/saga/runtime/schema"
 	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
-	fs "io/fs"
 	http "net/http"
-	slices "slices"
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // CancelQuoteInfo describes the command quote.v1.CancelQuote.
 var CancelQuoteInfo = &message.Info{
@@ -56,7 +50,7 @@ func (x *CancelQuote) CorrelationKey() string { return x.GetQuoteId() }
 // publishes it to "workflow.command" with routing key "command.quote.cancel-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // OrderSubmittedInfo describes the reply quote.v1.OrderSubmitted.
@@ -105,7 +99,7 @@ func (x *SubmitOrder) CorrelationKey() string { return x.GetQuoteId() }
 // publishes it to "workflow.command" with routing key "command.ordering.submit-order.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // SubmitOrderResult is a reply to SubmitOrder.
@@ -149,7 +143,7 @@ func (x *SubmitQuote) CorrelationKey() string { return x.GetQuoteId() }
 // publishes it to "workflow.command" with routing key "command.quote.submit-quote.v1" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // OrderingParticipant executes the commands owned by service "ordering".
@@ -174,7 +168,7 @@ func OrderingParticipantFunc(impl OrderingParticipant) participant.Func {
 		case *SubmitOrder:
 			return participant.Reply(impl.SubmitOrder(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service ordering: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("ordering", cmd)
 		}
 	}
 }
@@ -202,45 +196,42 @@ func RegisterOrderingParticipant(h service.Registrar, impl OrderingParticipant) 
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "workflow.command", Kind: "direct"},
-			{Name: "workflow.event", Kind: "topic"},
-			{Name: "workflow.reply", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("ordering.commands", qt, p),
-			broker.WorkQueue("quote.saga.quote_approval", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "ordering.commands", Exchange: "workflow.command", RoutingKey: "command.ordering.submit-order.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.command", RoutingKey: "command.quote.cancel-quote.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.command", RoutingKey: "command.quote.submit-quote.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-granted.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-rejected.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.ordering.order-submitted.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.price-release-failed.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.price-released.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.quote-priced.v1"},
-			{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.quote-pricing-failed.v1"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "workflow.command", Kind: "direct"},
+		{Name: "workflow.event", Kind: "topic"},
+		{Name: "workflow.reply", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"ordering.commands",
+		"quote.saga.quote_approval",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "ordering.commands", Exchange: "workflow.command", RoutingKey: "command.ordering.submit-order.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.command", RoutingKey: "command.quote.cancel-quote.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.command", RoutingKey: "command.quote.submit-quote.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-granted.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.event", RoutingKey: "event.approval.approval-rejected.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.ordering.order-submitted.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.price-release-failed.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.price-released.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.quote-priced.v1"},
+		{Queue: "quote.saga.quote_approval", Exchange: "workflow.reply", RoutingKey: "reply.pricing.quote-pricing-failed.v1"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/quoteapproval/quote/v1",
 		Messages: []*message.Info{CancelQuoteInfo, OrderSubmittedInfo, SubmitOrderInfo, SubmitQuoteInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }
 
@@ -591,7 +582,7 @@ func (h quoteApprovalHooks) Apply(ctx context.Context, data proto.Message, msg m
 }
 
 // QuoteApproval runs saga quote.v1.QuoteApproval on a *saga.Engine with typed methods.
-// Its queue is "quote.saga.quote_approval"; register QuoteApproval.Handler() as that queue's consumer handler.
+// Its queue is "quote.saga.quote_approval"; RegisterQuoteApproval runs it on a host.
 type QuoteApproval struct {
 	engine *saga.Engine
 }
@@ -631,9 +622,6 @@ func (s *QuoteApproval) Engine() *saga.Engine { return s.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s *QuoteApproval) Queue() string { return "quote.saga.quote_approval" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s *QuoteApproval) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key quote_id: a second start returns the same saga id with created=false.
@@ -727,11 +715,7 @@ var quoteApprovalMigrationsFS embed.FS
 
 // QuoteApprovalMigrations returns the migrations of table saga_quote_approval as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func QuoteApprovalMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(quoteApprovalMigrationsFS, "migrations/saga_quote_approval")
-	return schema.Source{Name: "saga_quote_approval", FS: sub}
-}
+var QuoteApprovalMigrations = service.Migrations(quoteApprovalMigrationsFS, "migrations/saga_quote_approval", "saga_quote_approval")
 
 // RegisterQuoteApproval registers saga quote.v1.QuoteApproval with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "quote.saga.quote_approval", runs its timeout scanner and serves its status

@@ -10,26 +10,20 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
-	schema "github.com/protosaga/saga/runtime/schema"
 	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
-	fs "io/fs"
 	http "net/http"
 	url "net/url"
-	slices "slices"
 	strconv "strconv"
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // ContextInfo describes the command collide.message.Context.
 var ContextInfo = &message.Info{
@@ -56,7 +50,7 @@ func (x *Context) CorrelationKey() string { return x.GetType() }
 // publishes it to "collide.message.commands" with routing key "command.collide.message.context" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // EngineInfo describes the reply collide.message.Engine.
@@ -105,7 +99,7 @@ func (*Info) CorrelationKey() string { return "" }
 // publishes it to "collide.message.commands" with routing key "command.collide.message.info" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // InfoResult is a reply to Info.
@@ -149,7 +143,7 @@ func (*Message) CorrelationKey() string { return "" }
 // publishes it to "collide.message.commands" with routing key "command.collide.message.message" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // MessageResult is a reply to Message.
@@ -190,7 +184,7 @@ func (x *Meta) CorrelationKey() string { return x.GetDefault() }
 // publishes it to "collide.message.events" with routing key "event.collide.message.meta" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // TxInfo describes the reply collide.message.Tx.
@@ -240,7 +234,7 @@ func SelectParticipantFunc(impl SelectParticipant) participant.Func {
 		case *Message:
 			return participant.Reply(impl.Message(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service select: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("select", cmd)
 		}
 	}
 }
@@ -268,41 +262,38 @@ func RegisterSelectParticipant(h service.Registrar, impl SelectParticipant) erro
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "collide.message.commands", Kind: "direct"},
-			{Name: "collide.message.events", Kind: "topic"},
-			{Name: "collide.message.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("select.commands", qt, p),
-			broker.WorkQueue("select.saga.switch", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "select.commands", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.info"},
-			{Queue: "select.commands", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.message"},
-			{Queue: "select.saga.switch", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.context"},
-			{Queue: "select.saga.switch", Exchange: "collide.message.events", RoutingKey: "event.collide.message.meta"},
-			{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.engine"},
-			{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.tx"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "collide.message.commands", Kind: "direct"},
+		{Name: "collide.message.events", Kind: "topic"},
+		{Name: "collide.message.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"select.commands",
+		"select.saga.switch",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "select.commands", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.info"},
+		{Queue: "select.commands", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.message"},
+		{Queue: "select.saga.switch", Exchange: "collide.message.commands", RoutingKey: "command.collide.message.context"},
+		{Queue: "select.saga.switch", Exchange: "collide.message.events", RoutingKey: "event.collide.message.meta"},
+		{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.engine"},
+		{Queue: "select.saga.switch", Exchange: "collide.message.replies", RoutingKey: "reply.collide.message.tx"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/collide/message",
 		Messages: []*message.Info{ContextInfo, EngineInfo, InfoInfo, MessageInfo, MetaInfo, TxInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }
 
@@ -519,7 +510,7 @@ func (h switchHooks) Apply(ctx context.Context, data proto.Message, msg message.
 }
 
 // Switch runs saga collide.message.Switch on a *saga.Engine with typed methods.
-// Its queue is "select.saga.switch"; register Switch.Handler() as that queue's consumer handler.
+// Its queue is "select.saga.switch"; RegisterSwitch runs it on a host.
 type Switch struct {
 	engine *saga.Engine
 }
@@ -559,9 +550,6 @@ func (s *Switch) Engine() *saga.Engine { return s.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s *Switch) Queue() string { return "select.saga.switch" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s *Switch) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key type: a second start returns the same saga id with created=false.
@@ -641,11 +629,7 @@ var switchMigrationsFS embed.FS
 
 // SwitchMigrations returns the migrations of table saga_switch as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func SwitchMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(switchMigrationsFS, "migrations/saga_switch")
-	return schema.Source{Name: "saga_switch", FS: sub}
-}
+var SwitchMigrations = service.Migrations(switchMigrationsFS, "migrations/saga_switch", "saga_switch")
 
 // RegisterSwitch registers saga collide.message.Switch with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "select.saga.switch", runs its timeout scanner and serves its status

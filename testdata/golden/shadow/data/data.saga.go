@@ -6,19 +6,15 @@ package data
 import (
 	context "context"
 	errors "errors"
-	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
-	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // DoDataInfo describes the command shadow.data.DoData.
 var DoDataInfo = &message.Info{
@@ -45,7 +41,7 @@ func (*DoData) CorrelationKey() string { return "" }
 // publishes it to "shadow.data.commands" with routing key "command.shadow.data.do-data" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDoData(ctx context.Context, tx pgx.Tx, m *DoData, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // DoDataResult is a reply to DoData.
@@ -106,7 +102,7 @@ func SvcDataParticipantFunc(impl SvcDataParticipant) participant.Func {
 		case *DoData:
 			return participant.Reply(impl.DoData(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service svc-data: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("svc-data", cmd)
 		}
 	}
 }
@@ -134,33 +130,30 @@ func RegisterSvcDataParticipant(h service.Registrar, impl SvcDataParticipant) er
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "shadow.data.commands", Kind: "direct"},
-			{Name: "shadow.data.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("svc-data.commands", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "svc-data.commands", Exchange: "shadow.data.commands", RoutingKey: "command.shadow.data.do-data"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "shadow.data.commands", Kind: "direct"},
+		{Name: "shadow.data.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"svc-data.commands",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "svc-data.commands", Exchange: "shadow.data.commands", RoutingKey: "command.shadow.data.do-data"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/data",
 		Messages: []*message.Info{DoDataInfo, DoneDataInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }

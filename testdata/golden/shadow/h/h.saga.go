@@ -6,19 +6,15 @@ package h
 import (
 	context "context"
 	errors "errors"
-	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
-	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // DoHInfo describes the command shadow.h.DoH.
 var DoHInfo = &message.Info{
@@ -45,7 +41,7 @@ func (*DoH) CorrelationKey() string { return "" }
 // publishes it to "shadow.h.commands" with routing key "command.shadow.h.do-h" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDoH(ctx context.Context, tx pgx.Tx, m *DoH, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // DoHResult is a reply to DoH.
@@ -106,7 +102,7 @@ func SvcHParticipantFunc(impl SvcHParticipant) participant.Func {
 		case *DoH:
 			return participant.Reply(impl.DoH(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service svc-h: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("svc-h", cmd)
 		}
 	}
 }
@@ -134,33 +130,30 @@ func RegisterSvcHParticipant(h service.Registrar, impl SvcHParticipant) error {
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "shadow.h.commands", Kind: "direct"},
-			{Name: "shadow.h.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("svc-h.commands", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "svc-h.commands", Exchange: "shadow.h.commands", RoutingKey: "command.shadow.h.do-h"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "shadow.h.commands", Kind: "direct"},
+		{Name: "shadow.h.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"svc-h.commands",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "svc-h.commands", Exchange: "shadow.h.commands", RoutingKey: "command.shadow.h.do-h"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/h",
 		Messages: []*message.Info{DoHInfo, DoneHInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }

@@ -6,19 +6,15 @@ package msg
 import (
 	context "context"
 	errors "errors"
-	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
-	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // DoMsgInfo describes the command shadow.msg.DoMsg.
 var DoMsgInfo = &message.Info{
@@ -45,7 +41,7 @@ func (*DoMsg) CorrelationKey() string { return "" }
 // publishes it to "shadow.msg.commands" with routing key "command.shadow.msg.do-msg" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDoMsg(ctx context.Context, tx pgx.Tx, m *DoMsg, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // DoMsgResult is a reply to DoMsg.
@@ -107,7 +103,7 @@ func (x *Stop) CorrelationKey() string { return x.GetId() }
 // publishes it to "shadow.msg.events" with routing key "event.shadow.msg.stop" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishStop(ctx context.Context, tx pgx.Tx, m *Stop, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // SvcMsgParticipant executes the commands owned by service "svc-msg".
@@ -132,7 +128,7 @@ func SvcMsgParticipantFunc(impl SvcMsgParticipant) participant.Func {
 		case *DoMsg:
 			return participant.Reply(impl.DoMsg(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service svc-msg: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("svc-msg", cmd)
 		}
 	}
 }
@@ -160,34 +156,31 @@ func RegisterSvcMsgParticipant(h service.Registrar, impl SvcMsgParticipant) erro
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "shadow.msg.commands", Kind: "direct"},
-			{Name: "shadow.msg.events", Kind: "topic"},
-			{Name: "shadow.msg.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("svc-msg.commands", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "svc-msg.commands", Exchange: "shadow.msg.commands", RoutingKey: "command.shadow.msg.do-msg"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "shadow.msg.commands", Kind: "direct"},
+		{Name: "shadow.msg.events", Kind: "topic"},
+		{Name: "shadow.msg.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"svc-msg.commands",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "svc-msg.commands", Exchange: "shadow.msg.commands", RoutingKey: "command.shadow.msg.do-msg"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/msg",
 		Messages: []*message.Info{DoMsgInfo, DoneMsgInfo, StopInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }

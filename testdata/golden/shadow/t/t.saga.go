@@ -10,13 +10,9 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
-	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
-	schema "github.com/protosaga/saga/runtime/schema"
 	service "github.com/protosaga/saga/runtime/service"
 	cfg "github.com/protosaga/saga/testdata/golden/shadow/cfg"
 	ctx "github.com/protosaga/saga/testdata/golden/shadow/ctx"
@@ -30,14 +26,12 @@ import (
 	start "github.com/protosaga/saga/testdata/golden/shadow/start"
 	statusURL "github.com/protosaga/saga/testdata/golden/shadow/statusURL"
 	proto "google.golang.org/protobuf/proto"
-	fs "io/fs"
 	http "net/http"
-	slices "slices"
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // ApprovedInfo describes the event shadow.t.Approved.
 var ApprovedInfo = &message.Info{
@@ -62,7 +56,7 @@ func (x *Approved) CorrelationKey() string { return x.GetId() }
 // publishes it to "shadow.t.events" with routing key "event.shadow.t.approved" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishApproved(ctx context.Context, tx pgx.Tx, m *Approved, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -71,68 +65,65 @@ func PublishApproved(ctx context.Context, tx pgx.Tx, m *Approved, meta message.M
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "shadow.cfg.commands", Kind: "direct"},
-			{Name: "shadow.cfg.replies", Kind: "direct"},
-			{Name: "shadow.ctx.commands", Kind: "direct"},
-			{Name: "shadow.ctx.replies", Kind: "direct"},
-			{Name: "shadow.d.commands", Kind: "direct"},
-			{Name: "shadow.d.replies", Kind: "direct"},
-			{Name: "shadow.data.commands", Kind: "direct"},
-			{Name: "shadow.data.replies", Kind: "direct"},
-			{Name: "shadow.def.commands", Kind: "direct"},
-			{Name: "shadow.def.replies", Kind: "direct"},
-			{Name: "shadow.h.commands", Kind: "direct"},
-			{Name: "shadow.h.replies", Kind: "direct"},
-			{Name: "shadow.msg.commands", Kind: "direct"},
-			{Name: "shadow.msg.events", Kind: "topic"},
-			{Name: "shadow.msg.replies", Kind: "direct"},
-			{Name: "shadow.ok.commands", Kind: "direct"},
-			{Name: "shadow.ok.replies", Kind: "direct"},
-			{Name: "shadow.s.commands", Kind: "direct"},
-			{Name: "shadow.start.commands", Kind: "direct"},
-			{Name: "shadow.statusURL.commands", Kind: "direct"},
-			{Name: "shadow.t.events", Kind: "topic"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("by_receiver.saga.by_receiver", qt, p),
-			broker.WorkQueue("by_status_url.saga.by_status_url", qt, p),
-			broker.WorkQueue("fan_out.saga.fan_out", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.msg.events", RoutingKey: "event.shadow.msg.stop"},
-			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.s.commands", RoutingKey: "command.shadow.s.begin"},
-			{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
-			{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.statusURL.commands", RoutingKey: "command.shadow.statusurl.begin"},
-			{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.cfg.replies", RoutingKey: "reply.shadow.cfg.done-cfg"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.ctx.replies", RoutingKey: "reply.shadow.ctx.done-ctx"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.d.replies", RoutingKey: "reply.shadow.d.done-d"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.data.replies", RoutingKey: "reply.shadow.data.done-data"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.def.replies", RoutingKey: "reply.shadow.def.done-def"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.h.replies", RoutingKey: "reply.shadow.h.done-h"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.msg.replies", RoutingKey: "reply.shadow.msg.done-msg"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.ok.replies", RoutingKey: "reply.shadow.ok.done-ok"},
-			{Queue: "fan_out.saga.fan_out", Exchange: "shadow.start.commands", RoutingKey: "command.shadow.start.begin"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "shadow.cfg.commands", Kind: "direct"},
+		{Name: "shadow.cfg.replies", Kind: "direct"},
+		{Name: "shadow.ctx.commands", Kind: "direct"},
+		{Name: "shadow.ctx.replies", Kind: "direct"},
+		{Name: "shadow.d.commands", Kind: "direct"},
+		{Name: "shadow.d.replies", Kind: "direct"},
+		{Name: "shadow.data.commands", Kind: "direct"},
+		{Name: "shadow.data.replies", Kind: "direct"},
+		{Name: "shadow.def.commands", Kind: "direct"},
+		{Name: "shadow.def.replies", Kind: "direct"},
+		{Name: "shadow.h.commands", Kind: "direct"},
+		{Name: "shadow.h.replies", Kind: "direct"},
+		{Name: "shadow.msg.commands", Kind: "direct"},
+		{Name: "shadow.msg.events", Kind: "topic"},
+		{Name: "shadow.msg.replies", Kind: "direct"},
+		{Name: "shadow.ok.commands", Kind: "direct"},
+		{Name: "shadow.ok.replies", Kind: "direct"},
+		{Name: "shadow.s.commands", Kind: "direct"},
+		{Name: "shadow.start.commands", Kind: "direct"},
+		{Name: "shadow.statusURL.commands", Kind: "direct"},
+		{Name: "shadow.t.events", Kind: "topic"},
+	},
+	WorkQueues: []string{
+		"by_receiver.saga.by_receiver",
+		"by_status_url.saga.by_status_url",
+		"fan_out.saga.fan_out",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.msg.events", RoutingKey: "event.shadow.msg.stop"},
+		{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.s.commands", RoutingKey: "command.shadow.s.begin"},
+		{Queue: "by_receiver.saga.by_receiver", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
+		{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.statusURL.commands", RoutingKey: "command.shadow.statusurl.begin"},
+		{Queue: "by_status_url.saga.by_status_url", Exchange: "shadow.t.events", RoutingKey: "event.shadow.t.approved"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.cfg.replies", RoutingKey: "reply.shadow.cfg.done-cfg"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.ctx.replies", RoutingKey: "reply.shadow.ctx.done-ctx"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.d.replies", RoutingKey: "reply.shadow.d.done-d"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.data.replies", RoutingKey: "reply.shadow.data.done-data"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.def.replies", RoutingKey: "reply.shadow.def.done-def"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.h.replies", RoutingKey: "reply.shadow.h.done-h"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.msg.replies", RoutingKey: "reply.shadow.msg.done-msg"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.ok.replies", RoutingKey: "reply.shadow.ok.done-ok"},
+		{Queue: "fan_out.saga.fan_out", Exchange: "shadow.start.commands", RoutingKey: "command.shadow.start.begin"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shadow/t",
 		Messages: []*message.Info{ApprovedInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }
 
@@ -282,7 +273,7 @@ func (h byReceiverHooks) Apply(ctx context.Context, data proto.Message, msg_ mes
 }
 
 // ByReceiver runs saga shadow.t.ByReceiver on a *saga.Engine with typed methods.
-// Its queue is "by_receiver.saga.by_receiver"; register ByReceiver.Handler() as that queue's consumer handler.
+// Its queue is "by_receiver.saga.by_receiver"; RegisterByReceiver runs it on a host.
 type ByReceiver struct {
 	engine *saga.Engine
 }
@@ -322,9 +313,6 @@ func (s_ *ByReceiver) Engine() *saga.Engine { return s_.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s_ *ByReceiver) Queue() string { return "by_receiver.saga.by_receiver" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s_ *ByReceiver) Handler() consumer.HandlerFunc { return s_.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key id: a second start returns the same saga id with created=false.
@@ -418,11 +406,7 @@ var byReceiverMigrationsFS embed.FS
 
 // ByReceiverMigrations returns the migrations of table saga_by_receiver as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func ByReceiverMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(byReceiverMigrationsFS, "migrations/saga_by_receiver")
-	return schema.Source{Name: "saga_by_receiver", FS: sub}
-}
+var ByReceiverMigrations = service.Migrations(byReceiverMigrationsFS, "migrations/saga_by_receiver", "saga_by_receiver")
 
 // RegisterByReceiver registers saga shadow.t.ByReceiver with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "by_receiver.saga.by_receiver", runs its timeout scanner and serves its status
@@ -583,7 +567,7 @@ func (h byStatusURLHooks) Apply(ctx context.Context, data proto.Message, msg mes
 }
 
 // ByStatusURL runs saga shadow.t.ByStatusURL on a *saga.Engine with typed methods.
-// Its queue is "by_status_url.saga.by_status_url"; register ByStatusURL.Handler() as that queue's consumer handler.
+// Its queue is "by_status_url.saga.by_status_url"; RegisterByStatusURL runs it on a host.
 type ByStatusURL struct {
 	engine *saga.Engine
 }
@@ -623,9 +607,6 @@ func (s *ByStatusURL) Engine() *saga.Engine { return s.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s *ByStatusURL) Queue() string { return "by_status_url.saga.by_status_url" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s *ByStatusURL) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key id: a second start returns the same saga id with created=false.
@@ -705,11 +686,7 @@ var byStatusURLMigrationsFS embed.FS
 
 // ByStatusURLMigrations returns the migrations of table saga_by_status_url as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func ByStatusURLMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(byStatusURLMigrationsFS, "migrations/saga_by_status_url")
-	return schema.Source{Name: "saga_by_status_url", FS: sub}
-}
+var ByStatusURLMigrations = service.Migrations(byStatusURLMigrationsFS, "migrations/saga_by_status_url", "saga_by_status_url")
 
 // RegisterByStatusURL registers saga shadow.t.ByStatusURL with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "by_status_url.saga.by_status_url", runs its timeout scanner and serves its status
@@ -1157,7 +1134,7 @@ func (h_ fanOutHooks) Apply(ctx_ context.Context, data_ proto.Message, msg_ mess
 }
 
 // FanOut runs saga shadow.t.FanOut on a *saga.Engine with typed methods.
-// Its queue is "fan_out.saga.fan_out"; register FanOut.Handler() as that queue's consumer handler.
+// Its queue is "fan_out.saga.fan_out"; RegisterFanOut runs it on a host.
 type FanOut struct {
 	engine *saga.Engine
 }
@@ -1197,9 +1174,6 @@ func (s *FanOut) Engine() *saga.Engine { return s.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s *FanOut) Queue() string { return "fan_out.saga.fan_out" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s *FanOut) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key id: a second start returns the same saga id with created=false.
@@ -1279,11 +1253,7 @@ var fanOutMigrationsFS embed.FS
 
 // FanOutMigrations returns the migrations of table saga_fan_out as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func FanOutMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(fanOutMigrationsFS, "migrations/saga_fan_out")
-	return schema.Source{Name: "saga_fan_out", FS: sub}
-}
+var FanOutMigrations = service.Migrations(fanOutMigrationsFS, "migrations/saga_fan_out", "saga_fan_out")
 
 // RegisterFanOut registers saga shadow.t.FanOut with decider d_ on h_ (a runtime/host Host), which migrates its
 // table, consumes "fan_out.saga.fan_out", runs its timeout scanner and serves its status

@@ -6,19 +6,15 @@ package inventoryv1
 import (
 	context "context"
 	errors "errors"
-	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
-	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // InventoryReleasedInfo describes the reply shop.inventory.v1.InventoryReleased.
 var InventoryReleasedInfo = &message.Info{
@@ -110,7 +106,7 @@ func (x *ReleaseInventory) CorrelationKey() string { return x.GetOrderId() }
 // publishes it to "shop.inventory.v1.commands" with routing key "command.shop.inventory.v1.release-inventory" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishReleaseInventory(ctx context.Context, tx pgx.Tx, m *ReleaseInventory, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // ReleaseInventoryResult is a reply to ReleaseInventory.
@@ -153,7 +149,7 @@ func (x *ReserveInventory) CorrelationKey() string { return x.GetOrderId() }
 // publishes it to "shop.inventory.v1.commands" with routing key "command.shop.inventory.v1.reserve-inventory" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishReserveInventory(ctx context.Context, tx pgx.Tx, m *ReserveInventory, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // ReserveInventoryResult is a reply to ReserveInventory.
@@ -197,7 +193,7 @@ func InventoryParticipantFunc(impl InventoryParticipant) participant.Func {
 		case *ReserveInventory:
 			return participant.Reply(impl.ReserveInventory(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service inventory: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("inventory", cmd)
 		}
 	}
 }
@@ -225,34 +221,31 @@ func RegisterInventoryParticipant(h service.Registrar, impl InventoryParticipant
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "shop.inventory.v1.commands", Kind: "direct"},
-			{Name: "shop.inventory.v1.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("inventory.commands", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.release-inventory"},
-			{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.reserve-inventory"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "shop.inventory.v1.commands", Kind: "direct"},
+		{Name: "shop.inventory.v1.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"inventory.commands",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.release-inventory"},
+		{Queue: "inventory.commands", Exchange: "shop.inventory.v1.commands", RoutingKey: "command.shop.inventory.v1.reserve-inventory"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1",
 		Messages: []*message.Info{InventoryReleasedInfo, InventoryReservationFailedInfo, InventoryReservedInfo, ReleaseInventoryInfo, ReserveInventoryInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }

@@ -13,24 +13,18 @@ import (
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
-	schema "github.com/protosaga/saga/runtime/schema"
 	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
-	fs "io/fs"
 	http "net/http"
-	slices "slices"
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{
@@ -57,7 +51,7 @@ func (x *ApproveOrder) CorrelationKey() string { return x.GetOrderId() }
 // publishes it to "shop.order.v1.commands" with routing key "command.shop.order.v1.approve-order" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // ApproveOrderResult is a reply to ApproveOrder.
@@ -122,7 +116,7 @@ func (x *PlaceOrderRequest) CorrelationKey() string { return x.GetOrderId() }
 // publishes it to "shop.order.v1.commands" with routing key "command.shop.order.v1.place-order-request" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderRequest, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // OrderParticipant executes the commands owned by service "order".
@@ -147,7 +141,7 @@ func OrderParticipantFunc(impl OrderParticipant) participant.Func {
 		case *ApproveOrder:
 			return participant.Reply(impl.ApproveOrder(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service order: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("order", cmd)
 		}
 	}
 }
@@ -175,49 +169,46 @@ func RegisterOrderParticipant(h service.Registrar, impl OrderParticipant) error 
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "shop.inventory.v1.commands", Kind: "direct"},
-			{Name: "shop.inventory.v1.replies", Kind: "direct"},
-			{Name: "shop.order.v1.commands", Kind: "direct"},
-			{Name: "shop.order.v1.replies", Kind: "direct"},
-			{Name: "shop.payment.v1.commands", Kind: "direct"},
-			{Name: "shop.payment.v1.replies", Kind: "direct"},
-			{Name: "shop.shipping.v1.commands", Kind: "direct"},
-			{Name: "shop.shipping.v1.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("order.commands", qt, p),
-			broker.WorkQueue("order.saga.place_order", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "order.commands", Exchange: "shop.order.v1.commands", RoutingKey: "command.shop.order.v1.approve-order"},
-			{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-released"},
-			{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-reservation-failed"},
-			{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-reserved"},
-			{Queue: "order.saga.place_order", Exchange: "shop.order.v1.commands", RoutingKey: "command.shop.order.v1.place-order-request"},
-			{Queue: "order.saga.place_order", Exchange: "shop.order.v1.replies", RoutingKey: "reply.shop.order.v1.order-approved"},
-			{Queue: "order.saga.place_order", Exchange: "shop.payment.v1.replies", RoutingKey: "reply.shop.payment.v1.payment-authorization-failed"},
-			{Queue: "order.saga.place_order", Exchange: "shop.payment.v1.replies", RoutingKey: "reply.shop.payment.v1.payment-authorized"},
-			{Queue: "order.saga.place_order", Exchange: "shop.shipping.v1.replies", RoutingKey: "reply.shop.shipping.v1.shipping-scheduled"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "shop.inventory.v1.commands", Kind: "direct"},
+		{Name: "shop.inventory.v1.replies", Kind: "direct"},
+		{Name: "shop.order.v1.commands", Kind: "direct"},
+		{Name: "shop.order.v1.replies", Kind: "direct"},
+		{Name: "shop.payment.v1.commands", Kind: "direct"},
+		{Name: "shop.payment.v1.replies", Kind: "direct"},
+		{Name: "shop.shipping.v1.commands", Kind: "direct"},
+		{Name: "shop.shipping.v1.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"order.commands",
+		"order.saga.place_order",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "order.commands", Exchange: "shop.order.v1.commands", RoutingKey: "command.shop.order.v1.approve-order"},
+		{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-released"},
+		{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-reservation-failed"},
+		{Queue: "order.saga.place_order", Exchange: "shop.inventory.v1.replies", RoutingKey: "reply.shop.inventory.v1.inventory-reserved"},
+		{Queue: "order.saga.place_order", Exchange: "shop.order.v1.commands", RoutingKey: "command.shop.order.v1.place-order-request"},
+		{Queue: "order.saga.place_order", Exchange: "shop.order.v1.replies", RoutingKey: "reply.shop.order.v1.order-approved"},
+		{Queue: "order.saga.place_order", Exchange: "shop.payment.v1.replies", RoutingKey: "reply.shop.payment.v1.payment-authorization-failed"},
+		{Queue: "order.saga.place_order", Exchange: "shop.payment.v1.replies", RoutingKey: "reply.shop.payment.v1.payment-authorized"},
+		{Queue: "order.saga.place_order", Exchange: "shop.shipping.v1.replies", RoutingKey: "reply.shop.shipping.v1.shipping-scheduled"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/placeorder/shop/order/v1",
 		Messages: []*message.Info{ApproveOrderInfo, OrderApprovedInfo, PlaceOrderRequestInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }
 
@@ -588,7 +579,7 @@ func (h placeOrderHooks) Apply(ctx context.Context, data proto.Message, msg mess
 }
 
 // PlaceOrder runs saga shop.order.v1.PlaceOrder on a *saga.Engine with typed methods.
-// Its queue is "order.saga.place_order"; register PlaceOrder.Handler() as that queue's consumer handler.
+// Its queue is "order.saga.place_order"; RegisterPlaceOrder runs it on a host.
 type PlaceOrder struct {
 	engine *saga.Engine
 }
@@ -628,9 +619,6 @@ func (s *PlaceOrder) Engine() *saga.Engine { return s.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s *PlaceOrder) Queue() string { return "order.saga.place_order" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s *PlaceOrder) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key order_id: a second start returns the same saga id with created=false.
@@ -710,11 +698,7 @@ var placeOrderMigrationsFS embed.FS
 
 // PlaceOrderMigrations returns the migrations of table saga_place_order as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func PlaceOrderMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(placeOrderMigrationsFS, "migrations/saga_place_order")
-	return schema.Source{Name: "saga_place_order", FS: sub}
-}
+var PlaceOrderMigrations = service.Migrations(placeOrderMigrationsFS, "migrations/saga_place_order", "saga_place_order")
 
 // RegisterPlaceOrder registers saga shop.order.v1.PlaceOrder with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "order.saga.place_order", runs its timeout scanner and serves its status

@@ -6,19 +6,15 @@ package shippingv1
 import (
 	context "context"
 	errors "errors"
-	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
-	slices "slices"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // ScheduleShippingInfo describes the command shop.shipping.v1.ScheduleShipping.
 var ScheduleShippingInfo = &message.Info{
@@ -46,7 +42,7 @@ func (x *ScheduleShipping) CorrelationKey() string { return x.GetOrderId() }
 // publishes it to "shop.shipping.v1.commands" with routing key "command.shop.shipping.v1.schedule-shipping" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishScheduleShipping(ctx context.Context, tx pgx.Tx, m *ScheduleShipping, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // ScheduleShippingResult is a reply to ScheduleShipping.
@@ -107,7 +103,7 @@ func ShippingParticipantFunc(impl ShippingParticipant) participant.Func {
 		case *ScheduleShipping:
 			return participant.Reply(impl.ScheduleShipping(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service shipping: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("shipping", cmd)
 		}
 	}
 }
@@ -135,33 +131,30 @@ func RegisterShippingParticipant(h service.Registrar, impl ShippingParticipant) 
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "shop.shipping.v1.commands", Kind: "direct"},
-			{Name: "shop.shipping.v1.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("shipping.commands", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "shipping.commands", Exchange: "shop.shipping.v1.commands", RoutingKey: "command.shop.shipping.v1.schedule-shipping"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "shop.shipping.v1.commands", Kind: "direct"},
+		{Name: "shop.shipping.v1.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"shipping.commands",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "shipping.commands", Exchange: "shop.shipping.v1.commands", RoutingKey: "command.shop.shipping.v1.schedule-shipping"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1",
 		Messages: []*message.Info{ScheduleShippingInfo, ShippingScheduledInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }

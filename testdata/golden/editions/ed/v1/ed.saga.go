@@ -10,24 +10,18 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
-	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
-	schema "github.com/protosaga/saga/runtime/schema"
 	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
-	fs "io/fs"
 	http "net/http"
-	slices "slices"
 	strconv "strconv"
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // DeclinedInfo describes the event ed.v1.Declined.
 var DeclinedInfo = &message.Info{
@@ -54,7 +48,7 @@ func (x *Declined) CorrelationKey() string {
 // publishes it to "ed.v1.events" with routing key "event.ed.v1.declined" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDeclined(ctx context.Context, tx pgx.Tx, m *Declined, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // RequestedInfo describes the event ed.v1.Requested.
@@ -80,7 +74,7 @@ func (x *Requested) CorrelationKey() string { return strconv.FormatInt(int64(x.G
 // publishes it to "ed.v1.events" with routing key "event.ed.v1.requested" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishRequested(ctx context.Context, tx pgx.Tx, m *Requested, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // SignedInfo describes the event ed.v1.Signed.
@@ -106,7 +100,7 @@ func (x *Signed) CorrelationKey() string { return strconv.FormatInt(int64(x.GetT
 // publishes it to "ed.v1.events" with routing key "event.ed.v1.signed" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:
@@ -115,35 +109,32 @@ func PublishSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta message.Meta)
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "ed.v1.events", Kind: "topic"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("collect_signature.saga.collect_signature", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.declined"},
-			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.requested"},
-			{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.signed"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "ed.v1.events", Kind: "topic"},
+	},
+	WorkQueues: []string{
+		"collect_signature.saga.collect_signature",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.declined"},
+		{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.requested"},
+		{Queue: "collect_signature.saga.collect_signature", Exchange: "ed.v1.events", RoutingKey: "event.ed.v1.signed"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/editions/ed/v1",
 		Messages: []*message.Info{DeclinedInfo, RequestedInfo, SignedInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }
 
@@ -304,7 +295,7 @@ func (h collectSignatureHooks) Apply(ctx context.Context, data proto.Message, ms
 }
 
 // CollectSignature runs saga ed.v1.CollectSignature on a *saga.Engine with typed methods.
-// Its queue is "collect_signature.saga.collect_signature"; register CollectSignature.Handler() as that queue's consumer handler.
+// Its queue is "collect_signature.saga.collect_signature"; RegisterCollectSignature runs it on a host.
 type CollectSignature struct {
 	engine *saga.Engine
 }
@@ -344,9 +335,6 @@ func (s *CollectSignature) Engine() *saga.Engine { return s.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s *CollectSignature) Queue() string { return "collect_signature.saga.collect_signature" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s *CollectSignature) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key ticket: a second start returns the same saga id with created=false.
@@ -428,11 +416,7 @@ var collectSignatureMigrationsFS embed.FS
 
 // CollectSignatureMigrations returns the migrations of table saga_collect_signature as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func CollectSignatureMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(collectSignatureMigrationsFS, "migrations/saga_collect_signature")
-	return schema.Source{Name: "saga_collect_signature", FS: sub}
-}
+var CollectSignatureMigrations = service.Migrations(collectSignatureMigrationsFS, "migrations/saga_collect_signature", "saga_collect_signature")
 
 // RegisterCollectSignature registers saga ed.v1.CollectSignature with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "collect_signature.saga.collect_signature", runs its timeout scanner and serves its status

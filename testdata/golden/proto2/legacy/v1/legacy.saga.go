@@ -10,26 +10,20 @@ import (
 	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
-	consumer "github.com/protosaga/saga/runtime/consumer"
 	message "github.com/protosaga/saga/runtime/message"
-	outbox "github.com/protosaga/saga/runtime/outbox"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
-	schema "github.com/protosaga/saga/runtime/schema"
 	service "github.com/protosaga/saga/runtime/service"
 	proto "google.golang.org/protobuf/proto"
-	fs "io/fs"
 	http "net/http"
 	url "net/url"
-	slices "slices"
 	strconv "strconv"
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // Account_OpenInfo describes the command legacy.v1.Account.Open.
 var Account_OpenInfo = &message.Info{
@@ -58,7 +52,7 @@ func (x *Account_Open) CorrelationKey() string { return x.GetHolder().GetId() }
 // publishes it to "legacy.v1.commands" with routing key "command.legacy.v1.account-open" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // Account_OpenResult is a reply to Account_Open.
@@ -142,7 +136,7 @@ func (x *OpenAccountRequest) CorrelationKey() string { return x.GetHolderId() }
 // publishes it to "legacy.v1.events" with routing key "event.legacy.v1.open-account-request" after commit.
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta message.Meta) (string, error) {
-	return outbox.Publish(ctx, tx, m, meta)
+	return service.Publish(ctx, tx, m, meta)
 }
 
 // AccountsParticipant executes the commands owned by service "accounts".
@@ -167,7 +161,7 @@ func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
 		case *Account_Open:
 			return participant.Reply(impl.Account_Open(ctx, tx, c))
 		default:
-			return nil, retry.Permanent(fmt.Errorf("service accounts: unexpected command %s", cmd.SagaMessageInfo().FullName))
+			return nil, participant.UnexpectedCommand("accounts", cmd)
 		}
 	}
 }
@@ -195,39 +189,36 @@ func RegisterAccountsParticipant(h service.Registrar, impl AccountsParticipant) 
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
-func Topology() broker.Topology {
-	return TopologyWith(broker.QueueQuorum, retry.Default())
-}
+// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
+// retry tiers for policy p; the consumers of these queues must use the same policy.
+func Topology() broker.Topology { return TopologyPlan.Default() }
 
-// TopologyWith is Topology with work queues of type qt and retry tiers for
-// policy p. The consumers of these queues must use the same policy.
-func TopologyWith(qt broker.QueueType, p retry.Policy) broker.Topology {
-	return broker.Topology{
-		Exchanges: []broker.Exchange{
-			{Name: "legacy.v1.commands", Kind: "direct"},
-			{Name: "legacy.v1.events", Kind: "topic"},
-			{Name: "legacy.v1.replies", Kind: "direct"},
-		},
-		Queues: slices.Concat(
-			broker.WorkQueue("accounts.commands", qt, p),
-			broker.WorkQueue("onboarding.saga.onboarding", qt, p),
-		),
-		Bindings: []broker.Binding{
-			{Queue: "accounts.commands", Exchange: "legacy.v1.commands", RoutingKey: "command.legacy.v1.account-open"},
-			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.events", RoutingKey: "event.legacy.v1.open-account-request"},
-			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-opened"},
-			{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-refused"},
-		},
-	}
+// TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
+var TopologyPlan = broker.Plan{
+	Exchanges: []broker.Exchange{
+		{Name: "legacy.v1.commands", Kind: "direct"},
+		{Name: "legacy.v1.events", Kind: "topic"},
+		{Name: "legacy.v1.replies", Kind: "direct"},
+	},
+	WorkQueues: []string{
+		"accounts.commands",
+		"onboarding.saga.onboarding",
+	},
+	Bindings: []broker.Binding{
+		{Queue: "accounts.commands", Exchange: "legacy.v1.commands", RoutingKey: "command.legacy.v1.account-open"},
+		{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.events", RoutingKey: "event.legacy.v1.open-account-request"},
+		{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-opened"},
+		{Queue: "onboarding.saga.onboarding", Exchange: "legacy.v1.replies", RoutingKey: "reply.legacy.v1.account-refused"},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
-// message types and its topology (TopologyWith).
+// message types and its topology (TopologyPlan).
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/proto2/legacy/v1",
 		Messages: []*message.Info{Account_OpenInfo, Account_OpenedInfo, Account_RefusedInfo, OpenAccountRequestInfo},
-		Topology: TopologyWith,
+		Topology: TopologyPlan.Topology,
 	}
 }
 
@@ -405,7 +396,7 @@ func (h onboardingHooks) Apply(ctx context.Context, data proto.Message, msg mess
 }
 
 // Onboarding runs saga legacy.v1.Onboarding on a *saga.Engine with typed methods.
-// Its queue is "onboarding.saga.onboarding"; register Onboarding.Handler() as that queue's consumer handler.
+// Its queue is "onboarding.saga.onboarding"; RegisterOnboarding runs it on a host.
 type Onboarding struct {
 	engine *saga.Engine
 }
@@ -445,9 +436,6 @@ func (s *Onboarding) Engine() *saga.Engine { return s.engine }
 // Queue returns the queue the saga consumes its replies and events from, and
 // its start message unless a participant owns it.
 func (s *Onboarding) Queue() string { return "onboarding.saga.onboarding" }
-
-// Handler returns the consumer handler of the saga's queue.
-func (s *Onboarding) Handler() consumer.HandlerFunc { return s.engine.Handle }
 
 // StartTx starts an instance in the caller's transaction. It is idempotent on
 // the business key holder_id: a second start returns the same saga id with created=false.
@@ -527,11 +515,7 @@ var onboardingMigrationsFS embed.FS
 
 // OnboardingMigrations returns the migrations of table saga_onboarding as a schema source
 // (schema.Migrate applies them in file-name order, each once).
-func OnboardingMigrations() schema.Source {
-	// The directory is a constant that exists in the embedded tree, so Sub cannot fail.
-	sub, _ := fs.Sub(onboardingMigrationsFS, "migrations/saga_onboarding")
-	return schema.Source{Name: "saga_onboarding", FS: sub}
-}
+var OnboardingMigrations = service.Migrations(onboardingMigrationsFS, "migrations/saga_onboarding", "saga_onboarding")
 
 // RegisterOnboarding registers saga legacy.v1.Onboarding with decider d on h (a runtime/host Host), which migrates its
 // table, consumes "onboarding.saga.onboarding", runs its timeout scanner and serves its status

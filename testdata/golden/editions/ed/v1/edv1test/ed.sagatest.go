@@ -13,8 +13,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 5.
-const _ = message.SupportPackageIsVersion5
+// This file needs a runtime that supports generated code version 6.
+const _ = message.SupportPackageIsVersion6
 
 // CollectSignature drives one instance of saga ed.v1.CollectSignature in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
