@@ -44,7 +44,7 @@ func TestCancelThroughTheBroker(t *testing.T) {
 	ch, err := publish.Channel(ctx)
 	require.NoError(t, err)
 	top := broker.Topology{
-		Exchanges: []broker.Exchange{{Name: msgCancelOrder.Exchange, Kind: "direct"}},
+		Exchanges: []broker.Exchange{{Name: msgCancelOrder.Exchange, Kind: "direct"}, {Name: msgReserveInventory.Exchange, Kind: "direct"}},
 		Queues:    append(broker.WorkQueue(queue, broker.QueueQuorum, retry.Default()), broker.Queue{Name: sink}),
 		Bindings:  []broker.Binding{{Queue: queue, Exchange: msgCancelOrder.Exchange, RoutingKey: msgCancelOrder.RoutingKey}},
 	}

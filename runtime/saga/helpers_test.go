@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/apipb"
 	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
@@ -25,19 +24,13 @@ import (
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
+	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
-// testMsg is a message.Message over a well-known type: the value is the order
-// id, which is the saga's business key.
-type testMsg struct {
-	*wrapperspb.StringValue
-	info *message.Info
-}
-
-func (m testMsg) SagaMessageInfo() *message.Info { return m.info }
-func (m testMsg) IdempotencyKey() string         { return m.info.FullName + ":" + m.GetValue() }
-func (m testMsg) CorrelationKey() string         { return m.GetValue() }
+// testMsg is the runtime's shared test message (sagatest.Message): the
+// value is the order id, which is the saga's business key.
+type testMsg = *sagatest.Message
 
 const pkg = "test.order.v1."
 
@@ -71,17 +64,7 @@ var (
 	defaultReserveTimeout = sagadef.TimeoutCompensate
 )
 
-func newInfo(name string, kind message.Kind) *message.Info {
-	in := &message.Info{
-		FullName:      pkg + name,
-		Kind:          kind,
-		Exchange:      "test." + kind.String() + "s",
-		RoutingKey:    "test." + strings.ToLower(name),
-		SchemaVersion: 1,
-	}
-	in.New = func() message.Message { return testMsg{StringValue: &wrapperspb.StringValue{}, info: in} }
-	return in
-}
+func newInfo(name string, kind message.Kind) *message.Info { return sagatest.NewType(pkg+name, kind) }
 
 // cancelMsg is the test contract's business cancel message, over a
 // well-known type with three strings: name is the order id (its
@@ -107,7 +90,7 @@ func cancelOrder(order, by, why string) cancelMsg {
 }
 
 func msg(in *message.Info, order string) testMsg {
-	return testMsg{StringValue: wrapperspb.String(order), info: in}
+	return sagatest.NewMessage(in, order)
 }
 
 // hooks implements sagadef.Hooks for the test contract. The saga data is a

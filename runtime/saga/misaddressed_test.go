@@ -30,7 +30,7 @@ func TestMisaddressedReplyIsRefused(t *testing.T) {
 		msgID, err := b.reply(t, sagaID, m, causation)
 		require.ErrorIs(t, err, sagadef.ErrMisaddressed)
 		require.Equal(t, retry.ClassPermanent, retry.ClassOf(err))
-		require.Equal(t, "permanent: misaddressed reply: message "+msgID+" ("+m.info.FullName+") to saga "+sagaTypeName+" "+id+
+		require.Equal(t, "permanent: misaddressed reply: message "+msgID+" ("+m.SagaMessageInfo().FullName+") to saga "+sagaTypeName+" "+id+
 			": header x-causation-id "+reason, err.Error())
 		after := b.status(t, id)
 		require.Equal(t, before.Version, after.Version, "nothing applied")

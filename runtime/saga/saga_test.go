@@ -162,7 +162,7 @@ func TestHappyPath(t *testing.T) {
 		require.Equal(t, id, r.SagaID)
 		require.Equal(t, id, r.CorrelationID)
 		require.Equal(t, sagaTypeName, r.SagaType)
-		require.Equal(t, r.MessageType+":order-1", r.IdempotencyKey)
+		require.Equal(t, r.MessageType+"/order-1", r.IdempotencyKey)
 	}
 
 	h := b.history(t, id)
@@ -396,7 +396,7 @@ func TestVersionGuardRefusesStaleWrite(t *testing.T) {
 	m := msg(msgInventoryReserved, "order-1")
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		return b.engine.TransitionForTest(ctx, tx, stale, sagadef.Trigger{
-			Kind: m.info.FullName, Message: m, MessageID: newID(), CausationID: cmd,
+			Kind: m.SagaMessageInfo().FullName, Message: m, MessageID: newID(), CausationID: cmd,
 		})
 	})
 	require.ErrorIs(t, err, saga.ErrVersionConflict)
