@@ -261,13 +261,12 @@ func (s *Server) businessKeys(ctx context.Context, items []OperatorAction) error
 	}
 	keys := map[string]string{}
 	for typ, list := range ids {
-		rows, err := s.cfg.Pool.Query(ctx, `SELECT id::text, business_key FROM `+s.byName[typ].table+` WHERE id = ANY($1::uuid[])`, list)
+		found, err := s.byName[typ].engine.Idents(ctx, list, nil)
 		if err != nil {
 			return fmt.Errorf("business keys of %s sagas: %w", typ, err)
 		}
-		var id, key string
-		if _, err := pgx.ForEachRow(rows, []any{&id, &key}, func() error { keys[id] = key; return nil }); err != nil {
-			return fmt.Errorf("business keys of %s sagas: %w", typ, err)
+		for _, f := range found {
+			keys[f.ID] = f.BusinessKey
 		}
 	}
 	for i := range items {

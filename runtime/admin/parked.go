@@ -208,18 +208,12 @@ func (s *Server) join(ctx context.Context, rows []parkedRow) error {
 	type keyState struct{ key, state string }
 	found := map[string]keyState{}
 	for typ, list := range ids {
-		t := s.byName[typ]
-		rs, err := s.cfg.Pool.Query(ctx, `SELECT id::text, business_key, state FROM `+t.table+` WHERE id = ANY($1::uuid[])`, list)
+		idents, err := s.byName[typ].engine.Idents(ctx, list, nil)
 		if err != nil {
 			return fmt.Errorf("join parked messages to %s sagas: %w", typ, err)
 		}
-		var id, key, state string
-		_, err = pgx.ForEachRow(rs, []any{&id, &key, &state}, func() error {
-			found[typ+"/"+id] = keyState{key, state}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("join parked messages to %s sagas: %w", typ, err)
+		for _, f := range idents {
+			found[typ+"/"+f.ID] = keyState{f.BusinessKey, f.State}
 		}
 	}
 	for i := range rows {
@@ -274,19 +268,13 @@ func (s *Server) link(ctx context.Context, rows []parkedRow) error {
 				ids = append(ids, u.String())
 			}
 		}
-		rs, err := s.cfg.Pool.Query(ctx, `SELECT id::text, business_key FROM `+t.table+` WHERE business_key = ANY($1)
-UNION ALL SELECT id::text, business_key FROM `+t.table+` WHERE id = ANY($2::uuid[])`, keys, ids)
+		idents, err := t.engine.Idents(ctx, ids, keys)
 		if err != nil {
 			return fmt.Errorf("link parked messages to %s sagas: %w", t.def.Name, err)
 		}
 		byKey := map[string]string{}
-		var id, key string
-		_, err = pgx.ForEachRow(rs, []any{&id, &key}, func() error {
-			byKey[key], byKey[id] = id, id
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("link parked messages to %s sagas: %w", t.def.Name, err)
+		for _, f := range idents {
+			byKey[f.BusinessKey], byKey[f.ID] = f.ID, f.ID
 		}
 		for _, w := range ws {
 			p := &rows[w.row]

@@ -103,3 +103,31 @@ func (e *Engine) NoteTx(ctx context.Context, tx pgx.Tx, n Note) (Status, error) 
 	}
 	return e.status(w)
 }
+
+// Ident is an instance's identity and state, as operator views show it
+// beside a row that names the saga (a parked message, an operator action).
+type Ident struct {
+	ID, BusinessKey, State string
+}
+
+// Idents returns the instances whose id is one of ids (UUIDs) or whose
+// business key is one of keys; either list may be empty. An instance named
+// both ways is returned twice.
+func (e *Engine) Idents(ctx context.Context, ids, keys []string) ([]Ident, error) {
+	if ids == nil {
+		ids = []string{}
+	}
+	if keys == nil {
+		keys = []string{}
+	}
+	rows, err := e.cfg.Pool.Query(ctx, `SELECT id::text, business_key, state FROM `+e.table+` WHERE id = ANY($1::uuid[])
+UNION ALL SELECT id::text, business_key, state FROM `+e.table+` WHERE business_key = ANY($2)`, ids, keys)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: identify %d ids and %d business keys: %w", e.def.Name, len(ids), len(keys), err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Ident])
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: identify %d ids and %d business keys: %w", e.def.Name, len(ids), len(keys), err)
+	}
+	return out, nil
+}

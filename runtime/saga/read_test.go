@@ -257,3 +257,20 @@ func TestPhase(t *testing.T) {
 		require.Equal(t, want, saga.Status{State: state, StateKind: kind}.Phase(), state)
 	}
 }
+
+// TestIdents: instances named by id or by business key, with their state;
+// a name that matches nothing returns nothing.
+func TestIdents(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{})
+	ctx := context.Background()
+	one, two := b.start(t, "o-1"), b.start(t, "o-2")
+	b.start(t, "o-3")
+	got, err := b.engine.Idents(ctx, []string{one, newID()}, []string{"o-2", "o-none"})
+	require.NoError(t, err)
+	state := b.status(t, one).State
+	require.ElementsMatch(t, []saga.Ident{{ID: one, BusinessKey: "o-1", State: state}, {ID: two, BusinessKey: "o-2", State: state}}, got)
+	got, err = b.engine.Idents(ctx, nil, nil)
+	require.NoError(t, err)
+	require.Empty(t, got)
+}
