@@ -394,11 +394,23 @@ func (b *testBundle) drain(queue string) []amqp.Delivery {
 // waitSettled waits until id was acknowledged with outcome.
 func (b *testBundle) waitSettled(id, outcome string) {
 	b.t.Helper()
+	b.waitSettledAs(id, outcome)
+}
+
+// waitSettledAs waits until a delivery of message id was acknowledged with
+// one of the outcomes.
+func (b *testBundle) waitSettledAs(id string, outcomes ...string) {
+	b.t.Helper()
 	require.Eventually(b.t, func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return slices.Contains(b.settled, settlement{id, outcome})
-	}, testTimeout, poll, "message %s never settled as %s", id, outcome)
+		for _, o := range outcomes {
+			if slices.Contains(b.settled, settlement{id, o}) {
+				return true
+			}
+		}
+		return false
+	}, testTimeout, poll, "message %s never settled as %s", id, strings.Join(outcomes, " or "))
 }
 
 // settledCount returns how many deliveries were acknowledged.
@@ -932,7 +944,11 @@ FROM saga_parked WHERE message_id = 'again'`).Scan(&open, &dismissed))
 			b.send(id, doOK, nil)
 		}
 		for _, id := range ids {
-			b.waitSettled(id, "done")
+			// A batch that committed while its acknowledgement was lost
+			// with the connection comes back, and its inbox claims make
+			// the second handling a duplicate: settled either way, and
+			// the effect counted below is applied once.
+			b.waitSettledAs(id, "done", "duplicate")
 		}
 		b.stop(r)
 		for _, id := range ids {
