@@ -132,16 +132,21 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 		{Name: "sagas/s", Value: float64(done) / elapsed.Seconds()},
 		{Name: "saga-equivalents/s (steps applied ÷ 4)", Value: work / elapsed.Seconds()},
 		{Name: "commits/step", Value: commits},
+		{Name: "commits/saga", Value: commits * workload.Steps},
 		{Name: "WAL flushes/saga (cluster)", Value: float64(after.WALSyncs-before.WALSyncs) / work},
 		{Name: "client CPU ms/saga", Value: ms(d.Self) / work},
 	}
 	if p, ok := sys.(interface{ StatementsPartial() bool }); ok && p.StatementsPartial() {
-		out = append(out, report.Metric{Name: "statements/saga (this process's; not the peer server's)", Value: float64(statements) / work})
+		out = append(out, report.Metric{Name: "statements/saga (executed for this process; not the peer server's)", Value: float64(statements) / work})
 	} else {
-		out = append(out, report.Metric{Name: "statements/saga", Value: float64(statements) / work})
+		out = append(out, report.Metric{Name: "statements/saga (executed)", Value: float64(statements) / work})
 	}
 	if stmtLog != nil {
-		fmt.Fprintf(stmtLog, "statements of %s, per saga's worth of steps:\n", label)
+		fmt.Fprintf(stmtLog, "statements of %s executed per saga's worth of steps, by command (polls included):\n", label)
+		for i, n := range sys.Statements().ByCommand() {
+			fmt.Fprintf(stmtLog, "  %6.2f  %s\n", float64(n)/work, benv.Commands[i])
+		}
+		fmt.Fprintf(stmtLog, "statement texts sent through pgx's query and batch paths, per saga's worth of steps:\n")
 		for _, c := range sys.Statements().Top(25) {
 			fmt.Fprintf(stmtLog, "  %6.2f  %s\n", float64(c.Count)/work, c.SQL)
 		}
@@ -160,6 +165,9 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 	}
 	if d.PeerOK {
 		out = append(out, report.Metric{Name: env.PeerLabel() + " CPU ms/saga", Value: ms(d.Peer) / work})
+	}
+	if b, ok := sys.(interface{ usesBroker() bool }); d.PostgresOK && d.RabbitOK && !d.PeerOK && (!ok || b.usesBroker()) {
+		out = append(out, report.Metric{Name: "total CPU ms/saga (client + PostgreSQL + RabbitMQ)", Value: ms(d.Self+d.Postgres+d.Rabbit) / work})
 	}
 	return out, nil
 }

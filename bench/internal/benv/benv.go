@@ -41,7 +41,13 @@ type Env struct {
 	admin         *pgxpool.Pool // on the base database: create/drop the run's database
 	db            *pgxpool.Pool // on the run's database: create/drop schemas, read stats
 	peer          peer          // counted by Sample next to the run's database (CountPeer)
+	traceText     bool          // pools also record statement texts (TraceStatementText)
 }
+
+// TraceStatementText makes the pools Schema.Pool opens from now on record
+// the text of every statement their StatementCounter sees (Top). It costs
+// the measured process CPU, so it is off unless asked for.
+func (e *Env) TraceStatementText(on bool) { e.traceText = on }
 
 // FromEnv reads the server addresses from the environment and creates the
 // run's own database. Close drops it.
@@ -137,7 +143,9 @@ func (e *Env) NewSchema(ctx context.Context, label string) (*Schema, error) {
 }
 
 // Pool opens a pool of at most maxConns connections on the schema. When
-// counter is not nil, it counts every statement the pool sends.
+// counter is not nil, it counts every statement the server executes for the
+// pool; the connections must then be plaintext (sslmode=disable, as
+// scripts/services.sh's URL has).
 func (s *Schema) Pool(ctx context.Context, maxConns int32, counter ...*StatementCounter) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(s.URL)
 	if err != nil {
@@ -145,7 +153,13 @@ func (s *Schema) Pool(ctx context.Context, maxConns int32, counter ...*Statement
 	}
 	cfg.MaxConns = maxConns
 	if len(counter) > 0 && counter[0] != nil {
-		cfg.ConnConfig.Tracer = counter[0]
+		if err := checkPlaintext(&cfg.ConnConfig.Config); err != nil {
+			return nil, fmt.Errorf("pool on schema %s: %w", s.Name, err)
+		}
+		cfg.ConnConfig.DialFunc = counter[0].wire.dialFunc(cfg.ConnConfig.DialFunc)
+		if s.env.traceText {
+			cfg.ConnConfig.Tracer = counter[0]
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -5,27 +5,72 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// StatementCounter is a pgx.QueryTracer that counts the statements (round
-// trips of one query each: BEGIN, SAVEPOINT and COMMIT included) a pool
-// sends, in total and by statement text.
+// StatementCounter counts the statements PostgreSQL executes for one pool
+// (Schema.Pool installs it): Total and ByCommand count the server's
+// CommandComplete answers on the pool's connections, so statements sent in
+// pgx batches, pgconn pipelines and multi-statement queries count once each,
+// BEGIN and COMMIT included. When the run traces statement text
+// (Env.TraceStatementText), it also keeps how often each statement text was
+// sent through pgx's query and batch paths, for Top.
 type StatementCounter struct {
-	total atomic.Int64
-	mu    sync.Mutex
-	by    map[string]int64
+	wire wireCounts
+	mu   sync.Mutex
+	by   map[string]int64
 }
 
-// TraceQueryStart counts one statement.
+// Total is how many statements the server executed.
+func (c *StatementCounter) Total() int64 { return c.wire.total() }
+
+// Failed is how many statements the server answered with an error.
+func (c *StatementCounter) Failed() int64 { return c.wire.errors.Load() }
+
+// ByCommand is how many statements of each kind in Commands the server
+// executed, in the order of Commands.
+func (c *StatementCounter) ByCommand() []int64 {
+	out := make([]int64, len(Commands))
+	for i := range out {
+		out[i] = c.wire.byCommand[i].Load()
+	}
+	return out
+}
+
+// Reset forgets every count.
+func (c *StatementCounter) Reset() {
+	c.mu.Lock()
+	c.by = nil
+	c.wire.reset()
+	c.mu.Unlock()
+}
+
+// TraceQueryStart records the text of one statement sent on its own.
 func (c *StatementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	c.total.Add(1)
-	// The key is the statement's first 70 characters with whitespace
-	// collapsed; normalizing only its head keeps the tracer's own CPU, which
-	// counts as the measured process's, small for long batch statements.
-	sql := data.SQL
+	c.text(data.SQL)
+	return ctx
+}
+
+// TraceQueryEnd does nothing.
+func (c *StatementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TraceBatchStart does nothing.
+func (c *StatementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery records the text of one statement of a batch.
+func (c *StatementCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	c.text(data.SQL)
+}
+
+// TraceBatchEnd does nothing.
+func (c *StatementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// text counts one statement under its first 70 characters with whitespace
+// collapsed.
+func (c *StatementCounter) text(sql string) {
 	if len(sql) > 256 {
 		sql = sql[:256]
 	}
@@ -39,30 +84,17 @@ func (c *StatementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, dat
 	}
 	c.by[key]++
 	c.mu.Unlock()
-	return ctx
 }
 
-// TraceQueryEnd does nothing.
-func (c *StatementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// Total is how many statements were counted.
-func (c *StatementCounter) Total() int64 { return c.total.Load() }
-
-// Reset forgets every count.
-func (c *StatementCounter) Reset() {
-	c.mu.Lock()
-	c.by = nil
-	c.total.Store(0)
-	c.mu.Unlock()
-}
-
-// StatementCount is one statement text and how often it ran.
+// StatementCount is one statement text and how often it was sent.
 type StatementCount struct {
 	SQL   string
 	Count int64
 }
 
-// Top returns the n most frequent statements.
+// Top returns the n statement texts sent most often (empty unless the run
+// traces statement text). pgconn pipelines bypass pgx's tracers, so their
+// statements are in Total but not here.
 func (c *StatementCounter) Top(n int) []StatementCount {
 	c.mu.Lock()
 	out := make([]StatementCount, 0, len(c.by))
