@@ -36,6 +36,11 @@ func TestQuick(t *testing.T) {
 		"| saga throughput | Watermill, 8 handlers, 150 sagas | sagas/s |",
 		"| saga throughput | saga runtime, workers 4, 300 sagas | sagas/s |",
 		"| saga throughput | saga runtime, workers 4, 300 sagas | commits/step |",
+		"| saga throughput | saga runtime, workers 4, 300 sagas | statements/saga (executed) |",
+		"| saga throughput | Watermill, 8 handlers, 150 sagas | statements/saga (executed) |",
+		"| saga throughput | saga runtime, workers 4, 300 sagas | total CPU ms/saga (client + PostgreSQL + RabbitMQ) |",
+		"| relay | raw publish of the relay's messages (same headers, exchange, routing key, mandatory, window 1024), 2000 msgs | msgs/s |",
+		"/ raw publish of the same messages (same shape)",
 		"| relay | outbox relay ×1 (batch 500, window 1024: defaults), 2000 rows | msgs/s |",
 		"ours / Watermill (completed sagas/s)",
 	} {

@@ -162,7 +162,7 @@ func (s *oursSystem) Close() {
 	s.close()
 }
 
-// relayBench pre-fills n outbox rows (~300-byte bodies) bound for a quorum
+// relayBench pre-fills n outbox rows (relayEnvelope) bound for a quorum
 // queue through a direct exchange (the kind the generator gives command and
 // reply exchanges), then runs the given number of relays and measures how fast the rows
 // are published and confirmed.
@@ -185,32 +185,13 @@ func relayBench(ctx context.Context, env *benv.Env, relays, batch, window, n int
 	if err := schema.Migrate(ctx, pool); err != nil {
 		return nil, fmt.Errorf("relay bench: migrate: %w", err)
 	}
-	conn, err := broker.Dial(ctx, vh.URL, broker.ConnConfig{Name: "relay-bench", Logger: logger})
-	if err != nil {
-		return nil, fmt.Errorf("relay bench: dial: %w", err)
+	if err := declareRelayTopology(ctx, vh, logger); err != nil {
+		return nil, err
 	}
-	defer conn.Close()
-	ch, err := conn.Channel(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("relay bench: channel: %w", err)
-	}
-	topo := broker.Topology{
-		Exchanges: []broker.Exchange{{Name: "bench.relay", Kind: "direct"}},
-		Queues:    []broker.Queue{{Name: "bench.relay.q", Type: broker.QueueQuorum}},
-		Bindings:  []broker.Binding{{Queue: "bench.relay.q", Exchange: "bench.relay", RoutingKey: "bench.relay"}},
-	}
-	if err := broker.Declare(ctx, ch, topo); err != nil {
-		return nil, fmt.Errorf("relay bench: declare: %w", err)
-	}
-	_ = ch.Close()
 	for from := 0; from < n; from += 1000 {
 		envs := make([]message.Envelope, 0, 1000)
 		for i := from; i < min(from+1000, n); i++ {
-			envs = append(envs, message.Envelope{
-				MessageID: fmt.Sprintf("relay-%08d", i), CorrelationID: "bench", MessageType: "bench.Relay",
-				SchemaVersion: 1, OccurredAt: time.Now(), Exchange: "bench.relay", RoutingKey: "bench.relay",
-				Body: raw.Body,
-			})
+			envs = append(envs, relayEnvelope(i))
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, envs...) }); err != nil {
 			return nil, fmt.Errorf("relay bench: fill outbox: %w", err)
@@ -286,6 +267,88 @@ func relayBench(ctx context.Context, env *benv.Env, relays, batch, window, n int
 	}
 	if d.RabbitOK {
 		out = append(out, report.Metric{Name: "RabbitMQ CPU µs/msg", Value: ms(d.Rabbit) * 1000 / float64(done)})
+	}
+	return out, nil
+}
+
+// relayEnvelope is the i-th message of the relay measurements: a ~300-byte
+// body with the envelope fields a saga's command carries (saga id and type,
+// causation, idempotency key; no trace context, as telemetry is off in the
+// measurements), to the direct exchange declareRelayTopology declares.
+func relayEnvelope(i int) message.Envelope {
+	id := fmt.Sprintf("relay-%08d", i)
+	return message.Envelope{
+		MessageID: id, CorrelationID: "bench-" + id, CausationID: "cause-" + id,
+		SagaID: "saga-" + id, SagaType: "bench.v1.Relay", IdempotencyKey: "key-" + id,
+		MessageType: "bench.v1.RelayCommand", SchemaVersion: 1, OccurredAt: time.Now(),
+		Exchange: "bench.relay", RoutingKey: "bench.relay", Body: raw.Body,
+	}
+}
+
+// declareRelayTopology declares the relay measurements' direct exchange
+// bound to a quorum queue on vh.
+func declareRelayTopology(ctx context.Context, vh *benv.VHost, logger *slog.Logger) error {
+	conn, err := broker.Dial(ctx, vh.URL, broker.ConnConfig{Name: "relay-bench", Logger: logger})
+	if err != nil {
+		return fmt.Errorf("relay bench: dial: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel(ctx)
+	if err != nil {
+		return fmt.Errorf("relay bench: channel: %w", err)
+	}
+	defer ch.Close()
+	topo := broker.Topology{
+		Exchanges: []broker.Exchange{{Name: "bench.relay", Kind: "direct"}},
+		Queues:    []broker.Queue{{Name: "bench.relay.q", Type: broker.QueueQuorum}},
+		Bindings:  []broker.Binding{{Queue: "bench.relay.q", Exchange: "bench.relay", RoutingKey: "bench.relay"}},
+	}
+	if err := broker.Declare(ctx, ch, topo); err != nil {
+		return fmt.Errorf("relay bench: declare: %w", err)
+	}
+	return nil
+}
+
+// relayWindow is the relay's default confirm window (outbox.RelayConfig.Window).
+const relayWindow = 1024
+
+// sameShapeBench publishes the relay measurement's n messages — the AMQP
+// messages the relay makes of them (message.Envelope.Publishing), to the
+// same exchange and routing key, mandatory, with the relay's default window
+// of outstanding confirms — straight from amqp091-go on one channel: what
+// the relay would reach if its database work cost nothing.
+func sameShapeBench(ctx context.Context, env *benv.Env, n int, logger *slog.Logger) ([]report.Metric, error) {
+	vh, err := env.NewVHost(ctx, "shape")
+	if err != nil {
+		return nil, err
+	}
+	defer vh.Drop()
+	if err := declareRelayTopology(ctx, vh, logger); err != nil {
+		return nil, err
+	}
+	msgs := make([]raw.Shaped, n)
+	for i := range msgs {
+		e := relayEnvelope(i)
+		msgs[i] = raw.Shaped{Exchange: e.Exchange, RoutingKey: e.RoutingKey, Publishing: e.Publishing()}
+	}
+	benv.Settle()
+	before, err := env.Sample(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := raw.PublishShaped(ctx, vh.URL, msgs, relayWindow, true)
+	if err != nil {
+		return nil, fmt.Errorf("same-shape publish: %w", err)
+	}
+	after, err := env.Sample(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := after.Sub(before)
+	out := []report.Metric{{Name: "msgs/s", Value: r.PerSecond()},
+		{Name: "client CPU µs/msg", Value: ms(d.Self) * 1000 / float64(r.N)}}
+	if d.RabbitOK {
+		out = append(out, report.Metric{Name: "RabbitMQ CPU µs/msg", Value: ms(d.Rabbit) * 1000 / float64(r.N)})
 	}
 	return out, nil
 }
