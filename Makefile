@@ -15,7 +15,7 @@ STATICCHECK := $(HOME)/.cache/protosaga/staticcheck-$(STATICCHECK_VERSION)/stati
 TESTFLAGS ?= -count=1 -timeout 15m
 PKGS      ?= ./...
 
-.PHONY: all build plugin generate check-generated fmt-check vet test test-matrix test-unit demo bench bench-peers bench-slowdisk soak buf-plugins buf-generate check-buf check-bufplugin services-start services-stop clean
+.PHONY: all build plugin generate check-generated fmt-check vet test test-matrix test-unit demo bench bench-hosts bench-peers bench-slowdisk soak buf-plugins buf-generate check-buf check-bufplugin services-start services-stop clean
 
 all: build
 
@@ -94,11 +94,24 @@ test-unit:
 demo: plugin generate
 	scripts/with-services.sh $(GO) run ./examples/placeorder/cmd/demo
 
-## bench: performance measurements, each side by side with its peer in the same run (bench/ is its own module).
+## bench: performance measurements, each side by side with its peer in the same run (bench/ is its own module),
+## then bench-hosts.
 bench:
 	cd bench && $(GO) run ./cmd/genbench -sagas 40 -runs 9
 	mkdir -p $(CACHE)
 	scripts/with-services.sh sh -c '$(GO) test -run "^$$" -bench BenchmarkTransition -benchmem -count 6 ./runtime/telemetry/ && cd bench && $(GO) run ./cmd/sagabench -out $(CACHE)/bench.md'
+	$(MAKE) bench-hosts
+
+## bench-hosts: the saga comparison again as on separate hosts — PostgreSQL, RabbitMQ and sagabench each
+## in a network namespace of its own, every packet between them delayed so that a round trip takes
+## HOSTS_RTT_MS (default 0.5) ms more (scripts/hosts.sh; needs root): raw RabbitMQ, Watermill, the runtime,
+## the relay and its same-shape baseline, latency. Table in .cache/bench-hosts.md.
+HOSTS_RTT_MS ?= 0.5
+HOSTS_FLAGS ?= -only raw,watermill,ours,relay,latency
+bench-hosts:
+	mkdir -p $(BIN)
+	cd bench && $(GO) build -o $(BIN)/sagabench ./cmd/sagabench
+	scripts/hosts.sh $(CACHE)/hosts $(HOSTS_RTT_MS) $(BIN)/sagabench $(HOSTS_FLAGS) -out $(CACHE)/bench-hosts.md
 
 ## bench-peers: the saga comparison with the engines a Go team would pick instead — Temporal on PostgreSQL
 ## and DBOS — next to the runtime and Watermill, in one run (about 20 minutes). The Temporal server is

@@ -25,6 +25,15 @@
 #   scripts/services.sh replica-failover DIR        crash the primary, promote the replica
 #   scripts/services.sh replica-stop DIR            stop everything
 #
+# PostgreSQL and RabbitMQ in network namespaces of their own, as on separate hosts:
+#   scripts/services.sh netns-start DIR PG_NS PG_ADDR RABBIT_NS RABBIT_ADDR
+#                                                   PostgreSQL in namespace PG_NS listening on PG_ADDR,
+#                                                   RabbitMQ in RABBIT_NS on RABBIT_ADDR (each also on its
+#                                                   namespace's loopback, for its own tools); DIR/env.sh
+#                                                   names those addresses. The namespaces and the links
+#                                                   between them are the caller's (scripts/hosts.sh).
+#   scripts/services.sh netns-stop DIR              stop them
+#
 # Versions: by default Debian 12's PostgreSQL 15 and RabbitMQ 3.10. With SAGA_SERVICES_VERSIONS=new at
 # start, PostgreSQL 17 and RabbitMQ 4.x from Debian 13, run inside a Debian 13 root
 # (scripts/trixie-root.sh makes it once per machine) on the same loopback; DIR remembers the choice
@@ -59,6 +68,14 @@ ROOT_DIR=            # the root the servers run in; empty: the host
 IN_ROOT=()           # the prefix that runs a command in it (chroot ROOT_DIR)
 PG_OWNER=postgres:postgres # the owner of PostgreSQL's files, as the servers see it
 here=$(cd "$(dirname "$0")" && pwd)
+# The servers listen on loopback in the host's network namespace unless use_netns puts them in
+# namespaces of their own (netns-start).
+PG_NS=()             # the prefix that runs a command in PostgreSQL's namespace (ip netns exec NS)
+RMQ_NS=()            # the same for RabbitMQ's
+PG_LISTEN=127.0.0.1  # PostgreSQL's listen_addresses
+PG_HBA_EXTRA=        # a pg_hba.conf line for clients outside loopback
+RMQ_EXTRA_ADDR=      # an address RabbitMQ listens on besides loopback
+RMQ_MGMT_IP=127.0.0.1
 REDIS_SERVER=${SAGA_REDIS_SERVER:-/usr/bin/redis-server}
 REDIS_CLI=${SAGA_REDIS_CLI:-/usr/bin/redis-cli}
 
@@ -146,7 +163,7 @@ make_tls() {
 # as_pg CMD [ARGS...]: a PostgreSQL tool, as the postgres user when we are root (the server refuses root).
 as_pg() {
 	if [ -n "$ROOT_DIR" ]; then chroot --userspec="$PG_OWNER" "$ROOT_DIR" "$@"
-	elif [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+	elif [ "$(id -u)" -eq 0 ]; then "${PG_NS[@]}" runuser -u postgres -- "$@"; else "${PG_NS[@]}" "$@"; fi
 }
 
 start_pg() {
@@ -159,7 +176,7 @@ start_pg() {
 	as_pg "$PG_BIN/initdb" -D "$dir/pg/data" -U postgres --auth=trust -E UTF8 --no-sync >"$dir/pg/initdb.log" 2>&1 ||
 		{ cat "$dir/pg/initdb.log" >&2; die "initdb failed (log: $dir/pg/initdb.log)"; }
 	cat >>"$dir/pg/data/postgresql.conf" <<EOF
-listen_addresses = '127.0.0.1'
+listen_addresses = '$PG_LISTEN'
 port = $port
 unix_socket_directories = '$dir/pg'
 max_connections = 300
@@ -171,6 +188,7 @@ ssl = on
 ssl_cert_file = '$dir/pg/server.pem'
 ssl_key_file = '$dir/pg/server.key'
 EOF
+	[ -z "$PG_HBA_EXTRA" ] || echo "$PG_HBA_EXTRA" >>"$dir/pg/data/pg_hba.conf"
 	launch_pg "$dir"
 	as_pg psql -h 127.0.0.1 -p "$port" -U postgres -qc 'CREATE DATABASE saga' >/dev/null ||
 		die "create database failed"
@@ -238,13 +256,14 @@ start_rabbit() {
 	echo '[rabbitmq_management].' >"$dir/rabbit/enabled_plugins"
 	cat >"$dir/rabbit/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$port
+${RMQ_EXTRA_ADDR:+listeners.tcp.other = $RMQ_EXTRA_ADDR:$port}
 listeners.ssl.default = 127.0.0.1:$tport
 ssl_options.cacertfile = $dir/tls/ca.pem
 ssl_options.certfile = $dir/tls/server.pem
 ssl_options.keyfile = $dir/tls/server.key
 ssl_options.verify = verify_none
 ssl_options.fail_if_no_peer_cert = false
-management.tcp.ip = 127.0.0.1
+management.tcp.ip = $RMQ_MGMT_IP
 management.tcp.port = $mport
 management.rates_mode = none
 collect_statistics_interval = 1000
@@ -265,12 +284,12 @@ launch_rabbit() {
 	(
 		rmq_env "$dir"
 		[ -z "${SAGA_SERVICES_PRELOAD:-}" ] || export LD_PRELOAD=$SAGA_SERVICES_PRELOAD
-		setsid "${IN_ROOT[@]}" "$RMQ_SERVER" >>"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
+		setsid "${RMQ_NS[@]}" "${IN_ROOT[@]}" "$RMQ_SERVER" >>"$dir/rabbit/log/stdout.log" 2>&1 </dev/null &
 	)
 	# await_startup fails at once while the node is not yet reachable: retry until it answers.
 	local i ok=
 	for i in $(seq 1 90); do
-		if (rmq_env "$dir" && "${IN_ROOT[@]}" "$RMQ_CTL" -q await_startup --timeout 60 >/dev/null 2>&1); then ok=1; break; fi
+		if (rmq_env "$dir" && "${RMQ_NS[@]}" "${IN_ROOT[@]}" "$RMQ_CTL" -q await_startup --timeout 60 >/dev/null 2>&1); then ok=1; break; fi
 		sleep 1
 	done
 	if [ -z "$ok" ]; then
@@ -278,10 +297,10 @@ launch_rabbit() {
 		die "RabbitMQ did not start within 90 s (logs: $dir/rabbit/log)"
 	fi
 	for i in $(seq 1 60); do
-		if curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null 2>&1; then break; fi
+		if "${RMQ_NS[@]}" curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null 2>&1; then break; fi
 		sleep 0.5
 	done
-	curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null ||
+	"${RMQ_NS[@]}" curl -fsS -u guest:guest "http://127.0.0.1:$mport/api/overview" >/dev/null ||
 		die "RabbitMQ management API did not answer on 127.0.0.1:$mport"
 }
 
@@ -307,7 +326,7 @@ stop_rabbit() {
 	pid=$(rabbit_pid "$dir") || return 0
 	(
 		rmq_env "$dir"
-		timeout 30 "${IN_ROOT[@]}" "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
+		timeout 30 "${RMQ_NS[@]}" "${IN_ROOT[@]}" "$RMQ_CTL" -q stop "$RABBITMQ_PID_FILE" >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
 	)
 }
 
@@ -720,7 +739,71 @@ cmd_replica_stop() {
 	cmd_stop "$dir"
 }
 
+# use_netns DIR: run the servers of DIR in the namespaces netns-start recorded in DIR/netns.
+use_netns() {
+	local dir=$1 pgns pgaddr mqns mqaddr
+	read -r pgns pgaddr mqns mqaddr <"$dir/netns" || die "no namespaces recorded in $dir/netns"
+	PG_NS=(ip netns exec "$pgns")
+	RMQ_NS=(ip netns exec "$mqns")
+	PG_LISTEN="127.0.0.1,$pgaddr"
+	# The namespace is private to the run: any client that reaches it over its link may connect.
+	PG_HBA_EXTRA="host all all 0.0.0.0/0 trust"
+	RMQ_EXTRA_ADDR=$mqaddr
+	RMQ_MGMT_IP=0.0.0.0
+}
+
+# cmd_netns_start DIR PG_NS PG_ADDR RABBIT_NS RABBIT_ADDR: PostgreSQL and RabbitMQ as start makes
+# them (no Redis), each in the given network namespace (which must exist, with its address up)
+# listening on its address as well as on the namespace's loopback, as separate hosts would run
+# them. DIR/env.sh names the namespace addresses.
+cmd_netns_start() {
+	local usage="usage: services.sh netns-start DIR PG_NS PG_ADDR RABBIT_NS RABBIT_ADDR"
+	local dir=${1:?$usage} pgns=${2:?$usage} pgaddr=${3:?$usage} mqns=${4:?$usage} mqaddr=${5:?$usage} ns
+	[ "$(id -u)" -eq 0 ] || die "netns-start: entering network namespaces needs root"
+	for ns in "$pgns" "$mqns"; do
+		[ -e "/run/netns/$ns" ] || die "netns-start: no network namespace $ns (ip netns add $ns)"
+	done
+	mkdir -p "$dir"
+	dir=$(cd "$dir" && pwd)
+	chmod 755 "$dir"
+	trap 'cmd_netns_stop "$dir" >/dev/null 2>&1 || true' EXIT
+	echo debian12 >"$dir/versions"
+	echo "$pgns $pgaddr $mqns $mqaddr" >"$dir/netns"
+	use_netns "$dir"
+	ensure_installed
+	command -v curl >/dev/null || apt_install curl
+	make_tls "$dir"
+	chown -R "$PG_OWNER" "$dir/pg" 2>/dev/null || true
+	start_pg "$dir"
+	start_rabbit "$dir"
+	cat >"$dir/env.sh" <<EOF
+export SAGA_SERVICES_DIR='$dir'
+export SAGA_SERVICES_VERSIONS='debian12'
+export SAGA_PG_URL='postgres://postgres@$pgaddr:$(cat "$dir/pg/port")/saga?sslmode=disable'
+export SAGA_AMQP_URL='amqp://guest:guest@$mqaddr:$(cat "$dir/rabbit/port")/'
+export SAGA_RABBIT_API='http://guest:guest@$mqaddr:$(cat "$dir/rabbit/mgmt-port")/api'
+EOF
+	trap - EXIT
+	log "PostgreSQL on $pgaddr:$(cat "$dir/pg/port") in namespace $pgns, RabbitMQ on $mqaddr:$(cat "$dir/rabbit/port") in $mqns: source $dir/env.sh"
+}
+
+# cmd_netns_stop DIR: stop what netns-start started, and the epmd left in RabbitMQ's namespace.
+cmd_netns_stop() {
+	local dir=${1:?usage: services.sh netns-stop DIR}
+	[ -f "$dir/netns" ] || return 0
+	dir=$(cd "$dir" && pwd)
+	use_netns "$dir"
+	if [ -f "$dir/rabbit/port" ]; then
+		stop_rabbit "$dir"
+		"${RMQ_NS[@]}" env ERL_EPMD_ADDRESS=127.0.0.1 epmd -kill >/dev/null 2>&1 || true
+	fi
+	stop_pg "$dir"
+	log "stopped the services in $dir"
+}
+
 case "${1:-}" in
+netns-start) shift; cmd_netns_start "$@" ;;
+netns-stop) shift; cmd_netns_stop "$@" ;;
 replica-start) shift; cmd_replica_start "$@" ;;
 replica-failover) shift; cmd_replica_failover "$@" ;;
 replica-stop) shift; cmd_replica_stop "$@" ;;
@@ -731,5 +814,5 @@ start) shift; cmd_start "$@" ;;
 restart) shift; cmd_restart "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 status) shift; cmd_status "$@" ;;
-*) die "usage: services.sh start|stop|status DIR, services.sh restart DIR [pg|rabbit|redis|all], services.sh cluster-start|cluster-node|cluster-stop DIR ..., or services.sh replica-start|replica-failover|replica-stop DIR ..." ;;
+*) die "usage: services.sh start|stop|status DIR, services.sh netns-start DIR PG_NS PG_ADDR RABBIT_NS RABBIT_ADDR, services.sh netns-stop DIR, services.sh restart DIR [pg|rabbit|redis|all], services.sh cluster-start|cluster-node|cluster-stop DIR ..., or services.sh replica-start|replica-failover|replica-stop DIR ..." ;;
 esac

@@ -221,6 +221,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	loadBefore := benv.LoadAvg()
 	started := time.Now()
 	progress("database %s, load average %s, %d CPUs", env.Database(), loadBefore, runtime.NumCPU())
+	rtt, err := env.RoundTrip(ctx, 200)
+	if err != nil {
+		return err
+	}
+	network := fmt.Sprintf("PostgreSQL round trip (SELECT 1) p50 %.3f ms, p99 %.3f ms", ms(rtt.P50), ms(rtt.P99))
+	if set := os.Getenv("SAGA_HOSTS_RTT_MS"); set != "" {
+		network = fmt.Sprintf("separate hosts (scripts/hosts.sh, %s ms round trip added); ", set) + network
+	}
+	progress("%s", network)
 
 	var ms []measurement
 	add := func(group, name string, f func(ctx context.Context) ([]report.Metric, error)) {
@@ -467,9 +476,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	notes(&t, o, wmName, oursNames, relayNames, sameShapeName)
 	peerNotes(&t, oursNames, map[string][]string{"Temporal on PostgreSQL": temporalNames, "DBOS": dbosNames})
 	var b strings.Builder
-	fmt.Fprintf(&b, "sagabench %s — %s, %d CPUs, %s; load average %s at start, %s at end; %s total\n\n",
+	fmt.Fprintf(&b, "sagabench %s — %s, %d CPUs, %s; load average %s at start, %s at end; %s total\n%s\n\n",
 		strings.Join(args, " "), started.Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.Version(),
-		loadBefore, benv.LoadAvg(), time.Since(started).Round(time.Second))
+		loadBefore, benv.LoadAvg(), time.Since(started).Round(time.Second), network)
 	t.Print(&b)
 	if len(failures) > 0 {
 		fmt.Fprintf(&b, "\nFAILED measurements:\n")

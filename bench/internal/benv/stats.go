@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -226,3 +227,27 @@ func LoadAvg() string {
 
 // VHostPath is the vhost name escaped for management API paths.
 func (v *VHost) VHostPath() string { return url.PathEscape(v.Name) }
+
+// RoundTrips are percentiles of a client's round trips to PostgreSQL.
+type RoundTrips struct{ P50, P99 time.Duration }
+
+// RoundTrip times n `SELECT 1` round trips to PostgreSQL on one
+// connection: the network between this process and the server, as the
+// measurements see it.
+func (e *Env) RoundTrip(ctx context.Context, n int) (RoundTrips, error) {
+	conn, err := e.db.Acquire(ctx)
+	if err != nil {
+		return RoundTrips{}, fmt.Errorf("round trip: acquire: %w", err)
+	}
+	defer conn.Release()
+	ds := make([]time.Duration, 0, n)
+	for range n {
+		t := time.Now()
+		if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+			return RoundTrips{}, fmt.Errorf("round trip: %w", err)
+		}
+		ds = append(ds, time.Since(t))
+	}
+	slices.Sort(ds)
+	return RoundTrips{P50: ds[len(ds)/2], P99: ds[len(ds)*99/100]}, nil
+}
