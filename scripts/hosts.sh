@@ -11,7 +11,8 @@
 #
 # The servers start through `scripts/services.sh netns-start` in DIR/services, listening on their
 # namespace addresses; CMD runs in the third namespace with the variables of their env.sh
-# (SAGA_PG_URL, SAGA_AMQP_URL, SAGA_RABBIT_API) and with SAGA_HOSTS_RTT_MS set. CMD must not need
+# (SAGA_PG_URL, SAGA_AMQP_URL, SAGA_RABBIT_API), with SAGA_HOSTS_RTT_MS set and SAGA_NETWORK_PID
+# naming netwire (sagabench reports its CPU per saga apart from both sides'). CMD must not need
 # the network beyond them (build binaries before). Everything — servers, netwire, namespaces — is
 # torn down when CMD ends, fails or the run is interrupted. Needs root.
 set -euo pipefail
@@ -86,4 +87,5 @@ log "namespaces $pgns ($pgaddr), $mqns ($mqaddr), $appns ($appaddr); ${oneway_us
 # shellcheck disable=SC1091
 source "$dir/services/env.sh"
 export SAGA_HOSTS_RTT_MS=$rtt
+export SAGA_NETWORK_PID=$wire_pid
 ip netns exec "$appns" "$@"

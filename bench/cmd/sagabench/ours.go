@@ -268,6 +268,9 @@ func relayBench(ctx context.Context, env *benv.Env, relays, batch, window, n int
 	if d.RabbitOK {
 		out = append(out, report.Metric{Name: "RabbitMQ CPU µs/msg", Value: ms(d.Rabbit) * 1000 / float64(done)})
 	}
+	if d.NetworkOK {
+		out = append(out, report.Metric{Name: "emulated network (netwire) CPU µs/msg", Value: ms(d.Network) * 1000 / float64(done)})
+	}
 	return out, nil
 }
 
@@ -349,6 +352,9 @@ func sameShapeBench(ctx context.Context, env *benv.Env, n int, logger *slog.Logg
 		{Name: "client CPU µs/msg", Value: ms(d.Self) * 1000 / float64(r.N)}}
 	if d.RabbitOK {
 		out = append(out, report.Metric{Name: "RabbitMQ CPU µs/msg", Value: ms(d.Rabbit) * 1000 / float64(r.N)})
+	}
+	if d.NetworkOK {
+		out = append(out, report.Metric{Name: "emulated network (netwire) CPU µs/msg", Value: ms(d.Network) * 1000 / float64(r.N)})
 	}
 	return out, nil
 }

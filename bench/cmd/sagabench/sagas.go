@@ -166,6 +166,9 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 	if d.PeerOK {
 		out = append(out, report.Metric{Name: env.PeerLabel() + " CPU ms/saga", Value: ms(d.Peer) / work})
 	}
+	if d.NetworkOK {
+		out = append(out, report.Metric{Name: "emulated network (netwire) CPU ms/saga, in no side's total", Value: ms(d.Network) / work})
+	}
 	if b, ok := sys.(interface{ usesBroker() bool }); d.PostgresOK && d.RabbitOK && !d.PeerOK && (!ok || b.usesBroker()) {
 		out = append(out, report.Metric{Name: "total CPU ms/saga (client + PostgreSQL + RabbitMQ)", Value: ms(d.Self+d.Postgres+d.Rabbit) / work})
 	}

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,6 +32,9 @@ const (
 	EnvPostgresURL = "SAGA_PG_URL"
 	EnvAMQPURL     = "SAGA_AMQP_URL"
 	EnvRabbitAPI   = "SAGA_RABBIT_API"
+	// EnvNetworkPID is the process id of the network emulator between
+	// separate hosts (scripts/hosts.sh sets it); Sample counts its CPU.
+	EnvNetworkPID = "SAGA_NETWORK_PID"
 )
 
 // Env is one benchmark run's slice of the servers.
@@ -42,6 +46,7 @@ type Env struct {
 	db            *pgxpool.Pool // on the run's database: create/drop schemas, read stats
 	peer          peer          // counted by Sample next to the run's database (CountPeer)
 	traceText     bool          // pools also record statement texts (TraceStatementText)
+	networkPID    int           // EnvNetworkPID, or 0
 }
 
 // TraceStatementText makes the pools Schema.Pool opens from now on record
@@ -72,6 +77,12 @@ func FromEnv(ctx context.Context) (*Env, error) {
 		return nil, fmt.Errorf("PostgreSQL at %s does not answer: %w", Redact(pg), err)
 	}
 	e := &Env{baseAMQP: am, api: api, admin: admin, dbName: "sagabench_" + randHex(4)}
+	if v := os.Getenv(EnvNetworkPID); v != "" {
+		if e.networkPID, err = strconv.Atoi(v); err != nil {
+			admin.Close()
+			return nil, fmt.Errorf("%s=%q: %w", EnvNetworkPID, v, err)
+		}
+	}
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{e.dbName}.Sanitize()); err != nil {
 		admin.Close()
 		return nil, fmt.Errorf("create database %s: %w", e.dbName, err)

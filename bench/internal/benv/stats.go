@@ -38,6 +38,11 @@ type Sample struct {
 	// Peer is the CPU of the peer's server process being counted
 	// (CountPeer), such as the Temporal server.
 	Peer time.Duration
+	// Network is the CPU of the process that emulates the network between
+	// separate hosts (scripts/hosts.sh's netwire, EnvNetworkPID).
+	Network time.Duration
+	// NetworkOK says whether Network could be read.
+	NetworkOK bool
 	// PostgresOK, RabbitOK and PeerOK say whether the server CPU could be
 	// read (the servers must run on this machine).
 	PostgresOK, RabbitOK, PeerOK bool
@@ -50,6 +55,8 @@ type Delta struct {
 	Self, Postgres               time.Duration
 	Rabbit, Peer                 time.Duration
 	PostgresOK, RabbitOK, PeerOK bool
+	Network                      time.Duration
+	NetworkOK                    bool
 }
 
 // Sub returns s - earlier.
@@ -65,6 +72,8 @@ func (s Sample) Sub(earlier Sample) Delta {
 		PostgresOK: s.PostgresOK && earlier.PostgresOK,
 		RabbitOK:   s.RabbitOK && earlier.RabbitOK,
 		PeerOK:     s.PeerOK && earlier.PeerOK,
+		Network:    s.Network - earlier.Network,
+		NetworkOK:  s.NetworkOK && earlier.NetworkOK,
 	}
 }
 
@@ -93,6 +102,9 @@ func (e *Env) Sample(ctx context.Context) (Sample, error) {
 	}
 	if e.peer.pid != 0 {
 		s.Peer, s.PeerOK = procCPU(e.peer.pid, true)
+	}
+	if e.networkPID != 0 {
+		s.Network, s.NetworkOK = procCPU(e.networkPID, false)
 	}
 	return s, nil
 }
