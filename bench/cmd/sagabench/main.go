@@ -628,8 +628,10 @@ func notes(t *report.Table, o options, wmName string, oursNames []string, relayN
 					n, len(r.Values), len(t.Get(n, "sagas/s").Values), report.Format(r.Median()))
 			}
 		}
-		t.Note("ours / one-commit-per-step ceiling (best pgbench commits/s ÷ %d steps = %s sagas/s): **%s×** (target > 1)",
-			workload.Steps, report.Format(ceiling/workload.Steps), ratio(best, ceiling/workload.Steps))
+		if !math.IsNaN(ceiling) { // the pg group ran
+			t.Note("ours / one-commit-per-step ceiling (best pgbench commits/s ÷ %d steps = %s sagas/s): **%s×** (target > 1)",
+				workload.Steps, report.Format(ceiling/workload.Steps), ratio(best, ceiling/workload.Steps))
+		}
 		t.Note("ours commits per step: %s; Watermill: %s",
 			report.Format(t.Median(bestName, "commits/step")), report.Format(t.Median(wmName, "commits/step")))
 	}
