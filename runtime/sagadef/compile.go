@@ -325,7 +325,7 @@ func (d *Definition) validate() (*index, []error) {
 
 		rank := 0
 		switch s.Role {
-		case RoleCompensatable:
+		case RoleCompensatable, RoleCheck:
 			rank = 1
 		case RolePivot:
 			rank = 2
@@ -336,13 +336,13 @@ func (d *Definition) validate() (*index, []error) {
 		case RoleRetriable:
 			rank = 3
 		default:
-			fail(label, "role is unspecified (want compensatable, pivot or retriable)")
+			fail(label, "role is unspecified (want compensatable, check, pivot or retriable)")
 		}
 		if rank != 0 {
 			if rank < lastRank {
 				switch s.Role {
-				case RoleCompensatable:
-					fail(label, "compensatable step follows the pivot or a retriable step; compensatable steps must come first")
+				case RoleCompensatable, RoleCheck:
+					fail(label, "%s step follows the pivot or a retriable step; compensatable and check steps must come first", s.Role)
 				case RolePivot:
 					fail(label, "pivot follows a retriable step; retriable steps must come after the pivot")
 				}

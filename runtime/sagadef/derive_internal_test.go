@@ -28,6 +28,8 @@ func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
 			Late:        LatePolicy(1 + r.IntN(3)),
 		}
 		switch {
+		case i < comps && r.IntN(3) == 0:
+			s.Role = RoleCheck
 		case i < comps:
 			s.Role = RoleCompensatable
 		case i == comps && pivot:

@@ -75,8 +75,8 @@ func FuzzApply(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 2, 0, 0, 10, 3, 1, 1, 20})
 	f.Add([]byte{byte(len(types) + 1), 0, 0, 60, byte(len(types) + 1), 0, 0, 60, byte(len(types) + 4), 0, 0, 0})
 	f.Add([]byte{byte(len(types) + 5), 0, 0, 3, byte(len(types) + 3), 0, 0, 0, 0, 2, 2, 0})
-	defs := []*sagadef.Definition{compiled(f, placeOrder()), compiled(f, quoteApproval())}
-	starts := []string{pPlaceOrder, qRequestQuote}
+	defs := []*sagadef.Definition{compiled(f, placeOrder()), compiled(f, quoteApproval()), compiled(f, placeOrder(checked, cancellable))}
+	starts := []string{pPlaceOrder, qRequestQuote, pPlaceOrder}
 	f.Fuzz(func(t *testing.T, script []byte) {
 		for i, d := range defs {
 			h := sagatest.New(t, d, hooks())

@@ -23,6 +23,12 @@ const (
 	RolePivot
 	// RoleRetriable steps follow the pivot and are retried until they succeed.
 	RoleRetriable
+	// RoleCheck steps run before the pivot and leave nothing to undo (a
+	// validation, a read, an approval): they have no compensation, their
+	// failure compensates the compensatable steps before them, and
+	// compensation passes over them. A business cancel while the saga waits
+	// on one compensates, as before any compensatable step.
+	RoleCheck
 )
 
 // TimeoutAction says what a step's timeout does.

@@ -233,9 +233,10 @@ func (d *Definition) derive() []Transition {
 			if k > j && o.Role == RoleCompensatable {
 				toReview(st, o.CompensationFailureReplies...)
 			}
-			if o.Role != RoleCompensatable || k >= j {
+			if k >= j {
 				// A late success of a step that stopped waiting: not
-				// yet compensated, compensated, or never to be.
+				// yet compensated, compensated, or never to be (the
+				// steps before j completed before j ran).
 				toReview(st, lateSuccessReview(o)...)
 			}
 		}
@@ -360,10 +361,24 @@ func (d *Definition) derive() []Transition {
 	if terminalSource {
 		// A saga a business cancel stopped reaches review from a terminal
 		// state too: through a compensation's review and a resolve when
-		// there are compensations, otherwise by a late reply of the pivot
-		// it stopped (the pivot is then the first step).
+		// there are compensations, otherwise by a late reply of the step
+		// (a check or the pivot) it stopped, or by
+		// an event conflicting with one of a later external step that was
+		// recorded in a review before the cancel (the saga was in review
+		// at a step a cancel stops, then retried), or by a reply
+		// conflicting with a check step that completed before the step
+		// the cancel stopped.
 		endAt := add
-		if cancel != "" && (hasCompensation || (steps[0].Role == RolePivot && steps[0].Late == LateManualReview)) {
+		lateStopped := slices.ContainsFunc(steps, func(s Step) bool { return s.Role != RoleRetriable && s.Late == LateManualReview })
+		recordedEarly := steps[0].Role != RoleRetriable && slices.ContainsFunc(steps[1:], func(s Step) bool {
+			return s.External && len(conflictsWithAny(s)) > 0
+		})
+		checkConflict := false
+		for m, s := range steps {
+			checkConflict = checkConflict || (s.Role == RoleCheck && len(conflictsWithSuccess(s)) > 0 &&
+				slices.ContainsFunc(steps[m+1:], func(s Step) bool { return s.Role != RoleRetriable }))
+		}
+		if cancel != "" && (hasCompensation || recordedEarly || checkConflict || lateStopped) {
 			endAt = addEnd
 		}
 		for i := range steps {

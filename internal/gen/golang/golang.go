@@ -281,6 +281,7 @@ const supportVersion = 6
 var (
 	roleNames = map[sagadef.Role]string{
 		sagadef.RoleCompensatable: "RoleCompensatable", sagadef.RolePivot: "RolePivot", sagadef.RoleRetriable: "RoleRetriable",
+		sagadef.RoleCheck: "RoleCheck",
 	}
 	timeoutNames = map[sagadef.TimeoutAction]string{
 		sagadef.TimeoutCompensate: "TimeoutCompensate", sagadef.TimeoutRetry: "TimeoutRetry", sagadef.TimeoutManualReview: "TimeoutManualReview",

@@ -214,6 +214,11 @@ const (
 	Role_ROLE_PIVOT Role = 2
 	// ROLE_RETRIABLE steps follow the pivot and are retried until they succeed.
 	Role_ROLE_RETRIABLE Role = 3
+	// ROLE_CHECK steps run before the pivot and leave nothing to undo (a
+	// validation, a read, an approval): they declare no compensation, a
+	// failure compensates the compensatable steps before them, and
+	// compensation passes over them.
+	Role_ROLE_CHECK Role = 4
 )
 
 // Enum value maps for Role.
@@ -223,12 +228,14 @@ var (
 		1: "ROLE_COMPENSATABLE",
 		2: "ROLE_PIVOT",
 		3: "ROLE_RETRIABLE",
+		4: "ROLE_CHECK",
 	}
 	Role_value = map[string]int32{
 		"ROLE_UNSPECIFIED":   0,
 		"ROLE_COMPENSATABLE": 1,
 		"ROLE_PIVOT":         2,
 		"ROLE_RETRIABLE":     3,
+		"ROLE_CHECK":         4,
 	}
 )
 
@@ -1047,13 +1054,15 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x15OUTCOME_MANUAL_REVIEW\x10\x04*c\n" +
 	"\x13CompensationFailure\x12$\n" +
 	" COMPENSATION_FAILURE_UNSPECIFIED\x10\x00\x12&\n" +
-	"\"COMPENSATION_FAILURE_MANUAL_REVIEW\x10\x01*X\n" +
+	"\"COMPENSATION_FAILURE_MANUAL_REVIEW\x10\x01*h\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12ROLE_COMPENSATABLE\x10\x01\x12\x0e\n" +
 	"\n" +
 	"ROLE_PIVOT\x10\x02\x12\x12\n" +
-	"\x0eROLE_RETRIABLE\x10\x03*\x8a\x01\n" +
+	"\x0eROLE_RETRIABLE\x10\x03\x12\x0e\n" +
+	"\n" +
+	"ROLE_CHECK\x10\x04*\x8a\x01\n" +
 	"\rTimeoutAction\x12\x1e\n" +
 	"\x1aTIMEOUT_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TIMEOUT_ACTION_COMPENSATE\x10\x01\x12\x18\n" +
