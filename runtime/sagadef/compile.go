@@ -410,6 +410,9 @@ func (d *Definition) validate() (*index, []error) {
 		default:
 			fail(label, "timeout action is unspecified (want compensate, retry or manual review)")
 		}
+		if s.Conditional && s.Role == RolePivot {
+			fail(label, "the pivot is conditional; the point of no return cannot be skipped")
+		}
 		if s.MaxAttempts < 0 {
 			fail(label, "max attempts %d is negative", s.MaxAttempts)
 		}
@@ -418,6 +421,9 @@ func (d *Definition) validate() (*index, []error) {
 		default:
 			fail(label, "late-reply policy is unspecified (want ignore, manual review or apply if waiting)")
 		}
+	}
+	if len(d.Steps) > 0 && !slices.ContainsFunc(d.Steps, func(s Step) bool { return !s.Conditional }) {
+		fail("", "every step is conditional; a saga runs at least one step")
 	}
 	// Claimed after the steps' messages, so that a cancel message that is
 	// also a step's message is reported naming that step.

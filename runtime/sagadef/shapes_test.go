@@ -1,9 +1,12 @@
 package sagadef_test
 
 import (
+	"context"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/sagatest"
@@ -158,4 +161,131 @@ func TestCheckStepCompileErrors(t *testing.T) {
 		d.Steps[2].Role = sagadef.RoleCheck
 	})
 	require.ErrorContains(t, late.Compile(), "check step follows the pivot or a retriable step")
+}
+
+// conditional makes the named steps conditional.
+func conditional(names ...string) func(*sagadef.Definition) {
+	return func(d *sagadef.Definition) {
+		for i := range d.Steps {
+			if slices.Contains(names, d.Steps[i].Name) {
+				d.Steps[i].Conditional = true
+			}
+		}
+	}
+}
+
+// skipping returns the fixture hooks deciding that the named steps are
+// skipped ("not needed") and every other conditional step runs.
+func skipping(names ...string) sagadef.Hooks {
+	return sagatest.Skipping(hooks(), func(step string, _ proto.Message) (bool, string) {
+		return slices.Contains(names, step), "not needed"
+	})
+}
+
+// TestConditionalSteps runs Place Order with conditional steps the
+// decider skips or runs from the saga data.
+func TestConditionalSteps(t *testing.T) {
+	t.Parallel()
+	def := func() *sagadef.Definition {
+		return compiled(t, placeOrder(checked, cancellable, conditional("ValidateOrder", "ReserveInventory", "AwaitFraudClearance")))
+	}
+	t.Run("a skipped step sends nothing and is recorded", func(t *testing.T) {
+		t.Parallel()
+		h := sagatest.New(t, def(), skipping("AwaitFraudClearance"))
+		h.Start(msg(pPlaceOrder))
+		h.Reply(msg(pOrderValid))
+		h.Reply(msg(pInventoryReserved))
+		h.RequireClass(sagadef.ClassNew)
+		h.RequireState(sAuthorize)
+		h.RequireSent(pAuthorizePayment)
+		require.Contains(t, h.Last().Note, "skipped conditional step AwaitFraudClearance: not needed")
+		require.Equal(t, []string{"AwaitFraudClearance"}, h.Instance().Progress.Skipped)
+		require.NotContains(t, h.Instance().Progress.Completed, "AwaitFraudClearance")
+
+		// The skipped step's event is no part of the conversation now.
+		res, err := h.TryApply(sagadef.Trigger{Kind: pFraudCleared, Message: msg(pFraudCleared), MessageID: "m-fraud"})
+		require.NoError(t, err)
+		require.Equal(t, sagadef.ClassInvalid, res.Class)
+		require.Contains(t, res.Note, "which the saga skipped")
+
+		h.Reply(msg(pPaymentAuthorized))
+		h.Reply(msg(pShippingScheduled))
+		h.Reply(msg(pOrderApproved))
+		h.RequireState(sagadef.StateCompleted)
+	})
+	t.Run("the decider can skip the first step", func(t *testing.T) {
+		t.Parallel()
+		h := sagatest.New(t, def(), skipping("ValidateOrder"))
+		h.Start(msg(pPlaceOrder))
+		h.RequireState(sReserve)
+		h.RequireSent(pReserveInventory)
+		require.Contains(t, h.Last().Note, "skipped conditional step ValidateOrder")
+	})
+	t.Run("a skipped compensatable step is not compensated", func(t *testing.T) {
+		t.Parallel()
+		h := sagatest.New(t, def(), skipping("ReserveInventory"))
+		h.Start(msg(pPlaceOrder))
+		h.Reply(msg(pOrderValid))
+		h.RequireState(sFraud)
+		h.Reply(msg(pFraudFlagged))
+		h.RequireState(sagadef.StateFailed)
+		h.RequireSent()
+		require.Empty(t, h.Instance().Progress.SentCompensations)
+	})
+	t.Run("consecutive skips", func(t *testing.T) {
+		t.Parallel()
+		h := sagatest.New(t, def(), skipping("ValidateOrder", "ReserveInventory", "AwaitFraudClearance"))
+		h.Start(msg(pPlaceOrder))
+		h.RequireState(sAuthorize)
+		h.RequireSent(pAuthorizePayment)
+		require.Equal(t, []string{"ValidateOrder", "ReserveInventory", "AwaitFraudClearance"}, h.Instance().Progress.Skipped)
+		h.Reply(msg(pPaymentDeclined))
+		h.RequireState(sagadef.StateFailed)
+		h.RequireSent()
+	})
+	t.Run("a step the decider runs is an ordinary step", func(t *testing.T) {
+		t.Parallel()
+		h := sagatest.New(t, def(), skipping())
+		h.Start(msg(pPlaceOrder))
+		h.RequireState(sValidate)
+		h.Reply(msg(pOrderValid))
+		h.Reply(msg(pInventoryReserved))
+		h.RequireState(sFraud)
+		require.Empty(t, h.Instance().Progress.Skipped)
+	})
+	t.Run("hooks without a Skipper are an error", func(t *testing.T) {
+		t.Parallel()
+		d := def()
+		_, err := d.Begin(context.Background(), sagadef.Env{Now: sagatest.Epoch, NewID: func() string { return "id-1" },
+			Hooks: struct{ sagadef.Hooks }{hooks()}}, "saga-1", msg(pPlaceOrder))
+		require.ErrorContains(t, err, "step ValidateOrder is conditional, but the hooks")
+	})
+}
+
+// TestConditionalCompileErrors: the pivot is never conditional, and a saga
+// runs at least one step.
+func TestConditionalCompileErrors(t *testing.T) {
+	t.Parallel()
+	require.ErrorContains(t, placeOrder(conditional("AuthorizePayment")).Compile(),
+		"the pivot is conditional; the point of no return cannot be skipped")
+	require.ErrorContains(t, quoteApproval(func(d *sagadef.Definition) {
+		d.Steps = d.Steps[:1]
+		d.Steps[0].Conditional = true
+	}).Compile(), "every step is conditional")
+}
+
+// TestConditionalTable: the table leads past a conditional step to the
+// next one.
+func TestConditionalTable(t *testing.T) {
+	t.Parallel()
+	d := compiled(t, placeOrder(checked, conditional("AwaitFraudClearance")))
+	var tos []string
+	for _, tr := range d.Transitions {
+		if tr.From == sReserve && tr.Trigger == pInventoryReserved {
+			tos = append(tos, tr.To)
+		}
+	}
+	// Past the skipped step, and where the fraud team's decision, recorded
+	// while the saga was in review before it, leads.
+	require.ElementsMatch(t, []string{sFraud, sAuthorize, sCompReserve}, tos)
 }

@@ -50,6 +50,7 @@ var Rules = []Rule{
 	{ID: "compensation-owner", Warning: true},
 	{ID: "compensatable-after-pivot"},
 	{ID: "check-after-pivot"},
+	{ID: "step-conditional"},
 	{ID: "non-retriable-after-pivot"},
 	{ID: "cancel-reference"},
 	{ID: "cancel-correlation"},

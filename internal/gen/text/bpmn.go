@@ -386,6 +386,9 @@ func (b *bpmnBuilder) stepTask(st sagadef.Step, owners map[string]string, def *s
 	case sagadef.RoleCheck:
 		doc = append(doc, "Check: nothing to undo; compensation passes over it.")
 	}
+	if st.Conditional {
+		doc = append(doc, "Conditional: the decider skips it when the saga data says it is not needed.")
+	}
 	doc = append(doc, "Late replies: "+latePolicy(st.Late)+".")
 	t.Doc = strings.Join(doc, " ")
 	return t

@@ -1,0 +1,45 @@
+package saga_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestConditionalStepSkipped: the engine asks the hooks whether a
+// conditional step runs; a skipped step sends nothing, is recorded in the
+// instance's progress and audited with the decider's reason, and is not
+// compensated when a later step fails. An engine started afresh (a
+// restart) reads the skip back from the database.
+func TestConditionalStepSkipped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{conditionalReserve: true})
+	id := b.start(t, "skip-1")
+	st := b.status(t, id)
+	require.Equal(t, stPayment, st.State, "the first step was skipped at start")
+	require.Equal(t, []string{"ReserveInventory"}, st.Progress.Skipped)
+	require.Equal(t, []string{"AuthorizePayment"}, outboxTypes(b.outbox(t, id)))
+	h := b.history(t, id)
+	require.Len(t, h, 1)
+	require.Contains(t, h[0].Note, "skipped conditional step ReserveInventory: order skip-1 does not need ReserveInventory")
+
+	b.engine = b.newEngine(t, nil)
+	st = b.mustReply(t, id, msgPaymentDeclined)
+	require.Equal(t, stFailed, st.State)
+	require.Equal(t, []string{"ReserveInventory"}, st.Progress.Skipped)
+	require.Equal(t, []string{"AuthorizePayment"}, outboxTypes(b.outbox(t, id)), "nothing to compensate: the skipped step never ran")
+}
+
+// TestConditionalStepRun: a conditional step the decider keeps runs and
+// is compensated like any other.
+func TestConditionalStepRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{conditionalReserve: true})
+	id := b.start(t, "keep-1")
+	require.Equal(t, stReserve, b.status(t, id).State)
+	b.mustReply(t, id, msgInventoryReserved)
+	st := b.mustReply(t, id, msgPaymentDeclined)
+	require.Equal(t, stCompReserve, st.State)
+	require.Empty(t, st.Progress.Skipped)
+	require.Equal(t, []string{"ReserveInventory", "AuthorizePayment", "ReleaseInventory"}, outboxTypes(b.outbox(t, id)))
+}
