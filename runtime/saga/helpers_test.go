@@ -148,9 +148,13 @@ func (hooks) Apply(_ context.Context, data proto.Message, m message.Message) err
 }
 
 // Skip implements sagadef.Skipper for definitions with conditional steps:
-// it skips every conditional step of an order whose id starts with "skip-".
+// it skips every conditional step of an order whose id starts with "skip-",
+// and fails for one whose id starts with "skiperr-".
 func (hooks) Skip(_ context.Context, step string, data proto.Message) (bool, string, error) {
 	order := data.(*structpb.Struct).Fields["order"].GetStringValue()
+	if strings.HasPrefix(order, "skiperr-") {
+		return false, "", fmt.Errorf("inventory policy service unavailable")
+	}
 	if strings.HasPrefix(order, "skip-") {
 		return true, "order " + order + " does not need " + step, nil
 	}

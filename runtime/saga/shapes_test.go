@@ -1,9 +1,12 @@
 package saga_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/runtime/message"
 )
 
 // TestConditionalStepSkipped: the engine asks the hooks whether a
@@ -42,4 +45,20 @@ func TestConditionalStepRun(t *testing.T) {
 	require.Equal(t, stCompReserve, st.State)
 	require.Empty(t, st.Progress.Skipped)
 	require.Equal(t, []string{"ReserveInventory", "AuthorizePayment", "ReleaseInventory"}, outboxTypes(b.outbox(t, id)))
+}
+
+// TestConditionalDecisionFails: a skip decision that fails fails the
+// transition as a whole: no instance, no command, and the start can be
+// delivered again.
+func TestConditionalDecisionFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{conditionalReserve: true})
+	_, _, err := b.engine.Start(context.Background(), msg(msgPlaceOrder, "skiperr-1"), message.Meta{MessageID: newID()})
+	require.ErrorContains(t, err, "decide whether to skip step ReserveInventory")
+	require.ErrorContains(t, err, "inventory policy service unavailable")
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_place_order`).Scan(&n))
+	require.Zero(t, n)
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_outbox`).Scan(&n))
+	require.Zero(t, n)
 }
