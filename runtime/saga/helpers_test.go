@@ -185,6 +185,10 @@ type defOptions struct {
 	externalPayment bool
 	// cancel declares CancelOrder the saga's business cancel message.
 	cancel bool
+	// externalCheck adds, between ReserveInventory and AuthorizePayment,
+	// the check step ApproveOrder: external, completed by the
+	// PaymentApproved event, compensating on timeout.
+	externalCheck bool
 	// conditionalReserve makes ReserveInventory conditional; the test
 	// hooks skip it for orders whose id starts with "skip-".
 	conditionalReserve bool
@@ -255,6 +259,16 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	if o.externalPayment {
 		def.Steps[1].External, def.Steps[1].Command = true, ""
 		def.Steps[1].SuccessReplies = []string{msgPaymentApproved.FullName}
+	}
+	if o.externalCheck {
+		check := sagadef.Step{
+			Name: "ApproveOrder", Role: sagadef.RoleCheck, External: true,
+			SuccessReplies: []string{msgPaymentApproved.FullName},
+			Timeout:        stepTimeout,
+			OnTimeout:      sagadef.TimeoutCompensate,
+			Late:           o.late,
+		}
+		def.Steps = append(def.Steps[:1], append([]sagadef.Step{check}, def.Steps[1:]...)...)
 	}
 	if o.conditionalReserve {
 		def.Steps[0].Conditional = true

@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -61,4 +62,34 @@ func TestConditionalDecisionFails(t *testing.T) {
 	require.Zero(t, n)
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_outbox`).Scan(&n))
 	require.Zero(t, n)
+}
+
+// TestExternalCheckStep: an external check step waits for its event with
+// nothing to undo; its timeout compensates the steps before it and the
+// compensation passes over it.
+func TestExternalCheckStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{externalCheck: true})
+
+	ok := b.start(t, "check-ok")
+	b.mustReply(t, ok, msgInventoryReserved)
+	require.Equal(t, "APPROVE_ORDER", b.status(t, ok).State)
+	require.Equal(t, []string{"ReserveInventory"}, outboxTypes(b.outbox(t, ok)), "an external step sends nothing")
+	_, err := b.reply(t, "", msg(msgPaymentApproved, "check-ok"), "")
+	require.NoError(t, err)
+	require.Equal(t, stPayment, b.status(t, ok).State)
+
+	b = setup(t, defOptions{externalCheck: true})
+	late := b.start(t, "check-late")
+	b.mustReply(t, late, msgInventoryReserved)
+	b.clock.Advance(stepTimeout + time.Second)
+	n, err := b.engine.FireTimeouts(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the check step's timeout is due")
+	st := b.status(t, late)
+	require.Equal(t, stCompReserve, st.State)
+	require.Equal(t, []string{"ApproveOrder"}, st.Progress.Stopped)
+	st = b.mustReply(t, late, msgInventoryReleased)
+	require.Equal(t, stFailed, st.State)
+	require.Equal(t, []string{"ReserveInventory", "ReleaseInventory"}, outboxTypes(b.outbox(t, late)))
 }
