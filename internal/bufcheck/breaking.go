@@ -400,8 +400,17 @@ func compareStep(add adder, n *model.Saga, j int, o *model.Saga, i int) {
 		if ns.Role == sagav1.Role_ROLE_COMPENSATABLE {
 			effects = append(effects, "instances that ran it under the old role treated its effect as final, and now undo it when they compensate (after a later failure, a cancel, or an operator's compensate)")
 		}
-		if os.Role != sagav1.Role_ROLE_COMPENSATABLE && ns.Role != sagav1.Role_ROLE_COMPENSATABLE {
-			effects = append(effects, "a failure reply to an instance waiting on it does something else: a pivot's failure compensates the steps before it, a retriable step's goes to MANUAL_REVIEW")
+		retriable := os.Role == sagav1.Role_ROLE_RETRIABLE || ns.Role == sagav1.Role_ROLE_RETRIABLE
+		if os.Role != sagav1.Role_ROLE_COMPENSATABLE && ns.Role != sagav1.Role_ROLE_COMPENSATABLE && retriable {
+			other := os.Role
+			if other == sagav1.Role_ROLE_RETRIABLE {
+				other = ns.Role
+			}
+			effects = append(effects, fmt.Sprintf("a failure reply to an instance waiting on it does something else: a %s's failure compensates the steps before it, a retriable step's goes to MANUAL_REVIEW", roleName(other)))
+		}
+		if (os.Role == sagav1.Role_ROLE_CHECK) != (ns.Role == sagav1.Role_ROLE_CHECK) && !retriable &&
+			(os.Role == sagav1.Role_ROLE_PIVOT || ns.Role == sagav1.Role_ROLE_PIVOT) {
+			effects = append(effects, "a business cancel of an instance that completed it does something else: after a completed pivot it is refused (the point of no return passed), after a completed check it compensates")
 		}
 		add(RuleStepSameRole, stepPlace(n, j, "role"), stepPlace(o, i, "role"),
 			"saga %s: step %s changes role from %s to %s: %s",

@@ -114,6 +114,10 @@ message Refunded {
 			"      role: ROLE_PIVOT\n      command: \"Reserve\"\n      success: \"Reserved\"\n"),
 		replace("      role: ROLE_PIVOT\n      command: \"Charge\"", "      role: ROLE_RETRIABLE\n      command: \"Charge\""),
 	}},
+	// The pivot becomes a check: the saga has no point of no return left.
+	{name: "step_same_role_check", after: []edit{
+		replace("      role: ROLE_PIVOT\n      command: \"Charge\"", "      role: ROLE_CHECK\n      command: \"Charge\""),
+	}},
 	{name: "step_same_command", after: []edit{
 		replace(`command: "Charge"`, `command: "ChargeCard"`),
 		replace(`compensation: "Release"`, `compensation: "ReleaseStock"`),

@@ -86,6 +86,8 @@ var lintPurposes = map[string]string{
 	"late-reply-inert":          "Checks that a late-reply policy can take effect with the step's role and timeout action (APPLY_IF_WAITING needs a step that resends on timeout).",
 	"compensation-owner":        "Warns about a step whose command and compensation are owned by different services.",
 	"compensatable-after-pivot": "Checks that no compensatable step follows the pivot or a retriable step.",
+	"check-after-pivot":         "Checks that no check step follows the pivot or a retriable step.",
+	"step-conditional":          "Checks that the pivot is not conditional and that not every step is conditional.",
 	"non-retriable-after-pivot": "Checks that every step after the pivot is retriable.",
 	"cancel-reference":          "Checks that a saga's cancel names an annotated command or event.",
 	"cancel-correlation":        "Checks that a cancel message declares a correlation field.",

@@ -147,6 +147,20 @@ func (hooks) Apply(_ context.Context, data proto.Message, m message.Message) err
 	return nil
 }
 
+// Skip implements sagadef.Skipper for definitions with conditional steps:
+// it skips every conditional step of an order whose id starts with "skip-",
+// and fails for one whose id starts with "skiperr-".
+func (hooks) Skip(_ context.Context, step string, data proto.Message) (bool, string, error) {
+	order := data.(*structpb.Struct).Fields["order"].GetStringValue()
+	if strings.HasPrefix(order, "skiperr-") {
+		return false, "", fmt.Errorf("inventory policy service unavailable")
+	}
+	if strings.HasPrefix(order, "skip-") {
+		return true, "order " + order + " does not need " + step, nil
+	}
+	return false, "", nil
+}
+
 func applied(t *testing.T, st saga.Status) []string {
 	t.Helper()
 	var out []string
@@ -171,6 +185,13 @@ type defOptions struct {
 	externalPayment bool
 	// cancel declares CancelOrder the saga's business cancel message.
 	cancel bool
+	// externalCheck adds, between ReserveInventory and AuthorizePayment,
+	// the check step ApproveOrder: external, completed by the
+	// PaymentApproved event, compensating on timeout.
+	externalCheck bool
+	// conditionalReserve makes ReserveInventory conditional; the test
+	// hooks skip it for orders whose id starts with "skip-".
+	conditionalReserve bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -238,6 +259,19 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	if o.externalPayment {
 		def.Steps[1].External, def.Steps[1].Command = true, ""
 		def.Steps[1].SuccessReplies = []string{msgPaymentApproved.FullName}
+	}
+	if o.externalCheck {
+		check := sagadef.Step{
+			Name: "ApproveOrder", Role: sagadef.RoleCheck, External: true,
+			SuccessReplies: []string{msgPaymentApproved.FullName},
+			Timeout:        stepTimeout,
+			OnTimeout:      sagadef.TimeoutCompensate,
+			Late:           o.late,
+		}
+		def.Steps = append(def.Steps[:1], append([]sagadef.Step{check}, def.Steps[1:]...)...)
+	}
+	if o.conditionalReserve {
+		def.Steps[0].Conditional = true
 	}
 	if o.cancel {
 		def.Cancel = sagadef.Cancel{Message: msgCancelOrder.FullName, RequestedBy: "request_type_url", Reason: "response_type_url"}

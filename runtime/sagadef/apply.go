@@ -109,6 +109,9 @@ type mode struct {
 	dry bool
 	// assumeDue treats any armed timeout or deadline as due.
 	assumeDue bool
+	// skips decides, in dry runs, which conditional steps are skipped:
+	// bit i skips step i.
+	skips uint64
 }
 
 // newCounter returns an id source yielding prefix1, prefix2, ...
@@ -150,7 +153,7 @@ func (d *Definition) begin(ctx context.Context, env Env, id string, data proto.M
 	}
 	w.class = ClassNew
 	w.note("started by %s", shortName(d.StartMessage))
-	if err := w.enterStep(0, 1); err != nil {
+	if err := w.advance(-1); err != nil {
 		return Result{}, nil, err
 	}
 	w.out.Version = 1
@@ -284,6 +287,7 @@ func (p Progress) clone() Progress {
 		Compensated:          slices.Clone(p.Compensated),
 		Outcomes:             cloneMap(p.Outcomes),
 		Sent:                 cloneMap(p.Sent),
+		Skipped:              slices.Clone(p.Skipped),
 		Stopped:              slices.Clone(p.Stopped),
 		SentCompensations:    cloneMap(p.SentCompensations),
 		CompensationOutcomes: cloneMap(p.CompensationOutcomes),

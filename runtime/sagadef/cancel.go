@@ -97,7 +97,7 @@ func (w *work) onCancel() error {
 // completed), or returns "" when it is not.
 func (w *work) pointOfNoReturn(i int) string {
 	for _, name := range w.in.Progress.Completed {
-		if j, ok := w.d.compiled.steps[name]; ok && w.step(j).Role != RoleCompensatable {
+		if j, ok := w.d.compiled.steps[name]; ok && w.step(j).Role != RoleCompensatable && w.step(j).Role != RoleCheck {
 			return fmt.Sprintf("%s step %s completed", w.step(j).Role, name)
 		}
 	}

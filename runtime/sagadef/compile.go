@@ -325,7 +325,7 @@ func (d *Definition) validate() (*index, []error) {
 
 		rank := 0
 		switch s.Role {
-		case RoleCompensatable:
+		case RoleCompensatable, RoleCheck:
 			rank = 1
 		case RolePivot:
 			rank = 2
@@ -336,13 +336,13 @@ func (d *Definition) validate() (*index, []error) {
 		case RoleRetriable:
 			rank = 3
 		default:
-			fail(label, "role is unspecified (want compensatable, pivot or retriable)")
+			fail(label, "role is unspecified (want compensatable, check, pivot or retriable)")
 		}
 		if rank != 0 {
 			if rank < lastRank {
 				switch s.Role {
-				case RoleCompensatable:
-					fail(label, "compensatable step follows the pivot or a retriable step; compensatable steps must come first")
+				case RoleCompensatable, RoleCheck:
+					fail(label, "%s step follows the pivot or a retriable step; compensatable and check steps must come first", s.Role)
 				case RolePivot:
 					fail(label, "pivot follows a retriable step; retriable steps must come after the pivot")
 				}
@@ -410,6 +410,9 @@ func (d *Definition) validate() (*index, []error) {
 		default:
 			fail(label, "timeout action is unspecified (want compensate, retry or manual review)")
 		}
+		if s.Conditional && s.Role == RolePivot {
+			fail(label, "the pivot is conditional; the point of no return cannot be skipped")
+		}
 		if s.MaxAttempts < 0 {
 			fail(label, "max attempts %d is negative", s.MaxAttempts)
 		}
@@ -418,6 +421,9 @@ func (d *Definition) validate() (*index, []error) {
 		default:
 			fail(label, "late-reply policy is unspecified (want ignore, manual review or apply if waiting)")
 		}
+	}
+	if len(d.Steps) > 0 && !slices.ContainsFunc(d.Steps, func(s Step) bool { return !s.Conditional }) {
+		fail("", "every step is conditional; a saga runs at least one step")
 	}
 	// Claimed after the steps' messages, so that a cancel message that is
 	// also a step's message is reported naming that step.

@@ -3,6 +3,7 @@ package sagadef
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,8 @@ func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
 			Late:        LatePolicy(1 + r.IntN(3)),
 		}
 		switch {
+		case i < comps && r.IntN(3) == 0:
+			s.Role = RoleCheck
 		case i < comps:
 			s.Role = RoleCompensatable
 		case i == comps && pivot:
@@ -36,6 +39,7 @@ func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
 			s.Role = RoleRetriable
 		}
 		s.External = s.Role != RoleCompensatable && r.IntN(4) == 0
+		s.Conditional = s.Role != RolePivot && r.IntN(4) == 0
 		if !s.External {
 			s.Command = fmt.Sprintf("rand.Cmd%d", i)
 		}
@@ -62,6 +66,9 @@ func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
 		s.OnTimeout = actions[r.IntN(len(actions))]
 		d.Steps = append(d.Steps, s)
 	}
+	if !slices.ContainsFunc(d.Steps, func(s Step) bool { return !s.Conditional }) {
+		d.Steps[0].Conditional = false
+	}
 	if r.IntN(2) == 0 {
 		d.Cancel = Cancel{Message: "rand.Cancel", RequestedBy: "by", Reason: "why"}
 	}
@@ -72,7 +79,7 @@ func describe(d *Definition) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "deadline=%s cancel=%q\n", d.Deadline, d.Cancel.Message)
 	for _, s := range d.Steps {
-		fmt.Fprintf(&b, "  %s role=%s ext=%t ok=%v fail=%v cf=%v timeout=%s max=%d late=%s\n", s.Name, s.Role, s.External,
+		fmt.Fprintf(&b, "  %s role=%s ext=%t cond=%t ok=%v fail=%v cf=%v timeout=%s max=%d late=%s\n", s.Name, s.Role, s.External, s.Conditional,
 			s.SuccessReplies, s.FailureReplies, s.CompensationFailureReplies, s.OnTimeout, s.MaxAttempts, s.Late)
 	}
 	return b.String()

@@ -53,18 +53,46 @@ func (d *Definition) walk(operators bool, visit func(inst Instance, trig Trigger
 	env := Env{Now: exploreEpoch, NewID: newCounter("explore-")}
 	m := mode{dry: true, assumeDue: true}
 
-	first, names, err := d.begin(ctx, env, "explore", nil, "explore", m)
-	if err != nil {
-		return err
+	// Every combination of the decider's skips of conditional steps.
+	skips := []uint64{0}
+	for i, s := range d.Steps {
+		if s.Conditional {
+			for _, k := range skips {
+				skips = append(skips, k|1<<i)
+			}
+		}
 	}
-	visit(Instance{}, Trigger{Kind: TriggerStart}, first, names)
-	start := d.canon(first.Instance)
-	seen := map[string]bool{stateKey(start): true}
-	queue := []Instance{start}
+	seen := map[string]bool{}
+	var queue []Instance
+	for _, k := range skips {
+		m.skips = k
+		first, names, err := d.begin(ctx, env, "explore", nil, "explore", m)
+		if err != nil {
+			return err
+		}
+		visit(Instance{}, Trigger{Kind: TriggerStart}, first, names)
+		start := d.canon(first.Instance)
+		if key := stateKey(start); !seen[key] {
+			seen[key] = true
+			queue = append(queue, start)
+		}
+	}
+	type probe struct {
+		trig  Trigger
+		skips uint64
+	}
 	for len(queue) > 0 {
 		inst := queue[0]
 		queue = queue[1:]
+		var all []probe
 		for _, trig := range d.probes(inst, operators) {
+			for _, k := range skips {
+				all = append(all, probe{trig, k})
+			}
+		}
+		for _, pr := range all {
+			trig := pr.trig
+			m.skips = pr.skips
 			res, names, err := d.apply(ctx, env, inst, trig, m)
 			if err != nil {
 				if errors.Is(err, ErrInvalidTrigger) || errors.Is(err, ErrTerminal) {
@@ -205,6 +233,7 @@ func (d *Definition) canon(inst Instance) Instance {
 		Completed:            slices.Clone(p.Completed),
 		Compensated:          byStep(p.Compensated),
 		Stopped:              byStep(p.Stopped),
+		Skipped:              slices.Clone(p.Skipped),
 		Outcomes:             cloneMap(p.Outcomes),
 		CompensationOutcomes: cloneMap(p.CompensationOutcomes),
 		Sent:                 rename(p.Sent, "s:"),
@@ -229,7 +258,7 @@ func stateKey(inst Instance) string {
 	b.WriteString(inst.State)
 	fmt.Fprintf(&b, "|%s|%d|%t|%t", inst.PendingMessageID, inst.Attempt, !inst.TimeoutAt.IsZero(), !inst.DeadlineAt.IsZero())
 	p := inst.Progress
-	for _, list := range [][]string{p.Completed, p.Compensated, p.Stopped} {
+	for _, list := range [][]string{p.Completed, p.Compensated, p.Stopped, p.Skipped} {
 		b.WriteByte('|')
 		b.WriteString(strings.Join(list, ","))
 	}

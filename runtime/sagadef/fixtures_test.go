@@ -29,6 +29,11 @@ const (
 	pApproveOrder           = "shop.v1.ApproveOrder"
 	pOrderApproved          = "shop.v1.OrderApproved"
 	pCancelOrder            = "shop.v1.CancelOrder"
+	pValidateOrder          = "shop.v1.ValidateOrder"
+	pOrderValid             = "shop.v1.OrderValid"
+	pOrderInvalid           = "shop.v1.OrderInvalid"
+	pFraudCleared           = "shop.v1.FraudCleared"
+	pFraudFlagged           = "shop.v1.FraudFlagged"
 
 	qRequestQuote   = "sales.v1.RequestQuote"
 	qPrepareQuote   = "sales.v1.PrepareQuote"
@@ -51,15 +56,15 @@ var types = func() map[string]*message.Info {
 		out[n] = sagatest.NewType(n, message.KindCommand)
 	}
 	for _, n := range []string{pReserveInventory, pReleaseInventory, pAuthorizePayment, pScheduleShipping, pApproveOrder,
-		qPrepareQuote, qWithdrawQuote, qSendContract} {
+		pValidateOrder, qPrepareQuote, qWithdrawQuote, qSendContract} {
 		out[n] = sagatest.NewType(n, message.KindCommand)
 	}
 	for _, n := range []string{pInventoryReserved, pInventoryFailed, pInventoryReleased, pInventoryReleaseFailed,
 		pPaymentAuthorized, pPaymentDeclined, pShippingScheduled, pShippingRejected, pOrderApproved,
-		qQuotePrepared, qQuoteFailed, qQuoteWithdrawn, qContractSent, unknownMessage} {
+		pOrderValid, pOrderInvalid, qQuotePrepared, qQuoteFailed, qQuoteWithdrawn, qContractSent, unknownMessage} {
 		out[n] = sagatest.NewType(n, message.KindReply)
 	}
-	for _, n := range []string{qQuoteApproved, qQuoteRejected, qQuoteCancelled} {
+	for _, n := range []string{qQuoteApproved, qQuoteRejected, qQuoteCancelled, pFraudCleared, pFraudFlagged} {
 		out[n] = sagatest.NewType(n, message.KindEvent)
 	}
 	return out
@@ -180,6 +185,32 @@ func quoteApproval(mods ...func(*sagadef.Definition)) *sagadef.Definition {
 		m(d)
 	}
 	return d
+}
+
+// checked adds two check steps to Place Order: ValidateOrder (a command)
+// before ReserveInventory, and AwaitFraudClearance (external: a fraud
+// team's decision) between ReserveInventory and AuthorizePayment.
+func checked(d *sagadef.Definition) {
+	validate := sagadef.Step{
+		Name: "ValidateOrder", Role: sagadef.RoleCheck,
+		Command:        pValidateOrder,
+		SuccessReplies: []string{pOrderValid},
+		FailureReplies: []string{pOrderInvalid},
+		Timeout:        10 * time.Second,
+		OnTimeout:      sagadef.TimeoutRetry,
+		MaxAttempts:    2,
+		Late:           sagadef.LateApplyIfWaiting,
+	}
+	fraud := sagadef.Step{
+		Name: "AwaitFraudClearance", Role: sagadef.RoleCheck, External: true,
+		SuccessReplies: []string{pFraudCleared},
+		FailureReplies: []string{pFraudFlagged},
+		Timeout:        time.Hour,
+		OnTimeout:      sagadef.TimeoutCompensate,
+		Late:           sagadef.LateIgnore,
+	}
+	d.Deadline = 3 * time.Hour
+	d.Steps = append([]sagadef.Step{validate, d.Steps[0], fraud}, d.Steps[1:]...)
 }
 
 // cancellable declares a business cancel: CancelOrder (a command) for Place

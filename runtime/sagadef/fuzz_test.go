@@ -75,11 +75,13 @@ func FuzzApply(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 2, 0, 0, 10, 3, 1, 1, 20})
 	f.Add([]byte{byte(len(types) + 1), 0, 0, 60, byte(len(types) + 1), 0, 0, 60, byte(len(types) + 4), 0, 0, 0})
 	f.Add([]byte{byte(len(types) + 5), 0, 0, 3, byte(len(types) + 3), 0, 0, 0, 0, 2, 2, 0})
-	defs := []*sagadef.Definition{compiled(f, placeOrder()), compiled(f, quoteApproval())}
-	starts := []string{pPlaceOrder, qRequestQuote}
+	defs := []*sagadef.Definition{compiled(f, placeOrder()), compiled(f, quoteApproval()), compiled(f, placeOrder(checked, cancellable)),
+		compiled(f, placeOrder(checked, cancellable, conditional("ValidateOrder", "ReserveInventory", "AwaitFraudClearance", "ApproveOrder")))}
+	starts := []string{pPlaceOrder, qRequestQuote, pPlaceOrder, pPlaceOrder}
+	hookSets := []sagadef.Hooks{hooks(), hooks(), hooks(), skipping("ReserveInventory", "ApproveOrder")}
 	f.Fuzz(func(t *testing.T, script []byte) {
 		for i, d := range defs {
-			h := sagatest.New(t, d, hooks())
+			h := sagatest.New(t, d, hookSets[i])
 			h.Start(msg(starts[i]))
 			fuzzScript(d, h, script, func(trig sagadef.Trigger) {
 				var before proto.Message

@@ -238,6 +238,8 @@ func (w *work) lateRisk(s *Step, m lateMessage, when lateWhen, review bool) stri
 		return ": the step's effect is still in place"
 	case !m.says():
 		return ": the saga counts on the step's effect, which did not happen"
+	case s.Role == RoleCheck:
+		return ": a check step leaves nothing to undo"
 	case s.Role != RoleCompensatable || !sentFor(w.in.Progress.SentCompensations, s.Name):
 		return ": its effect stands and nothing undoes it"
 	case s.External:

@@ -60,6 +60,8 @@ func (r Role) String() string {
 		return "pivot"
 	case RoleRetriable:
 		return "retriable"
+	case RoleCheck:
+		return "check"
 	default:
 		return fmt.Sprintf("role(%d)", int(r))
 	}

@@ -23,6 +23,12 @@ const (
 	RolePivot
 	// RoleRetriable steps follow the pivot and are retried until they succeed.
 	RoleRetriable
+	// RoleCheck steps run before the pivot and leave nothing to undo (a
+	// validation, a read, an approval): they have no compensation, their
+	// failure compensates the compensatable steps before them, and
+	// compensation passes over them. A business cancel while the saga waits
+	// on one compensates, as before any compensatable step.
+	RoleCheck
 )
 
 // TimeoutAction says what a step's timeout does.
@@ -95,6 +101,21 @@ type Step struct {
 	MaxAttempts int
 	// Late says what a late reply does.
 	Late LatePolicy
+	// Conditional marks a step the saga may skip: each time the saga
+	// reaches it going forward, the hooks' [Skipper] decides from the saga
+	// data whether it runs. A skipped step sends nothing, is recorded in
+	// Progress.Skipped with the decider's reason in the audit note, and is
+	// never compensated. The pivot is never conditional.
+	Conditional bool
+}
+
+// Skipper decides whether a conditional step (Step.Conditional) runs. The
+// hooks of a definition with conditional steps implement it; generated code
+// calls the typed Skip<Step> method of the saga's decider.
+type Skipper interface {
+	// Skip reports whether step (its name) is skipped for the saga data,
+	// and why (recorded in the audit trail).
+	Skip(ctx context.Context, step string, data proto.Message) (skip bool, reason string, err error)
 }
 
 // Definition is one saga type. Generated code builds it; call
@@ -265,6 +286,8 @@ type Progress struct {
 	// Sent maps command MessageIDs the saga sent to their step name, so a
 	// reply's causation id identifies the attempt it answers.
 	Sent map[string]string `json:"sent,omitempty"`
+	// Skipped lists conditional steps the decider skipped, in order.
+	Skipped []string `json:"skipped,omitempty"`
 	// Stopped lists steps whose wait ended without a reply (timeout,
 	// operator compensate/cancel/resolve). A compensatable step in Stopped is
 	// compensated: its effect may have happened.

@@ -122,6 +122,13 @@ func (w *work) advance(i int) error {
 		if slices.Contains(w.progress().Completed, s.Name) {
 			continue
 		}
+		skip, err := w.skip(j)
+		if err != nil {
+			return err
+		}
+		if skip {
+			continue
+		}
 		if err := w.enterStep(j, 1); err != nil {
 			return err
 		}
@@ -135,6 +142,41 @@ func (w *work) advance(i int) error {
 	}
 	w.finish(StateCompleted)
 	return nil
+}
+
+// skip asks the decider whether conditional step i is skipped, and records
+// the skip. Steps that are not conditional always run.
+func (w *work) skip(i int) (bool, error) {
+	s := w.step(i)
+	if !s.Conditional {
+		return false, nil
+	}
+	var skip bool
+	reason := "explored"
+	if w.mode.dry {
+		skip = i < 64 && w.mode.skips&(1<<i) != 0
+	} else {
+		sk, ok := w.env.Hooks.(Skipper)
+		if !ok {
+			return false, fmt.Errorf("step %s is conditional, but the hooks (%T) do not implement sagadef.Skipper", s.Name, w.env.Hooks)
+		}
+		var err error
+		skip, reason, err = sk.Skip(w.ctx, s.Name, w.out.Data)
+		if err != nil {
+			return false, fmt.Errorf("decide whether to skip step %s: %w", s.Name, err)
+		}
+	}
+	if !skip {
+		return false, nil
+	}
+	if !slices.Contains(w.progress().Skipped, s.Name) {
+		w.progress().Skipped = append(w.progress().Skipped, s.Name)
+	}
+	if reason == "" {
+		reason = "no reason given"
+	}
+	w.note("skipped conditional step %s: %s", s.Name, reason)
+	return true, nil
 }
 
 // compensate continues compensation with the last compensatable step that
@@ -299,6 +341,9 @@ func (w *work) onStepReply(i int, success bool) error {
 				// moves the saga on can be queued behind it.
 				return fmt.Errorf("%s for step %s while the saga is at step %s: %w",
 					shortName(w.kind), s.Name, w.step(at).Name, ErrNotReached)
+			case slices.Contains(in.Skipped, s.Name):
+				w.noop(ClassInvalid, "%s for step %s, which the saga skipped", shortName(w.kind), s.Name)
+				return nil
 			default:
 				w.noop(ClassInvalid, "%s for step %s, which the saga has not reached", shortName(w.kind), s.Name)
 				return nil

@@ -40,64 +40,106 @@ func (d *Definition) derive() []Transition {
 		return dest{StateName(s.Name), []string{s.Command}}
 	}
 	// failed is where a failure of step i, waited on, leads.
-	var compensateFrom func(k int) dest
-	failed := func(i int) dest {
+	// compensateOver is where compensation starts when the steps up to k
+	// completed or stopped: the last compensatable one of them, or FAILED;
+	// may(j) says whether step j may have run (it was not surely skipped)
+	// and must(j) whether it surely ran (conditional steps may have been
+	// skipped), so the compensation may start at any compensatable step
+	// that may have run, down to the first that surely did.
+	compensateOver := func(k int, may, must func(j int) bool) []dest {
+		var out []dest
+		for j := min(k, len(steps)-1); j >= 0; j-- {
+			if steps[j].Role != RoleCompensatable || !may(j) {
+				continue
+			}
+			out = append(out, dest{CompensatingStateName(steps[j].Name), []string{steps[j].Compensation}})
+			if must(j) {
+				return out
+			}
+		}
+		return append(out, dest{StateFailed, nil})
+	}
+	always := func(int) bool { return true }
+	// compensateRan is compensateOver when step ran surely ran.
+	compensateRan := func(k, ran int) []dest {
+		return compensateOver(k, always, func(j int) bool { return !steps[j].Conditional || j == ran })
+	}
+	compensateFrom := func(k int) []dest { return compensateRan(k, -1) }
+	// failed is where a failure of step i, waited on, leads.
+	failed := func(i int) []dest {
 		if steps[i].Role == RoleRetriable {
-			return dest{StateManualReview, nil}
+			return []dest{{StateManualReview, nil}}
 		}
 		return compensateFrom(i - 1)
 	}
-	// advances lists where the saga goes after step i succeeded: the next
-	// step, or past the External steps after it whose event was recorded
-	// in manual review before the saga reached them (the saga was in
-	// review from a step up to i), or where such a recorded failure leads.
-	advances := func(i int) []dest {
+	// failedPast is where a recorded failure of External step m leads when
+	// the saga went forward to it from step i, which ran: the steps
+	// between were skipped, or (External ones) settled by events recorded
+	// before.
+	failedPast := func(i, m int) []dest {
+		if steps[m].Role == RoleRetriable {
+			return []dest{{StateManualReview, nil}}
+		}
+		return compensateOver(m-1,
+			func(j int) bool { return j <= i || steps[j].External },
+			func(j int) bool { return !steps[j].Conditional || j == i })
+	}
+	// forward lists where the saga goes forward after step i: the next
+	// step, or past the conditional steps after it the decider skips, and,
+	// when recorded, past the External steps after it whose event was
+	// recorded in manual review before the saga reached them (the saga was
+	// in review from a step up to i), or where such a recorded failure
+	// leads.
+	forward := func(i int, recorded bool) []dest {
 		var out []dest
 		for m := i + 1; ; m++ {
 			if m == len(steps) {
 				return append(out, dest{StateCompleted, nil})
 			}
 			out = append(out, enter(m))
-			if !steps[m].External {
+			past := steps[m].Conditional
+			if recorded && steps[m].External {
+				past = true
+				if len(steps[m].FailureReplies) > 0 {
+					out = append(out, failedPast(i, m)...)
+				}
+			}
+			if !past {
 				return out
 			}
-			if len(steps[m].FailureReplies) > 0 {
-				out = append(out, failed(m))
-			}
 		}
 	}
-	// compensateFrom is where compensation starts when the steps up to k
-	// completed or stopped: the last compensatable one of them, or FAILED.
-	compensateFrom = func(k int) dest {
-		for j := min(k, len(steps)-1); j >= 0; j-- {
-			if steps[j].Role == RoleCompensatable {
-				return dest{CompensatingStateName(steps[j].Name), []string{steps[j].Compensation}}
-			}
-		}
-		return dest{StateFailed, nil}
-	}
+	// advances lists where the saga goes after step i succeeded.
+	advances := func(i int) []dest { return forward(i, true) }
+	// compensateAt is where compensation starts when the saga stops
+	// waiting on step i, which ran.
+	compensateAt := func(i int) []dest { return compensateRan(i, i) }
 	// cancelled is where a compensation ends for a saga a business cancel
 	// stopped: CANCELLED where a failed one ends FAILED.
 	cancel := d.Cancel.Message
-	cancelled := func(to dest) dest {
-		if to.state == StateFailed {
-			return dest{StateCancelled, nil}
+	cancelled := func(to []dest) []dest {
+		out := make([]dest, len(to))
+		for i, t := range to {
+			out[i] = t
+			if t.state == StateFailed {
+				out[i] = dest{StateCancelled, nil}
+			}
 		}
-		return to
+		return out
 	}
-	add := func(from, trigger string, to dest) { rows.add(from, trigger, to.state, to.emits) }
-	addAll := func(from, trigger string, to []dest) {
+	add := func(from, trigger string, to ...dest) {
 		for _, t := range to {
-			add(from, trigger, t)
+			rows.add(from, trigger, t.state, t.emits)
 		}
 	}
-	// addEnd adds a row to a compensation's next destination, and, when a
-	// business cancel may have started the compensation, the row it takes
+	addAll := func(from, trigger string, to []dest) { add(from, trigger, to...) }
+	// addEnd adds a row to a compensation's next destinations, and, when a
+	// business cancel may have started the compensation, the rows it takes
 	// then.
-	addEnd := func(from, trigger string, to dest) {
-		add(from, trigger, to)
+	addEnd := func(from, trigger string, to ...dest) {
+		add(from, trigger, to...)
 		if cancel != "" {
-			add(from, trigger, cancelled(to))
+			add(from, trigger, cancelled(to)...)
 		}
 	}
 	toReview := func(from string, triggers ...string) {
@@ -121,6 +163,16 @@ func (d *Definition) derive() []Transition {
 			return r
 		}
 		return nil
+	}
+	// conflictsPassed lists the replies of step k, which the saga passed,
+	// that can conflict with its recorded outcome: a success, or, for a
+	// conditional External step after the first, any event recorded in
+	// review at an earlier step before the decider skipped it.
+	conflictsPassed := func(k int) []string {
+		if s := steps[k]; k > 0 && s.External && s.Conditional {
+			return conflictsWithAny(s)
+		}
+		return conflictsWithSuccess(steps[k])
 	}
 	compensationConflicts := func(s Step) []string {
 		if len(s.CompensationFailureReplies) == 0 {
@@ -165,7 +217,7 @@ func (d *Definition) derive() []Transition {
 		return []string{s.CompensationReply}
 	}
 
-	add("", TriggerStart, enter(0))
+	addAll("", TriggerStart, forward(-1, false))
 	// Waiting for step i: steps before it succeeded, External steps after
 	// it may hold an event recorded in review, nothing else is settled.
 	for i, s := range steps {
@@ -174,13 +226,13 @@ func (d *Definition) derive() []Transition {
 			addAll(st, r, advances(i))
 		}
 		for _, r := range s.FailureReplies {
-			add(st, r, failed(i))
+			add(st, r, failed(i)...)
 		}
 		if !s.External {
 			toReview(st, lateReview(s)...) // a reply to an earlier attempt
 		}
-		for _, prev := range steps[:i] {
-			toReview(st, conflictsWithSuccess(prev)...)
+		for k := range steps[:i] {
+			toReview(st, conflictsPassed(k)...)
 		}
 		for _, next := range steps[i+1:] {
 			if next.External {
@@ -189,7 +241,7 @@ func (d *Definition) derive() []Transition {
 		}
 		switch s.OnTimeout {
 		case TimeoutCompensate:
-			add(st, TriggerTimeout, compensateFrom(i))
+			add(st, TriggerTimeout, compensateAt(i)...)
 		case TimeoutRetry:
 			if s.maxAttempts() > 1 {
 				add(st, TriggerTimeout, enter(i))
@@ -203,11 +255,11 @@ func (d *Definition) derive() []Transition {
 		}
 		toReview(st, TriggerStuck)
 		add(st, TriggerOperatorRetry, enter(i))
-		add(st, TriggerOperatorCompensate, compensateFrom(i))
+		add(st, TriggerOperatorCompensate, compensateAt(i)...)
 		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
 		if cancel != "" && s.Role != RoleRetriable {
 			// Before the point of no return: stop and compensate.
-			add(st, cancel, cancelled(compensateFrom(i)))
+			add(st, cancel, cancelled(compensateAt(i))...)
 		}
 	}
 	// Compensating step j: any step may be settled (by any reply, for steps
@@ -219,23 +271,24 @@ func (d *Definition) derive() []Transition {
 		}
 		st := CompensatingStateName(s.Name)
 		resend := dest{st, []string{s.Compensation}}
-		addEnd(st, s.CompensationReply, compensateFrom(j-1))
+		addEnd(st, s.CompensationReply, compensateFrom(j-1)...)
 		toReview(st, s.CompensationFailureReplies...)
 		// A compensation failure recorded before the saga was resolved and
 		// an operator compensated it again.
 		toReview(st, compensationConflicts(s)...)
 		for k, o := range steps {
 			if k < j {
-				toReview(st, conflictsWithSuccess(o)...)
+				toReview(st, conflictsPassed(k)...)
 			} else {
 				toReview(st, conflictsWithAny(o)...)
 			}
 			if k > j && o.Role == RoleCompensatable {
 				toReview(st, o.CompensationFailureReplies...)
 			}
-			if o.Role != RoleCompensatable || k >= j {
+			if k >= j {
 				// A late success of a step that stopped waiting: not
-				// yet compensated, compensated, or never to be.
+				// yet compensated, compensated, or never to be (the
+				// steps before j completed before j ran).
 				toReview(st, lateSuccessReview(o)...)
 			}
 		}
@@ -248,8 +301,8 @@ func (d *Definition) derive() []Transition {
 		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
 	}
 	// Terminal states.
-	for _, s := range steps {
-		toReview(StateCompleted, conflictsWithSuccess(s)...)
+	for k, s := range steps {
+		toReview(StateCompleted, conflictsPassed(k)...)
 		// An operator's cancel stops any step, or abandons a
 		// compensation; any step may stop before a saga fails.
 		toReview(StateCancelled, lateSuccessReview(s)...)
@@ -271,7 +324,7 @@ func (d *Definition) derive() []Transition {
 	// when compensations exist (stop k by an operator compensation, let
 	// the compensation time out), otherwise when review can be entered from
 	// step k without settling it, or from a later state by a conflict.
-	hasCompensation := compensateFrom(len(steps)).state != StateFailed
+	hasCompensation := compensateFrom(len(steps))[0].state != StateFailed
 	stoppedInReview := func(k int) bool {
 		if hasCompensation {
 			return true
@@ -282,8 +335,8 @@ func (d *Definition) derive() []Transition {
 				return true
 			}
 		}
-		for _, prev := range steps[:k] {
-			if len(conflictsWithSuccess(prev)) > 0 {
+		for prev := range steps[:k] {
+			if len(conflictsPassed(prev)) > 0 {
 				return true
 			}
 		}
@@ -335,12 +388,12 @@ func (d *Definition) derive() []Transition {
 			// recording a success lets it resend, and lets a failure be
 			// recorded, which leaves step i out of the compensation.
 			addAll(rev, TriggerOperatorRetry, advances(i))
-			add(rev, TriggerOperatorCompensate, compensateFrom(i))
+			add(rev, TriggerOperatorCompensate, compensateAt(i)...)
 			for _, r := range rows {
 				if r.From == st && r.To == rev && !slices.Contains(s.SuccessReplies, r.Trigger) {
 					add(rev, TriggerOperatorRetry, enter(i))
 					if len(s.FailureReplies) > 0 {
-						add(rev, TriggerOperatorCompensate, compensateFrom(i-1))
+						add(rev, TriggerOperatorCompensate, compensateFrom(i-1)...)
 					}
 					break
 				}
@@ -349,9 +402,9 @@ func (d *Definition) derive() []Transition {
 		if s.Role == RoleCompensatable && sources[CompensatingStateName(s.Name)] {
 			resend := dest{CompensatingStateName(s.Name), []string{s.Compensation}}
 			add(rev, TriggerOperatorRetry, resend)
-			addEnd(rev, TriggerOperatorRetry, compensateFrom(i-1))
+			addEnd(rev, TriggerOperatorRetry, compensateFrom(i-1)...)
 			add(rev, TriggerOperatorCompensate, resend)
-			addEnd(rev, TriggerOperatorCompensate, compensateFrom(i-1))
+			addEnd(rev, TriggerOperatorCompensate, compensateFrom(i-1)...)
 		}
 	}
 	for _, t := range []string{StateCompleted, StateFailed, StateCancelled} {
@@ -360,14 +413,28 @@ func (d *Definition) derive() []Transition {
 	if terminalSource {
 		// A saga a business cancel stopped reaches review from a terminal
 		// state too: through a compensation's review and a resolve when
-		// there are compensations, otherwise by a late reply of the pivot
-		// it stopped (the pivot is then the first step).
+		// there are compensations, otherwise by a late reply of the step
+		// (a check or the pivot) it stopped, or by
+		// an event conflicting with one of a later external step that was
+		// recorded in a review before the cancel (the saga was in review
+		// at a step a cancel stops, then retried), or by a reply
+		// conflicting with a check step that completed before the step
+		// the cancel stopped.
 		endAt := add
-		if cancel != "" && (hasCompensation || (steps[0].Role == RolePivot && steps[0].Late == LateManualReview)) {
+		lateStopped := slices.ContainsFunc(steps, func(s Step) bool { return s.Role != RoleRetriable && s.Late == LateManualReview })
+		recordedEarly := steps[0].Role != RoleRetriable && slices.ContainsFunc(steps[1:], func(s Step) bool {
+			return s.External && len(conflictsWithAny(s)) > 0
+		})
+		checkConflict := false
+		for m, s := range steps {
+			checkConflict = checkConflict || (s.Role == RoleCheck && len(conflictsWithSuccess(s)) > 0 &&
+				slices.ContainsFunc(steps[m+1:], func(s Step) bool { return s.Role != RoleRetriable }))
+		}
+		if cancel != "" && (hasCompensation || recordedEarly || checkConflict || lateStopped) {
 			endAt = addEnd
 		}
 		for i := range steps {
-			endAt(rev, TriggerOperatorCompensate, compensateFrom(i))
+			endAt(rev, TriggerOperatorCompensate, compensateFrom(i)...)
 		}
 		endAt(rev, TriggerOperatorCompensate, dest{StateFailed, nil})
 	}
@@ -424,6 +491,11 @@ func (d *Definition) Mermaid() string {
 	for _, s := range d.States {
 		if s.Kind == StateKindTerminal {
 			fmt.Fprintf(&b, "    %s --> [*]\n", s.Name)
+		}
+	}
+	for _, s := range d.Steps {
+		if s.Conditional {
+			fmt.Fprintf(&b, "    note right of %s : conditional, the decider may skip it\n", StateName(s.Name))
 		}
 	}
 	return b.String()

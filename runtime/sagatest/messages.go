@@ -120,3 +120,26 @@ func Applied(data proto.Message) []string {
 	}
 	return out
 }
+
+// Skip implements [sagadef.Skipper]: [Hooks] run every conditional step.
+// Wrap them with [Skipping] to skip some.
+func (h keyHooks) Skip(context.Context, string, proto.Message) (bool, string, error) {
+	return false, "", nil
+}
+
+// Skipping returns hooks that decide conditional steps with skip (called
+// with the step's name and the saga data) and leave every other decision
+// to h.
+func Skipping(h sagadef.Hooks, skip func(step string, data proto.Message) (bool, string)) sagadef.Hooks {
+	return skipHooks{Hooks: h, skip: skip}
+}
+
+type skipHooks struct {
+	sagadef.Hooks
+	skip func(step string, data proto.Message) (bool, string)
+}
+
+func (h skipHooks) Skip(_ context.Context, step string, data proto.Message) (bool, string, error) {
+	skip, reason := h.skip(step, data)
+	return skip, reason, nil
+}

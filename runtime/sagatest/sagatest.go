@@ -396,7 +396,7 @@ func deepProgress(p sagadef.Progress) sagadef.Progress {
 		return append([]string(nil), s...)
 	}
 	return sagadef.Progress{
-		Completed: cl(p.Completed), Compensated: cl(p.Compensated), Stopped: cl(p.Stopped),
+		Completed: cl(p.Completed), Compensated: cl(p.Compensated), Stopped: cl(p.Stopped), Skipped: cl(p.Skipped),
 		Outcomes: cp(p.Outcomes), Sent: cp(p.Sent),
 		SentCompensations: cp(p.SentCompensations), CompensationOutcomes: cp(p.CompensationOutcomes),
 		ReviewFrom: p.ReviewFrom, OperatorRetries: maps.Clone(p.OperatorRetries), Deferrals: p.Deferrals,

@@ -2,6 +2,7 @@ package golang
 
 import (
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -81,6 +82,9 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		if st.External {
 			g.P("External: true,")
 		}
+		if st.Conditional {
+			g.P("Conditional: true,")
+		}
 		g.P("SuccessReplies: ", stringSlice(st.SuccessReplies), ",")
 		if len(st.FailureReplies) > 0 {
 			g.P("FailureReplies: ", stringSlice(st.FailureReplies), ",")
@@ -154,6 +158,13 @@ func genDecider(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		g.P("// ", buildMethod(c), " builds the command ", c.FullName, " from the saga data.")
 		g.P(buildMethod(c), "(", ctx, " ", contextPkg.Ident("Context"), ", ", dataVar, " *", data, ") (*", c.Proto.GoIdent, ", error)")
 	}
+	for _, st := range s.Steps {
+		if st.Conditional {
+			g.P("// ", model.SkipMethod(st), " decides, from the saga data, whether conditional step ", st.Name)
+			g.P("// is skipped (true), and why (recorded in the saga's audit trail).")
+			g.P(model.SkipMethod(st), "(", ctx, " ", contextPkg.Ident("Context"), ", ", dataVar, " *", data, ") (bool, string, error)")
+		}
+	}
 	for _, r := range s.Handles {
 		g.P("// ", foldMethod(r), " folds ", r.FullName, " into the saga data before the transition.")
 		g.P(foldMethod(r), "(", ctx, " ", contextPkg.Ident("Context"), ", ", dataVar, " *", data, ", ", msg, " *", r.Proto.GoIdent, ") error")
@@ -222,6 +233,32 @@ func genHooks(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	}
 	g.P("}")
 	g.P("return nil")
+	g.P("}")
+	g.P()
+	genSkip(g, s, l, errf)
+}
+
+// genSkip implements sagadef.Skipper for a saga with conditional steps.
+func genSkip(g *protogen.GeneratedFile, s *model.Saga, l locals, errf func(string, ...string) string) {
+	if !slices.ContainsFunc(s.Steps, func(st *model.Step) bool { return st.Conditional }) {
+		return
+	}
+	typ, data := s.HooksType(), s.Data.GoIdent
+	h, d, ctx, step, dataVar, ok := l.name("h"), l.name("d"), l.name("ctx"), l.name("step"), l.name("data"), l.name("ok")
+	g.P("func (", h, " ", typ, ") Skip(", ctx, " ", contextPkg.Ident("Context"), ", ", step, " string, ", dataVar, " ", protoPkg.Ident("Message"), ") (bool, string, error) {")
+	g.P(d, ", ", ok, " := ", dataVar, ".(*", data, ")")
+	g.P("if !", ok, " {")
+	g.P(`return false, "", `, errf("saga data is %T, want *"+data.GoName, dataVar))
+	g.P("}")
+	g.P("switch ", step, " {")
+	for _, st := range s.Steps {
+		if st.Conditional {
+			g.P("case ", strconv.Quote(st.Name), ":")
+			g.P("return ", h, ".d.", model.SkipMethod(st), "(", ctx, ", ", d, ")")
+		}
+	}
+	g.P("}")
+	g.P(`return false, "", `, errf("step %s is not conditional", step))
 	g.P("}")
 	g.P()
 }

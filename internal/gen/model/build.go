@@ -63,6 +63,7 @@ const (
 	stepMaxAttempts         = 11
 	stepLateReply           = 12
 	stepExternal            = 13
+	stepConditional         = 14
 )
 
 var (

@@ -38,6 +38,10 @@ func ResultMarker(m *Message) string { return "is" + m.Proto.GoIdent.GoName + "R
 // BuildMethod is the decider method building command m.
 func BuildMethod(m *Message) string { return "Build" + m.Proto.GoIdent.GoName }
 
+// SkipMethod is the decider method deciding whether conditional step st is
+// skipped.
+func SkipMethod(st *Step) string { return "Skip" + st.Name }
+
 // FoldMethod is the decider method folding reply or event m into saga data.
 func FoldMethod(m *Message) string { return "On" + m.Proto.GoIdent.GoName }
 

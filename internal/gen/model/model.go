@@ -173,6 +173,7 @@ type Step struct {
 	Role                sagav1.Role
 	Command             *Message
 	External            bool
+	Conditional         bool
 	Success             []*Message
 	Failure             []*Message
 	Compensation        *Message

@@ -49,6 +49,8 @@ var Rules = []Rule{
 	{ID: "retry-tiers", Warning: true},
 	{ID: "compensation-owner", Warning: true},
 	{ID: "compensatable-after-pivot"},
+	{ID: "check-after-pivot"},
+	{ID: "step-conditional"},
 	{ID: "non-retriable-after-pivot"},
 	{ID: "cancel-reference"},
 	{ID: "cancel-correlation"},

@@ -281,7 +281,7 @@ func (s *Saga) part(m *Message) string {
 
 func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName, s *Saga, o *sagav1.Step) *Step {
 	st := &Step{
-		Name: o.GetName(), Role: o.GetRole(), External: o.GetExternal(),
+		Name: o.GetName(), Role: o.GetRole(), External: o.GetExternal(), Conditional: o.GetConditional(),
 		OnTimeout: o.GetOnTimeout(), MaxAttempts: int(o.GetMaxAttempts()), Late: o.GetLateReply(),
 	}
 	// Findings inside a step are located at the step (buf records nothing
@@ -343,14 +343,14 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 			"saga %s: step %s has no success reply", s.FullName, label)
 	}
 	if st.Role == sagav1.Role_ROLE_UNSPECIFIED {
-		b.errorf(f, base, "step-role", "set role: ROLE_COMPENSATABLE, ROLE_PIVOT or ROLE_RETRIABLE",
+		b.errorf(f, base, "step-role", "set role: ROLE_COMPENSATABLE, ROLE_CHECK, ROLE_PIVOT or ROLE_RETRIABLE",
 			"saga %s: step %s declares no role", s.FullName, label)
 	}
 	hasComp := o.GetCompensation() != "" || o.GetCompensationReply() != "" || len(o.GetCompensationFailure()) > 0
 	switch {
 	case st.Role == sagav1.Role_ROLE_COMPENSATABLE:
 		if o.GetCompensation() == "" || o.GetCompensationReply() == "" {
-			b.errorf(f, base, "step-compensation", "add compensation and compensation_reply, or make the step the pivot",
+			b.errorf(f, base, "step-compensation", "add compensation and compensation_reply, make the step the pivot, or make it ROLE_CHECK when it leaves nothing to undo",
 				"saga %s: compensatable step %s has no compensation", s.FullName, label)
 		}
 	case hasComp && st.Role != sagav1.Role_ROLE_UNSPECIFIED:
@@ -584,10 +584,20 @@ func roleName(r sagav1.Role) string {
 	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
 }
 
-// stepOrder checks the structure compensatable* pivot? retriable*.
+// stepOrder checks the structure (compensatable|check)* pivot? retriable*,
+// and what skipping a conditional step cannot do.
 func (b *builder) stepOrder(f *protogen.File, base []int32, s *Saga) {
 	pivot, retriable := "", ""
+	if len(s.Steps) > 0 && !slices.ContainsFunc(s.Steps, func(st *Step) bool { return !st.Conditional }) {
+		b.errorf(f, path(base, sagaSteps), "step-conditional", "make at least one step unconditional",
+			"saga %s: every step is conditional, so the decider could skip them all and the saga would complete without doing anything", s.FullName)
+	}
 	for i, st := range s.Steps {
+		if st.Conditional && st.Role == sagav1.Role_ROLE_PIVOT {
+			b.errorf(f, path(base, sagaSteps, int32(i), stepConditional), "step-conditional",
+				"remove conditional: the pivot always runs; to make the whole operation optional, make it a separate saga",
+				"saga %s: pivot %s is conditional: skipping the point of no return would complete the saga with its retriable steps run on an operation that never became final", s.FullName, st.Name)
+		}
 		p := path(base, sagaSteps, int32(i), stepRole)
 		switch st.Role {
 		case sagav1.Role_ROLE_COMPENSATABLE:
@@ -610,12 +620,22 @@ func (b *builder) stepOrder(f *protogen.File, base []int32, s *Saga) {
 			default:
 				pivot = st.Name
 			}
+		case sagav1.Role_ROLE_CHECK:
+			switch {
+			case pivot != "":
+				b.errorf(f, p, "check-after-pivot", "move the check before the pivot, or make it retriable: after the point of no return a failure can no longer stop the saga",
+					"saga %s: check step %s follows the pivot %s", s.FullName, st.Name, pivot)
+			case retriable != "":
+				b.errorf(f, p, "check-after-pivot", "move the check before the retriable steps, or make it retriable",
+					"saga %s: check step %s follows retriable step %s", s.FullName, st.Name, retriable)
+			}
 		case sagav1.Role_ROLE_RETRIABLE:
 			if retriable == "" {
 				retriable = st.Name
 			}
 		}
-		if pivot != "" && pivot != st.Name && st.Role != sagav1.Role_ROLE_RETRIABLE && st.Role != sagav1.Role_ROLE_COMPENSATABLE && st.Role != sagav1.Role_ROLE_PIVOT {
+		if pivot != "" && pivot != st.Name && st.Role != sagav1.Role_ROLE_RETRIABLE && st.Role != sagav1.Role_ROLE_COMPENSATABLE &&
+			st.Role != sagav1.Role_ROLE_CHECK && st.Role != sagav1.Role_ROLE_PIVOT {
 			b.errorf(f, p, "non-retriable-after-pivot", "steps after the pivot must be retriable",
 				"saga %s: step %s after the pivot %s is not retriable", s.FullName, st.Name, pivot)
 		}
@@ -1006,7 +1026,7 @@ func (s *Saga) definition() *sagadef.Definition {
 	}
 	for _, st := range s.Steps {
 		ds := sagadef.Step{
-			Name: st.Name, Role: sagadef.Role(st.Role), External: st.External,
+			Name: st.Name, Role: sagadef.Role(st.Role), External: st.External, Conditional: st.Conditional,
 			SuccessReplies: names(st.Success), FailureReplies: names(st.Failure),
 			CompensationFailureReplies: names(st.CompensationFailure),
 			Timeout:                    st.Timeout, OnTimeout: sagadef.TimeoutAction(st.OnTimeout),

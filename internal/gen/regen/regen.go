@@ -55,6 +55,7 @@ func Targets() []Target {
 			"msg/msg.proto", "ok/ok.proto", "s/s.proto", "start/start.proto", "statusURL/statusURL.proto", "t/t.proto",
 		}},
 		{Name: "golden/noopts", Root: "testdata/golden/noopts", Saga: true, Files: []string{"plain/v1/plain.proto"}},
+		{Name: "golden/shapes", Root: "testdata/golden/shapes", Saga: true, Files: []string{"activation/v1/activation.proto"}},
 	}
 }
 

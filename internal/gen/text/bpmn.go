@@ -383,6 +383,11 @@ func (b *bpmnBuilder) stepTask(st sagadef.Step, owners map[string]string, def *s
 		doc = append(doc, "Pivot: the point of no return.")
 	case sagadef.RoleRetriable:
 		doc = append(doc, "Retriable: after the pivot, retried until it succeeds.")
+	case sagadef.RoleCheck:
+		doc = append(doc, "Check: nothing to undo; compensation passes over it.")
+	}
+	if st.Conditional {
+		doc = append(doc, "Conditional: the decider skips it when the saga data says it is not needed.")
 	}
 	doc = append(doc, "Late replies: "+latePolicy(st.Late)+".")
 	t.Doc = strings.Join(doc, " ")

@@ -188,8 +188,12 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 		}
 	}
 	for _, st := range s.Definition.Steps {
+		role := st.Role.String()
+		if st.Conditional {
+			role += ", conditional (the decider may skip it)"
+		}
 		ds := docStep{
-			Name: st.Name, Role: st.Role.String(), Command: st.Command, External: st.External,
+			Name: st.Name, Role: role, Command: st.Command, External: st.External,
 			Success: st.SuccessReplies, Failure: st.FailureReplies, Compensation: st.Compensation,
 			CompensationFailure: st.CompensationFailureReplies,
 			Timeout:             st.Timeout.String(), OnTimeout: st.OnTimeout.String(), Late: st.Late.String(),

@@ -214,6 +214,11 @@ const (
 	Role_ROLE_PIVOT Role = 2
 	// ROLE_RETRIABLE steps follow the pivot and are retried until they succeed.
 	Role_ROLE_RETRIABLE Role = 3
+	// ROLE_CHECK steps run before the pivot and leave nothing to undo (a
+	// validation, a read, an approval): they declare no compensation, a
+	// failure compensates the compensatable steps before them, and
+	// compensation passes over them.
+	Role_ROLE_CHECK Role = 4
 )
 
 // Enum value maps for Role.
@@ -223,12 +228,14 @@ var (
 		1: "ROLE_COMPENSATABLE",
 		2: "ROLE_PIVOT",
 		3: "ROLE_RETRIABLE",
+		4: "ROLE_CHECK",
 	}
 	Role_value = map[string]int32{
 		"ROLE_UNSPECIFIED":   0,
 		"ROLE_COMPENSATABLE": 1,
 		"ROLE_PIVOT":         2,
 		"ROLE_RETRIABLE":     3,
+		"ROLE_CHECK":         4,
 	}
 )
 
@@ -822,7 +829,14 @@ type Step struct {
 	LateReply LateReply `protobuf:"varint,12,opt,name=late_reply,json=lateReply,proto3,enum=saga.v1.LateReply" json:"late_reply,omitempty"`
 	// external marks a step that sends nothing and waits for an event (e.g. a
 	// human approval) listed in success/failure.
-	External      bool `protobuf:"varint,13,opt,name=external,proto3" json:"external,omitempty"`
+	External bool `protobuf:"varint,13,opt,name=external,proto3" json:"external,omitempty"`
+	// conditional lets the saga's decider skip the step: each time the saga
+	// reaches it going forward, the generated decider's Skip<Step> method
+	// decides from the saga data whether it runs. A skipped step sends
+	// nothing, is never compensated, and is recorded, with the decider's
+	// reason, in the audit trail. The pivot is never conditional (design
+	// rule step-conditional).
+	Conditional   bool `protobuf:"varint,14,opt,name=conditional,proto3" json:"conditional,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -948,6 +962,13 @@ func (x *Step) GetExternal() bool {
 	return false
 }
 
+func (x *Step) GetConditional() bool {
+	if x != nil {
+		return x.Conditional
+	}
+	return false
+}
+
 var file_saga_v1_saga_proto_extTypes = []protoimpl.ExtensionInfo{
 	{
 		ExtendedType:  (*descriptorpb.MessageOptions)(nil),
@@ -1014,7 +1035,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x06Cancel\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12!\n" +
 	"\frequested_by\x18\x02 \x01(\tR\vrequestedBy\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xd4\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xf6\x03\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\x04role\x18\x02 \x01(\x0e2\r.saga.v1.RoleR\x04role\x12\x18\n" +
@@ -1031,7 +1052,8 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\fmax_attempts\x18\v \x01(\x05R\vmaxAttempts\x121\n" +
 	"\n" +
 	"late_reply\x18\f \x01(\x0e2\x12.saga.v1.LateReplyR\tlateReply\x12\x1a\n" +
-	"\bexternal\x18\r \x01(\bR\bexternal*N\n" +
+	"\bexternal\x18\r \x01(\bR\bexternal\x12 \n" +
+	"\vconditional\x18\x0e \x01(\bR\vconditional*N\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_COMMAND\x10\x01\x12\x0e\n" +
@@ -1047,13 +1069,15 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x15OUTCOME_MANUAL_REVIEW\x10\x04*c\n" +
 	"\x13CompensationFailure\x12$\n" +
 	" COMPENSATION_FAILURE_UNSPECIFIED\x10\x00\x12&\n" +
-	"\"COMPENSATION_FAILURE_MANUAL_REVIEW\x10\x01*X\n" +
+	"\"COMPENSATION_FAILURE_MANUAL_REVIEW\x10\x01*h\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12ROLE_COMPENSATABLE\x10\x01\x12\x0e\n" +
 	"\n" +
 	"ROLE_PIVOT\x10\x02\x12\x12\n" +
-	"\x0eROLE_RETRIABLE\x10\x03*\x8a\x01\n" +
+	"\x0eROLE_RETRIABLE\x10\x03\x12\x0e\n" +
+	"\n" +
+	"ROLE_CHECK\x10\x04*\x8a\x01\n" +
 	"\rTimeoutAction\x12\x1e\n" +
 	"\x1aTIMEOUT_ACTION_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TIMEOUT_ACTION_COMPENSATE\x10\x01\x12\x18\n" +

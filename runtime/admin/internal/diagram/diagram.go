@@ -190,10 +190,14 @@ func subtitle(d *sagadef.Definition, s sagadef.State) string {
 	switch s.Kind {
 	case sagadef.StateKindStep:
 		if st, ok := d.LookupStep(s.Step); ok {
+			sub := st.Role.String()
 			if st.External {
-				return st.Role.String() + ", external"
+				sub += ", external"
 			}
-			return st.Role.String()
+			if st.Conditional {
+				sub += ", conditional"
+			}
+			return sub
 		}
 	case sagadef.StateKindCompensating:
 		return "compensation"

@@ -17,6 +17,7 @@ import (
 	quotev1 "github.com/protosaga/saga/examples/quoteapproval/quote/v1"
 	"github.com/protosaga/saga/runtime/admin/internal/diagram"
 	"github.com/protosaga/saga/runtime/sagadef"
+	activationv1 "github.com/protosaga/saga/testdata/golden/shapes/activation/v1"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata")
@@ -149,6 +150,7 @@ func examples(t *testing.T) map[string]*sagadef.Definition {
 	out := map[string]*sagadef.Definition{
 		"examples/placeorder":    orderv1.PlaceOrderDefinition(),
 		"examples/quoteapproval": quotev1.QuoteApprovalDefinition(),
+		"testdata/golden/shapes": activationv1.ActivationDefinition(),
 		"variant no deadline, late review": placeOrder(func(d *sagadef.Definition) { d.Deadline = 0 },
 			late("ScheduleShipping", sagadef.LateManualReview)),
 	}
@@ -374,6 +376,25 @@ func TestSVGEscapes(t *testing.T) {
 	}
 	require.Contains(t, texts, evilState)
 	require.Contains(t, texts, `<img src=x onerror=f()>&amp;`, "the trigger's short name, as text")
+}
+
+// TestSVGShapes: the subtitle under a step's name says its role, and
+// whether it is external and conditional.
+func TestSVGShapes(t *testing.T) {
+	t.Parallel()
+	b, err := diagram.SVG(examples(t)["testdata/golden/shapes"], diagram.Options{})
+	require.NoError(t, err)
+	d := readDiagram(t, b)
+	sub := func(state string) []string {
+		var out []string
+		for _, n := range d.states[state].find(func(n svgNode) bool { return n.XMLName.Local == "text" }) {
+			out = append(out, n.Text)
+		}
+		return out
+	}
+	require.Contains(t, sub("VALIDATE_ADDRESS"), "check")
+	require.Contains(t, sub("CREDIT_CHECK"), "check, external, conditional")
+	require.Contains(t, sub("SEND_WELCOME_PACK"), "retriable, conditional")
 }
 
 // TestSVGGolden compares the Place Order example's diagram with the
