@@ -21,6 +21,7 @@ import (
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/subscriber"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -102,9 +103,9 @@ func (h *Host) Start(ctx context.Context) (err error) {
 	case len(h.regErrs) > 0:
 		h.mu.Unlock()
 		return fmt.Errorf("host %s: %w", h.cfg.Service, errors.Join(h.regErrs...))
-	case len(h.participants) == 0 && len(h.sagas) == 0 && h.cfg.Relays == NoRelays:
+	case len(h.participants) == 0 && len(h.subscribers) == 0 && len(h.sagas) == 0 && h.cfg.Relays == NoRelays:
 		h.mu.Unlock()
-		return fmt.Errorf("host %s: nothing to run: register a participant or a saga, or run a relay", h.cfg.Service)
+		return fmt.Errorf("host %s: nothing to run: register a participant, a subscriber or a saga, or run a relay", h.cfg.Service)
 	}
 	h.state = stateStarting
 	h.mu.Unlock()
@@ -143,7 +144,7 @@ func (h *Host) Start(ctx context.Context) (err error) {
 	h.mu.Lock()
 	h.run, h.state = r, stateRunning
 	h.mu.Unlock()
-	h.log.Info("host started", "participants", len(h.participants), "sagas", len(h.sagas),
+	h.log.Info("host started", "participants", len(h.participants), "subscribers", len(h.subscribers), "sagas", len(h.sagas),
 		"relays", len(r.relays), "http", h.httpAddr(r))
 	return nil
 }
@@ -249,6 +250,15 @@ func (h *Host) build(r *running) error {
 			fn = h.cfg.ParticipantMiddleware(p.Service, fn)
 		}
 		if err := add(p.Queue, reg, participant.Handler(fn), participant.LockBatch(p.Service)); err != nil {
+			return err
+		}
+	}
+	for _, s := range h.subscribers {
+		reg, err := message.NewRegistry(s.Package.Messages...)
+		if err != nil {
+			return fmt.Errorf("subscriber %s: %w", s.Service, err)
+		}
+		if err := add(s.Queue, reg, subscriber.Handler(s.Service, s.Func), nil); err != nil {
 			return err
 		}
 	}

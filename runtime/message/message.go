@@ -160,12 +160,20 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion6 is referenced by generated code to assert at
+// SupportPackageIsVersion7 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
+//
+// Version 7: generated code of a package whose events name subscribers
+// imports runtime/subscriber (subscriber.Func, subscriber.UnexpectedEvent)
+// and registers them with service.Subscriber.
+const SupportPackageIsVersion7 = true
+
+// SupportPackageIsVersion6 is referenced by code generated for version 6,
+// which this runtime still compiles (see [SupportPackageIsVersion7]).
 //
 // Version 6: generated code imports six runtime packages (broker, message,
 // participant, saga, sagadef, service): it declares its topology as a

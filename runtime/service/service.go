@@ -18,6 +18,7 @@ import (
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/subscriber"
 )
 
 // Registrar takes a service's registrations. Errors are kept by the
@@ -26,6 +27,8 @@ import (
 type Registrar interface {
 	// AddParticipant registers a participant service.
 	AddParticipant(Participant) error
+	// AddSubscriber registers an event subscriber service.
+	AddSubscriber(Subscriber) error
 	// AddSaga registers a saga.
 	AddSaga(Saga) error
 	// SagaConfig is the engine configuration for saga fullName (pool,
@@ -61,6 +64,20 @@ type Participant struct {
 	Package Package
 	// Func dispatches a command to the user's implementation.
 	Func participant.Func
+}
+
+// Subscriber is one service's event handling for one package's events, as
+// a generated Register<Service>Subscriber function adds it.
+type Subscriber struct {
+	// Service is the subscribing service the contract names.
+	Service string
+	// Queue is the service's queue for the package's events; the consumer
+	// of it dedupes deliveries by message id under this name.
+	Queue string
+	// Package declares the events and the queue's bindings.
+	Package Package
+	// Func dispatches an event to the user's implementation.
+	Func subscriber.Func
 }
 
 // Saga is one saga type, as a generated Register<Saga> function adds it.

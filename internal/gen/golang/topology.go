@@ -43,6 +43,12 @@ func Topology(p *model.Package) PackageTopology {
 			bind(pt.Queue, c)
 		}
 	}
+	for _, sb := range p.Subscribers {
+		t.Queues = append(t.Queues, sb.Queue)
+		for _, e := range sb.Events {
+			bind(sb.Queue, e)
+		}
+	}
 	for _, f := range p.Files {
 		for _, s := range f.Sagas {
 			t.Queues = append(t.Queues, s.Queue)
@@ -89,7 +95,7 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	plan := model.TopologyPlanVar
 	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
 	g.P("// its exchanges (direct, or topic where an event is published), the work")
-	g.P("// queues of its participants and sagas (quorum")
+	g.P("// queues of its participants, subscribers and sagas (quorum")
 	g.P("// queues, each with the retry tier queues of retry.Default() and a parking")
 	g.P("// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every")
 	g.P("// package a process uses and declare the result with broker.Declare.")

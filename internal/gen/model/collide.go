@@ -50,6 +50,25 @@ func ParticipantFunc(p *Participant) string { return p.GoName + "ParticipantFunc
 // RegisterFunc registers a participant's handler.
 func RegisterFunc(p *Participant) string { return "Register" + p.GoName + "Participant" }
 
+// SubscriberType is a service's subscriber interface for one package's
+// events.
+func SubscriberType(s *Subscriber) string { return s.GoName + "Subscriber" }
+
+// SubscriberFunc adapts a subscriber's implementation to subscriber.Func.
+func SubscriberFunc(s *Subscriber) string { return s.GoName + "SubscriberFunc" }
+
+// RegisterSubscriberFunc registers a subscriber's handler.
+func RegisterSubscriberFunc(s *Subscriber) string { return "Register" + s.GoName + "Subscriber" }
+
+// SubscriberQueue is the queue service consumes the events of proto
+// package pkg from: "<service>.events.<pkg>".
+func SubscriberQueue(service, pkg string) string {
+	if pkg == "" {
+		return service + ".events"
+	}
+	return service + ".events." + pkg
+}
+
 // Saga-level identifiers.
 func (s *Saga) GoName() string         { return s.Name }
 func (s *Saga) NewFunc() string        { return "New" + s.Name }
@@ -195,6 +214,27 @@ func (b *builder) collisions() {
 		claim(m.File, p, ParticipantType(pt), "service "+m.Owner)
 		claim(m.File, p, RegisterFunc(pt), "service "+m.Owner)
 		claim(m.File, p, ParticipantFunc(pt), "service "+m.Owner)
+	}
+	subs := map[protogen.GoImportPath]map[string]bool{}
+	for _, m := range b.sortedMessages() {
+		if !m.Generate {
+			continue
+		}
+		ip := m.File.GoImportPath
+		for i, svc := range m.Subscribers {
+			if subs[ip] == nil {
+				subs[ip] = map[string]bool{}
+			}
+			if subs[ip][svc] {
+				continue
+			}
+			subs[ip][svc] = true
+			sb := &Subscriber{GoName: Camel(svc)}
+			p := path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgSubscribers, int32(i))
+			for _, n := range []string{SubscriberType(sb), SubscriberFunc(sb), RegisterSubscriberFunc(sb)} {
+				claim(m.File, p, n, "subscriber "+svc)
+			}
+		}
 	}
 	for _, d := range b.sagas {
 		if !d.file.Generate {

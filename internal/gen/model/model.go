@@ -50,6 +50,9 @@ type Package struct {
 	// Participants are the command-owning services whose commands are
 	// declared in this package, sorted by owner.
 	Participants []*Participant
+	// Subscribers are the services subscribing to events declared in this
+	// package, sorted by service.
+	Subscribers []*Subscriber
 }
 
 // File is one generated .proto file with annotated content.
@@ -80,6 +83,9 @@ type Message struct {
 	SchemaVersion int32
 	// Owner is the service consuming a command.
 	Owner string
+	// Subscribers are the services subscribing to an event, as listed
+	// (valid names, each once).
+	Subscribers []string
 	// Answers is the command a reply declares it answers (may be nil).
 	Answers *Message
 	// Results lists, for a command, the replies that answer it (success and
@@ -108,6 +114,19 @@ type Participant struct {
 	// Queue is the service's command queue.
 	Queue    string
 	Commands []*Message
+}
+
+// Subscriber is a service subscribing to events of one Go package.
+type Subscriber struct {
+	Service string
+	// GoName is the service's CamelCase name ("notifications" →
+	// "Notifications").
+	GoName string
+	// Queue is the service's queue for this package's events
+	// ([SubscriberQueue]).
+	Queue string
+	// Events are the events it subscribes to, sorted by full name.
+	Events []*Message
 }
 
 // Saga is one declared saga.

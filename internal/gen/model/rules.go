@@ -24,6 +24,7 @@ var Rules = []Rule{
 	{ID: "reply-unused", Warning: true},
 	{ID: "command-unused", Warning: true},
 	{ID: "event-unused", Warning: true},
+	{ID: "subscriber-service"},
 	{ID: "reply-consumer"},
 	{ID: "reply-answers"},
 	{ID: "reply-package"},

@@ -407,7 +407,16 @@ type Message struct {
 	// answers names the command a reply answers (a message name in this
 	// package, or a full name). Optional: derived from the sagas that wait for
 	// the reply; when set, the design review checks it. Replies only.
-	Answers       string `protobuf:"bytes,9,opt,name=answers,proto3" json:"answers,omitempty"`
+	Answers string `protobuf:"bytes,9,opt,name=answers,proto3" json:"answers,omitempty"`
+	// subscribers names the services that subscribe to an event
+	// (choreography): each gets a generated subscriber interface
+	// (<Service>Subscriber) and its own queue
+	// "<service>.events.<proto package>", bound to the event, where it handles
+	// each event once (deduplicated by message id) in a transaction of its
+	// own, with the retry tiers and parking lot of any work queue. Service
+	// names are lower-case words separated by '-', '_' or '.', each listed
+	// once. Events only.
+	Subscribers   []string `protobuf:"bytes,10,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -503,6 +512,13 @@ func (x *Message) GetAnswers() string {
 		return x.Answers
 	}
 	return ""
+}
+
+func (x *Message) GetSubscribers() []string {
+	if x != nil {
+		return x.Subscribers
+	}
+	return nil
 }
 
 // Saga declares one orchestrated saga on its data message.
@@ -984,7 +1000,7 @@ var File_saga_v1_saga_proto protoreflect.FileDescriptor
 
 const file_saga_v1_saga_proto_rawDesc = "" +
 	"\n" +
-	"\x12saga/v1/saga.proto\x12\asaga.v1\x1a google/protobuf/descriptor.proto\"\xc1\x02\n" +
+	"\x12saga/v1/saga.proto\x12\asaga.v1\x1a google/protobuf/descriptor.proto\"\xe3\x02\n" +
 	"\aMessage\x12!\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\r.saga.v1.KindR\x04kind\x12\x1f\n" +
 	"\vrouting_key\x18\x02 \x01(\tR\n" +
@@ -995,7 +1011,9 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x10sensitive_fields\x18\x06 \x03(\tR\x0fsensitiveFields\x12%\n" +
 	"\x0eschema_version\x18\a \x01(\x05R\rschemaVersion\x12\x14\n" +
 	"\x05owner\x18\b \x01(\tR\x05owner\x12\x18\n" +
-	"\aanswers\x18\t \x01(\tR\aanswers\"\xdc\x02\n" +
+	"\aanswers\x18\t \x01(\tR\aanswers\x12 \n" +
+	"\vsubscribers\x18\n" +
+	" \x03(\tR\vsubscribers\"\xdc\x02\n" +
 	"\x04Saga\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12!\n" +

@@ -13,8 +13,8 @@ import (
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // DoDataInfo describes the command shadow.data.DoData.
 var DoDataInfo = &message.Info{
@@ -126,7 +126,7 @@ func RegisterSvcDataParticipant(h service.Registrar, impl SvcDataParticipant) er
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
+// queues of its participants, subscribers and sagas (quorum
 // queues, each with the retry tier queues of retry.Default() and a parking
 // lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
 // package a process uses and declare the result with broker.Declare.
