@@ -21,6 +21,7 @@ import (
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/service"
 	"github.com/protosaga/saga/runtime/subscriber"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -226,11 +227,15 @@ func (h *Host) build(r *running) error {
 		}
 		r.callbacks = d
 	}
-	add := func(queue string, reg *message.Registry, handler consumer.HandlerFunc, lock consumer.LockBatchFunc) error {
+	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.HandlerFunc, lock consumer.LockBatchFunc) error {
 		t := h.cfg.tuning(queue)
+		pol := h.cfg.Retry
+		if d, ok := pkg.Retry[queue]; ok {
+			pol = d // the contract's policy for this queue, which Topology declared
+		}
 		c, err := consumer.New(consumer.Config{
 			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Handler: handler, LockBatch: lock,
-			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: h.cfg.Retry,
+			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: pol,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
 		})
@@ -249,7 +254,7 @@ func (h *Host) build(r *running) error {
 		if h.cfg.ParticipantMiddleware != nil {
 			fn = h.cfg.ParticipantMiddleware(p.Service, fn)
 		}
-		if err := add(p.Queue, reg, participant.Handler(fn), participant.LockBatch(p.Service)); err != nil {
+		if err := add(p.Queue, p.Package, reg, participant.Handler(fn), participant.LockBatch(p.Service)); err != nil {
 			return err
 		}
 	}
@@ -258,12 +263,12 @@ func (h *Host) build(r *running) error {
 		if err != nil {
 			return fmt.Errorf("subscriber %s: %w", s.Service, err)
 		}
-		if err := add(s.Queue, reg, subscriber.Handler(s.Service, s.Func), nil); err != nil {
+		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), nil); err != nil {
 			return err
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Engine.Registry(), s.Engine.Handle, s.Engine.LockBatch); err != nil {
+		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine.Handle, s.Engine.LockBatch); err != nil {
 			return err
 		}
 	}

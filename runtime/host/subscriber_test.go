@@ -22,13 +22,16 @@ import (
 // mailer sends a welcome mail per opened account: it records the mail and
 // publishes WelcomeSent through the outbox in the handler's transaction.
 // Account "flaky" fails its first delivery (retried through the tiers),
-// account "poison" fails permanently (parked).
+// account "stubborn" fails every delivery (parked when the retries are
+// spent), account "poison" fails permanently (parked at once).
 type mailer struct{ flaky atomic.Int32 }
 
 func (m *mailer) AccountOpened(ctx context.Context, tx pgx.Tx, e *signupv1.AccountOpened) error {
 	switch e.GetAccountId() {
 	case "poison":
 		return retry.Permanent(errors.New("mailbox does not exist"))
+	case "stubborn":
+		return errors.New("mail server unavailable")
 	case "flaky":
 		if m.flaky.Add(1) == 1 {
 			return errors.New("mail server unavailable")
@@ -67,7 +70,8 @@ func (l ledger) WelcomeSent(ctx context.Context, tx pgx.Tx, e *signupv1.WelcomeS
 // when the relay publishes a row again, as after a crash between its
 // publish and its settle), a subscriber's own write and the event it
 // publishes commit together and reach the other subscriber, a transient
-// failure is retried through the tiers and a permanent one is parked.
+// failure is retried through the tiers the contract declares for the
+// queue (not the host's policy) and a permanent one is parked.
 func TestSubscribers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -90,6 +94,11 @@ CREATE TABLE ledger (kind text NOT NULL, account_id text NOT NULL, message_id te
 	}
 	require.Contains(t, queues, "mailer.events.signup.v1")
 	require.Contains(t, queues, "ledger.events.signup.v1")
+	// The contract's retry {tiers: ["200ms", "1s"], max_attempts: 4}, not
+	// the host's 100ms tier.
+	require.Contains(t, queues, "mailer.events.signup.v1.retry.200ms")
+	require.Contains(t, queues, "mailer.events.signup.v1.retry.1s")
+	require.NotContains(t, queues, "mailer.events.signup.v1.retry.100ms")
 	require.NoError(t, h.Start(ctx))
 	stopped := false
 	t.Cleanup(func() {
@@ -99,7 +108,7 @@ CREATE TABLE ledger (kind text NOT NULL, account_id text NOT NULL, message_id te
 	})
 
 	ids := map[string]string{}
-	for _, acct := range []string{"a-1", "a-2", "flaky", "poison"} {
+	for _, acct := range []string{"a-1", "a-2", "flaky", "poison", "stubborn"} {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			id, err := signupv1.PublishAccountOpened(ctx, tx, &signupv1.AccountOpened{AccountId: acct, Email: acct + "@example.com"}, message.Meta{})
 			ids[acct] = id
@@ -113,12 +122,13 @@ CREATE TABLE ledger (kind text NOT NULL, account_id text NOT NULL, message_id te
 		require.NoError(t, pool.QueryRow(ctx, sql, args...).Scan(&n))
 		return n
 	}
-	// Every account but poison is mailed, and the ledger sees both events
-	// of each; poison is opened in the ledger but parked by the mailer.
+	// Every account but poison and stubborn is mailed, and the ledger sees
+	// both events of each; those two are opened in the ledger but parked by
+	// the mailer.
 	require.Eventually(t, func() bool {
 		return count(`SELECT count(*) FROM mails`) == 3 &&
-			count(`SELECT count(*) FROM ledger`) == 4+3 &&
-			count(`SELECT count(*) FROM saga_parked WHERE queue = 'mailer.events.signup.v1'`) == 1
+			count(`SELECT count(*) FROM ledger`) == 5+3 &&
+			count(`SELECT count(*) FROM saga_parked WHERE queue = 'mailer.events.signup.v1'`) == 2
 	}, 30*time.Second, 50*time.Millisecond)
 
 	// The relay publishes a1's row again (it crashed after the broker
@@ -147,7 +157,7 @@ INSERT INTO saga_outbox_pending (id) SELECT id FROM sent`, ids["a-1"])
 
 	require.Equal(t, 4, count(`SELECT count(*) FROM mails`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM ledger WHERE kind = 'opened' AND account_id = 'a-1'`), "a republished event is handled once per subscriber")
-	for _, acct := range []string{"a-1", "a-2", "a-3", "flaky", "poison"} {
+	for _, acct := range []string{"a-1", "a-2", "a-3", "flaky", "poison", "stubborn"} {
 		require.Equal(t, 1, count(`SELECT count(*) FROM ledger WHERE kind = 'opened' AND account_id = $1`, acct), acct)
 	}
 	require.Equal(t, 2, count(`SELECT count(*) FROM saga_inbox WHERE message_id = $1`, ids["a-1"]), "one claim per subscribing service")
@@ -155,9 +165,14 @@ INSERT INTO saga_outbox_pending (id) SELECT id FROM sent`, ids["a-1"])
 		require.Equal(t, 1, count(`SELECT count(*) FROM ledger WHERE kind = 'welcome' AND account_id = $1 AND causation_id = $2`, acct, ids[acct]),
 			"WelcomeSent of %s continues the event's conversation", acct)
 	}
-	require.Equal(t, 0, count(`SELECT count(*) FROM ledger WHERE kind = 'welcome' AND account_id = 'poison'`))
+	require.Equal(t, 0, count(`SELECT count(*) FROM ledger WHERE kind = 'welcome' AND account_id IN ('poison', 'stubborn')`))
 	require.EqualValues(t, 2, m.flaky.Load(), "the flaky account's first delivery failed and its retry succeeded")
 	var reason string
-	require.NoError(t, pool.QueryRow(ctx, `SELECT reason FROM saga_parked WHERE queue = 'mailer.events.signup.v1'`).Scan(&reason))
+	var attempts int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT reason, attempts FROM saga_parked WHERE message_id = $1`, ids["poison"]).Scan(&reason, &attempts))
 	require.Contains(t, reason, "mailbox does not exist")
+	require.Equal(t, 1, attempts, "a permanent failure is parked at once")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT reason, attempts FROM saga_parked WHERE message_id = $1`, ids["stubborn"]).Scan(&reason, &attempts))
+	require.Contains(t, reason, "mail server unavailable")
+	require.Equal(t, 4, attempts, "the declared max_attempts (4), not the host's (3)")
 }

@@ -169,7 +169,8 @@ func OnceKey(m Message, operatorRetry int) string {
 //
 // Version 7: generated code of a package whose events name subscribers
 // imports runtime/subscriber (subscriber.Func, subscriber.UnexpectedEvent)
-// and registers them with service.Subscriber.
+// and registers them with service.Subscriber; a package whose messages
+// declare retry policies sets broker.Plan.Retry and service.Package.Retry.
 const SupportPackageIsVersion7 = true
 
 // SupportPackageIsVersion6 is referenced by code generated for version 6,

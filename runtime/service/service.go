@@ -50,6 +50,9 @@ type Package struct {
 	// Topology returns the package's exchanges, work queues (with tier
 	// queues for the policy and parking lots) and bindings.
 	Topology func(broker.QueueType, retry.Policy) broker.Topology
+	// Retry holds the retry policies the contract declares, by work
+	// queue; the consumer of a queue without one uses the host's policy.
+	Retry map[string]retry.Policy
 }
 
 // Participant is one service's command handling, as a generated

@@ -45,6 +45,7 @@ const (
 	brokerPkg      = protogen.GoImportPath(runtimeRoot + "broker")
 	servicePkg     = protogen.GoImportPath(runtimeRoot + "service")
 	subscriberPkg  = protogen.GoImportPath(runtimeRoot + "subscriber")
+	retryPkg       = protogen.GoImportPath(runtimeRoot + "retry")
 )
 
 // File renders the Go file for one annotated proto file. Package-level code

@@ -29,6 +29,9 @@ func genSagaPackage(g *protogen.GeneratedFile, p *model.Package) {
 	g.P("Path: ", strconv.Quote(string(p.ImportPath)), ",")
 	g.P("Messages: []*", messagePkg.Ident("Info"), "{", strings.Join(infos, ", "), "},")
 	g.P("Topology: ", model.TopologyPlanVar, ".Topology,")
+	if len(Topology(p).Retry) > 0 {
+		g.P("Retry: ", model.TopologyPlanVar, ".Retry,")
+	}
 	g.P("}")
 	g.P("}")
 	g.P()

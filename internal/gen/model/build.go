@@ -33,6 +33,10 @@ const (
 	msgOwner          = 8
 	msgAnswers        = 9
 	msgSubscribers    = 10
+	msgRetry          = 11
+
+	retryTiers       = 1
+	retryMaxAttempts = 2
 
 	sagaName        = 1
 	sagaStart       = 2
@@ -265,6 +269,9 @@ func (b *builder) message(f *protogen.File, m *protogen.Message, mo *sagav1.Mess
 		}
 	}
 	b.subscribers(f, base, msg, mo.GetSubscribers())
+	if mo.GetRetry() != nil {
+		msg.Retry = b.retryPolicy(f, path(base, msgRetry), msg, mo.GetRetry())
+	}
 	if msg.Owner != "" {
 		p := path(base, msgOwner)
 		if msg.Kind != sagav1.Kind_KIND_COMMAND {

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/compiler/protogen"
 
 	sagav1 "github.com/protosaga/saga/options/saga/v1"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -86,6 +87,9 @@ type Message struct {
 	// Subscribers are the services subscribing to an event, as listed
 	// (valid names, each once).
 	Subscribers []string
+	// Retry is the retry policy the message declares for the queues that
+	// consume it; nil when it declares none (or an invalid one).
+	Retry *retry.Policy
 	// Answers is the command a reply declares it answers (may be nil).
 	Answers *Message
 	// Results lists, for a command, the replies that answer it (success and
@@ -114,6 +118,9 @@ type Participant struct {
 	// Queue is the service's command queue.
 	Queue    string
 	Commands []*Message
+	// Retry is the queue's declared retry policy (its commands'); nil
+	// when they declare none.
+	Retry *retry.Policy
 }
 
 // Subscriber is a service subscribing to events of one Go package.
@@ -127,6 +134,9 @@ type Subscriber struct {
 	Queue string
 	// Events are the events it subscribes to, sorted by full name.
 	Events []*Message
+	// Retry is the queue's declared retry policy (its events'); nil when
+	// they declare none.
+	Retry *retry.Policy
 }
 
 // Saga is one declared saga.

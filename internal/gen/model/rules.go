@@ -48,6 +48,7 @@ var Rules = []Rule{
 	{ID: "retry-budget"},
 	{ID: "saga-deadline"},
 	{ID: "retry-tiers", Warning: true},
+	{ID: "retry-policy"},
 	{ID: "compensation-owner", Warning: true},
 	{ID: "compensatable-after-pivot"},
 	{ID: "non-retriable-after-pivot"},

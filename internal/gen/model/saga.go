@@ -459,14 +459,19 @@ func (b *builder) retryTiers(f *protogen.File, p []int32, s *Saga, st *Step, lab
 	if st.Role != sagav1.Role_ROLE_PIVOT || st.External || st.OnTimeout != sagav1.TimeoutAction_TIMEOUT_ACTION_COMPENSATE || st.Timeout <= 0 {
 		return
 	}
-	delay := RetryDelay(RetryPolicy())
+	pol := QueueRetry(st.Command)
+	delay := RetryDelay(pol)
 	if st.Timeout > delay {
 		return
 	}
+	source := "the retry tiers of retry.Default(), which the generated Topology declares for a queue whose commands declare no retry"
+	if st.Command != nil && st.Command.Retry != nil {
+		source = "the retry declared on " + st.Command.FullName
+	}
 	b.report(f, p, true, "retry-tiers",
-		fmt.Sprintf("raise the timeout above %s, or set on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW (the review assumes the retry tiers of retry.Default(), which the generated Topology declares)", delay),
+		fmt.Sprintf("raise the timeout above %s, declare shorter retry tiers on the command, or set on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW (the review assumes %s)", delay, source),
 		"saga %s: pivot step %s compensates on timeout after %s, but its participant's consumer redelivers a command that failed for up to %s (retry tiers %s): the pivot's command can run after the saga compensated the steps before it, and nothing undoes the point of no return",
-		s.FullName, label, st.Timeout, delay, tierList(RetryPolicy()))
+		s.FullName, label, st.Timeout, delay, tierList(pol))
 }
 
 // compensationOwner reports a compensatable step whose command and
@@ -797,6 +802,7 @@ func (b *builder) crossChecks() {
 	}
 	b.ownerPackages(msgs)
 	b.subscriberQueues(msgs)
+	b.queueRetries(msgs)
 	type route struct{ exchange, key string }
 	routes := map[route]*Message{}
 	for _, m := range msgs {
@@ -993,6 +999,9 @@ func (b *builder) finish() {
 					p.Participants = append(p.Participants, pt)
 				}
 				pt.Commands = append(pt.Commands, m)
+				if m.Retry != nil {
+					pt.Retry = m.Retry
+				}
 			}
 		}
 		slices.SortFunc(p.Participants, func(x, y *Participant) int { return cmp.Compare(x.Owner, y.Owner) })
@@ -1007,6 +1016,9 @@ func (b *builder) finish() {
 						p.Subscribers = append(p.Subscribers, sb)
 					}
 					sb.Events = append(sb.Events, m)
+					if m.Retry != nil {
+						sb.Retry = m.Retry
+					}
 				}
 			}
 		}

@@ -9,8 +9,10 @@ import (
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
+	retry "github.com/protosaga/saga/runtime/retry"
 	service "github.com/protosaga/saga/runtime/service"
 	subscriber "github.com/protosaga/saga/runtime/subscriber"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -158,11 +160,12 @@ func RegisterMailerSubscriber(h service.Registrar, impl MailerSubscriber) error 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
 // queues of its participants, subscribers and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
@@ -179,6 +182,10 @@ var TopologyPlan = broker.Plan{
 		{Queue: "ledger.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.welcome-sent"},
 		{Queue: "mailer.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.account-opened"},
 	},
+	Retry: map[string]retry.Policy{
+		"ledger.events.signup.v1": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second}, MaxAttempts: 4},
+		"mailer.events.signup.v1": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second}, MaxAttempts: 4},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
@@ -188,5 +195,6 @@ func SagaPackage() service.Package {
 		Path:     "github.com/protosaga/saga/testdata/golden/choreo/signup/v1",
 		Messages: []*message.Info{AccountOpenedInfo, WelcomeSentInfo},
 		Topology: TopologyPlan.Topology,
+		Retry:    TopologyPlan.Retry,
 	}
 }
