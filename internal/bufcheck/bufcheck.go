@@ -61,6 +61,7 @@ var lintPurposes = map[string]string{
 	"reply-unused":              "Warns about replies no saga step waits for.",
 	"command-unused":            "Warns about owned commands no saga step sends and no reply answers.",
 	"event-unused":              "Warns about events no saga consumes and no service subscribes to, which reach no generated queue.",
+	"expiry-retry":              "Warns about messages that expire before their queue's retry tiers end.",
 	"retry-policy":              "Checks declared retry policies: valid tiers and attempts, one policy per queue.",
 	"subscriber-service":        "Checks that an event's subscribers are valid service names, each listed once.",
 	"reply-consumer":            "Checks that a reply is awaited by one saga only.",

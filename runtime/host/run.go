@@ -326,6 +326,11 @@ func (h *Host) launch(r *running) {
 	if d := r.callbacks; d != nil {
 		part("callback dispatcher", &r.relaysWG, func() error { return d.Run(r.relayWork) })
 	}
+	if len(r.relays) > 0 {
+		part("outbox scheduler", &r.relaysWG, func() error {
+			return outbox.RunScheduler(r.relayWork, outbox.SchedulerConfig{Pool: h.pool, Now: h.cfg.Now, Logger: h.log})
+		})
+	}
 	for i, c := range r.consumers {
 		ctx := r.work
 		if len(r.relays) > 0 {

@@ -44,6 +44,11 @@ func (m *mailer) AccountOpened(ctx context.Context, tx pgx.Tx, e *signupv1.Accou
 	return err
 }
 
+func (m *mailer) TrialReminder(ctx context.Context, tx pgx.Tx, e *signupv1.TrialReminder) error {
+	_, err := tx.Exec(ctx, `INSERT INTO reminders (account_id) VALUES ($1)`, e.GetAccountId())
+	return err
+}
+
 // ledger records every event it handles with its message id and causation.
 type ledger struct{}
 
@@ -77,7 +82,8 @@ func TestSubscribers(t *testing.T) {
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	_, err := pool.Exec(ctx, `CREATE TABLE mails (account_id text PRIMARY KEY, email text NOT NULL);
-CREATE TABLE ledger (kind text NOT NULL, account_id text NOT NULL, message_id text NOT NULL, causation_id text NOT NULL)`)
+CREATE TABLE ledger (kind text NOT NULL, account_id text NOT NULL, message_id text NOT NULL, causation_id text NOT NULL);
+CREATE TABLE reminders (account_id text NOT NULL)`)
 	require.NoError(t, err)
 	h, err := host.New(ctx, host.Config{
 		Service: "signup", Pool: pool, AMQPURL: testenv.AMQP(t), HTTPAddr: host.HTTPOff,

@@ -8,6 +8,7 @@ package service
 import (
 	"context"
 	"io/fs"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -105,6 +106,13 @@ type Saga struct {
 // outbox in tx (see outbox.Publish) and returns its message id.
 func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
+}
+
+// Schedule is what generated Schedule<Msg> functions call: it writes m in
+// tx to be published at or after at (see outbox.Schedule) and returns its
+// message id.
+func Schedule(ctx context.Context, tx pgx.Tx, m message.Message, meta message.Meta, at time.Time) (string, error) {
+	return outbox.Schedule(ctx, tx, m, meta, at)
 }
 
 // Migrations returns what a generated <Saga>Migrations function returns:

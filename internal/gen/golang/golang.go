@@ -111,6 +111,9 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 	if len(m.Sensitive) > 0 {
 		g.P("SensitiveFields: ", stringSlice(m.Sensitive), ",")
 	}
+	if m.TimeToBeReceived > 0 {
+		g.P("TimeToBeReceived: ", goDuration(g, m.TimeToBeReceived), ",")
+	}
 	g.P("New: func() ", messagePkg.Ident("Message"), " { return new(", name, ") },")
 	g.P("}")
 	g.P()
@@ -154,6 +157,15 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 		g.P("func ", pub, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
 			", meta ", messagePkg.Ident("Meta"), ") (string, error) {")
 		g.P("return ", servicePkg.Ident("Publish"), "(ctx, tx, m, meta)")
+		g.P("}")
+		g.P()
+		sched := model.ScheduleFunc(m)
+		g.P("// ", sched, " writes m in the caller's transaction to be published at or after at:")
+		g.P("// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox")
+		g.P("// relay publishes it like ", pub, " would. It returns the message id.")
+		g.P("func ", sched, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
+			", meta ", messagePkg.Ident("Meta"), ", at ", timePkg.Ident("Time"), ") (string, error) {")
+		g.P("return ", servicePkg.Ident("Schedule"), "(ctx, tx, m, meta, at)")
 		g.P("}")
 		g.P()
 	}

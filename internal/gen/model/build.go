@@ -34,6 +34,7 @@ const (
 	msgAnswers        = 9
 	msgSubscribers    = 10
 	msgRetry          = 11
+	msgTimeToReceive  = 12
 
 	retryTiers       = 1
 	retryMaxAttempts = 2
@@ -269,6 +270,15 @@ func (b *builder) message(f *protogen.File, m *protogen.Message, mo *sagav1.Mess
 		}
 	}
 	b.subscribers(f, base, msg, mo.GetSubscribers())
+	if ttl := mo.GetTimeToBeReceived(); ttl != "" {
+		p := path(base, msgTimeToReceive)
+		if msg.Kind == sagav1.Kind_KIND_REPLY {
+			b.errorf(f, p, "option-misuse", "remove time_to_be_received; a reply's wait is bounded by its saga step's timeout",
+				"%s is a reply; only commands and events declare a time to be received", full)
+		} else {
+			msg.TimeToBeReceived = b.duration(f, p, full+": ", ttl, "time_to_be_received")
+		}
+	}
 	if mo.GetRetry() != nil {
 		msg.Retry = b.retryPolicy(f, path(base, msgRetry), msg, mo.GetRetry())
 	}

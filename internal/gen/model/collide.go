@@ -21,6 +21,9 @@ func InfoVar(m *Message) string { return m.Proto.GoIdent.GoName + "Info" }
 // PublishFunc is the message's typed outbox publisher.
 func PublishFunc(m *Message) string { return "Publish" + m.Proto.GoIdent.GoName }
 
+// ScheduleFunc is the message's typed publisher for later delivery.
+func ScheduleFunc(m *Message) string { return "Schedule" + m.Proto.GoIdent.GoName }
+
 // HasPublish reports whether m gets a PublishFunc: commands and events do;
 // a reply leaves only through its participant (or ReplyToFunc), which keeps
 // the command's causation.
@@ -170,6 +173,7 @@ func (b *builder) collisions() {
 		claim(m.File, p, InfoVar(m), "message "+m.FullName)
 		if HasPublish(m) {
 			claim(m.File, p, PublishFunc(m), "message "+m.FullName)
+			claim(m.File, p, ScheduleFunc(m), "message "+m.FullName)
 		}
 		if m.Kind == sagav1.Kind_KIND_COMMAND && m.Owner != "" {
 			claim(m.File, p, ResultType(m), "command "+m.FullName)

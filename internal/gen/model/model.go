@@ -87,6 +87,9 @@ type Message struct {
 	// Subscribers are the services subscribing to an event, as listed
 	// (valid names, each once).
 	Subscribers []string
+	// TimeToBeReceived is how long after it is sent the message may still
+	// be handled; zero when it never expires.
+	TimeToBeReceived time.Duration
 	// Retry is the retry policy the message declares for the queues that
 	// consume it; nil when it declares none (or an invalid one).
 	Retry *retry.Policy

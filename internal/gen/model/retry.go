@@ -166,3 +166,29 @@ func (b *builder) queueRetries(msgs []*Message) {
 		}
 	}
 }
+
+// expiryRetries reports a message whose time to be received ends before its
+// queue's retry tiers do: a delivery that failed and waits in a tier past
+// the expiry is parked as expired when it comes back, so the later tiers
+// never retry anything.
+func (b *builder) expiryRetries(msgs []*Message) {
+	for _, m := range msgs {
+		consumed := (m.Kind == sagav1.Kind_KIND_COMMAND && m.Owner != "") || (m.Kind == sagav1.Kind_KIND_EVENT && len(m.Subscribers) > 0)
+		if m.TimeToBeReceived <= 0 || !consumed {
+			continue
+		}
+		pol := QueueRetry(m)
+		delay := RetryDelay(pol)
+		if delay < m.TimeToBeReceived {
+			continue
+		}
+		source := "retry.Default(), which its queue uses when it declares no retry"
+		if m.Retry != nil {
+			source = "its declared retry"
+		}
+		b.report(m.File, path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgTimeToReceive), true, "expiry-retry",
+			fmt.Sprintf("raise time_to_be_received above %s or declare shorter retry tiers (the review assumes %s)", delay, source),
+			"%s expires %s after it is sent, but its queue's retry tiers (%s) deliver it again up to %s later: a retry past the expiry parks it as expired",
+			m.FullName, m.TimeToBeReceived, tierList(pol), delay)
+	}
+}

@@ -49,6 +49,7 @@ var Rules = []Rule{
 	{ID: "saga-deadline"},
 	{ID: "retry-tiers", Warning: true},
 	{ID: "retry-policy"},
+	{ID: "expiry-retry", Warning: true},
 	{ID: "compensation-owner", Warning: true},
 	{ID: "compensatable-after-pivot"},
 	{ID: "non-retriable-after-pivot"},

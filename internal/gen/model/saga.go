@@ -803,6 +803,7 @@ func (b *builder) crossChecks() {
 	b.ownerPackages(msgs)
 	b.subscriberQueues(msgs)
 	b.queueRetries(msgs)
+	b.expiryRetries(msgs)
 	type route struct{ exchange, key string }
 	routes := map[route]*Message{}
 	for _, m := range msgs {

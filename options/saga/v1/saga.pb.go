@@ -422,9 +422,16 @@ type Message struct {
 	// event. The messages of one queue declare the same policy, or none (rule
 	// retry-policy). Default: the host's policy (retry.Default() unless
 	// configured). Commands with an owner and events with subscribers only.
-	Retry         *Retry `protobuf:"bytes,11,opt,name=retry,proto3" json:"retry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Retry *Retry `protobuf:"bytes,11,opt,name=retry,proto3" json:"retry,omitempty"`
+	// time_to_be_received bounds how long after it is sent (Go duration
+	// syntax, e.g. "15m") a message may still be handled: it carries its
+	// expiry in a header, and a consumer that receives it later parks it,
+	// unhandled, with the reason "expired". A scheduled message counts it from
+	// the time it is due. Default: none (it never expires). Commands and
+	// events only.
+	TimeToBeReceived string `protobuf:"bytes,12,opt,name=time_to_be_received,json=timeToBeReceived,proto3" json:"time_to_be_received,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Message) Reset() {
@@ -532,6 +539,13 @@ func (x *Message) GetRetry() *Retry {
 		return x.Retry
 	}
 	return nil
+}
+
+func (x *Message) GetTimeToBeReceived() string {
+	if x != nil {
+		return x.TimeToBeReceived
+	}
+	return ""
 }
 
 // Saga declares one orchestrated saga on its data message.
@@ -1073,7 +1087,7 @@ var File_saga_v1_saga_proto protoreflect.FileDescriptor
 
 const file_saga_v1_saga_proto_rawDesc = "" +
 	"\n" +
-	"\x12saga/v1/saga.proto\x12\asaga.v1\x1a google/protobuf/descriptor.proto\"\x89\x03\n" +
+	"\x12saga/v1/saga.proto\x12\asaga.v1\x1a google/protobuf/descriptor.proto\"\xb8\x03\n" +
 	"\aMessage\x12!\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\r.saga.v1.KindR\x04kind\x12\x1f\n" +
 	"\vrouting_key\x18\x02 \x01(\tR\n" +
@@ -1087,7 +1101,8 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\aanswers\x18\t \x01(\tR\aanswers\x12 \n" +
 	"\vsubscribers\x18\n" +
 	" \x03(\tR\vsubscribers\x12$\n" +
-	"\x05retry\x18\v \x01(\v2\x0e.saga.v1.RetryR\x05retry\"\xdc\x02\n" +
+	"\x05retry\x18\v \x01(\v2\x0e.saga.v1.RetryR\x05retry\x12-\n" +
+	"\x13time_to_be_received\x18\f \x01(\tR\x10timeToBeReceived\"\xdc\x02\n" +
 	"\x04Saga\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12!\n" +

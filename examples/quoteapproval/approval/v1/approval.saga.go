@@ -9,6 +9,7 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -41,6 +42,13 @@ func PublishApprovalGranted(ctx context.Context, tx pgx.Tx, m *ApprovalGranted, 
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleApprovalGranted writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishApprovalGranted would. It returns the message id.
+func ScheduleApprovalGranted(ctx context.Context, tx pgx.Tx, m *ApprovalGranted, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // ApprovalRejectedInfo describes the event approval.v1.ApprovalRejected.
 var ApprovalRejectedInfo = &message.Info{
 	FullName:        "approval.v1.ApprovalRejected",
@@ -66,6 +74,13 @@ func (x *ApprovalRejected) CorrelationKey() string { return x.GetQuoteId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishApprovalRejected(ctx context.Context, tx pgx.Tx, m *ApprovalRejected, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleApprovalRejected writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishApprovalRejected would. It returns the message id.
+func ScheduleApprovalRejected(ctx context.Context, tx pgx.Tx, m *ApprovalRejected, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

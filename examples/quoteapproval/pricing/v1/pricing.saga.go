@@ -13,6 +13,7 @@ import (
 	service "github.com/protosaga/saga/runtime/service"
 	url "net/url"
 	strconv "strconv"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -45,6 +46,13 @@ func (x *PriceQuote) CorrelationKey() string { return x.GetQuoteId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// SchedulePriceQuote writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishPriceQuote would. It returns the message id.
+func SchedulePriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // PriceQuoteResult is a reply to PriceQuote.
@@ -172,6 +180,13 @@ func (x *ReleasePrice) CorrelationKey() string { return x.GetQuoteId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleReleasePrice writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishReleasePrice would. It returns the message id.
+func ScheduleReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // ReleasePriceResult is a reply to ReleasePrice.

@@ -53,6 +53,13 @@ func PublishCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta mes
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleCancelQuote writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishCancelQuote would. It returns the message id.
+func ScheduleCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // OrderSubmittedInfo describes the reply quote.v1.OrderSubmitted.
 var OrderSubmittedInfo = &message.Info{
 	FullName:      "quote.v1.OrderSubmitted",
@@ -102,6 +109,13 @@ func PublishSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta mes
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleSubmitOrder writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishSubmitOrder would. It returns the message id.
+func ScheduleSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // SubmitOrderResult is a reply to SubmitOrder.
 // It is implemented by *OrderSubmitted.
 type SubmitOrderResult interface {
@@ -144,6 +158,13 @@ func (x *SubmitQuote) CorrelationKey() string { return x.GetQuoteId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleSubmitQuote writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishSubmitQuote would. It returns the message id.
+func ScheduleSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // OrderingParticipant executes the commands owned by service "ordering".

@@ -53,6 +53,13 @@ func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta message.Met
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleContext writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishContext would. It returns the message id.
+func ScheduleContext(ctx context.Context, tx pgx.Tx, m *Context, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // EngineInfo describes the reply collide.message.Engine.
 var EngineInfo = &message.Info{
 	FullName:      "collide.message.Engine",
@@ -102,6 +109,13 @@ func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta message.Meta) (st
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleInfo writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishInfo would. It returns the message id.
+func ScheduleInfo(ctx context.Context, tx pgx.Tx, m *Info, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // InfoResult is a reply to Info.
 // It is implemented by *Engine.
 type InfoResult interface {
@@ -146,6 +160,13 @@ func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta message.Met
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleMessage writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishMessage would. It returns the message id.
+func ScheduleMessage(ctx context.Context, tx pgx.Tx, m *Message, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // MessageResult is a reply to Message.
 // It is implemented by *Tx.
 type MessageResult interface {
@@ -185,6 +206,13 @@ func (x *Meta) CorrelationKey() string { return x.GetDefault() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleMeta writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishMeta would. It returns the message id.
+func ScheduleMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // TxInfo describes the reply collide.message.Tx.

@@ -11,6 +11,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -42,6 +43,13 @@ func (*DoDef) CorrelationKey() string { return "" }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDoDef(ctx context.Context, tx pgx.Tx, m *DoDef, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleDoDef writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishDoDef would. It returns the message id.
+func ScheduleDoDef(ctx context.Context, tx pgx.Tx, m *DoDef, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // DoDefResult is a reply to DoDef.

@@ -11,6 +11,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -42,6 +43,13 @@ func (*DoMsg) CorrelationKey() string { return "" }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDoMsg(ctx context.Context, tx pgx.Tx, m *DoMsg, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleDoMsg writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishDoMsg would. It returns the message id.
+func ScheduleDoMsg(ctx context.Context, tx pgx.Tx, m *DoMsg, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // DoMsgResult is a reply to DoMsg.
@@ -104,6 +112,13 @@ func (x *Stop) CorrelationKey() string { return x.GetId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishStop(ctx context.Context, tx pgx.Tx, m *Stop, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleStop writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishStop would. It returns the message id.
+func ScheduleStop(ctx context.Context, tx pgx.Tx, m *Stop, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // SvcMsgParticipant executes the commands owned by service "svc-msg".

@@ -9,6 +9,7 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -40,6 +41,13 @@ func (*Begin) CorrelationKey() string { return "" }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishBegin(ctx context.Context, tx pgx.Tx, m *Begin, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleBegin writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishBegin would. It returns the message id.
+func ScheduleBegin(ctx context.Context, tx pgx.Tx, m *Begin, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

@@ -59,6 +59,13 @@ func PublishApproved(ctx context.Context, tx pgx.Tx, m *Approved, meta message.M
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleApproved writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishApproved would. It returns the message id.
+func ScheduleApproved(ctx context.Context, tx pgx.Tx, m *Approved, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
 // queues of its participants, subscribers and sagas (quorum

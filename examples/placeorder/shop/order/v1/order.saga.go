@@ -54,6 +54,13 @@ func PublishApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta m
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleApproveOrder writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishApproveOrder would. It returns the message id.
+func ScheduleApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // ApproveOrderResult is a reply to ApproveOrder.
 // It is implemented by *OrderApproved.
 type ApproveOrderResult interface {
@@ -117,6 +124,13 @@ func (x *PlaceOrderRequest) CorrelationKey() string { return x.GetOrderId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderRequest, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// SchedulePlaceOrderRequest writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishPlaceOrderRequest would. It returns the message id.
+func SchedulePlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderRequest, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // OrderParticipant executes the commands owned by service "order".

@@ -11,6 +11,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -43,6 +44,13 @@ func (x *AuthorizePayment) CorrelationKey() string { return x.GetOrderId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleAuthorizePayment writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishAuthorizePayment would. It returns the message id.
+func ScheduleAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // AuthorizePaymentResult is a reply to AuthorizePayment.

@@ -126,6 +126,53 @@ func (x *WelcomeSent) GetAccountId() string {
 	return ""
 }
 
+// TrialReminder reminds an account holder that the trial ends; a reminder
+// handled more than two minutes after it was due is worth nothing, so it
+// expires (parked as "expired" instead of sent).
+type TrialReminder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AccountId     string                 `protobuf:"bytes,1,opt,name=account_id,json=accountId,proto3" json:"account_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrialReminder) Reset() {
+	*x = TrialReminder{}
+	mi := &file_signup_v1_signup_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrialReminder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrialReminder) ProtoMessage() {}
+
+func (x *TrialReminder) ProtoReflect() protoreflect.Message {
+	mi := &file_signup_v1_signup_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrialReminder.ProtoReflect.Descriptor instead.
+func (*TrialReminder) Descriptor() ([]byte, []int) {
+	return file_signup_v1_signup_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TrialReminder) GetAccountId() string {
+	if x != nil {
+		return x.AccountId
+	}
+	return ""
+}
+
 var File_signup_v1_signup_proto protoreflect.FileDescriptor
 
 const file_signup_v1_signup_proto_rawDesc = "" +
@@ -143,7 +190,13 @@ const file_signup_v1_signup_proto_rawDesc = "" +
 	"account_id\x18\x01 \x01(\tR\taccountId:)\xe2\xdd\x19%\b\x02*\n" +
 	"account_idR\x06ledgerZ\r\n" +
 	"\x05200ms\n" +
-	"\x021s\x10\x04BEZCgithub.com/protosaga/saga/testdata/golden/choreo/signup/v1;signupv1b\x06proto3"
+	"\x021s\x10\x04\"]\n" +
+	"\rTrialReminder\x12\x1d\n" +
+	"\n" +
+	"account_id\x18\x01 \x01(\tR\taccountId:-\xe2\xdd\x19)\b\x02*\n" +
+	"account_idR\x06mailerZ\r\n" +
+	"\x05200ms\n" +
+	"\x021s\x10\x04b\x022mBEZCgithub.com/protosaga/saga/testdata/golden/choreo/signup/v1;signupv1b\x06proto3"
 
 var (
 	file_signup_v1_signup_proto_rawDescOnce sync.Once
@@ -157,10 +210,11 @@ func file_signup_v1_signup_proto_rawDescGZIP() []byte {
 	return file_signup_v1_signup_proto_rawDescData
 }
 
-var file_signup_v1_signup_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_signup_v1_signup_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_signup_v1_signup_proto_goTypes = []any{
 	(*AccountOpened)(nil), // 0: signup.v1.AccountOpened
 	(*WelcomeSent)(nil),   // 1: signup.v1.WelcomeSent
+	(*TrialReminder)(nil), // 2: signup.v1.TrialReminder
 }
 var file_signup_v1_signup_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -181,7 +235,7 @@ func file_signup_v1_signup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_signup_v1_signup_proto_rawDesc), len(file_signup_v1_signup_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

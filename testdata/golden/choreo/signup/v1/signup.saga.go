@@ -45,6 +45,47 @@ func PublishAccountOpened(ctx context.Context, tx pgx.Tx, m *AccountOpened, meta
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleAccountOpened writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishAccountOpened would. It returns the message id.
+func ScheduleAccountOpened(ctx context.Context, tx pgx.Tx, m *AccountOpened, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// TrialReminderInfo describes the event signup.v1.TrialReminder.
+var TrialReminderInfo = &message.Info{
+	FullName:         "signup.v1.TrialReminder",
+	Kind:             message.KindEvent,
+	Exchange:         "signup.v1.events",
+	RoutingKey:       "event.signup.v1.trial-reminder",
+	SchemaVersion:    1,
+	TimeToBeReceived: 2 * time.Minute,
+	New:              func() message.Message { return new(TrialReminder) },
+}
+
+// SagaMessageInfo returns TrialReminderInfo.
+func (*TrialReminder) SagaMessageInfo() *message.Info { return TrialReminderInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*TrialReminder) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field account_id.
+func (x *TrialReminder) CorrelationKey() string { return x.GetAccountId() }
+
+// PublishTrialReminder writes m to the outbox in the caller's transaction; the relay
+// publishes it to "signup.v1.events" with routing key "event.signup.v1.trial-reminder" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishTrialReminder(ctx context.Context, tx pgx.Tx, m *TrialReminder, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleTrialReminder writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishTrialReminder would. It returns the message id.
+func ScheduleTrialReminder(ctx context.Context, tx pgx.Tx, m *TrialReminder, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // WelcomeSentInfo describes the event signup.v1.WelcomeSent.
 var WelcomeSentInfo = &message.Info{
 	FullName:      "signup.v1.WelcomeSent",
@@ -69,6 +110,13 @@ func (x *WelcomeSent) CorrelationKey() string { return x.GetAccountId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishWelcomeSent(ctx context.Context, tx pgx.Tx, m *WelcomeSent, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleWelcomeSent writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishWelcomeSent would. It returns the message id.
+func ScheduleWelcomeSent(ctx context.Context, tx pgx.Tx, m *WelcomeSent, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // LedgerSubscriber handles the events service "ledger" subscribes to.
@@ -126,6 +174,8 @@ func RegisterLedgerSubscriber(h service.Registrar, impl LedgerSubscriber) error 
 type MailerSubscriber interface {
 	// AccountOpened handles the event signup.v1.AccountOpened.
 	AccountOpened(ctx context.Context, tx pgx.Tx, event *AccountOpened) error
+	// TrialReminder handles the event signup.v1.TrialReminder.
+	TrialReminder(ctx context.Context, tx pgx.Tx, event *TrialReminder) error
 }
 
 // MailerSubscriberFunc returns a subscriber.Func that dispatches each event service
@@ -136,6 +186,8 @@ func MailerSubscriberFunc(impl MailerSubscriber) subscriber.Func {
 		switch e := event.(type) {
 		case *AccountOpened:
 			return impl.AccountOpened(ctx, tx, e)
+		case *TrialReminder:
+			return impl.TrialReminder(ctx, tx, e)
 		default:
 			return subscriber.UnexpectedEvent("mailer", event)
 		}
@@ -181,6 +233,7 @@ var TopologyPlan = broker.Plan{
 		{Queue: "ledger.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.account-opened"},
 		{Queue: "ledger.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.welcome-sent"},
 		{Queue: "mailer.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.account-opened"},
+		{Queue: "mailer.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.trial-reminder"},
 	},
 	Retry: map[string]retry.Policy{
 		"ledger.events.signup.v1": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second}, MaxAttempts: 4},
@@ -193,7 +246,7 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/choreo/signup/v1",
-		Messages: []*message.Info{AccountOpenedInfo, WelcomeSentInfo},
+		Messages: []*message.Info{AccountOpenedInfo, TrialReminderInfo, WelcomeSentInfo},
 		Topology: TopologyPlan.Topology,
 		Retry:    TopologyPlan.Retry,
 	}

@@ -51,6 +51,13 @@ func PublishDeclined(ctx context.Context, tx pgx.Tx, m *Declined, meta message.M
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleDeclined writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishDeclined would. It returns the message id.
+func ScheduleDeclined(ctx context.Context, tx pgx.Tx, m *Declined, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // RequestedInfo describes the event ed.v1.Requested.
 var RequestedInfo = &message.Info{
 	FullName:      "ed.v1.Requested",
@@ -77,6 +84,13 @@ func PublishRequested(ctx context.Context, tx pgx.Tx, m *Requested, meta message
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleRequested writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishRequested would. It returns the message id.
+func ScheduleRequested(ctx context.Context, tx pgx.Tx, m *Requested, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // SignedInfo describes the event ed.v1.Signed.
 var SignedInfo = &message.Info{
 	FullName:      "ed.v1.Signed",
@@ -101,6 +115,13 @@ func (x *Signed) CorrelationKey() string { return strconv.FormatInt(int64(x.GetT
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleSigned writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishSigned would. It returns the message id.
+func ScheduleSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // Topology returns the RabbitMQ topology this package's contract needs:

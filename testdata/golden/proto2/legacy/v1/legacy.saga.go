@@ -55,6 +55,13 @@ func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta m
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleAccount_Open writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishAccount_Open would. It returns the message id.
+func ScheduleAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // Account_OpenResult is a reply to Account_Open.
 // It is implemented by *Account_Opened, *Account_Refused.
 type Account_OpenResult interface {
@@ -137,6 +144,13 @@ func (x *OpenAccountRequest) CorrelationKey() string { return x.GetHolderId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleOpenAccountRequest writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishOpenAccountRequest would. It returns the message id.
+func ScheduleOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // AccountsParticipant executes the commands owned by service "accounts".
