@@ -5,18 +5,46 @@ package signupv1
 
 import (
 	context "context"
+	embed "embed"
 	errors "errors"
+	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
+	participant "github.com/protosaga/saga/runtime/participant"
 	retry "github.com/protosaga/saga/runtime/retry"
+	saga "github.com/protosaga/saga/runtime/saga"
+	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	service "github.com/protosaga/saga/runtime/service"
 	subscriber "github.com/protosaga/saga/runtime/subscriber"
+	proto "google.golang.org/protobuf/proto"
+	http "net/http"
 	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
 const _ = message.SupportPackageIsVersion7
+
+// AccountActivatedInfo describes the reply signup.v1.AccountActivated.
+var AccountActivatedInfo = &message.Info{
+	FullName:      "signup.v1.AccountActivated",
+	Kind:          message.KindReply,
+	Exchange:      "signup.v1.replies",
+	RoutingKey:    "reply.signup.v1.account-activated",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(AccountActivated) },
+}
+
+// SagaMessageInfo returns AccountActivatedInfo.
+func (*AccountActivated) SagaMessageInfo() *message.Info { return AccountActivatedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*AccountActivated) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field account_id.
+func (x *AccountActivated) CorrelationKey() string { return x.GetAccountId() }
+
+func (*AccountActivated) isActivateAccountResult() {}
 
 // AccountOpenedInfo describes the event signup.v1.AccountOpened.
 var AccountOpenedInfo = &message.Info{
@@ -50,6 +78,57 @@ func PublishAccountOpened(ctx context.Context, tx pgx.Tx, m *AccountOpened, meta
 // relay publishes it like PublishAccountOpened would. It returns the message id.
 func ScheduleAccountOpened(ctx context.Context, tx pgx.Tx, m *AccountOpened, meta message.Meta, at time.Time) (string, error) {
 	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// ActivateAccountInfo describes the command signup.v1.ActivateAccount.
+var ActivateAccountInfo = &message.Info{
+	FullName:         "signup.v1.ActivateAccount",
+	Kind:             message.KindCommand,
+	Exchange:         "signup.v1.commands",
+	RoutingKey:       "command.signup.v1.activate-account",
+	SchemaVersion:    1,
+	TimeToBeReceived: 10 * time.Minute,
+	New:              func() message.Message { return new(ActivateAccount) },
+}
+
+// SagaMessageInfo returns ActivateAccountInfo.
+func (*ActivateAccount) SagaMessageInfo() *message.Info { return ActivateAccountInfo }
+
+// IdempotencyKey returns the business idempotency key built from account_id.
+func (x *ActivateAccount) IdempotencyKey() string {
+	return x.GetAccountId()
+}
+
+// CorrelationKey returns "": the contract names no correlation field.
+func (*ActivateAccount) CorrelationKey() string { return "" }
+
+// PublishActivateAccount writes m to the outbox in the caller's transaction; the relay
+// publishes it to "signup.v1.commands" with routing key "command.signup.v1.activate-account" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishActivateAccount(ctx context.Context, tx pgx.Tx, m *ActivateAccount, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleActivateAccount writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishActivateAccount would. It returns the message id.
+func ScheduleActivateAccount(ctx context.Context, tx pgx.Tx, m *ActivateAccount, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// ActivateAccountResult is a reply to ActivateAccount.
+// It is implemented by *AccountActivated.
+type ActivateAccountResult interface {
+	message.Message
+	isActivateAccountResult()
+}
+
+// ReplyToActivateAccount answers command ActivateAccount after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToActivateAccount(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ActivateAccountResult) error {
+	return participant.ReplyLater(ctx, tx, p, "signup.v1.ActivateAccount", reply)
 }
 
 // TrialReminderInfo describes the event signup.v1.TrialReminder.
@@ -117,6 +196,50 @@ func PublishWelcomeSent(ctx context.Context, tx pgx.Tx, m *WelcomeSent, meta mes
 // relay publishes it like PublishWelcomeSent would. It returns the message id.
 func ScheduleWelcomeSent(ctx context.Context, tx pgx.Tx, m *WelcomeSent, meta message.Meta, at time.Time) (string, error) {
 	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// AccountsParticipant executes the commands owned by service "accounts".
+// Each method runs in the consumer's transaction: apply the effect with tx and
+// return the success reply or a business-failure reply (a reply, not an error).
+// An error means the command could not be processed now; the consumer retries
+// it through its retry tiers, then parks it. Registered with RegisterAccountsParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
+type AccountsParticipant interface {
+	// ActivateAccount handles the command signup.v1.ActivateAccount.
+	ActivateAccount(ctx context.Context, tx pgx.Tx, cmd *ActivateAccount) (ActivateAccountResult, error)
+}
+
+// AccountsParticipantFunc returns a participant.Func that dispatches each command of service
+// "accounts" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterAccountsParticipant does that for a host.
+func AccountsParticipantFunc(impl AccountsParticipant) participant.Func {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+		switch c := cmd.(type) {
+		case *ActivateAccount:
+			return participant.Reply(impl.ActivateAccount(ctx, tx, c))
+		default:
+			return nil, participant.UnexpectedCommand("accounts", cmd)
+		}
+	}
+}
+
+// RegisterAccountsParticipant registers impl on h (a runtime/host Host) as the participant of service "accounts":
+// h consumes "accounts.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterAccountsParticipant(h service.Registrar, impl AccountsParticipant) error {
+	if impl == nil {
+		return h.Fail(errors.New("service accounts: participant is nil"))
+	}
+	return h.AddParticipant(service.Participant{
+		Service: "accounts",
+		Queue:   "accounts.commands",
+		Package: SagaPackage(),
+		Func:    AccountsParticipantFunc(impl),
+	})
 }
 
 // LedgerSubscriber handles the events service "ledger" subscribes to.
@@ -223,19 +346,27 @@ func Topology() broker.Topology { return TopologyPlan.Default() }
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
 var TopologyPlan = broker.Plan{
 	Exchanges: []broker.Exchange{
+		{Name: "signup.v1.commands", Kind: "direct"},
 		{Name: "signup.v1.events", Kind: "topic"},
+		{Name: "signup.v1.replies", Kind: "direct"},
 	},
 	WorkQueues: []string{
+		"accounts.commands",
+		"activation.saga.activation",
 		"ledger.events.signup.v1",
 		"mailer.events.signup.v1",
 	},
 	Bindings: []broker.Binding{
+		{Queue: "accounts.commands", Exchange: "signup.v1.commands", RoutingKey: "command.signup.v1.activate-account"},
+		{Queue: "activation.saga.activation", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.account-opened"},
+		{Queue: "activation.saga.activation", Exchange: "signup.v1.replies", RoutingKey: "reply.signup.v1.account-activated"},
 		{Queue: "ledger.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.account-opened"},
 		{Queue: "ledger.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.welcome-sent"},
 		{Queue: "mailer.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.account-opened"},
 		{Queue: "mailer.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.trial-reminder"},
 	},
 	Retry: map[string]retry.Policy{
+		"accounts.commands":       {Tiers: []time.Duration{1 * time.Second, 5 * time.Second}, MaxAttempts: 3},
 		"ledger.events.signup.v1": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second}, MaxAttempts: 4},
 		"mailer.events.signup.v1": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second}, MaxAttempts: 4},
 	},
@@ -246,8 +377,306 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/choreo/signup/v1",
-		Messages: []*message.Info{AccountOpenedInfo, TrialReminderInfo, WelcomeSentInfo},
+		Messages: []*message.Info{AccountActivatedInfo, AccountOpenedInfo, ActivateAccountInfo, TrialReminderInfo, WelcomeSentInfo},
 		Topology: TopologyPlan.Topology,
 		Retry:    TopologyPlan.Retry,
 	}
+}
+
+// ActivationState is a state of saga signup.v1.Activation, as stored in saga_activation.state.
+type ActivationState string
+
+// States of saga signup.v1.Activation.
+const (
+	ActivationStateActivateAccount ActivationState = "ACTIVATE_ACCOUNT"
+	ActivationStateManualReview    ActivationState = "MANUAL_REVIEW"
+	ActivationStateCompleted       ActivationState = "COMPLETED"
+	ActivationStateFailed          ActivationState = "FAILED"
+	ActivationStateCancelled       ActivationState = "CANCELLED"
+)
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s ActivationState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga signup.v1.Activation.
+func (s ActivationState) Valid() bool {
+	switch s {
+	case ActivationStateActivateAccount,
+		ActivationStateManualReview,
+		ActivationStateCompleted,
+		ActivationStateFailed,
+		ActivationStateCancelled:
+		return true
+	}
+	return false
+}
+
+// ActivationDefinition returns the definition of saga signup.v1.Activation.
+//
+// States and Transitions are the table sagadef.Compile computed when this
+// file was generated; NewActivation compiles the definition again and refuses
+// to run when the runtime computes a different table (regenerate then).
+func ActivationDefinition() *sagadef.Definition {
+	return &sagadef.Definition{
+		Name:         "signup.v1.Activation",
+		Table:        "saga_activation",
+		StartMessage: "signup.v1.AccountOpened",
+		DataMessage:  "signup.v1.ActivationData",
+		Steps: []sagadef.Step{
+			{
+				Name:           "ActivateAccount",
+				Role:           sagadef.RolePivot,
+				Command:        "signup.v1.ActivateAccount",
+				SuccessReplies: []string{"signup.v1.AccountActivated"},
+				Timeout:        30 * time.Second,
+				OnTimeout:      sagadef.TimeoutCompensate,
+				MaxAttempts:    1,
+				Late:           sagadef.LateManualReview,
+			},
+		},
+		States: []sagadef.State{
+			{Name: "ACTIVATE_ACCOUNT", Kind: sagadef.StateKindStep, Step: "ActivateAccount"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
+		},
+		Transitions: []sagadef.Transition{
+			{From: "", Trigger: "start", To: "ACTIVATE_ACCOUNT", Emits: []string{"signup.v1.ActivateAccount"}},
+			{From: "ACTIVATE_ACCOUNT", Trigger: "signup.v1.AccountActivated", To: "MANUAL_REVIEW"},
+			{From: "ACTIVATE_ACCOUNT", Trigger: "signup.v1.AccountActivated", To: "COMPLETED"},
+			{From: "ACTIVATE_ACCOUNT", Trigger: "timeout", To: "FAILED"},
+			{From: "ACTIVATE_ACCOUNT", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "ACTIVATE_ACCOUNT", Trigger: "operator.retry", To: "ACTIVATE_ACCOUNT", Emits: []string{"signup.v1.ActivateAccount"}},
+			{From: "ACTIVATE_ACCOUNT", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "ACTIVATE_ACCOUNT", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "ACTIVATE_ACCOUNT", Emits: []string{"signup.v1.ActivateAccount"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "FAILED", Trigger: "signup.v1.AccountActivated", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "signup.v1.AccountActivated", To: "MANUAL_REVIEW"},
+		},
+	}
+}
+
+// ActivationDecider holds the business decisions of saga signup.v1.Activation:
+// the saga data a start message begins with, each command built from the
+// saga data, and (optionally) replies folded into the saga data. Sequencing,
+// timeouts, retries and compensation are the runtime's. Embed ActivationNoopFolds
+// to implement only the On methods you need.
+type ActivationDecider interface {
+	// Start returns the saga data for a new instance.
+	Start(ctx context.Context, start *AccountOpened) (*ActivationData, error)
+	// BuildActivateAccount builds the command signup.v1.ActivateAccount from the saga data.
+	BuildActivateAccount(ctx context.Context, data *ActivationData) (*ActivateAccount, error)
+	// OnAccountActivated folds signup.v1.AccountActivated into the saga data before the transition.
+	OnAccountActivated(ctx context.Context, data *ActivationData, msg *AccountActivated) error
+}
+
+// ActivationNoopFolds implements every On method of ActivationDecider as a no-op.
+type ActivationNoopFolds struct{}
+
+// OnAccountActivated does nothing.
+func (ActivationNoopFolds) OnAccountActivated(context.Context, *ActivationData, *AccountActivated) error {
+	return nil
+}
+
+// ActivationHooks adapts d to the runtime's sagadef.Hooks (NewActivation does this for
+// you; use it to drive the definition directly, e.g. with runtime/sagatest).
+func ActivationHooks(d ActivationDecider) sagadef.Hooks { return activationHooks{d: d} }
+
+// activationHooks adapts a ActivationDecider to sagadef.Hooks.
+type activationHooks struct{ d ActivationDecider }
+
+func (h activationHooks) Start(ctx context.Context, start message.Message) (proto.Message, string, error) {
+	m, ok := start.(*AccountOpened)
+	if !ok {
+		return nil, "", fmt.Errorf("saga signup.v1.Activation: start message is %T, want *AccountOpened", start)
+	}
+	data, err := h.d.Start(ctx, m)
+	if err != nil {
+		return nil, "", err
+	}
+	if data == nil {
+		return nil, "", fmt.Errorf("saga signup.v1.Activation: Start returned no saga data")
+	}
+	return data, m.GetAccountId(), nil
+}
+
+func (h activationHooks) Build(ctx context.Context, command string, data proto.Message) (message.Message, error) {
+	d, ok := data.(*ActivationData)
+	if !ok {
+		return nil, fmt.Errorf("saga signup.v1.Activation: saga data is %T, want *ActivationData", data)
+	}
+	switch command {
+	case "signup.v1.ActivateAccount":
+		c, err := h.d.BuildActivateAccount(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("saga signup.v1.Activation: BuildActivateAccount returned no command")
+		}
+		return c, nil
+	}
+	return nil, fmt.Errorf("saga signup.v1.Activation: no command %s in this saga", command)
+}
+
+func (h activationHooks) Apply(ctx context.Context, data proto.Message, msg message.Message) error {
+	d, ok := data.(*ActivationData)
+	if !ok {
+		return fmt.Errorf("saga signup.v1.Activation: saga data is %T, want *ActivationData", data)
+	}
+	switch m := msg.(type) {
+	case *AccountActivated:
+		return h.d.OnAccountActivated(ctx, d, m)
+	}
+	return nil
+}
+
+// Activation runs saga signup.v1.Activation on a *saga.Engine with typed methods.
+// Its queue is "activation.saga.activation"; RegisterActivation runs it on a host.
+type Activation struct {
+	engine *saga.Engine
+}
+
+// NewActivation returns the saga over cfg with decider d. It sets cfg.Definition
+// and cfg.Hooks, and cfg.Registry and cfg.NewData when they are nil.
+func NewActivation(cfg saga.Config, d ActivationDecider) (*Activation, error) {
+	if d == nil {
+		return nil, errors.New("saga signup.v1.Activation: decider is nil")
+	}
+	def := ActivationDefinition()
+	if err := def.CompileGenerated(); err != nil {
+		return nil, fmt.Errorf("saga signup.v1.Activation: %w", err)
+	}
+	cfg.Definition = def
+	cfg.Hooks = activationHooks{d: d}
+	if cfg.Registry == nil {
+		reg, err := message.NewRegistry(AccountOpenedInfo, ActivateAccountInfo, AccountActivatedInfo)
+		if err != nil {
+			return nil, fmt.Errorf("saga signup.v1.Activation: %w", err)
+		}
+		cfg.Registry = reg
+	}
+	if cfg.NewData == nil {
+		cfg.NewData = func() proto.Message { return new(ActivationData) }
+	}
+	e, err := saga.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Activation{engine: e}, nil
+}
+
+// Engine returns the underlying engine (timeouts, operator actions).
+func (s *Activation) Engine() *saga.Engine { return s.engine }
+
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
+func (s *Activation) Queue() string { return "activation.saga.activation" }
+
+// StartTx starts an instance in the caller's transaction. It is idempotent on
+// the business key account_id: a second start returns the same saga id with created=false.
+func (s *Activation) StartTx(ctx context.Context, tx pgx.Tx, start *AccountOpened, meta message.Meta) (sagaID string, created bool, err error) {
+	return s.engine.StartTx(ctx, tx, start, meta)
+}
+
+// Start is StartTx in a transaction of its own.
+func (s *Activation) Start(ctx context.Context, start *AccountOpened, meta message.Meta) (sagaID string, created bool, err error) {
+	return s.engine.Start(ctx, start, meta)
+}
+
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
+func (s *Activation) Status(ctx context.Context, sagaID string) (saga.Status, error) {
+	return s.engine.Status(ctx, sagaID)
+}
+
+// ActivationSnapshot is one instance of saga signup.v1.Activation as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type ActivationSnapshot = saga.Snapshot[ActivationState, *ActivationData]
+
+// ActivationFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type ActivationFilter = saga.Filter[ActivationState]
+
+// ActivationPage is one page of List, newest first; its NextCursor continues it.
+type ActivationPage = saga.Page[ActivationState, *ActivationData]
+
+// Get returns the instance with business key businessKey (account_id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *Activation) Get(ctx context.Context, businessKey string) (*ActivationSnapshot, error) {
+	return saga.Get[ActivationState, *ActivationData](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *Activation) GetByID(ctx context.Context, sagaID string) (*ActivationSnapshot, error) {
+	return saga.GetByID[ActivationState, *ActivationData](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *Activation) List(ctx context.Context, f ActivationFilter) (ActivationPage, error) {
+	return saga.List[ActivationState, *ActivationData](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *Activation) StartPattern() string { return "POST /sagas/activation" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *Activation) StatusPattern() string { return "GET /sagas/activation/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *Activation) StatusPath(sagaID string) string { return "/sagas/activation/" + sagaID }
+
+// HTTPHandler returns a handler that starts the saga from a POSTed JSON
+// (protojson) AccountOpened and answers 202 Accepted with the saga id and
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
+func (s *Activation) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
+	return s.engine.StartHandler(func() message.Message { return new(AccountOpened) }, statusURL)
+}
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *Activation) StatusHandler() http.Handler { return s.engine.StatusHandler() }
+
+//go:embed migrations/saga_activation/0001_create_saga_activation.sql migrations/saga_activation/0002_states_edcce60b.sql migrations/saga_activation/0003_indexes.sql
+var activationMigrationsFS embed.FS
+
+// ActivationMigrations returns the migrations of table saga_activation as a schema source
+// (schema.Migrate applies them in file-name order, each once).
+var ActivationMigrations = service.Migrations(activationMigrationsFS, "migrations/saga_activation", "saga_activation")
+
+// RegisterActivation registers saga signup.v1.Activation with decider d on h (a runtime/host Host), which migrates its
+// table, consumes "activation.saga.activation", runs its timeout scanner and serves its status
+// at /sagas/activation/{id}. Use the returned saga to start and read instances.
+func RegisterActivation(h service.Registrar, d ActivationDecider) (*Activation, error) {
+	s, err := NewActivation(h.SagaConfig("signup.v1.Activation"), d)
+	if err != nil {
+		return nil, h.Fail(err)
+	}
+	if err := h.AddSaga(service.Saga{
+		Engine:     s.engine,
+		Queue:      "activation.saga.activation",
+		Snake:      "activation",
+		Package:    SagaPackage(),
+		Migrations: ActivationMigrations(),
+		NewStart:   func() message.Message { return new(AccountOpened) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
