@@ -404,17 +404,30 @@ type Plan struct {
 	Exchanges  []Exchange
 	WorkQueues []string
 	Bindings   []Binding
+	// Retry holds the retry policies the contract declares, by work queue;
+	// a queue without one gets the policy Topology is given.
+	Retry map[string]retry.Policy
 }
 
 // Topology returns the plan's topology with work queues of type qt, each
-// with the retry tier queues of policy p and a parking lot (see
-// [WorkQueue]). The consumers of these queues must use the same policy.
+// with the retry tier queues of its policy ([Plan.RetryFor] with p) and a
+// parking lot (see [WorkQueue]). The consumers of these queues must use the
+// same policies.
 func (pl Plan) Topology(qt QueueType, p retry.Policy) Topology {
 	t := Topology{Exchanges: slices.Clone(pl.Exchanges), Bindings: slices.Clone(pl.Bindings)}
 	for _, q := range pl.WorkQueues {
-		t.Queues = append(t.Queues, WorkQueue(q, qt, p)...)
+		t.Queues = append(t.Queues, WorkQueue(q, qt, pl.RetryFor(q, p))...)
 	}
 	return t
+}
+
+// RetryFor returns the retry policy of work queue q: the one the plan
+// declares for it, else p.
+func (pl Plan) RetryFor(q string, p retry.Policy) retry.Policy {
+	if d, ok := pl.Retry[q]; ok {
+		return d
+	}
+	return p
 }
 
 // Default is [Plan.Topology] with quorum queues and retry.Default().

@@ -125,6 +125,11 @@ func (c *Consumer) decode(raw *amqp.Delivery) *item {
 		it.fail(retry.Permanent(fmt.Errorf("undecodable body: %w", err)), c.cfg.Retry)
 		return it
 	}
+	if err := expired(&env, it.received); err != nil { // parked unhandled: see expiry.go
+		it.reason = "expired"
+		it.fail(retry.Permanent(err), c.cfg.Retry)
+		return it
+	}
 	it.d = &Delivery{Envelope: env, Message: msg, Queue: c.cfg.Queue, Attempt: it.attempt, ReceivedAt: it.received}
 	return it
 }

@@ -108,9 +108,11 @@ type Config struct {
 	// QueueType is the type of every work queue the host declares. Default
 	// broker.QueueQuorum.
 	QueueType broker.QueueType
-	// Retry is the consumers' retry policy; the work queues' tier queues
-	// are declared for it. Every service sharing a queue must use the same
-	// one. Default retry.Default().
+	// Retry is the retry policy of the consumers whose queue the contract
+	// declares none for (a command's or subscribed event's retry option
+	// wins for its queue); the work queues' tier queues are declared for
+	// it. Every service sharing a queue must use the same one. Default
+	// retry.Default().
 	Retry retry.Policy
 	// Relays is how many outbox relays this process runs. Default 1;
 	// NoRelays runs none.

@@ -44,6 +44,7 @@ type Host struct {
 
 	mu           sync.Mutex
 	participants []service.Participant
+	subscribers  []service.Subscriber
 	sagas        []service.Saga
 	migrations   []schema.Source   // Config.Migrations, then AddMigrations
 	queues       map[string]string // queue → who registered it
@@ -172,6 +173,18 @@ func (h *Host) AddParticipant(p service.Participant) error {
 		errs = append(errs, fmt.Errorf("participant %q on queue %q: incomplete registration", p.Service, p.Queue))
 	}
 	return h.register("participant "+p.Service, p.Queue, errors.Join(errs...), func() { h.participants = append(h.participants, p) })
+}
+
+// AddSubscriber registers an event subscriber: the host consumes its
+// queue and runs each event once per message id in the consumer's
+// transaction (subscriber.Handler). Generated Register<Service>Subscriber
+// functions call it.
+func (h *Host) AddSubscriber(s service.Subscriber) error {
+	var err error
+	if s.Service == "" || s.Queue == "" || s.Func == nil || s.Package.Topology == nil {
+		err = fmt.Errorf("subscriber %q on queue %q: incomplete registration", s.Service, s.Queue)
+	}
+	return h.register("subscriber "+s.Service, s.Queue, err, func() { h.subscribers = append(h.subscribers, s) })
 }
 
 // AddSaga registers a saga. Generated Register<Saga> functions call it.

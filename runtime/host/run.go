@@ -21,6 +21,8 @@ import (
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/service"
+	"github.com/protosaga/saga/runtime/subscriber"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
@@ -102,9 +104,9 @@ func (h *Host) Start(ctx context.Context) (err error) {
 	case len(h.regErrs) > 0:
 		h.mu.Unlock()
 		return fmt.Errorf("host %s: %w", h.cfg.Service, errors.Join(h.regErrs...))
-	case len(h.participants) == 0 && len(h.sagas) == 0 && h.cfg.Relays == NoRelays:
+	case len(h.participants) == 0 && len(h.subscribers) == 0 && len(h.sagas) == 0 && h.cfg.Relays == NoRelays:
 		h.mu.Unlock()
-		return fmt.Errorf("host %s: nothing to run: register a participant or a saga, or run a relay", h.cfg.Service)
+		return fmt.Errorf("host %s: nothing to run: register a participant, a subscriber or a saga, or run a relay", h.cfg.Service)
 	}
 	h.state = stateStarting
 	h.mu.Unlock()
@@ -143,7 +145,7 @@ func (h *Host) Start(ctx context.Context) (err error) {
 	h.mu.Lock()
 	h.run, h.state = r, stateRunning
 	h.mu.Unlock()
-	h.log.Info("host started", "participants", len(h.participants), "sagas", len(h.sagas),
+	h.log.Info("host started", "participants", len(h.participants), "subscribers", len(h.subscribers), "sagas", len(h.sagas),
 		"relays", len(r.relays), "http", h.httpAddr(r))
 	return nil
 }
@@ -225,11 +227,15 @@ func (h *Host) build(r *running) error {
 		}
 		r.callbacks = d
 	}
-	add := func(queue string, reg *message.Registry, handler consumer.HandlerFunc, lock consumer.LockBatchFunc) error {
+	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.HandlerFunc, lock consumer.LockBatchFunc) error {
 		t := h.cfg.tuning(queue)
+		pol := h.cfg.Retry
+		if d, ok := pkg.Retry[queue]; ok {
+			pol = d // the contract's policy for this queue, which Topology declared
+		}
 		c, err := consumer.New(consumer.Config{
 			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Handler: handler, LockBatch: lock,
-			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: h.cfg.Retry,
+			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: pol,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
 		})
@@ -248,12 +254,21 @@ func (h *Host) build(r *running) error {
 		if h.cfg.ParticipantMiddleware != nil {
 			fn = h.cfg.ParticipantMiddleware(p.Service, fn)
 		}
-		if err := add(p.Queue, reg, participant.Handler(fn), participant.LockBatch(p.Service)); err != nil {
+		if err := add(p.Queue, p.Package, reg, participant.Handler(fn), participant.LockBatch(p.Service)); err != nil {
+			return err
+		}
+	}
+	for _, s := range h.subscribers {
+		reg, err := message.NewRegistry(s.Package.Messages...)
+		if err != nil {
+			return fmt.Errorf("subscriber %s: %w", s.Service, err)
+		}
+		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), nil); err != nil {
 			return err
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Engine.Registry(), s.Engine.Handle, s.Engine.LockBatch); err != nil {
+		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine.Handle, s.Engine.LockBatch); err != nil {
 			return err
 		}
 	}
@@ -310,6 +325,11 @@ func (h *Host) launch(r *running) {
 	}
 	if d := r.callbacks; d != nil {
 		part("callback dispatcher", &r.relaysWG, func() error { return d.Run(r.relayWork) })
+	}
+	if len(r.relays) > 0 {
+		part("outbox scheduler", &r.relaysWG, func() error {
+			return outbox.RunScheduler(r.relayWork, outbox.SchedulerConfig{Pool: h.pool, Now: h.cfg.Now, Logger: h.log})
+		})
 	}
 	for i, c := range r.consumers {
 		ctx := r.work

@@ -16,8 +16,8 @@ import (
 	"github.com/protosaga/saga/runtime/service"
 )
 
-// Topology returns the merged topology of every registered participant and
-// saga, with the configured queue type and retry tiers: what Start
+// Topology returns the merged topology of every registered participant,
+// subscriber and saga, with the configured queue type and retry tiers: what Start
 // declares.
 func (h *Host) Topology() broker.Topology {
 	h.mu.Lock()
@@ -33,6 +33,9 @@ func (h *Host) Topology() broker.Topology {
 	}
 	for _, p := range h.participants {
 		add(p.Package)
+	}
+	for _, s := range h.subscribers {
+		add(s.Package)
 	}
 	for _, s := range h.sagas {
 		add(s.Package)

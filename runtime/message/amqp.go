@@ -93,7 +93,7 @@ func New(m Message, meta Meta) (Envelope, error) {
 	if body == nil {
 		body = []byte{} // an empty message is a valid, empty body
 	}
-	return Envelope{
+	env := Envelope{
 		MessageID:      meta.MessageID,
 		CorrelationID:  meta.CorrelationID,
 		CausationID:    meta.CausationID,
@@ -108,7 +108,11 @@ func New(m Message, meta Meta) (Envelope, error) {
 		Exchange:       info.Exchange,
 		RoutingKey:     info.RoutingKey,
 		Body:           body,
-	}, nil
+	}
+	if info.TimeToBeReceived > 0 {
+		SetExpiry(&env, env.OccurredAt.Add(info.TimeToBeReceived))
+	}
+	return env, nil
 }
 
 // Publishing maps e onto an AMQP message: MessageId, CorrelationId, Type,

@@ -25,6 +25,8 @@
 package message
 
 import (
+	"time"
+
 	"fmt"
 	"strconv"
 
@@ -77,6 +79,12 @@ type Info struct {
 	// SensitiveFields lists proto field paths whose values are redacted in
 	// logs, parked-message views and the console.
 	SensitiveFields []string
+	// TimeToBeReceived bounds how long after it is sent (or, when
+	// scheduled, after it is due) a message may still be handled: [New]
+	// stamps its expiry into the HeaderExpiresAt header and a consumer
+	// parks it, unhandled, with the reason "expired" once that time has
+	// passed. Zero: it never expires.
+	TimeToBeReceived time.Duration
 	// New returns a new, empty message of this type.
 	New func() Message
 }
@@ -170,6 +178,12 @@ func OnceKey(m Message, operatorRetry int) string {
 // Version 7: generated sagas may declare check steps (sagadef.RoleCheck)
 // and conditional steps (sagadef.Step.Conditional, decided by the hooks'
 // sagadef.Skipper).
+// It also means: generated code of a package whose events name subscribers
+// imports runtime/subscriber (subscriber.Func, subscriber.UnexpectedEvent)
+// and registers them with service.Subscriber; a package whose messages
+// declare retry policies sets broker.Plan.Retry and service.Package.Retry;
+// every command and event gets Schedule<Msg> (service.Schedule), and a type
+// with a time to be received sets Info.TimeToBeReceived.
 const SupportPackageIsVersion7 = true
 
 // SupportPackageIsVersion6 is referenced by code generated for version 6,

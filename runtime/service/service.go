@@ -8,6 +8,7 @@ package service
 import (
 	"context"
 	"io/fs"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/schema"
+	"github.com/protosaga/saga/runtime/subscriber"
 )
 
 // Registrar takes a service's registrations. Errors are kept by the
@@ -26,6 +28,8 @@ import (
 type Registrar interface {
 	// AddParticipant registers a participant service.
 	AddParticipant(Participant) error
+	// AddSubscriber registers an event subscriber service.
+	AddSubscriber(Subscriber) error
 	// AddSaga registers a saga.
 	AddSaga(Saga) error
 	// SagaConfig is the engine configuration for saga fullName (pool,
@@ -47,6 +51,9 @@ type Package struct {
 	// Topology returns the package's exchanges, work queues (with tier
 	// queues for the policy and parking lots) and bindings.
 	Topology func(broker.QueueType, retry.Policy) broker.Topology
+	// Retry holds the retry policies the contract declares, by work
+	// queue; the consumer of a queue without one uses the host's policy.
+	Retry map[string]retry.Policy
 }
 
 // Participant is one service's command handling, as a generated
@@ -61,6 +68,20 @@ type Participant struct {
 	Package Package
 	// Func dispatches a command to the user's implementation.
 	Func participant.Func
+}
+
+// Subscriber is one service's event handling for one package's events, as
+// a generated Register<Service>Subscriber function adds it.
+type Subscriber struct {
+	// Service is the subscribing service the contract names.
+	Service string
+	// Queue is the service's queue for the package's events; the consumer
+	// of it dedupes deliveries by message id under this name.
+	Queue string
+	// Package declares the events and the queue's bindings.
+	Package Package
+	// Func dispatches an event to the user's implementation.
+	Func subscriber.Func
 }
 
 // Saga is one saga type, as a generated Register<Saga> function adds it.
@@ -85,6 +106,13 @@ type Saga struct {
 // outbox in tx (see outbox.Publish) and returns its message id.
 func Publish(ctx context.Context, tx pgx.Tx, m message.Message, meta message.Meta) (string, error) {
 	return outbox.Publish(ctx, tx, m, meta)
+}
+
+// Schedule is what generated Schedule<Msg> functions call: it writes m in
+// tx to be published at or after at (see outbox.Schedule) and returns its
+// message id.
+func Schedule(ctx context.Context, tx pgx.Tx, m message.Message, meta message.Meta, at time.Time) (string, error) {
+	return outbox.Schedule(ctx, tx, m, meta, at)
 }
 
 // Migrations returns what a generated <Saga>Migrations function returns:

@@ -44,6 +44,8 @@ const (
 	sagaPkg        = protogen.GoImportPath(runtimeRoot + "saga")
 	brokerPkg      = protogen.GoImportPath(runtimeRoot + "broker")
 	servicePkg     = protogen.GoImportPath(runtimeRoot + "service")
+	subscriberPkg  = protogen.GoImportPath(runtimeRoot + "subscriber")
+	retryPkg       = protogen.GoImportPath(runtimeRoot + "retry")
 )
 
 // File renders the Go file for one annotated proto file. Package-level code
@@ -66,6 +68,9 @@ func File(gen *protogen.Plugin, f *model.File, migrations map[*model.Saga][]stri
 	if f.Package.Files[0] == f {
 		for _, p := range f.Package.Participants {
 			genParticipant(g, p)
+		}
+		for _, sb := range f.Package.Subscribers {
+			genSubscriber(g, sb)
 		}
 		genTopology(g, f.Package)
 		genSagaPackage(g, f.Package)
@@ -105,6 +110,9 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 	g.P("SchemaVersion: ", m.SchemaVersion, ",")
 	if len(m.Sensitive) > 0 {
 		g.P("SensitiveFields: ", stringSlice(m.Sensitive), ",")
+	}
+	if m.TimeToBeReceived > 0 {
+		g.P("TimeToBeReceived: ", goDuration(g, m.TimeToBeReceived), ",")
 	}
 	g.P("New: func() ", messagePkg.Ident("Message"), " { return new(", name, ") },")
 	g.P("}")
@@ -149,6 +157,15 @@ func genMessage(g *protogen.GeneratedFile, m *model.Message) {
 		g.P("func ", pub, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
 			", meta ", messagePkg.Ident("Meta"), ") (string, error) {")
 		g.P("return ", servicePkg.Ident("Publish"), "(ctx, tx, m, meta)")
+		g.P("}")
+		g.P()
+		sched := model.ScheduleFunc(m)
+		g.P("// ", sched, " writes m in the caller's transaction to be published at or after at:")
+		g.P("// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox")
+		g.P("// relay publishes it like ", pub, " would. It returns the message id.")
+		g.P("func ", sched, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", m *", name,
+			", meta ", messagePkg.Ident("Meta"), ", at ", timePkg.Ident("Time"), ") (string, error) {")
+		g.P("return ", servicePkg.Ident("Schedule"), "(ctx, tx, m, meta, at)")
 		g.P("}")
 		g.P()
 	}
@@ -254,6 +271,42 @@ func genParticipant(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P("}")
 	g.P()
 	genParticipantRegister(g, p)
+}
+
+func genSubscriber(g *protogen.GeneratedFile, sb *model.Subscriber) {
+	typ := model.SubscriberType(sb)
+	g.P("// ", typ, " handles the events service ", strconv.Quote(sb.Service), " subscribes to.")
+	g.P("// Each method runs in the consumer's transaction: write the service's own tables")
+	g.P("// and publish what the event causes with tx (Publish<Msg> with")
+	g.P("// subscriber.Meta(ctx) continues the event's conversation); all of it commits")
+	g.P("// together, once per event message id. An error rolls it back: the consumer")
+	g.P("// retries the event through its retry tiers, then parks it (at once for a")
+	g.P("// retry.Permanent error). Registered with ", model.RegisterSubscriberFunc(sb), ".")
+	g.P("type ", typ, " interface {")
+	for _, e := range sb.Events {
+		g.P("// ", e.Proto.GoIdent.GoName, " handles the event ", e.FullName, ".")
+		g.P(e.Proto.GoIdent.GoName, "(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", event *", e.Proto.GoIdent.GoName, ") error")
+	}
+	g.P("}")
+	g.P()
+	fn := model.SubscriberFunc(sb)
+	g.P("// ", fn, " returns a subscriber.Func that dispatches each event service")
+	g.P("// ", strconv.Quote(sb.Service), " subscribes to to impl, for wiring a consumer by hand")
+	g.P("// (subscriber.Handler); ", model.RegisterSubscriberFunc(sb), " does that for a host.")
+	g.P("func ", fn, "(impl ", typ, ") ", subscriberPkg.Ident("Func"), " {")
+	g.P("return func(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", event ", messagePkg.Ident("Message"), ") error {")
+	g.P("switch e := event.(type) {")
+	for _, e := range sb.Events {
+		g.P("case *", e.Proto.GoIdent.GoName, ":")
+		g.P("return impl.", e.Proto.GoIdent.GoName, "(ctx, tx, e)")
+	}
+	g.P("default:")
+	g.P("return ", subscriberPkg.Ident("UnexpectedEvent"), "(", strconv.Quote(sb.Service), ", event)")
+	g.P("}")
+	g.P("}")
+	g.P("}")
+	g.P()
+	genSubscriberRegister(g, sb)
 }
 
 // goDuration renders d as a readable Go constant expression.

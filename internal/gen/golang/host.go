@@ -29,6 +29,9 @@ func genSagaPackage(g *protogen.GeneratedFile, p *model.Package) {
 	g.P("Path: ", strconv.Quote(string(p.ImportPath)), ",")
 	g.P("Messages: []*", messagePkg.Ident("Info"), "{", strings.Join(infos, ", "), "},")
 	g.P("Topology: ", model.TopologyPlanVar, ".Topology,")
+	if len(Topology(p).Retry) > 0 {
+		g.P("Retry: ", model.TopologyPlanVar, ".Retry,")
+	}
 	g.P("}")
 	g.P("}")
 	g.P()
@@ -51,6 +54,26 @@ func genParticipantRegister(g *protogen.GeneratedFile, p *model.Participant) {
 	g.P("Queue: ", strconv.Quote(p.Queue), ",")
 	g.P("Package: ", model.SagaPackageFunc, "(),")
 	g.P("Func: ", model.ParticipantFunc(p), "(impl),")
+	g.P("})")
+	g.P("}")
+	g.P()
+}
+
+// genSubscriberRegister renders Register<Service>Subscriber.
+func genSubscriberRegister(g *protogen.GeneratedFile, sb *model.Subscriber) {
+	reg := model.RegisterSubscriberFunc(sb)
+	g.P("// ", reg, " registers impl on h (a runtime/host Host) as the subscriber of service ", strconv.Quote(sb.Service), ":")
+	g.P("// h consumes ", strconv.Quote(sb.Queue), ", bound to the events it subscribes to, and runs")
+	g.P("// each event once per message id in the consumer's transaction.")
+	g.P("func ", reg, "(h ", servicePkg.Ident("Registrar"), ", impl ", model.SubscriberType(sb), ") error {")
+	g.P("if impl == nil {")
+	g.P("return h.Fail(", errorsPkg.Ident("New"), "(", strconv.Quote("service "+sb.Service+": subscriber is nil"), "))")
+	g.P("}")
+	g.P("return h.AddSubscriber(", servicePkg.Ident("Subscriber"), "{")
+	g.P("Service: ", strconv.Quote(sb.Service), ",")
+	g.P("Queue: ", strconv.Quote(sb.Queue), ",")
+	g.P("Package: ", model.SagaPackageFunc, "(),")
+	g.P("Func: ", model.SubscriberFunc(sb), "(impl),")
 	g.P("})")
 	g.P("}")
 	g.P()

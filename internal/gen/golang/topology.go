@@ -2,8 +2,10 @@ package golang
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/compiler/protogen"
 
@@ -22,6 +24,8 @@ type PackageTopology struct {
 	Exchanges []broker.Exchange
 	Queues    []string
 	Bindings  []Binding
+	// Retry holds the retry policies the contract declares, by queue.
+	Retry map[string]retry.Policy
 }
 
 // Topology computes the topology of p, sorted.
@@ -37,10 +41,27 @@ func Topology(p *model.Package) PackageTopology {
 		exchanges[m.Exchange] = m.ExchangeKind
 		t.Bindings = append(t.Bindings, Binding{Queue: queue, Exchange: m.Exchange, RoutingKey: m.RoutingKey})
 	}
+	declare := func(queue string, pol *retry.Policy) {
+		if pol == nil {
+			return
+		}
+		if t.Retry == nil {
+			t.Retry = map[string]retry.Policy{}
+		}
+		t.Retry[queue] = *pol
+	}
 	for _, pt := range p.Participants {
 		t.Queues = append(t.Queues, pt.Queue)
+		declare(pt.Queue, pt.Retry)
 		for _, c := range pt.Commands {
 			bind(pt.Queue, c)
+		}
+	}
+	for _, sb := range p.Subscribers {
+		t.Queues = append(t.Queues, sb.Queue)
+		declare(sb.Queue, sb.Retry)
+		for _, e := range sb.Events {
+			bind(sb.Queue, e)
 		}
 	}
 	for _, f := range p.Files {
@@ -74,14 +95,11 @@ func Topology(p *model.Package) PackageTopology {
 // review is rendered by the runtime's own code and cannot drift from what
 // broker.Declare declares.
 func (t PackageTopology) Broker() broker.Topology {
-	bt := broker.Topology{Exchanges: slices.Clone(t.Exchanges)}
-	for _, q := range t.Queues {
-		bt.Queues = append(bt.Queues, broker.WorkQueue(q, broker.QueueQuorum, retry.Default())...)
-	}
+	pl := broker.Plan{Exchanges: t.Exchanges, WorkQueues: t.Queues, Retry: t.Retry}
 	for _, b := range t.Bindings {
-		bt.Bindings = append(bt.Bindings, broker.Binding{Queue: b.Queue, Exchange: b.Exchange, RoutingKey: b.RoutingKey})
+		pl.Bindings = append(pl.Bindings, broker.Binding{Queue: b.Queue, Exchange: b.Exchange, RoutingKey: b.RoutingKey})
 	}
-	return bt
+	return pl.Default()
 }
 
 func genTopology(g *protogen.GeneratedFile, p *model.Package) {
@@ -89,12 +107,13 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 	plan := model.TopologyPlanVar
 	g.P("// ", model.TopologyFunc, " returns the RabbitMQ topology this package's contract needs:")
 	g.P("// its exchanges (direct, or topic where an event is published), the work")
-	g.P("// queues of its participants and sagas (quorum")
-	g.P("// queues, each with the retry tier queues of retry.Default() and a parking")
-	g.P("// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every")
-	g.P("// package a process uses and declare the result with broker.Declare.")
-	g.P("// ", plan, ".Topology(qt, p) is the same with work queues of type qt and")
-	g.P("// retry tiers for policy p; the consumers of these queues must use the same policy.")
+	g.P("// queues of its participants, subscribers and sagas (quorum")
+	g.P("// queues, each with the retry tier queues of the policy its messages declare,")
+	g.P("// else retry.Default(), and a parking lot, see broker.WorkQueue) and their")
+	g.P("// bindings. Merge the topologies of every package a process uses and declare")
+	g.P("// the result with broker.Declare. ", plan, ".Topology(qt, p) is the same with")
+	g.P("// work queues of type qt and retry tiers for policy p where the contract")
+	g.P("// declares none; the consumers of these queues must use the same policies.")
 	g.P("func ", model.TopologyFunc, "() ", brokerPkg.Ident("Topology"), " { return ", plan, ".Default() }")
 	g.P()
 	g.P("// ", plan, " is this package's exchanges, work queues and bindings (see ", model.TopologyFunc, ").")
@@ -115,6 +134,18 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 		g.P("Bindings: []", brokerPkg.Ident("Binding"), "{")
 		for _, b := range t.Bindings {
 			g.P("{Queue: ", strconv.Quote(b.Queue), ", Exchange: ", strconv.Quote(b.Exchange), ", RoutingKey: ", strconv.Quote(b.RoutingKey), "},")
+		}
+		g.P("},")
+	}
+	if len(t.Retry) > 0 {
+		g.P("Retry: map[string]", retryPkg.Ident("Policy"), "{")
+		for _, q := range slices.Sorted(maps.Keys(t.Retry)) {
+			pol := t.Retry[q]
+			var tiers []string
+			for _, d := range pol.Tiers {
+				tiers = append(tiers, goDuration(g, d))
+			}
+			g.P(strconv.Quote(q), ": {Tiers: []", timePkg.Ident("Duration"), "{", strings.Join(tiers, ", "), "}, MaxAttempts: ", pol.MaxAttempts, "},")
 		}
 		g.P("},")
 	}

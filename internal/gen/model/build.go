@@ -32,6 +32,12 @@ const (
 	msgSchemaVersion  = 7
 	msgOwner          = 8
 	msgAnswers        = 9
+	msgSubscribers    = 10
+	msgRetry          = 11
+	msgTimeToReceive  = 12
+
+	retryTiers       = 1
+	retryMaxAttempts = 2
 
 	sagaName        = 1
 	sagaStart       = 2
@@ -264,6 +270,19 @@ func (b *builder) message(f *protogen.File, m *protogen.Message, mo *sagav1.Mess
 				"reply %s declares no correlation field", full)
 		}
 	}
+	b.subscribers(f, base, msg, mo.GetSubscribers())
+	if ttl := mo.GetTimeToBeReceived(); ttl != "" {
+		p := path(base, msgTimeToReceive)
+		if msg.Kind == sagav1.Kind_KIND_REPLY {
+			b.errorf(f, p, "option-misuse", "remove time_to_be_received; a reply's wait is bounded by its saga step's timeout",
+				"%s is a reply; only commands and events declare a time to be received", full)
+		} else {
+			msg.TimeToBeReceived = b.duration(f, p, full+": ", ttl, "time_to_be_received")
+		}
+	}
+	if mo.GetRetry() != nil {
+		msg.Retry = b.retryPolicy(f, path(base, msgRetry), msg, mo.GetRetry())
+	}
 	if msg.Owner != "" {
 		p := path(base, msgOwner)
 		if msg.Kind != sagav1.Kind_KIND_COMMAND {
@@ -423,4 +442,32 @@ func article(kind string) string {
 		return "an " + kind
 	}
 	return "a " + kind
+}
+
+// subscribers reads an event's subscribing services: valid service names,
+// each listed once, on events only.
+func (b *builder) subscribers(f *protogen.File, base []int32, msg *Message, names []string) {
+	if len(names) == 0 {
+		return
+	}
+	if msg.Kind != sagav1.Kind_KIND_EVENT {
+		b.errorf(f, path(base, msgSubscribers), "option-misuse", "remove subscribers; a command has one owner and a reply goes back to the saga that waits for it",
+			"%s is %s; only events have subscribers", msg.FullName, article(kindName(msg.Kind)))
+		return
+	}
+	seen := map[string]bool{}
+	for i, name := range names {
+		p := path(base, msgSubscribers, int32(i))
+		switch {
+		case !serviceRE.MatchString(name):
+			b.errorf(f, p, "subscriber-service", "service names are lower-case words separated by '-', '_' or '.', e.g. \"notifications\"",
+				"%s: invalid subscriber service name %q", msg.FullName, name)
+		case seen[name]:
+			b.errorf(f, p, "subscriber-service", "list each subscribing service once",
+				"%s: subscriber %s is listed twice; a service handles an event once", msg.FullName, name)
+		default:
+			seen[name] = true
+			msg.Subscribers = append(msg.Subscribers, name)
+		}
+	}
 }

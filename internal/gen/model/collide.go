@@ -21,6 +21,9 @@ func InfoVar(m *Message) string { return m.Proto.GoIdent.GoName + "Info" }
 // PublishFunc is the message's typed outbox publisher.
 func PublishFunc(m *Message) string { return "Publish" + m.Proto.GoIdent.GoName }
 
+// ScheduleFunc is the message's typed publisher for later delivery.
+func ScheduleFunc(m *Message) string { return "Schedule" + m.Proto.GoIdent.GoName }
+
 // HasPublish reports whether m gets a PublishFunc: commands and events do;
 // a reply leaves only through its participant (or ReplyToFunc), which keeps
 // the command's causation.
@@ -53,6 +56,25 @@ func ParticipantFunc(p *Participant) string { return p.GoName + "ParticipantFunc
 
 // RegisterFunc registers a participant's handler.
 func RegisterFunc(p *Participant) string { return "Register" + p.GoName + "Participant" }
+
+// SubscriberType is a service's subscriber interface for one package's
+// events.
+func SubscriberType(s *Subscriber) string { return s.GoName + "Subscriber" }
+
+// SubscriberFunc adapts a subscriber's implementation to subscriber.Func.
+func SubscriberFunc(s *Subscriber) string { return s.GoName + "SubscriberFunc" }
+
+// RegisterSubscriberFunc registers a subscriber's handler.
+func RegisterSubscriberFunc(s *Subscriber) string { return "Register" + s.GoName + "Subscriber" }
+
+// SubscriberQueue is the queue service consumes the events of proto
+// package pkg from: "<service>.events.<pkg>".
+func SubscriberQueue(service, pkg string) string {
+	if pkg == "" {
+		return service + ".events"
+	}
+	return service + ".events." + pkg
+}
 
 // Saga-level identifiers.
 func (s *Saga) GoName() string         { return s.Name }
@@ -155,6 +177,7 @@ func (b *builder) collisions() {
 		claim(m.File, p, InfoVar(m), "message "+m.FullName)
 		if HasPublish(m) {
 			claim(m.File, p, PublishFunc(m), "message "+m.FullName)
+			claim(m.File, p, ScheduleFunc(m), "message "+m.FullName)
 		}
 		if m.Kind == sagav1.Kind_KIND_COMMAND && m.Owner != "" {
 			claim(m.File, p, ResultType(m), "command "+m.FullName)
@@ -199,6 +222,27 @@ func (b *builder) collisions() {
 		claim(m.File, p, ParticipantType(pt), "service "+m.Owner)
 		claim(m.File, p, RegisterFunc(pt), "service "+m.Owner)
 		claim(m.File, p, ParticipantFunc(pt), "service "+m.Owner)
+	}
+	subs := map[protogen.GoImportPath]map[string]bool{}
+	for _, m := range b.sortedMessages() {
+		if !m.Generate {
+			continue
+		}
+		ip := m.File.GoImportPath
+		for i, svc := range m.Subscribers {
+			if subs[ip] == nil {
+				subs[ip] = map[string]bool{}
+			}
+			if subs[ip][svc] {
+				continue
+			}
+			subs[ip][svc] = true
+			sb := &Subscriber{GoName: Camel(svc)}
+			p := path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgSubscribers, int32(i))
+			for _, n := range []string{SubscriberType(sb), SubscriberFunc(sb), RegisterSubscriberFunc(sb)} {
+				claim(m.File, p, n, "subscriber "+svc)
+			}
+		}
 	}
 	for _, d := range b.sagas {
 		if !d.file.Generate {

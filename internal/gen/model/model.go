@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/compiler/protogen"
 
 	sagav1 "github.com/protosaga/saga/options/saga/v1"
+	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -50,6 +51,9 @@ type Package struct {
 	// Participants are the command-owning services whose commands are
 	// declared in this package, sorted by owner.
 	Participants []*Participant
+	// Subscribers are the services subscribing to events declared in this
+	// package, sorted by service.
+	Subscribers []*Subscriber
 }
 
 // File is one generated .proto file with annotated content.
@@ -80,6 +84,15 @@ type Message struct {
 	SchemaVersion int32
 	// Owner is the service consuming a command.
 	Owner string
+	// Subscribers are the services subscribing to an event, as listed
+	// (valid names, each once).
+	Subscribers []string
+	// TimeToBeReceived is how long after it is sent the message may still
+	// be handled; zero when it never expires.
+	TimeToBeReceived time.Duration
+	// Retry is the retry policy the message declares for the queues that
+	// consume it; nil when it declares none (or an invalid one).
+	Retry *retry.Policy
 	// Answers is the command a reply declares it answers (may be nil).
 	Answers *Message
 	// Results lists, for a command, the replies that answer it (success and
@@ -108,6 +121,25 @@ type Participant struct {
 	// Queue is the service's command queue.
 	Queue    string
 	Commands []*Message
+	// Retry is the queue's declared retry policy (its commands'); nil
+	// when they declare none.
+	Retry *retry.Policy
+}
+
+// Subscriber is a service subscribing to events of one Go package.
+type Subscriber struct {
+	Service string
+	// GoName is the service's CamelCase name ("notifications" →
+	// "Notifications").
+	GoName string
+	// Queue is the service's queue for this package's events
+	// ([SubscriberQueue]).
+	Queue string
+	// Events are the events it subscribes to, sorted by full name.
+	Events []*Message
+	// Retry is the queue's declared retry policy (its events'); nil when
+	// they declare none.
+	Retry *retry.Policy
 }
 
 // Saga is one declared saga.

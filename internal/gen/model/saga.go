@@ -459,14 +459,19 @@ func (b *builder) retryTiers(f *protogen.File, p []int32, s *Saga, st *Step, lab
 	if st.Role != sagav1.Role_ROLE_PIVOT || st.External || st.OnTimeout != sagav1.TimeoutAction_TIMEOUT_ACTION_COMPENSATE || st.Timeout <= 0 {
 		return
 	}
-	delay := RetryDelay(RetryPolicy())
+	pol := QueueRetry(st.Command)
+	delay := RetryDelay(pol)
 	if st.Timeout > delay {
 		return
 	}
+	source := "the retry tiers of retry.Default(), which the generated Topology declares for a queue whose commands declare no retry"
+	if st.Command != nil && st.Command.Retry != nil {
+		source = "the retry declared on " + st.Command.FullName
+	}
 	b.report(f, p, true, "retry-tiers",
-		fmt.Sprintf("raise the timeout above %s, or set on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW (the review assumes the retry tiers of retry.Default(), which the generated Topology declares)", delay),
+		fmt.Sprintf("raise the timeout above %s, declare shorter retry tiers on the command, or set on_timeout: TIMEOUT_ACTION_RETRY or TIMEOUT_ACTION_MANUAL_REVIEW (the review assumes %s)", delay, source),
 		"saga %s: pivot step %s compensates on timeout after %s, but its participant's consumer redelivers a command that failed for up to %s (retry tiers %s): the pivot's command can run after the saga compensated the steps before it, and nothing undoes the point of no return",
-		s.FullName, label, st.Timeout, delay, tierList(RetryPolicy()))
+		s.FullName, label, st.Timeout, delay, tierList(pol))
 }
 
 // compensationOwner reports a compensatable step whose command and
@@ -809,13 +814,16 @@ func (b *builder) crossChecks() {
 			b.report(m.File, at, true, "command-unused",
 				fmt.Sprintf("send it from a saga step, declare the reply that answers it (answers: %q), or remove it", m.Proto.Desc.Name())+sameRequest,
 				"command %s (owner %s) is sent by no saga step and answered by no reply: its participant method has no reply to return and nothing in the contract sends it", m.FullName, m.Owner)
-		case m.Kind == sagav1.Kind_KIND_EVENT && !used[m]:
+		case m.Kind == sagav1.Kind_KIND_EVENT && !used[m] && len(m.Subscribers) == 0:
 			b.report(m.File, at, true, "event-unused",
-				"start a saga with it, list it in an external step's success or failure, or cancel a saga with it; or remove it"+sameRequest,
-				"event %s is consumed by no saga: nothing generated binds a queue to it, so unless a subscriber outside the contract binds one, the relay's mandatory publish of every copy comes back unroutable and is retried", m.FullName)
+				"start a saga with it, list it in an external step's success or failure, cancel a saga with it, or name its subscribers (subscribers: [\"<service>\"]); or remove it"+sameRequest,
+				"event %s is consumed by no saga and has no subscribers: nothing generated binds a queue to it, so unless a subscriber outside the contract binds one, the relay's mandatory publish of every copy comes back unroutable and is retried", m.FullName)
 		}
 	}
 	b.ownerPackages(msgs)
+	b.subscriberQueues(msgs)
+	b.queueRetries(msgs)
+	b.expiryRetries(msgs)
 	type route struct{ exchange, key string }
 	routes := map[route]*Message{}
 	for _, m := range msgs {
@@ -914,6 +922,43 @@ func (b *builder) ownerPackages(msgs []*Message) {
 	}
 }
 
+// subscriberQueues checks the queue of each subscribing service: one per
+// service and Go package, named after the proto package of its first
+// event (by full name). Two Go packages whose subscribers of one service
+// would consume the same queue would park each other's events.
+func (b *builder) subscriberQueues(msgs []*Message) {
+	type key struct {
+		service string
+		ip      protogen.GoImportPath
+	}
+	done := map[key]bool{}
+	queues := map[string]*Message{}
+	for _, m := range msgs {
+		for i, svc := range m.Subscribers {
+			k := key{svc, m.File.GoImportPath}
+			if done[k] {
+				continue
+			}
+			done[k] = true
+			p := path(m.Proto.Location.Path, fieldMessageOptions, extMessage, msgSubscribers, int32(i))
+			q := SubscriberQueue(svc, string(m.File.Desc.Package()))
+			b.checkQueue(m.File, p, "subscriber "+svc, q, "shorten the service name or the proto package; the queue is \"<service>.events.<proto package>\"")
+			prev, ok := queues[q]
+			if !ok {
+				queues[q] = m
+				continue
+			}
+			at := m
+			if !m.File.Generate {
+				at, prev = prev, m
+			}
+			b.errorf(at.File, p, "name-collision", "declare the events one service subscribes to in one Go package per proto package",
+				"subscriber %s of %s (Go package %s) and of %s (Go package %s) would both consume queue %s and park each other's events",
+				svc, at.FullName, at.File.GoImportPath, prev.FullName, prev.File.GoImportPath, q)
+		}
+	}
+}
+
 func (b *builder) sortedMessages() []*Message {
 	out := make([]*Message, 0, len(b.messages))
 	for _, m := range b.messages {
@@ -975,9 +1020,34 @@ func (b *builder) finish() {
 					p.Participants = append(p.Participants, pt)
 				}
 				pt.Commands = append(pt.Commands, m)
+				if m.Retry != nil {
+					pt.Retry = m.Retry
+				}
 			}
 		}
 		slices.SortFunc(p.Participants, func(x, y *Participant) int { return cmp.Compare(x.Owner, y.Owner) })
+		bySub := map[string]*Subscriber{}
+		for _, f := range p.Files {
+			for _, m := range f.Messages {
+				for _, svc := range m.Subscribers {
+					sb := bySub[svc]
+					if sb == nil {
+						sb = &Subscriber{Service: svc, GoName: Camel(svc), Queue: SubscriberQueue(svc, string(m.File.Desc.Package()))}
+						bySub[svc] = sb
+						p.Subscribers = append(p.Subscribers, sb)
+					}
+					sb.Events = append(sb.Events, m)
+					if m.Retry != nil {
+						sb.Retry = m.Retry
+					}
+				}
+			}
+		}
+		for _, sb := range p.Subscribers {
+			sb.Events = sortMessages(sb.Events)
+			sb.Queue = SubscriberQueue(sb.Service, string(sb.Events[0].File.Desc.Package()))
+		}
+		slices.SortFunc(p.Subscribers, func(x, y *Subscriber) int { return cmp.Compare(x.Service, y.Service) })
 		b.model.Packages = append(b.model.Packages, p)
 	}
 	slices.SortFunc(b.model.Packages, func(x, y *Package) int { return cmp.Compare(x.ImportPath, y.ImportPath) })

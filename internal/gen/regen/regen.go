@@ -54,6 +54,7 @@ func Targets() []Target {
 			"cfg/cfg.proto", "ctx/ctx.proto", "d/d.proto", "data/data.proto", "def/def.proto", "h/h.proto",
 			"msg/msg.proto", "ok/ok.proto", "s/s.proto", "start/start.proto", "statusURL/statusURL.proto", "t/t.proto",
 		}},
+		{Name: "golden/choreo", Root: "testdata/golden/choreo", Saga: true, Files: []string{"signup/v1/signup.proto"}},
 		{Name: "golden/noopts", Root: "testdata/golden/noopts", Saga: true, Files: []string{"plain/v1/plain.proto"}},
 		{Name: "golden/shapes", Root: "testdata/golden/shapes", Saga: true, Files: []string{"activation/v1/activation.proto"}},
 	}

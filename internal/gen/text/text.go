@@ -13,6 +13,7 @@ import (
 	"text/template"
 
 	"github.com/protosaga/saga/internal/gen/model"
+	sagav1 "github.com/protosaga/saga/options/saga/v1"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/templates"
 )
@@ -127,6 +128,9 @@ type docMessage struct {
 	FullName, Kind, Exchange, RoutingKey string
 	IdempotencyKey, Correlation          string
 	SchemaVersion                        int32
+	// Delivery says what the contract declares about the message's
+	// delivery: subscribers, retry policy, time to be received.
+	Delivery string
 }
 
 // docCancel is a saga's business cancellation on its page.
@@ -147,6 +151,37 @@ type docData struct {
 	States                                                                      []sagadef.State
 	Transitions                                                                 []sagadef.Transition
 	Diagram                                                                     string
+}
+
+// delivery describes a message's declared subscribers, retry policy and
+// time to be received for its row of the Messages table ("—": none).
+func delivery(m *model.Message) string {
+	var parts []string
+	if len(m.Subscribers) > 0 {
+		parts = append(parts, "subscribers `"+strings.Join(m.Subscribers, "`, `")+"`")
+	}
+	if p := m.Retry; p != nil {
+		var tiers []string
+		for _, d := range p.Tiers {
+			tiers = append(tiers, d.String())
+		}
+		queue := "its owner's queue"
+		if m.Kind == sagav1.Kind_KIND_EVENT {
+			queue = "its subscribers' queues"
+		}
+		r := fmt.Sprintf("retry on %s: %d deliveries", queue, p.MaxAttempts)
+		if len(tiers) > 0 {
+			r += ", waits " + strings.Join(tiers, ", ")
+		}
+		parts = append(parts, r)
+	}
+	if m.TimeToBeReceived > 0 {
+		parts = append(parts, "expires "+m.TimeToBeReceived.String()+" after it is sent")
+	}
+	if len(parts) == 0 {
+		return "—"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // Doc renders the saga's Markdown page.
@@ -223,6 +258,7 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 		if m.Correlation != nil {
 			dm.Correlation = m.Correlation.Path
 		}
+		dm.Delivery = delivery(m)
 		d.Messages = append(d.Messages, dm)
 	}
 	d.Diagram = strings.TrimRight(s.Definition.Mermaid(), "\n")

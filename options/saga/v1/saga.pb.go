@@ -414,9 +414,31 @@ type Message struct {
 	// answers names the command a reply answers (a message name in this
 	// package, or a full name). Optional: derived from the sagas that wait for
 	// the reply; when set, the design review checks it. Replies only.
-	Answers       string `protobuf:"bytes,9,opt,name=answers,proto3" json:"answers,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Answers string `protobuf:"bytes,9,opt,name=answers,proto3" json:"answers,omitempty"`
+	// subscribers names the services that subscribe to an event
+	// (choreography): each gets a generated subscriber interface
+	// (<Service>Subscriber) and its own queue
+	// "<service>.events.<proto package>", bound to the event, where it handles
+	// each event once (deduplicated by message id) in a transaction of its
+	// own, with the retry tiers and parking lot of any work queue. Service
+	// names are lower-case words separated by '-', '_' or '.', each listed
+	// once. Events only.
+	Subscribers []string `protobuf:"bytes,10,rep,name=subscribers,proto3" json:"subscribers,omitempty"`
+	// retry declares the retry policy of the queue that consumes the message:
+	// its owner's command queue for a command, each subscriber's queue for an
+	// event. The messages of one queue declare the same policy, or none (rule
+	// retry-policy). Default: the host's policy (retry.Default() unless
+	// configured). Commands with an owner and events with subscribers only.
+	Retry *Retry `protobuf:"bytes,11,opt,name=retry,proto3" json:"retry,omitempty"`
+	// time_to_be_received bounds how long after it is sent (Go duration
+	// syntax, e.g. "15m") a message may still be handled: it carries its
+	// expiry in a header, and a consumer that receives it later parks it,
+	// unhandled, with the reason "expired". A scheduled message counts it from
+	// the time it is due. Default: none (it never expires). Commands and
+	// events only.
+	TimeToBeReceived string `protobuf:"bytes,12,opt,name=time_to_be_received,json=timeToBeReceived,proto3" json:"time_to_be_received,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Message) Reset() {
@@ -508,6 +530,27 @@ func (x *Message) GetOwner() string {
 func (x *Message) GetAnswers() string {
 	if x != nil {
 		return x.Answers
+	}
+	return ""
+}
+
+func (x *Message) GetSubscribers() []string {
+	if x != nil {
+		return x.Subscribers
+	}
+	return nil
+}
+
+func (x *Message) GetRetry() *Retry {
+	if x != nil {
+		return x.Retry
+	}
+	return nil
+}
+
+func (x *Message) GetTimeToBeReceived() string {
+	if x != nil {
+		return x.TimeToBeReceived
 	}
 	return ""
 }
@@ -969,6 +1012,66 @@ func (x *Step) GetConditional() bool {
 	return false
 }
 
+// Retry is a queue's retry policy: how often a message whose handler
+// failed is delivered again, and after which waits, before it is parked.
+type Retry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tiers are the waits before the second, third, ... delivery (Go
+	// duration syntax, whole milliseconds, each longer than the one before);
+	// the last is reused when max_attempts allows more deliveries. Required
+	// when max_attempts is above 1.
+	Tiers []string `protobuf:"bytes,1,rep,name=tiers,proto3" json:"tiers,omitempty"`
+	// max_attempts bounds the deliveries, the first included. Required (at
+	// least 1; 1 parks a failed message at once).
+	MaxAttempts   int32 `protobuf:"varint,2,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Retry) Reset() {
+	*x = Retry{}
+	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Retry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Retry) ProtoMessage() {}
+
+func (x *Retry) ProtoReflect() protoreflect.Message {
+	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Retry.ProtoReflect.Descriptor instead.
+func (*Retry) Descriptor() ([]byte, []int) {
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Retry) GetTiers() []string {
+	if x != nil {
+		return x.Tiers
+	}
+	return nil
+}
+
+func (x *Retry) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
 var file_saga_v1_saga_proto_extTypes = []protoimpl.ExtensionInfo{
 	{
 		ExtendedType:  (*descriptorpb.MessageOptions)(nil),
@@ -1005,7 +1108,7 @@ var File_saga_v1_saga_proto protoreflect.FileDescriptor
 
 const file_saga_v1_saga_proto_rawDesc = "" +
 	"\n" +
-	"\x12saga/v1/saga.proto\x12\asaga.v1\x1a google/protobuf/descriptor.proto\"\xc1\x02\n" +
+	"\x12saga/v1/saga.proto\x12\asaga.v1\x1a google/protobuf/descriptor.proto\"\xb8\x03\n" +
 	"\aMessage\x12!\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\r.saga.v1.KindR\x04kind\x12\x1f\n" +
 	"\vrouting_key\x18\x02 \x01(\tR\n" +
@@ -1016,7 +1119,11 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x10sensitive_fields\x18\x06 \x03(\tR\x0fsensitiveFields\x12%\n" +
 	"\x0eschema_version\x18\a \x01(\x05R\rschemaVersion\x12\x14\n" +
 	"\x05owner\x18\b \x01(\tR\x05owner\x12\x18\n" +
-	"\aanswers\x18\t \x01(\tR\aanswers\"\xdc\x02\n" +
+	"\aanswers\x18\t \x01(\tR\aanswers\x12 \n" +
+	"\vsubscribers\x18\n" +
+	" \x03(\tR\vsubscribers\x12$\n" +
+	"\x05retry\x18\v \x01(\v2\x0e.saga.v1.RetryR\x05retry\x12-\n" +
+	"\x13time_to_be_received\x18\f \x01(\tR\x10timeToBeReceived\"\xdc\x02\n" +
 	"\x04Saga\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12!\n" +
@@ -1053,7 +1160,10 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\n" +
 	"late_reply\x18\f \x01(\x0e2\x12.saga.v1.LateReplyR\tlateReply\x12\x1a\n" +
 	"\bexternal\x18\r \x01(\bR\bexternal\x12 \n" +
-	"\vconditional\x18\x0e \x01(\bR\vconditional*N\n" +
+	"\vconditional\x18\x0e \x01(\bR\vconditional\"@\n" +
+	"\x05Retry\x12\x14\n" +
+	"\x05tiers\x18\x01 \x03(\tR\x05tiers\x12!\n" +
+	"\fmax_attempts\x18\x02 \x01(\x05R\vmaxAttempts*N\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_COMMAND\x10\x01\x12\x0e\n" +
@@ -1104,7 +1214,7 @@ func file_saga_v1_saga_proto_rawDescGZIP() []byte {
 }
 
 var file_saga_v1_saga_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_saga_v1_saga_proto_goTypes = []any{
 	(Kind)(0),                           // 0: saga.v1.Kind
 	(Outcome)(0),                        // 1: saga.v1.Outcome
@@ -1117,27 +1227,29 @@ var file_saga_v1_saga_proto_goTypes = []any{
 	(*Callback)(nil),                    // 8: saga.v1.Callback
 	(*Cancel)(nil),                      // 9: saga.v1.Cancel
 	(*Step)(nil),                        // 10: saga.v1.Step
-	(*descriptorpb.MessageOptions)(nil), // 11: google.protobuf.MessageOptions
+	(*Retry)(nil),                       // 11: saga.v1.Retry
+	(*descriptorpb.MessageOptions)(nil), // 12: google.protobuf.MessageOptions
 }
 var file_saga_v1_saga_proto_depIdxs = []int32{
 	0,  // 0: saga.v1.Message.kind:type_name -> saga.v1.Kind
-	2,  // 1: saga.v1.Saga.on_compensation_failure:type_name -> saga.v1.CompensationFailure
-	10, // 2: saga.v1.Saga.steps:type_name -> saga.v1.Step
-	9,  // 3: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
-	8,  // 4: saga.v1.Saga.callback:type_name -> saga.v1.Callback
-	1,  // 5: saga.v1.Callback.outcomes:type_name -> saga.v1.Outcome
-	3,  // 6: saga.v1.Step.role:type_name -> saga.v1.Role
-	4,  // 7: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
-	5,  // 8: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
-	11, // 9: saga.v1.message:extendee -> google.protobuf.MessageOptions
-	11, // 10: saga.v1.saga:extendee -> google.protobuf.MessageOptions
-	6,  // 11: saga.v1.message:type_name -> saga.v1.Message
-	7,  // 12: saga.v1.saga:type_name -> saga.v1.Saga
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	11, // [11:13] is the sub-list for extension type_name
-	9,  // [9:11] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	11, // 1: saga.v1.Message.retry:type_name -> saga.v1.Retry
+	2,  // 2: saga.v1.Saga.on_compensation_failure:type_name -> saga.v1.CompensationFailure
+	10, // 3: saga.v1.Saga.steps:type_name -> saga.v1.Step
+	9,  // 4: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
+	8,  // 5: saga.v1.Saga.callback:type_name -> saga.v1.Callback
+	1,  // 6: saga.v1.Callback.outcomes:type_name -> saga.v1.Outcome
+	3,  // 7: saga.v1.Step.role:type_name -> saga.v1.Role
+	4,  // 8: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
+	5,  // 9: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
+	12, // 10: saga.v1.message:extendee -> google.protobuf.MessageOptions
+	12, // 11: saga.v1.saga:extendee -> google.protobuf.MessageOptions
+	6,  // 12: saga.v1.message:type_name -> saga.v1.Message
+	7,  // 13: saga.v1.saga:type_name -> saga.v1.Saga
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	12, // [12:14] is the sub-list for extension type_name
+	10, // [10:12] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_saga_v1_saga_proto_init() }
@@ -1151,7 +1263,7 @@ func file_saga_v1_saga_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_saga_v1_saga_proto_rawDesc), len(file_saga_v1_saga_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 2,
 			NumServices:   0,
 		},

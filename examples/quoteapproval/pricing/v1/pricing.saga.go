@@ -13,6 +13,7 @@ import (
 	service "github.com/protosaga/saga/runtime/service"
 	url "net/url"
 	strconv "strconv"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -45,6 +46,13 @@ func (x *PriceQuote) CorrelationKey() string { return x.GetQuoteId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishPriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// SchedulePriceQuote writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishPriceQuote would. It returns the message id.
+func SchedulePriceQuote(ctx context.Context, tx pgx.Tx, m *PriceQuote, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // PriceQuoteResult is a reply to PriceQuote.
@@ -174,6 +182,13 @@ func PublishReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta m
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleReleasePrice writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishReleasePrice would. It returns the message id.
+func ScheduleReleasePrice(ctx context.Context, tx pgx.Tx, m *ReleasePrice, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // ReleasePriceResult is a reply to ReleasePrice.
 // It is implemented by *PriceReleaseFailed, *PriceReleased.
 type ReleasePriceResult interface {
@@ -239,12 +254,13 @@ func RegisterPricingParticipant(h service.Registrar, impl PricingParticipant) er
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

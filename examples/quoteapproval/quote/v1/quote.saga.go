@@ -53,6 +53,13 @@ func PublishCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta mes
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleCancelQuote writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishCancelQuote would. It returns the message id.
+func ScheduleCancelQuote(ctx context.Context, tx pgx.Tx, m *CancelQuote, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // OrderSubmittedInfo describes the reply quote.v1.OrderSubmitted.
 var OrderSubmittedInfo = &message.Info{
 	FullName:      "quote.v1.OrderSubmitted",
@@ -102,6 +109,13 @@ func PublishSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta mes
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleSubmitOrder writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishSubmitOrder would. It returns the message id.
+func ScheduleSubmitOrder(ctx context.Context, tx pgx.Tx, m *SubmitOrder, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // SubmitOrderResult is a reply to SubmitOrder.
 // It is implemented by *OrderSubmitted.
 type SubmitOrderResult interface {
@@ -144,6 +158,13 @@ func (x *SubmitQuote) CorrelationKey() string { return x.GetQuoteId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleSubmitQuote writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishSubmitQuote would. It returns the message id.
+func ScheduleSubmitQuote(ctx context.Context, tx pgx.Tx, m *SubmitQuote, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // OrderingParticipant executes the commands owned by service "ordering".
@@ -192,12 +213,13 @@ func RegisterOrderingParticipant(h service.Registrar, impl OrderingParticipant) 
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

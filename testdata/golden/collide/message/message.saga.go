@@ -53,6 +53,13 @@ func PublishContext(ctx context.Context, tx pgx.Tx, m *Context, meta message.Met
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleContext writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishContext would. It returns the message id.
+func ScheduleContext(ctx context.Context, tx pgx.Tx, m *Context, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // EngineInfo describes the reply collide.message.Engine.
 var EngineInfo = &message.Info{
 	FullName:      "collide.message.Engine",
@@ -102,6 +109,13 @@ func PublishInfo(ctx context.Context, tx pgx.Tx, m *Info, meta message.Meta) (st
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleInfo writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishInfo would. It returns the message id.
+func ScheduleInfo(ctx context.Context, tx pgx.Tx, m *Info, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // InfoResult is a reply to Info.
 // It is implemented by *Engine.
 type InfoResult interface {
@@ -146,6 +160,13 @@ func PublishMessage(ctx context.Context, tx pgx.Tx, m *Message, meta message.Met
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleMessage writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishMessage would. It returns the message id.
+func ScheduleMessage(ctx context.Context, tx pgx.Tx, m *Message, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // MessageResult is a reply to Message.
 // It is implemented by *Tx.
 type MessageResult interface {
@@ -185,6 +206,13 @@ func (x *Meta) CorrelationKey() string { return x.GetDefault() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleMeta writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishMeta would. It returns the message id.
+func ScheduleMeta(ctx context.Context, tx pgx.Tx, m *Meta, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // TxInfo describes the reply collide.message.Tx.
@@ -258,12 +286,13 @@ func RegisterSelectParticipant(h service.Registrar, impl SelectParticipant) erro
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

@@ -11,6 +11,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -42,6 +43,13 @@ func (*DoData) CorrelationKey() string { return "" }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDoData(ctx context.Context, tx pgx.Tx, m *DoData, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleDoData writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishDoData would. It returns the message id.
+func ScheduleDoData(ctx context.Context, tx pgx.Tx, m *DoData, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // DoDataResult is a reply to DoData.
@@ -126,12 +134,13 @@ func RegisterSvcDataParticipant(h service.Registrar, impl SvcDataParticipant) er
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

@@ -11,6 +11,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -42,6 +43,13 @@ func (*DoMsg) CorrelationKey() string { return "" }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishDoMsg(ctx context.Context, tx pgx.Tx, m *DoMsg, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleDoMsg writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishDoMsg would. It returns the message id.
+func ScheduleDoMsg(ctx context.Context, tx pgx.Tx, m *DoMsg, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // DoMsgResult is a reply to DoMsg.
@@ -106,6 +114,13 @@ func PublishStop(ctx context.Context, tx pgx.Tx, m *Stop, meta message.Meta) (st
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleStop writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishStop would. It returns the message id.
+func ScheduleStop(ctx context.Context, tx pgx.Tx, m *Stop, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // SvcMsgParticipant executes the commands owned by service "svc-msg".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
@@ -152,12 +167,13 @@ func RegisterSvcMsgParticipant(h service.Registrar, impl SvcMsgParticipant) erro
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

@@ -54,6 +54,13 @@ func PublishApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta m
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleApproveOrder writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishApproveOrder would. It returns the message id.
+func ScheduleApproveOrder(ctx context.Context, tx pgx.Tx, m *ApproveOrder, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // ApproveOrderResult is a reply to ApproveOrder.
 // It is implemented by *OrderApproved.
 type ApproveOrderResult interface {
@@ -119,6 +126,13 @@ func PublishPlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderReque
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// SchedulePlaceOrderRequest writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishPlaceOrderRequest would. It returns the message id.
+func SchedulePlaceOrderRequest(ctx context.Context, tx pgx.Tx, m *PlaceOrderRequest, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // OrderParticipant executes the commands owned by service "order".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
@@ -165,12 +179,13 @@ func RegisterOrderParticipant(h service.Registrar, impl OrderParticipant) error 
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

@@ -11,6 +11,7 @@ import (
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
 	service "github.com/protosaga/saga/runtime/service"
+	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
@@ -43,6 +44,13 @@ func (x *AuthorizePayment) CorrelationKey() string { return x.GetOrderId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleAuthorizePayment writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishAuthorizePayment would. It returns the message id.
+func ScheduleAuthorizePayment(ctx context.Context, tx pgx.Tx, m *AuthorizePayment, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // AuthorizePaymentResult is a reply to AuthorizePayment.
@@ -150,12 +158,13 @@ func RegisterPaymentParticipant(h service.Registrar, impl PaymentParticipant) er
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

@@ -51,6 +51,13 @@ func PublishDeclined(ctx context.Context, tx pgx.Tx, m *Declined, meta message.M
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleDeclined writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishDeclined would. It returns the message id.
+func ScheduleDeclined(ctx context.Context, tx pgx.Tx, m *Declined, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // RequestedInfo describes the event ed.v1.Requested.
 var RequestedInfo = &message.Info{
 	FullName:      "ed.v1.Requested",
@@ -75,6 +82,13 @@ func (x *Requested) CorrelationKey() string { return strconv.FormatInt(int64(x.G
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishRequested(ctx context.Context, tx pgx.Tx, m *Requested, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleRequested writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishRequested would. It returns the message id.
+func ScheduleRequested(ctx context.Context, tx pgx.Tx, m *Requested, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // SignedInfo describes the event ed.v1.Signed.
@@ -103,14 +117,22 @@ func PublishSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta message.Meta)
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleSigned writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishSigned would. It returns the message id.
+func ScheduleSigned(ctx context.Context, tx pgx.Tx, m *Signed, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

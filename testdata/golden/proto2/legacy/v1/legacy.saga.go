@@ -55,6 +55,13 @@ func PublishAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta m
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleAccount_Open writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishAccount_Open would. It returns the message id.
+func ScheduleAccount_Open(ctx context.Context, tx pgx.Tx, m *Account_Open, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // Account_OpenResult is a reply to Account_Open.
 // It is implemented by *Account_Opened, *Account_Refused.
 type Account_OpenResult interface {
@@ -139,6 +146,13 @@ func PublishOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountReq
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleOpenAccountRequest writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishOpenAccountRequest would. It returns the message id.
+func ScheduleOpenAccountRequest(ctx context.Context, tx pgx.Tx, m *OpenAccountRequest, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // AccountsParticipant executes the commands owned by service "accounts".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
@@ -185,12 +199,13 @@ func RegisterAccountsParticipant(h service.Registrar, impl AccountsParticipant) 
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).

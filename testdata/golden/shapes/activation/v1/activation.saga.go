@@ -51,6 +51,13 @@ func PublishActivateLine(ctx context.Context, tx pgx.Tx, m *ActivateLine, meta m
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleActivateLine writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishActivateLine would. It returns the message id.
+func ScheduleActivateLine(ctx context.Context, tx pgx.Tx, m *ActivateLine, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // AddressInvalidInfo describes the reply shapes.activation.v1.AddressInvalid.
 var AddressInvalidInfo = &message.Info{
 	FullName:      "shapes.activation.v1.AddressInvalid",
@@ -119,6 +126,13 @@ func PublishCreditApproved(ctx context.Context, tx pgx.Tx, m *CreditApproved, me
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleCreditApproved writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishCreditApproved would. It returns the message id.
+func ScheduleCreditApproved(ctx context.Context, tx pgx.Tx, m *CreditApproved, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // CreditRejectedInfo describes the event shapes.activation.v1.CreditRejected.
 var CreditRejectedInfo = &message.Info{
 	FullName:      "shapes.activation.v1.CreditRejected",
@@ -143,6 +157,13 @@ func (x *CreditRejected) CorrelationKey() string { return x.GetOrderId() }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishCreditRejected(ctx context.Context, tx pgx.Tx, m *CreditRejected, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleCreditRejected writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishCreditRejected would. It returns the message id.
+func ScheduleCreditRejected(ctx context.Context, tx pgx.Tx, m *CreditRejected, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // LineProvisionedInfo describes the reply shapes.activation.v1.LineProvisioned.
@@ -257,6 +278,13 @@ func PublishProvisionLine(ctx context.Context, tx pgx.Tx, m *ProvisionLine, meta
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleProvisionLine writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishProvisionLine would. It returns the message id.
+func ScheduleProvisionLine(ctx context.Context, tx pgx.Tx, m *ProvisionLine, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // ProvisionLineResult is a reply to ProvisionLine.
 // It is implemented by *LineProvisioned, *ProvisioningFailed.
 type ProvisionLineResult interface {
@@ -321,6 +349,13 @@ func PublishReleaseNumber(ctx context.Context, tx pgx.Tx, m *ReleaseNumber, meta
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleReleaseNumber writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishReleaseNumber would. It returns the message id.
+func ScheduleReleaseNumber(ctx context.Context, tx pgx.Tx, m *ReleaseNumber, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // ReleaseNumberResult is a reply to ReleaseNumber.
 // It is implemented by *NumberReleased.
 type ReleaseNumberResult interface {
@@ -362,6 +397,13 @@ func (*ReserveNumber) CorrelationKey() string { return "" }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishReserveNumber(ctx context.Context, tx pgx.Tx, m *ReserveNumber, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleReserveNumber writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishReserveNumber would. It returns the message id.
+func ScheduleReserveNumber(ctx context.Context, tx pgx.Tx, m *ReserveNumber, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // ReserveNumberResult is a reply to ReserveNumber.
@@ -407,6 +449,13 @@ func PublishSendWelcomePack(ctx context.Context, tx pgx.Tx, m *SendWelcomePack, 
 	return service.Publish(ctx, tx, m, meta)
 }
 
+// ScheduleSendWelcomePack writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishSendWelcomePack would. It returns the message id.
+func ScheduleSendWelcomePack(ctx context.Context, tx pgx.Tx, m *SendWelcomePack, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // SendWelcomePackResult is a reply to SendWelcomePack.
 // It is implemented by *WelcomePackSent.
 type SendWelcomePackResult interface {
@@ -448,6 +497,13 @@ func (*ValidateAddress) CorrelationKey() string { return "" }
 // It returns the message id (meta.MessageID, or a new UUID when empty).
 func PublishValidateAddress(ctx context.Context, tx pgx.Tx, m *ValidateAddress, meta message.Meta) (string, error) {
 	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleValidateAddress writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishValidateAddress would. It returns the message id.
+func ScheduleValidateAddress(ctx context.Context, tx pgx.Tx, m *ValidateAddress, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
 }
 
 // ValidateAddressResult is a reply to ValidateAddress.
@@ -668,12 +724,13 @@ func RegisterNumbersParticipant(h service.Registrar, impl NumbersParticipant) er
 
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
-// queues of its participants and sagas (quorum
-// queues, each with the retry tier queues of retry.Default() and a parking
-// lot, see broker.WorkQueue) and their bindings. Merge the topologies of every
-// package a process uses and declare the result with broker.Declare.
-// TopologyPlan.Topology(qt, p) is the same with work queues of type qt and
-// retry tiers for policy p; the consumers of these queues must use the same policy.
+// queues of its participants, subscribers and sagas (quorum
+// queues, each with the retry tier queues of the policy its messages declare,
+// else retry.Default(), and a parking lot, see broker.WorkQueue) and their
+// bindings. Merge the topologies of every package a process uses and declare
+// the result with broker.Declare. TopologyPlan.Topology(qt, p) is the same with
+// work queues of type qt and retry tiers for policy p where the contract
+// declares none; the consumers of these queues must use the same policies.
 func Topology() broker.Topology { return TopologyPlan.Default() }
 
 // TopologyPlan is this package's exchanges, work queues and bindings (see Topology).
