@@ -160,12 +160,20 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion6 is referenced by generated code to assert at
+// SupportPackageIsVersion7 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
+//
+// Version 7: generated test packages hold each saga's scenarios computed
+// from its graph and a test running them (sagatest.Scenario, Move,
+// ScenarioEnv, RunScenarios, StubHooks).
+const SupportPackageIsVersion7 = true
+
+// SupportPackageIsVersion6 is referenced by code generated for version 6,
+// which this runtime still compiles (see [SupportPackageIsVersion7]).
 //
 // Version 6: generated code imports six runtime packages (broker, message,
 // participant, saga, sagadef, service): it declares its topology as a
@@ -176,7 +184,7 @@ func OnceKey(m Message, operatorRetry int) string {
 const SupportPackageIsVersion6 = true
 
 // SupportPackageIsVersion5 is referenced by code generated for version 5,
-// which this runtime still compiles (see [SupportPackageIsVersion6]).
+// which this runtime still compiles (see [SupportPackageIsVersion7]).
 //
 // Version 5: generated code marks a participant's undecodable command with
 // retry.Permanent and takes publishing metadata as message.Meta (the failure

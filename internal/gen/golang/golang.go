@@ -276,7 +276,7 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 // older runtimes lack: a runtime identifier they do not have (the internal/gen
 // test TestGeneratedRuntimeAPI lists those generated code uses) or a
 // transition table their sagadef does not compute.
-const supportVersion = 6
+const supportVersion = 7
 
 var (
 	roleNames = map[sagadef.Role]string{

@@ -11,8 +11,8 @@ import (
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // ApprovalGrantedInfo describes the event approval.v1.ApprovalGranted.
 var ApprovalGrantedInfo = &message.Info{

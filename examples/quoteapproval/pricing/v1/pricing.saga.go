@@ -15,8 +15,8 @@ import (
 	strconv "strconv"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // PriceQuoteInfo describes the command pricing.v1.PriceQuote.
 var PriceQuoteInfo = &message.Info{

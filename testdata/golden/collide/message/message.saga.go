@@ -22,8 +22,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // ContextInfo describes the command collide.message.Context.
 var ContextInfo = &message.Info{

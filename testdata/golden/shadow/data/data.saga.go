@@ -13,8 +13,8 @@ import (
 	service "github.com/protosaga/saga/runtime/service"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // DoDataInfo describes the command shadow.data.DoData.
 var DoDataInfo = &message.Info{

@@ -30,8 +30,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // ApprovedInfo describes the event shadow.t.Approved.
 var ApprovedInfo = &message.Info{

@@ -23,8 +23,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // ApproveOrderInfo describes the command shop.order.v1.ApproveOrder.
 var ApproveOrderInfo = &message.Info{

@@ -14,8 +14,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // QuoteApproval drives one instance of saga quote.v1.QuoteApproval in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires

@@ -20,8 +20,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // DeclinedInfo describes the event ed.v1.Declined.
 var DeclinedInfo = &message.Info{

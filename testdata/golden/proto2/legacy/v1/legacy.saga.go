@@ -22,8 +22,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 6.
-const _ = message.SupportPackageIsVersion6
+// This file needs a runtime that supports generated code version 7.
+const _ = message.SupportPackageIsVersion7
 
 // Account_OpenInfo describes the command legacy.v1.Account.Open.
 var Account_OpenInfo = &message.Info{
