@@ -9,7 +9,6 @@ import (
 
 	"github.com/protosaga/saga/internal/gen/model"
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/sagatest"
 )
 
 // ScenarioTests renders, next to the test helpers of f's sagas (package
@@ -48,11 +47,6 @@ var classIdents = map[sagadef.Class]string{
 	sagadef.ClassConflicting: "ClassConflicting", sagadef.ClassInvalid: "ClassInvalid",
 }
 
-var moveIdents = map[sagatest.MoveKind]string{
-	sagatest.MoveStart: "MoveStart", sagatest.MoveReply: "MoveReply", sagatest.MoveEarlierReply: "MoveEarlierReply",
-	sagatest.MoveTimeout: "MoveTimeout", sagatest.MoveDuplicate: "MoveDuplicate",
-}
-
 func genScenarios(g *protogen.GeneratedFile, s *model.Saga) {
 	pkg := s.Data.GoIdent.GoImportPath
 	l := sagaLocals(s, pkg)
@@ -65,12 +59,12 @@ func genScenarios(g *protogen.GeneratedFile, s *model.Saga) {
 	g.P("// classification and sent messages every move must lead to.")
 	g.P("func ", s.Name, "Scenarios() []", scenario, " {")
 	g.P("return []", scenario, "{")
-	for _, sc := range Scenarios(s.Definition.Steps) {
+	for _, sc := range graphScenarios(s.Definition.Steps) {
 		g.P("{")
 		g.P("Name: ", strconv.Quote(sc.Name), ",")
 		g.P("Moves: []", move, "{")
 		for _, m := range sc.Moves {
-			fields := []string{"Do: " + g.QualifiedGoIdent(sagatestPkg.Ident(moveIdents[m.Do]))}
+			fields := []string{"Do: " + g.QualifiedGoIdent(sagatestPkg.Ident(string(m.Do)))}
 			if m.Step != "" {
 				fields = append(fields, "Step: "+strconv.Quote(m.Step))
 			}
@@ -78,7 +72,7 @@ func genScenarios(g *protogen.GeneratedFile, s *model.Saga) {
 				fields = append(fields, "Message: "+strconv.Quote(m.Message))
 			}
 			fields = append(fields, "State: "+strconv.Quote(m.State))
-			if m.Do != sagatest.MoveStart {
+			if m.Do != moveStart {
 				fields = append(fields, "Class: "+g.QualifiedGoIdent(sagadefPkg.Ident(classIdents[m.Class])))
 			}
 			if len(m.Sent) > 0 {

@@ -4,7 +4,6 @@ import (
 	"slices"
 
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/sagatest"
 )
 
 // The generated scenario tests are computed here from a saga's step graph
@@ -19,6 +18,35 @@ import (
 // timeout (every attempt), a late success reply to the step's first
 // command once the saga stopped waiting for it, and a duplicate of the
 // step's success reply. A happy path completes the saga.
+
+// scenario and move mirror sagatest.Scenario and sagatest.Move, which the
+// emitter writes them as (the generator does not link package testing).
+type scenario struct {
+	Name        string
+	Moves       []move
+	Final       string
+	Compensated []string
+}
+
+type move struct {
+	Do      moveKind
+	Step    string
+	Message string
+	State   string
+	Class   sagadef.Class
+	Sent    []string
+}
+
+// moveKind names a sagatest.MoveKind constant.
+type moveKind string
+
+const (
+	moveStart        moveKind = "MoveStart"
+	moveReply        moveKind = "MoveReply"
+	moveEarlierReply moveKind = "MoveEarlierReply"
+	moveTimeout      moveKind = "MoveTimeout"
+	moveDuplicate    moveKind = "MoveDuplicate"
+)
 
 // stepKind is what a kind of step does in the scenarios. Each step maps
 // to one kind (kindOf); a new kind of step adds a row here.
@@ -80,7 +108,7 @@ func lateOn(p sagadef.LatePolicy, waiting, inReview bool) lateOutcome {
 // walk builds one scenario.
 type walk struct {
 	steps []sagadef.Step
-	sc    sagatest.Scenario
+	sc    scenario
 	// completed and stopped are the steps that succeeded, and the step
 	// that stopped waiting without an answer, in order.
 	completed []string
@@ -88,7 +116,7 @@ type walk struct {
 	state     string
 }
 
-func (w *walk) move(m sagatest.Move) {
+func (w *walk) move(m move) {
 	w.state = m.State
 	w.sc.Moves = append(w.sc.Moves, m)
 }
@@ -111,9 +139,9 @@ func (w *walk) enter(i int) (string, []string) {
 
 // start begins the saga and answers steps 0..i-1 with success.
 func start(steps []sagadef.Step, name string, i int) *walk {
-	w := &walk{steps: steps, sc: sagatest.Scenario{Name: name}}
+	w := &walk{steps: steps, sc: scenario{Name: name}}
 	st, sent := w.enter(0)
-	w.move(sagatest.Move{Do: sagatest.MoveStart, State: st, Sent: sent})
+	w.move(move{Do: moveStart, State: st, Sent: sent})
 	for j := range i {
 		w.succeed(j, sagadef.ClassNew)
 	}
@@ -125,7 +153,7 @@ func (w *walk) succeed(i int, class sagadef.Class) {
 	s := &w.steps[i]
 	w.completed = append(w.completed, s.Name)
 	st, sent := w.enter(i + 1)
-	w.move(sagatest.Move{Do: sagatest.MoveReply, Message: s.SuccessReplies[0], State: st, Class: class, Sent: sent})
+	w.move(move{Do: moveReply, Message: s.SuccessReplies[0], State: st, Class: class, Sent: sent})
 }
 
 // chain returns the steps a compensation undoes, in order: the
@@ -164,7 +192,7 @@ func (w *walk) compensateAll() {
 		if k+1 < len(c) {
 			st, sent = sagadef.CompensatingStateName(c[k+1].Name), []string{c[k+1].Compensation}
 		}
-		w.move(sagatest.Move{Do: sagatest.MoveReply, Message: s.CompensationReply, State: st, Class: sagadef.ClassNew, Sent: sent})
+		w.move(move{Do: moveReply, Message: s.CompensationReply, State: st, Class: sagadef.ClassNew, Sent: sent})
 		w.sc.Compensated = append(w.sc.Compensated, s.Name)
 	}
 }
@@ -174,24 +202,24 @@ func (w *walk) compensateAll() {
 func (w *walk) failCompensation() {
 	s := w.chain()[0]
 	if len(s.CompensationFailureReplies) > 0 {
-		w.move(sagatest.Move{Do: sagatest.MoveReply, Message: s.CompensationFailureReplies[0], State: sagadef.StateManualReview, Class: sagadef.ClassNew})
+		w.move(move{Do: moveReply, Message: s.CompensationFailureReplies[0], State: sagadef.StateManualReview, Class: sagadef.ClassNew})
 		return
 	}
 	for range attempts(s) - 1 {
-		w.move(sagatest.Move{Do: sagatest.MoveTimeout, State: w.state, Class: sagadef.ClassNew, Sent: []string{s.Compensation}})
+		w.move(move{Do: moveTimeout, State: w.state, Class: sagadef.ClassNew, Sent: []string{s.Compensation}})
 	}
-	w.move(sagatest.Move{Do: sagatest.MoveTimeout, State: sagadef.StateManualReview, Class: sagadef.ClassNew})
+	w.move(move{Do: moveTimeout, State: sagadef.StateManualReview, Class: sagadef.ClassNew})
 }
 
 // fail answers step i with its first failure reply.
 func (w *walk) fail(i int) {
 	s := &w.steps[i]
 	if kindOf(s).failureReviews {
-		w.move(sagatest.Move{Do: sagatest.MoveReply, Message: s.FailureReplies[0], State: sagadef.StateManualReview, Class: sagadef.ClassNew})
+		w.move(move{Do: moveReply, Message: s.FailureReplies[0], State: sagadef.StateManualReview, Class: sagadef.ClassNew})
 		return
 	}
 	st, sent := w.compensating()
-	w.move(sagatest.Move{Do: sagatest.MoveReply, Message: s.FailureReplies[0], State: st, Class: sagadef.ClassNew, Sent: sent})
+	w.move(move{Do: moveReply, Message: s.FailureReplies[0], State: st, Class: sagadef.ClassNew, Sent: sent})
 }
 
 // timeout fires step i's timeout once.
@@ -201,15 +229,15 @@ func (w *walk) timeout(i int, attempt int) {
 	case sagadef.TimeoutCompensate:
 		w.stopped = s.Name
 		st, sent := w.compensating()
-		w.move(sagatest.Move{Do: sagatest.MoveTimeout, State: st, Class: sagadef.ClassNew, Sent: sent})
+		w.move(move{Do: moveTimeout, State: st, Class: sagadef.ClassNew, Sent: sent})
 	case sagadef.TimeoutRetry:
 		if attempt < attempts(s) {
-			w.move(sagatest.Move{Do: sagatest.MoveTimeout, State: w.state, Class: sagadef.ClassNew, Sent: w.send(i)})
+			w.move(move{Do: moveTimeout, State: w.state, Class: sagadef.ClassNew, Sent: w.send(i)})
 			return
 		}
-		w.move(sagatest.Move{Do: sagatest.MoveTimeout, State: sagadef.StateManualReview, Class: sagadef.ClassNew})
+		w.move(move{Do: moveTimeout, State: sagadef.StateManualReview, Class: sagadef.ClassNew})
 	default:
-		w.move(sagatest.Move{Do: sagatest.MoveTimeout, State: sagadef.StateManualReview, Class: sagadef.ClassNew})
+		w.move(move{Do: moveTimeout, State: sagadef.StateManualReview, Class: sagadef.ClassNew})
 	}
 }
 
@@ -226,7 +254,7 @@ func (w *walk) timeouts(i int) {
 func (w *walk) earlierSuccess(i int) {
 	s := &w.steps[i]
 	waiting := w.state == sagadef.StateName(s.Name)
-	m := sagatest.Move{Do: sagatest.MoveEarlierReply, Step: s.Name, Message: s.SuccessReplies[0], State: w.state, Class: sagadef.ClassLate}
+	m := move{Do: moveEarlierReply, Step: s.Name, Message: s.SuccessReplies[0], State: w.state, Class: sagadef.ClassLate}
 	switch lateOn(s.Late, waiting, w.state == sagadef.StateManualReview) {
 	case lateApplied:
 		w.completed = append(w.completed, s.Name)
@@ -237,14 +265,14 @@ func (w *walk) earlierSuccess(i int) {
 	w.move(m)
 }
 
-func (w *walk) done() sagatest.Scenario {
+func (w *walk) done() scenario {
 	w.sc.Final = w.state
 	return w.sc
 }
 
-// Scenarios returns the scenarios of a saga with the given steps.
-func Scenarios(steps []sagadef.Step) []sagatest.Scenario {
-	var out []sagatest.Scenario
+// graphScenarios returns the scenarios of a saga with the given steps.
+func graphScenarios(steps []sagadef.Step) []scenario {
+	var out []scenario
 	w := start(steps, "complete", len(steps))
 	out = append(out, w.done())
 	for i := range steps {
@@ -289,7 +317,7 @@ func Scenarios(steps []sagadef.Step) []sagatest.Scenario {
 		w = start(steps, s.Name+"/duplicate-reply", i)
 		w.succeed(i, sagadef.ClassNew)
 		st := w.state
-		w.move(sagatest.Move{Do: sagatest.MoveDuplicate, State: st, Class: sagadef.ClassDuplicate})
+		w.move(move{Do: moveDuplicate, State: st, Class: sagadef.ClassDuplicate})
 		out = append(out, w.done())
 	}
 	return out

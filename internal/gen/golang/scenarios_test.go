@@ -112,6 +112,28 @@ func shapes() map[string]*sagadef.Definition {
 	return out
 }
 
+// toHarness converts computed scenarios to the harness's type, as the
+// emitter writes them.
+func toHarness(scs []scenario) []sagatest.Scenario {
+	kinds := map[moveKind]sagatest.MoveKind{
+		moveStart: sagatest.MoveStart, moveReply: sagatest.MoveReply, moveEarlierReply: sagatest.MoveEarlierReply,
+		moveTimeout: sagatest.MoveTimeout, moveDuplicate: sagatest.MoveDuplicate,
+	}
+	var out []sagatest.Scenario
+	for _, sc := range scs {
+		h := sagatest.Scenario{Name: sc.Name, Final: sc.Final, Compensated: sc.Compensated}
+		for _, m := range sc.Moves {
+			k, ok := kinds[m.Do]
+			if !ok {
+				panic("no sagatest move kind " + string(m.Do))
+			}
+			h.Moves = append(h.Moves, sagatest.Move{Do: k, Step: m.Step, Message: m.Message, State: m.State, Class: m.Class, Sent: m.Sent})
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
 // recorder is a testing.TB that records failures instead of reporting
 // them; Fatal* ends the goroutine as testing's does.
 type recorder struct {
@@ -153,7 +175,7 @@ func TestScenariosHoldForEveryShape(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			require.NoError(t, def.Compile())
-			scenarios := Scenarios(def.Steps)
+			scenarios := toHarness(graphScenarios(def.Steps))
 			require.NotEmpty(t, scenarios)
 			sagatest.RunScenarios(t, func() *sagadef.Definition { return shapeDefinition(def.Steps...) }, shapeEnv(), scenarios)
 		})
@@ -175,7 +197,7 @@ func TestScenariosCatchWrongDefinitions(t *testing.T) {
 			shapeStep("D", sagadef.RoleRetriable, false, sagadef.TimeoutRetry, 3, sagadef.LateIgnore, false),
 		)
 	}
-	scenarios := Scenarios(base().Steps)
+	scenarios := toHarness(graphScenarios(base().Steps))
 	for _, sc := range scenarios {
 		require.Empty(t, run(base(), sc), "scenario %s on the definition it was computed from", sc.Name)
 	}
