@@ -152,6 +152,7 @@ func Run(gen *protogen.Plugin, p Params, warn io.Writer) error {
 		}
 		golang.File(gen, f, migrations)
 		golang.TestHelpers(gen, f)
+		golang.ScenarioTests(gen, f)
 		if f.Package.Files[0] == f {
 			js, err := golang.Topology(f.Package).Broker().DefinitionsJSON()
 			if err != nil {

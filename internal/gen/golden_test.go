@@ -105,6 +105,21 @@ func TestGeneratedCodeCompiles(t *testing.T) {
 	require.NoError(t, err, "go vet of generated code:\n%s", out)
 }
 
+// TestGeneratedScenariosRun runs the generated scenario tests of the golden
+// packages (testdata is outside ./..., so `go test ./...` does not reach
+// them; the examples' run there).
+func TestGeneratedScenariosRun(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("runs go test on the golden packages")
+	}
+	cmd := exec.Command("go", "test", "-count=1", "-run", "Scenarios", "./testdata/golden/...")
+	cmd.Dir = repoRoot
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go test of the golden scenario tests:\n%s", out)
+	require.Contains(t, string(out), "ok  \tgithub.com/protosaga/saga/testdata/golden/proto2/legacy/v1/legacyv1test")
+}
+
 // TestNoOptionsNoFiles: a request without saga options produces no files
 // and no error.
 func TestNoOptionsNoFiles(t *testing.T) {

@@ -37,6 +37,7 @@ const (
 	stepBufGen    = `buf generate`
 	stepBufLint   = `buf lint`
 	stepTidy      = `go mod tidy`
+	stepTest      = `go test ./...`
 	stepInstall   = `GOBIN="$PWD/bin" go install tool`
 	stepMkdir     = `mkdir -p gen`
 	stepProtoc    = "protoc -I proto -I \"$(go list -m -f '{{.Dir}}' github.com/protosaga/saga)/options\" \\\n" +
@@ -113,6 +114,8 @@ func TestOwnRepository(t *testing.T) {
 		"library/loan/v1/loan.pb.go",
 		"library/loan/v1/loan.saga.go",
 		"library/loan/v1/loanv1test/loan.sagatest.go",
+		"library/loan/v1/loanv1test/lend_book.scenarios.go",
+		"library/loan/v1/loanv1test/lend_book_scenarios_test.go",
 		"library/loan/v1/migrations/saga_lend_book/0001_create_saga_lend_book.sql",
 		"library/loan/v1/topology.saga.json",
 	} {
@@ -122,6 +125,10 @@ func TestOwnRepository(t *testing.T) {
 	sh(stepTidy)
 	m.Run(t, ".", "go", "build", "./...")
 	m.Run(t, ".", "go", "vet", "./...")
+	// The generated scenario tests run with no hand-written test (README
+	// step 3).
+	out = sh(stepTest)
+	require.Contains(t, out.Stdout, "loanv1test", "go test runs the generated scenario tests")
 
 	// The team's code: participants, decider, main; go mod tidy again for
 	// what it imports (README step 6).
@@ -301,7 +308,7 @@ func TestDocsShowTheSteps(t *testing.T) {
 		require.Contains(t, readme, "```yaml\n# "+name+"\n"+readFile(t, filepath.Join("testdata", "library"), name)+"```\n",
 			"README.md shows %s as testdata/library/%s holds it", name, name)
 	}
-	for _, step := range []string{stepGetModule, stepGetPlugin, stepGetGo, stepExport, stepBufGen, stepBufLint, stepTidy, stepBuild, stepRun} {
+	for _, step := range []string{stepGetModule, stepGetPlugin, stepGetGo, stepExport, stepBufGen, stepBufLint, stepTidy, stepTest, stepBuild, stepRun} {
 		require.Contains(t, readme, "\n"+step+"\n", "README.md shows the command")
 	}
 	lib := readFile(t, filepath.Join("testdata", "librarycode"), "internal/library/library.go")

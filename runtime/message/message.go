@@ -177,13 +177,15 @@ func OnceKey(m Message, operatorRetry int) string {
 //
 // Version 7: generated sagas may declare check steps (sagadef.RoleCheck)
 // and conditional steps (sagadef.Step.Conditional, decided by the hooks'
-// sagadef.Skipper).
-// It also means: generated code of a package whose events name subscribers
-// imports runtime/subscriber (subscriber.Func, subscriber.UnexpectedEvent)
-// and registers them with service.Subscriber; a package whose messages
-// declare retry policies sets broker.Plan.Retry and service.Package.Retry;
-// every command and event gets Schedule<Msg> (service.Schedule), and a type
-// with a time to be received sets Info.TimeToBeReceived.
+// sagadef.Skipper); generated code of a package whose events name
+// subscribers imports runtime/subscriber (subscriber.Func,
+// subscriber.UnexpectedEvent) and registers them with service.Subscriber; a
+// package whose messages declare retry policies sets broker.Plan.Retry and
+// service.Package.Retry; every command and event gets Schedule<Msg>
+// (service.Schedule), and a type with a time to be received sets
+// Info.TimeToBeReceived; generated test packages hold each saga's scenarios
+// computed from its graph and a test running them (sagatest.Scenario, Move,
+// ScenarioEnv, RunScenarios, StubHooks).
 const SupportPackageIsVersion7 = true
 
 // SupportPackageIsVersion6 is referenced by code generated for version 6,
@@ -198,7 +200,7 @@ const SupportPackageIsVersion7 = true
 const SupportPackageIsVersion6 = true
 
 // SupportPackageIsVersion5 is referenced by code generated for version 5,
-// which this runtime still compiles (see [SupportPackageIsVersion6]).
+// which this runtime still compiles (see [SupportPackageIsVersion7]).
 //
 // Version 5: generated code marks a participant's undecodable command with
 // retry.Permanent and takes publishing metadata as message.Meta (the failure

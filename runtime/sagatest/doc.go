@@ -18,6 +18,12 @@
 // unchanged afterwards) and against the transition table (every transition
 // taken must be a row of Definition.Transitions).
 //
+// A [Scenario] is a path written out with what each move must lead to
+// (state, classification, messages sent) and its final state and
+// compensations; [RunScenarios] drives a harness through a list of them.
+// protoc-gen-saga computes every saga's scenarios from its step graph and
+// generates a test running them on [StubHooks].
+//
 // Generated code wraps a Harness in a typed helper per saga. For tests that
 // have no generated code, [NewType], [NewMessage] and [Hooks] provide test
 // messages of any full name and hooks that record what they folded.
