@@ -59,7 +59,7 @@ const (
 	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
 	doEnqueueShared = "enqueue-shared" // writes the outbox row "shared-out", whoever calls
 	doSavepointRead = "savepoint-read" // counts, in a savepoint of its own, the outbox rows it can see
-	doBatchFault    = "batch-fault"    // fails the batch's LockBatch on the fast path; its handler succeeds
+	doBatchFault    = "batch-fault"    // fails its batch as a whole on the fast path (lockingBatch); its handler succeeds
 	doStopConsumer  = "stop-consumer"  // stops the running consumer and waits to be interrupted, as a crash would
 )
 
@@ -97,7 +97,7 @@ type testBundle struct {
 	mu      sync.Mutex
 	stopRun func() // cancels the running consumer (doStopConsumer)
 	calls   map[string][]call
-	locked  map[string][][]string // by message id: the batches LockBatch got with it
+	locked  map[string][][]string // by message id: the batches lockingBatch locked with it
 	seen    map[string]int        // doSavepointRead: outbox rows seen, by message id
 	settled []settlement
 	batches [][]string
@@ -252,7 +252,6 @@ func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) 
 		PublishConn: b.pubConn,
 		Registry:    b.reg,
 		Handler:     b.handle,
-		LockBatch:   b.lockBatch,
 		Concurrency: 2,
 		BatchSize:   4,
 		Retry:       b.policy,
@@ -261,6 +260,9 @@ func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) 
 	if edit != nil {
 		edit(&cfg)
 	}
+	// The handler runs under the test's batch handler, which locks its
+	// batches ahead as the saga engine and the participant glue do.
+	cfg.Batch, cfg.Handler = lockingBatch{b, cfg.Handler}, nil
 	c, err := consumer.New(cfg)
 	require.NoError(b.t, err)
 	consumer.SetOnSettle(c, func(id, outcome string) {
@@ -420,9 +422,21 @@ func (b *testBundle) settledCount() int {
 	return len(b.settled)
 }
 
-// lockBatch is the test's LockBatch: it records the batch for each of its
-// messages, and fails when one of them says doBatchFault.
-func (b *testBundle) lockBatch(_ context.Context, _ pgx.Tx, ds []*consumer.Delivery) error {
+// lockingBatch is the test's batch handler: like the saga engine's and the
+// participant glue's, it locks ahead only a batch of two or more (the
+// consumer's savepoint path hands it one delivery at a time), recording
+// the batch for each of its messages, and fails the whole batch when one
+// of them says doBatchFault; then it runs h for each delivery.
+type lockingBatch struct {
+	b *testBundle
+	h consumer.HandlerFunc
+}
+
+func (l lockingBatch) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
+	if len(ds) < 2 {
+		return l.h.HandleBatch(ctx, tx, ds)
+	}
+	b := l.b
 	ids := make([]string, len(ds))
 	fault := false
 	for i, d := range ds {
@@ -435,12 +449,12 @@ func (b *testBundle) lockBatch(_ context.Context, _ pgx.Tx, ds []*consumer.Deliv
 	}
 	b.mu.Unlock()
 	if fault {
-		return errors.New("a statement for the whole batch failed")
+		return consumer.FailBatch(ds, errors.New("a statement for the whole batch failed"))
 	}
-	return nil
+	return l.h.HandleBatch(ctx, tx, ds)
 }
 
-// locksOf returns the batches LockBatch got with message id.
+// locksOf returns the batches lockingBatch locked with message id.
 func (b *testBundle) locksOf(id string) [][]string {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -225,10 +225,10 @@ func (h *Host) build(r *running) error {
 		}
 		r.callbacks = d
 	}
-	add := func(queue string, reg *message.Registry, handler consumer.HandlerFunc, lock consumer.LockBatchFunc) error {
+	add := func(queue string, reg *message.Registry, handler consumer.BatchHandler) error {
 		t := h.cfg.tuning(queue)
 		c, err := consumer.New(consumer.Config{
-			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Handler: handler, LockBatch: lock,
+			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler,
 			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: h.cfg.Retry,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
@@ -248,12 +248,12 @@ func (h *Host) build(r *running) error {
 		if h.cfg.ParticipantMiddleware != nil {
 			fn = h.cfg.ParticipantMiddleware(p.Service, fn)
 		}
-		if err := add(p.Queue, reg, participant.Handler(fn), participant.LockBatch(p.Service)); err != nil {
+		if err := add(p.Queue, reg, participant.BatchHandler(p.Service, fn)); err != nil {
 			return err
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Engine.Registry(), s.Engine.Handle, s.Engine.LockBatch); err != nil {
+		if err := add(s.Queue, s.Engine.Registry(), s.Engine); err != nil {
 			return err
 		}
 	}

@@ -102,7 +102,7 @@ func TestCompensationOvertakingItsCommandInOneBatch(t *testing.T) {
 	wakes := txq.NewWakes(tx)
 	stage := txq.NewStage(tx, wakes)
 	btx := txq.New(tx, wakes, stage)
-	require.NoError(t, participant.LockBatch("inventory")(ctx, btx, batch))
+	require.NoError(t, participant.ClaimAhead(ctx, btx, "inventory", batch))
 	var replies []message.Message
 	for _, d := range batch {
 		stx, scope := txq.WithScope(btx)

@@ -490,7 +490,7 @@ func TestReplyAdapters(t *testing.T) {
 }
 
 // TestIdempotentClaimsTheBatchAhead: on a consumer's fast path (a stage)
-// LockBatch records the keys of every command in the batch with one
+// BatchHandler records the keys of every command in the batch with one
 // statement; each command's Idempotent call takes its key from there (a resend in the same batch is not the first), and the
 // keys no call took are deleted when the stage is written, so the batch
 // commits exactly the records it would have written one by one.
@@ -531,9 +531,9 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 		return out
 	}
 	key := func(order string) string { return reserveInfo.FullName + "/" + order }
-	require.NoError(t, participant.LockBatch("inventory")(ctx, btx, batch))
+	require.NoError(t, participant.ClaimAhead(ctx, btx, "inventory", batch))
 	require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2"), key("order-3")}, keys(),
-		"LockBatch recorded the whole batch's keys")
+		"the batch handler recorded the whole batch's keys")
 	var replies []string
 	for i, d := range batch[:4] { // order-3 is left to another handler, which fails to run it
 		stx, scope := txq.WithScope(btx)
@@ -554,7 +554,7 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 }
 
 // TestClaimAheadFailureIsTheBatchs: a command whose key the table cannot
-// take (a NUL byte) fails LockBatch's claim of the whole batch, before any
+// take (a NUL byte) fails the batch handler's claim of the whole batch, before any
 // command ran; the consumer then charges no delivery and applies the batch
 // one delivery at a time (runtime/consumer's TestStagedOutboxRows).
 func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
@@ -568,7 +568,7 @@ func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	wakes := txq.NewWakes(tx)
-	err = participant.LockBatch("inventory")(ctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), batch)
+	err = participant.ClaimAhead(ctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), "inventory", batch)
 	require.ErrorContains(t, err, "claim the batch's 2 keys")
 	require.NoError(t, tx.Rollback(ctx))
 
