@@ -20,8 +20,10 @@ import (
 // On its fast path the consumer hands HandleBatch every delivery it claimed
 // first in the inbox, in order, on the batch's transaction (a
 // runtime/internal/txq.Tx carrying the batch's stage and wake set): the
-// instance updates, outbox rows and audit rows the handler stages there are
-// written by one statement per kind after it returns, before the commit.
+// instance updates, outbox rows and audit rows the deliveries stage there
+// are written by one statement per kind once all are applied (by
+// HandlerFunc.HandleBatch, or by the consumer after HandleBatch returns),
+// before the commit.
 // When the handler fails, the consumer rolls the transaction back and
 // applies the batch again one delivery at a time, each in a savepoint of
 // its own, calling HandleBatch with that one delivery.
@@ -66,7 +68,10 @@ func FailBatch(ds []*Delivery, err error) []error {
 // write scope of its own (runtime/internal/txq.Run: the writes f queued are
 // sent as one pipeline when it returns, and its after-commit work is kept
 // only when it succeeded), and stops at the first failure. A panic in f is
-// that delivery's unclassified error.
+// that delivery's unclassified error. When every delivery succeeded, it
+// writes the rows they staged on tx (on the consumer's fast path: instance
+// updates, outbox rows, audit rows), one statement per kind; a failure there
+// fails the batch ([FailBatch]).
 func (f HandlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*Delivery) []error {
 	for i, d := range ds {
 		err := txq.Run(d.Context(ctx), tx, func(ctx context.Context, tx pgx.Tx) error {
@@ -84,6 +89,12 @@ func (f HandlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*Delivery)
 			errs[j] = ErrSkipped
 		}
 		return errs
+	}
+	// The rows the deliveries staged (instance updates, outbox and audit
+	// rows), one statement per kind. Which delivery's row made it fail is
+	// not known: the batch's failure.
+	if err := txq.FlushStage(ctx, tx); err != nil {
+		return FailBatch(ds, fmt.Errorf("write the batch's staged rows: %w", err))
 	}
 	return nil
 }

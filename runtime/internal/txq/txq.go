@@ -556,6 +556,16 @@ func (st *Stage) Flush(ctx context.Context) error {
 	return nil
 }
 
+// FlushStage flushes tx's stage ([Stage.Flush]), if it has one: a batch
+// handler writes its batch's staged rows, one statement per kind, once it
+// applied every delivery.
+func FlushStage(ctx context.Context, tx pgx.Tx) error {
+	if st := stageOf(tx); st != nil {
+		return st.Flush(ctx)
+	}
+	return nil
+}
+
 // Discard drops the staged rows without writing them.
 func (st *Stage) Discard(err error) {
 	for _, kp := range st.parts {
