@@ -100,7 +100,7 @@ func (s *Server) dismiss(ctx context.Context, p Principal, id int64, reason stri
 		sagaID string
 		forced bool
 	)
-	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, func(ctx context.Context, tx pgx.Tx) error {
+	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, nil, func(ctx context.Context, tx pgx.Tx) error {
 		res, sagaID, forced = DismissResult{}, "", false
 		lock := ` FOR UPDATE`
 		if dryRun {

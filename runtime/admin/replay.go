@@ -119,7 +119,7 @@ func errorText(err error) string {
 // OutcomeRefused and changes nothing unless force is set.
 func (s *Server) replay(ctx context.Context, p Principal, id int64, reason string, dryRun, force bool) (ReplayResult, error) {
 	var res ReplayResult
-	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, func(ctx context.Context, tx pgx.Tx) error {
+	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, nil, func(ctx context.Context, tx pgx.Tx) error {
 		res = ReplayResult{}
 		row, err := s.loadParked(ctx, tx, id)
 		if err != nil {

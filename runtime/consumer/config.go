@@ -13,6 +13,7 @@ import (
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/internal/retain"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -78,6 +79,10 @@ type Config struct {
 	// Handler handles each delivery: the consumer runs it as the
 	// BatchHandler [HandlerFunc.HandleBatch].
 	Handler HandlerFunc
+	// Relay, when set, is a relay of this process that the outbox rows a
+	// batch commits are handed to after the commit, born leased to it,
+	// instead of waking relays to claim them (see runtime/outbox).
+	Relay *outbox.Relay
 	// Prefetch is the channel's QoS prefetch count: how many unacknowledged
 	// deliveries the broker sends ahead. Defaults to 2×Concurrency×BatchSize.
 	Prefetch int

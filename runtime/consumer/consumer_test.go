@@ -89,6 +89,7 @@ type testBundle struct {
 	testPub *broker.Publisher
 	queue   string
 	policy  retry.Policy
+	relay   *outbox.Relay // the consumers' relay (Config.Relay), if any
 	reg     *message.Registry
 
 	entered chan string   // a doBlock handler started waiting
@@ -252,6 +253,7 @@ func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) 
 		PublishConn: b.pubConn,
 		Registry:    b.reg,
 		Handler:     b.handle,
+		Relay:       b.relay,
 		Concurrency: 2,
 		BatchSize:   4,
 		Retry:       b.policy,

@@ -18,8 +18,8 @@
 //     Config.Handler run as one) applies it in the same transaction.
 //  3. Commit, then acknowledge. Between the two, the outbox rows the
 //     batch's successful handlers wrote go to the relay of this process
-//     when the consumer's context carries one (outbox.WithRelay), or the
-//     relays are woken by a notification.
+//     when the consumer has one (Config.Relay), or the relays are woken by
+//     a notification.
 //
 // # Batches share commits
 //

@@ -404,6 +404,9 @@ func (c *Consumer) inTransaction(ctx context.Context, items []*item, apply func(
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	wakes := txq.NewWakes(tx)
+	if c.cfg.Relay != nil {
+		wakes.HandOffTo(c.cfg.Relay)
+	}
 	if err := apply(tx, wakes); err != nil {
 		return err
 	}

@@ -227,8 +227,14 @@ func (h *Host) build(r *running) error {
 	}
 	add := func(queue string, reg *message.Registry, handler consumer.BatchHandler) error {
 		t := h.cfg.tuning(queue)
+		var relay *outbox.Relay
+		if n := len(r.relays); n > 0 {
+			// Rows a consumer's batches commit go straight to a relay of
+			// this process, without a claim.
+			relay = r.relays[len(r.consumers)%n]
+		}
 		c, err := consumer.New(consumer.Config{
-			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler,
+			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
 			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: h.cfg.Retry,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
@@ -311,14 +317,15 @@ func (h *Host) launch(r *running) {
 	if d := r.callbacks; d != nil {
 		part("callback dispatcher", &r.relaysWG, func() error { return d.Run(r.relayWork) })
 	}
-	for i, c := range r.consumers {
-		ctx := r.work
-		if len(r.relays) > 0 {
-			// Rows a consumer's handlers commit go straight to a relay of
-			// this process, without a claim.
-			ctx = outbox.WithRelay(ctx, r.relays[i%len(r.relays)])
+	for _, c := range r.consumers {
+		part("consumer", &r.consumersWG, func() error { return c.Run(r.work) })
+	}
+	if len(r.relays) > 0 {
+		// The engines' own transactions (starts, operator actions, the
+		// timeout scanner) hand their rows to a relay of this process.
+		for _, s := range h.sagas {
+			s.Engine.HandOffTo(r.relays[0])
 		}
-		part("consumer", &r.consumersWG, func() error { return c.Run(ctx) })
 	}
 	for _, s := range h.sagas {
 		part("timeout scanner of "+s.Engine.Definition().Name, nil, func() error {
@@ -380,6 +387,9 @@ func (h *Host) stop(ctx context.Context, r *running) error {
 	if err := wait(ctx, &r.consumersWG); err != nil {
 		drained = false
 		errs = append(errs, fmt.Errorf("consumers did not drain: %w", err))
+	}
+	for _, s := range h.sagas {
+		s.Engine.HandOffTo(nil)
 	}
 	r.stopRelays()
 	if err := wait(ctx, &r.relaysWG); err != nil {
@@ -462,28 +472,6 @@ func wait(ctx context.Context, wg *sync.WaitGroup) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// WithRelay returns ctx carrying one of the host's relays, for starting
-// sagas in this process (Start, StartTx): the first commands go to the relay
-// after the commit, without a claim. Before Start, or without relays, it
-// returns ctx.
-func (h *Host) WithRelay(ctx context.Context) context.Context {
-	h.mu.Lock()
-	r := h.run
-	h.mu.Unlock()
-	if r == nil {
-		return ctx
-	}
-	return r.withRelay(ctx)
-}
-
-// withRelay returns ctx carrying the first relay, if any.
-func (r *running) withRelay(ctx context.Context) context.Context {
-	if len(r.relays) == 0 {
-		return ctx
-	}
-	return outbox.WithRelay(ctx, r.relays[0])
 }
 
 // RelayStats sums the counters of the host's relays.

@@ -85,15 +85,14 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Conn: publish, PollInterval: 50 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
 	c, err := consumer.New(consumer.Config{Name: "test-saga", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
-		Registry: testRegistry, Batch: batch, Concurrency: 1, BatchSize: 8, Logger: quiet})
+		Registry: testRegistry, Batch: batch, Relay: relay, Concurrency: 1, BatchSize: 8, Logger: quiet})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
-	runCtx := outbox.WithRelay(ctx, relay)
 	for _, run := range []func(context.Context) error{c.Run, relay.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := run(runCtx); err != nil {
+			if err := run(ctx); err != nil {
 				t.Errorf("run: %v", err)
 			}
 		}()

@@ -283,13 +283,15 @@ type Beginner interface {
 }
 
 // BeginFunc runs fn with [Run] in a new transaction of db that carries a
-// wake set, and commits. It returns the wake set to [Wakes.Send] once it
-// returned without error (the commit succeeded); on an error nothing of
-// fn's after-commit work may run.
-func BeginFunc(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (*Wakes, error) {
+// wake set handing off to relay (see [Wakes.HandOffTo]; nil: none), and
+// commits. It returns the wake set to [Wakes.Send] once it returned without
+// error (the commit succeeded); on an error nothing of fn's after-commit
+// work may run.
+func BeginFunc(ctx context.Context, db Beginner, relay any, fn func(ctx context.Context, tx pgx.Tx) error) (*Wakes, error) {
 	var w *Wakes
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		w = NewWakes(tx)
+		w.HandOffTo(relay)
 		return Run(ctx, New(tx, w, nil), fn)
 	})
 	if err != nil {
@@ -306,9 +308,10 @@ type Pool interface {
 
 // Do is [BeginFunc] followed, once the commit succeeded, by [Wakes.Notify]:
 // the way a runtime path that owns its transaction (Engine.InTx, an admin
-// repair) runs one.
-func Do(ctx context.Context, db Pool, log *slog.Logger, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	w, err := BeginFunc(ctx, db, fn)
+// repair) runs one. relay (nil: none) is the local relay the transaction's
+// committed outbox rows are handed to ([Wakes.HandOffTo]).
+func Do(ctx context.Context, db Pool, log *slog.Logger, relay any, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	w, err := BeginFunc(ctx, db, relay, fn)
 	if err != nil {
 		return err
 	}
@@ -387,9 +390,26 @@ func (s *Scope) Flush(ctx context.Context) error {
 // after-commit work to run, after a transaction commits.
 type Wakes struct {
 	conn       *pgx.Conn
+	relay      any // where committed outbox rows are handed (HandOffTo)
 	channels   []string
 	after      []func(context.Context)
 	collectors []keyed[Collector]
+}
+
+// HandOffTo names the relay of this process (an *outbox.Relay) that the
+// outbox hands the rows this transaction commits to, instead of waking
+// relays to claim them; nil names none. The owner of the transaction (a
+// consumer, an engine, the timeout scanner) says so when it makes the wake
+// set, before anything writes.
+func (w *Wakes) HandOffTo(relay any) { w.relay = relay }
+
+// HandOff returns the relay tx's committed outbox rows are handed to (see
+// [Wakes.HandOffTo]), or nil when tx carries no wake set or names none.
+func HandOff(tx pgx.Tx) any {
+	if t := of(tx); t != nil && t.wakes != nil {
+		return t.wakes.relay
+	}
+	return nil
 }
 
 // NewWakes returns an empty wake set for tx. On a [Tx] that carries it (or
