@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -217,7 +218,7 @@ func RegisterOutboxGauges(meter metric.Meter, pool *pgxpool.Pool, opts ...GaugeO
 	if err != nil {
 		return nil, fmt.Errorf("register outbox gauges: %w", err)
 	}
-	parked, err := meter.Int64ObservableGauge(MetricParkedMessages, metric.WithUnit(metricMessageUnit),
+	parkedGauge, err := meter.Int64ObservableGauge(MetricParkedMessages, metric.WithUnit(metricMessageUnit),
 		metric.WithDescription("Parked messages neither replayed nor dismissed, by original queue."))
 	if err != nil {
 		return nil, fmt.Errorf("register outbox gauges: %w", err)
@@ -239,15 +240,9 @@ SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(pending_since))::float8
 		// Every queue that has parked rows, open or not: one whose rows
 		// were all replayed or dismissed is reported as 0, so an alert on
 		// it clears (one read of the parking lot, which holds exceptions).
-		rows, err := pool.Query(ctx, `SELECT queue, count(*) FILTER (WHERE replayed_at IS NULL AND dismissed_at IS NULL)
-FROM saga_parked GROUP BY queue`)
+		counts, err := parked.CountByQueue(ctx, pool)
 		if err != nil {
-			return fmt.Errorf("count parked messages: %w", err)
-		}
-		var queue string
-		counts := map[string]int64{}
-		if _, err := pgx.ForEachRow(rows, []any{&queue, &n}, func() error { counts[queue] = n; return nil }); err != nil {
-			return fmt.Errorf("count parked messages: %w", err)
+			return err
 		}
 		queues := make([]string, 0, len(counts))
 		for q := range counts {
@@ -255,10 +250,10 @@ FROM saga_parked GROUP BY queue`)
 		}
 		slices.Sort(queues)
 		for _, q := range queues {
-			o.ObserveInt64(parked, counts[q], metric.WithAttributes(attribute.String(string(KeyDestinationName), q)))
+			o.ObserveInt64(parkedGauge, counts[q], metric.WithAttributes(attribute.String(string(KeyDestinationName), q)))
 		}
 		return nil
-	}, backlog, age, parked)
+	}, backlog, age, parkedGauge)
 	if err != nil {
 		return nil, fmt.Errorf("register outbox gauges: %w", err)
 	}
