@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
@@ -23,25 +22,22 @@ import (
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
-// note is the test message: a StringValue whose text tells the handler
-// what to do.
-type note struct{ *wrapperspb.StringValue }
-
-var noteInfo = &message.Info{
-	FullName:      "sagatest.v1.Note",
-	Kind:          message.KindEvent,
-	Exchange:      "events",
-	RoutingKey:    "note.created",
-	SchemaVersion: 2,
-	New:           func() message.Message { return &note{&wrapperspb.StringValue{}} },
-}
-
-func (n *note) SagaMessageInfo() *message.Info { return noteInfo }
-func (n *note) IdempotencyKey() string         { return "" }
-func (n *note) CorrelationKey() string         { return "key-" + n.GetValue() } // its correlation field
+// noteInfo is the test message's type: a sagatest.Message whose text tells
+// the handler what to do, with no idempotency key and "key-TEXT" as its
+// correlation field.
+var noteInfo = sagatest.Type{
+	FullName:       "sagatest.v1.Note",
+	Kind:           message.KindEvent,
+	Exchange:       "events",
+	RoutingKey:     "note.created",
+	SchemaVersion:  2,
+	IdempotencyKey: func(string) string { return "" },
+	CorrelationKey: func(text string) string { return "key-" + text },
+}.Info()
 
 // Handler behaviours, chosen by the note's text.
 const (
@@ -165,7 +161,7 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 	if d.Queue != b.queue {
 		return retry.Permanent(errors.New("wrong queue in delivery"))
 	}
-	text := d.Message.(*note).GetValue()
+	text := d.Message.(*sagatest.Message).GetValue()
 	if text == doBlock && first {
 		b.entered <- id
 		<-b.release
@@ -328,7 +324,7 @@ func (b *testBundle) sendOneBatch(r *running, notes ...[2]string) {
 // envelopeFor builds the envelope of a note.
 func (b *testBundle) envelopeFor(id, text string) message.Envelope {
 	b.t.Helper()
-	env, err := message.New(&note{wrapperspb.String(text)}, message.Meta{MessageID: id, SagaID: "saga-" + id})
+	env, err := message.New(sagatest.NewMessage(noteInfo, text), message.Meta{MessageID: id, SagaID: "saga-" + id})
 	require.NoError(b.t, err)
 	return env
 }
@@ -443,7 +439,7 @@ func (l lockingBatch) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer
 	fault := false
 	for i, d := range ds {
 		ids[i] = d.Envelope.MessageID
-		fault = fault || d.Message.(*note).GetValue() == doBatchFault
+		fault = fault || d.Message.(*sagatest.Message).GetValue() == doBatchFault
 	}
 	b.mu.Lock()
 	for _, id := range ids {
