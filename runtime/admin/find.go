@@ -14,11 +14,10 @@ import (
 	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // handleStats answers GET /api/stats: instances per state and type (with
-// the stuck ones, by telemetry.StuckRule as the list's stuck filter) and
+// the stuck ones, by saga.StuckRule as the list's stuck filter) and
 // open parked messages per queue.
 func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) error {
 	if _, err := parseQuery(r); err != nil {
@@ -29,7 +28,7 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) error {
 	now := s.cfg.Now()
 	for _, t := range s.sagas {
 		states, limits, grace := t.stuck.Args()
-		rows, err := s.cfg.Pool.Query(ctx, `SELECT t.state, count(*), count(*) FILTER (WHERE `+telemetry.StuckSQL("$1", "$2", "$3", "$4")+`)
+		rows, err := s.cfg.Pool.Query(ctx, `SELECT t.state, count(*), count(*) FILTER (WHERE `+saga.StuckSQL("$1", "$2", "$3", "$4")+`)
 FROM `+t.table+` t GROUP BY t.state`, now, states, limits, grace)
 		if err != nil {
 			return fmt.Errorf("count %s sagas: %w", t.def.Name, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
 	"github.com/protosaga/saga/runtime/telemetry"
@@ -278,13 +279,13 @@ func (h *Host) registerGauges(r *running) error {
 		defs = append(defs, s.Engine.Definition())
 	}
 	if len(defs) > 0 {
-		reg, err := telemetry.RegisterSagaGauges(meter, h.pool, defs)
+		reg, err := saga.RegisterGauges(meter, h.pool, defs)
 		if err != nil {
 			return fmt.Errorf("saga gauges: %w", err)
 		}
 		r.gauges = append(r.gauges, reg)
 	}
-	reg, err := telemetry.RegisterOutboxGauges(meter, h.pool)
+	reg, err := outbox.RegisterGauges(meter, h.pool)
 	if err != nil {
 		return fmt.Errorf("outbox gauges: %w", err)
 	}

@@ -48,3 +48,7 @@ func (e *Engine) ListSQLForTest(f ListFilter) (string, []any, error) {
 func (e *Engine) LockBatchForTest(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
 	return e.lockBatch(ctx, tx, ds)
 }
+
+// SagaGaugeSQLForTest is the saga gauges' query on table (quoted) counting
+// states: $1, $2, $3 the stuck rule's Args.
+func SagaGaugeSQLForTest(table string, states []string) string { return sagaGaugeSQL(table, states) }
