@@ -202,9 +202,9 @@ var errFallBack = errors.New("fall back to a savepoint per delivery")
 // every pending delivery in the inbox, then the batch handler gets the
 // deliveries claimed first, in the batch's transaction: it locks what they
 // need in one statement and applies each, each one's queued writes sent as
-// one pipeline when it returns (see runtime/internal/txq). This saves three round trips per
-// delivery (SAVEPOINT, the claim, RELEASE) when every handler succeeds,
-// which is the common case. The saga instance updates and the outbox and
+// one pipeline when it returns (see runtime/internal/txq). This saves three
+// round trips per delivery (SAVEPOINT, the claim, RELEASE) when every
+// handler succeeds, which is the common case. The saga instance updates and the outbox and
 // audit rows of every handler are staged (txq.Stage) and written by one
 // statement per kind before the commit; if that fails, nothing tells which
 // handler's row was at fault, so no attempt is charged and the batch goes
@@ -268,7 +268,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		c.log.Debug("batch's staged writes failed; applying the batch again with a savepoint per delivery", slog.Any("error", err))
 		return chargeNone()
 	}
-	// failed ends the attempt at it's failure herr: the transaction rolls
+	// failed ends the attempt at its failure herr: the transaction rolls
 	// back, it keeps its failure (it is not run again), and the others
 	// are pending again.
 	failed := func(it *item, herr error) error {
@@ -333,12 +333,10 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			if !errors.As(errs[i], &be) {
 				return failed(run[i], errs[i])
 			}
-			// A statement for the whole batch failed: not one delivery's
-			// fault. The savepoint path, where nothing is locked ahead,
-			// finds the culprit, if there is one.
-			for _, it := range run {
-				it.ranFast = false
-			}
+			// A statement for the whole batch failed (its locks, or its
+			// staged rows after the handlers ran): not one delivery's
+			// fault. The savepoint path, where nothing is locked ahead or
+			// staged, finds the culprit, if there is one.
 			stage.Discard(errs[i])
 			if ctx.Err() != nil {
 				return errs[i]
