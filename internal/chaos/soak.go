@@ -387,7 +387,7 @@ func (r *run) startFleet(ctx context.Context) {
 		add(fmt.Sprintf("relay-%d", i+1), []Role{RoleRelay})
 	}
 	// Orchestrator and participant nodes run a relay too, so their
-	// consumers hand committed rows to it (outbox.WithRelay) and a kill
+	// consumers hand committed rows to it (consumer.Config.Relay) and a kill
 	// between a commit and its publish leaves rows leased to a dead node;
 	// the relay nodes claim what is written outside consumers (the
 	// driver's starts) and what dead nodes left behind.

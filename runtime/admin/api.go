@@ -82,7 +82,7 @@ type Saga struct {
 	ReviewFrom string    `json:"review_from,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
 	UpdatedAt  time.Time `json:"updated_at"`
-	// Stuck is set when the saga is stuck by telemetry.StuckRule (the rule
+	// Stuck is set when the saga is stuck by saga.StuckRule (the rule
 	// of the saga.instances.stuck gauge): its timeout or deadline is past
 	// due, or it has not changed for longer than the step's timeout, by
 	// more than the grace. StuckReason says which.

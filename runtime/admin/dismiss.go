@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/saga"
 )
@@ -64,7 +65,7 @@ func (s *Server) handleBulkDismiss(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	ctx := r.Context()
-	rows, err := s.listParked(ctx, req.Filter, oldestFirst, 0, n+1)
+	rows, err := s.listParked(ctx, req.Filter, parked.OldestFirst, 0, n+1)
 	if err != nil {
 		return err
 	}
@@ -100,27 +101,17 @@ func (s *Server) dismiss(ctx context.Context, p Principal, id int64, reason stri
 		sagaID string
 		forced bool
 	)
-	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, func(ctx context.Context, tx pgx.Tx) error {
+	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, nil, func(ctx context.Context, tx pgx.Tx) error {
 		res, sagaID, forced = DismissResult{}, "", false
-		lock := ` FOR UPDATE`
-		if dryRun {
-			lock = ""
-		}
-		rows, err := tx.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked WHERE id = $1`+lock, id)
+		row, err := s.loadParked(ctx, tx, id, !dryRun)
 		if err != nil {
-			return fmt.Errorf("load parked message %d: %w", id, err)
+			return err
 		}
-		ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedRow, error) { return scanParked(r) })
-		if err != nil {
-			return fmt.Errorf("load parked message %d: %w", id, err)
-		}
-		if len(ps) == 0 {
-			return apiErr(http.StatusNotFound, "not_found", "no parked message %d", id)
-		}
+		ps := []parkedRow{row}
 		if err := s.join(ctx, ps); err != nil {
 			return err
 		}
-		row := ps[0]
+		row = ps[0]
 		res.Parked = row.Parked
 		switch {
 		case row.ReplayedAt != nil:
@@ -156,8 +147,7 @@ func (s *Server) dismiss(ctx context.Context, p Principal, id int64, reason stri
 			return nil
 		}
 		now := s.cfg.Now().UTC()
-		if _, err := tx.Exec(ctx, `UPDATE saga_parked SET dismissed_at = $2, dismissed_by = $3, dismiss_reason = $4 WHERE id = $1`,
-			id, now, p.Name, reason); err != nil {
+		if err := parked.MarkDismissed(ctx, tx, id, now, p.Name, reason); err != nil {
 			return fmt.Errorf("dismiss parked message %d: %w", id, err)
 		}
 		if t, ok := s.byName[row.SagaType]; ok && standing != "" {

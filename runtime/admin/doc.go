@@ -35,7 +35,7 @@
 // act) or superseded (the saga resent the command since, moved past the
 // step, or ended).
 //
-// A saga is stuck by telemetry.StuckRule, the rule of the
+// A saga is stuck by saga.StuckRule, the rule of the
 // saga.instances.stuck gauge: it waits on a step (or a compensation) and,
 // by more than Config.StuckGrace, its timeout_at or deadline_at is past
 // due, or it has not changed for longer than the step's timeout from the

@@ -1,9 +1,11 @@
 package admin
 
+import "github.com/protosaga/saga/runtime/internal/parked"
+
 // ParkedListSQLForTest is the statement listing the parked messages that
 // match f (with the correlation ids of f.SagaID's saga), newest first, and
 // its arguments.
 func ParkedListSQLForTest(f ParkedFilter, correlations []string, limit int) (string, []any) {
-	where, args := parkedListSQL(parkedQuery{ParkedFilter: f, correlations: correlations}, newestFirst, 0, limit)
-	return `SELECT ` + parkedColumns + ` FROM saga_parked ` + where, args
+	where, args := parked.ListSQL(parkedQuery{ParkedFilter: f, correlations: correlations}.filter(), parked.NewestFirst, 0, limit)
+	return parked.SelectSQL + where, args
 }

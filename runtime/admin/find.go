@@ -11,13 +11,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // handleStats answers GET /api/stats: instances per state and type (with
-// the stuck ones, by telemetry.StuckRule as the list's stuck filter) and
+// the stuck ones, by saga.StuckRule as the list's stuck filter) and
 // open parked messages per queue.
 func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) error {
 	if _, err := parseQuery(r); err != nil {
@@ -28,7 +28,7 @@ func (s *Server) handleStats(w http.ResponseWriter, r *http.Request) error {
 	now := s.cfg.Now()
 	for _, t := range s.sagas {
 		states, limits, grace := t.stuck.Args()
-		rows, err := s.cfg.Pool.Query(ctx, `SELECT t.state, count(*), count(*) FILTER (WHERE `+telemetry.StuckSQL("$1", "$2", "$3", "$4")+`)
+		rows, err := s.cfg.Pool.Query(ctx, `SELECT t.state, count(*), count(*) FILTER (WHERE `+saga.StuckSQL("$1", "$2", "$3", "$4")+`)
 FROM `+t.table+` t GROUP BY t.state`, now, states, limits, grace)
 		if err != nil {
 			return fmt.Errorf("count %s sagas: %w", t.def.Name, err)
@@ -49,16 +49,13 @@ FROM `+t.table+` t GROUP BY t.state`, now, states, limits, grace)
 		}
 		out.Types = append(out.Types, ts)
 	}
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT queue, count(*) FROM saga_parked WHERE `+openParked+` GROUP BY queue`)
+	byQueue, err := parked.CountOpen(ctx, s.cfg.Pool)
 	if err != nil {
-		return fmt.Errorf("count parked messages: %w", err)
+		return err
 	}
-	var (
-		queue string
-		n     int64
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&queue, &n}, func() error { out.Parked.ByQueue[queue] = n; out.Parked.Open += n; return nil }); err != nil {
-		return fmt.Errorf("count parked messages: %w", err)
+	for queue, n := range byQueue {
+		out.Parked.ByQueue[queue] = n
+		out.Parked.Open += n
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -140,7 +137,7 @@ func (s *Server) handleSearch(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	// Parked messages, by their message id or correlation id.
-	parked, err := s.parkedRows(ctx, `WHERE message_id = $1 OR correlation_id = $1 OR correlation_key = $1 ORDER BY id DESC LIMIT $2`, text, maxSearchHits)
+	parked, err := s.parkedRows(ctx, parked.Search, text, maxSearchHits)
 	if err != nil {
 		return fmt.Errorf("search parked messages for %q: %w", text, err)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/protosaga/saga/runtime/internal/where"
+	"github.com/protosaga/saga/runtime/internal/parked"
 )
 
 // parkedRow is a saga_parked row.
@@ -28,30 +28,41 @@ type parkedRow struct {
 // open reports whether the row is neither replayed nor dismissed.
 func (p parkedRow) open() bool { return p.ReplayedAt == nil && p.DismissedAt == nil }
 
-const parkedColumns = `id, message_id, queue, message_type, saga_id, saga_type, correlation_id, class, reason,
-	attempts, exchange, routing_key, headers, body, first_failure_at, parked_at, replayed_at, replayed_by,
-	replay_reason, replay_forced, dismissed_at, dismissed_by, dismiss_reason, correlation_key`
-
-// openParked is the condition of an open parked row.
-const openParked = "replayed_at IS NULL AND dismissed_at IS NULL"
-
-func scanParked(r pgx.Row) (parkedRow, error) {
-	var p parkedRow
-	err := r.Scan(&p.ID, &p.MessageID, &p.Queue, &p.MessageType, &p.SagaID, &p.SagaType, &p.CorrelationID,
-		&p.Class, &p.Reason, &p.Attempts, &p.Exchange, &p.RoutingKey, &p.headers, &p.body,
-		&p.FirstFailureAt, &p.ParkedAt, &p.ReplayedAt, &p.ReplayedBy, &p.ReplayReason, &p.ReplayForced,
-		&p.DismissedAt, &p.DismissedBy, &p.DismissReason, &p.correlationKey)
-	p.FirstFailureAt, p.ParkedAt, p.ReplayedAt, p.DismissedAt = p.FirstFailureAt.UTC(), p.ParkedAt.UTC(), utcPtr(p.ReplayedAt), utcPtr(p.DismissedAt)
-	return p, err
+// routing names p's message and routing in the parked store.
+func (p parkedRow) routing() parked.Routing {
+	return parked.Routing{MessageID: p.MessageID, Exchange: p.Exchange, RoutingKey: p.RoutingKey}
 }
 
-// parkedRows runs SELECT parkedColumns FROM saga_parked <where>.
+// parkedRowOf is a saga_parked row as the admin server shows it.
+func parkedRowOf(r parked.Row) parkedRow {
+	return parkedRow{
+		Parked: Parked{
+			ID: r.ID, MessageID: r.MessageID, Queue: r.Queue, MessageType: r.MessageType, SagaID: r.SagaID,
+			SagaType: r.SagaType, CorrelationID: r.CorrelationID, Class: r.Class, Reason: r.Reason, Attempts: r.Attempts,
+			Exchange: r.Exchange, RoutingKey: r.RoutingKey, FirstFailureAt: r.FirstFailureAt, ParkedAt: r.ParkedAt,
+			ReplayedAt: r.ReplayedAt, ReplayedBy: r.ReplayedBy, ReplayReason: r.ReplayReason, ReplayForced: r.ReplayForced,
+			DismissedAt: r.DismissedAt, DismissedBy: r.DismissedBy, DismissReason: r.DismissReason,
+		},
+		headers: r.Headers, body: r.Body, correlationKey: r.CorrelationKey,
+	}
+}
+
+// parkedRowsOf is parkedRowOf of each of rs.
+func parkedRowsOf(rs []parked.Row) []parkedRow {
+	out := make([]parkedRow, len(rs))
+	for i, r := range rs {
+		out[i] = parkedRowOf(r)
+	}
+	return out
+}
+
+// parkedRows reads the saga_parked rows clause selects (parked.Select).
 func (s *Server) parkedRows(ctx context.Context, clause string, args ...any) ([]parkedRow, error) {
-	rows, err := s.cfg.Pool.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked `+clause, args...)
+	rs, err := parked.Select(ctx, s.cfg.Pool, clause, args...)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedRow, error) { return scanParked(r) })
+	return parkedRowsOf(rs), nil
 }
 
 // parkedQuery is a validated ParkedFilter.
@@ -64,58 +75,13 @@ type parkedQuery struct {
 	newerThan    time.Duration
 }
 
-// parkedListSQL selects at most limit open (or, with IncludeReplayed,
-// all) parked messages matching q, in order (newest first for listing,
-// oldest first for replaying), with ids below before (0: from the newest).
-func parkedListSQL(q parkedQuery, order parkedOrder, before int64, limit int) (string, []any) {
-	var w where.Clause
-	if !q.IncludeReplayed {
-		w.And(openParked)
+// filter is q as the parked store selects it.
+func (q parkedQuery) filter() parked.Filter {
+	return parked.Filter{
+		IncludeClosed: q.IncludeReplayed, SagaType: q.SagaType, Queue: q.Queue, MessageType: q.MessageType,
+		SagaID: q.SagaID, Correlations: q.correlations, Reason: q.Reason, OlderThan: q.olderThan, NewerThan: q.newerThan,
 	}
-	for _, c := range []struct{ column, v string }{
-		{"saga_type", q.SagaType}, {"queue", q.Queue}, {"message_type", q.MessageType},
-	} {
-		if c.v != "" {
-			w.And(c.column + " = " + w.Arg(c.v))
-		}
-	}
-	if q.SagaID != "" {
-		if len(q.correlations) > 0 {
-			w.And("(saga_id = " + w.Arg(q.SagaID) + " OR " + unlinkedOf(w.Arg(q.correlations)) + ")")
-		} else {
-			w.And("saga_id = " + w.Arg(q.SagaID))
-		}
-	}
-	if q.Reason != "" {
-		w.And("strpos(lower(reason), lower(" + w.Arg(q.Reason) + ")) > 0")
-	}
-	if q.olderThan > 0 {
-		w.And("parked_at < now() - make_interval(secs => " + w.Arg(q.olderThan.Seconds()) + ")")
-	}
-	if q.newerThan > 0 {
-		w.And("parked_at > now() - make_interval(secs => " + w.Arg(q.newerThan.Seconds()) + ")")
-	}
-	if before != 0 {
-		w.And("id < " + w.Arg(before))
-	}
-	return w.String() + `
-ORDER BY id ` + string(order) + ` LIMIT ` + w.Arg(limit), w.Args
 }
-
-// unlinkedOf is the condition of the rows parked without a saga id whose
-// correlation field is one of keys (an SQL text[] expression), read through
-// the saga_parked_unlinked index.
-func unlinkedOf(keys string) string {
-	return "(saga_id = '' AND correlation_key <> '' AND correlation_key = ANY(" + keys + "))"
-}
-
-// parkedOrder is the order of a list of parked messages.
-type parkedOrder string
-
-const (
-	newestFirst parkedOrder = "DESC" // listing: what was parked last comes first
-	oldestFirst parkedOrder = "ASC"  // replaying: messages go out again in the order they were parked
-)
 
 // query validates f and returns it with its saga id in canonical form
 // (the form consumers record, and /api/sagas/{id} accepts in any case) and
@@ -162,12 +128,12 @@ func (s *Server) query(ctx context.Context, f ParkedFilter) (parkedQuery, error)
 
 // listParked lists the parked messages f selects, joined to their sagas,
 // with the standing of the open ones.
-func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parkedOrder, before int64, limit int) ([]parkedRow, error) {
+func (s *Server) listParked(ctx context.Context, f ParkedFilter, order parked.Order, before int64, limit int) ([]parkedRow, error) {
 	q, err := s.query(ctx, f)
 	if err != nil {
 		return nil, err
 	}
-	clause, args := parkedListSQL(q, order, before, limit)
+	clause, args := parked.ListSQL(q.filter(), order, before, limit)
 	rows, err := s.parkedRows(ctx, clause, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list parked messages: %w", err)
@@ -366,7 +332,7 @@ func (s *Server) handleListParked(w http.ResponseWriter, r *http.Request) error 
 			return badRequest("cursor %q is not a cursor this server issued", c)
 		}
 	}
-	rows, err := s.listParked(r.Context(), f, newestFirst, before, limit+1)
+	rows, err := s.listParked(r.Context(), f, parked.NewestFirst, before, limit+1)
 	if err != nil {
 		return err
 	}
@@ -391,22 +357,17 @@ func parseParkedID(raw string) (int64, error) {
 	return id, nil
 }
 
-// loadParked returns one parked message, with its body.
-func (s *Server) loadParked(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, id int64) (parkedRow, error) {
-	rows, err := q.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked WHERE id = $1`, id)
+// loadParked returns one parked message, with its body, locked FOR
+// UPDATE when lock is set (q is then a transaction).
+func (s *Server) loadParked(ctx context.Context, q parked.Querier, id int64, lock bool) (parkedRow, error) {
+	r, ok, err := parked.Get(ctx, q, id, lock)
 	if err != nil {
 		return parkedRow{}, fmt.Errorf("load parked message %d: %w", id, err)
 	}
-	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedRow, error) { return scanParked(r) })
-	if err != nil {
-		return parkedRow{}, fmt.Errorf("load parked message %d: %w", id, err)
-	}
-	if len(ps) == 0 {
+	if !ok {
 		return parkedRow{}, apiErr(http.StatusNotFound, "not_found", "no parked message %d", id)
 	}
-	return ps[0], nil
+	return parkedRowOf(r), nil
 }
 
 func (s *Server) handleParked(w http.ResponseWriter, r *http.Request) error {
@@ -417,7 +378,7 @@ func (s *Server) handleParked(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	p, err := s.loadParked(r.Context(), s.cfg.Pool, id)
+	p, err := s.loadParked(r.Context(), s.cfg.Pool, id, false)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
@@ -66,7 +67,7 @@ func (s *Server) handleBulkReplay(w http.ResponseWriter, r *http.Request) error 
 	if err := bulkFilter(f, "replay"); err != nil {
 		return err
 	}
-	rows, err := s.listParked(r.Context(), f, oldestFirst, 0, n+1)
+	rows, err := s.listParked(r.Context(), f, parked.OldestFirst, 0, n+1)
 	if err != nil {
 		return err
 	}
@@ -119,9 +120,9 @@ func errorText(err error) string {
 // OutcomeRefused and changes nothing unless force is set.
 func (s *Server) replay(ctx context.Context, p Principal, id int64, reason string, dryRun, force bool) (ReplayResult, error) {
 	var res ReplayResult
-	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, func(ctx context.Context, tx pgx.Tx) error {
+	err := txq.Do(ctx, s.cfg.Pool, s.cfg.Logger, nil, func(ctx context.Context, tx pgx.Tx) error {
 		res = ReplayResult{}
-		row, err := s.loadParked(ctx, tx, id)
+		row, err := s.loadParked(ctx, tx, id, false)
 		if err != nil {
 			return err
 		}
@@ -165,13 +166,7 @@ func (s *Server) replay(ctx context.Context, p Principal, id int64, reason strin
 		}
 		now := s.cfg.Now().UTC()
 		forced := !check.Allowed
-		rs, err := tx.Query(ctx, `UPDATE saga_parked SET replayed_at = $2, replayed_by = $3, replay_reason = $6, replay_forced = $7
-WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND `+openParked+` RETURNING id`,
-			row.MessageID, now, p.Name, row.Exchange, row.RoutingKey, reason, forced)
-		if err != nil {
-			return fmt.Errorf("mark parked message %d replayed: %w", id, err)
-		}
-		marked, err := pgx.CollectRows(rs, pgx.RowTo[int64])
+		marked, err := parked.MarkReplayed(ctx, tx, row.routing(), now, p.Name, reason, forced)
 		if err != nil {
 			return fmt.Errorf("mark parked message %d replayed: %w", id, err)
 		}
@@ -212,16 +207,11 @@ WHERE message_id = $1 AND exchange = $4 AND routing_key = $5 AND `+openParked+` 
 // locking its own row and deadlocking on the other's mark, or both
 // republishing the message.
 func lockSiblings(ctx context.Context, tx pgx.Tx, row parkedRow) (parkedRow, error) {
-	rows, err := tx.Query(ctx, `SELECT `+parkedColumns+` FROM saga_parked
-WHERE message_id = $1 AND exchange = $2 AND routing_key = $3 AND ((`+openParked+`) OR id = $4)
-ORDER BY id FOR UPDATE`, row.MessageID, row.Exchange, row.RoutingKey, row.ID)
+	rs, err := parked.LockSiblings(ctx, tx, row.ID, row.routing())
 	if err != nil {
 		return parkedRow{}, fmt.Errorf("lock parked message %d: %w", row.ID, err)
 	}
-	locked, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (parkedRow, error) { return scanParked(r) })
-	if err != nil {
-		return parkedRow{}, fmt.Errorf("lock parked message %d: %w", row.ID, err)
-	}
+	locked := parkedRowsOf(rs)
 	for _, l := range locked {
 		if l.ID == row.ID {
 			return l, nil

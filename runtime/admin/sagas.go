@@ -57,7 +57,7 @@ func (t *sagaType) view(w sagaRow, now time.Time) Saga {
 }
 
 // stuckReason says why an instance is stuck at now, or "" when it is not:
-// telemetry.StuckRule, the rule of the stuck filter of listSQL and of the
+// saga.StuckRule, the rule of the stuck filter of listSQL and of the
 // saga.instances.stuck gauge.
 func (t *sagaType) stuckReason(w sagaRow, now time.Time) string {
 	return t.stuck.Reason(w.State, w.TimeoutAt, w.DeadlineAt, w.UpdatedAt, now)

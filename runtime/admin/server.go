@@ -19,7 +19,6 @@ import (
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // Config configures a Server. Pool, Sagas and Tokens are required.
@@ -40,7 +39,7 @@ type Config struct {
 	// Now is the clock (stuck detection, replay timestamps). Default: time.Now.
 	Now func() time.Time
 	// StuckGrace is how far past due a saga must be to be listed as stuck
-	// (telemetry.StuckRule). Default: telemetry.DefaultStuckGrace, as the
+	// (saga.StuckRule). Default: saga.DefaultStuckGrace, as the
 	// saga.instances.stuck gauge; give both the same value. Negative: none.
 	StuckGrace time.Duration
 	// MaxFailedSignIns is how many requests with an unknown token one
@@ -100,7 +99,7 @@ type sagaType struct {
 	def    *sagadef.Definition
 	table  string // quoted identifier
 	// stuck decides which of its instances are stuck.
-	stuck telemetry.StuckRule
+	stuck saga.StuckRule
 	// sensitive is the union of the sensitive field paths of every message
 	// the definition names; unknown lists names not in any registry.
 	sensitive []string
@@ -116,7 +115,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.StuckGrace == 0 {
-		cfg.StuckGrace = telemetry.DefaultStuckGrace
+		cfg.StuckGrace = saga.DefaultStuckGrace
 	}
 	if cfg.MaxFailedSignIns == 0 {
 		cfg.MaxFailedSignIns = DefaultMaxFailedSignIns
@@ -170,7 +169,7 @@ func (s *Server) newSagaType(e *saga.Engine) (*sagaType, error) {
 	}
 	parts := strings.Split(def.Table, ".")
 	t := &sagaType{engine: e, def: def, table: pgx.Identifier(parts).Sanitize()}
-	t.stuck = telemetry.NewStuckRule(def, s.cfg.StuckGrace)
+	t.stuck = saga.NewStuckRule(def, s.cfg.StuckGrace)
 	seen := map[string]bool{}
 	for _, name := range messageNames(def) {
 		if seen[name] {

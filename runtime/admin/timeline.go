@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -48,8 +49,7 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Pr
 	}
 	// Its parked messages, those parked without a saga id and joined to it
 	// by their correlation field (its id or business key) included.
-	parked, err := s.parkedRows(ctx, `WHERE saga_id = $1 OR `+unlinkedOf("$3")+`
-ORDER BY id DESC LIMIT $2`, st.ID, maxTimelineRows+1, []string{st.ID, st.BusinessKey})
+	parked, err := s.parkedRows(ctx, parked.BySaga, st.ID, maxTimelineRows+1, []string{st.ID, st.BusinessKey})
 	if err != nil {
 		return Timeline{}, fmt.Errorf("parked messages of saga %s: %w", st.ID, err)
 	}

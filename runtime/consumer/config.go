@@ -13,11 +13,13 @@ import (
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/internal/retain"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
 
-// Delivery is one decoded message handed to a [HandlerFunc].
+// Delivery is one decoded message handed to a [BatchHandler] or a
+// [HandlerFunc].
 type Delivery struct {
 	// Envelope is the message's metadata and raw body.
 	Envelope message.Envelope
@@ -31,20 +33,9 @@ type Delivery struct {
 	// ReceivedAt is when the consumer took the delivery from the broker
 	// (with a monotonic clock reading), for handlers that time their work.
 	ReceivedAt time.Time
-}
 
-// LockBatchFunc prepares a batch the consumer applies in one transaction
-// without savepoints (its fast path). The consumer calls it once, in the
-// batch's transaction, with every delivery it then hands to the Handler, in
-// order, before the first of them. It takes in one statement the locks and
-// records the batch's handlers would otherwise take one by one (the saga
-// engine locks every instance the batch names; a participant claims every
-// command's idempotency key) and leaves them on tx for the handlers. An
-// error is the batch's, not one delivery's: the consumer charges no
-// delivery an attempt and applies the batch again with a savepoint per
-// delivery, where it is not called. The slice is the consumer's: do not
-// keep or modify it.
-type LockBatchFunc func(ctx context.Context, tx pgx.Tx, ds []*Delivery) error
+	ctx context.Context // the context it is handled in (see Context); nil = the batch's
+}
 
 // HandlerFunc handles one delivery inside tx. Everything it does to the
 // database must go through tx: it commits together with the inbox claim, and
@@ -82,11 +73,16 @@ type Config struct {
 	PublishConn *broker.Conn
 	// Registry decodes bodies by message type.
 	Registry *message.Registry
-	// Handler handles each delivery.
+	// Batch handles the deliveries of each batch (see [BatchHandler]).
+	// Set Batch or Handler, not both.
+	Batch BatchHandler
+	// Handler handles each delivery: the consumer runs it as the
+	// BatchHandler [HandlerFunc.HandleBatch].
 	Handler HandlerFunc
-	// LockBatch, when set, prepares each batch of the fast path before
-	// Handler runs for its deliveries (see [LockBatchFunc]).
-	LockBatch LockBatchFunc
+	// Relay, when set, is a relay of this process that the outbox rows a
+	// batch commits are handed to after the commit, born leased to it,
+	// instead of waking relays to claim them (see runtime/outbox).
+	Relay *outbox.Relay
 	// Prefetch is the channel's QoS prefetch count: how many unacknowledged
 	// deliveries the broker sends ahead. Defaults to 2×Concurrency×BatchSize.
 	Prefetch int
@@ -227,8 +223,11 @@ func (c *Config) Validate() error {
 	if c.Registry == nil {
 		bad("Registry is nil")
 	}
-	if c.Handler == nil {
-		bad("Handler is nil")
+	switch {
+	case c.Handler == nil && c.Batch == nil:
+		bad("Handler is nil, and so is Batch: set one")
+	case c.Handler != nil && c.Batch != nil:
+		bad("Handler and Batch are both set: set one")
 	}
 	if c.Concurrency < 1 {
 		bad("Concurrency is %d, want at least 1", c.Concurrency)

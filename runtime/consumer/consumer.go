@@ -29,11 +29,12 @@ const publishTimeout = 30 * time.Second
 // Consumer consumes one work queue. Create it with [New]; run it with
 // [Consumer.Run].
 type Consumer struct {
-	cfg Config
-	log *slog.Logger
-	now func() time.Time
-	pub *broker.Publisher // retry copies and parked messages
-	tel consumerTelemetry
+	cfg   Config
+	batch BatchHandler // Config.Batch, or Config.Handler
+	log   *slog.Logger
+	now   func() time.Time
+	pub   *broker.Publisher // retry copies and parked messages
+	tel   consumerTelemetry
 
 	// afterCommit, when set (by tests), runs after a batch's transaction
 	// committed and before anything is acknowledged or routed. A non-nil
@@ -70,12 +71,17 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer %q: %w", cfg.Name, err)
 	}
+	batch := cfg.Batch
+	if batch == nil {
+		batch = cfg.Handler
+	}
 	return &Consumer{
-		cfg: cfg,
-		log: cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
-		now: time.Now,
-		pub: broker.NewPublisher(cfg.PublishConn, broker.PublisherConfig{}),
-		tel: tel,
+		cfg:   cfg,
+		batch: batch,
+		log:   cfg.Logger.With(slog.String("consumer", cfg.Name), slog.String("queue", cfg.Queue)),
+		now:   time.Now,
+		pub:   broker.NewPublisher(cfg.PublishConn, broker.PublisherConfig{}),
+		tel:   tel,
 	}, nil
 }
 

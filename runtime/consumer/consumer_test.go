@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
@@ -23,25 +22,22 @@ import (
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
-// note is the test message: a StringValue whose text tells the handler
-// what to do.
-type note struct{ *wrapperspb.StringValue }
-
-var noteInfo = &message.Info{
-	FullName:      "sagatest.v1.Note",
-	Kind:          message.KindEvent,
-	Exchange:      "events",
-	RoutingKey:    "note.created",
-	SchemaVersion: 2,
-	New:           func() message.Message { return &note{&wrapperspb.StringValue{}} },
-}
-
-func (n *note) SagaMessageInfo() *message.Info { return noteInfo }
-func (n *note) IdempotencyKey() string         { return "" }
-func (n *note) CorrelationKey() string         { return "key-" + n.GetValue() } // its correlation field
+// noteInfo is the test message's type: a sagatest.Message whose text tells
+// the handler what to do, with no idempotency key and "key-TEXT" as its
+// correlation field.
+var noteInfo = sagatest.Type{
+	FullName:       "sagatest.v1.Note",
+	Kind:           message.KindEvent,
+	Exchange:       "events",
+	RoutingKey:     "note.created",
+	SchemaVersion:  2,
+	IdempotencyKey: func(string) string { return "" },
+	CorrelationKey: func(text string) string { return "key-" + text },
+}.Info()
 
 // Handler behaviours, chosen by the note's text.
 const (
@@ -59,7 +55,7 @@ const (
 	doEnqueueHold   = "enqueue-hold"   // writes an outbox row, then waits for release on its first call
 	doEnqueueShared = "enqueue-shared" // writes the outbox row "shared-out", whoever calls
 	doSavepointRead = "savepoint-read" // counts, in a savepoint of its own, the outbox rows it can see
-	doBatchFault    = "batch-fault"    // fails the batch's LockBatch on the fast path; its handler succeeds
+	doBatchFault    = "batch-fault"    // fails its batch as a whole on the fast path (lockingBatch); its handler succeeds
 	doStopConsumer  = "stop-consumer"  // stops the running consumer and waits to be interrupted, as a crash would
 )
 
@@ -89,6 +85,7 @@ type testBundle struct {
 	testPub *broker.Publisher
 	queue   string
 	policy  retry.Policy
+	relay   *outbox.Relay // the consumers' relay (Config.Relay), if any
 	reg     *message.Registry
 
 	entered chan string   // a doBlock handler started waiting
@@ -97,7 +94,7 @@ type testBundle struct {
 	mu      sync.Mutex
 	stopRun func() // cancels the running consumer (doStopConsumer)
 	calls   map[string][]call
-	locked  map[string][][]string // by message id: the batches LockBatch got with it
+	locked  map[string][][]string // by message id: the batches lockingBatch locked with it
 	seen    map[string]int        // doSavepointRead: outbox rows seen, by message id
 	settled []settlement
 	batches [][]string
@@ -164,7 +161,7 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 	if d.Queue != b.queue {
 		return retry.Permanent(errors.New("wrong queue in delivery"))
 	}
-	text := d.Message.(*note).GetValue()
+	text := d.Message.(*sagatest.Message).GetValue()
 	if text == doBlock && first {
 		b.entered <- id
 		<-b.release
@@ -252,7 +249,7 @@ func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) 
 		PublishConn: b.pubConn,
 		Registry:    b.reg,
 		Handler:     b.handle,
-		LockBatch:   b.lockBatch,
+		Relay:       b.relay,
 		Concurrency: 2,
 		BatchSize:   4,
 		Retry:       b.policy,
@@ -261,6 +258,9 @@ func (b *testBundle) start(edit func(*consumer.Config), hook func(ids []string) 
 	if edit != nil {
 		edit(&cfg)
 	}
+	// The handler runs under the test's batch handler, which locks its
+	// batches ahead as the saga engine and the participant glue do.
+	cfg.Batch, cfg.Handler = lockingBatch{b, cfg.Handler}, nil
 	c, err := consumer.New(cfg)
 	require.NoError(b.t, err)
 	consumer.SetOnSettle(c, func(id, outcome string) {
@@ -324,7 +324,7 @@ func (b *testBundle) sendOneBatch(r *running, notes ...[2]string) {
 // envelopeFor builds the envelope of a note.
 func (b *testBundle) envelopeFor(id, text string) message.Envelope {
 	b.t.Helper()
-	env, err := message.New(&note{wrapperspb.String(text)}, message.Meta{MessageID: id, SagaID: "saga-" + id})
+	env, err := message.New(sagatest.NewMessage(noteInfo, text), message.Meta{MessageID: id, SagaID: "saga-" + id})
 	require.NoError(b.t, err)
 	return env
 }
@@ -420,14 +420,26 @@ func (b *testBundle) settledCount() int {
 	return len(b.settled)
 }
 
-// lockBatch is the test's LockBatch: it records the batch for each of its
-// messages, and fails when one of them says doBatchFault.
-func (b *testBundle) lockBatch(_ context.Context, _ pgx.Tx, ds []*consumer.Delivery) error {
+// lockingBatch is the test's batch handler: like the saga engine's and the
+// participant glue's, it locks ahead only a batch of two or more (the
+// consumer's savepoint path hands it one delivery at a time), recording
+// the batch for each of its messages, and fails the whole batch when one
+// of them says doBatchFault; then it runs h for each delivery.
+type lockingBatch struct {
+	b *testBundle
+	h consumer.HandlerFunc
+}
+
+func (l lockingBatch) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
+	if len(ds) < 2 {
+		return l.h.HandleBatch(ctx, tx, ds)
+	}
+	b := l.b
 	ids := make([]string, len(ds))
 	fault := false
 	for i, d := range ds {
 		ids[i] = d.Envelope.MessageID
-		fault = fault || d.Message.(*note).GetValue() == doBatchFault
+		fault = fault || d.Message.(*sagatest.Message).GetValue() == doBatchFault
 	}
 	b.mu.Lock()
 	for _, id := range ids {
@@ -435,12 +447,12 @@ func (b *testBundle) lockBatch(_ context.Context, _ pgx.Tx, ds []*consumer.Deliv
 	}
 	b.mu.Unlock()
 	if fault {
-		return errors.New("a statement for the whole batch failed")
+		return consumer.FailBatch(ds, errors.New("a statement for the whole batch failed"))
 	}
-	return nil
+	return l.h.HandleBatch(ctx, tx, ds)
 }
 
-// locksOf returns the batches LockBatch got with message id.
+// locksOf returns the batches lockingBatch locked with message id.
 func (b *testBundle) locksOf(id string) [][]string {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -14,23 +14,26 @@
 //     calling the handler.
 //  2. Transaction: inbox.Claim(Config.Name, message id). A message already
 //     claimed is a duplicate: committed and acknowledged without calling
-//     the handler. Otherwise the handler runs in the same transaction.
+//     the handler. Otherwise the batch handler (Config.Batch, or
+//     Config.Handler run as one) applies it in the same transaction.
 //  3. Commit, then acknowledge. Between the two, the outbox rows the
 //     batch's successful handlers wrote go to the relay of this process
-//     when the consumer's context carries one (outbox.WithRelay), or the
-//     relays are woken by a notification.
+//     when the consumer has one (Config.Relay), or the relays are woken by
+//     a notification.
 //
 // # Batches share commits
 //
 // A commit costs an fsync, the scarce resource. With BatchSize > 1 a worker
 // takes the deliveries already waiting (never waiting for more) and applies
 // them in one transaction. It first tries the fast path: one statement
-// claims every delivery in the inbox, Config.LockBatch (when set) takes the
-// batch's locks in one statement (the saga engine's instances, a
-// participant's idempotency keys), and the handlers run without
-// savepoints, each on the batch's transaction (a txq.Tx carrying the
-// batch's stage and wake set), the writes each one queued through the runtime (participant
-// replies, participant.Defer) sent in one round trip when it returns, and
+// claims every delivery in the inbox, and the consumer hands the deliveries
+// claimed first to the BatchHandler, without savepoints, on the batch's
+// transaction (a txq.Tx carrying the batch's stage and wake set). The saga
+// engine and participant.BatchHandler take the batch's locks in one
+// statement (the engine's instances, a participant's idempotency keys),
+// then apply each delivery, the writes each one queued through the runtime
+// (participant replies, participant.Defer) sent in one round trip when it
+// returns, and
 // the saga instance updates, outbox rows and audit rows of all of them
 // written by one statement per kind before the commit (a row inserted with
 // 63 others costs PostgreSQL a fraction of one inserted alone). Until
@@ -39,10 +42,12 @@
 // reads see the staged rows; a savepoint a handler begins writes them
 // first), and triggers on them fire at that last statement. If a handler
 // fails, or those last statements do (no attempt is charged then: which
-// handler wrote the bad row is not known, and it runs again), or
-// LockBatch does (no attempt is charged either), the
+// handler wrote the bad row is not known, and it runs again), or the
+// batch handler fails the batch as a whole (FailBatch: no attempt is
+// charged either), the
 // transaction rolls back and the batch is applied again with a savepoint
-// per delivery (a failed delivery is not run again; a deadlock or
+// per delivery, handing the batch handler one delivery at a time (a failed
+// delivery is not run again; a deadlock or
 // serialization failure charges no delivery): a failing delivery rolls back
 // only its savepoint and is routed, while the others commit together. So a
 // handler can run twice for one delivery without a redelivery, its first

@@ -27,14 +27,10 @@ func (c *Consumer) insertAllParked(ctx context.Context, tx pgx.Tx, items []*item
 	return nil
 }
 
-// runHandler runs the handler of it on tx (which carries the batch's wake
-// set, and its stage on the fast path) with a write scope, sends the
-// writes it queued, and checks it left the transaction usable. The
-// handler's after-commit work (the outbox's hand-off to a local relay) goes
-// to the wake set only when it succeeded: its writes then commit with the
-// batch's transaction, or not at all (a failure after this point fails the
-// whole transaction, and the wake set is dropped with it).
-func (c *Consumer) runHandler(ctx context.Context, tx *txq.Tx, it *item) error {
+// refused returns the failure of a delivery the consumer does not hand to
+// the handler (one whose handling stopped the consumer before), or nil.
+// Such a delivery is a suspect, always handled alone.
+func (c *Consumer) refused(it *item) error {
 	if it.stoppedBefore && it.failedBefore != "" {
 		it.reason = "redelivered"
 		return retry.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
@@ -48,13 +44,69 @@ func (c *Consumer) runHandler(ctx context.Context, tx *txq.Tx, it *item) error {
 		return retry.Permanent(fmt.Errorf("redelivered %d times without an acknowledgement (MaxRedeliveries %d), "+
 			"and handling it alone stopped the consumer before: not run again", it.redeliveries, c.cfg.MaxRedeliveries))
 	}
-	err := txq.Run(ctx, tx, func(ctx context.Context, tx pgx.Tx) error {
-		return c.callHandler(ctx, tx, it.d)
-	})
-	if errors.Is(err, txq.ErrAborted) {
-		return fmt.Errorf("handler %w", err)
+	return nil
+}
+
+// handleBatch hands the deliveries of its to the batch handler on tx (which
+// carries the batch's wake set, and its stage on the fast path) and returns
+// its errors: nil when every delivery succeeded, else one per delivery. A
+// panic outside any one delivery's handler fails the batch (or the
+// delivery, when it is alone); a handler's recovered panic is logged here.
+func (c *Consumer) handleBatch(ctx context.Context, tx pgx.Tx, its []*item) (errs []error) {
+	ds := make([]*Delivery, len(its))
+	for i, it := range its {
+		it.d.ctx = it.ctx
+		ds[i] = it.d
 	}
-	return err
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.ErrorContext(ctx, "batch handler panicked", slog.Int("batch", len(ds)),
+				slog.String("first_message_id", ds[0].Envelope.MessageID),
+				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			errs = c.batchFailed(ds, fmt.Errorf("panic: %v", r))
+		}
+	}()
+	errs = c.batch.HandleBatch(ctx, tx, ds)
+	if errs == nil {
+		return nil
+	}
+	if len(errs) != len(ds) {
+		return c.batchFailed(ds, fmt.Errorf("batch handler returned %d errors for %d deliveries", len(errs), len(ds)))
+	}
+	for i, err := range errs {
+		var pe *panicError
+		if errors.As(err, &pe) {
+			c.log.ErrorContext(ds[i].Context(ctx), "handler panicked", slog.String("message_id", ds[i].Envelope.MessageID),
+				slog.Any("panic", pe.value), slog.String("stack", string(pe.stack)))
+		}
+	}
+	return errs
+}
+
+// batchFailed is the errors of a batch that failed as a whole with err:
+// the one delivery's error when it is alone, else [FailBatch]'s.
+func (c *Consumer) batchFailed(ds []*Delivery, err error) []error {
+	if len(ds) == 1 {
+		return []error{err}
+	}
+	return FailBatch(ds, err)
+}
+
+// handleAlone runs the handler of it alone on tx, a savepoint, and
+// returns its error; a handler that returned success on an aborted
+// transaction fails.
+func (c *Consumer) handleAlone(ctx context.Context, tx pgx.Tx, it *item) error {
+	if err := c.refused(it); err != nil {
+		return err
+	}
+	errs := c.handleBatch(ctx, tx, []*item{it})
+	if errs != nil {
+		return errs[0]
+	}
+	if tx.Conn().PgConn().TxStatus() == 'E' {
+		return fmt.Errorf("handler %w", txq.ErrAborted)
+	}
+	return nil
 }
 
 // guardedTx is the batch transaction as a fast-path handler sees it: it
@@ -112,7 +164,7 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wa
 		c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
 		return nil
 	}
-	herr := c.runHandler(it.handlerContext(ctx), txq.New(sp, wakes, nil), it)
+	herr := c.handleAlone(ctx, txq.New(sp, wakes, nil), it)
 	if herr == nil {
 		if err := sp.Commit(ctx); err != nil {
 			if errors.Is(err, pgx.ErrTxClosed) {
@@ -136,32 +188,4 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wa
 	}
 	it.fail(fmt.Errorf("handler: %w", herr), c.cfg.Retry)
 	return nil
-}
-
-// lockBatch runs the LockBatch function on the batch's transaction,
-// turning a panic into an error.
-func (c *Consumer) lockBatch(ctx context.Context, tx pgx.Tx, ds []*Delivery) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			c.log.ErrorContext(ctx, "LockBatch panicked", slog.Int("batch", len(ds)),
-				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
-			err = fmt.Errorf("lock batch of %d (first message %s): panic: %v", len(ds), ds[0].Envelope.MessageID, r)
-		}
-	}()
-	if err := c.cfg.LockBatch(ctx, tx, ds); err != nil {
-		return fmt.Errorf("lock batch of %d (first message %s): %w", len(ds), ds[0].Envelope.MessageID, err)
-	}
-	return nil
-}
-
-// callHandler runs the handler, turning a panic into an unclassified error.
-func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, d *Delivery) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			c.log.ErrorContext(ctx, "handler panicked", slog.String("message_id", d.Envelope.MessageID),
-				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
-			err = fmt.Errorf("panic: %v", r)
-		}
-	}()
-	return c.cfg.Handler(ctx, tx, d)
 }

@@ -133,7 +133,7 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		b := setup(t)
 		b.declareCopies()
 		r, _ := b.runRelay("local")
-		b.ctx = outbox.WithRelay(b.ctx, r)
+		b.relay = r
 		c := b.start(func(c *consumer.Config) { c.Concurrency = 1; c.BatchSize = 16 }, nil)
 		// One batch: two handlers that write to the outbox and commit, and
 		// two that write and then fail. The first failure (e2) rolls the
@@ -176,7 +176,7 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = conn.Close() })
 		idle := b.newRelay("idle", conn)
-		b.ctx = outbox.WithRelay(b.ctx, idle)
+		b.relay = idle
 		c := b.start(nil, nil)
 		b.send("e1", doEnqueue, nil)
 		b.waitSettled("e1", "done")
@@ -185,7 +185,6 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		require.True(t, ok)
 		require.Equal(t, outboxRow{}, row, "a relay that is not running is not handed anything: the row waits unleased")
 
-		b.ctx = context.Background()
 		other, _ := b.runRelay("other")
 		b.waitPublished("e1-out")
 		row, _ = b.outboxRow("e1-out")
@@ -200,7 +199,7 @@ func TestHandOffToLocalRelay(t *testing.T) {
 		b := setup(t)
 		b.declareCopies()
 		r, stopRelay := b.runRelay("leaving")
-		b.ctx = outbox.WithRelay(b.ctx, r)
+		b.relay = r
 		c := b.start(nil, nil)
 		stops := 0
 		// After the insert leased the row to the relay, before the commit.
@@ -223,7 +222,6 @@ func TestHandOffToLocalRelay(t *testing.T) {
 
 		// The lease was a minute long: only the release lets another relay
 		// publish the row within the test's timeout.
-		b.ctx = context.Background()
 		other, _ := b.runRelay("other")
 		b.waitPublished("h-out")
 		b.waitPublishedCount(other, 2)

@@ -199,20 +199,20 @@ func (c *Consumer) transact(ctx context.Context, items []*item) error {
 var errFallBack = errors.New("fall back to a savepoint per delivery")
 
 // transactFast applies the batch without savepoints: one statement claims
-// every pending delivery in the inbox, Config.LockBatch locks what the
-// batch's handlers will need, then the handlers run directly in the
-// batch's transaction, each one's queued writes sent as one pipeline when it
-// returns (see runtime/internal/txq). This saves three round trips per
-// delivery (SAVEPOINT, the claim, RELEASE) when every handler succeeds,
-// which is the common case. The saga instance updates and the outbox and
+// every pending delivery in the inbox, then the batch handler gets the
+// deliveries claimed first, in the batch's transaction: it locks what they
+// need in one statement and applies each, each one's queued writes sent as
+// one pipeline when it returns (see runtime/internal/txq). This saves three
+// round trips per delivery (SAVEPOINT, the claim, RELEASE) when every
+// handler succeeds, which is the common case. The saga instance updates and the outbox and
 // audit rows of every handler are staged (txq.Stage) and written by one
 // statement per kind before the commit; if that fails, nothing tells which
 // handler's row was at fault, so no attempt is charged and the batch goes
 // down the savepoint path, where nothing is staged.
 //
-// The first handler that fails ends the attempt: the transaction rolls back,
-// that delivery keeps its failure (it is not run again), the deliveries
-// handled before it become pending again, and errFallBack tells transact to
+// The first delivery that fails ends the attempt: the transaction rolls
+// back, that delivery keeps its failure (it is not run again), the others
+// become pending again, and errFallBack tells transact to
 // apply the batch with a savepoint per delivery, where no failure can undo
 // another delivery's work. A handler that commits or rolls back the
 // transaction is a deliveryFault, as on the savepoint path.
@@ -268,54 +268,10 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 		c.log.Debug("batch's staged writes failed; applying the batch again with a savepoint per delivery", slog.Any("error", err))
 		return chargeNone()
 	}
-	batch := make([]*Delivery, 0, len(pending))
-	for i, it := range pending {
-		if first[i] {
-			batch = append(batch, it.d)
-		}
-	}
-	if c.cfg.LockBatch != nil && len(batch) > 0 {
-		err := c.lockBatch(ctx, btx, batch)
-		if err == nil && guard.closed {
-			err = fmt.Errorf("lock batch: %w", errHandlerClosedTx)
-		}
-		if err != nil {
-			stage.Discard(err)
-			if ctx.Err() != nil {
-				return err
-			}
-			if rerr := tx.Rollback(ctx); rerr != nil {
-				return fmt.Errorf("roll back after locking the batch failed (%v): %w", err, rerr)
-			}
-			// A statement for the whole batch failed: not one delivery's
-			// fault. The savepoint path, where nothing is locked ahead,
-			// finds the culprit, if there is one.
-			c.log.Debug("locking the batch failed; applying it with a savepoint per delivery", slog.Any("error", err))
-			return chargeNone()
-		}
-	}
-	for i, it := range pending {
-		if !first[i] {
-			it.outcome = outcomeDuplicate
-			c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
-			continue
-		}
-		it.ranFast = true
-		herr := c.runHandler(it.handlerContext(ctx), btx, it)
-		if guard.closed {
-			stage.Discard(errHandlerClosedTx)
-			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}
-		}
-		if guard.stageErr != nil {
-			// Even if the handler went on without its savepoint: the
-			// rows written before it are not all there.
-			stage.Discard(guard.stageErr)
-			return stagedFailed(guard.stageErr)
-		}
-		if herr == nil {
-			it.outcome = outcomeDone
-			continue
-		}
+	// failed ends the attempt at its failure herr: the transaction rolls
+	// back, it keeps its failure (it is not run again), and the others
+	// are pending again.
+	failed := func(it *item, herr error) error {
 		stage.Discard(fmt.Errorf("rolled back with the batch after message %s failed: %w", it.messageID(), herr))
 		if ctx.Err() != nil {
 			return fmt.Errorf("message %q: handler interrupted: %w", it.messageID(), herr)
@@ -327,18 +283,79 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			return fmt.Errorf("message %q: roll back after handler error (%v): %w", it.messageID(), herr, err)
 		}
 		if lockConflict(herr) {
-			// The batch's inbox claims and LockBatch hold locks from
-			// their first statements, so a deadlock or serialization
-			// failure here may be the batch's doing rather than this
-			// delivery's: charge no attempt, the savepoint path applies
-			// it again.
+			// The batch's inbox claims and the batch handler's first
+			// statement hold locks for the whole batch, so a deadlock or
+			// serialization failure here may be the batch's doing rather
+			// than this delivery's: charge no attempt, the savepoint path
+			// applies it again.
 			return chargeNone()
 		}
-		for _, p := range pending[:i] {
-			p.outcome = outcomePending
+		for _, p := range pending {
+			if p != it {
+				p.outcome = outcomePending
+			}
 		}
 		it.fail(fmt.Errorf("handler: %w", herr), c.cfg.Retry)
 		return errFallBack
+	}
+	var run []*item
+	for i, it := range pending {
+		if !first[i] {
+			it.outcome = outcomeDuplicate
+			c.log.Debug("duplicate message acknowledged without effect", slog.String("message_id", it.messageID()))
+			continue
+		}
+		if err := c.refused(it); err != nil {
+			return failed(it, err)
+		}
+		run = append(run, it)
+	}
+	if len(run) > 0 {
+		for _, it := range run {
+			it.ranFast = true
+		}
+		errs := c.handleBatch(ctx, btx, run)
+		if guard.closed {
+			stage.Discard(errHandlerClosedTx)
+			return &deliveryFault{err: errors.New("handler committed or rolled back the transaction it was given")}
+		}
+		if guard.stageErr != nil {
+			// Even if the handler went on without its savepoint: the
+			// rows written before it are not all there.
+			stage.Discard(guard.stageErr)
+			return stagedFailed(guard.stageErr)
+		}
+		if i := slices.IndexFunc(errs, func(err error) bool { return err != nil && !errors.Is(err, ErrSkipped) }); i >= 0 {
+			for _, it := range run[i+1:] {
+				it.ranFast = false
+			}
+			var be *BatchError
+			if !errors.As(errs[i], &be) {
+				return failed(run[i], errs[i])
+			}
+			// A statement for the whole batch failed (its locks, or its
+			// staged rows after the handlers ran): not one delivery's
+			// fault. The savepoint path, where nothing is locked ahead or
+			// staged, finds the culprit, if there is one.
+			stage.Discard(errs[i])
+			if ctx.Err() != nil {
+				return errs[i]
+			}
+			if rerr := tx.Rollback(ctx); rerr != nil {
+				return fmt.Errorf("roll back after the batch handler failed for the batch (%v): %w", errs[i], rerr)
+			}
+			c.log.Debug("the batch handler failed for the whole batch; applying it with a savepoint per delivery", slog.Any("error", errs[i]))
+			return chargeNone()
+		}
+		if errs != nil || tx.Conn().PgConn().TxStatus() == 'E' {
+			// Every delivery skipped, or success on an aborted
+			// transaction: which delivery is at fault is not known.
+			stage.Discard(txq.ErrAborted)
+			return stagedFailed(fmt.Errorf("batch handler %w", txq.ErrAborted))
+		}
+		for _, it := range run {
+			it.outcome = outcomeDone
+		}
 	}
 	if err := stage.Flush(ctx); err != nil {
 		return stagedFailed(err) // a duplicate message id, say
@@ -385,6 +402,9 @@ func (c *Consumer) inTransaction(ctx context.Context, items []*item, apply func(
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	wakes := txq.NewWakes(tx)
+	if c.cfg.Relay != nil {
+		wakes.HandOffTo(c.cfg.Relay)
+	}
 	if err := apply(tx, wakes); err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/protosaga/saga/runtime/broker"
+	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/message"
 )
 
@@ -117,12 +118,12 @@ func (c *Consumer) parkPublishing(it *item) amqp.Publishing {
 	return p
 }
 
-// insertParked records it in saga_parked within tx. A message already
-// parked from this queue and still open (neither replayed nor dismissed
-// since) is not recorded twice, so a
-// redelivery after a lost ack (or a failed parking-lot publish) keeps one
-// row. Text is made storable: PostgreSQL text cannot hold NUL bytes or
-// invalid UTF-8, and a malformed message must still be parkable.
+// insertParked records it in saga_parked within tx (parked.Insert). A
+// message already parked from this queue and still open (neither replayed
+// nor dismissed since) is not recorded twice, so a redelivery after a lost
+// ack (or a failed parking-lot publish) keeps one row. Text is made
+// storable: PostgreSQL text cannot hold NUL bytes or invalid UTF-8, and a
+// malformed message must still be parkable.
 func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error {
 	if it.parkID == "" {
 		it.parkID = it.raw.MessageId
@@ -152,24 +153,13 @@ func (c *Consumer) insertParked(ctx context.Context, tx pgx.Tx, it *item) error 
 		return fmt.Errorf("encode headers of parked message: %w", err)
 	}
 	exchange, routingKey := routing(raw)
-	body := raw.Body
-	if body == nil {
-		body = []byte{}
-	}
-	_, err = tx.Exec(ctx, `
-INSERT INTO saga_parked (message_id, queue, message_type, saga_id, saga_type, correlation_id,
-  class, reason, attempts, exchange, routing_key, headers, body, first_failure_at, correlation_key)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15
-WHERE NOT EXISTS (
-  SELECT 1 FROM saga_parked WHERE message_id = $1 AND queue = $2 AND replayed_at IS NULL AND dismissed_at IS NULL
-)`,
-		text(it.parkID), text(c.cfg.Queue), text(raw.Type), text(sagaID), text(sagaType), text(raw.CorrelationId),
-		it.parkClass(), text(truncate(it.err.Error(), maxStoredReason)), it.attempt,
-		text(exchange), text(routingKey), headers, body, c.firstFailureAt(raw), text(correlationKey))
-	if err != nil {
-		return fmt.Errorf("record parked message: %w", err)
-	}
-	return nil
+	return parked.Insert(ctx, tx, parked.New{
+		MessageID: text(it.parkID), Queue: text(c.cfg.Queue), MessageType: text(raw.Type), SagaID: text(sagaID),
+		SagaType: text(sagaType), CorrelationID: text(raw.CorrelationId), Class: it.parkClass(),
+		Reason: text(truncate(it.err.Error(), maxStoredReason)), Attempts: it.attempt,
+		Exchange: text(exchange), RoutingKey: text(routingKey), Headers: headers, Body: raw.Body,
+		FirstFailureAt: c.firstFailureAt(raw), CorrelationKey: text(correlationKey),
+	})
 }
 
 // parkNamespace names the ids parkIDFor derives.

@@ -58,7 +58,7 @@ func TestStagedOutboxRows(t *testing.T) {
 		require.NoError(t, rows.Err())
 		require.Equal(t, []string{"e1-out", "e2-out", "e3-out", "e4-out"}, order, "in the order the handlers ran")
 		for _, id := range []string{"e1", "e2", "e3", "e4"} {
-			require.Equal(t, [][]string{{"e1", "e2", "e3", "e4"}}, b.locksOf(id), "LockBatch got %s's batch once", id)
+			require.Equal(t, [][]string{{"e1", "e2", "e3", "e4"}}, b.locksOf(id), "the batch handler locked %s's batch once", id)
 		}
 	})
 
@@ -142,10 +142,10 @@ func TestStagedOutboxRows(t *testing.T) {
 		b.stop(c)
 		_, fellBack := consumer.Paths(c.c)
 		require.Equal(t, int64(1), fellBack)
-		require.Equal(t, [][]string{{"e1", "f1", "e2"}}, b.locksOf("f1"), "LockBatch failed on the fast path only")
+		require.Equal(t, [][]string{{"e1", "f1", "e2"}}, b.locksOf("f1"), "the batch failed as a whole on the fast path only")
 		for _, id := range []string{"e1", "f1", "e2"} {
 			require.Equal(t, []int{1}, b.attemptsOf(id),
-				"no handler ran before LockBatch; the batch's failure charged %s no attempt", id)
+				"no handler ran before the batch failed as a whole; the batch's failure charged %s no attempt", id)
 		}
 		for _, id := range []string{"e1", "f1", "e2"} {
 			require.Equal(t, []int{1}, b.effects(id), "%s took effect once", id)

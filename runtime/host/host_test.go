@@ -202,10 +202,10 @@ func TestHostServes(t *testing.T) {
 	}
 	require.Positive(t, logged)
 
-	// A saga started from application code under WithRelay completes too
-	// (examples/placeorder/app TestStartHandsFirstCommandToTheRelay checks
-	// the hand-over itself).
-	id, created, err := po.Start(h.WithRelay(ctx), &orderv1.PlaceOrderRequest{
+	// A saga started from application code completes too, its first
+	// command handed to the host's relay (examples/placeorder/app
+	// TestStartHandsFirstCommandToTheRelay checks the hand-over itself).
+	id, created, err := po.Start(ctx, &orderv1.PlaceOrderRequest{
 		OrderId: "o-app", CustomerId: "c", Lines: []*commonv1.OrderLine{{ProductId: "widget", Quantity: 1}},
 		Amount: &commonv1.Money{Currency: "EUR", MinorUnits: 100}, ShippingAddress: &commonv1.Address{Country: "FR"}, CardToken: "tok",
 	}, message.Meta{})

@@ -67,10 +67,7 @@ func (h *Host) serve(r *running) error {
 		base := "/sagas/" + s.Snake
 		route("GET "+base+"/{id}", s.Engine.StatusHandler())
 		if h.cfg.StartEndpoints {
-			start := s.Engine.StartHandler(s.NewStart, func(id string) string { return base + "/" + id })
-			route("POST "+base, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-				start.ServeHTTP(w, req.WithContext(r.withRelay(req.Context())))
-			}))
+			route("POST "+base, s.Engine.StartHandler(s.NewStart, func(id string) string { return base + "/" + id }))
 		}
 	}
 	if err := errors.Join(routes...); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/schema"
 	"github.com/protosaga/saga/runtime/service"
@@ -227,14 +228,20 @@ func (h *Host) build(r *running) error {
 		}
 		r.callbacks = d
 	}
-	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.HandlerFunc, lock consumer.LockBatchFunc) error {
+	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.BatchHandler) error {
 		t := h.cfg.tuning(queue)
 		pol := h.cfg.Retry
 		if d, ok := pkg.Retry[queue]; ok {
 			pol = d // the contract's policy for this queue, which Topology declared
 		}
+		var relay *outbox.Relay
+		if n := len(r.relays); n > 0 {
+			// Rows a consumer's batches commit go straight to a relay of
+			// this process, without a claim.
+			relay = r.relays[len(r.consumers)%n]
+		}
 		c, err := consumer.New(consumer.Config{
-			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Handler: handler, LockBatch: lock,
+			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
 			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: pol,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
@@ -254,7 +261,7 @@ func (h *Host) build(r *running) error {
 		if h.cfg.ParticipantMiddleware != nil {
 			fn = h.cfg.ParticipantMiddleware(p.Service, fn)
 		}
-		if err := add(p.Queue, p.Package, reg, participant.Handler(fn), participant.LockBatch(p.Service)); err != nil {
+		if err := add(p.Queue, p.Package, reg, participant.BatchHandler(p.Service, fn)); err != nil {
 			return err
 		}
 	}
@@ -263,12 +270,12 @@ func (h *Host) build(r *running) error {
 		if err != nil {
 			return fmt.Errorf("subscriber %s: %w", s.Service, err)
 		}
-		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), nil); err != nil {
+		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func)); err != nil {
 			return err
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine.Handle, s.Engine.LockBatch); err != nil {
+		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine); err != nil {
 			return err
 		}
 	}
@@ -287,13 +294,13 @@ func (h *Host) registerGauges(r *running) error {
 		defs = append(defs, s.Engine.Definition())
 	}
 	if len(defs) > 0 {
-		reg, err := telemetry.RegisterSagaGauges(meter, h.pool, defs)
+		reg, err := saga.RegisterGauges(meter, h.pool, defs)
 		if err != nil {
 			return fmt.Errorf("saga gauges: %w", err)
 		}
 		r.gauges = append(r.gauges, reg)
 	}
-	reg, err := telemetry.RegisterOutboxGauges(meter, h.pool)
+	reg, err := outbox.RegisterGauges(meter, h.pool)
 	if err != nil {
 		return fmt.Errorf("outbox gauges: %w", err)
 	}
@@ -331,14 +338,15 @@ func (h *Host) launch(r *running) {
 			return outbox.RunScheduler(r.relayWork, outbox.SchedulerConfig{Pool: h.pool, Now: h.cfg.Now, Logger: h.log})
 		})
 	}
-	for i, c := range r.consumers {
-		ctx := r.work
-		if len(r.relays) > 0 {
-			// Rows a consumer's handlers commit go straight to a relay of
-			// this process, without a claim.
-			ctx = outbox.WithRelay(ctx, r.relays[i%len(r.relays)])
+	for _, c := range r.consumers {
+		part("consumer", &r.consumersWG, func() error { return c.Run(r.work) })
+	}
+	if len(r.relays) > 0 {
+		// The engines' own transactions (starts, operator actions, the
+		// timeout scanner) hand their rows to a relay of this process.
+		for _, s := range h.sagas {
+			s.Engine.HandOffTo(r.relays[0])
 		}
-		part("consumer", &r.consumersWG, func() error { return c.Run(ctx) })
 	}
 	for _, s := range h.sagas {
 		part("timeout scanner of "+s.Engine.Definition().Name, nil, func() error {
@@ -400,6 +408,9 @@ func (h *Host) stop(ctx context.Context, r *running) error {
 	if err := wait(ctx, &r.consumersWG); err != nil {
 		drained = false
 		errs = append(errs, fmt.Errorf("consumers did not drain: %w", err))
+	}
+	for _, s := range h.sagas {
+		s.Engine.HandOffTo(nil)
 	}
 	r.stopRelays()
 	if err := wait(ctx, &r.relaysWG); err != nil {
@@ -482,28 +493,6 @@ func wait(ctx context.Context, wg *sync.WaitGroup) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// WithRelay returns ctx carrying one of the host's relays, for starting
-// sagas in this process (Start, StartTx): the first commands go to the relay
-// after the commit, without a claim. Before Start, or without relays, it
-// returns ctx.
-func (h *Host) WithRelay(ctx context.Context) context.Context {
-	h.mu.Lock()
-	r := h.run
-	h.mu.Unlock()
-	if r == nil {
-		return ctx
-	}
-	return r.withRelay(ctx)
-}
-
-// withRelay returns ctx carrying the first relay, if any.
-func (r *running) withRelay(ctx context.Context) context.Context {
-	if len(r.relays) == 0 {
-		return ctx
-	}
-	return outbox.WithRelay(ctx, r.relays[0])
 }
 
 // RelayStats sums the counters of the host's relays.

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/protosaga/saga/runtime/internal/txq"
 )
 
 // directDepth is how many hand-offs (one per committed transaction)
@@ -13,19 +15,20 @@ import (
 // claimed instead.
 const directDepth = 256
 
-type relayKey struct{}
-
-// WithRelay returns a context in which [Enqueue], called from a handler the
-// runtime runs in this process (a consumer handler, a participant, the saga
-// engine inside one) or from saga.Engine.Start, the timeout scanner
-// (FireTimeouts, RunTimeouts), saga.Engine.Operate and the admin server's
-// repairs, hands its rows to r once that transaction commits, instead of waking relays to claim them. The
-// rows are inserted already leased to r (their pending rows have
-// lease_owner, lease_until = the transaction's start + LeaseDuration,
-// attempts 1), so no relay claims them
-// meanwhile and r publishes them
-// without a claim statement: the claim and its row update are skipped, and
-// so is the notification round trip. The guarantees do not change:
+// relayOf returns the relay of this process that tx's committed rows are
+// handed to, or nil.
+//
+// The owner of a transaction names that relay on the transaction's wake set
+// (txq.Wakes.HandOffTo): a consumer given one (consumer.Config.Relay), a
+// saga engine given one (saga.Engine.HandOffTo: Start, Operate, InTx, the
+// timeout scanner, the admin server's repairs through the engine). Then
+// [Enqueue] hands its rows to r once that transaction commits, instead of
+// waking relays to claim them. The rows are inserted already leased to r
+// (their pending rows have lease_owner, lease_until = the transaction's
+// start + LeaseDuration, attempts 1), so no relay claims them meanwhile and
+// r publishes them without a claim statement: the claim and its row update
+// are skipped, and so is the notification round trip. The guarantees do not
+// change:
 //
 //   - r gets the rows only after the transaction committed, and only those
 //     of handlers whose writes committed (a failed handler's savepoint, a
@@ -42,18 +45,11 @@ type relayKey struct{}
 //
 // Enqueue in a transaction of the caller's own is not affected, nor is
 // Enqueue on a savepoint a handler opened (its rows are claimed as usual).
-// On a consumer's fast path the rows of the whole batch are inserted
-// together with the relay the consumer's context carries: give the relay
-// to the consumer (Run's context), not to one handler's context.
 // A handler must not use the transaction it was given while a savepoint of
 // its own is open and then roll that savepoint back: rows written and then
 // undone that way could be handed over.
-func WithRelay(ctx context.Context, r *Relay) context.Context {
-	return context.WithValue(ctx, relayKey{}, r)
-}
-
-func relayFrom(ctx context.Context) *Relay {
-	r, _ := ctx.Value(relayKey{}).(*Relay)
+func relayOf(tx pgx.Tx) *Relay {
+	r, _ := txq.HandOff(tx).(*Relay)
 	return r
 }
 

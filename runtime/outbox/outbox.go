@@ -78,8 +78,9 @@
 // already queued are sent, and batches claimed but not sent are released at
 // once, bounded by ConfirmTimeout.
 //
-// Hand-off: a relay given to the consumers' context with [WithRelay] gets
-// the rows their handlers enqueue straight after each commit, inserted
+// Hand-off: a relay named on a transaction's wake set by its owner (a
+// consumer's Config.Relay, a saga engine's HandOffTo) gets the rows
+// enqueued in it straight after the commit, inserted
 // already leased to it, and publishes them without claiming them: no claim
 // statement, no lease update, no notification. The sender merges queued
 // hand-offs into batches of up to BatchSize rows and interleaves them with
@@ -172,9 +173,9 @@ func Enqueue(ctx context.Context, tx pgx.Tx, envs ...message.Envelope) error {
 // write inserts rs in tx, or queues the insert in tx's scope, with
 // the hand-off to a local relay or the relays' wake-up arranged.
 func write(ctx context.Context, tx pgx.Tx, rs *rowset, result txq.Result) error {
-	if r := relayFrom(ctx); r != nil && r.accepting() {
+	if r := relayOf(tx); r != nil && r.accepting() {
 		// Hand the rows to the local relay after the commit, leased to it
-		// from their insert, so no relay claims them (see WithRelay). All
+		// from their insert, so no relay claims them (see relayOf). All
 		// the rows of one commit go over together.
 		if c, ok := txq.CollectorFor(tx, r, func() txq.Collector { return &handoff{r: r} }); ok {
 			lr := &leasedRows{rows: make([]row, len(rs.envs))}

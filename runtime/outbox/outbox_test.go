@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/protosaga/saga/internal/metrictest"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/schema"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -618,13 +618,8 @@ func TestRunDrainsOnCancel(t *testing.T) {
 	require.NoError(t, <-res)
 }
 
-type testMsg struct{ *structpb.Struct }
-
-var testInfo = &message.Info{FullName: "shop.v1.OrderPlaced", Kind: message.KindEvent, Exchange: testExchange, RoutingKey: routedKey, SchemaVersion: 2}
-
-func (testMsg) SagaMessageInfo() *message.Info { return testInfo }
-func (testMsg) IdempotencyKey() string         { return "" }
-func (testMsg) CorrelationKey() string         { return "" }
+var testInfo = sagatest.Type{FullName: "shop.v1.OrderPlaced", Kind: message.KindEvent, Exchange: testExchange, RoutingKey: routedKey,
+	SchemaVersion: 2, IdempotencyKey: func(string) string { return "" }, CorrelationKey: func(string) string { return "" }}.Info()
 
 func TestPublishAndEnqueueErrors(t *testing.T) {
 	t.Parallel()
@@ -632,11 +627,12 @@ func TestPublishAndEnqueueErrors(t *testing.T) {
 	pool := testenv.Postgres(t)
 	require.NoError(t, schema.Migrate(ctx, pool))
 
-	s, err := structpb.NewStruct(map[string]any{"order": "o-1"})
-	require.NoError(t, err)
-	var id string
+	var (
+		id  string
+		err error
+	)
 	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		id, err = Publish(ctx, tx, testMsg{s}, message.Meta{SagaID: "saga-1"})
+		id, err = Publish(ctx, tx, sagatest.NewMessage(testInfo, "o-1"), message.Meta{SagaID: "saga-1"})
 		return err
 	}))
 	var typ, corr, ex, key string

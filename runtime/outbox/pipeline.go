@@ -67,7 +67,7 @@ type batch struct {
 	work   context.Context
 	finish context.CancelFunc
 
-	handed  bool // handed over by a consumer's commit (see WithRelay), not claimed
+	handed  bool // handed over by a consumer's commit (see relayOf), not claimed
 	sent    bool // published (false: released unpublished)
 	spans   []trace.Span
 	pending *broker.Pending

@@ -185,7 +185,7 @@ type Relay struct {
 
 	published, failed, pruned, orphans atomic.Int64
 
-	// Hand-offs (see WithRelay): open while Run accepts them, into
+	// Hand-offs (see relayOf): open while Run accepts them, into
 	// direct, which only the sender reads.
 	mu     sync.RWMutex
 	open   bool
@@ -201,7 +201,7 @@ type RelayStats struct {
 	// timeout, connection loss) and were released for another attempt.
 	Failed int64
 	// HandedOff counts rows handed to the relay after their commit (see
-	// WithRelay) rather than claimed. They are published like claimed
+	// relayOf) rather than claimed. They are published like claimed
 	// rows, or released unsent if the relay stops first.
 	HandedOff int64
 	// Pruned counts published rows the relay deleted (KeepPublished).

@@ -114,7 +114,7 @@ func TestReplayedRowIsYoungInTheBacklog(t *testing.T) {
 	b := setup(t)
 	ctx := testCtx(t)
 	mp := metrictest.New(t)
-	_, err := telemetry.RegisterOutboxGauges(mp.Meter("gauges"), b.pool)
+	_, err := RegisterGauges(mp.Meter("gauges"), b.pool)
 	require.NoError(t, err)
 
 	ids := enqueue(t, ctx, b.pool, 1, routedKey)

@@ -180,7 +180,7 @@ WHERE service = $1 AND idempotency_key = $2`, service, key).Scan(&typ, &body)
 	return reply, nil
 }
 
-// On a consumer's fast path LockBatch records the keys of every command in
+// On a consumer's fast path BatchHandler records the keys of every command in
 // the batch for its service at once, in one statement, instead of one
 // statement per command. Once then takes a key from that claim. When the batch's staged rows are written, the records no
 // call took (commands another handler of the batch ran) are deleted again,
@@ -222,56 +222,73 @@ func (c *claimedAhead) take(key string) (first, ok bool) {
 	return inserted, true
 }
 
-// LockBatch returns the [consumer.LockBatchFunc] of service's consumer
-// when its handler runs an [Idempotent] function: it records the keys of
-// every command of the batch for service in one statement, in key order
-// (so that two batches claiming the same keys wait for each other rather
-// than deadlock), and leaves the claim on the batch's transaction, where
-// [Once] takes its keys from it. With fewer than two keys, or on a
-// transaction that is not a consumer batch's, it does nothing.
-func LockBatch(service string) consumer.LockBatchFunc {
-	return func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
-		var keys []string
-		for _, d := range ds {
-			if d.Message != nil && d.Message.IdempotencyKey() != "" {
-				keys = append(keys, onceKey(d.Message, &d.Envelope))
-			}
+// BatchHandler returns the [consumer.BatchHandler] of service's consumer
+// whose commands run fn, an [Idempotent] function (possibly under
+// middleware): it records the keys of every command of the batch for
+// service in one statement, in key order (so that two batches claiming the
+// same keys wait for each other rather than deadlock), and leaves the claim
+// on the batch's transaction, where [Once] takes its keys from it; then it
+// runs [Handler](fn) for each delivery. With fewer than two keys, or on a
+// transaction that is not a consumer batch's, it claims nothing ahead. A
+// failed claim statement fails the batch as a whole ([consumer.FailBatch]).
+func BatchHandler(service string, fn Func) consumer.BatchHandler {
+	return &batchHandler{service: service, h: Handler(fn)}
+}
+
+type batchHandler struct {
+	service string
+	h       consumer.HandlerFunc
+}
+
+func (b *batchHandler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
+	if err := claimAhead(ctx, tx, b.service, ds); err != nil {
+		return consumer.FailBatch(ds, err)
+	}
+	return b.h.HandleBatch(ctx, tx, ds)
+}
+
+// claimAhead claims the keys of ds for BatchHandler.
+func claimAhead(ctx context.Context, tx pgx.Tx, service string, ds []*consumer.Delivery) error {
+	var keys []string
+	for _, d := range ds {
+		if d.Message != nil && d.Message.IdempotencyKey() != "" {
+			keys = append(keys, onceKey(d.Message, &d.Envelope))
 		}
-		if len(keys) < 2 {
-			return nil
-		}
-		part, ok := txq.PartFor(tx, aheadKey{service}, func() txq.Part {
-			return &claimedAhead{service: service, first: map[string]bool{}, taken: map[string]bool{}}
-		})
-		if !ok {
-			return nil
-		}
-		slices.Sort(keys)
-		keys = slices.Compact(keys)
-		// A key the table cannot take (say, one with a NUL byte) fails the
-		// statement for the whole batch: the consumer then applies the
-		// batch with a savepoint per delivery, where each command claims
-		// its own key and only the bad one fails.
-		rows, err := tx.Query(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
+	}
+	if len(keys) < 2 {
+		return nil
+	}
+	part, ok := txq.PartFor(tx, aheadKey{service}, func() txq.Part {
+		return &claimedAhead{service: service, first: map[string]bool{}, taken: map[string]bool{}}
+	})
+	if !ok {
+		return nil
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	// A key the table cannot take (say, one with a NUL byte) fails the
+	// statement for the whole batch: the consumer then applies the batch
+	// with a savepoint per delivery, where each command claims its own key
+	// and only the bad one fails.
+	rows, err := tx.Query(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
 SELECT $1, k FROM unnest($2::text[]) AS k ORDER BY k
 ON CONFLICT (service, idempotency_key) DO NOTHING
 RETURNING idempotency_key`, service, keys)
-		var inserted []string
-		if err == nil {
-			inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		}
-		if err != nil {
-			return fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err)
-		}
-		c := part.(*claimedAhead)
-		for _, k := range keys {
-			c.first[k] = false
-		}
-		for _, k := range inserted {
-			c.first[k] = true
-		}
-		return nil
+	var inserted []string
+	if err == nil {
+		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
+	if err != nil {
+		return fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err)
+	}
+	c := part.(*claimedAhead)
+	for _, k := range keys {
+		c.first[k] = false
+	}
+	for _, k := range inserted {
+		c.first[k] = true
+	}
+	return nil
 }
 
 // Queue deletes the records the claim inserted and no Once took.

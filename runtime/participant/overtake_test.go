@@ -12,6 +12,7 @@ import (
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/sagatest"
 )
 
 // inventory is an idempotent participant that records every effect it
@@ -21,11 +22,11 @@ type inventory struct{ effects []string }
 func (i *inventory) fn(t *testing.T) participant.Func {
 	return participant.Idempotent("inventory", registry(t),
 		func(_ context.Context, _ pgx.Tx, cmd message.Message) (message.Message, error) {
-			i.effects = append(i.effects, cmd.SagaMessageInfo().FullName+" "+cmd.(testMsg).GetValue())
+			i.effects = append(i.effects, cmd.SagaMessageInfo().FullName+" "+cmd.(*sagatest.Message).GetValue())
 			if cmd.SagaMessageInfo() == releaseInfo {
-				return msg(releasedInfo, cmd.(testMsg).GetValue()), nil
+				return msg(releasedInfo, cmd.(*sagatest.Message).GetValue()), nil
 			}
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), nil
 		})
 }
 
@@ -102,7 +103,7 @@ func TestCompensationOvertakingItsCommandInOneBatch(t *testing.T) {
 	wakes := txq.NewWakes(tx)
 	stage := txq.NewStage(tx, wakes)
 	btx := txq.New(tx, wakes, stage)
-	require.NoError(t, participant.LockBatch("inventory")(ctx, btx, batch))
+	require.NoError(t, participant.ClaimAhead(ctx, btx, "inventory", batch))
 	var replies []message.Message
 	for _, d := range batch {
 		stx, scope := txq.WithScope(btx)
@@ -199,8 +200,8 @@ func TestCompensationWaitsForItsRunningCommand(t *testing.T) {
 	defer func() { _ = running.Rollback(ctx) }()
 	reserveFn := participant.Idempotent("inventory", registry(t),
 		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
-			_, err := tx.Exec(ctx, `INSERT INTO holds VALUES ($1)`, cmd.(testMsg).GetValue())
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), err
+			_, err := tx.Exec(ctx, `INSERT INTO holds VALUES ($1)`, cmd.(*sagatest.Message).GetValue())
+			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), err
 		})
 	_, err = reserveFn(participant.WithCommand(ctx, &reserve.Envelope), running, reserve.Message)
 	require.NoError(t, err)
@@ -208,8 +209,8 @@ func TestCompensationWaitsForItsRunningCommand(t *testing.T) {
 	var sawHold bool
 	releaseFn := participant.Idempotent("inventory", registry(t),
 		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
-			err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM holds WHERE loan = $1)`, cmd.(testMsg).GetValue()).Scan(&sawHold)
-			return msg(releasedInfo, cmd.(testMsg).GetValue()), err
+			err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM holds WHERE loan = $1)`, cmd.(*sagatest.Message).GetValue()).Scan(&sawHold)
+			return msg(releasedInfo, cmd.(*sagatest.Message).GetValue()), err
 		})
 	done := make(chan error, 1)
 	go func() {

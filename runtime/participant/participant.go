@@ -9,7 +9,9 @@
 //
 // so the business effect and the reply commit together: there is no window in
 // which the effect is applied but the reply is lost, or the reply is sent for
-// an effect that rolled back.
+// an effect that rolled back. [BatchHandler] is the consumer.BatchHandler a
+// host gives a participant's consumer: it claims the once keys of a whole
+// batch in one statement, then runs Handler for each delivery.
 //
 // Business failures (out of stock, card declined) are replies, not errors: a
 // Func returns the failure reply with a nil error, and the saga compensates.

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/consumer"
@@ -22,24 +21,16 @@ import (
 	sagaoutbox "github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
+	"github.com/protosaga/saga/runtime/sagatest"
 	"github.com/protosaga/saga/runtime/schema"
 )
 
-// testMsg is a message.Message over a well-known type; the value is the
-// order id.
-type testMsg struct {
-	*wrapperspb.StringValue
-	info *message.Info
-}
-
-func (m testMsg) SagaMessageInfo() *message.Info { return m.info }
-func (m testMsg) IdempotencyKey() string         { return m.GetValue() } // like generated code: the business key alone
-func (m testMsg) CorrelationKey() string         { return m.GetValue() }
-
+// newInfo is a test message type (sagatest.Message); the value is the
+// order id, and its idempotency key, like generated code's, the business
+// key alone.
 func newInfo(name string, kind message.Kind, exchange, key string) *message.Info {
-	in := &message.Info{FullName: "test.inventory.v1." + name, Kind: kind, Exchange: exchange, RoutingKey: key, SchemaVersion: 1}
-	in.New = func() message.Message { return testMsg{StringValue: &wrapperspb.StringValue{}, info: in} }
-	return in
+	return sagatest.Type{FullName: "test.inventory.v1." + name, Kind: kind, Exchange: exchange, RoutingKey: key,
+		IdempotencyKey: func(order string) string { return order }}.Info()
 }
 
 var (
@@ -57,8 +48,8 @@ func registry(t *testing.T) *message.Registry {
 	return reg
 }
 
-func msg(in *message.Info, order string) testMsg {
-	return testMsg{StringValue: wrapperspb.String(order), info: in}
+func msg(in *message.Info, order string) *sagatest.Message {
+	return sagatest.NewMessage(in, order)
 }
 
 func setup(t *testing.T) *pgxpool.Pool {
@@ -74,7 +65,7 @@ func reserving(t *testing.T) participant.Func {
 	t.Helper()
 	return participant.Idempotent("inventory", registry(t),
 		func(_ context.Context, _ pgx.Tx, cmd message.Message) (message.Message, error) {
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), nil
 		})
 }
 
@@ -120,7 +111,7 @@ func TestHandlerWritesReplyInSameTransaction(t *testing.T) {
 	_, err := pool.Exec(ctx, `CREATE TABLE reservations (order_id text PRIMARY KEY)`)
 	require.NoError(t, err)
 	h := participant.Handler(func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
-		order := cmd.(testMsg).GetValue()
+		order := cmd.(*sagatest.Message).GetValue()
 		if order == "sold-out" {
 			return msg(failedInfo, order), nil // a business failure is a reply
 		}
@@ -172,7 +163,7 @@ func TestHandlerWritesReplyInSameTransaction(t *testing.T) {
 		if _, err := tx.Exec(ctx, `INSERT INTO reservations VALUES ('bad-reply')`); err != nil {
 			return nil, err
 		}
-		return testMsg{StringValue: wrapperspb.String("x"), info: &message.Info{FullName: "test.NoVersion"}}, nil
+		return sagatest.NewMessage(&message.Info{FullName: "test.NoVersion"}, "x"), nil
 	})
 	require.Error(t, run(ctx, pool, bad, command(t, "bad-reply")))
 	var n int
@@ -264,7 +255,7 @@ func TestIdempotentResentCommand(t *testing.T) {
 	h := participant.Handler(participant.Idempotent("inventory", reg,
 		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 			calls.Add(1)
-			order := cmd.(testMsg).GetValue()
+			order := cmd.(*sagatest.Message).GetValue()
 			if strings.HasPrefix(order, "fail") {
 				return nil, fmt.Errorf("transient trouble for %s", order)
 			}
@@ -306,9 +297,9 @@ func TestIdempotentRunsAnOperatorRetryAgain(t *testing.T) {
 	h := participant.Handler(participant.Idempotent("inventory", reg,
 		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 			if calls.Add(1) == 1 {
-				return msg(failedInfo, cmd.(testMsg).GetValue()), nil // out of stock
+				return msg(failedInfo, cmd.(*sagatest.Message).GetValue()), nil // out of stock
 			}
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), nil
 		}))
 	retry := func(n any) *consumer.Delivery {
 		d := command(t, "order-7")
@@ -357,7 +348,7 @@ func TestIdempotentReplaysWithinOneWriteScope(t *testing.T) {
 		require.NoError(t, err)
 		require.NotNil(t, again, "the queued first reply is replayed")
 		require.Equal(t, first.SagaMessageInfo().FullName, again.SagaMessageInfo().FullName)
-		require.Equal(t, "order-7", again.(testMsg).GetValue())
+		require.Equal(t, "order-7", again.(*sagatest.Message).GetValue())
 		return scope.Flush(ctx)
 	}))
 }
@@ -404,9 +395,9 @@ func TestIdempotentScopesByCommandType(t *testing.T) {
 			name := cmd.SagaMessageInfo().FullName
 			effects = append(effects, name)
 			if name == releaseInfo.FullName {
-				return msg(releasedInfo, cmd.(testMsg).GetValue()), nil
+				return msg(releasedInfo, cmd.(*sagatest.Message).GetValue()), nil
 			}
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), nil
 		}))
 
 	reserve := command(t, "order-7")
@@ -441,7 +432,7 @@ func TestReplyLater(t *testing.T) {
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS later_effects (order_id text)`); err != nil {
 			return nil, err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO later_effects VALUES ($1)`, cmd.(testMsg).GetValue()); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO later_effects VALUES ($1)`, cmd.(*sagatest.Message).GetValue()); err != nil {
 			return nil, err
 		}
 		return nil, participant.ErrReplyLater
@@ -490,7 +481,7 @@ func TestReplyAdapters(t *testing.T) {
 }
 
 // TestIdempotentClaimsTheBatchAhead: on a consumer's fast path (a stage)
-// LockBatch records the keys of every command in the batch with one
+// BatchHandler records the keys of every command in the batch with one
 // statement; each command's Idempotent call takes its key from there (a resend in the same batch is not the first), and the
 // keys no call took are deleted when the stage is written, so the batch
 // commits exactly the records it would have written one by one.
@@ -511,8 +502,8 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 	var effects []string
 	fn := participant.Idempotent("inventory", registry(t),
 		func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
-			effects = append(effects, cmd.(testMsg).GetValue())
-			return msg(reservedInfo, cmd.(testMsg).GetValue()), nil
+			effects = append(effects, cmd.(*sagatest.Message).GetValue())
+			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), nil
 		})
 	batch := []*consumer.Delivery{command(t, "order-1"), command(t, "order-2"), command(t, "order-1"),
 		command(t, "order-0"), command(t, "order-3")}
@@ -531,16 +522,16 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 		return out
 	}
 	key := func(order string) string { return reserveInfo.FullName + "/" + order }
-	require.NoError(t, participant.LockBatch("inventory")(ctx, btx, batch))
+	require.NoError(t, participant.ClaimAhead(ctx, btx, "inventory", batch))
 	require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2"), key("order-3")}, keys(),
-		"LockBatch recorded the whole batch's keys")
+		"the batch handler recorded the whole batch's keys")
 	var replies []string
 	for i, d := range batch[:4] { // order-3 is left to another handler, which fails to run it
 		stx, scope := txq.WithScope(btx)
 		reply, err := fn(ctx, stx, d.Message)
 		require.NoError(t, err, "command %d", i)
 		require.NoError(t, scope.Flush(ctx))
-		replies = append(replies, reply.(testMsg).GetValue())
+		replies = append(replies, reply.(*sagatest.Message).GetValue())
 	}
 	require.Equal(t, []string{"order-1", "order-2"}, effects, "each effect once; order-0's was earlier")
 	require.Equal(t, []string{"order-1", "order-2", "order-1", "order-0"}, replies, "resends get the first reply")
@@ -554,7 +545,7 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 }
 
 // TestClaimAheadFailureIsTheBatchs: a command whose key the table cannot
-// take (a NUL byte) fails LockBatch's claim of the whole batch, before any
+// take (a NUL byte) fails the batch handler's claim of the whole batch, before any
 // command ran; the consumer then charges no delivery and applies the batch
 // one delivery at a time (runtime/consumer's TestStagedOutboxRows).
 func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
@@ -568,7 +559,7 @@ func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	wakes := txq.NewWakes(tx)
-	err = participant.LockBatch("inventory")(ctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), batch)
+	err = participant.ClaimAhead(ctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), "inventory", batch)
 	require.ErrorContains(t, err, "claim the batch's 2 keys")
 	require.NoError(t, tx.Rollback(ctx))
 

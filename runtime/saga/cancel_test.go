@@ -56,15 +56,14 @@ func TestCancelThroughTheBroker(t *testing.T) {
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Conn: publish, PollInterval: 50 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
 	c, err := consumer.New(consumer.Config{Name: "test-saga", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
-		Registry: testRegistry, Handler: b.engine.Handle, Logger: quiet})
+		Registry: testRegistry, Handler: b.engine.Handle, Relay: relay, Logger: quiet})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
-	runCtx := outbox.WithRelay(ctx, relay)
 	for _, run := range []func(context.Context) error{c.Run, relay.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := run(runCtx); err != nil {
+			if err := run(ctx); err != nil {
 				t.Errorf("run: %v", err)
 			}
 		}()

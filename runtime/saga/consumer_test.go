@@ -70,26 +70,29 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 		}
 		return b.engine.Handle(hctx, tx, d)
 	}
-	lock := func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
+	// The engine's HandleBatch with the gate in its handler.
+	batch := batchFunc(func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
 		mu.Lock()
 		for _, d := range ds {
 			batchOf[d.Envelope.MessageID] = len(ds)
 		}
 		mu.Unlock()
-		return b.engine.LockBatch(ctx, tx, ds)
-	}
+		if err := b.engine.LockBatchForTest(ctx, tx, ds); err != nil {
+			return consumer.FailBatch(ds, err)
+		}
+		return consumer.HandlerFunc(handler).HandleBatch(ctx, tx, ds)
+	})
 	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Conn: publish, PollInterval: 50 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
 	c, err := consumer.New(consumer.Config{Name: "test-saga", Queue: queue, Pool: b.pool, Conn: consume, PublishConn: publish,
-		Registry: testRegistry, Handler: handler, LockBatch: lock, Concurrency: 1, BatchSize: 8, Logger: quiet})
+		Registry: testRegistry, Batch: batch, Relay: relay, Concurrency: 1, BatchSize: 8, Logger: quiet})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
-	runCtx := outbox.WithRelay(ctx, relay)
 	for _, run := range []func(context.Context) error{c.Run, relay.Run} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := run(runCtx); err != nil {
+			if err := run(ctx); err != nil {
 				t.Errorf("run: %v", err)
 			}
 		}()
@@ -180,4 +183,11 @@ func TestConsumerBatchWithTwoMessagesForOneSaga(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "nothing published twice")
 	require.EqualValues(t, 3, relay.Stats().HandedOff, "the batches' commands went to the relay without a claim")
+}
+
+// batchFunc is a function as a consumer.BatchHandler.
+type batchFunc func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error
+
+func (f batchFunc) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
+	return f(ctx, tx, ds)
 }

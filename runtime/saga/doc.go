@@ -14,7 +14,9 @@
 //	audit   INSERT INTO saga_audit: from, to, trigger, class, message and causation ids, operator, note
 //
 // For a reply, the consumer opens that transaction and has already claimed
-// the delivery in the inbox ([Engine.Handle] is a consumer.HandlerFunc); the
+// the delivery in the inbox (the engine is the consumer's
+// consumer.BatchHandler, [Engine.HandleBatch], which locks the batch's
+// instances at once and applies each delivery with [Engine.Handle]); the
 // consumer acknowledges the delivery only after the commit. For a start it is
 // the caller's transaction ([Engine.StartTx]) or one of its own
 // ([Engine.Start]); timeouts and operator actions open their own.

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/telemetry"
 )
@@ -211,6 +213,9 @@ type Engine struct {
 	stateKind map[string]sagadef.StateKind
 	q         queries
 	tel       sagaTelemetry
+	// relay is the relay of this process the engine's own transactions
+	// hand their committed outbox rows to (HandOffTo); nil: none.
+	relay atomic.Pointer[outbox.Relay]
 }
 
 // New returns an engine for cfg.Definition.

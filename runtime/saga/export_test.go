@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -41,3 +42,13 @@ func (e *Engine) ListSQLForTest(f ListFilter) (string, []any, error) {
 	sql, args, _, err := e.listSQL(f)
 	return sql, args, err
 }
+
+// LockBatchForTest takes the locks HandleBatch takes ahead for ds, without
+// handling them.
+func (e *Engine) LockBatchForTest(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
+	return e.lockBatch(ctx, tx, ds)
+}
+
+// SagaGaugeSQLForTest is the saga gauges' query on table (quoted) counting
+// states: $1, $2, $3 the stuck rule's Args.
+func SagaGaugeSQLForTest(table string, states []string) string { return sagaGaugeSQL(table, states) }

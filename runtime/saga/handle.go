@@ -19,8 +19,10 @@ import (
 )
 
 // Handle applies one delivered reply or event to its saga instance in the
-// caller's transaction. It has the signature of a [consumer.HandlerFunc], so
-// an engine is registered directly as the handler of its saga's reply queue.
+// caller's transaction. It has the signature of a [consumer.HandlerFunc];
+// a consumer of the saga's reply queue takes the engine itself as its
+// [consumer.BatchHandler] ([Engine.HandleBatch]), which runs Handle for each
+// delivery of a batch.
 //
 // The instance is found by the envelope's SagaID, or, for an external event
 // that carries none, by the message's CorrelationKey as business key. Its row

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/protosaga/saga/runtime/internal/where"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // List bounds: the page size when ListFilter.Limit is 0, and the largest
@@ -52,7 +51,7 @@ type ListFilter struct {
 	// Stuck selects the instances stuck by this rule (the rule of the
 	// saga.instances.stuck gauge and the admin API) at StuckAt (zero: the
 	// engine's clock).
-	Stuck   *telemetry.StuckRule
+	Stuck   *StuckRule
 	StuckAt time.Time
 	// Limit is the page size: 1 to MaxListLimit, 0 for DefaultListLimit.
 	Limit int
@@ -143,9 +142,9 @@ func (e *Engine) listSQL(f ListFilter) (sql string, args []any, limit int, err e
 				return "", nil, 0, fmt.Errorf("state %q is not a state of %s: %w", s, e.def.Name, ErrInvalidFilter)
 			}
 		}
-		// Written into the statement (telemetry.StatesSQL): checked above,
+		// Written into the statement (StatesSQL): checked above,
 		// they are names of the definition's states.
-		w.And(telemetry.StatesSQL(states...))
+		w.And(StatesSQL(states...))
 	}
 	if f.BusinessKey != "" {
 		w.And("t.business_key = " + w.Arg(f.BusinessKey))
@@ -174,7 +173,7 @@ func (e *Engine) listSQL(f ListFilter) (sql string, args []any, limit int, err e
 			at = e.cfg.Now()
 		}
 		states, limits, grace := f.Stuck.Args()
-		w.And(telemetry.StuckSQL(w.Arg(at), w.Arg(states), w.Arg(limits), w.Arg(grace)))
+		w.And(StuckSQL(w.Arg(at), w.Arg(states), w.Arg(limits), w.Arg(grace)))
 	}
 	if f.After != "" {
 		c, err := parseCursor(f.After)

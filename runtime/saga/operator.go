@@ -155,8 +155,8 @@ func (e *Engine) OperateTx(ctx context.Context, tx pgx.Tx, op Operation) (Status
 
 // Operate is [Engine.OperateTx] in a transaction of its own. Like
 // [Engine.Start], it counts the action in the metrics only once it has
-// committed, and hands the commands it sends to the relay ctx carries
-// (outbox.WithRelay) or wakes relays after the commit.
+// committed, and hands the commands it sends to the engine's relay
+// ([Engine.HandOffTo]) or wakes relays after the commit.
 func (e *Engine) Operate(ctx context.Context, op Operation) (Status, error) {
 	var st Status
 	err := e.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {

@@ -13,7 +13,6 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // orderState stands for a generated state type.
@@ -100,7 +99,7 @@ func TestList(t *testing.T) {
 
 	// Stuck at base+30s: the 10 s step timeouts of those still waiting on
 	// a step passed long ago.
-	rule := telemetry.NewStuckRule(b.def, time.Second)
+	rule := saga.NewStuckRule(b.def, time.Second)
 	page, err = b.engine.List(ctx, saga.ListFilter{Stuck: &rule, StuckAt: baseTime.Add(30 * time.Second)})
 	require.NoError(t, err)
 	require.Equal(t, []string{other, ids[4], ids[3], ids[2], ids[0]}, idsOf(page.Items))

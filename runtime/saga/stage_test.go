@@ -26,7 +26,7 @@ type stagedBatch struct {
 	wakes *txq.Wakes
 	stage *txq.Stage
 	btx   *txq.Tx              // tx carrying the wake set and stage, as the consumer hands it on
-	batch []*consumer.Delivery // what the consumer hands to LockBatch
+	batch []*consumer.Delivery // what the consumer hands to HandleBatch
 }
 
 func (b *testBundle) stagedBatch(t *testing.T) *stagedBatch {
@@ -168,7 +168,7 @@ func TestStagedWrites(t *testing.T) {
 	})
 }
 
-// TestBatchLockedAhead: on a consumer's fast path LockBatch locks every
+// TestBatchLockedAhead: on a consumer's fast path HandleBatch locks every
 // instance the batch's deliveries name, in one statement; the handlers then
 // use those rows.
 func TestBatchLockedAhead(t *testing.T) {
@@ -189,7 +189,7 @@ func TestBatchLockedAhead(t *testing.T) {
 		s.batch = append(s.batch, &consumer.Delivery{Envelope: message.Envelope{SagaID: id, SagaType: b.def.Name}})
 	}
 	s.batch = append(s.batch, &consumer.Delivery{Envelope: message.Envelope{SagaID: newID(), SagaType: "other.Saga"}})
-	require.NoError(t, b.engine.LockBatch(s.ctx, s.btx, s.batch))
+	require.NoError(t, b.engine.LockBatchForTest(s.ctx, s.btx, s.batch))
 	require.NoError(t, s.reply(ids[0], statuses[0].BusinessKey, statuses[0].PendingMessageID, msgInventoryReserved))
 	locked := func(id string) bool {
 		t.Helper()
@@ -213,7 +213,7 @@ func TestBatchLockedAhead(t *testing.T) {
 	}
 	require.Equal(t, "RESERVE_INVENTORY", b.status(t, ids[2]).State)
 
-	// The control: without LockBatch the engine locks by id, and the counter
+	// The control: without the batch's locks the engine locks by id, and the counter
 	// sees that statement (so the zero above is not a pattern that stopped
 	// matching).
 	alone := b.stagedBatchOn(t, traced)

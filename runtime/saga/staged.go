@@ -57,7 +57,7 @@ func (e *Engine) stagedUpdatesFor(ctx context.Context, tx pgx.Tx) *stagedUpdates
 // loadIn runs an instance query in tx and returns the row as this
 // transaction will have it: a row with a staged update is returned as
 // updated. On a consumer's fast path, locks by id are answered from the
-// rows LockBatch locked for the batch.
+// rows HandleBatch locked for the batch.
 func (e *Engine) loadIn(ctx context.Context, tx pgx.Tx, sql, arg string) (row, error) {
 	var (
 		w     row
@@ -151,13 +151,26 @@ type prefetched struct{ rows map[string]row }
 func (*prefetched) Queue(context.Context, pgx.Tx) {}
 func (*prefetched) Discard(error)                 {}
 
-// LockBatch is the engine's [consumer.LockBatchFunc]: it locks, in one
-// statement and in id order (so that two batches lock in the same order),
-// the instances of its saga type that the batch's deliveries name, and
-// leaves them on the batch's transaction, where [Engine.Handle] finds them
-// instead of locking each row by itself. With fewer than two to lock, or on
-// a transaction that is not a consumer batch's, it does nothing.
-func (e *Engine) LockBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
+// HandleBatch is the engine as a [consumer.BatchHandler]: a consumer of its
+// saga's queue hands it each batch. It locks, in one statement and in id
+// order (so that two batches lock in the same order), the instances of its
+// saga type that the deliveries name, and leaves them on the batch's
+// transaction; then it applies each delivery with [Engine.Handle], which
+// finds its instance there instead of locking the row by itself, and stages
+// the instance update, the outbox rows and the audit row, which the consumer
+// writes with the whole batch's, one statement per kind. With fewer than two
+// instances to lock, or on a transaction that is not a consumer batch's, it
+// locks nothing ahead. A failed lock statement fails the batch as a whole
+// ([consumer.FailBatch]).
+func (e *Engine) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
+	if err := e.lockBatch(ctx, tx, ds); err != nil {
+		return consumer.FailBatch(ds, err)
+	}
+	return consumer.HandlerFunc(e.Handle).HandleBatch(ctx, tx, ds)
+}
+
+// lockBatch locks the instances ds name for HandleBatch.
+func (e *Engine) lockBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
 	var ids []string
 	for _, d := range ds {
 		if d.Envelope.SagaType != e.def.Name {

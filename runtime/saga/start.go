@@ -9,6 +9,7 @@ import (
 
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -115,7 +116,7 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 }
 
 // Start is [Engine.StartTx] in a transaction of its own. After the commit
-// the first commands go to the relay ctx carries (outbox.WithRelay), or
+// the first commands go to the engine's relay ([Engine.HandOffTo]), or
 // relays are woken to claim them; the start is counted in the metrics once
 // it committed.
 func (e *Engine) Start(ctx context.Context, start message.Message, meta message.Meta) (sagaID string, created bool, err error) {
@@ -130,11 +131,30 @@ func (e *Engine) Start(ctx context.Context, start message.Message, meta message.
 	return sagaID, created, nil
 }
 
+// HandOffTo gives the engine a relay of this process (nil: none): the
+// transactions the engine opens itself (Start, Operate, InTx, the timeout
+// scanner) hand the outbox rows they commit to r after the commit, born
+// leased to it, instead of waking relays to claim them (see
+// runtime/outbox). A host gives its engines one of its relays while it
+// runs. A consumer running the engine has its own (consumer.Config.Relay);
+// StartTx and OperateTx in a transaction of the caller's own are not
+// affected.
+func (e *Engine) HandOffTo(r *outbox.Relay) { e.relay.Store(r) }
+
+// handOff is the relay for a wake set of the engine's own transactions:
+// nil (an untyped nil, so txq sees none) when it has none.
+func (e *Engine) handOff() any {
+	if r := e.relay.Load(); r != nil {
+		return r
+	}
+	return nil
+}
+
 // InTx runs fn in a transaction of the engine's pool, as a consumer runs a
 // handler: what the engine does in it through [Engine.OperateTx] and the
 // like counts its metrics and hands its rows to a local relay only once the
 // transaction has committed, and relays are woken after the commit. Start
 // and Operate use it; so does the admin server's repair.
 func (e *Engine) InTx(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return txq.Do(ctx, e.cfg.Pool, e.cfg.Logger.With("saga_type", e.def.Name), fn)
+	return txq.Do(ctx, e.cfg.Pool, e.cfg.Logger.With("saga_type", e.def.Name), e.handOff(), fn)
 }

@@ -43,6 +43,7 @@ func (e *Engine) FireTimeouts(ctx context.Context, limit int) (int, error) {
 	err := pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
 		fired = 0
 		wakes = txq.NewWakes(tx)
+		wakes.HandOffTo(e.handOff())
 		stx := txq.New(tx, wakes, nil)
 		now := e.cfg.Now()
 		rows, err := tx.Query(ctx, e.q.claimDue, now, limit, e.clocked)

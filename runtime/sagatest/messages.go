@@ -14,44 +14,96 @@ import (
 )
 
 // Message is a minimal [message.Message] for tests that cannot use generated
-// code: a string value travelling under any contract full name. Its
-// IdempotencyKey is "FULLNAME/VALUE" and its CorrelationKey is the value, so
-// commands built from the same saga data carry the same key.
+// code: a string value travelling under any contract full name. With a type
+// from [NewType], its IdempotencyKey is "FULLNAME/VALUE" and its
+// CorrelationKey is the value, so commands built from the same saga data
+// carry the same key; a [Type] can say otherwise. The runtime's package tests
+// (saga, participant, consumer, outbox) share it.
 type Message struct {
 	*wrapperspb.StringValue
 	info *message.Info
+	keys *Type
+}
+
+// Type describes a test message type whose keys or routing differ from
+// [NewType]'s.
+type Type struct {
+	FullName string
+	Kind     message.Kind
+	// Exchange and RoutingKey default to NewType's: "sagatest.KIND" and
+	// the lower-case full name.
+	Exchange, RoutingKey string
+	// SchemaVersion defaults to 1.
+	SchemaVersion int32
+	// IdempotencyKey and CorrelationKey derive the keys from the value;
+	// nil: "FULLNAME/VALUE" and the value.
+	IdempotencyKey, CorrelationKey func(value string) string
+}
+
+// Info returns the description of t. Its New builds a [*Message]; it can be
+// registered in a [message.Registry] like generated infos.
+func (t Type) Info() *message.Info {
+	info := &message.Info{
+		FullName:      t.FullName,
+		Kind:          t.Kind,
+		Exchange:      t.Exchange,
+		RoutingKey:    t.RoutingKey,
+		SchemaVersion: t.SchemaVersion,
+	}
+	if info.Exchange == "" {
+		info.Exchange = "sagatest." + t.Kind.String()
+	}
+	if info.RoutingKey == "" {
+		info.RoutingKey = strings.ToLower(t.FullName)
+	}
+	if info.SchemaVersion == 0 {
+		info.SchemaVersion = 1
+	}
+	keys := &t
+	info.New = func() message.Message {
+		return &Message{StringValue: &wrapperspb.StringValue{}, info: info, keys: keys}
+	}
+	return info
 }
 
 // NewType returns the description of a test message type with the given
 // full name and kind. Its New builds a [*Message]; it can be registered in a
 // [message.Registry] like generated infos.
 func NewType(fullName string, kind message.Kind) *message.Info {
-	info := &message.Info{
-		FullName:      fullName,
-		Kind:          kind,
-		Exchange:      "sagatest." + kind.String(),
-		RoutingKey:    strings.ToLower(fullName),
-		SchemaVersion: 1,
-	}
-	info.New = func() message.Message {
-		return &Message{StringValue: &wrapperspb.StringValue{}, info: info}
-	}
-	return info
+	return Type{FullName: fullName, Kind: kind}.Info()
 }
 
-// NewMessage returns a message of the given type carrying value.
+// NewMessage returns a message of the given type carrying value. info is
+// one [NewType] or [Type.Info] made, or any other (the message then has
+// NewType's keys).
 func NewMessage(info *message.Info, value string) *Message {
+	if info.New != nil {
+		if m, ok := info.New().(*Message); ok {
+			m.Value = value
+			return m
+		}
+	}
 	return &Message{StringValue: wrapperspb.String(value), info: info}
 }
 
 // SagaMessageInfo returns the message's type description.
 func (m *Message) SagaMessageInfo() *message.Info { return m.info }
 
-// IdempotencyKey returns "FULLNAME/VALUE".
-func (m *Message) IdempotencyKey() string { return m.info.FullName + "/" + m.GetValue() }
+// IdempotencyKey returns "FULLNAME/VALUE", or what its Type derives.
+func (m *Message) IdempotencyKey() string {
+	if m.keys != nil && m.keys.IdempotencyKey != nil {
+		return m.keys.IdempotencyKey(m.GetValue())
+	}
+	return m.info.FullName + "/" + m.GetValue()
+}
 
-// CorrelationKey returns the value.
-func (m *Message) CorrelationKey() string { return m.GetValue() }
+// CorrelationKey returns the value, or what its Type derives.
+func (m *Message) CorrelationKey() string {
+	if m.keys != nil && m.keys.CorrelationKey != nil {
+		return m.keys.CorrelationKey(m.GetValue())
+	}
+	return m.GetValue()
+}
 
 // Hooks returns [sagadef.Hooks] for definitions whose messages are test
 // [Message]s of the given types. The saga data is a structpb.Struct holding

@@ -38,10 +38,11 @@
 // [Metrics] defines every instrument (names follow the OpenTelemetry
 // semantic conventions where one exists: messaging.client.sent.messages,
 // messaging.client.consumed.messages, messaging.process.duration; the rest
-// are saga.*). Observable gauges read the database at collection time:
-// [RegisterSagaGauges] (instances by type and state, stuck instances) and
-// [RegisterOutboxGauges] (outbox backlog, age of the oldest unpublished row,
-// parked messages). Package promexport builds a MeterProvider with a
+// are saga.*). The observable gauges that read the database at collection
+// time are registered by the packages that own the tables they read, with
+// this package's names and [GaugeOption]s: saga.RegisterGauges (instances by
+// type and state, stuck instances) and outbox.RegisterGauges (outbox
+// backlog, age of the oldest unpublished row, parked messages). Package promexport builds a MeterProvider with a
 // Prometheus endpoint on a private registry (mount its MetricsHandler at
 // /metrics); this package itself depends on the OpenTelemetry API only. docs/observability.md lists every span, attribute, metric and
 // log field.

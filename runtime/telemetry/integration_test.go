@@ -442,9 +442,9 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	eng := w.engine(p, hooks, clk.Now)
 	w.consume("orchestrator", replyQueue, p, eng.Handle)
 	gaugePool := w.pool()
-	_, err := telemetry.RegisterSagaGauges(mp.Meter("gauges"), gaugePool, []*sagadef.Definition{w.def}, telemetry.WithStuckGrace(-1))
+	_, err := saga.RegisterGauges(mp.Meter("gauges"), gaugePool, []*sagadef.Definition{w.def}, telemetry.WithStuckGrace(-1))
 	require.NoError(t, err)
-	_, err = telemetry.RegisterOutboxGauges(mp.Meter("gauges"), gaugePool)
+	_, err = outbox.RegisterGauges(mp.Meter("gauges"), gaugePool)
 	require.NoError(t, err)
 
 	pub := broker.NewPublisher(w.conn("test-publisher"), broker.PublisherConfig{})
@@ -552,7 +552,7 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
 	require.False(t, mp.Has(t, telemetry.MetricStuck, state(sagadef.StateManualReview)), "manual review is not 'stuck'")
 	// Progress now, but its timeout overdue and not fired (no scanner
-	// runs): still stuck, as the admin console says (telemetry.StuckRule).
+	// runs): still stuck, as the admin console says (saga.StuckRule).
 	_, err = gaugePool.Exec(w.ctx, `UPDATE saga_tel_order SET updated_at = now(), timeout_at = now() - interval '1 minute' WHERE business_key = 'k2'`)
 	require.NoError(t, err)
 	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricStuck, state(sagadef.CompensatingStateName("Reserve"))))
@@ -582,7 +582,7 @@ func TestMetricsAfterKnownEvents(t *testing.T) {
 	require.True(t, mp.Has(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
 	require.Equal(t, 0.0, mp.Value(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
 	fresh := metrictest.New(t)
-	_, err = telemetry.RegisterOutboxGauges(fresh.Meter("gauges"), gaugePool)
+	_, err = outbox.RegisterGauges(fresh.Meter("gauges"), gaugePool)
 	require.NoError(t, err)
 	require.True(t, fresh.Has(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))
 	require.Equal(t, 0.0, fresh.Value(t, telemetry.MetricParkedMessages, map[string]string{"messaging.destination.name": replyQueue}))

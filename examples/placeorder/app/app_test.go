@@ -631,10 +631,11 @@ func TestCompensationFailureGoesToManualReview(t *testing.T) {
 	require.Equal(t, []string{"inventory:reserved", "payment:declined"}, b.ledger(t, "o-release-broken"))
 }
 
-// TestStartHandsFirstCommandToTheRelay: a saga started under Host.WithRelay
-// has its first command handed to this process's relay after the commit
-// (born leased, never claimed); one started without it is claimed. Both
-// complete.
+// TestStartHandsFirstCommandToTheRelay: a saga started with Start, in the
+// engine's own transaction, has its first command handed to this process's
+// relay after the commit (born leased, never claimed), as the host gave its
+// engines a relay; one started in the application's own transaction
+// (StartTx) is claimed. Both complete.
 func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -645,10 +646,13 @@ func TestStartHandsFirstCommandToTheRelay(t *testing.T) {
 	warm, _, err := b.placeOrder.Start(ctx, request("o-warm-up"), message.Meta{})
 	require.NoError(t, err)
 	b.waitState(t, warm, orderv1.PlaceOrderStateCompleted)
-	handed, _, err := b.placeOrder.Start(b.host.WithRelay(ctx), request("o-handed"), message.Meta{})
+	handed, _, err := b.placeOrder.Start(ctx, request("o-handed"), message.Meta{})
 	require.NoError(t, err)
-	claimed, _, err := b.placeOrder.Start(ctx, request("o-claimed"), message.Meta{})
-	require.NoError(t, err)
+	var claimed string
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		claimed, _, err = b.placeOrder.StartTx(ctx, tx, request("o-claimed"), message.Meta{})
+		return err
+	}))
 	b.waitState(t, handed, orderv1.PlaceOrderStateCompleted)
 	b.waitState(t, claimed, orderv1.PlaceOrderStateCompleted)
 
@@ -663,8 +667,8 @@ FROM saga_outbox_state s JOIN saga_outbox o ON o.id = s.id
 WHERE s.saga_id = $1 AND s.published_at IS NOT NULL ORDER BY s.id LIMIT 1`, sagaID).Scan(&leased))
 		return leased
 	}
-	require.True(t, bornLeased(handed), "started under WithRelay: handed over after the commit")
-	require.False(t, bornLeased(claimed), "started without it: claimed by a relay")
+	require.True(t, bornLeased(handed), "started by the engine: handed over after the commit")
+	require.False(t, bornLeased(claimed), "started in the application's transaction: claimed by a relay")
 	require.Positive(t, b.host.RelayStats().HandedOff)
 }
 

@@ -283,13 +283,15 @@ type Beginner interface {
 }
 
 // BeginFunc runs fn with [Run] in a new transaction of db that carries a
-// wake set, and commits. It returns the wake set to [Wakes.Send] once it
-// returned without error (the commit succeeded); on an error nothing of
-// fn's after-commit work may run.
-func BeginFunc(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (*Wakes, error) {
+// wake set handing off to relay (see [Wakes.HandOffTo]; nil: none), and
+// commits. It returns the wake set to [Wakes.Send] once it returned without
+// error (the commit succeeded); on an error nothing of fn's after-commit
+// work may run.
+func BeginFunc(ctx context.Context, db Beginner, relay any, fn func(ctx context.Context, tx pgx.Tx) error) (*Wakes, error) {
 	var w *Wakes
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		w = NewWakes(tx)
+		w.HandOffTo(relay)
 		return Run(ctx, New(tx, w, nil), fn)
 	})
 	if err != nil {
@@ -306,9 +308,10 @@ type Pool interface {
 
 // Do is [BeginFunc] followed, once the commit succeeded, by [Wakes.Notify]:
 // the way a runtime path that owns its transaction (Engine.InTx, an admin
-// repair) runs one.
-func Do(ctx context.Context, db Pool, log *slog.Logger, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	w, err := BeginFunc(ctx, db, fn)
+// repair) runs one. relay (nil: none) is the local relay the transaction's
+// committed outbox rows are handed to ([Wakes.HandOffTo]).
+func Do(ctx context.Context, db Pool, log *slog.Logger, relay any, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	w, err := BeginFunc(ctx, db, relay, fn)
 	if err != nil {
 		return err
 	}
@@ -387,9 +390,26 @@ func (s *Scope) Flush(ctx context.Context) error {
 // after-commit work to run, after a transaction commits.
 type Wakes struct {
 	conn       *pgx.Conn
+	relay      any // where committed outbox rows are handed (HandOffTo)
 	channels   []string
 	after      []func(context.Context)
 	collectors []keyed[Collector]
+}
+
+// HandOffTo names the relay of this process (an *outbox.Relay) that the
+// outbox hands the rows this transaction commits to, instead of waking
+// relays to claim them; nil names none. The owner of the transaction (a
+// consumer, an engine, the timeout scanner) says so when it makes the wake
+// set, before anything writes.
+func (w *Wakes) HandOffTo(relay any) { w.relay = relay }
+
+// HandOff returns the relay tx's committed outbox rows are handed to (see
+// [Wakes.HandOffTo]), or nil when tx carries no wake set or names none.
+func HandOff(tx pgx.Tx) any {
+	if t := of(tx); t != nil && t.wakes != nil {
+		return t.wakes.relay
+	}
+	return nil
 }
 
 // NewWakes returns an empty wake set for tx. On a [Tx] that carries it (or
@@ -460,109 +480,6 @@ func (w *Wakes) Notify(ctx context.Context, db Execer, log *slog.Logger) {
 // Reset forgets the recorded channels and work (the transaction rolled
 // back).
 func (w *Wakes) Reset() { w.channels, w.after, w.collectors = nil, nil, nil }
-
-// Stage carries writes that many handlers of one transaction append to the
-// same table — outbox rows, audit rows — past the end of each handler, so
-// that they go to the database as one multi-row statement per kind when the
-// owner flushes the stage before committing, instead of one statement per
-// handler. A row PostgreSQL inserts with 63 others costs it a fraction of
-// what a row inserted alone does (docs/benchmarks.md).
-//
-// Only the consumer's fast path makes a stage: there every handler's work
-// commits or the whole transaction rolls back, so no handler's staged rows
-// can outlive its failure. The price is that an error in a staged statement
-// (a duplicate message id, say) is the batch's, not one delivery's: the
-// owner rolls back and applies the batch again with a savepoint per
-// delivery, where nothing is staged and each statement's error is its
-// handler's.
-//
-// Staged rows are written only at the flush: whoever reads them in the
-// transaction before must read the part (the saga engine does, for its
-// instances: see [PartIf]). [Sync] does not flush a stage. The consumer
-// hands the stage to its handlers on the batch's [Tx] ([New]).
-type Stage struct {
-	tx    pgx.Tx
-	wakes *Wakes
-	parts []keyed[Part]
-}
-
-// Part is one kind of staged write: the rows handlers added, sent as one
-// statement (or a few) when the stage is flushed.
-type Part interface {
-	// Queue queues the part's statements with txq's Exec or Query on tx:
-	// tx has a scope that commits with the stage's wake set, so
-	// AfterCommit and CollectorFor work as in a handler.
-	Queue(ctx context.Context, tx pgx.Tx)
-	// Discard tells the part its rows will not be written (the
-	// transaction rolls back), so it can end what waits for them.
-	Discard(err error)
-}
-
-// NewStage returns an empty stage for tx whose work after the commit runs
-// with w. The caller owns it: it must Flush it before committing, and
-// Discard it when the transaction rolls back.
-func NewStage(tx pgx.Tx, w *Wakes) *Stage { return &Stage{tx: tx, wakes: w} }
-
-// PartFor returns the part registered under key in tx's stage, made by
-// newPart on first use. It reports false when tx carries no stage (a
-// savepoint, a transaction of the handler's own, no consumer): the caller
-// writes as usual then.
-func PartFor(tx pgx.Tx, key any, newPart func() Part) (Part, bool) {
-	st := stageOf(tx)
-	if st == nil {
-		return nil, false
-	}
-	return lookup(&st.parts, key, newPart), true
-}
-
-// stageOf returns tx's stage, or nil.
-func stageOf(tx pgx.Tx) *Stage {
-	if t := of(tx); t != nil {
-		return t.stage
-	}
-	return nil
-}
-
-// PartIf returns the part registered under key in tx's stage, if there is
-// one.
-func PartIf(tx pgx.Tx, key any) (Part, bool) {
-	st := stageOf(tx)
-	if st == nil {
-		return nil, false
-	}
-	return find(st.parts, key)
-}
-
-// Flush sends every part's statements as one pipeline, in the order the
-// parts were first used, and keeps their after-commit work. The stage is
-// empty afterwards; an error means the transaction is unusable.
-func (st *Stage) Flush(ctx context.Context) error {
-	parts := st.parts
-	st.parts = nil
-	if len(parts) == 0 {
-		return nil
-	}
-	// The parts' own writes are not staged again: the flush's
-	// transaction has a scope and no stage.
-	tx, s := WithScope(New(st.tx, st.wakes, nil))
-	for _, kp := range parts {
-		kp.v.Queue(ctx, tx)
-	}
-	if err := s.Flush(ctx); err != nil {
-		s.Discard(err)
-		return err
-	}
-	s.Keep()
-	return nil
-}
-
-// Discard drops the staged rows without writing them.
-func (st *Stage) Discard(err error) {
-	for _, kp := range st.parts {
-		kp.v.Discard(err)
-	}
-	st.parts = nil
-}
 
 // Results returns a Result that passes the outcome to each of rs and
 // reports the first error they return: one statement written for many

@@ -472,7 +472,7 @@ func (d *demo) drive(ctx context.Context, n int) (results, error) {
 	// Last: an order no carrier ships.
 	u := &order{id: fmt.Sprintf("%s-%04d", d.runID, n+1), kind: unserved}
 	d.orders = append(d.orders, u)
-	id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), d.request(u, n+1), message.Meta{})
+	id, _, err := d.placeOrder.Start(ctx, d.request(u, n+1), message.Meta{})
 	if err != nil {
 		return res, fmt.Errorf("start order %s: %w", u.id, err)
 	}
@@ -543,7 +543,7 @@ func (d *demo) startAll(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) 
 				if i >= len(reqs) {
 					return
 				}
-				id, _, err := d.placeOrder.Start(d.host.WithRelay(ctx), reqs[i], message.Meta{})
+				id, _, err := d.placeOrder.Start(ctx, reqs[i], message.Meta{})
 				if err != nil {
 					mu.Lock()
 					firstErr = errors.Join(firstErr, fmt.Errorf("start order %s: %w", reqs[i].GetOrderId(), err))

@@ -1,4 +1,4 @@
-package telemetry
+package saga
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 )
 
 // DefaultStuckGrace is how far past due an instance must be to count as
-// stuck, unless configured otherwise ([WithStuckGrace], the admin server's
+// stuck, unless configured otherwise (telemetry.WithStuckGrace, the admin server's
 // Config.StuckGrace): the timeout scanner should have acted long before.
 const DefaultStuckGrace = time.Minute
 

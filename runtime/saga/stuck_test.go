@@ -1,4 +1,4 @@
-package telemetry_test
+package saga_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // TestStuckRule: the rule's SQL (the gauge and the admin server's filter)
@@ -25,7 +25,7 @@ func TestStuckRule(t *testing.T) {
 	pool := testenv.Postgres(t)
 	def := orderDefinition(t) // step timeout 10 s
 	const grace = time.Minute
-	rule := telemetry.NewStuckRule(def, grace)
+	rule := saga.NewStuckRule(def, grace)
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	ago := func(d time.Duration) *time.Time { at := now.Add(-d); return &at }
 	reserve, compensating := sagadef.StateName("Reserve"), sagadef.CompensatingStateName("Reserve")
@@ -55,7 +55,7 @@ func TestStuckRule(t *testing.T) {
 		require.NoError(t, err)
 	}
 	states, limits, g := rule.Args()
-	rows, err := pool.Query(ctx, `SELECT id FROM stuck_cases t WHERE `+telemetry.StuckSQL("$1", "$2", "$3", "$4")+` ORDER BY id`,
+	rows, err := pool.Query(ctx, `SELECT id FROM stuck_cases t WHERE `+saga.StuckSQL("$1", "$2", "$3", "$4")+` ORDER BY id`,
 		now, states, limits, g)
 	require.NoError(t, err)
 	bySQL, err := pgx.CollectRows(rows, pgx.RowTo[int32])

@@ -1,4 +1,4 @@
-package telemetry_test
+package saga_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
-	"github.com/protosaga/saga/runtime/telemetry"
 )
 
 // TestSagaGaugePlan runs the saga gauges' query, which reads every
@@ -47,8 +47,8 @@ FROM generate_series(1, 20607) i`, reserve, charge, sagadef.StateManualReview, s
 			counted = append(counted, s.Name)
 		}
 	}
-	states, limits, grace := telemetry.NewStuckRule(def, time.Minute).Args()
-	gauge := telemetry.SagaGaugeSQLForTest("saga_tel_order", counted)
+	states, limits, grace := saga.NewStuckRule(def, time.Minute).Args()
+	gauge := saga.SagaGaugeSQLForTest("saga_tel_order", counted)
 
 	limitText := make([]string, len(limits))
 	for i, l := range limits {
@@ -74,4 +74,33 @@ FROM generate_series(1, 20607) i`, reserve, charge, sagadef.StateManualReview, s
 	})
 	require.NoError(t, err)
 	require.Equal(t, map[string]count{reserve: {300, 0}, charge: {300, 100}, sagadef.StateManualReview: {7, 0}}, got)
+}
+
+// orderDefinition is a two-step saga (Reserve, compensatable; Charge,
+// pivot) on the table saga_tel_order, each step with a 10 s timeout: the
+// stuck rule's and the gauge's cases are written against it.
+func orderDefinition(t testing.TB) *sagadef.Definition {
+	t.Helper()
+	name := func(n string) string { return "tel.v1." + n }
+	def := &sagadef.Definition{
+		Name:         name("Order"),
+		Table:        "saga_tel_order",
+		StartMessage: name("PlaceOrder"),
+		DataMessage:  "google.protobuf.Struct",
+		Steps: []sagadef.Step{
+			{
+				Name: "Reserve", Role: sagadef.RoleCompensatable,
+				Command: name("Reserve"), SuccessReplies: []string{name("Reserved")}, FailureReplies: []string{name("ReserveFailed")},
+				Compensation: name("Release"), CompensationReply: name("Released"),
+				Timeout: 10 * time.Second, OnTimeout: sagadef.TimeoutCompensate, MaxAttempts: 1, Late: sagadef.LateIgnore,
+			},
+			{
+				Name: "Charge", Role: sagadef.RolePivot,
+				Command: name("Charge"), SuccessReplies: []string{name("Charged")}, FailureReplies: []string{name("Declined")},
+				Timeout: 10 * time.Second, OnTimeout: sagadef.TimeoutManualReview, MaxAttempts: 1, Late: sagadef.LateIgnore,
+			},
+		},
+	}
+	require.NoError(t, def.Compile())
+	return def
 }
