@@ -130,3 +130,36 @@ func checkRuntimeUse(t *testing.T, file, what string, used map[string]bool) {
 			"bump supportVersion in internal/gen/golang and message.SupportPackageIsVersionN, regenerate, "+
 			"then update %s with -update", what, file)
 }
+
+// maxRuntimeImports is how many runtime packages one generated contract file
+// may import: the runtime's public surface as generated code sees it.
+const maxRuntimeImports = 6
+
+// TestGeneratedCodeImportsFewRuntimePackages holds every generated .saga.go
+// file of every target to maxRuntimeImports runtime packages. Generated test
+// packages (<pkg>test) are not counted: they import runtime/sagatest on top.
+func TestGeneratedCodeImportsFewRuntimePackages(t *testing.T) {
+	t.Parallel()
+	for _, target := range regen.Targets() {
+		files, err := regen.Generate(context.Background(), repoRoot, target)
+		require.NoError(t, err)
+		for name, src := range files {
+			if !strings.HasSuffix(name, ".saga.go") {
+				continue
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), name, src, parser.ImportsOnly)
+			require.NoError(t, err)
+			var runtime []string
+			for _, imp := range f.Imports {
+				p, err := strconv.Unquote(imp.Path.Value)
+				require.NoError(t, err)
+				if strings.HasPrefix(p, "github.com/protosaga/saga/runtime/") {
+					runtime = append(runtime, strings.TrimPrefix(p, "github.com/protosaga/saga/"))
+				}
+			}
+			require.LessOrEqualf(t, len(runtime), maxRuntimeImports,
+				"%s imports %d runtime packages %v; generated code reaches the runtime through at most %d",
+				name, len(runtime), runtime, maxRuntimeImports)
+		}
+	}
+}

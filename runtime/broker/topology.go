@@ -406,8 +406,12 @@ type Plan struct {
 	Bindings   []Binding
 	// Retry holds the retry policies the contract declares, by work queue;
 	// a queue without one gets the policy Topology is given.
-	Retry map[string]retry.Policy
+	Retry map[string]RetryPolicy
 }
+
+// RetryPolicy is [retry.Policy], named here so that generated topology
+// plans declare their queues' policies without importing runtime/retry.
+type RetryPolicy = retry.Policy
 
 // Topology returns the plan's topology with work queues of type qt, each
 // with the retry tier queues of its policy ([Plan.RetryFor] with p) and a

@@ -178,9 +178,9 @@ func OnceKey(m Message, operatorRetry int) string {
 // Version 7: generated sagas may declare check steps (sagadef.RoleCheck)
 // and conditional steps (sagadef.Step.Conditional, decided by the hooks'
 // sagadef.Skipper); generated code of a package whose events name
-// subscribers imports runtime/subscriber (subscriber.Func,
-// subscriber.UnexpectedEvent) and registers them with service.Subscriber; a
-// package whose messages declare retry policies sets broker.Plan.Retry and
+// subscribers returns service.SubscriberFunc (service.UnexpectedEvent) and
+// registers them with service.Subscriber; a package whose messages declare
+// retry policies sets broker.Plan.Retry (broker.RetryPolicy) and
 // service.Package.Retry; every command and event gets Schedule<Msg>
 // (service.Schedule), and a type with a time to be received sets
 // Info.TimeToBeReceived; generated test packages hold each saga's scenarios

@@ -70,6 +70,17 @@ type Participant struct {
 	Func participant.Func
 }
 
+// SubscriberFunc is [subscriber.Func]: what a generated
+// <Service>SubscriberFunc returns, named here so that generated code reaches
+// it through this package.
+type SubscriberFunc = subscriber.Func
+
+// UnexpectedEvent is [subscriber.UnexpectedEvent]: the permanent error a
+// generated subscriber returns for an event type it does not handle.
+func UnexpectedEvent(service string, event message.Message) error {
+	return subscriber.UnexpectedEvent(service, event)
+}
+
 // Subscriber is one service's event handling for one package's events, as
 // a generated Register<Service>Subscriber function adds it.
 type Subscriber struct {

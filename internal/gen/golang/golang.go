@@ -44,8 +44,6 @@ const (
 	sagaPkg        = protogen.GoImportPath(runtimeRoot + "saga")
 	brokerPkg      = protogen.GoImportPath(runtimeRoot + "broker")
 	servicePkg     = protogen.GoImportPath(runtimeRoot + "service")
-	subscriberPkg  = protogen.GoImportPath(runtimeRoot + "subscriber")
-	retryPkg       = protogen.GoImportPath(runtimeRoot + "retry")
 )
 
 // File renders the Go file for one annotated proto file. Package-level code
@@ -290,10 +288,10 @@ func genSubscriber(g *protogen.GeneratedFile, sb *model.Subscriber) {
 	g.P("}")
 	g.P()
 	fn := model.SubscriberFunc(sb)
-	g.P("// ", fn, " returns a subscriber.Func that dispatches each event service")
-	g.P("// ", strconv.Quote(sb.Service), " subscribes to to impl, for wiring a consumer by hand")
+	g.P("// ", fn, " returns a service.SubscriberFunc that dispatches to impl each event")
+	g.P("// service ", strconv.Quote(sb.Service), " subscribes to, for wiring a consumer by hand")
 	g.P("// (subscriber.Handler); ", model.RegisterSubscriberFunc(sb), " does that for a host.")
-	g.P("func ", fn, "(impl ", typ, ") ", subscriberPkg.Ident("Func"), " {")
+	g.P("func ", fn, "(impl ", typ, ") ", servicePkg.Ident("SubscriberFunc"), " {")
 	g.P("return func(ctx ", contextPkg.Ident("Context"), ", tx ", pgxPkg.Ident("Tx"), ", event ", messagePkg.Ident("Message"), ") error {")
 	g.P("switch e := event.(type) {")
 	for _, e := range sb.Events {
@@ -301,7 +299,7 @@ func genSubscriber(g *protogen.GeneratedFile, sb *model.Subscriber) {
 		g.P("return impl.", e.Proto.GoIdent.GoName, "(ctx, tx, e)")
 	}
 	g.P("default:")
-	g.P("return ", subscriberPkg.Ident("UnexpectedEvent"), "(", strconv.Quote(sb.Service), ", event)")
+	g.P("return ", servicePkg.Ident("UnexpectedEvent"), "(", strconv.Quote(sb.Service), ", event)")
 	g.P("}")
 	g.P("}")
 	g.P("}")

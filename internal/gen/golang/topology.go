@@ -138,7 +138,7 @@ func genTopology(g *protogen.GeneratedFile, p *model.Package) {
 		g.P("},")
 	}
 	if len(t.Retry) > 0 {
-		g.P("Retry: map[string]", retryPkg.Ident("Policy"), "{")
+		g.P("Retry: map[string]", brokerPkg.Ident("RetryPolicy"), "{")
 		for _, q := range slices.Sorted(maps.Keys(t.Retry)) {
 			pol := t.Retry[q]
 			var tiers []string

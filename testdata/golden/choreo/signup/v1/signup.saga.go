@@ -12,11 +12,9 @@ import (
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
-	retry "github.com/protosaga/saga/runtime/retry"
 	saga "github.com/protosaga/saga/runtime/saga"
 	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	service "github.com/protosaga/saga/runtime/service"
-	subscriber "github.com/protosaga/saga/runtime/subscriber"
 	proto "google.golang.org/protobuf/proto"
 	http "net/http"
 	time "time"
@@ -256,10 +254,10 @@ type LedgerSubscriber interface {
 	WelcomeSent(ctx context.Context, tx pgx.Tx, event *WelcomeSent) error
 }
 
-// LedgerSubscriberFunc returns a subscriber.Func that dispatches each event service
-// "ledger" subscribes to to impl, for wiring a consumer by hand
+// LedgerSubscriberFunc returns a service.SubscriberFunc that dispatches to impl each event
+// service "ledger" subscribes to, for wiring a consumer by hand
 // (subscriber.Handler); RegisterLedgerSubscriber does that for a host.
-func LedgerSubscriberFunc(impl LedgerSubscriber) subscriber.Func {
+func LedgerSubscriberFunc(impl LedgerSubscriber) service.SubscriberFunc {
 	return func(ctx context.Context, tx pgx.Tx, event message.Message) error {
 		switch e := event.(type) {
 		case *AccountOpened:
@@ -267,7 +265,7 @@ func LedgerSubscriberFunc(impl LedgerSubscriber) subscriber.Func {
 		case *WelcomeSent:
 			return impl.WelcomeSent(ctx, tx, e)
 		default:
-			return subscriber.UnexpectedEvent("ledger", event)
+			return service.UnexpectedEvent("ledger", event)
 		}
 	}
 }
@@ -301,10 +299,10 @@ type MailerSubscriber interface {
 	TrialReminder(ctx context.Context, tx pgx.Tx, event *TrialReminder) error
 }
 
-// MailerSubscriberFunc returns a subscriber.Func that dispatches each event service
-// "mailer" subscribes to to impl, for wiring a consumer by hand
+// MailerSubscriberFunc returns a service.SubscriberFunc that dispatches to impl each event
+// service "mailer" subscribes to, for wiring a consumer by hand
 // (subscriber.Handler); RegisterMailerSubscriber does that for a host.
-func MailerSubscriberFunc(impl MailerSubscriber) subscriber.Func {
+func MailerSubscriberFunc(impl MailerSubscriber) service.SubscriberFunc {
 	return func(ctx context.Context, tx pgx.Tx, event message.Message) error {
 		switch e := event.(type) {
 		case *AccountOpened:
@@ -312,7 +310,7 @@ func MailerSubscriberFunc(impl MailerSubscriber) subscriber.Func {
 		case *TrialReminder:
 			return impl.TrialReminder(ctx, tx, e)
 		default:
-			return subscriber.UnexpectedEvent("mailer", event)
+			return service.UnexpectedEvent("mailer", event)
 		}
 	}
 }
@@ -365,7 +363,7 @@ var TopologyPlan = broker.Plan{
 		{Queue: "mailer.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.account-opened"},
 		{Queue: "mailer.events.signup.v1", Exchange: "signup.v1.events", RoutingKey: "event.signup.v1.trial-reminder"},
 	},
-	Retry: map[string]retry.Policy{
+	Retry: map[string]broker.RetryPolicy{
 		"accounts.commands":       {Tiers: []time.Duration{1 * time.Second, 5 * time.Second}, MaxAttempts: 3},
 		"ledger.events.signup.v1": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second}, MaxAttempts: 4},
 		"mailer.events.signup.v1": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second}, MaxAttempts: 4},
