@@ -121,7 +121,7 @@ func toHarness(scs []scenario) []sagatest.Scenario {
 	}
 	var out []sagatest.Scenario
 	for _, sc := range scs {
-		h := sagatest.Scenario{Name: sc.Name, Final: sc.Final, Compensated: sc.Compensated}
+		h := sagatest.Scenario{Name: sc.Name, Final: sc.Final, Compensated: sc.Compensated, Skipped: sc.Skipped}
 		for _, m := range sc.Moves {
 			k, ok := kinds[m.Do]
 			if !ok {
