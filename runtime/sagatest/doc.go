@@ -19,8 +19,10 @@
 // taken must be a row of Definition.Transitions).
 //
 // A [Scenario] is a path written out with what each move must lead to
-// (state, classification, messages sent) and its final state and
-// compensations; [RunScenarios] drives a harness through a list of them.
+// (state, classification, messages sent) and its final state,
+// compensations and skipped conditional steps; [RunScenarios] drives a
+// harness through a list of them, deciding the conditional steps as each
+// scenario says.
 // protoc-gen-saga computes every saga's scenarios from its step graph and
 // generates a test running them on [StubHooks].
 //

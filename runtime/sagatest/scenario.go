@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -28,6 +29,11 @@ type Scenario struct {
 	Final string
 	// Compensated lists the steps compensated by the end, in order.
 	Compensated []string
+	// Skipped lists the conditional steps the scenario skips, in the
+	// order the saga reaches them; every other conditional step runs.
+	// The runner decides so (see [RunScenario]), and the saga must have
+	// recorded exactly these skips by the end (Progress.Skipped).
+	Skipped []string
 }
 
 // MoveKind is what a [Move] does to the instance.
@@ -110,14 +116,23 @@ func RunScenarios(t *testing.T, def func() *sagadef.Definition, env ScenarioEnv,
 
 // RunScenario applies the moves of sc to a new harness for def and fails
 // tb at the first move whose state, class or sent messages differ from
-// the scenario's, or when the final state or compensated steps differ.
+// the scenario's, or when the final state, compensated or skipped steps
+// differ.
+//
+// The scenario decides its conditional steps: the runner wraps env.Hooks
+// in a [sagadef.Skipper] that skips exactly the steps sc.Skipped lists.
+// When env.Hooks implement Skipper themselves (a decider's generated
+// hooks), they are asked first, so the decider's Skip<Step> runs on the
+// saga data and an error from it fails the move; their answer is then
+// replaced by the scenario's, which makes every path of the graph
+// reachable whatever the start message.
 func RunScenario(tb testing.TB, def *sagadef.Definition, env ScenarioEnv, sc Scenario) {
 	tb.Helper()
 	newMsg := env.New
 	if newMsg == nil {
 		newMsg = RegistryMessage
 	}
-	h := New(tb, def, env.Hooks)
+	h := New(tb, def, scenarioHooks{Hooks: env.Hooks, scenario: sc.Name, skip: sc.Skipped})
 	for i, mv := range sc.Moves {
 		where := fmt.Sprintf("scenario %s, move %d (%s", sc.Name, i+1, mv.Do)
 		if mv.Message != "" {
@@ -170,6 +185,31 @@ func RunScenario(tb testing.TB, def *sagadef.Definition, env ScenarioEnv, sc Sce
 	if got := h.Instance().Progress.Compensated; !reflect.DeepEqual(got, sc.Compensated) && (len(got) != 0 || len(sc.Compensated) != 0) {
 		tb.Fatalf("sagatest: scenario %s: compensated %v, want %v", sc.Name, got, sc.Compensated)
 	}
+	if got := h.Instance().Progress.Skipped; !reflect.DeepEqual(got, sc.Skipped) && (len(got) != 0 || len(sc.Skipped) != 0) {
+		tb.Fatalf("sagatest: scenario %s: skipped %v, want %v", sc.Name, got, sc.Skipped)
+	}
+}
+
+// scenarioHooks are the hooks a scenario runs on: the environment's, with
+// the conditional steps decided by the scenario.
+type scenarioHooks struct {
+	sagadef.Hooks
+	scenario string
+	skip     []string
+}
+
+// Skip asks the wrapped hooks' Skipper, when they have one, then answers
+// as the scenario says: skipped exactly when the scenario lists the step.
+func (h scenarioHooks) Skip(ctx context.Context, step string, data proto.Message) (bool, string, error) {
+	if sk, ok := h.Hooks.(sagadef.Skipper); ok {
+		if _, _, err := sk.Skip(ctx, step, data); err != nil {
+			return false, "", fmt.Errorf("scenario %s: the hooks' Skip of step %s: %w", h.scenario, step, err)
+		}
+	}
+	if slices.Contains(h.skip, step) {
+		return true, "scenario " + h.scenario + " skips it", nil
+	}
+	return false, "", nil
 }
 
 // firstSent returns the id of the first command the saga sent for step, ""
@@ -201,8 +241,8 @@ func RegistryMessage(fullName string) (message.Message, error) {
 
 // StubHooks returns hooks that exercise a definition's graph alone: Start
 // returns an empty saga data message (def.DataMessage) and the business key
-// "scenario", Build an empty command of the requested type, and Apply
-// folds nothing. Messages come from the protobuf registry, so the contract
+// "scenario", Build an empty command of the requested type, Apply folds
+// nothing, and Skip (they implement [sagadef.Skipper]) skips no step. Messages come from the protobuf registry, so the contract
 // package must be linked.
 func StubHooks(def *sagadef.Definition) sagadef.Hooks {
 	return stubHooks{data: def.DataMessage}
@@ -223,3 +263,8 @@ func (h stubHooks) Build(_ context.Context, command string, _ proto.Message) (me
 }
 
 func (h stubHooks) Apply(context.Context, proto.Message, message.Message) error { return nil }
+
+// Skip runs every conditional step.
+func (h stubHooks) Skip(context.Context, string, proto.Message) (bool, string, error) {
+	return false, "", nil
+}

@@ -1,6 +1,8 @@
 package sagatest_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -8,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -112,4 +115,112 @@ func TestRegistryMessage(t *testing.T) {
 	require.ErrorContains(t, err, "message t.v1.NotRegistered")
 	_, err = sagatest.RegistryMessage("google.protobuf.Struct")
 	require.ErrorContains(t, err, "is not a saga contract message")
+}
+
+var (
+	tMaybe     = sagatest.NewType("t.v1.Maybe", message.KindCommand)
+	tMaybeDone = sagatest.NewType("t.v1.MaybeDone", message.KindReply)
+)
+
+// conditionalDefinition is definition with a conditional step Maybe
+// before Do.
+func conditionalDefinition() *sagadef.Definition {
+	d := definition()
+	maybe := d.Steps[0]
+	maybe.Name, maybe.Command, maybe.SuccessReplies, maybe.FailureReplies, maybe.Conditional = "Maybe", tMaybe.FullName, []string{tMaybeDone.FullName}, nil, true
+	d.Steps = append([]sagadef.Step{maybe}, d.Steps...)
+	return d
+}
+
+// conditionalScenario: with skip, Maybe is skipped and the saga waits on
+// Do at once; without, Maybe runs first.
+func conditionalScenario(skip bool) sagatest.Scenario {
+	if skip {
+		return sagatest.Scenario{
+			Name: "maybe-skipped",
+			Moves: []sagatest.Move{
+				{Do: sagatest.MoveStart, State: "DO", Sent: []string{tDo.FullName}},
+				{Do: sagatest.MoveReply, Message: tDone.FullName, State: sagadef.StateCompleted, Class: sagadef.ClassNew},
+			},
+			Final:   sagadef.StateCompleted,
+			Skipped: []string{"Maybe"},
+		}
+	}
+	return sagatest.Scenario{
+		Name: "maybe-runs",
+		Moves: []sagatest.Move{
+			{Do: sagatest.MoveStart, State: "MAYBE", Sent: []string{tMaybe.FullName}},
+			{Do: sagatest.MoveReply, Message: tMaybeDone.FullName, State: "DO", Class: sagadef.ClassNew, Sent: []string{tDo.FullName}},
+			{Do: sagatest.MoveReply, Message: tDone.FullName, State: sagadef.StateCompleted, Class: sagadef.ClassNew},
+		},
+		Final: sagadef.StateCompleted,
+	}
+}
+
+// TestRunScenarioDecidesConditionalSteps: the scenario decides which
+// conditional steps are skipped, whatever the hooks' Skipper answers; the
+// hooks' Skipper is still called and its error fails the scenario; a skip
+// the saga did not record fails it.
+func TestRunScenarioDecidesConditionalSteps(t *testing.T) {
+	t.Parallel()
+	env := scenarioEnv()
+	env.Hooks = sagatest.Hooks(tStart, tDo, tDone, tFailed, tMaybe, tMaybeDone)
+	types := map[string]*message.Info{tDone.FullName: tDone, tMaybeDone.FullName: tMaybeDone}
+	env.New = func(name string) (message.Message, error) {
+		info, ok := types[name]
+		if !ok {
+			return nil, fmt.Errorf("no test type %s", name)
+		}
+		return sagatest.NewMessage(info, "k1"), nil
+	}
+	run := func(hooks sagadef.Hooks, def *sagadef.Definition, sc sagatest.Scenario) []string {
+		e := env
+		e.Hooks = hooks
+		r := &recorder{}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			sagatest.RunScenario(r, def, e, sc)
+		}()
+		<-done
+		return r.failed
+	}
+	var asked []string
+	var mu sync.Mutex
+	alwaysSkip := sagatest.Skipping(env.Hooks, func(step string, _ proto.Message) (bool, string) {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, step)
+		return true, "the decider skips every step"
+	})
+	for _, skip := range []bool{false, true} {
+		sc := conditionalScenario(skip)
+		require.Empty(t, run(env.Hooks, conditionalDefinition(), sc), "%s on hooks that skip nothing", sc.Name)
+		require.Empty(t, run(alwaysSkip, conditionalDefinition(), sc), "%s on hooks that skip every step", sc.Name)
+	}
+	require.Equal(t, []string{"Maybe", "Maybe"}, asked, "the hooks' Skipper is asked once per start")
+
+	failing := failingSkipper{env.Hooks}
+	failed := run(failing, conditionalDefinition(), conditionalScenario(true))
+	require.NotEmpty(t, failed)
+	require.Contains(t, strings.Join(failed, "\n"), "the hooks' Skip of step Maybe: no decision for k1")
+
+	// The same scenarios on a definition where Maybe is not conditional.
+	plain := conditionalDefinition()
+	plain.Steps[0].Conditional = false
+	failed = run(env.Hooks, plain, conditionalScenario(true))
+	require.NotEmpty(t, failed, "a skip of a step that is not conditional")
+	require.Contains(t, strings.Join(failed, "\n"), "state MAYBE, want DO")
+	require.Empty(t, run(env.Hooks, plain, conditionalScenario(false)))
+	sc := conditionalScenario(false)
+	sc.Skipped = []string{"Do"}
+	failed = run(env.Hooks, conditionalDefinition(), sc)
+	require.Contains(t, strings.Join(failed, "\n"), "skipped [], want [Do]")
+}
+
+// failingSkipper is hooks whose Skip fails.
+type failingSkipper struct{ sagadef.Hooks }
+
+func (failingSkipper) Skip(context.Context, string, proto.Message) (bool, string, error) {
+	return false, "", errors.New("no decision for k1")
 }

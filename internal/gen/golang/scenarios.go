@@ -55,8 +55,9 @@ func genScenarios(g *protogen.GeneratedFile, s *model.Saga) {
 	g.P("// ", s.Name, "Scenarios returns the scenarios of saga ", s.FullName, ", computed by")
 	g.P("// protoc-gen-saga from its steps: the happy path, and for every step a business")
 	g.P("// failure (and a failed compensation), its timeouts, a late success reply to its")
-	g.P("// first command and a duplicate of its success reply, each with the state,")
-	g.P("// classification and sent messages every move must lead to.")
+	g.P("// first command and a duplicate of its success reply, and for every conditional")
+	g.P("// step a path that skips it, each with the state, classification and sent")
+	g.P("// messages every move must lead to.")
 	g.P("func ", s.Name, "Scenarios() []", scenario, " {")
 	g.P("return []", scenario, "{")
 	for _, sc := range graphScenarios(s.Definition.Steps) {
@@ -85,13 +86,18 @@ func genScenarios(g *protogen.GeneratedFile, s *model.Saga) {
 		if len(sc.Compensated) > 0 {
 			g.P("Compensated: ", stringSlice(sc.Compensated), ",")
 		}
+		if len(sc.Skipped) > 0 {
+			g.P("Skipped: ", stringSlice(sc.Skipped), ",")
+		}
 		g.P("},")
 	}
 	g.P("}")
 	g.P("}")
 	g.P()
 	g.P("// Run", s.Name, "Scenarios runs ", s.Name, "Scenarios on the saga with decider ", d, ", each")
-	g.P("// scenario beginning with ", start, ", as subtests of ", t, ".")
+	g.P("// scenario beginning with ", start, ", as subtests of ", t, ". Each scenario decides the")
+	g.P("// conditional steps it skips; the decider's Skip methods are called and must")
+	g.P("// not fail, but their answer is replaced by the scenario's.")
 	g.P("func Run", s.Name, "Scenarios(", t, " *", testingPkg.Ident("T"), ", ", d, " ", pkg.Ident(s.DeciderType()), ", ", start, " *", s.Start.Proto.GoIdent, ") {")
 	g.P(t, ".Helper()")
 	g.P(sagatestPkg.Ident("RunScenarios"), "(", t, ", ", pkg.Ident(s.DefinitionFunc()), ", ", sagatestPkg.Ident("ScenarioEnv"),

@@ -18,6 +18,15 @@ import (
 // timeout (every attempt), a late success reply to the step's first
 // command once the saga stopped waiting for it, and a duplicate of the
 // step's success reply. A happy path completes the saga.
+//
+// Check steps have nothing to undo: their failure and timeout compensate
+// the compensatable steps before them, and compensation passes over them.
+// Conditional steps run unless a scenario skips them (sagatest's runner
+// decides them as the scenario says): for each conditional step one
+// scenario skips it on the happy path (it sends nothing, is never
+// compensated, and the saga waits on the next step), and when skipping it
+// changes what a later step's failure or timeout compensates (it is
+// compensatable), that step's scenarios are repeated with it skipped.
 
 // scenario and move mirror sagatest.Scenario and sagatest.Move, which the
 // emitter writes them as (the generator does not link package testing).
@@ -26,6 +35,12 @@ type scenario struct {
 	Moves       []move
 	Final       string
 	Compensated []string
+	Skipped     []string
+	// undo lists the steps the compensation undoes when the scenario
+	// compensates (not emitted): the skip variants of a step's scenarios
+	// are kept where it differs.
+	undo        []string
+	compensates bool
 }
 
 type move struct {
@@ -61,7 +76,10 @@ type stepKind struct {
 	undone bool
 }
 
-// kindOf returns the scenario behaviour of step s.
+// kindOf returns the scenario behaviour of step s. A pivot and a check
+// step are alike here: their failure compensates the steps before them,
+// and nothing undoes them (a check step has nothing to undo; past the
+// pivot nothing compensates).
 func kindOf(s *sagadef.Step) stepKind {
 	k := stepKind{sends: !s.External}
 	switch s.Role {
@@ -69,6 +87,7 @@ func kindOf(s *sagadef.Step) stepKind {
 		k.undone = true
 	case sagadef.RoleRetriable:
 		k.failureReviews = true
+	case sagadef.RolePivot, sagadef.RoleCheck:
 	}
 	return k
 }
@@ -114,6 +133,11 @@ type walk struct {
 	completed []string
 	stopped   string
 	state     string
+	// skip lists the conditional steps the scenario skips; skipped those
+	// the saga passed over so far, and at the step it waits on.
+	skip    []string
+	skipped []string
+	at      int
 }
 
 func (w *walk) move(m move) {
@@ -128,22 +152,29 @@ func (w *walk) send(i int) []string {
 	return nil
 }
 
-// enter is the state and messages of waiting on step i (COMPLETED past
-// the last step).
+// enter is the state and messages of going forward to step i: waiting on
+// it, or, past the conditional steps from i on that the scenario skips,
+// on the next step (COMPLETED past the last step).
 func (w *walk) enter(i int) (string, []string) {
+	for i < len(w.steps) && w.steps[i].Conditional && slices.Contains(w.skip, w.steps[i].Name) {
+		w.skipped = append(w.skipped, w.steps[i].Name)
+		i++
+	}
+	w.at = i
 	if i >= len(w.steps) {
 		return sagadef.StateCompleted, nil
 	}
 	return sagadef.StateName(w.steps[i].Name), w.send(i)
 }
 
-// start begins the saga and answers steps 0..i-1 with success.
-func start(steps []sagadef.Step, name string, i int) *walk {
-	w := &walk{steps: steps, sc: scenario{Name: name}}
+// start begins the saga, skipping the conditional steps listed in skip,
+// and answers the steps it waits on with success until it reaches step i.
+func start(steps []sagadef.Step, skip []string, name string, i int) *walk {
+	w := &walk{steps: steps, sc: scenario{Name: name}, skip: skip}
 	st, sent := w.enter(0)
 	w.move(move{Do: moveStart, State: st, Sent: sent})
-	for j := range i {
-		w.succeed(j, sagadef.ClassNew)
+	for w.at < i {
+		w.succeed(w.at, sagadef.ClassNew)
 	}
 	return w
 }
@@ -178,6 +209,11 @@ func (w *walk) chain() []*sagadef.Step {
 // the first compensation of the chain, or FAILED with nothing to undo.
 func (w *walk) compensating() (string, []string) {
 	c := w.chain()
+	w.sc.compensates = true
+	w.sc.undo = nil
+	for _, s := range c {
+		w.sc.undo = append(w.sc.undo, s.Name)
+	}
 	if len(c) == 0 {
 		return sagadef.StateFailed, nil
 	}
@@ -267,58 +303,91 @@ func (w *walk) earlierSuccess(i int) {
 
 func (w *walk) done() scenario {
 	w.sc.Final = w.state
+	w.sc.Skipped = w.skipped
 	return w.sc
 }
 
 // graphScenarios returns the scenarios of a saga with the given steps.
 func graphScenarios(steps []sagadef.Step) []scenario {
 	var out []scenario
-	w := start(steps, "complete", len(steps))
+	w := start(steps, nil, "complete", len(steps))
 	out = append(out, w.done())
 	for i := range steps {
-		s := &steps[i]
-		if len(s.FailureReplies) > 0 {
-			w := start(steps, s.Name+"/failure", i)
-			w.fail(i)
-			undo := !kindOf(s).failureReviews && len(w.chain()) > 0
-			if undo {
-				w.compensateAll()
+		out = append(out, stepScenarios(steps, nil, i, "")...)
+	}
+	for c := range steps {
+		sc := &steps[c]
+		if !sc.Conditional {
+			continue
+		}
+		skip := []string{sc.Name}
+		w := start(steps, skip, sc.Name+"/skipped", len(steps))
+		out = append(out, w.done())
+		if !kindOf(sc).undone {
+			continue // skipping it changes no compensation
+		}
+		suffix := "/" + sc.Name + "-skipped"
+		for i := c + 1; i < len(steps); i++ {
+			base := map[string]scenario{}
+			for _, b := range stepScenarios(steps, nil, i, "") {
+				base[b.Name+suffix] = b
 			}
-			out = append(out, w.done())
-			if undo {
-				w := start(steps, s.Name+"/failure/compensation-fails", i)
-				w.fail(i)
-				w.failCompensation()
-				out = append(out, w.done())
+			for _, v := range stepScenarios(steps, skip, i, suffix) {
+				if b, ok := base[v.Name]; v.compensates && (!ok || !slices.Equal(b.undo, v.undo)) {
+					out = append(out, v)
+				}
 			}
 		}
+	}
+	return out
+}
 
-		w := start(steps, s.Name+"/timeout", i)
-		w.timeouts(i)
-		if w.stopped != "" && len(w.chain()) > 0 {
+// stepScenarios returns the scenarios of step i (failure, timeout, late
+// and duplicate reply), with the conditional steps in skip skipped and
+// suffix appended to their names.
+func stepScenarios(steps []sagadef.Step, skip []string, i int, suffix string) []scenario {
+	var out []scenario
+	s := &steps[i]
+	if len(s.FailureReplies) > 0 {
+		w := start(steps, skip, s.Name+"/failure"+suffix, i)
+		w.fail(i)
+		undo := !kindOf(s).failureReviews && len(w.chain()) > 0
+		if undo {
 			w.compensateAll()
 		}
 		out = append(out, w.done())
-
-		w = start(steps, s.Name+"/late-reply", i)
-		if s.OnTimeout == sagadef.TimeoutRetry && kindOf(s).sends && attempts(s) > 1 {
-			// The answer to attempt 1 while the saga waits for attempt 2.
-			w.timeout(i, 1)
-		} else {
-			w.timeouts(i)
+		if undo {
+			w := start(steps, skip, s.Name+"/failure/compensation-fails"+suffix, i)
+			w.fail(i)
+			w.failCompensation()
+			out = append(out, w.done())
 		}
-		w.earlierSuccess(i)
-		if w.state == sagadef.StateName(s.Name) {
-			// Audited while waiting: the awaited answer still settles it.
-			w.succeed(i, sagadef.ClassNew)
-		}
-		out = append(out, w.done())
-
-		w = start(steps, s.Name+"/duplicate-reply", i)
-		w.succeed(i, sagadef.ClassNew)
-		st := w.state
-		w.move(move{Do: moveDuplicate, State: st, Class: sagadef.ClassDuplicate})
-		out = append(out, w.done())
 	}
+	w := start(steps, skip, s.Name+"/timeout"+suffix, i)
+	w.timeouts(i)
+	if w.stopped != "" && len(w.chain()) > 0 {
+		w.compensateAll()
+	}
+	out = append(out, w.done())
+
+	w = start(steps, skip, s.Name+"/late-reply"+suffix, i)
+	if s.OnTimeout == sagadef.TimeoutRetry && kindOf(s).sends && attempts(s) > 1 {
+		// The answer to attempt 1 while the saga waits for attempt 2.
+		w.timeout(i, 1)
+	} else {
+		w.timeouts(i)
+	}
+	w.earlierSuccess(i)
+	if w.state == sagadef.StateName(s.Name) {
+		// Audited while waiting: the awaited answer still settles it.
+		w.succeed(i, sagadef.ClassNew)
+	}
+	out = append(out, w.done())
+
+	w = start(steps, skip, s.Name+"/duplicate-reply"+suffix, i)
+	w.succeed(i, sagadef.ClassNew)
+	st := w.state
+	w.move(move{Do: moveDuplicate, State: st, Class: sagadef.ClassDuplicate})
+	out = append(out, w.done())
 	return out
 }

@@ -3,6 +3,7 @@ package golang
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +22,7 @@ var shapeTypes = sync.OnceValue(func() map[string]*message.Info {
 	types := map[string]*message.Info{}
 	add := func(name string, k message.Kind) { types[name] = sagatest.NewType(name, k) }
 	add("s.v1.Start", message.KindCommand)
-	for _, step := range []string{"A", "B", "C", "D"} {
+	for _, step := range []string{"A", "B", "C", "D", "E"} {
 		add("s.v1."+step, message.KindCommand)
 		add("s.v1."+step+"Done", message.KindReply)
 		add("s.v1."+step+"Failed", message.KindReply)
@@ -78,10 +79,16 @@ func shapeEnv() sagatest.ScenarioEnv {
 	}
 }
 
+// conditional returns s marked conditional.
+func conditional(s sagadef.Step) sagadef.Step {
+	s.Conditional = true
+	return s
+}
+
 // shapes returns definitions covering every timeout action, attempt
 // budget, late policy and step kind (compensatable with and without a
-// compensation failure reply, pivot, retriable, External) at several
-// positions.
+// compensation failure reply, pivot, retriable, check, External,
+// conditional) at several positions.
 func shapes() map[string]*sagadef.Definition {
 	out := map[string]*sagadef.Definition{}
 	actions := map[string]sagadef.TimeoutAction{"compensate": sagadef.TimeoutCompensate, "retry": sagadef.TimeoutRetry, "review": sagadef.TimeoutManualReview}
@@ -104,6 +111,43 @@ func shapes() map[string]*sagadef.Definition {
 			}
 		}
 	}
+	// Check steps first and after a compensatable step, internal and
+	// External; conditional compensatable, check and retriable steps.
+	for an, a := range actions {
+		for pn, p := range policies {
+			for _, attempts := range []int{1, 3} {
+				for _, external := range []bool{false, true} {
+					if external && a == sagadef.TimeoutRetry {
+						continue
+					}
+					c := shapeStep("C", sagadef.RoleCheck, external, a, attempts, p, false)
+					c.Conditional = external
+					name := fmt.Sprintf("check/timeout=%s/late=%s/attempts=%d/external=%v", an, pn, attempts, external)
+					out[name] = shapeDefinition(
+						shapeStep("A", sagadef.RoleCheck, false, a, attempts, p, false),
+						conditional(shapeStep("B", sagadef.RoleCompensatable, false, a, attempts, p, attempts > 1)),
+						c,
+						shapeStep("D", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 1, p, false),
+						conditional(shapeStep("E", sagadef.RoleRetriable, false, sagadef.TimeoutRetry, attempts, p, false)),
+					)
+				}
+			}
+		}
+	}
+	// A conditional first step, and two conditional compensatable steps
+	// before a check.
+	out["conditional-first"] = shapeDefinition(
+		conditional(shapeStep("A", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 1, sagadef.LateManualReview, true)),
+		shapeStep("B", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false),
+		conditional(shapeStep("C", sagadef.RoleRetriable, false, sagadef.TimeoutManualReview, 1, sagadef.LateIgnore, false)),
+	)
+	out["conditional-compensatables"] = shapeDefinition(
+		shapeStep("A", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false),
+		conditional(shapeStep("B", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 2, sagadef.LateManualReview, true)),
+		conditional(shapeStep("C", sagadef.RoleCompensatable, false, sagadef.TimeoutRetry, 2, sagadef.LateApplyIfWaiting, false)),
+		shapeStep("D", sagadef.RoleCheck, true, sagadef.TimeoutCompensate, 1, sagadef.LateManualReview, false),
+		shapeStep("E", sagadef.RolePivot, false, sagadef.TimeoutManualReview, 1, sagadef.LateIgnore, false),
+	)
 	// A retriable step that times out to review, and a pivot first.
 	out["pivot-first"] = shapeDefinition(
 		shapeStep("A", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 2, sagadef.LateManualReview, false),
@@ -121,7 +165,7 @@ func toHarness(scs []scenario) []sagatest.Scenario {
 	}
 	var out []sagatest.Scenario
 	for _, sc := range scs {
-		h := sagatest.Scenario{Name: sc.Name, Final: sc.Final, Compensated: sc.Compensated}
+		h := sagatest.Scenario{Name: sc.Name, Final: sc.Final, Compensated: sc.Compensated, Skipped: sc.Skipped}
 		for _, m := range sc.Moves {
 			k, ok := kinds[m.Do]
 			if !ok {
@@ -182,6 +226,63 @@ func TestScenariosHoldForEveryShape(t *testing.T) {
 	}
 }
 
+// requireMutantsFail requires each mutant of base to fail at least one
+// of the scenarios computed from base.
+func requireMutantsFail(t *testing.T, base func() *sagadef.Definition, scenarios []sagatest.Scenario, mutants map[string]func(d *sagadef.Definition)) {
+	t.Helper()
+	for name, mutate := range mutants {
+		def := base()
+		mutate(def)
+		require.NoError(t, def.Compile(), name)
+		var failed []string
+		for _, sc := range scenarios {
+			if f := run(def, sc); len(f) > 0 {
+				failed = append(failed, sc.Name)
+			}
+		}
+		require.NotEmpty(t, failed, "mutant %q: no scenario failed", name)
+		t.Logf("mutant %q fails %s", name, strings.Join(failed, ", "))
+	}
+}
+
+// TestScenariosCatchWrongCheckAndConditionalSteps: the scenarios of a
+// saga with check and conditional steps fail on a definition that turns a
+// check step compensatable or a compensatable step into a check, drops or
+// moves a conditional flag, or makes a check step External.
+func TestScenariosCatchWrongCheckAndConditionalSteps(t *testing.T) {
+	t.Parallel()
+	base := func() *sagadef.Definition {
+		return shapeDefinition(
+			conditional(shapeStep("A", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 3, sagadef.LateManualReview, true)),
+			shapeStep("B", sagadef.RoleCheck, false, sagadef.TimeoutCompensate, 1, sagadef.LateManualReview, false),
+			shapeStep("C", sagadef.RoleCompensatable, false, sagadef.TimeoutRetry, 3, sagadef.LateApplyIfWaiting, false),
+			conditional(shapeStep("D", sagadef.RoleCheck, true, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false)),
+			shapeStep("E", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 1, sagadef.LateManualReview, false),
+		)
+	}
+	scenarios := toHarness(graphScenarios(base().Steps))
+	for _, sc := range scenarios {
+		require.Empty(t, run(base(), sc), "scenario %s on the definition it was computed from", sc.Name)
+	}
+	require.True(t, slices.ContainsFunc(scenarios, func(sc sagatest.Scenario) bool { return sc.Name == "E/failure/A-skipped" }),
+		"a failure after the compensatable conditional step A is also run with A skipped")
+	requireMutantsFail(t, base, scenarios, map[string]func(d *sagadef.Definition){
+		"B is compensatable": func(d *sagadef.Definition) {
+			d.Steps[1].Role, d.Steps[1].Compensation, d.Steps[1].CompensationReply = sagadef.RoleCompensatable, "s.v1.UndoB", "s.v1.BUndone"
+		},
+		"C is a check": func(d *sagadef.Definition) {
+			d.Steps[2].Role, d.Steps[2].Compensation, d.Steps[2].CompensationReply = sagadef.RoleCheck, "", ""
+		},
+		"A is not conditional":    func(d *sagadef.Definition) { d.Steps[0].Conditional = false },
+		"D is not conditional":    func(d *sagadef.Definition) { d.Steps[3].Conditional = false },
+		"C is conditional, not A": func(d *sagadef.Definition) { d.Steps[0].Conditional, d.Steps[2].Conditional = false, true },
+		"B is External":           func(d *sagadef.Definition) { d.Steps[1].External, d.Steps[1].Command = true, "" },
+		"D sends a command": func(d *sagadef.Definition) {
+			d.Steps[3].External, d.Steps[3].Command = false, "s.v1.D"
+		},
+	})
+}
+
 // TestScenariosCatchWrongDefinitions: each scenario set, computed from one
 // definition, fails on a definition that differs from it in one property
 // the graph gives (a timeout action, an attempt budget, a late policy, a
@@ -216,19 +317,7 @@ func TestScenariosCatchWrongDefinitions(t *testing.T) {
 		},
 		"A and B swapped": func(d *sagadef.Definition) { d.Steps[0], d.Steps[1] = d.Steps[1], d.Steps[0] },
 	}
-	for name, mutate := range mutants {
-		def := base()
-		mutate(def)
-		require.NoError(t, def.Compile(), name)
-		var failed []string
-		for _, sc := range scenarios {
-			if f := run(def, sc); len(f) > 0 {
-				failed = append(failed, sc.Name)
-			}
-		}
-		require.NotEmpty(t, failed, "mutant %q: no scenario failed", name)
-		t.Logf("mutant %q fails %s", name, strings.Join(failed, ", "))
-	}
+	requireMutantsFail(t, base, scenarios, mutants)
 
 	// A harness that delivers the first failure reply whatever it is
 	// asked for.

@@ -13,8 +13,9 @@ import (
 // QuoteApprovalScenarios returns the scenarios of saga quote.v1.QuoteApproval, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func QuoteApprovalScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -160,7 +161,9 @@ func QuoteApprovalScenarios() []sagatest.Scenario {
 }
 
 // RunQuoteApprovalScenarios runs QuoteApprovalScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t.
+// scenario beginning with start, as subtests of t. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunQuoteApprovalScenarios(t *testing.T, d quotev1.QuoteApprovalDecider, start *quotev1.SubmitQuote) {
 	t.Helper()
 	sagatest.RunScenarios(t, quotev1.QuoteApprovalDefinition, sagatest.ScenarioEnv{Hooks: quotev1.QuoteApprovalHooks(d), Start: start}, QuoteApprovalScenarios())

@@ -13,8 +13,9 @@ import (
 // SwitchScenarios returns the scenarios of saga collide.message.Switch, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func SwitchScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -89,7 +90,9 @@ func SwitchScenarios() []sagatest.Scenario {
 }
 
 // RunSwitchScenarios runs SwitchScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t.
+// scenario beginning with start, as subtests of t. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunSwitchScenarios(t *testing.T, d message.SwitchDecider, start *message.Context) {
 	t.Helper()
 	sagatest.RunScenarios(t, message.SwitchDefinition, sagatest.ScenarioEnv{Hooks: message.SwitchHooks(d), Start: start}, SwitchScenarios())

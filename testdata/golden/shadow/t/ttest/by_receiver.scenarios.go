@@ -14,8 +14,9 @@ import (
 // ByReceiverScenarios returns the scenarios of saga shadow.t.ByReceiver, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func ByReceiverScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -56,7 +57,9 @@ func ByReceiverScenarios() []sagatest.Scenario {
 }
 
 // RunByReceiverScenarios runs ByReceiverScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t_.
+// scenario beginning with start, as subtests of t_. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunByReceiverScenarios(t_ *testing.T, d t.ByReceiverDecider, start *s.Begin) {
 	t_.Helper()
 	sagatest.RunScenarios(t_, t.ByReceiverDefinition, sagatest.ScenarioEnv{Hooks: t.ByReceiverHooks(d), Start: start}, ByReceiverScenarios())

@@ -14,8 +14,9 @@ import (
 // FanOutScenarios returns the scenarios of saga shadow.t.FanOut, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func FanOutScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -345,7 +346,9 @@ func FanOutScenarios() []sagatest.Scenario {
 }
 
 // RunFanOutScenarios runs FanOutScenarios on the saga with decider d_, each
-// scenario beginning with start_, as subtests of t_.
+// scenario beginning with start_, as subtests of t_. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunFanOutScenarios(t_ *testing.T, d_ t.FanOutDecider, start_ *start.Begin) {
 	t_.Helper()
 	sagatest.RunScenarios(t_, t.FanOutDefinition, sagatest.ScenarioEnv{Hooks: t.FanOutHooks(d_), Start: start_}, FanOutScenarios())

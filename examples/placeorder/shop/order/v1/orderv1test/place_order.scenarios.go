@@ -13,8 +13,9 @@ import (
 // PlaceOrderScenarios returns the scenarios of saga shop.order.v1.PlaceOrder, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func PlaceOrderScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -200,7 +201,9 @@ func PlaceOrderScenarios() []sagatest.Scenario {
 }
 
 // RunPlaceOrderScenarios runs PlaceOrderScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t.
+// scenario beginning with start, as subtests of t. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunPlaceOrderScenarios(t *testing.T, d orderv1.PlaceOrderDecider, start *orderv1.PlaceOrderRequest) {
 	t.Helper()
 	sagatest.RunScenarios(t, orderv1.PlaceOrderDefinition, sagatest.ScenarioEnv{Hooks: orderv1.PlaceOrderHooks(d), Start: start}, PlaceOrderScenarios())

@@ -13,8 +13,9 @@ import (
 // ActivationScenarios returns the scenarios of saga signup.v1.Activation, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func ActivationScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -55,7 +56,9 @@ func ActivationScenarios() []sagatest.Scenario {
 }
 
 // RunActivationScenarios runs ActivationScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t.
+// scenario beginning with start, as subtests of t. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunActivationScenarios(t *testing.T, d signupv1.ActivationDecider, start *signupv1.AccountOpened) {
 	t.Helper()
 	sagatest.RunScenarios(t, signupv1.ActivationDefinition, sagatest.ScenarioEnv{Hooks: signupv1.ActivationHooks(d), Start: start}, ActivationScenarios())

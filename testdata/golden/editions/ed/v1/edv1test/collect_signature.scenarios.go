@@ -13,8 +13,9 @@ import (
 // CollectSignatureScenarios returns the scenarios of saga ed.v1.CollectSignature, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func CollectSignatureScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -63,7 +64,9 @@ func CollectSignatureScenarios() []sagatest.Scenario {
 }
 
 // RunCollectSignatureScenarios runs CollectSignatureScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t.
+// scenario beginning with start, as subtests of t. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunCollectSignatureScenarios(t *testing.T, d edv1.CollectSignatureDecider, start *edv1.Requested) {
 	t.Helper()
 	sagatest.RunScenarios(t, edv1.CollectSignatureDefinition, sagatest.ScenarioEnv{Hooks: edv1.CollectSignatureHooks(d), Start: start}, CollectSignatureScenarios())

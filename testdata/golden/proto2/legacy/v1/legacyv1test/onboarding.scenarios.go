@@ -13,8 +13,9 @@ import (
 // OnboardingScenarios returns the scenarios of saga legacy.v1.Onboarding, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func OnboardingScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -63,7 +64,9 @@ func OnboardingScenarios() []sagatest.Scenario {
 }
 
 // RunOnboardingScenarios runs OnboardingScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t.
+// scenario beginning with start, as subtests of t. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunOnboardingScenarios(t *testing.T, d legacyv1.OnboardingDecider, start *legacyv1.OpenAccountRequest) {
 	t.Helper()
 	sagatest.RunScenarios(t, legacyv1.OnboardingDefinition, sagatest.ScenarioEnv{Hooks: legacyv1.OnboardingHooks(d), Start: start}, OnboardingScenarios())

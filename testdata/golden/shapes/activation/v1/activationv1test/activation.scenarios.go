@@ -13,8 +13,9 @@ import (
 // ActivationScenarios returns the scenarios of saga shapes.activation.v1.Activation, computed by
 // protoc-gen-saga from its steps: the happy path, and for every step a business
 // failure (and a failed compensation), its timeouts, a late success reply to its
-// first command and a duplicate of its success reply, each with the state,
-// classification and sent messages every move must lead to.
+// first command and a duplicate of its success reply, and for every conditional
+// step a path that skips it, each with the state, classification and sent
+// messages every move must lead to.
 func ActivationScenarios() []sagatest.Scenario {
 	return []sagatest.Scenario{
 		{
@@ -265,11 +266,37 @@ func ActivationScenarios() []sagatest.Scenario {
 			},
 			Final: "COMPLETED",
 		},
+		{
+			Name: "CreditCheck/skipped",
+			Moves: []sagatest.Move{
+				{Do: sagatest.MoveStart, State: "VALIDATE_ADDRESS", Sent: []string{"shapes.activation.v1.ValidateAddress"}},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.AddressValid", State: "RESERVE_NUMBER", Class: sagadef.ClassNew, Sent: []string{"shapes.activation.v1.ReserveNumber"}},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.NumberReserved", State: "PROVISION_LINE", Class: sagadef.ClassNew, Sent: []string{"shapes.activation.v1.ProvisionLine"}},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.LineProvisioned", State: "SEND_WELCOME_PACK", Class: sagadef.ClassNew, Sent: []string{"shapes.activation.v1.SendWelcomePack"}},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.WelcomePackSent", State: "COMPLETED", Class: sagadef.ClassNew},
+			},
+			Final:   "COMPLETED",
+			Skipped: []string{"CreditCheck"},
+		},
+		{
+			Name: "SendWelcomePack/skipped",
+			Moves: []sagatest.Move{
+				{Do: sagatest.MoveStart, State: "VALIDATE_ADDRESS", Sent: []string{"shapes.activation.v1.ValidateAddress"}},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.AddressValid", State: "RESERVE_NUMBER", Class: sagadef.ClassNew, Sent: []string{"shapes.activation.v1.ReserveNumber"}},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.NumberReserved", State: "CREDIT_CHECK", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.CreditApproved", State: "PROVISION_LINE", Class: sagadef.ClassNew, Sent: []string{"shapes.activation.v1.ProvisionLine"}},
+				{Do: sagatest.MoveReply, Message: "shapes.activation.v1.LineProvisioned", State: "COMPLETED", Class: sagadef.ClassNew},
+			},
+			Final:   "COMPLETED",
+			Skipped: []string{"SendWelcomePack"},
+		},
 	}
 }
 
 // RunActivationScenarios runs ActivationScenarios on the saga with decider d, each
-// scenario beginning with start, as subtests of t.
+// scenario beginning with start, as subtests of t. Each scenario decides the
+// conditional steps it skips; the decider's Skip methods are called and must
+// not fail, but their answer is replaced by the scenario's.
 func RunActivationScenarios(t *testing.T, d activationv1.ActivationDecider, start *activationv1.ActivateLine) {
 	t.Helper()
 	sagatest.RunScenarios(t, activationv1.ActivationDefinition, sagatest.ScenarioEnv{Hooks: activationv1.ActivationHooks(d), Start: start}, ActivationScenarios())
