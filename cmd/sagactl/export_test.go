@@ -35,12 +35,13 @@ func TestExportMigrationsCommand(t *testing.T) {
 	out.Reset()
 	require.Equal(t, 0, run(ctx, args, &out, &errOut, none), errOut.String())
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	require.Len(t, lines, len(runtimeFiles)+2)
+	require.Len(t, lines, len(runtimeFiles)+3)
 	require.Equal(t, "wrote "+filepath.Join(dir, "00008_saga_runtime_0001_runtime_tables.sql"), lines[0])
 	next := 8 + len(runtimeFiles) // after the runtime's, numbered from the highest version there (7)
-	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_participant_0001_participant_once.sql", next)), lines[len(lines)-2])
-	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_saga_orders_0001_orders.sql", next+1)), lines[len(lines)-1])
-	require.Len(t, dirEntries(t, dir), len(runtimeFiles)+3)
+	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_participant_0001_participant_once.sql", next)), lines[len(lines)-3])
+	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_participant_0002_participant_once_message_id.sql", next+1)), lines[len(lines)-2])
+	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_saga_orders_0001_orders.sql", next+2)), lines[len(lines)-1])
+	require.Len(t, dirEntries(t, dir), len(runtimeFiles)+4)
 
 	out.Reset()
 	require.Equal(t, 0, run(ctx, append(args, "-check"), &out, &errOut, none), errOut.String())
@@ -53,7 +54,7 @@ func TestExportMigrationsCommand(t *testing.T) {
 	require.Equal(t, "not exported: saga_orders/0002_orders_index.sql\n", out.String())
 	out.Reset()
 	require.Equal(t, 0, run(ctx, args, &out, &errOut, none), errOut.String())
-	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_saga_orders_0002_orders_index.sql", next+2))+"\n", out.String())
+	require.Equal(t, "wrote "+filepath.Join(dir, fmt.Sprintf("%05d_saga_orders_0002_orders_index.sql", next+3))+"\n", out.String())
 }
 
 func TestExportMigrationsCommandErrors(t *testing.T) {

@@ -183,7 +183,8 @@ const (
 )
 
 // TraceQueryStart stops a relay before it marks a published batch and notes
-// transactions that claim inbox rows (consumers' batches).
+// transactions that claim inbox rows or read participants' once records
+// (consumers' batches).
 func (t crashTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	sql := strings.TrimSpace(data.SQL)
 	switch {
@@ -193,7 +194,7 @@ func (t crashTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data p
 		return context.WithValue(ctx, stmtKey{}, stmtRollback)
 	case strings.Contains(sql, "INSERT INTO saga_outbox_sent"):
 		t.c.pass(CrashAfterPublish)
-	case strings.Contains(sql, "INTO saga_inbox"):
+	case strings.Contains(sql, "INTO saga_inbox"), strings.Contains(sql, "reply_body FROM saga_participant_once"):
 		t.c.mu.Lock()
 		t.c.consumer[conn] = true
 		t.c.mu.Unlock()

@@ -33,6 +33,11 @@ type Delivery struct {
 	// ReceivedAt is when the consumer took the delivery from the broker
 	// (with a monotonic clock reading), for handlers that time their work.
 	ReceivedAt time.Time
+	// Unclaimed names the consumer (Config.Name) when it claimed nothing
+	// in the inbox for this delivery (Config.HandlerDedupes): a handler
+	// that answers it without writing its deduplicating row claims it
+	// there itself (inbox.Claim) to drop a redelivery. Empty otherwise.
+	Unclaimed string
 
 	ctx context.Context // the context it is handled in (see Context); nil = the batch's
 }
@@ -57,6 +62,14 @@ type Config struct {
 	// Name identifies the consumer in the inbox. It must be stable across
 	// restarts and deploys: renaming it forgets which messages were handled.
 	Name string
+	// HandlerDedupes says the handler drops a redelivered message itself:
+	// every delivery it succeeds on commits a row that names the message
+	// id, and a redelivery of that id finds the row and has no effect (a
+	// host's participant does: participant.Idempotent's once record).
+	// The consumer then claims nothing in the inbox (saga_inbox) for this
+	// queue, saving a row per delivery. Leave it false for any handler
+	// that can succeed without such a row.
+	HandlerDedupes bool
 	// Queue is the work queue to consume. Its tier queues and parking lot
 	// (broker.WorkQueue with the same Retry policy) must be declared.
 	Queue string

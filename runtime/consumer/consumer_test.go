@@ -607,6 +607,32 @@ func TestConsumer(t *testing.T) {
 		require.Zero(t, b.ready(b.queue))
 	})
 
+	t.Run("HandlerDedupesClaimsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		var mu sync.Mutex
+		var unclaimed []string
+		r := b.start(func(cfg *consumer.Config) {
+			cfg.HandlerDedupes = true
+			next := cfg.Handler
+			cfg.Handler = func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+				mu.Lock()
+				unclaimed = append(unclaimed, d.Unclaimed)
+				mu.Unlock()
+				return next(ctx, tx, d)
+			}
+		}, nil)
+		b.send("hd", doOK, nil)
+		b.waitSettled("hd", "done")
+		b.stop(r)
+		var claims int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM saga_inbox`).Scan(&claims))
+		require.Zero(t, claims, "the handler dedupes: no inbox claim")
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []string{"notes-consumer"}, unclaimed, "the delivery names the consumer that claimed nothing")
+	})
+
 	t.Run("TransientFailureRetriesThroughTier", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)

@@ -15,7 +15,10 @@
 //  2. Transaction: inbox.Claim(Config.Name, message id). A message already
 //     claimed is a duplicate: committed and acknowledged without calling
 //     the handler. Otherwise the batch handler (Config.Batch, or
-//     Config.Handler run as one) applies it in the same transaction.
+//     Config.Handler run as one) applies it in the same transaction. A
+//     handler that records the message id with its own row and drops a
+//     redelivery itself (Config.HandlerDedupes: a host's participants,
+//     whose once record does it) is handed every delivery unclaimed.
 //  3. Commit, then acknowledge. Between the two, the outbox rows the
 //     batch's successful handlers wrote go to the relay of this process
 //     when the consumer has one (Config.Relay), or the relays are woken by
@@ -29,8 +32,9 @@
 // claims every delivery in the inbox, and the consumer hands the deliveries
 // claimed first to the BatchHandler, without savepoints, on the batch's
 // transaction (a txq.Tx carrying the batch's stage and wake set). The saga
-// engine and participant.BatchHandler take the batch's locks in one
-// statement (the engine's instances, a participant's idempotency keys),
+// engine and participant.BatchHandler read what the batch needs in one
+// statement (the engine locks its instances, a participant reads its once
+// records),
 // then apply each delivery, the writes each one queued through the runtime
 // (participant replies, participant.Defer) sent in one round trip when it
 // returns, and

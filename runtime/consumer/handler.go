@@ -144,7 +144,8 @@ func (g *guardedTx) Rollback(context.Context) error {
 	return errHandlerClosedTx
 }
 
-// apply claims the item in the inbox and runs the handler, in a savepoint
+// apply claims the item in the inbox (unless the handler dedupes) and runs
+// the handler, in a savepoint
 // of tx. A handler error rolls the savepoint back and routes the item; an
 // error returned by apply means tx itself is unusable.
 func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wakes) error {
@@ -152,9 +153,12 @@ func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, it *item, wakes *txq.Wa
 	if err != nil {
 		return fmt.Errorf("begin savepoint: %w", err)
 	}
-	first, err := inbox.Claim(ctx, sp, c.cfg.Name, it.d.Envelope.MessageID)
-	if err != nil {
-		return err
+	first := true
+	if !c.cfg.HandlerDedupes {
+		first, err = inbox.Claim(ctx, sp, c.cfg.Name, it.d.Envelope.MessageID)
+		if err != nil {
+			return err
+		}
 	}
 	if !first {
 		if err := sp.Commit(ctx); err != nil {

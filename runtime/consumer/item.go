@@ -131,5 +131,8 @@ func (c *Consumer) decode(raw *amqp.Delivery) *item {
 		return it
 	}
 	it.d = &Delivery{Envelope: env, Message: msg, Queue: c.cfg.Queue, Attempt: it.attempt, ReceivedAt: it.received}
+	if c.cfg.HandlerDedupes {
+		it.d.Unclaimed = c.cfg.Name
+	}
 	return it
 }

@@ -231,7 +231,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			ids = append(ids, it.d.Envelope.MessageID)
 		}
 	}
-	first, err := inbox.ClaimAll(ctx, tx, c.cfg.Name, ids)
+	first, err := c.claimAll(ctx, tx, ids)
 	if err != nil {
 		if ctx.Err() != nil {
 			return err
@@ -422,4 +422,17 @@ func (c *Consumer) inTransaction(ctx context.Context, items []*item, apply func(
 	}
 	wakes.Notify(ctx, c.cfg.Pool, c.log)
 	return nil
+}
+
+// claimAll claims ids in the inbox (inbox.ClaimAll), or reports every one
+// first when the handler dedupes (Config.HandlerDedupes).
+func (c *Consumer) claimAll(ctx context.Context, tx pgx.Tx, ids []string) ([]bool, error) {
+	if c.cfg.HandlerDedupes {
+		first := make([]bool, len(ids))
+		for i := range first {
+			first[i] = true
+		}
+		return first, nil
+	}
+	return inbox.ClaimAll(ctx, tx, c.cfg.Name, ids)
 }

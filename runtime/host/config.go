@@ -154,7 +154,11 @@ type Config struct {
 	// handling (service is the contract's owner name), outside the
 	// once-per-command guard: for instrumentation, or for fault injection in
 	// tests (fail before the effect, hold or duplicate the reply). Nil wraps
-	// nothing.
+	// nothing. The participants' queues claim nothing in the inbox: the
+	// once record, which names the message id, drops a redelivery
+	// (runtime/participant). A middleware that succeeds without calling
+	// next has its delivery claimed in the inbox instead, and a redelivery
+	// of it fails permanently rather than applying its effects twice.
 	ParticipantMiddleware func(service string, next participant.Func) participant.Func
 	// Now is the sagas' clock (step timeouts, deadlines). Default time.Now.
 	Now func() time.Time

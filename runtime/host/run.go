@@ -228,7 +228,7 @@ func (h *Host) build(r *running) error {
 		}
 		r.callbacks = d
 	}
-	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.BatchHandler) error {
+	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.BatchHandler, dedupes bool) error {
 		t := h.cfg.tuning(queue)
 		pol := h.cfg.Retry
 		if d, ok := pkg.Retry[queue]; ok {
@@ -241,7 +241,7 @@ func (h *Host) build(r *running) error {
 			relay = r.relays[len(r.consumers)%n]
 		}
 		c, err := consumer.New(consumer.Config{
-			Name: queue, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
+			Name: queue, HandlerDedupes: dedupes, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
 			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: pol,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
@@ -261,7 +261,10 @@ func (h *Host) build(r *running) error {
 		if h.cfg.ParticipantMiddleware != nil {
 			fn = h.cfg.ParticipantMiddleware(p.Service, fn)
 		}
-		if err := add(p.Queue, p.Package, reg, participant.BatchHandler(p.Service, fn)); err != nil {
+		// Idempotent's once record names the message id it ran as and
+		// drops a redelivery of it, so the queue needs no inbox claim
+		// (runtime/participant).
+		if err := add(p.Queue, p.Package, reg, participant.BatchHandler(p.Service, fn), true); err != nil {
 			return err
 		}
 	}
@@ -270,12 +273,12 @@ func (h *Host) build(r *running) error {
 		if err != nil {
 			return fmt.Errorf("subscriber %s: %w", s.Service, err)
 		}
-		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func)); err != nil {
+		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), false); err != nil {
 			return err
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine); err != nil {
+		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine, false); err != nil {
 			return err
 		}
 	}

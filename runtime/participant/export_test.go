@@ -8,8 +8,8 @@ import (
 	"github.com/protosaga/saga/runtime/consumer"
 )
 
-// ClaimAhead claims the keys BatchHandler claims ahead for ds, without
+// ReadAhead reads the records BatchHandler reads ahead for ds, without
 // handling them.
-func ClaimAhead(ctx context.Context, tx pgx.Tx, service string, ds []*consumer.Delivery) error {
-	return claimAhead(ctx, tx, service, ds)
+func ReadAhead(ctx context.Context, tx pgx.Tx, service string, ds []*consumer.Delivery) error {
+	return readAhead(ctx, tx, service, ds)
 }

@@ -44,7 +44,17 @@ type onceRecordKey struct{}
 // [Handler] puts an empty one in the handler's context and Idempotent fills
 // it, so that a middleware around Idempotent can take the command with
 // [Later] after it ran, as the participant's own code can inside it.
-type onceRecord struct{ service, key string }
+type onceRecord struct {
+	service, key string
+	// unclaimed is the consumer that claimed nothing in the inbox for the
+	// command (consumer.Delivery.Unclaimed), "" when it did or there is no
+	// consumer: a command Idempotent answers without writing a record
+	// (a resend, an overtaken command) claims it there.
+	unclaimed string
+	// deduped is set once Idempotent left what drops a redelivery of the
+	// command: its record, a claim, or a record of this very message.
+	deduped bool
+}
 
 // mark tells a reply's receiver, when the command ran under [Idempotent],
 // that it did (message.HeaderOnce).

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/retry"
@@ -22,18 +23,23 @@ import (
 // the same transaction as the effect, a rollback forgets both; a concurrent
 // transaction with the same key waits for this one and then sees first=false.
 //
-// The consumer's inbox already drops redeliveries of one message; Once
-// catches the same command resent as a new message (a step retried after a
-// timeout keeps its idempotency key but gets a new message id).
+// Once catches the same command resent as a new message (a step retried
+// after a timeout keeps its idempotency key but gets a new message id).
+// Inside a command run by [Idempotent], Once with the key Idempotent records
+// the command under ([CommandKey], without an operator's retry) is not the
+// first: the command's own record counts.
 //
 // Once needs the saga_participant_once table ([Migrations]).
 func Once(ctx context.Context, tx pgx.Tx, service, idempotencyKey string) (first bool, err error) {
 	if service == "" || idempotencyKey == "" {
 		return false, retry.Permanent(fmt.Errorf("participant once: service %q and idempotency key %q must not be empty", service, idempotencyKey))
 	}
-	if p, ok := txq.PartIf(tx, aheadKey{service}); ok {
-		if first, ok := p.(*claimedAhead).take(idempotencyKey); ok {
-			return first, nil
+	if r, ok := ctx.Value(onceRecordKey{}).(*onceRecord); ok && r.service == service && r.key == idempotencyKey {
+		return false, nil
+	}
+	if b := batchOf(tx, service); b != nil {
+		if row, known := b.rows[idempotencyKey]; known && row != nil {
+			return false, nil
 		}
 	}
 	tag, err := tx.Exec(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
@@ -41,21 +47,34 @@ VALUES ($1, $2) ON CONFLICT (service, idempotency_key) DO NOTHING`, service, ide
 	if err != nil {
 		return false, fmt.Errorf("participant once %s %q: %w", service, idempotencyKey, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	first = tag.RowsAffected() == 1
+	if b := batchOf(tx, service); b != nil {
+		if _, known := b.rows[idempotencyKey]; known {
+			b.rows[idempotencyKey] = &onceRow{key: idempotencyKey}
+		}
+	}
+	return first, nil
 }
 
 // Idempotent wraps fn so that it runs once per command type and idempotency
 // key for service, and a command resent with the same key gets the first reply
-// again (decoded through reg) instead of a second effect. An operator's retry
-// after the step recorded a failure (message.HeaderOperatorRetry) is a new
-// command to it: it runs fn again, once per retry. The first reply is
-// stored in the same transaction as the effect. Commands without an
-// idempotency key are refused as permanent failures: the contract must name
-// one for every command.
+// again (decoded through reg) instead of a second effect. A redelivery of
+// the very message that ran (same message id: a lost acknowledgement, a
+// crash between commit and ack) has no effect and sends no reply, as the
+// first run's reply is on its way already. An operator's retry after the
+// step recorded a failure (message.HeaderOperatorRetry) is a new command to
+// it: it runs fn again, once per retry. Commands without an idempotency key
+// are refused as permanent failures: the contract must name one for every
+// command.
 //
 // The record is scoped by the command's type ([CommandKey]): a reservation and
 // its compensating release usually share a business key (the order id), and
 // the release must not be answered with the reservation's stored reply.
+//
+// The record is written once, after fn returned, with the reply and the
+// command's message id, in the same transaction as the effect (see the
+// package doc for why that row is all the deduplication a participant
+// needs).
 func Idempotent(service string, reg *message.Registry, fn Func) Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		if cmd.IdempotencyKey() == "" {
@@ -63,37 +82,56 @@ func Idempotent(service string, reg *message.Registry, fn Func) Func {
 				service, cmd.SagaMessageInfo().FullName))
 		}
 		env, _ := Command(ctx)
+		messageID := ""
+		if env != nil {
+			messageID = env.MessageID
+		}
 		key := onceKey(cmd, env)
-		first, err := Once(ctx, tx, service, key)
+		row, err := loadRecord(ctx, tx, service, key)
 		if err != nil {
 			return nil, err
 		}
-		if !first {
-			return storedReply(ctx, tx, service, key, reg)
+		ctx, rec := withOnceRecord(ctx)
+		if row != nil {
+			if messageID != "" && row.messageID == messageID {
+				rec.deduped = true
+				return nil, nil // this very message ran and committed: its reply went out then
+			}
+			if rec.unclaimed != "" && messageID != "" {
+				// No record names this message: the inbox does, so that a
+				// redelivery of it is not answered twice.
+				first, err := inbox.Claim(ctx, tx, rec.unclaimed, messageID)
+				if err != nil {
+					return nil, fmt.Errorf("participant %s: key %q: %w", service, key, err)
+				}
+				rec.deduped = true
+				if !first {
+					return nil, nil
+				}
+			}
+			return row.reply(service, reg)
 		}
 		if err := compensates(ctx, tx, service, env); err != nil {
 			return nil, err
 		}
-		ctx, rec := withOnceRecord(ctx)
-		*rec = onceRecord{service: service, key: key}
+		rec.service, rec.key = service, key
 		reply, err := fn(ctx, tx, cmd)
-		if err != nil || isNil(reply) {
+		if err != nil && !errors.Is(err, ErrReplyLater) {
 			return nil, err
 		}
-		body, err := proto.MarshalOptions{Deterministic: true}.Marshal(reply)
-		if err != nil {
-			return nil, fmt.Errorf("participant %s: encode reply for key %q: %w", service, key, err)
-		}
-		// Sent with the reply's outbox row when a consumer runs the
-		// handler (one round trip for both), at once otherwise.
-		err = txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
-			if err != nil {
-				return fmt.Errorf("participant %s: store reply for key %q: %w", service, key, err)
+		row = &onceRow{key: key, messageID: messageID}
+		if !isNil(reply) && err == nil {
+			body, merr := proto.MarshalOptions{Deterministic: true}.Marshal(reply)
+			if merr != nil {
+				return nil, fmt.Errorf("participant %s: encode reply for key %q: %w", service, key, merr)
 			}
-			return nil
-		}, `UPDATE saga_participant_once SET reply_type = $3, reply_body = $4
-WHERE service = $1 AND idempotency_key = $2`, service, key, reply.SagaMessageInfo().FullName, body)
-		if err != nil {
+			row.replyType, row.replyBody = reply.SagaMessageInfo().FullName, body
+		}
+		if werr := writeRecord(ctx, tx, service, row); werr != nil {
+			return nil, werr
+		}
+		rec.deduped = true
+		if err != nil || isNil(reply) {
 			return nil, err
 		}
 		return reply, nil
@@ -126,11 +164,16 @@ func onceKey(cmd message.Message, env *message.Envelope) string {
 // compensates records, for a compensating command that names the command it
 // undoes (message.HeaderCompensates), that command's key as done for
 // service, unless it ran already: the command, arriving after its
-// compensation, then finds its record and has no effect and no reply. The
-// record is written before the compensation runs, at once (not queued with
-// the handler's writes): when the command is running in another transaction
-// right now, the insert waits for it to commit, and the compensation then
-// sees its effect to undo.
+// compensation, then finds its record and has no effect and no reply.
+//
+// When the command is in the same consumer batch and has not run yet, the
+// record is written with the batch's records. Otherwise it is written at
+// once (not queued with the handler's writes): when the command is running
+// in another transaction that wrote its record already, the insert waits
+// for it to commit, and the compensation then sees its effect to undo;
+// when that transaction writes its record only later (at the end of its
+// batch), its insert finds this one and the command's transaction fails,
+// rolling its effect back, and its retry finds the command compensated.
 func compensates(ctx context.Context, tx pgx.Tx, service string, env *message.Envelope) error {
 	if env == nil {
 		return nil
@@ -139,8 +182,11 @@ func compensates(ctx context.Context, tx pgx.Tx, service string, env *message.En
 	if err != nil || !ok || key == "" {
 		return nil // a malformed hint is not this command's failure: the compensation still runs
 	}
-	if p, ok := txq.PartIf(tx, aheadKey{service}); ok {
-		if p.(*claimedAhead).settle(key) {
+	if b := batchOf(tx, service); b != nil {
+		if row, known := b.rows[key]; known {
+			if row == nil {
+				b.add(&onceRow{key: key})
+			}
 			return nil
 		}
 	}
@@ -151,86 +197,170 @@ ON CONFLICT (service, idempotency_key) DO NOTHING`, service, key); err != nil {
 	return nil
 }
 
-func storedReply(ctx context.Context, tx pgx.Tx, service, key string, reg *message.Registry) (message.Message, error) {
-	// The first reply may still be queued in this handler's write scope
-	// (the same command answered twice in one handler).
-	if err := txq.Sync(ctx, tx); err != nil {
-		return nil, err
-	}
-	var typ string
-	var body []byte
-	err := tx.QueryRow(ctx, `SELECT reply_type, reply_body FROM saga_participant_once
-WHERE service = $1 AND idempotency_key = $2`, service, key).Scan(&typ, &body)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("participant %s: once record for key %q vanished", service, key)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("participant %s: load reply for key %q: %w", service, key, err)
-	}
-	if typ == "" {
+// onceRow is one saga_participant_once record: the command's key, the
+// message id it ran as ("" for a record a compensation wrote before its
+// command ran) and its first reply (replyType "" when it sent none).
+type onceRow struct {
+	key, messageID, replyType string
+	replyBody                 []byte
+}
+
+// reply decodes the stored reply through reg; nil when the command sent
+// none.
+func (r *onceRow) reply(service string, reg *message.Registry) (message.Message, error) {
+	if r.replyType == "" {
 		return nil, nil // the first execution sent no reply
 	}
 	if reg == nil {
-		return nil, retry.Permanent(fmt.Errorf("participant %s: cannot replay reply %s for key %q without a registry", service, typ, key))
+		return nil, retry.Permanent(fmt.Errorf("participant %s: cannot replay reply %s for key %q without a registry", service, r.replyType, r.key))
 	}
-	reply, err := reg.Decode(typ, body)
+	reply, err := reg.Decode(r.replyType, r.replyBody)
 	if err != nil {
-		return nil, retry.Permanent(fmt.Errorf("participant %s: replay reply for key %q: %w", service, key, err))
+		return nil, retry.Permanent(fmt.Errorf("participant %s: replay reply for key %q: %w", service, r.key, err))
 	}
 	return reply, nil
 }
 
-// On a consumer's fast path BatchHandler records the keys of every command in
-// the batch for its service at once, in one statement, instead of one
-// statement per command. Once then takes a key from that claim. When the batch's staged rows are written, the records no
-// call took (commands another handler of the batch ran) are deleted again,
-// so the transaction commits the records it would have written one by one.
+// loadRecord returns the record of key for service, or nil when there is
+// none: from the batch's read-ahead when the key is in it, else from the
+// table.
+func loadRecord(ctx context.Context, tx pgx.Tx, service, key string) (*onceRow, error) {
+	if b := batchOf(tx, service); b != nil {
+		if row, known := b.rows[key]; known {
+			return row, nil
+		}
+	}
+	// The record may still be queued in this handler's write scope (the
+	// same command answered twice in one handler).
+	if err := txq.Sync(ctx, tx); err != nil {
+		return nil, err
+	}
+	row := &onceRow{key: key}
+	err := tx.QueryRow(ctx, `SELECT message_id, reply_type, reply_body FROM saga_participant_once
+WHERE service = $1 AND idempotency_key = $2`, service, key).Scan(&row.messageID, &row.replyType, &row.replyBody)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("participant %s: load once record for key %q: %w", service, key, err)
+	}
+	return row, nil
+}
 
-// aheadKey names a service's records claimed ahead in a txq.Stage.
-type aheadKey struct{ service string }
+// writeRecord writes row, the record of a command that just ran: with the
+// batch's records when the transaction is a consumer batch's (one
+// statement for the batch, before the commit), else queued with the
+// handler's writes, or at once outside a handler. A record of the same key
+// that another transaction wrote meanwhile (the command ran there too, or
+// its compensation recorded it) fails the write, and with it this
+// transaction: the effect is rolled back, and the retry finds that record.
+func writeRecord(ctx context.Context, tx pgx.Tx, service string, row *onceRow) error {
+	part, ok := txq.PartFor(tx, batchKey{service}, func() txq.Part { return newOnceBatch(service) })
+	if ok {
+		part.(*onceBatch).add(row)
+		return nil
+	}
+	return txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+		if err != nil {
+			return fmt.Errorf("participant %s: write once record for key %q: %w", service, row.key, err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("participant %s: once record for key %q written by a concurrent transaction; this one rolls back", service, row.key)
+		}
+		return nil
+	}, insertRecords, service, []string{row.key}, []string{row.messageID}, []string{row.replyType}, [][]byte{row.replyBody})
+}
 
-// claimedAhead is the records a batch claimed ahead for one service.
-type claimedAhead struct {
+// insertRecords writes the records of service ($1) for the keys in $2 with
+// their message ids, reply types and reply bodies ($3–$5), in key order.
+const insertRecords = `INSERT INTO saga_participant_once (service, idempotency_key, message_id, reply_type, reply_body)
+SELECT $1, k, m, t, b FROM unnest($2::text[], $3::text[], $4::text[], $5::bytea[]) AS r(k, m, t, b) ORDER BY k
+ON CONFLICT (service, idempotency_key) DO NOTHING`
+
+// On a consumer's fast path, BatchHandler reads the records of every command
+// of the batch for its service in one statement, before any runs, and the
+// records the batch's commands write are written by one statement when the
+// batch's staged rows are written, before the commit. Both live in the
+// batch's stage (txq.Stage), as one part per service.
+
+// batchKey names a service's once records in a txq.Stage.
+type batchKey struct{ service string }
+
+// onceBatch is a batch's once records of one service.
+type onceBatch struct {
 	service string
-	first   map[string]bool // per key claimed: whether the claim inserted it
-	taken   map[string]bool // keys Once has answered for
+	// rows holds the keys the batch knows: read ahead (nil: no record)
+	// or written by the batch.
+	rows map[string]*onceRow
+	// write is the records to write at the flush, in the order written.
+	write []*onceRow
 }
 
-// settle makes a key the batch claimed ahead count as done, for a
-// compensation that overtook its command within the batch: the claim's
-// record stays (it is the command's record now) and the command's Once
-// answers "not the first". It reports whether the claim holds key.
-func (c *claimedAhead) settle(key string) bool {
-	if _, claimed := c.first[key]; !claimed {
-		return false
-	}
-	c.taken[key] = true
-	return true
+func newOnceBatch(service string) *onceBatch {
+	return &onceBatch{service: service, rows: map[string]*onceRow{}}
 }
 
-// take answers Once for key from the claim: ok is false when key was not
-// claimed. A key's second Once in the batch is not the first.
-func (c *claimedAhead) take(key string) (first, ok bool) {
-	inserted, claimed := c.first[key]
-	if !claimed {
-		return false, false
+// batchOf returns tx's once records of service, or nil when tx carries no
+// stage or none were read or written for service.
+func batchOf(tx pgx.Tx, service string) *onceBatch {
+	p, ok := txq.PartIf(tx, batchKey{service})
+	if !ok {
+		return nil
 	}
-	if c.taken[key] {
-		return false, true
-	}
-	c.taken[key] = true
-	return inserted, true
+	return p.(*onceBatch)
 }
+
+// add stages row for the flush; a later command of the batch with its key
+// finds it.
+func (b *onceBatch) add(row *onceRow) {
+	b.rows[row.key] = row
+	b.write = append(b.write, row)
+}
+
+// Queue writes the batch's records in one statement. Fewer rows written
+// than staged means another transaction wrote one of the keys first: the
+// batch fails as a whole and the consumer applies it again with a
+// savepoint per delivery, where each command reads its record anew.
+func (b *onceBatch) Queue(ctx context.Context, tx pgx.Tx) {
+	if len(b.write) == 0 {
+		return
+	}
+	rows := b.write
+	b.write = nil
+	keys := make([]string, len(rows))
+	ids := make([]string, len(rows))
+	types := make([]string, len(rows))
+	bodies := make([][]byte, len(rows))
+	for i, r := range rows {
+		keys[i], ids[i], types[i], bodies[i] = r.key, r.messageID, r.replyType, r.replyBody
+	}
+	_ = txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+		if err != nil {
+			return fmt.Errorf("participant once %s: write the batch's %d records (first key %q): %w", b.service, len(rows), keys[0], err)
+		}
+		if n := tag.RowsAffected(); n != int64(len(rows)) {
+			return fmt.Errorf("participant once %s: wrote %d of the batch's %d records (first key %q): another transaction wrote the others first",
+				b.service, n, len(rows), keys[0])
+		}
+		return nil
+	}, insertRecords, b.service, keys, ids, types, bodies)
+}
+
+func (*onceBatch) Discard(error) {}
 
 // BatchHandler returns the [consumer.BatchHandler] of service's consumer
 // whose commands run fn, an [Idempotent] function (possibly under
-// middleware): it records the keys of every command of the batch for
-// service in one statement, in key order (so that two batches claiming the
-// same keys wait for each other rather than deadlock), and leaves the claim
-// on the batch's transaction, where [Once] takes its keys from it; then it
-// runs [Handler](fn) for each delivery. With fewer than two keys, or on a
-// transaction that is not a consumer batch's, it claims nothing ahead. A
-// failed claim statement fails the batch as a whole ([consumer.FailBatch]).
+// middleware): it reads the once records of every command of the batch for
+// service in one statement and leaves them on the batch's transaction,
+// where Idempotent finds them; then it runs [Handler](fn) for each delivery.
+// The records the commands write go to the database in one statement with
+// the batch's other staged rows. On a transaction that is not a consumer
+// batch's, it reads nothing ahead. A failed read fails the batch as a whole
+// ([consumer.FailBatch]).
+//
+// A consumer whose handler is BatchHandler over Idempotent itself (no
+// middleware that could write without it) needs no inbox claim
+// (consumer.Config.HandlerDedupes): the once record carries the message id.
 func BatchHandler(service string, fn Func) consumer.BatchHandler {
 	return &batchHandler{service: service, h: Handler(fn)}
 }
@@ -241,26 +371,24 @@ type batchHandler struct {
 }
 
 func (b *batchHandler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
-	if err := claimAhead(ctx, tx, b.service, ds); err != nil {
+	if err := readAhead(ctx, tx, b.service, ds); err != nil {
 		return consumer.FailBatch(ds, err)
 	}
 	return b.h.HandleBatch(ctx, tx, ds)
 }
 
-// claimAhead claims the keys of ds for BatchHandler.
-func claimAhead(ctx context.Context, tx pgx.Tx, service string, ds []*consumer.Delivery) error {
+// readAhead reads the records of ds's keys for BatchHandler.
+func readAhead(ctx context.Context, tx pgx.Tx, service string, ds []*consumer.Delivery) error {
 	var keys []string
 	for _, d := range ds {
 		if d.Message != nil && d.Message.IdempotencyKey() != "" {
 			keys = append(keys, onceKey(d.Message, &d.Envelope))
 		}
 	}
-	if len(keys) < 2 {
+	if len(keys) == 0 {
 		return nil
 	}
-	part, ok := txq.PartFor(tx, aheadKey{service}, func() txq.Part {
-		return &claimedAhead{service: service, first: map[string]bool{}, taken: map[string]bool{}}
-	})
+	part, ok := txq.PartFor(tx, batchKey{service}, func() txq.Part { return newOnceBatch(service) })
 	if !ok {
 		return nil
 	}
@@ -268,46 +396,30 @@ func claimAhead(ctx context.Context, tx pgx.Tx, service string, ds []*consumer.D
 	keys = slices.Compact(keys)
 	// A key the table cannot take (say, one with a NUL byte) fails the
 	// statement for the whole batch: the consumer then applies the batch
-	// with a savepoint per delivery, where each command claims its own key
+	// with a savepoint per delivery, where each command reads its own key
 	// and only the bad one fails.
-	rows, err := tx.Query(ctx, `INSERT INTO saga_participant_once (service, idempotency_key)
-SELECT $1, k FROM unnest($2::text[]) AS k ORDER BY k
-ON CONFLICT (service, idempotency_key) DO NOTHING
-RETURNING idempotency_key`, service, keys)
-	var inserted []string
+	rows, err := tx.Query(ctx, `SELECT idempotency_key, message_id, reply_type, reply_body FROM saga_participant_once
+WHERE service = $1 AND idempotency_key = ANY($2::text[])`, service, keys)
+	var found []*onceRow
 	if err == nil {
-		inserted, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		found, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (*onceRow, error) {
+			row := &onceRow{}
+			return row, r.Scan(&row.key, &row.messageID, &row.replyType, &row.replyBody)
+		})
 	}
 	if err != nil {
-		return fmt.Errorf("participant once %s: claim the batch's %d keys: %w", service, len(keys), err)
+		return fmt.Errorf("participant once %s: read the batch's %d keys (first %q): %w", service, len(keys), keys[0], err)
 	}
-	c := part.(*claimedAhead)
+	b := part.(*onceBatch)
 	for _, k := range keys {
-		c.first[k] = false
+		if _, known := b.rows[k]; !known {
+			b.rows[k] = nil
+		}
 	}
-	for _, k := range inserted {
-		c.first[k] = true
+	for _, row := range found {
+		if b.rows[row.key] == nil { // a record the batch wrote already stays
+			b.rows[row.key] = row
+		}
 	}
 	return nil
 }
-
-// Queue deletes the records the claim inserted and no Once took.
-func (c *claimedAhead) Queue(ctx context.Context, tx pgx.Tx) {
-	var unused []string
-	for k, inserted := range c.first {
-		if inserted && !c.taken[k] {
-			unused = append(unused, k)
-		}
-	}
-	if len(unused) == 0 {
-		return
-	}
-	_ = txq.Exec(ctx, tx, func(_ pgconn.CommandTag, err error) error {
-		if err != nil {
-			return fmt.Errorf("participant once %s: drop %d keys claimed ahead and not used: %w", c.service, len(unused), err)
-		}
-		return nil
-	}, `DELETE FROM saga_participant_once WHERE service = $1 AND idempotency_key = ANY($2::text[])`, c.service, unused)
-}
-
-func (*claimedAhead) Discard(error) {}

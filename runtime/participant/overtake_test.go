@@ -86,9 +86,9 @@ func TestCompensationOvertakingItsCommand(t *testing.T) {
 }
 
 // TestCompensationOvertakingItsCommandInOneBatch: both arrive in one
-// consumer batch, the compensation first. The batch claims both keys ahead;
-// the compensation settles the command's claim, and the command, later in
-// the same batch, has no effect.
+// consumer batch, the compensation first. The batch reads both keys ahead;
+// the compensation records the command as done with the batch's records,
+// and the command, later in the same batch, has no effect.
 func TestCompensationOvertakingItsCommandInOneBatch(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
@@ -103,7 +103,7 @@ func TestCompensationOvertakingItsCommandInOneBatch(t *testing.T) {
 	wakes := txq.NewWakes(tx)
 	stage := txq.NewStage(tx, wakes)
 	btx := txq.New(tx, wakes, stage)
-	require.NoError(t, participant.ClaimAhead(ctx, btx, "inventory", batch))
+	require.NoError(t, participant.ReadAhead(ctx, btx, "inventory", batch))
 	var replies []message.Message
 	for _, d := range batch {
 		stx, scope := txq.WithScope(btx)

@@ -5,13 +5,14 @@
 // with a reply. [Handler] turns a [Func] into a [consumer.HandlerFunc] that
 // does all of it in the consumer's transaction:
 //
-//	tx{ inbox claim (consumer) → Func(cmd) → outbox.Enqueue(reply) } → commit → ack
+//	tx{ Func(cmd) → outbox.Enqueue(reply) } → commit → ack
 //
 // so the business effect and the reply commit together: there is no window in
 // which the effect is applied but the reply is lost, or the reply is sent for
 // an effect that rolled back. [BatchHandler] is the consumer.BatchHandler a
-// host gives a participant's consumer: it claims the once keys of a whole
-// batch in one statement, then runs Handler for each delivery.
+// host gives a participant's consumer: it reads the once records of a whole
+// batch in one statement, runs Handler for each delivery, and writes the
+// batch's new records in one statement before the commit.
 //
 // Business failures (out of stock, card declined) are replies, not errors: a
 // Func returns the failure reply with a nil error, and the saga compensates.
@@ -19,13 +20,50 @@
 // transaction rolls back and the consumer's failure routing (retry tiers,
 // parking lot) takes over.
 //
-// The consumer's inbox dedupes deliveries by message id. A saga that resends a
-// command (a step retried after a timeout) sends a new message id with the
-// same idempotency key, so effects must happen once per business operation:
-// [Idempotent] runs a command once per type and idempotency key and answers a
-// resend with the first reply. A participant registered through a host
-// (runtime/host, generated Register<Service>Participant) runs under it
-// without asking; [Once] guards single effects by hand.
+// # One row per command
+//
+// A saga that resends a command (a step retried after a timeout) sends a
+// new message id with the same idempotency key, so effects must happen once
+// per business operation: [Idempotent] runs a command once per type and
+// idempotency key and answers a resend with the first reply. A participant
+// registered through a host (runtime/host, generated
+// Register<Service>Participant) runs under it without asking; [Once] guards
+// single effects by hand.
+//
+// Idempotent writes one saga_participant_once row per command that ran,
+// after the command's Func returned, in the same transaction as its effect:
+// the key, the first reply, and the message id the command ran as. That row
+// is all the deduplication a participant's queue needs, so a host's
+// participant consumer claims nothing in the inbox
+// (consumer.Config.HandlerDedupes):
+//
+//   - A duplicate delivery of the same message (a redelivery after a lost
+//     acknowledgement, a crash between commit and ack, the relay publishing
+//     a row twice) finds a row with its own message id: no effect and no
+//     reply, as the first run's reply committed with it. Two copies in one
+//     batch: the second finds the first's row in the batch.
+//   - A resend (new message id, same key) finds the row and gets its reply;
+//     a command a compensation overtook finds the row the compensation
+//     wrote and has no effect. Such an answer writes no once record, so
+//     under a consumer that claimed nothing (consumer.Delivery.Unclaimed)
+//     it claims its message id in the inbox, and a redelivery of it is
+//     dropped there. These are the rare paths; a command that runs
+//     writes its once record only.
+//   - A command that failed left no row (its transaction rolled back), so
+//     its redelivery or retry runs it; an operator's retry after a recorded
+//     failure is recorded under a key of its own and runs again.
+//   - A command answered later ([ErrReplyLater]) has its row without a
+//     reply; [ReplyLater] stores the reply there for resends.
+//   - Two transactions running the same key at once (a resend overtaking
+//     the first delivery) both find no row; the first to commit writes it,
+//     and the other's insert finds it, fails, and rolls its effect back: its
+//     retry finds the row. So the effect commits once.
+//
+// Only a handler that succeeds commits anything, and every success of
+// Idempotent commits its row: a consumer whose handler is Idempotent (with no
+// middleware that could succeed without reaching it) drops every duplicate
+// the inbox would. Records are kept; they are the participant's history of
+// commands run.
 //
 // A compensation can overtake the command it undoes. The saga compensates a
 // step that stopped waiting without an answer (a timeout, an operator's
@@ -54,6 +92,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
@@ -83,12 +122,16 @@ func Handler(fn Func) consumer.HandlerFunc {
 		ctx, span := startSpan(ctx, cmd)
 		defer func() { endSpan(span, err) }()
 		ctx, rec := withOnceRecord(WithCommand(ctx, cmd))
+		rec.unclaimed = d.Unclaimed
 		reply, err := fn(ctx, tx, d.Message)
-		if errors.Is(err, ErrReplyLater) {
-			return nil // effects commit; the participant answers later with ReplyEnvelope
+		if err != nil && !errors.Is(err, ErrReplyLater) {
+			return fmt.Errorf("participant: handle %s %s (saga %s): %w", cmd.MessageType, cmd.MessageID, cmd.SagaID, err)
+		}
+		if err := claimUnguarded(ctx, tx, d, rec); err != nil {
+			return err
 		}
 		if err != nil {
-			return fmt.Errorf("participant: handle %s %s (saga %s): %w", cmd.MessageType, cmd.MessageID, cmd.SagaID, err)
+			return nil // effects commit; the participant answers later with ReplyEnvelope
 		}
 		if isNil(reply) {
 			return nil
@@ -104,6 +147,26 @@ func Handler(fn Func) consumer.HandlerFunc {
 		}
 		return nil
 	}
+}
+
+// claimUnguarded claims d in the inbox when its consumer claimed nothing
+// (consumer.Delivery.Unclaimed) and fn succeeded without [Idempotent]
+// leaving what drops a redelivery (a middleware that answered by itself).
+// A redelivery of such a message fails permanently: it ran before, and its
+// repeated effects roll back with the error.
+func claimUnguarded(ctx context.Context, tx pgx.Tx, d *consumer.Delivery, rec *onceRecord) error {
+	if d.Unclaimed == "" || rec.deduped {
+		return nil
+	}
+	first, err := inbox.Claim(ctx, tx, d.Unclaimed, d.Envelope.MessageID)
+	if err != nil {
+		return fmt.Errorf("participant: %s %s answered without its once record: %w", d.Envelope.MessageType, d.Envelope.MessageID, err)
+	}
+	if !first {
+		return retry.Permanent(fmt.Errorf("participant: %s %s handled before and answered again without its once record: not applied twice",
+			d.Envelope.MessageType, d.Envelope.MessageID))
+	}
+	return nil
 }
 
 // Defer runs a write whose result the participant does not need — a journal

@@ -406,7 +406,9 @@ func TestIdempotentScopesByCommandType(t *testing.T) {
 	require.Equal(t, reserve.Message.IdempotencyKey(), release.Message.IdempotencyKey(), "same business key")
 	require.NoError(t, run(ctx, pool, h, reserve))
 	require.NoError(t, run(ctx, pool, h, release))
-	require.NoError(t, run(ctx, pool, h, release)) // resent release: no second effect
+	resent := command(t, "order-7") // the release resent as a new message: no second effect
+	resent.Message = release.Message
+	require.NoError(t, run(ctx, pool, h, resent))
 
 	require.Equal(t, []string{reserveInfo.FullName, releaseInfo.FullName}, effects)
 	rows := outbox(t, pool)
@@ -480,21 +482,22 @@ func TestReplyAdapters(t *testing.T) {
 	require.Equal(t, r, got)
 }
 
-// TestIdempotentClaimsTheBatchAhead: on a consumer's fast path (a stage)
-// BatchHandler records the keys of every command in the batch with one
-// statement; each command's Idempotent call takes its key from there (a resend in the same batch is not the first), and the
-// keys no call took are deleted when the stage is written, so the batch
-// commits exactly the records it would have written one by one.
-func TestIdempotentClaimsTheBatchAhead(t *testing.T) {
+// TestIdempotentReadsTheBatchAhead: on a consumer's fast path (a stage)
+// BatchHandler reads the once records of every command in the batch with one
+// statement; each command's Idempotent call finds its key there (a resend
+// in the same batch gets the first reply, a redelivery of a message that
+// ran gets nothing), and the records the batch's commands write are written
+// by one statement when the stage is written, each once, with its reply and
+// message id: no record is updated afterwards.
+func TestIdempotentReadsTheBatchAhead(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
-	_, err := pool.Exec(ctx, `CREATE TABLE once_inserts (n int NOT NULL);
-INSERT INTO once_inserts VALUES (0);
-CREATE FUNCTION count_once_insert() RETURNS trigger LANGUAGE plpgsql AS
-  $$ BEGIN UPDATE once_inserts SET n = n + 1; RETURN NULL; END $$;
-CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
-  FOR EACH STATEMENT EXECUTE FUNCTION count_once_insert();`)
+	_, err := pool.Exec(ctx, `CREATE TABLE once_writes (op text NOT NULL);
+CREATE FUNCTION count_once_write() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN INSERT INTO once_writes VALUES (TG_OP); RETURN NULL; END $$;
+CREATE TRIGGER count_once_write AFTER INSERT OR UPDATE OR DELETE ON saga_participant_once
+  FOR EACH STATEMENT EXECUTE FUNCTION count_once_write();`)
 	require.NoError(t, err)
 	// order-0 was handled in an earlier batch.
 	require.NoError(t, run(ctx, pool, participant.Handler(reserving(t)), command(t, "order-0")))
@@ -505,8 +508,9 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 			effects = append(effects, cmd.(*sagatest.Message).GetValue())
 			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), nil
 		})
-	batch := []*consumer.Delivery{command(t, "order-1"), command(t, "order-2"), command(t, "order-1"),
-		command(t, "order-0"), command(t, "order-3")}
+	first := command(t, "order-1")
+	batch := []*consumer.Delivery{first, command(t, "order-2"), command(t, "order-1"),
+		command(t, "order-0"), first, command(t, "order-3")}
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
@@ -522,33 +526,129 @@ CREATE TRIGGER count_once_insert AFTER INSERT ON saga_participant_once
 		return out
 	}
 	key := func(order string) string { return reserveInfo.FullName + "/" + order }
-	require.NoError(t, participant.ClaimAhead(ctx, btx, "inventory", batch))
-	require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2"), key("order-3")}, keys(),
-		"the batch handler recorded the whole batch's keys")
+	require.NoError(t, participant.ReadAhead(ctx, btx, "inventory", batch))
 	var replies []string
-	for i, d := range batch[:4] { // order-3 is left to another handler, which fails to run it
+	for i, d := range batch[:5] { // order-3 is left to another handler, which fails to run it
 		stx, scope := txq.WithScope(btx)
-		reply, err := fn(ctx, stx, d.Message)
+		reply, err := fn(participant.WithCommand(ctx, &d.Envelope), stx, d.Message)
 		require.NoError(t, err, "command %d", i)
 		require.NoError(t, scope.Flush(ctx))
+		if reply == nil {
+			replies = append(replies, "none")
+			continue
+		}
 		replies = append(replies, reply.(*sagatest.Message).GetValue())
 	}
 	require.Equal(t, []string{"order-1", "order-2"}, effects, "each effect once; order-0's was earlier")
-	require.Equal(t, []string{"order-1", "order-2", "order-1", "order-0"}, replies, "resends get the first reply")
+	require.Equal(t, []string{"order-1", "order-2", "order-1", "order-0", "none"}, replies,
+		"resends get the first reply; the redelivered first message gets none")
+	require.Equal(t, []string{key("order-0")}, keys(), "the batch's records wait for the stage")
 	require.NoError(t, stage.Flush(ctx))
 	require.Equal(t, []string{key("order-0"), key("order-1"), key("order-2")}, keys(),
-		"order-3's record, claimed ahead but never taken, is gone")
+		"order-3 never ran: no record")
 	require.NoError(t, tx.Commit(ctx))
-	var inserts int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT n FROM once_inserts`).Scan(&inserts))
-	require.Equal(t, 2, inserts, "order-0's batch, then one for this batch")
+	var messageID, replyType string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT message_id, reply_type FROM saga_participant_once WHERE idempotency_key = $1`,
+		key("order-1")).Scan(&messageID, &replyType))
+	require.Equal(t, first.Envelope.MessageID, messageID, "the record names the message the command ran as")
+	require.Equal(t, reservedInfo.FullName, replyType)
+	rows, err := pool.Query(ctx, `SELECT op FROM once_writes`)
+	require.NoError(t, err)
+	ops, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"INSERT", "INSERT"}, ops, "order-0's handler, then one statement for this batch; no UPDATE")
 }
 
-// TestClaimAheadFailureIsTheBatchs: a command whose key the table cannot
-// take (a NUL byte) fails the batch handler's claim of the whole batch, before any
-// command ran; the consumer then charges no delivery and applies the batch
-// one delivery at a time (runtime/consumer's TestStagedOutboxRows).
-func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
+// TestIdempotentDropsARedelivery: the very message delivered again after
+// its transaction committed (a lost acknowledgement) has no second effect
+// and sends no second reply, without any inbox claim; a resend of the
+// command as a new message gets the first reply.
+func TestIdempotentDropsARedelivery(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	effects := 0
+	h := participant.Handler(participant.Idempotent("inventory", registry(t),
+		func(_ context.Context, _ pgx.Tx, cmd message.Message) (message.Message, error) {
+			effects++
+			return msg(reservedInfo, cmd.(*sagatest.Message).GetValue()), nil
+		}))
+	d := command(t, "order-5")
+	require.NoError(t, run(ctx, pool, h, d))
+	require.NoError(t, run(ctx, pool, h, d))
+	require.Equal(t, 1, effects)
+	require.Len(t, outbox(t, pool), 1, "the redelivery sends no reply")
+	resend := command(t, "order-5")
+	require.NoError(t, run(ctx, pool, h, resend))
+	require.Equal(t, 1, effects)
+	out := outbox(t, pool)
+	require.Len(t, out, 2, "the resend gets the first reply again")
+	require.Equal(t, resend.Envelope.MessageID, out[1].CausationID)
+}
+
+// TestUnclaimedReplayClaimsTheInbox: under a consumer that claims nothing
+// in the inbox, a resend answered from the once record (it writes no record
+// of its own) claims its message id there, so its redelivery is dropped
+// instead of answered again; a command that runs claims nothing.
+func TestUnclaimedReplayClaimsTheInbox(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	h := participant.Handler(reserving(t))
+	unclaimed := func(d *consumer.Delivery) *consumer.Delivery {
+		d.Unclaimed = "inventory.commands"
+		return d
+	}
+	first := unclaimed(command(t, "order-6"))
+	require.NoError(t, run(ctx, pool, h, first))
+	resend := unclaimed(command(t, "order-6"))
+	require.NoError(t, run(ctx, pool, h, resend))
+	require.NoError(t, run(ctx, pool, h, resend))
+	out := outbox(t, pool)
+	require.Len(t, out, 2, "the first reply and one replay; the redelivered resend is dropped")
+	require.Equal(t, first.Envelope.MessageID, out[0].CausationID)
+	require.Equal(t, resend.Envelope.MessageID, out[1].CausationID)
+	rows, err := pool.Query(ctx, `SELECT message_id FROM saga_inbox WHERE consumer = 'inventory.commands'`)
+	require.NoError(t, err)
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{resend.Envelope.MessageID}, claimed, "only the replayed resend is claimed")
+}
+
+// TestBatchRecordWrittenElsewhereFailsTheBatch: a command's record that
+// another transaction commits while the command runs in a batch (the same
+// command handled there, or its compensation recording it) makes the
+// batch's write of its records fail, so the effect rolls back with it.
+func TestBatchRecordWrittenElsewhereFailsTheBatch(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	ctx := context.Background()
+	fn := reserving(t)
+	d := command(t, "order-8")
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	wakes := txq.NewWakes(tx)
+	stage := txq.NewStage(tx, wakes)
+	btx := txq.New(tx, wakes, stage)
+	require.NoError(t, participant.ReadAhead(ctx, btx, "inventory", []*consumer.Delivery{d}))
+	_, err = fn(participant.WithCommand(ctx, &d.Envelope), btx, d.Message)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(other pgx.Tx) error {
+		first, err := participant.Once(ctx, other, "inventory", participant.CommandKey(d.Message))
+		require.True(t, first)
+		return err
+	}))
+	err = stage.Flush(ctx)
+	require.ErrorContains(t, err, "wrote 0 of the batch's 1 records")
+}
+
+// TestReadAheadFailureIsTheBatchs: a command whose key the table cannot
+// take (a NUL byte) fails the batch handler's read of the whole batch,
+// before any command ran; the consumer then charges no delivery and applies
+// the batch one delivery at a time (runtime/consumer's
+// TestStagedOutboxRows).
+func TestReadAheadFailureIsTheBatchs(t *testing.T) {
 	t.Parallel()
 	pool := setup(t)
 	ctx := context.Background()
@@ -559,8 +659,8 @@ func TestClaimAheadFailureIsTheBatchs(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	wakes := txq.NewWakes(tx)
-	err = participant.ClaimAhead(ctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), "inventory", batch)
-	require.ErrorContains(t, err, "claim the batch's 2 keys")
+	err = participant.ReadAhead(ctx, txq.New(tx, wakes, txq.NewStage(tx, wakes)), "inventory", batch)
+	require.ErrorContains(t, err, "read the batch's 2 keys")
 	require.NoError(t, tx.Rollback(ctx))
 
 	// Alone (the savepoint path: no batch), order-1 is fine.

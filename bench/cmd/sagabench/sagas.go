@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sort"
 	"sync"
 	"time"
 
@@ -141,7 +142,23 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 	} else {
 		out = append(out, report.Metric{Name: "statements/saga (executed)", Value: float64(statements) / work})
 	}
+	rowOps := after.RowsSince(before)
+	var rowTotal int64
+	for _, r := range rowOps {
+		rowTotal += r.Total()
+	}
+	out = append(out, report.Metric{Name: "row operations/saga (inserted+updated+deleted)", Value: float64(rowTotal) / work})
 	if stmtLog != nil {
+		fmt.Fprintf(stmtLog, "rows of %s inserted/updated/deleted per saga's worth of steps, by table:\n", label)
+		tables := make([]string, 0, len(rowOps))
+		for t := range rowOps {
+			tables = append(tables, t)
+		}
+		sort.Strings(tables)
+		for _, t := range tables {
+			r := rowOps[t]
+			fmt.Fprintf(stmtLog, "  %6.2f ins %6.2f upd %6.2f del  %s\n", float64(r.Ins)/work, float64(r.Upd)/work, float64(r.Del)/work, t)
+		}
 		fmt.Fprintf(stmtLog, "statements of %s executed per saga's worth of steps, by command (polls included):\n", label)
 		for i, n := range sys.Statements().ByCommand() {
 			fmt.Fprintf(stmtLog, "  %6.2f  %s\n", float64(n)/work, benv.Commands[i])

@@ -46,6 +46,30 @@ type Sample struct {
 	// PostgresOK, RabbitOK and PeerOK say whether the server CPU could be
 	// read (the servers must run on this machine).
 	PostgresOK, RabbitOK, PeerOK bool
+	// Rows is the rows inserted, updated and deleted per table of the run's
+	// database (pg_stat_user_tables n_tup_ins, n_tup_upd, n_tup_del, summed
+	// over the measurements' schemas), by table name.
+	Rows map[string]RowOps
+}
+
+// RowOps counts a table's row operations.
+type RowOps struct{ Ins, Upd, Del int64 }
+
+// Total is the sum of the three.
+func (r RowOps) Total() int64 { return r.Ins + r.Upd + r.Del }
+
+// RowsSince returns the row operations per table between earlier and s,
+// tables without any left out.
+func (s Sample) RowsSince(earlier Sample) map[string]RowOps {
+	out := map[string]RowOps{}
+	for t, r := range s.Rows {
+		e := earlier.Rows[t]
+		d := RowOps{Ins: r.Ins - e.Ins, Upd: r.Upd - e.Upd, Del: r.Del - e.Del}
+		if d != (RowOps{}) {
+			out[t] = d
+		}
+	}
+	return out
 }
 
 // Delta is the difference of two samples.
@@ -89,6 +113,24 @@ func (e *Env) Sample(ctx context.Context) (Sample, error) {
 	}
 	if err := e.db.QueryRow(ctx, `SELECT wal_sync FROM pg_stat_wal`).Scan(&s.WALSyncs); err != nil {
 		return s, fmt.Errorf("read pg_stat_wal: %w", err)
+	}
+	rows, err := e.db.Query(ctx, `SELECT relname, sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint, sum(n_tup_del)::bigint
+FROM pg_stat_user_tables GROUP BY relname`)
+	if err != nil {
+		return s, fmt.Errorf("read pg_stat_user_tables: %w", err)
+	}
+	s.Rows = map[string]RowOps{}
+	var name string
+	var r RowOps
+	for rows.Next() {
+		if err := rows.Scan(&name, &r.Ins, &r.Upd, &r.Del); err != nil {
+			rows.Close()
+			return s, fmt.Errorf("read pg_stat_user_tables: %w", err)
+		}
+		s.Rows[name] = r
+	}
+	if err := rows.Err(); err != nil {
+		return s, fmt.Errorf("read pg_stat_user_tables: %w", err)
 	}
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
