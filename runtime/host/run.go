@@ -127,7 +127,8 @@ func (h *Host) Start(ctx context.Context) (err error) {
 		}
 	}()
 	if need, have := h.poolNeed(), int(h.pool.Config().MaxConns); need > have {
-		h.log.Warn("the database pool may be too small for what is registered", "max_conns", have, "need", need)
+		h.log.Warn("the database pool may be too small for what is registered: raise pool_max_conns in SAGA_PG_URL (or Config.Pool's MaxConns) or lower SAGA_CONCURRENCY",
+			"max_conns", have, "need", need)
 	}
 	if err := h.prepareDatabase(ctx); err != nil {
 		return err
