@@ -1103,4 +1103,10 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorContains(t, err, "Prefetch is 70000")
 	require.ErrorContains(t, err, "needs at least one tier")
 	require.True(t, strings.HasPrefix(err.Error(), `consumer "n" config:`))
+
+	prune := func(context.Context, time.Time) (int64, error) { return 0, nil }
+	_, err = consumer.New(consumer.Config{Name: "n", PruneDedupes: prune})
+	require.ErrorContains(t, err, "PruneDedupes is set without HandlerDedupes")
+	_, err = consumer.New(consumer.Config{Name: "n", PruneDedupes: prune, HandlerDedupes: true})
+	require.NotContains(t, err.Error(), "PruneDedupes")
 }
