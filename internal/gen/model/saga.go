@@ -118,6 +118,7 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 		s.Steps = append(s.Steps, b.step(f, path(base, sagaSteps, int32(i)), pkg, s, so))
 	}
 	b.stepOrder(f, base, s)
+	b.groups(f, base, s, o)
 	b.deadlinePath(f, base, s)
 	b.conversation(f, base, s, o)
 	if o.GetCancel() != nil {
