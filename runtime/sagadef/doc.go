@@ -61,9 +61,9 @@
 // A member's timeout that retries resends only its command; a member's
 // timeout that goes to manual review, or a spent retry budget, parks the
 // whole saga. TimeoutAt is the earliest of the group's and the waiting
-// members' timers; one timeout applies the first due timer that ends the
-// wait (the group's, then members in contract order) or resends the first
-// due member that retries. After the pivot (retriable members), a failure
+// members' timers; one timeout applies the first due member timer that
+// ends the wait (in contract order), else the group's, else resends the
+// first due member that retries. After the pivot (retriable members), a failure
 // or the group's timeout goes to manual review.
 //
 // In manual review entered from a group, replies are recorded per member;

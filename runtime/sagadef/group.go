@@ -263,31 +263,22 @@ func (w *work) timerDue(name string, at time.Time) bool {
 	return w.due(at)
 }
 
-// onGroupTimeout applies the due timers of the group waited on: the
-// group's own timeout stops every waiting member and compensates (after
-// the pivot: manual review); a member's timeout applies its TimeoutAction
-// to it alone — compensate stops the group as its failure would, manual
-// review parks the saga, retry resends only its command (the first member
-// in contract order whose timer ends the wait decides; otherwise the first
-// due member that retries is resent, and the others, still due, at the
-// next timeout: one command per timeout, as for a step waited on alone).
+// onGroupTimeout applies the due timers of the group waited on. A
+// member's timeout applies its TimeoutAction to it alone: compensate stops
+// the group as its failure would, manual review (or a spent retry budget)
+// parks the saga; the first member in contract order whose timer ends the
+// wait decides, so a member's own policy applies when it falls due with
+// the group's. Then the group's own timeout stops every waiting member and
+// compensates (after the pivot: manual review). Otherwise the first due
+// member that retries resends only its command, and the others, still
+// due, at the next timeout: one command per timeout, as for a step waited
+// on alone.
 func (w *work) onGroupTimeout(name string) error {
 	gp := w.in.Progress.Group
 	sp := w.d.compiled.groups[name]
 	if gp == nil {
 		w.noop(ClassLate, "stale timeout: group %s waits on no member", name)
 		return nil
-	}
-	if w.timerDue(name, gp.TimeoutAt) {
-		w.class = ClassNew
-		w.out.LastError = fmt.Sprintf("group %s timed out after %s", name, sp.timeout)
-		if w.step(sp.first).Role == RoleRetriable {
-			w.review(w.out.LastError)
-			return nil
-		}
-		w.note("group %s timed out; stopping the members still waiting and compensating", name)
-		w.stopGroup()
-		return w.compensate()
 	}
 	retry := -1
 	for k, m := range gp.Members {
@@ -319,6 +310,17 @@ func (w *work) onGroupTimeout(name string) error {
 			w.review(w.out.LastError)
 			return nil
 		}
+	}
+	if w.timerDue(name, gp.TimeoutAt) {
+		w.class = ClassNew
+		w.out.LastError = fmt.Sprintf("group %s timed out after %s", name, sp.timeout)
+		if w.step(sp.first).Role == RoleRetriable {
+			w.review(w.out.LastError)
+			return nil
+		}
+		w.note("group %s timed out; stopping the members still waiting and compensating", name)
+		w.stopGroup()
+		return w.compensate()
 	}
 	if retry < 0 {
 		w.noop(ClassLate, "stale timeout: no timer of group %s is due", name)

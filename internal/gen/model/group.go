@@ -19,11 +19,10 @@ const (
 
 // groups resolves a saga's parallel groups (Saga.groups, Step.group) and
 // reviews them: every group is declared once under a CamelCase name no step
-// has, names at least two consecutive steps, none of them the pivot, and
-// waits at least as long as each member may (rules group-reference,
-// group-members, group-timeout). The engine runs steps one at a time, so a
-// contract that declares a group is refused (rule group-execution) rather
-// than run with its members in sequence.
+// has, names at least two consecutive steps, none of them the pivot, waits
+// at least as long as each member may (rules group-reference,
+// group-members, group-timeout), and has members the runtime can run
+// together (rule group-execution).
 func (b *builder) groups(f *protogen.File, base []int32, s *Saga, o *sagav1.Saga) {
 	byName := map[string]*Group{}
 	for i, gd := range o.GetGroups() {
@@ -120,8 +119,55 @@ func (b *builder) groups(f *protogen.File, base []int32, s *Saga, o *sagav1.Saga
 		if b.errorsSince(mark) || g.bad {
 			continue
 		}
-		b.errorf(f, p, "group-execution", "run the members as consecutive steps: remove group from them and the saga's groups",
-			"saga %s: group %s: the saga runtime dispatches one step at a time and does not run parallel groups, so this contract cannot be generated", s.FullName, g.Name)
+		b.groupExecution(f, base, s, o, g)
+	}
+}
+
+// groupExecution refuses members the runtime cannot run together (rule
+// group-execution): an external step (it sends no command to dispatch
+// with the others), a conditional step (a member always runs), and
+// members on both sides of the point of no return (retriable members with
+// compensatable or check ones: a failure would have to both compensate
+// and not).
+func (b *builder) groupExecution(f *protogen.File, base []int32, s *Saga, o *sagav1.Saga, g *Group) {
+	at := func(st *Step) []int32 {
+		for i, x := range s.Steps {
+			if x == st && i < len(o.GetSteps()) {
+				return path(base, sagaSteps, int32(i), stepGroup)
+			}
+		}
+		return path(base, sagaGroups, int32(g.index))
+	}
+	for _, st := range g.Steps {
+		switch {
+		case st.External:
+			b.errorf(f, at(st), "group-execution", "run the external step before or after the group",
+				"saga %s: external step %s is a member of group %s: a group dispatches its members' commands together, and an external step sends none", s.FullName, st.Name, g.Name)
+		case st.Conditional:
+			b.errorf(f, at(st), "group-execution", "make the step unconditional, or run it before or after the group",
+				"saga %s: conditional step %s is a member of group %s: every member of a group runs", s.FullName, st.Name, g.Name)
+		}
+	}
+	first := g.Steps[0].Role == sagav1.Role_ROLE_RETRIABLE
+	for _, st := range g.Steps[1:] {
+		if (st.Role == sagav1.Role_ROLE_RETRIABLE) != first {
+			b.errorf(f, at(st), "group-execution", "split the group at the point of no return: retriable members in one group, the others in another",
+				"saga %s: group %s has retriable members and members before the point of no return (%s is %s): a failing member would have to be compensated and retried at once", s.FullName, g.Name, st.Name, roleText(st.Role))
+			return
+		}
+	}
+}
+
+func roleText(r sagav1.Role) string {
+	switch r {
+	case sagav1.Role_ROLE_RETRIABLE:
+		return "retriable"
+	case sagav1.Role_ROLE_COMPENSATABLE:
+		return "compensatable"
+	case sagav1.Role_ROLE_CHECK:
+		return "a check"
+	default:
+		return r.String()
 	}
 }
 
