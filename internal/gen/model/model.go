@@ -179,6 +179,10 @@ type Saga struct {
 	// Callback declares the saga's HTTP callbacks; nil when it declares
 	// none.
 	Callback *Callback
+	// Replies are the replies the saga sends to a parent saga that started
+	// it from a child step; nil when it declares none (it cannot be a
+	// child).
+	Replies  *Replies
 	Generate bool
 }
 
@@ -215,6 +219,8 @@ type Step struct {
 	OnTimeout           sagav1.TimeoutAction
 	MaxAttempts         int
 	Late                sagav1.LateReply
+	// Child is the saga the step starts (a child step); nil otherwise.
+	Child *Saga
 }
 
 // Options configure [Build].
