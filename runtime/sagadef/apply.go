@@ -295,6 +295,7 @@ func (p Progress) clone() Progress {
 		OperatorRetries:      maps.Clone(p.OperatorRetries),
 		Deferrals:            p.Deferrals,
 		Cancel:               cloneCancel(p.Cancel),
+		Parent:               cloneParent(p.Parent),
 	}
 }
 

@@ -52,6 +52,10 @@ type Parent struct {
 	// StartMessageID is the message id of the start command: the causation
 	// id of the completed and failed replies.
 	StartMessageID string `json:"start_message_id"`
+	// CancelMessageID is the message id of the parent's cancel that the
+	// instance applied: the causation id of the cancelled reply. Empty
+	// while the parent has not cancelled it.
+	CancelMessageID string `json:"cancel_message_id,omitempty"`
 	// Traceparent and Tracestate continue the parent's trace.
 	Traceparent string `json:"traceparent,omitempty"`
 	Tracestate  string `json:"tracestate,omitempty"`
@@ -103,4 +107,12 @@ func (d *Definition) CompensableAfterCompletion() bool {
 		return false
 	}
 	return !slices.ContainsFunc(d.Steps, func(s Step) bool { return s.Role == RolePivot || s.Role == RoleRetriable })
+}
+
+func cloneParent(p *Parent) *Parent {
+	if p == nil {
+		return nil
+	}
+	cp := *p
+	return &cp
 }

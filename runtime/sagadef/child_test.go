@@ -1,6 +1,7 @@
 package sagadef_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -140,4 +141,22 @@ func TestChildRepliesCompile(t *testing.T) {
 	require.Equal(t, cCancelled, sagadef.Replies{Cancelled: cCancelled}.For(sagadef.StateCancelled))
 	require.Empty(t, sagadef.Replies{Completed: cCompleted}.For(sagadef.StateManualReview))
 	require.Empty(t, sagadef.Replies{Completed: cCompleted}.For("RESERVE_INVENTORY"))
+}
+
+// TestChildParentKept: the parent an instance records travels through
+// every transition unchanged, and Apply never shares it with its input.
+func TestChildParentKept(t *testing.T) {
+	t.Parallel()
+	d := placeOrder(cancellable, reserveOnly, asChild)
+	h := sagatest.New(t, d, hooks())
+	h.Start(msg(pPlaceOrder))
+	in := h.Instance()
+	parent := &sagadef.Parent{SagaType: "trip.v1.Trip", SagaID: "trip-1", StartMessageID: "m-1"}
+	in.Progress.Parent = parent
+	res, err := d.Apply(context.Background(), h.Env(), in, sagadef.Trigger{
+		Kind: pOrderValid, Message: msg(pOrderValid), MessageID: "r-1", CausationID: in.PendingMessageID,
+	})
+	require.NoError(t, err)
+	require.Equal(t, parent, res.Instance.Progress.Parent)
+	require.NotSame(t, parent, res.Instance.Progress.Parent)
 }
