@@ -540,16 +540,16 @@ const file_booking_v1_booking_proto_rawDesc = "" +
 	"\rTicketRefused\x12\x1d\n" +
 	"\n" +
 	"booking_id\x18\x01 \x01(\tR\tbookingId:\x12\xe2\xdd\x19\x0e\b\x03*\n" +
-	"booking_id\"\x8c\x04\n" +
+	"booking_id\"\x8d\x04\n" +
 	"\vBookingData\x12\x1d\n" +
 	"\n" +
 	"booking_id\x18\x01 \x01(\tR\tbookingId\x12!\n" +
 	"\famount_cents\x18\x02 \x01(\x03R\vamountCents\x12\x1d\n" +
 	"\n" +
 	"payment_id\x18\x03 \x01(\tR\tpaymentId\x12$\n" +
-	"\rauthorization\x18\x04 \x01(\tR\rauthorization:\xf5\x02\xea\xdd\x19\xf0\x02\x12\bBookTrip\x1a\n" +
-	"booking_id2I\x10\x01\x1a\bHoldSeat\"\bSeatHeld*\x0fSeatUnavailable2\vReleaseSeat:\fSeatReleasedJ\x0330s`\x012\xcd\x01\n" +
-	"\x03Pay\x10\x01\x1a\x1dchild.payment.v1.StartPayment\"!child.payment.v1.PaymentCompleted*\x1echild.payment.v1.PaymentFailed2\x1echild.payment.v1.CancelPayment:!child.payment.v1.PaymentCancelledJ\x0310m`\x02z\x18child.payment.v1.Payment24\x10\x02\x1a\vIssueTicket\"\fTicketIssued*\rTicketRefusedJ\x021mP\x03`\x02:\abookingBFZDgithub.com/protosaga/saga/testdata/golden/child/booking/v1;bookingv1b\x06proto3"
+	"\rauthorization\x18\x04 \x01(\tR\rauthorization:\xf6\x02\xea\xdd\x19\xf1\x02\x12\bBookTrip\x1a\n" +
+	"booking_id2I\x10\x01\x1a\bHoldSeat\"\bSeatHeld*\x0fSeatUnavailable2\vReleaseSeat:\fSeatReleasedJ\x0330s`\x012\xce\x01\n" +
+	"\x03Pay\x10\x01\x1a\x1dchild.payment.v1.StartPayment\"!child.payment.v1.PaymentCompleted*\x1echild.payment.v1.PaymentFailed2\x1echild.payment.v1.CancelPayment:!child.payment.v1.PaymentCancelledJ\x0310m`\x02\x82\x01\x18child.payment.v1.Payment24\x10\x02\x1a\vIssueTicket\"\fTicketIssued*\rTicketRefusedJ\x021mP\x03`\x02:\abookingBFZDgithub.com/protosaga/saga/testdata/golden/child/booking/v1;bookingv1b\x06proto3"
 
 var (
 	file_booking_v1_booking_proto_rawDescOnce sync.Once
