@@ -13,8 +13,8 @@ import (
 
 // Source path field numbers of child sagas.
 const (
-	sagaReplies = 10
-	stepChild   = 15
+	sagaReplies = 11
+	stepChild   = 16
 
 	repliesCompleted = 1
 	repliesFailed    = 2
