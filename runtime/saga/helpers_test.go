@@ -56,7 +56,7 @@ var (
 	msgChildCompleted     = newInfo("OrderCompleted", message.KindReply) // a child's outcome replies
 	msgChildFailed        = newInfo("OrderFailed", message.KindReply)
 	msgChildCancelled     = newInfo("OrderCancelled", message.KindReply)
-	allInfos              = []*message.Info{msgChildCompleted, msgChildFailed, msgChildCancelled, msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder}
+	allInfos              = []*message.Info{msgChildCompleted, msgChildFailed, msgChildCancelled, msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder, msgReserveCredit, msgCreditReserved, msgCreditRefused, msgReleaseCredit, msgCreditReleased}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour
@@ -198,6 +198,9 @@ type defOptions struct {
 	// child makes the saga a child (child_test.go): ReserveInventory its
 	// only step, the cancel declared, and outcome replies.
 	child bool
+	// group runs ReserveInventory and ReserveCredit as the parallel group
+	// ReserveStock (see groupReserve).
+	group bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -278,6 +281,9 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	}
 	if o.conditionalReserve {
 		def.Steps[0].Conditional = true
+	}
+	if o.group {
+		groupReserve(def)
 	}
 	if o.cancel || o.child {
 		def.Cancel = sagadef.Cancel{Message: msgCancelOrder.FullName, RequestedBy: "request_type_url", Reason: "response_type_url"}

@@ -22,6 +22,11 @@ import (
 // cancel throw a compensation event, which in BPMN runs the handlers of the
 // completed activities in reverse order: the saga's own compensation rule.
 //
+// A parallel group is a parallel gateway that forks to its members and one
+// that joins them; a conditional step sits between an exclusive gateway,
+// whose other branch passes it by ("skipped"), and the exclusive gateway
+// that merges the two.
+//
 // The process is documentation (isExecutable="false"): the runtime runs the
 // saga from its transition table, not from this file. Its diagram
 // interchange is laid out on a grid: the steps in one row, compensation
@@ -139,8 +144,9 @@ func bpmnFor(s *model.Saga) (*bpmnData, error) {
 		}
 	}
 	col := max(bpmnCol, taskW+100)
-	cx := func(i int) int { return bpmnStartX + (i+1)*col } // step i's center x
-	endX := cx(len(steps))
+	lay := bpmnColumns(steps)
+	cx := func(c int) int { return bpmnStartX + (c+1)*col } // column c's center x
+	endX := cx(len(lay.slots))
 
 	// The happy path.
 	start := b.node("StartEvent", "startEvent", spaced(shortName(s.Start.FullName)))
@@ -150,13 +156,7 @@ func bpmnFor(s *model.Saga) (*bpmnData, error) {
 	b.shape(start, bpmnStartX, bpmnMainY, bpmnEvent, bpmnEvent)
 	prev := start.ID
 	prevRight := bpmnStartX + bpmnEvent/2
-	for i, st := range steps {
-		x := cx(i)
-		task := b.stepTask(st, owners, def)
-		b.shape(task, x, bpmnMainY, taskW, bpmnTaskH)
-		b.flow(prev, task.ID, "", [2]int{prevRight, bpmnMainY}, [2]int{x - taskW/2, bpmnMainY})
-		prev, prevRight = task.ID, x+taskW/2
-	}
+	prev, prevRight = b.happyPath(def, lay, owners, cx, taskW, prev, prevRight)
 	done := b.node("EndCompleted", "endEvent", sagadef.StateCompleted)
 	done.Doc = "Every step succeeded."
 	b.shape(done, endX, bpmnMainY, bpmnEvent, bpmnEvent)
@@ -231,7 +231,7 @@ func bpmnFor(s *model.Saga) (*bpmnData, error) {
 		b.flow(ev.ID, target.ID, name, [2]int{bx, by + bpmnEvent/2}, [2]int{bx, y}, [2]int{targetLeft, y})
 	}
 	for i, st := range steps {
-		x := cx(i)
+		x := cx(lay.step[i])
 		taskID := stepID(st)
 		for k, e := range boundaryEvents(st, def) {
 			ev := b.node(e.id, "boundaryEvent", e.name)

@@ -151,6 +151,13 @@ type docData struct {
 	States                                                                      []sagadef.State
 	Transitions                                                                 []sagadef.Transition
 	Diagram                                                                     string
+	// Groups describes the saga's parallel groups.
+	Groups []docGroup
+}
+
+// docGroup is a parallel group for the saga page.
+type docGroup struct {
+	Name, State, Timeout, Members string
 }
 
 // delivery describes a message's declared subscribers, retry policy and
@@ -227,6 +234,9 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 		if st.Conditional {
 			role += ", conditional (the decider may skip it)"
 		}
+		if st.Group != "" {
+			role += ", in parallel group " + st.Group
+		}
 		ds := docStep{
 			Name: st.Name, Role: role, Command: st.Command, External: st.External,
 			Success: st.SuccessReplies, Failure: st.FailureReplies, Compensation: st.Compensation,
@@ -238,6 +248,10 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 			ds.CompensationReplies = []string{st.CompensationReply}
 		}
 		d.Steps = append(d.Steps, ds)
+	}
+	for _, g := range s.Definition.Groups {
+		d.Groups = append(d.Groups, docGroup{Name: g.Name, State: sagadef.StateName(g.Name), Timeout: g.Timeout.String(),
+			Members: strings.Join(s.Definition.Members(g.Name), ", ")})
 	}
 	msgs := []*model.Message{s.Start}
 	for _, m := range append(append([]*model.Message(nil), s.Commands...), s.Handles...) {
