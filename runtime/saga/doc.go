@@ -63,6 +63,19 @@
 // id, SagaType = the definition's name, and CausationID = the message that
 // triggered the transition (empty for timeouts and operator actions).
 //
+// # Child sagas
+//
+// A saga that declares outcome replies (sagadef.Definition.Replies) can be
+// a parent's child: its start and cancel messages arrive with the parent's
+// saga id and type in the envelope. [Engine.Handle] starts the instance
+// from such a start (idempotently on the business key), finds it for such a
+// cancel by the message's correlation key, and records the parent in the
+// instance's progress (sagadef.Parent). The transition that ends the
+// instance writes the outcome reply into the outbox in its own
+// transaction, addressed to the parent (its saga id, type and correlation
+// id; causation = the start command's id, or the parent's cancel's for the
+// cancelled reply), so the parent's engine classifies it like any reply.
+//
 // # Application code: reads, HTTP and cancels
 //
 // [Engine.Status], [Engine.StatusByBusinessKey] and [Engine.List] (one

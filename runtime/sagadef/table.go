@@ -636,6 +636,9 @@ func (d *Definition) Mermaid() string {
 		if s.Conditional {
 			fmt.Fprintf(&b, "    note right of %s : conditional, the decider may skip it\n", StateName(s.Name))
 		}
+		if s.Child != "" {
+			fmt.Fprintf(&b, "    note right of %s : starts child saga %s\n", StateName(s.Name), shortName(s.Child))
+		}
 	}
 	// A parallel group is a composite state: a fork sends every member,
 	// a join waits for them all.

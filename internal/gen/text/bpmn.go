@@ -72,6 +72,7 @@ type bpmnNode struct {
 	ID, Kind, Name, Doc string
 	Event               string
 	MessageRef          string
+	CalledElement       string // a callActivity's called process (a child saga's)
 	ErrorRef            string
 	Timer               string // ISO 8601 duration
 	AttachedTo          string
@@ -369,6 +370,15 @@ func (b *bpmnBuilder) stepTask(st sagadef.Step, owners map[string]string, def *s
 		for _, m := range st.SuccessReplies[1:] {
 			b.message(m)
 		}
+	} else if st.Child != "" {
+		// A child saga: a call activity of the child's process (its own
+		// BPMN file, process id "Process_<snake_case name>").
+		t = b.node(stepID(st), "callActivity", spaced(st.Name))
+		t.CalledElement = "Process_" + model.Snake(shortName(st.Child))
+		doc = append(doc, fmt.Sprintf("Starts child saga %s with %s; its outcome: %s on success.", st.Child, st.Command, strings.Join(st.SuccessReplies, ", ")))
+		if len(st.FailureReplies) > 0 {
+			doc = append(doc, "Failure: "+strings.Join(st.FailureReplies, ", ")+".")
+		}
 	} else {
 		t = b.node(stepID(st), "serviceTask", spaced(st.Name))
 		doc = append(doc, fmt.Sprintf("Sends %s to service %s; success: %s.", st.Command, owners[st.Command], strings.Join(st.SuccessReplies, ", ")))
@@ -379,6 +389,9 @@ func (b *bpmnBuilder) stepTask(st sagadef.Step, owners map[string]string, def *s
 	switch st.Role {
 	case sagadef.RoleCompensatable:
 		doc = append(doc, "Compensatable: undone by "+st.Compensation+" when a later step fails.")
+		if st.Child != "" {
+			doc[len(doc)-1] = "Compensatable: the child is cancelled by " + st.Compensation + " (and compensates itself) when a later step fails."
+		}
 	case sagadef.RolePivot:
 		doc = append(doc, "Pivot: the point of no return.")
 	case sagadef.RoleRetriable:
