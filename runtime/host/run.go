@@ -279,7 +279,10 @@ func (h *Host) build(r *running) error {
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine, false); err != nil {
+		// The engine drops a redelivery by the instance it moved, and
+		// claims in the inbox only what it did not apply as new
+		// (runtime/saga, Engine.Handle).
+		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine, true); err != nil {
 			return err
 		}
 	}
