@@ -13,11 +13,16 @@
 //	outbox  outbox.Enqueue the commands the transition emits
 //	audit   INSERT INTO saga_audit: from, to, trigger, class, message and causation ids, operator, note
 //
-// For a reply, the consumer opens that transaction and has already claimed
-// the delivery in the inbox (the engine is the consumer's
-// consumer.BatchHandler, [Engine.HandleBatch], which locks the batch's
-// instances at once and applies each delivery with [Engine.Handle]); the
-// consumer acknowledges the delivery only after the commit. For a start it is
+// For a reply, the consumer opens that transaction (the engine is the
+// consumer's consumer.BatchHandler, [Engine.HandleBatch], which locks the
+// batch's instances at once and applies each delivery with [Engine.Handle])
+// and acknowledges the delivery only after the commit. A consumer that
+// claims every delivery in the inbox drops a redelivery before the engine
+// sees it; a host's saga queue claims nothing (consumer.Config.HandlerDedupes)
+// and the engine drops a redelivery itself: a message it applied as new is
+// recorded in the instance (a duplicate the second time), and one of any
+// other class is claimed in the inbox when it is handled (see
+// Engine.Handle). For a start it is
 // the caller's transaction ([Engine.StartTx]) or one of its own
 // ([Engine.Start]); timeouts and operator actions open their own.
 //
