@@ -256,6 +256,9 @@ func (w *work) result() (Result, []string, error) {
 	if w.in.Progress.Deferrals != 0 {
 		w.progress().Deferrals = 0 // the instance moved on
 	}
+	if r := w.out.Progress.ChildReview; r != nil && w.out.State != StateName(r.Step) {
+		w.progress().ChildReview = nil // the saga left the step
+	}
 	w.out.Version = w.in.Version + 1
 	res.To, res.Instance, res.Emit = w.out.State, w.out, w.emit
 	return res, w.emitNames, nil
@@ -296,6 +299,7 @@ func (p Progress) clone() Progress {
 		Deferrals:            p.Deferrals,
 		Cancel:               cloneCancel(p.Cancel),
 		Parent:               cloneParent(p.Parent),
+		ChildReview:          cloneChildReview(p.ChildReview),
 	}
 }
 
