@@ -828,7 +828,7 @@ const file_payment_v1_payment_proto_rawDesc = "" +
 	"\rauthorization\x18\x03 \x01(\tR\rauthorization:\x9c\x02\xea\xdd\x19\x97\x02\x12\fStartPayment\x1a\n" +
 	"payment_id2L\x10\x01\x1a\rAuthorizeCard\"\x0eCardAuthorized*\fCardDeclined2\bVoidCard:\n" +
 	"CardVoidedJ\x0330s`\x0227\x10\x04\x1a\rScreenPayment\"\x0ePaymentCleared*\x0ePaymentFlaggedJ\x021m`\x01:\apaymentB%\n" +
-	"\rCancelPayment\x12\frequested_by\x1a\x06reasonRD\n" +
+	"\rCancelPayment\x12\frequested_by\x1a\x06reasonZD\n" +
 	"\x10PaymentCompleted\x12\rPaymentFailed\x1a\x10PaymentCancelled\"\x0fPaymentInReviewBFZDgithub.com/protosaga/saga/testdata/golden/child/payment/v1;paymentv1b\x06proto3"
 
 var (
