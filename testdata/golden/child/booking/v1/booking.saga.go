@@ -21,8 +21,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // BookTripInfo describes the command child.booking.v1.BookTrip.
 var BookTripInfo = &message.Info{

@@ -20,8 +20,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // AuthorizeCardInfo describes the command child.payment.v1.AuthorizeCard.
 var AuthorizeCardInfo = &message.Info{
