@@ -71,9 +71,11 @@ type Config struct {
 
 	// PostgresURL is the database of the sagas, the runtime's tables and
 	// the service's own tables. Required unless Pool is set. Unless it sets
-	// pool_max_conns, the pool holds 4 connections per relay plus, for five
-	// consumers, Concurrency+1 each, plus 4 (33 with the defaults); Start
-	// warns when what is registered needs more.
+	// pool_max_conns, the pool holds at most 4 connections per relay plus,
+	// for eight consumers (participants, subscribers and sagas), Concurrency+1
+	// each, plus 4 (48 with the defaults); connections are opened when
+	// needed, so an idle host holds few. Start warns when what is registered
+	// needs more.
 	PostgresURL string
 	// Pool is used instead of opening one from PostgresURL. The host does
 	// not close a pool it did not open. Size it for the host: 4 per relay,

@@ -263,13 +263,13 @@ func (h *Host) Close() {
 
 // defaultPoolSize sizes a pool the host opens itself (its URL names no
 // pool_max_conns): 4 connections per relay and, per consumer, its workers
-// plus one, for five consumers, plus 4 for starts, reads and gauges.
+// plus one, for eight consumers, plus 4 for starts, reads and gauges.
 func defaultPoolSize(c *Config) int32 {
 	workers := c.Concurrency
 	if workers == 0 {
 		workers = 4
 	}
-	return int32(4*max(c.Relays, 0) + 5*(workers+1) + 4)
+	return int32(4*max(c.Relays, 0) + 8*(workers+1) + 4)
 }
 
 // poolNeed is what the registered parts need at most at once; Start warns

@@ -79,6 +79,29 @@ func TestNewRefusesABadConfig(t *testing.T) {
 	require.NotContains(t, err.Error(), "secret")
 }
 
+// TestDefaultPoolSize: a pool the host opens itself holds at most 4
+// connections per relay, Concurrency+1 for each of eight consumers and 4
+// more, unless the URL sets pool_max_conns.
+func TestDefaultPoolSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		url                 string
+		relays, concurrency int
+		want                int32
+	}{
+		{"postgres://db/x", 0, 0, 4 + 8*5 + 4},
+		{"postgres://db/x", 2, 8, 2*4 + 8*9 + 4},
+		{"postgres://db/x?pool_max_conns=7", 0, 0, 7},
+	} {
+		h, err := host.New(ctx, host.Config{PostgresURL: c.url, AMQPURL: "amqp://mq/", HTTPAddr: host.HTTPOff,
+			Relays: c.relays, Concurrency: c.concurrency})
+		require.NoError(t, err)
+		require.Equal(t, c.want, h.Pool().Config().MaxConns, "%+v", c)
+		h.Close()
+	}
+}
+
 // TestRegistrationErrors: a queue registered twice, a nil implementation and
 // a registration after Start are refused, and Start refuses a host whose
 // registrations failed even when the caller dropped the error.
