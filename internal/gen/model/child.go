@@ -76,6 +76,7 @@ func (b *builder) replies(f *protogen.File, base []int32, pkg protoreflect.FullN
 				b.errorf(f, p, "saga-replies", fmt.Sprintf("add a field %q to %s (the runtime copies the reply's fields from the saga data by name), or correlate the reply on a field the data has", m.Correlation.Fields[0].Desc.Name(), s.Data.Desc.FullName()),
 					"saga %s: replies %s %s correlates on %q, which the saga data %s does not have: the reply would go out without it", s.FullName, x.name, m.FullName, m.Correlation.Path, s.Data.Desc.FullName())
 			}
+			b.replyFieldsFilled(f, p, s, x.name, m)
 			x.set(m)
 		}
 	}
@@ -298,4 +299,65 @@ func (b *builder) childCycles(bad map[*sagaDecl]bool) {
 				"saga %s is its own ancestor: %s", d.saga.FullName, strings.Join(append([]string{d.saga.FullName}, chain...), " → "))
 		}
 	}
+}
+
+// replyFieldsFilled warns (rule saga-replies) about each field of reply m,
+// other than its correlation field, that the saga data has no field of the
+// same name and type for: the runtime copies the reply's fields from the
+// data by name and type, so that field always goes out empty.
+func (b *builder) replyFieldsFilled(f *protogen.File, p []int32, s *Saga, outcome string, m *Message) {
+	if s.Data == nil || m.Proto == nil {
+		return
+	}
+	data := s.Data.Desc.Fields()
+	fields := m.Proto.Desc.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if m.Correlation != nil && fd.Name() == m.Correlation.Fields[0].Desc.Name() {
+			continue // checked above
+		}
+		df := data.ByName(fd.Name())
+		if df != nil && sameFieldType(fd, df) {
+			continue
+		}
+		why := "has no field " + string(fd.Name())
+		if df != nil {
+			why = fmt.Sprintf("has %s as %s, the reply as %s", fd.Name(), fieldTypeName(df), fieldTypeName(fd))
+		}
+		b.report(f, p, true, "saga-replies", fmt.Sprintf("give %s a field %s of the reply's type, or remove it from the reply", s.Data.Desc.FullName(), fd.Name()),
+			"saga %s: replies %s %s: field %s always goes out empty: the runtime copies the reply's fields from the saga data by name and type, and %s %s",
+			s.FullName, outcome, m.FullName, fd.Name(), s.Data.Desc.FullName(), why)
+	}
+}
+
+// sameFieldType reports whether a and b hold the same kind of value (the
+// runtime's test for copying a saga data field into a reply).
+func sameFieldType(a, b protoreflect.FieldDescriptor) bool {
+	if a.Kind() != b.Kind() || a.Cardinality() != b.Cardinality() || a.IsMap() != b.IsMap() {
+		return false
+	}
+	switch {
+	case a.Message() != nil:
+		return b.Message() != nil && a.Message().FullName() == b.Message().FullName()
+	case a.Enum() != nil:
+		return b.Enum() != nil && a.Enum().FullName() == b.Enum().FullName()
+	}
+	return true
+}
+
+// fieldTypeName names fd's type as a contract writes it.
+func fieldTypeName(fd protoreflect.FieldDescriptor) string {
+	t := fd.Kind().String()
+	switch {
+	case fd.IsMap():
+		return "a map"
+	case fd.Message() != nil:
+		t = string(fd.Message().FullName())
+	case fd.Enum() != nil:
+		t = string(fd.Enum().FullName())
+	}
+	if fd.Cardinality() == protoreflect.Repeated {
+		return "repeated " + t
+	}
+	return t
 }
