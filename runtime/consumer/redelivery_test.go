@@ -75,7 +75,10 @@ func TestRedeliveryGuard(t *testing.T) {
 	}
 	r := b.start(edit, nil)
 	b.waitSettled("crasher", "park")
-	b.waitSettled("bystander", "done")
+	// Handled in a batch of its own that committed before a stop took its
+	// acknowledgement, the bystander comes back as a duplicate; either way
+	// its effect is there once.
+	b.waitSettledAs("bystander", "done", "duplicate")
 	b.stop(r)
 
 	require.Len(t, b.callsOf("crasher"), 3, "not run a fourth time")
