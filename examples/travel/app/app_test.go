@@ -1,0 +1,234 @@
+package app_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/protosaga/saga/examples/travel/app"
+	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
+	"github.com/protosaga/saga/internal/audittest"
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/host"
+	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
+)
+
+// waitFor bounds every wait on the host; the whole test stays far below it.
+const waitFor = 30 * time.Second
+
+type testBundle struct {
+	pool  *pgxpool.Pool
+	trips *tripv1.BookTrip
+}
+
+// setup runs the travel example on a started host, on a fresh schema and
+// vhost, with every flight, hotel and station of the tests stocked, and
+// flight SOLD-OUT without a seat.
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	ctx := context.Background()
+	b := &testBundle{pool: testenv.Postgres(t)}
+	h, err := host.New(ctx, host.Config{
+		Service:             "travel-test",
+		Pool:                b.pool,
+		AMQPURL:             testenv.AMQP(t),
+		HTTPAddr:            host.HTTPOff,
+		Concurrency:         2,
+		Retry:               retry.Policy{Tiers: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}, MaxAttempts: 4},
+		TimeoutScanInterval: 100 * time.Millisecond,
+		DrainTimeout:        5 * time.Second,
+		Logger:              slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	b.trips, err = app.Register(h)
+	require.NoError(t, err)
+	require.NoError(t, h.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		require.NoError(t, h.Stop(stopCtx))
+	})
+	for _, s := range []struct {
+		kind, name string
+		n          int32
+	}{
+		{app.KindFlight, "AF1234", 100}, {app.KindFlight, "SOLD-OUT", 0},
+		{app.KindHotel, "Hotel du Parc", 100}, {app.KindCar, "LYS", 100},
+	} {
+		require.NoError(t, app.Stock(ctx, b.pool, s.kind, s.name, s.n))
+	}
+	return b
+}
+
+func (b *testBundle) book(t *testing.T, r *tripv1.BookTripRequest) string {
+	t.Helper()
+	id, created, err := b.trips.Start(context.Background(), r, message.Meta{})
+	require.NoError(t, err)
+	require.True(t, created)
+	return id
+}
+
+// wait polls the saga until it is in state.
+func (b *testBundle) wait(t *testing.T, sagaID string, state tripv1.BookTripState) *tripv1.BookTripSnapshot {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		st, err := b.trips.GetByID(context.Background(), sagaID)
+		require.NoError(t, err)
+		if st.State == state {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("saga %s (%s): waited %s for state %s; it is in %s (last error %q, review reason %q); audit:\n%s",
+				sagaID, st.BusinessKey, waitFor, state, st.State, st.LastError, st.ReviewReason,
+				audittest.AuditText(t, b.trips.Engine(), sagaID))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ledger waits until the trip has n business effects and returns them,
+// oldest first, as "service:effect".
+func (b *testBundle) ledger(t *testing.T, tripID string, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		rows, err := b.pool.Query(context.Background(),
+			`SELECT service || ':' || effect FROM travel_ledger WHERE trip_id = $1 ORDER BY id`, tripID)
+		require.NoError(t, err)
+		effects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		if len(effects) >= n || time.Now().After(deadline) {
+			return effects
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// held returns the kinds the trip still holds.
+func (b *testBundle) held(t *testing.T, tripID string) []string {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(),
+		`SELECT kind FROM travel_holds WHERE trip_id = $1 AND cancelled_at IS NULL ORDER BY kind`, tripID)
+	require.NoError(t, err)
+	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return kinds
+}
+
+type step = audittest.Step
+
+var reserved = []step{
+	{From: "", To: "VALIDATE_TRAVELLER", Trigger: "start", Class: "new"},
+	{From: "VALIDATE_TRAVELLER", To: "RESERVE_HOTEL", Trigger: "TravellerValid", Class: "new"},
+	{From: "RESERVE_HOTEL", To: "RESERVE_CAR", Trigger: "HotelReserved", Class: "new"},
+	{From: "RESERVE_CAR", To: "RESERVE_FLIGHT", Trigger: "CarReserved", Class: "new"},
+}
+
+// TestBookTrip runs each way a trip can go, one trip per subtest,
+// concurrently on one host.
+func TestBookTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	t.Cleanup(func() { // after the subtests: no message of any trip was parked
+		var parked int
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_parked`).Scan(&parked))
+		require.Zero(t, parked)
+	})
+
+	t.Run("InsuredTripIsBookedAndItsItinerarySent", func(t *testing.T) {
+		t.Parallel()
+		id := b.book(t, request("t-insured", true))
+		st := b.wait(t, id, tripv1.BookTripStateCompleted)
+		require.Equal(t, append(append([]step{}, reserved...),
+			step{From: "RESERVE_FLIGHT", To: "BUY_INSURANCE", Trigger: "FlightReserved", Class: "new"},
+			step{From: "BUY_INSURANCE", To: "CHARGE_TRIP", Trigger: "InsuranceBought", Class: "new"},
+			step{From: "CHARGE_TRIP", To: "CONFIRM_TRIP", Trigger: "TripCharged", Class: "new"},
+			step{From: "CONFIRM_TRIP", To: "COMPLETED", Trigger: "TripConfirmed", Class: "new"},
+		), audittest.Path(t, b.trips.Engine(), id))
+		require.Equal(t, []string{"travellers:valid", "hotels:reserved", "cars:reserved", "flights:reserved",
+			"insurance:bought", "payments:charged", "trip:confirmed", "itinerary:sent"}, b.ledger(t, "t-insured", 8))
+		require.NotEmpty(t, st.Data.GetPolicyId())
+		require.NotEmpty(t, st.Data.GetChargeId())
+		require.Equal(t, []string{"car", "flight", "hotel"}, b.held(t, "t-insured"), "a booked trip keeps its holds")
+		var body string
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT body FROM itinerary_sent WHERE trip_id = 't-insured'`).Scan(&body))
+		require.Equal(t, "flight AF1234, hotel Hotel du Parc, car at LYS, insured", body)
+	})
+
+	t.Run("UninsuredTripSkipsInsurance", func(t *testing.T) {
+		t.Parallel()
+		id := b.book(t, request("t-uninsured", false))
+		st := b.wait(t, id, tripv1.BookTripStateCompleted)
+		path := audittest.Path(t, b.trips.Engine(), id)
+		require.Equal(t, step{From: "RESERVE_FLIGHT", To: "CHARGE_TRIP", Trigger: "FlightReserved", Class: "new"}, path[len(reserved)])
+		var skipNote string
+		for _, r := range audittest.Audit(t, b.trips.Engine(), id) {
+			if r.To == "CHARGE_TRIP" {
+				skipNote = r.Note
+			}
+		}
+		require.Contains(t, skipNote, "skipped conditional step BuyInsurance: travel insurance not requested")
+		require.Equal(t, []string{"travellers:valid", "hotels:reserved", "cars:reserved", "flights:reserved",
+			"payments:charged", "trip:confirmed", "itinerary:sent"}, b.ledger(t, "t-uninsured", 7))
+		require.Empty(t, st.Data.GetPolicyId())
+	})
+
+	t.Run("SoldOutFlightCancelsCarAndHotel", func(t *testing.T) {
+		t.Parallel()
+		r := request("t-sold-out", true)
+		r.Flight = "SOLD-OUT"
+		id := b.book(t, r)
+		st := b.wait(t, id, tripv1.BookTripStateFailed)
+		require.Equal(t, append(append([]step{}, reserved...),
+			step{From: "RESERVE_FLIGHT", To: "COMPENSATING_RESERVE_CAR", Trigger: "FlightSoldOut", Class: "new"},
+			step{From: "COMPENSATING_RESERVE_CAR", To: "COMPENSATING_RESERVE_HOTEL", Trigger: "CarCancelled", Class: "new"},
+			step{From: "COMPENSATING_RESERVE_HOTEL", To: "FAILED", Trigger: "HotelCancelled", Class: "new"},
+		), audittest.Path(t, b.trips.Engine(), id))
+		require.Equal(t, []string{"travellers:valid", "hotels:reserved", "cars:reserved", "flights:unavailable",
+			"cars:cancelled", "hotels:cancelled"}, b.ledger(t, "t-sold-out", 6))
+		require.Empty(t, b.held(t, "t-sold-out"))
+		require.Equal(t, "flights: SOLD-OUT is sold out", st.Data.GetFailureReason())
+	})
+
+	t.Run("DeclinedCardCancelsEverythingInReverse", func(t *testing.T) {
+		t.Parallel()
+		r := request("t-declined", true)
+		r.CardToken = app.DeclinedCard
+		id := b.book(t, r)
+		st := b.wait(t, id, tripv1.BookTripStateFailed)
+		require.Equal(t, []string{"travellers:valid", "hotels:reserved", "cars:reserved", "flights:reserved",
+			"insurance:bought", "payments:declined", "insurance:cancelled", "flights:cancelled", "cars:cancelled",
+			"hotels:cancelled"}, b.ledger(t, "t-declined", 10))
+		require.Empty(t, b.held(t, "t-declined"))
+		require.Equal(t, "payments: card declined", st.Data.GetFailureReason())
+	})
+
+	t.Run("ExpiredPassportFailsTheCheckWithNothingToUndo", func(t *testing.T) {
+		t.Parallel()
+		r := request("t-expired", false)
+		r.PassportNumber = app.ExpiredPassportPrefix + "123"
+		id := b.book(t, r)
+		st := b.wait(t, id, tripv1.BookTripStateFailed)
+		require.Equal(t, []step{
+			{From: "", To: "VALIDATE_TRAVELLER", Trigger: "start", Class: "new"},
+			{From: "VALIDATE_TRAVELLER", To: "FAILED", Trigger: "TravellerRejected", Class: "new"},
+		}, audittest.Path(t, b.trips.Engine(), id))
+		require.Equal(t, []string{"travellers:rejected"}, b.ledger(t, "t-expired", 1))
+		require.Equal(t, "travellers: passport expired", st.Data.GetFailureReason())
+	})
+}
+
+// TestInvalidRequestStartsNoSaga: Start refuses a request without a flight.
+func TestInvalidRequestStartsNoSaga(t *testing.T) {
+	t.Parallel()
+	_, err := app.Decider{}.Start(context.Background(), &tripv1.BookTripRequest{TripId: "t-bad"})
+	require.ErrorContains(t, err, "flight is empty")
+	require.ErrorContains(t, err, "nights is not positive")
+}

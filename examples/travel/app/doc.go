@@ -1,0 +1,25 @@
+// Package app is the travel example's business code: what a team writes
+// around the generated packages traveller/v1, reservation/v1,
+// insurance/v1, payment/v1 and trip/v1, and nothing else.
+//
+//   - Decider: the Book Trip saga's business decisions: saga data from the
+//     booking request, each command built from it, whether travel insurance
+//     is bought (SkipBuyInsurance: only when the traveller asked for it),
+//     and what the replies add to the data.
+//   - Travellers, Flights, Hotels, Cars, Insurance, Payments and Trip: the
+//     participants, each implementing its generated <Service>Participant
+//     interface. Travellers validate (a check step, nothing to undo);
+//     flights, hotels and cars hold one unit of their inventory for a trip
+//     and give it back when the saga compensates; insurance issues and
+//     voids a policy; payments charge the trip (the pivot); trip records
+//     the booked trip and publishes TripBooked in the same transaction.
+//   - Itinerary: the subscriber of TripBooked (choreography): it sends the
+//     traveller the itinerary, once per trip.
+//   - Migrations: the services' own tables, and travel_ledger, the journal
+//     of every business effect.
+//
+// Register puts all of it on a host (runtime/host), which does the rest:
+// migrations, topology, consumers, relays, the timeout scanner, the HTTP
+// endpoints and the shutdown order. cmd/travel runs it as a service
+// (host.Main).
+package app

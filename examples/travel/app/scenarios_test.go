@@ -1,0 +1,29 @@
+package app_test
+
+import (
+	"testing"
+
+	"github.com/protosaga/saga/examples/travel/app"
+	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
+	"github.com/protosaga/saga/examples/travel/trip/v1/tripv1test"
+)
+
+// TestBookTripScenarios runs the generated scenarios of Book Trip with this
+// example's decider, for a trip that asks for insurance and one that does
+// not (the decider skips BuyInsurance).
+func TestBookTripScenarios(t *testing.T) {
+	for _, insured := range []bool{true, false} {
+		t.Run(map[bool]string{true: "Insured", false: "Uninsured"}[insured], func(t *testing.T) {
+			tripv1test.RunBookTripScenarios(t, app.Decider{}, request("t-scenario", insured))
+		})
+	}
+}
+
+// request is a valid booking request for trip id.
+func request(id string, insured bool) *tripv1.BookTripRequest {
+	return &tripv1.BookTripRequest{
+		TripId: id, TravellerId: "tr-" + id, PassportNumber: "P" + id,
+		Flight: "AF1234", Hotel: "Hotel du Parc", Nights: 3, CarStation: "LYS",
+		Insurance: insured, CardToken: "tok_visa", PriceMinorUnits: 128000, Currency: "EUR",
+	}
+}
