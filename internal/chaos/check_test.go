@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -69,5 +70,54 @@ func TestAuditChainCheckCatchesGaps(t *testing.T) {
 		rep := &Report{}
 		checkAuditChain(rep, sg, c.trail)
 		require.Equal(t, c.broken, len(rep.Violations) > 0, "%s: %v", c.name, rep.Violations)
+	}
+}
+
+// The travel example's checks must be able to fail too.
+func TestTripLedgerCheckCatchesBrokenHistories(t *testing.T) {
+	t.Parallel()
+	const (
+		hotel, car, flight = "hotels:reserved", "cars:reserved", "flights:reserved"
+		hotelX, carX, fliX = "hotels:cancelled", "cars:cancelled", "flights:cancelled"
+	)
+	booked := []string{effValid, hotel, car, flight, effCharged, effConfirmed, effItinerary}
+	for _, c := range []struct {
+		name    string
+		kind    string
+		state   string
+		effects []string
+		broken  bool
+	}{
+		{"booked", kindOK, "COMPLETED", booked, false},
+		{"booked, insured", kindOK + "+insured", "COMPLETED", []string{effValid, hotel, car, flight, effBought, effCharged, effConfirmed, effItinerary}, false},
+		{"sold-out flight cancels car and hotel", kindSoldOut, "FAILED", []string{effValid, hotel, car, "flights:unavailable", carX, hotelX}, false},
+		{"declined cancels everything", kindDeclined + "+insured", "FAILED", []string{effValid, hotel, car, flight, effBought, effChargeNo, effVoided, fliX, carX, hotelX}, false},
+		{"rejected traveller", kindRejected, "FAILED", []string{effRejected}, false},
+		{"hotel timed out, cancelled first", kindOK, "FAILED", []string{effValid, "hotels:cancelled_nothing"}, false},
+		{"in review after the charge", kindOK, "MANUAL_REVIEW", []string{effValid, hotel, car, flight, effCharged}, false},
+		{"charged twice", kindOK, "COMPLETED", []string{effValid, hotel, car, flight, effCharged, effCharged, effConfirmed, effItinerary}, true},
+		{"itinerary sent twice", kindOK, "COMPLETED", append(slices.Clone(booked), effItinerary), true},
+		{"booked without itinerary", kindOK, "COMPLETED", booked[:6], true},
+		{"insured without asking", kindOK, "COMPLETED", []string{effValid, hotel, car, flight, effBought, effCharged, effConfirmed, effItinerary}, true},
+		{"asked for insurance, booked without it", kindOK + "+insured", "COMPLETED", booked, true},
+		{"failed, car kept", kindSoldOut, "FAILED", []string{effValid, hotel, car, "flights:unavailable", hotelX}, true},
+		{"failed, policy kept", kindDeclined + "+insured", "FAILED", []string{effValid, hotel, car, flight, effBought, effChargeNo, fliX, carX, hotelX}, true},
+		{"cancelled before the decline", kindDeclined, "FAILED", []string{effValid, hotel, car, flight, hotelX, effChargeNo, fliX, carX}, true},
+		{"failed past the pivot", kindOK, "FAILED", []string{effValid, hotel, car, flight, effCharged, fliX, carX, hotelX}, true},
+		{"reserved before validation", kindOK, "MANUAL_REVIEW", []string{hotel, effValid}, true},
+		{"rejected and reserved", kindRejected, "FAILED", []string{effRejected, hotel, hotelX}, true},
+		{"seat on the sold-out flight", kindSoldOut, "FAILED", []string{effValid, hotel, car, flight, effChargeNo, fliX, carX, hotelX}, true},
+		{"cancelled twice", kindSoldOut, "FAILED", []string{effValid, hotel, "cars:unavailable", hotelX, hotelX}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			rep := &Report{}
+			checkTripLedger(rep, &order{saga: sagaBookTrip, id: "t", kind: c.kind}, sagaRow{typ: sagaBookTrip, id: "s", key: "t", state: c.state}, c.effects)
+			if c.broken {
+				require.NotEmpty(t, rep.Violations)
+			} else {
+				require.Empty(t, rep.Violations)
+			}
+		})
 	}
 }

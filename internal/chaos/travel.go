@@ -1,0 +1,273 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	travelapp "github.com/protosaga/saga/examples/travel/app"
+	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
+)
+
+// The travel example's inventory: flights, hotels and car stations with
+// plenty of units, and one flight without a seat.
+var (
+	tripFlights  = []string{"AF1001", "AF1002", "LH2001", "BA3001"}
+	tripHotels   = []string{"Hotel du Parc", "Grand Hotel", "Pension Adler"}
+	tripStations = []string{"LYS", "CDG", "MUC"}
+)
+
+const soldOutFlight = "XX0000"
+
+// stockTravel stocks every flight, hotel and station of the trips.
+func (r *run) stockTravel(ctx context.Context) error {
+	stock := func(kind, name string, n int32) error {
+		if err := travelapp.Stock(ctx, r.pool, kind, name, n); err != nil {
+			return fmt.Errorf("soak: %w", err)
+		}
+		return nil
+	}
+	for _, f := range tripFlights {
+		if err := stock(travelapp.KindFlight, f, initialStock); err != nil {
+			return err
+		}
+	}
+	for _, h := range tripHotels {
+		if err := stock(travelapp.KindHotel, h, initialStock); err != nil {
+			return err
+		}
+	}
+	for _, s := range tripStations {
+		if err := stock(travelapp.KindCar, s, initialStock); err != nil {
+			return err
+		}
+	}
+	return stock(travelapp.KindFlight, soldOutFlight, 0)
+}
+
+// tripRequest builds trip i of the run; half of the trips ask for
+// insurance.
+func (r *run) tripRequest(i int) (*tripv1.BookTripRequest, string) {
+	r.mu.Lock()
+	roll := r.rng.Float64()
+	insured := r.rng.IntN(2) == 0
+	flight := tripFlights[r.rng.IntN(len(tripFlights))]
+	hotel := tripHotels[r.rng.IntN(len(tripHotels))]
+	station := tripStations[r.rng.IntN(len(tripStations))]
+	r.mu.Unlock()
+	id := fmt.Sprintf("%s-t%05d", r.id, i)
+	req := &tripv1.BookTripRequest{
+		TripId: id, TravellerId: fmt.Sprintf("tr-%d", i%89), PassportNumber: fmt.Sprintf("P%07d", i),
+		Flight: flight, Hotel: hotel, Nights: int32(1 + i%7), CarStation: station, Insurance: insured,
+		CardToken: "tok_visa", PriceMinorUnits: int64(50000 + i), Currency: "EUR",
+	}
+	kind := kindOK
+	switch c := r.cfg; {
+	case roll < c.DeclinedShare:
+		kind, req.CardToken = kindDeclined, travelapp.DeclinedCard
+	case roll < c.DeclinedShare+c.SoldOutShare:
+		kind, req.Flight = kindSoldOut, soldOutFlight
+	case roll < c.DeclinedShare+c.SoldOutShare+c.RejectedShare:
+		kind, req.PassportNumber = kindRejected, travelapp.ExpiredPassportPrefix+req.GetPassportNumber()
+	}
+	if insured {
+		kind += "+insured"
+	}
+	return req, kind
+}
+
+// tripKind splits an order kind of a trip into its outcome kind and whether
+// the trip asked for insurance.
+func tripKind(kind string) (string, bool) {
+	k, insured := strings.CutSuffix(kind, "+insured")
+	return k, insured
+}
+
+// Travel ledger effects, as "service:effect".
+const (
+	effValid      = "travellers:valid"
+	effRejected   = "travellers:rejected"
+	effBought     = "insurance:bought"
+	effVoided     = "insurance:cancelled"
+	effVoidedNo   = "insurance:cancelled_nothing"
+	effCharged    = "payments:charged"
+	effChargeNo   = "payments:declined"
+	effConfirmed  = "trip:confirmed"
+	effItinerary  = "itinerary:sent"
+	reservedSufx  = ":reserved"
+	cancelledSufx = ":cancelled"
+)
+
+// holdServices are the services that hold a unit for a trip.
+var holdServices = []string{"hotels", "cars", "flights"}
+
+// checkTrips verifies the travel example's invariants: each trip's effects
+// (travel_ledger) once and in order, compensation exactly for what was
+// held, the itinerary sent exactly for booked trips, every unit of every
+// flight, hotel and station on the shelf or held by a trip that kept it.
+func (r *run) checkTrips(ctx context.Context, rep *Report, orders []*order, sagas map[string]sagaRow) error {
+	ledger := map[string][]string{}
+	rows, err := r.pool.Query(ctx, `SELECT trip_id, service || ':' || effect FROM travel_ledger ORDER BY id`)
+	if err != nil {
+		return fmt.Errorf("check: travel ledger: %w", err)
+	}
+	var tripID, effect string
+	if _, err := pgx.ForEachRow(rows, []any{&tripID, &effect}, func() error {
+		ledger[tripID] = append(ledger[tripID], effect)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("check: travel ledger: %w", err)
+	}
+	for _, o := range orders {
+		if sg, ok := sagas[o.id]; ok && o.saga == sagaBookTrip {
+			checkTripLedger(rep, o, sg, ledger[o.id])
+		}
+	}
+
+	// Inventory conserved: on the shelf plus held is what was stocked.
+	rows, err = r.pool.Query(ctx, `SELECT i.resource, i.available,
+  (SELECT count(*) FROM travel_holds h WHERE h.resource = i.resource AND h.cancelled_at IS NULL)
+FROM travel_inventory i`)
+	if err != nil {
+		return fmt.Errorf("check: travel inventory: %w", err)
+	}
+	var resource string
+	var available, held int64
+	if _, err := pgx.ForEachRow(rows, []any{&resource, &available, &held}, func() error {
+		initial := int64(initialStock)
+		if resource == travelapp.KindFlight+":"+soldOutFlight {
+			initial = 0
+		}
+		if available+held != initial {
+			rep.violate("travel inventory %s: %d available + %d held != %d", resource, available, held, initial)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("check: travel inventory: %w", err)
+	}
+	// Only booked trips (or trips an operator decides on) keep holds and
+	// policies.
+	rows, err = r.pool.Query(ctx, `SELECT trip_id FROM travel_holds WHERE cancelled_at IS NULL
+UNION SELECT trip_id FROM insurance_policies WHERE cancelled_at IS NULL`)
+	if err != nil {
+		return fmt.Errorf("check: travel holds: %w", err)
+	}
+	holders, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("check: travel holds: %w", err)
+	}
+	for _, id := range holders {
+		if st := sagas[id].state; st != "COMPLETED" && st != "MANUAL_REVIEW" {
+			rep.violate("trip %s keeps a hold or a policy in state %q", id, st)
+		}
+	}
+	return nil
+}
+
+func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
+	kind, insured := tripKind(o.kind)
+	count := map[string]int{}
+	pos := map[string]int{}
+	for i, e := range effects {
+		count[e]++
+		pos[e] = i
+	}
+	for e, n := range count {
+		if n > 1 {
+			rep.double(sagaBookTrip, n-1)
+			rep.violate("trip %s: %s applied %d times: %v", o.id, e, n, effects)
+		}
+	}
+	once := func(a, b string) {
+		if count[a] > 0 && count[b] > 0 {
+			rep.double(sagaBookTrip, 1)
+			rep.violate("trip %s: both %s and %s: %v", o.id, a, b, effects)
+		}
+	}
+	before := func(a, b string) {
+		if count[b] > 0 && (count[a] == 0 || pos[a] > pos[b]) {
+			rep.violate("trip %s: %s without %s before it: %v", o.id, b, a, effects)
+		}
+	}
+	once(effValid, effRejected)
+	once(effCharged, effChargeNo)
+	once(effVoided, effVoidedNo)
+	for _, svc := range holdServices {
+		once(svc+reservedSufx, svc+":unavailable")
+		once(svc+cancelledSufx, svc+":cancelled_nothing")
+		before(effValid, svc+reservedSufx)
+		before(svc+reservedSufx, effCharged)
+		before(svc+reservedSufx, svc+cancelledSufx)
+	}
+	before(effValid, effBought)
+	before(effBought, effVoided)
+	before(effCharged, effConfirmed)
+	before(effConfirmed, effItinerary)
+	if insured {
+		before(effBought, effCharged)
+	} else if count[effBought] > 0 {
+		rep.violate("trip %s did not ask for insurance and bought it: %v", o.id, effects)
+	}
+	switch sg.state {
+	case "COMPLETED":
+		want := []string{effValid, "hotels" + reservedSufx, "cars" + reservedSufx, "flights" + reservedSufx}
+		if insured {
+			want = append(want, effBought)
+		}
+		want = append(want, effCharged, effConfirmed, effItinerary)
+		got := slices.Clone(effects)
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			rep.violate("trip %s completed with effects %v, want %v (in any order the checks above allow)", o.id, effects, want)
+		}
+	case "FAILED":
+		for _, e := range []string{effCharged, effConfirmed, effItinerary} {
+			if count[e] > 0 {
+				rep.violate("trip %s failed after %s (past the pivot): %v", o.id, e, effects)
+			}
+		}
+		// Every hold and the policy are given back exactly when they were
+		// taken, and after the declined charge that failed the trip.
+		for _, svc := range holdServices {
+			if count[svc+reservedSufx] > 0 && count[svc+cancelledSufx] == 0 {
+				rep.violate("trip %s failed with its %s hold never cancelled: %v", o.id, svc, effects)
+			}
+			if count[effChargeNo] > 0 && count[svc+cancelledSufx] > 0 && pos[svc+cancelledSufx] < pos[effChargeNo] {
+				rep.violate("trip %s: %s cancelled before the charge was declined: %v", o.id, svc, effects)
+			}
+		}
+		if count[effBought] > 0 && count[effVoided] == 0 {
+			rep.violate("trip %s failed with its insurance never cancelled: %v", o.id, effects)
+		}
+		switch kind {
+		case kindSoldOut:
+			if count["flights"+reservedSufx] > 0 {
+				rep.violate("trip %s holds a seat on a sold-out flight: %v", o.id, effects)
+			}
+		case kindRejected:
+			for _, svc := range holdServices {
+				if count[svc+reservedSufx] > 0 {
+					rep.violate("trip %s of a rejected traveller holds a %s unit: %v", o.id, svc, effects)
+				}
+			}
+		case kindOK:
+			// Fails only through a timeout before the pivot.
+			for _, e := range []string{effRejected, effChargeNo, "flights:unavailable"} {
+				if count[e] > 0 {
+					rep.violate("trip %s that should book met %s: %v", o.id, e, effects)
+				}
+			}
+		}
+	case "MANUAL_REVIEW":
+		// Any prefix of the path may have happened; the checks above
+		// (once, in order) hold, and an operator decides the rest.
+	default:
+		if count[effItinerary] > 0 {
+			rep.violate("trip %s sent its itinerary and ended %s: %v", o.id, sg.state, effects)
+		}
+	}
+}
