@@ -187,6 +187,14 @@ func TestWalkthroughFollowedSlowly(t *testing.T) {
 	w := parseWalkthrough(t, out.String())
 	require.Regexp(t, `carrier manifests\s+[1-9][0-9]*\s+\(bookings on [1-9][0-9]* carriers' manifests`, out.String(),
 		"shipping put the bookings on the carriers' manifests under fenced leases")
+	// The travel fleet ran next to the orders, each scenario as scripted
+	// (the demo fails otherwise): one line per scenario, with one trip's
+	// effects in order.
+	require.Regexp(t, `card declined\s+FAILED: 4\s+travellers:valid hotels:reserved cars:reserved flights:reserved insurance:bought `+
+		`payments:declined insurance:cancelled flights:cancelled cars:cancelled hotels:cancelled\n`, out.String())
+	require.Regexp(t, `flight sold out\s+FAILED: 4\s+travellers:valid hotels:reserved cars:reserved flights:unavailable cars:cancelled hotels:cancelled\n`, out.String())
+	require.Contains(t, out.String(), "insurance skipped by the decider: 4 ")
+	require.Contains(t, out.String(), "itineraries sent: 8 ")
 	pool, err := pgxpool.New(context.Background(), pgURL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
