@@ -5,7 +5,7 @@
 //
 //	sagactl migrate [-database-url URL] [-source NAME=DIR]... [-participant] [-status]
 //	sagactl export-migrations -dir DIR -format goose|golang-migrate [-source NAME=DIR]... [-participant] [-check]
-//	sagactl prune [-database-url URL] [-outbox AGE] [-inbox AGE] [-timeout D]
+//	sagactl prune [-database-url URL] [-outbox AGE] [-inbox AGE] [-once AGE] [-timeout D]
 //	sagactl stats
 //	sagactl search TEXT
 //	sagactl log [--operator NAME] [--action A] [--limit N] [--all]
@@ -77,7 +77,7 @@ commands:
   migrate        apply the runtime's and generated sagas' SQL migrations (-status to list them)
   export-migrations
                  write them into a goose or golang-migrate directory: -dir DIR -format F
-  prune          delete old published outbox rows and inbox claims: -outbox AGE, -inbox AGE
+  prune          delete old published outbox rows, inbox claims and once records: -outbox AGE, -inbox AGE, -once AGE
   stats          sagas per type and state (stuck ones too), open parked messages per queue
   search TEXT    sagas and parked messages by saga id, business key (or its start), message id, correlation id
   log            operator actions across sagas, newest first: --operator, --action

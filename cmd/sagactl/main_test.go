@@ -116,15 +116,15 @@ func TestMigrateCommandErrors(t *testing.T) {
 		redact("postgres://u@h/db?sslmode=require&password=s3cret&application_name=x"), "other parameters stay as they are")
 }
 
-// TestPruneCommand: prune deletes the old published outbox rows and old
-// inbox claims it is asked to, and nothing else.
+// TestPruneCommand: prune deletes the old published outbox rows, old
+// inbox claims and old once records it is asked to, and nothing else.
 func TestPruneCommand(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.PostgresURL(t)
 	env := databaseEnv(dsn)
 	ctx := context.Background()
 	var out, errOut bytes.Buffer
-	require.Equal(t, 0, run(ctx, []string{"migrate"}, &out, &errOut, env), errOut.String())
+	require.Equal(t, 0, run(ctx, []string{"migrate", "-participant"}, &out, &errOut, env), errOut.String())
 	pool, _, err := openDatabase(ctx, dsn, env)
 	require.NoError(t, err)
 	defer pool.Close()
@@ -141,11 +141,18 @@ SELECT id, CASE message_id WHEN 'old' THEN now() - interval '3 days' ELSE now() 
 	_, err = pool.Exec(ctx, `INSERT INTO saga_inbox (consumer, message_id, received_at)
 VALUES ('c', 'ancient', now() - interval '40 days'), ('c', 'fresh', now())`)
 	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO saga_participant_once (service, idempotency_key, first_at)
+VALUES ('inventory', 'old', now() - interval '40 days'), ('payment', 'old', now() - interval '31 days'), ('inventory', 'new', now())`)
+	require.NoError(t, err)
 
 	out.Reset()
-	require.Equal(t, 0, run(ctx, []string{"prune", "-outbox", "48h", "-inbox", "720h"}, &out, &errOut, env), errOut.String())
+	require.Equal(t, 0, run(ctx, []string{"prune", "-outbox", "48h", "-inbox", "720h", "-once", "720h"}, &out, &errOut, env), errOut.String())
 	require.Regexp(t, `(?m)^outbox: deleted 1 rows published before `, out.String())
 	require.Regexp(t, `(?m)^inbox: deleted 1 claims received before `, out.String())
+	require.Regexp(t, `(?m)^once: deleted 2 once records written before `, out.String())
+	var onceLeft []string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(service || '/' || idempotency_key) FROM saga_participant_once`).Scan(&onceLeft))
+	require.Equal(t, []string{"inventory/new"}, onceLeft)
 	var outboxLeft, inboxLeft []string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT array_agg(message_id ORDER BY id) FROM saga_outbox`).Scan(&outboxLeft))
 	require.Equal(t, []string{"recent", "unpublished"}, outboxLeft)
@@ -153,8 +160,9 @@ VALUES ('c', 'ancient', now() - interval '40 days'), ('c', 'fresh', now())`)
 	require.Equal(t, []string{"fresh"}, inboxLeft)
 
 	for args, msg := range map[string]string{
-		"":                      "sagactl prune: pass -outbox AGE, -inbox AGE or both",
+		"":                      "sagactl prune: pass -outbox AGE, -inbox AGE, -once AGE, or several",
 		"-outbox -1h":           "sagactl prune: ages must not be negative",
+		"-once -1h":             "sagactl prune: ages must not be negative",
 		"-outbox 1h extra":      `sagactl prune: unexpected arguments ["extra"]`,
 		"-outbox 7d":            `sagactl prune: invalid value "7d" for flag -outbox: parse error`,
 		"-inbox 1h -timeout 0s": "sagactl prune: -timeout must be positive",

@@ -11,10 +11,11 @@ import (
 
 	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/participant"
 )
 
-// prune deletes published outbox rows and inbox claims older than the ages
-// given, straight in the database (like migrate, not through the admin API).
+// prune deletes published outbox rows, inbox claims and participants' once
+// records older than the ages given, straight in the database (like migrate, not through the admin API).
 func prune(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -23,14 +24,16 @@ func prune(ctx context.Context, args []string, stdout, stderr io.Writer, getenv 
 	outboxAge := fs.Duration("outbox", 0, "delete outbox rows published longer ago than this, e.g. 168h (0: keep all)")
 	inboxAge := fs.Duration("inbox", 0, "delete inbox claims received longer ago than this, e.g. 720h (0: keep all); "+
 		"a message redelivered after its claim is gone is handled again")
+	onceAge := fs.Duration("once", 0, "delete participants' once records written longer ago than this, e.g. 720h (0: keep all); "+
+		"a command that comes again after its record is gone runs again")
 	if err := db.parse(fs, args); err != nil {
 		return err
 	}
 	switch {
-	case *outboxAge < 0 || *inboxAge < 0:
+	case *outboxAge < 0 || *inboxAge < 0 || *onceAge < 0:
 		return usagef("ages must not be negative")
-	case *outboxAge == 0 && *inboxAge == 0:
-		return usagef("pass -outbox AGE, -inbox AGE or both")
+	case *outboxAge == 0 && *inboxAge == 0 && *onceAge == 0:
+		return usagef("pass -outbox AGE, -inbox AGE, -once AGE, or several")
 	}
 	kinds := []struct {
 		age    time.Duration
@@ -39,6 +42,7 @@ func prune(ctx context.Context, args []string, stdout, stderr io.Writer, getenv 
 	}{
 		{*outboxAge, "outbox: deleted %d rows published before %s\n", outbox.Prune},
 		{*inboxAge, "inbox: deleted %d claims received before %s\n", inbox.Prune},
+		{*onceAge, "once: deleted %d once records written before %s\n", participant.PruneAllOnce},
 	}
 	return db.run(ctx, getenv, func(ctx context.Context, pool *pgxpool.Pool, u string) error {
 		now := time.Now()

@@ -70,6 +70,11 @@ type Config struct {
 	// queue, saving a row per delivery. Leave it false for any handler
 	// that can succeed without such a row.
 	HandlerDedupes bool
+	// PruneDedupes, set with HandlerDedupes, deletes the handler's own
+	// dedupe rows older than the time given and returns how many it
+	// deleted (a host's participant: participant.PruneOnce). The consumer
+	// runs it with its inbox prune, under KeepClaims and PruneInterval.
+	PruneDedupes func(ctx context.Context, olderThan time.Time) (int64, error)
 	// Queue is the work queue to consume. Its tier queues and parking lot
 	// (broker.WorkQueue with the same Retry policy) must be declared.
 	Queue string
@@ -241,6 +246,9 @@ func (c *Config) Validate() error {
 		bad("Handler is nil, and so is Batch: set one")
 	case c.Handler != nil && c.Batch != nil:
 		bad("Handler and Batch are both set: set one")
+	}
+	if c.PruneDedupes != nil && !c.HandlerDedupes {
+		bad("PruneDedupes is set without HandlerDedupes: a handler that does not dedupe has no dedupe rows to prune")
 	}
 	if c.Concurrency < 1 {
 		bad("Concurrency is %d, want at least 1", c.Concurrency)

@@ -53,7 +53,8 @@ type Consumer struct {
 	// fast and fallBack count transactions committed on the fast path and
 	// fast-path attempts that fell back to a savepoint per delivery (tests).
 	fast, fallBack atomic.Int64
-	// pruned counts the inbox claims the consumer deleted (KeepClaims).
+	// pruned counts the inbox claims and dedupe rows the consumer deleted
+	// (KeepClaims).
 	pruned atomic.Int64
 	// interrupted: see interruptedSet.
 	interrupted interruptedSet
@@ -85,13 +86,23 @@ func New(cfg Config) (*Consumer, error) {
 	}, nil
 }
 
-// retention deletes the consumer's inbox claims older than KeepClaims.
+// retention deletes the consumer's inbox claims, and the handler's dedupe
+// rows (Config.PruneDedupes), older than KeepClaims.
 func (c *Consumer) retention() retain.Job {
+	what := "inbox claims"
+	if c.cfg.PruneDedupes != nil {
+		what = "inbox claims and dedupe records"
+	}
 	return retain.Job{
-		What: "inbox claims", Keep: c.cfg.KeepClaims, Interval: c.cfg.PruneInterval,
+		What: what, Keep: c.cfg.KeepClaims, Interval: c.cfg.PruneInterval,
 		Clock: retain.DatabaseClock(c.cfg.Pool),
 		Prune: func(ctx context.Context, olderThan time.Time) (int64, error) {
-			return inbox.PruneConsumer(ctx, c.cfg.Pool, c.cfg.Name, olderThan)
+			n, err := inbox.PruneConsumer(ctx, c.cfg.Pool, c.cfg.Name, olderThan)
+			if err != nil || c.cfg.PruneDedupes == nil {
+				return n, err
+			}
+			m, err := c.cfg.PruneDedupes(ctx, olderThan)
+			return n + m, err
 		},
 		Pruned: func(n int64) { c.pruned.Add(n) },
 		Logger: c.log,

@@ -45,6 +45,7 @@ const (
 	doPermanent     = "permanent"      // effect, then a permanent error
 	doTransientOnce = "transient-once" // effect, then a transient error on attempt 1
 	doTransient     = "transient"      // effect, then always a transient error
+	doEarly         = "early"          // effect, then an early (expected, transient) error on attempt 1
 	doPanic         = "panic"          // effect, then panic
 	doDeferred      = "deferred"       // violates a deferred unique constraint: fails at commit
 	doBlock         = "block"          // waits for release on its first call
@@ -178,6 +179,10 @@ func (b *testBundle) handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery
 		}
 	case doTransient:
 		return retry.Transient(errors.New("flaky dependency"))
+	case doEarly:
+		if d.Attempt == 1 {
+			return retry.Early(errors.New("step not reached yet"))
+		}
 	case doPanic:
 		panic("boom")
 	case doSwallow:
@@ -1098,4 +1103,10 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorContains(t, err, "Prefetch is 70000")
 	require.ErrorContains(t, err, "needs at least one tier")
 	require.True(t, strings.HasPrefix(err.Error(), `consumer "n" config:`))
+
+	prune := func(context.Context, time.Time) (int64, error) { return 0, nil }
+	_, err = consumer.New(consumer.Config{Name: "n", PruneDedupes: prune})
+	require.ErrorContains(t, err, "PruneDedupes is set without HandlerDedupes")
+	_, err = consumer.New(consumer.Config{Name: "n", PruneDedupes: prune, HandlerDedupes: true})
+	require.NotContains(t, err.Error(), "PruneDedupes")
 }

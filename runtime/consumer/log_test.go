@@ -41,3 +41,27 @@ func TestFailureLogsCarryTheDeliveryIds(t *testing.T) {
 	require.Equal(t, 1.0, mp.Value(t, telemetry.MetricConsumerParked, map[string]string{
 		"saga.park.class": "exhausted", "saga.park.reason": "panic"}))
 }
+
+// TestEarlyMessageRetriesAtInfo: a message marked retry.Early (it came
+// before what it waits for) is retried like a transient failure, logged at
+// INFO with the delivery's ids, never at WARN, and then handled.
+func TestEarlyMessageRetriesAtInfo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var out testenv.LogBuffer
+	logger := slog.New(telemetry.NewLogHandler(slog.NewJSONHandler(&out, nil), telemetry.LogOptions{}))
+	r := b.start(func(c *consumer.Config) { c.Logger = logger }, nil)
+	b.send("e1", doEarly, nil)
+	b.waitSettled("e1", "retry")
+	b.waitSettled("e1", "done")
+	b.stop(r)
+
+	recs := out.Records(t, "message arrived before what it waits for; retrying after a delay")
+	require.Len(t, recs, 1)
+	require.Equal(t, "INFO", recs[0]["level"])
+	require.Equal(t, "e1", recs[0]["message_id"])
+	require.Equal(t, "saga-e1", recs[0]["saga_id"])
+	require.Contains(t, recs[0]["reason"], "step not reached yet")
+	require.Empty(t, out.Records(t, "message failed; retrying after a delay"))
+	require.Empty(t, out.Records(t, "message parked"))
+}

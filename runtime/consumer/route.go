@@ -19,6 +19,7 @@ import (
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/internal/parked"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // HeaderLastError carries the error of the failed attempt on a retry copy,
@@ -292,11 +293,16 @@ func (s *session) finish(ctx context.Context, items []*item) error {
 			// The handler's context: a telemetry.NewLogHandler adds the
 			// delivery's saga, correlation and causation ids.
 			lctx := it.handlerContext(ctx)
-			if it.outcome == outcomeRetry {
+			switch {
+			case it.outcome == outcomeRetry && retry.IsEarly(it.err):
+				c.log.InfoContext(lctx, "message arrived before what it waits for; retrying after a delay",
+					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
+					slog.String("delay", it.tier.String()), slog.Any("reason", it.err))
+			case it.outcome == outcomeRetry:
 				c.log.WarnContext(lctx, "message failed; retrying after a delay",
 					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
 					slog.String("class", it.class.String()), slog.String("delay", it.tier.String()), slog.Any("error", it.err))
-			} else {
+			default:
 				c.log.ErrorContext(lctx, "message parked",
 					slog.String("message_id", it.messageID()), slog.Int("attempt", it.attempt),
 					slog.String("class", it.parkClass()), slog.Any("error", it.err))

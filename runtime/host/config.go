@@ -140,7 +140,10 @@ type Config struct {
 	Callbacks *callback.Config
 	// RelayLease, KeepPublished and KeepClaims are passed to the relays and
 	// consumers (outbox.RelayConfig.LeaseDuration, .KeepPublished,
-	// consumer.Config.KeepClaims); zero takes their defaults.
+	// consumer.Config.KeepClaims); zero takes their defaults. A
+	// participant's consumer prunes the service's once records under
+	// KeepClaims (participant.PruneOnce), as the others prune their inbox
+	// claims.
 	RelayLease, KeepPublished, KeepClaims time.Duration
 
 	// SkipMigrations leaves the database as it is at Start: apply the

@@ -229,7 +229,8 @@ func (h *Host) build(r *running) error {
 		}
 		r.callbacks = d
 	}
-	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.BatchHandler, dedupes bool) error {
+	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.BatchHandler,
+		pruneDedupes func(context.Context, time.Time) (int64, error)) error {
 		t := h.cfg.tuning(queue)
 		pol := h.cfg.Retry
 		if d, ok := pkg.Retry[queue]; ok {
@@ -242,7 +243,7 @@ func (h *Host) build(r *running) error {
 			relay = r.relays[len(r.consumers)%n]
 		}
 		c, err := consumer.New(consumer.Config{
-			Name: queue, HandlerDedupes: dedupes, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
+			Name: queue, HandlerDedupes: pruneDedupes != nil, PruneDedupes: pruneDedupes, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
 			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: pol,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
@@ -264,8 +265,13 @@ func (h *Host) build(r *running) error {
 		}
 		// Idempotent's once record names the message id it ran as and
 		// drops a redelivery of it, so the queue needs no inbox claim
-		// (runtime/participant).
-		if err := add(p.Queue, p.Package, reg, participant.BatchHandler(p.Service, fn), true); err != nil {
+		// (runtime/participant); the consumer prunes the service's once
+		// records with its claims.
+		svc := p.Service
+		pruneOnce := func(ctx context.Context, olderThan time.Time) (int64, error) {
+			return participant.PruneOnce(ctx, h.pool, svc, olderThan)
+		}
+		if err := add(p.Queue, p.Package, reg, participant.BatchHandler(p.Service, fn), pruneOnce); err != nil {
 			return err
 		}
 	}
@@ -274,12 +280,12 @@ func (h *Host) build(r *running) error {
 		if err != nil {
 			return fmt.Errorf("subscriber %s: %w", s.Service, err)
 		}
-		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), false); err != nil {
+		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), nil); err != nil {
 			return err
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine, false); err != nil {
+		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine, nil); err != nil {
 			return err
 		}
 	}

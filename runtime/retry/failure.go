@@ -42,6 +42,7 @@ func (c Class) String() string {
 // classified marks an error with a class.
 type classified struct {
 	class Class
+	early bool // Early: the message came before what it waits for
 	err   error
 }
 
@@ -66,6 +67,26 @@ func Transient(err error) error {
 		return nil
 	}
 	return &classified{class: ClassTransient, err: err}
+}
+
+// Early marks err as transient and expected: the message arrived before
+// what it waits for (an event for a saga step not reached yet, a message
+// for a saga whose start is still on its way). It is retried like any
+// transient failure, and parked when the budget is spent; consumers log its
+// retries at INFO rather than WARN, since messages published in order are
+// not always handled in order. It returns nil when err is nil.
+func Early(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &classified{class: ClassTransient, early: true, err: err}
+}
+
+// IsEarly reports whether the outermost class mark in err's chain is
+// [Early].
+func IsEarly(err error) bool {
+	var c *classified
+	return errors.As(err, &c) && c.early
 }
 
 // ClassOf returns the class of err. The rules, first match wins:

@@ -69,7 +69,7 @@ func TestMarksKeepTheChain(t *testing.T) {
 	t.Parallel()
 
 	base := pgErr("23505")
-	for _, marked := range []error{retry.Permanent(base), retry.Transient(base)} {
+	for _, marked := range []error{retry.Permanent(base), retry.Transient(base), retry.Early(base)} {
 		require.ErrorIs(t, marked, base)
 		var pe *pgconn.PgError
 		require.ErrorAs(t, marked, &pe)
@@ -78,6 +78,21 @@ func TestMarksKeepTheChain(t *testing.T) {
 	}
 	require.NoError(t, retry.Permanent(nil))
 	require.NoError(t, retry.Transient(nil))
+	require.NoError(t, retry.Early(nil))
+}
+
+// TestEarlyIsAnExpectedTransientWait: Early is transient and says so
+// through wrapping; the outermost mark decides, so a later Permanent or
+// Transient mark around it is no longer early, and no other error is.
+func TestEarlyIsAnExpectedTransientWait(t *testing.T) {
+	t.Parallel()
+	early := fmt.Errorf("saga handle: %w", retry.Early(errors.New("step not reached")))
+	require.Equal(t, retry.ClassTransient, retry.ClassOf(early))
+	require.True(t, retry.IsEarly(early))
+	require.False(t, retry.IsEarly(retry.Transient(errors.New("flaky"))))
+	require.False(t, retry.IsEarly(retry.Permanent(early)))
+	require.False(t, retry.IsEarly(errors.New("plain")))
+	require.False(t, retry.IsEarly(nil))
 }
 
 func TestClassString(t *testing.T) {

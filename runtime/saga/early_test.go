@@ -42,6 +42,7 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 	require.Error(t, err, "an event for a step not reached yet is not acknowledged as handled")
 	require.Equal(t, retry.ClassTransient, retry.ClassOf(err))
 	require.True(t, errors.Is(err, sagadef.ErrNotReached), "%v", err)
+	require.True(t, retry.IsEarly(err), "an early message is an expected wait, logged at INFO: %v", err)
 	require.Equal(t, stReserve, b.status(t, id).State)
 	require.Len(t, b.history(t, id), 1, "nothing audited: the event will come again")
 

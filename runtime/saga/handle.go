@@ -225,7 +225,7 @@ func (e *Engine) lockFor(ctx context.Context, tx pgx.Tx, sagaID string, d *consu
 		// business key may name a saga whose start is still on its way
 		// (queued behind this event, or in a retry tier): retried, then
 		// parked when it never starts.
-		return row{}, retry.Transient(fmt.Errorf("saga handle: message %s: no saga %s with business key %q (yet): %w",
+		return row{}, retry.Early(fmt.Errorf("saga handle: message %s: no saga %s with business key %q (yet): %w",
 			d.Envelope.MessageID, e.def.Name, key, ErrNotFound))
 	}
 	if err != nil {

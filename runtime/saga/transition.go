@@ -71,7 +71,7 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 			err = retry.Permanent(err)
 		} else if errors.Is(err, sagadef.ErrNotReached) {
 			// The saga may get there: retry it, park it if it does not.
-			err = retry.Transient(err)
+			err = retry.Early(err)
 		}
 		return outcome{}, err
 	}
