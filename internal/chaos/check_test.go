@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -90,6 +91,10 @@ func TestTripLedgerCheckCatchesBrokenHistories(t *testing.T) {
 	}{
 		{"booked", kindOK, "COMPLETED", booked, false},
 		{"booked, insured", kindOK + "+insured", "COMPLETED", []string{effValid, hotel, car, flight, effBought, effCharged, effConfirmed, effItinerary}, false},
+		{"booked, reminded", kindOK + "+remind", "COMPLETED", append(slices.Clone(booked), effReminded), false},
+		{"departs within a day, not reminded", kindOK + "+remind", "COMPLETED", booked, true},
+		{"departs in a month, reminded", kindOK, "COMPLETED", append(slices.Clone(booked), effReminded), true},
+		{"reminded twice", kindOK + "+remind", "COMPLETED", append(slices.Clone(booked), effReminded, effReminded), true},
 		{"sold-out flight cancels car and hotel", kindSoldOut, "FAILED", []string{effValid, hotel, car, "flights:unavailable", carX, hotelX}, false},
 		{"declined cancels everything", kindDeclined + "+insured", "FAILED", []string{effValid, hotel, car, flight, effBought, effChargeNo, effVoided, fliX, carX, hotelX}, false},
 		{"rejected traveller", kindRejected, "FAILED", []string{effRejected}, false},
@@ -112,7 +117,10 @@ func TestTripLedgerCheckCatchesBrokenHistories(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			rep := &Report{}
-			checkTripLedger(rep, &order{saga: sagaBookTrip, id: "t", kind: c.kind}, sagaRow{typ: sagaBookTrip, id: "s", key: "t", state: c.state}, c.effects)
+			kind, remind := strings.CutSuffix(c.kind, "+remind")
+			kind, insured := strings.CutSuffix(kind, "+insured")
+			o := &order{saga: sagaBookTrip, id: "t", kind: kind, insured: insured, remind: remind}
+			checkTripLedger(rep, o, sagaRow{typ: sagaBookTrip, id: "s", key: "t", state: c.state}, c.effects)
 			if c.broken {
 				require.NotEmpty(t, rep.Violations)
 			} else {

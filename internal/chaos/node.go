@@ -266,7 +266,7 @@ func ParseNodeArgs(args []string) (NodeConfig, error) {
 	fs.StringVar(&cfg.Name, "name", "node", "node name")
 	fs.StringVar(&cfg.PostgresURL, "pg", "", "PostgreSQL URL (with search_path)")
 	fs.StringVar(&cfg.AMQPURL, "amqp", "", "AMQP URL (with vhost)")
-	fs.StringVar(&roles, "roles", "all", "roles: relay, orchestrator, a participant service (inventory, payment, shipping, order, travellers, flights, hotels, cars, insurance, payments, trip, itinerary), participants, all")
+	fs.StringVar(&roles, "roles", "all", "roles: relay, orchestrator, a participant service (inventory, payment, shipping, order, travellers, flights, hotels, cars, insurance, payments, trip, itinerary, notifications), participants, all")
 	fs.StringVar(&crash, "crash", "", "armed crash points, point:n,...")
 	fs.Uint64Var(&cfg.Faults.Seed, "seed", 1, "fault seed")
 	fs.Float64Var(&cfg.Faults.Transient, "transient", 0, "probability of a transient failure per delivery")

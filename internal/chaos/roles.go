@@ -46,15 +46,17 @@ const (
 	// RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance,
 	// RolePayments and RoleTrip run the consumer of one travel participant
 	// service's command queue; RoleItinerary the itinerary service's
-	// subscriber of TripBooked.
-	RoleTravellers Role = "travellers"
-	RoleFlights    Role = "flights"
-	RoleHotels     Role = "hotels"
-	RoleCars       Role = "cars"
-	RoleInsurance  Role = "insurance"
-	RolePayments   Role = "payments"
-	RoleTrip       Role = "trip"
-	RoleItinerary  Role = "itinerary"
+	// subscriber of TripBooked, RoleNotifications the notifications
+	// service's subscriber of CheckInReminder.
+	RoleTravellers    Role = "travellers"
+	RoleFlights       Role = "flights"
+	RoleHotels        Role = "hotels"
+	RoleCars          Role = "cars"
+	RoleInsurance     Role = "insurance"
+	RolePayments      Role = "payments"
+	RoleTrip          Role = "trip"
+	RoleItinerary     Role = "itinerary"
+	RoleNotifications Role = "notifications"
 )
 
 // AllRoles returns every role, in a fixed order.
@@ -66,7 +68,7 @@ func AllRoles() []Role {
 // examples and of the itinerary subscriber.
 func ParticipantRoles() []Role {
 	return []Role{RoleInventory, RolePayment, RoleShipping, RoleOrder,
-		RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance, RolePayments, RoleTrip, RoleItinerary}
+		RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance, RolePayments, RoleTrip, RoleItinerary, RoleNotifications}
 }
 
 // ParseRoles parses a comma-separated list of roles ("relay,orchestrator");
@@ -143,6 +145,8 @@ func register(h *host.Host, roles []Role) error {
 			errs = append(errs, tripv1.RegisterTripParticipant(h, travelapp.Trip{}))
 		case RoleItinerary:
 			errs = append(errs, tripv1.RegisterItinerarySubscriber(h, travelapp.Itinerary{}))
+		case RoleNotifications:
+			errs = append(errs, tripv1.RegisterNotificationsSubscriber(h, travelapp.Notifications{}))
 		}
 	}
 	return errors.Join(errs...)

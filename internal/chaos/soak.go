@@ -46,12 +46,12 @@ type Config struct {
 
 	// Seed drives every random choice of the run (orders, faults, kills).
 	Seed uint64
-	// Sagas is how many Place Order sagas to start, at Rate per second.
-	Sagas int
-	Rate  float64
-	// Trips is how many Book Trip sagas (the travel example) to start
-	// alongside them, spread evenly over the same load phase.
-	Trips int
+	// Sagas is how many Place Order sagas to start, and Trips how many
+	// Book Trip sagas (the travel example) alongside them; Rate is how many
+	// of both are started per second, each kind spread evenly over the
+	// load phase.
+	Sagas, Trips int
+	Rate         float64
 
 	// Relays, Orchestrators and Participants are how many node processes
 	// run each kind of role (participants run all four services).
@@ -148,6 +148,9 @@ type order struct {
 	kind    string // "ok", "declined", "sold-out" or "rejected"
 	sagaID  string
 	started time.Time
+	// insured and remind, for a trip: it asked for insurance; it departs
+	// within a day, so its check-in reminder is due at once.
+	insured, remind bool
 }
 
 // The soak's saga types, as reported.
@@ -499,12 +502,13 @@ func (r *run) request(i int) (*orderv1.PlaceOrderRequest, string) {
 	}, kind
 }
 
-// load starts the Place Order sagas at the configured rate and the Book
-// Trip sagas alongside, over the same time.
+// load starts the Place Order sagas and the Book Trip sagas alongside, at
+// the configured rate of both together, each kind over the same time.
 func (r *run) load(ctx context.Context) {
+	total := float64(r.cfg.Sagas + r.cfg.Trips)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		r.startAt(ctx, r.cfg.Sagas, r.cfg.Rate, func(i int) (*order, startFunc) {
+		r.startAt(ctx, r.cfg.Sagas, r.cfg.Rate*float64(r.cfg.Sagas)/total, func(i int) (*order, startFunc) {
 			req, kind := r.request(i)
 			return &order{saga: sagaPlaceOrder, id: req.GetOrderId(), kind: kind}, func(ctx context.Context) (string, error) {
 				id, _, err := r.po.Start(ctx, req, message.Meta{})
@@ -514,10 +518,9 @@ func (r *run) load(ctx context.Context) {
 	})
 	if r.cfg.Trips > 0 {
 		wg.Go(func() {
-			rate := r.cfg.Rate * float64(r.cfg.Trips) / float64(r.cfg.Sagas)
-			r.startAt(ctx, r.cfg.Trips, rate, func(i int) (*order, startFunc) {
-				req, kind := r.tripRequest(i)
-				return &order{saga: sagaBookTrip, id: req.GetTripId(), kind: kind}, func(ctx context.Context) (string, error) {
+			r.startAt(ctx, r.cfg.Trips, r.cfg.Rate*float64(r.cfg.Trips)/total, func(i int) (*order, startFunc) {
+				req, o := r.tripRequest(i)
+				return o, func(ctx context.Context) (string, error) {
 					id, _, err := r.bt.Start(ctx, req, message.Meta{})
 					return id, err
 				}
@@ -567,7 +570,7 @@ func (r *run) startAt(ctx context.Context, n int, rate float64, next func(i int)
 // chaos kills nodes at random and restarts the servers until the load is
 // done (and the restarts it scheduled are done).
 func (r *run) chaos(ctx context.Context, loadDone <-chan struct{}) {
-	loadTime := time.Duration(float64(r.cfg.Sagas) / r.cfg.Rate * float64(time.Second))
+	loadTime := time.Duration(float64(r.cfg.Sagas+r.cfg.Trips) / r.cfg.Rate * float64(time.Second))
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	type restart struct {

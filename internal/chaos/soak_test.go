@@ -57,9 +57,9 @@ func soakBinary(t *testing.T) string {
 }
 
 // TestSoakShort is the short chaos soak that runs in `make test`: 200 Place
-// Order sagas and 100 Book Trip sagas (the travel example) on two relays,
-// two orchestrators and two participant processes, with random participant faults, a SIGKILL at every named crash
-// point, random SIGKILLs, one RabbitMQ restart and one PostgreSQL restart,
+// Order sagas and 100 Book Trip sagas (the travel example), 10 per second,
+// on two relays, two orchestrators and two participant processes, with
+// random participant faults, a SIGKILL at every named crash point, random SIGKILLs, one RabbitMQ restart and one PostgreSQL restart,
 // then every invariant of the package documentation checked. It runs on
 // servers of its own (testenv.PrivateServices): restarting the shared ones
 // would break the tests of every other package running in parallel.

@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	travelapp "github.com/protosaga/saga/examples/travel/app"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
@@ -48,12 +49,14 @@ func (r *run) stockTravel(ctx context.Context) error {
 	return stock(travelapp.KindFlight, soldOutFlight, 0)
 }
 
-// tripRequest builds trip i of the run; half of the trips ask for
-// insurance.
-func (r *run) tripRequest(i int) (*tripv1.BookTripRequest, string) {
+// tripRequest builds trip i of the run: half of the trips ask for
+// insurance, half depart within a day (their check-in reminder is due at
+// once), the others in 30 days (it waits in PostgreSQL past the run).
+func (r *run) tripRequest(i int) (*tripv1.BookTripRequest, *order) {
 	r.mu.Lock()
 	roll := r.rng.Float64()
 	insured := r.rng.IntN(2) == 0
+	soon := r.rng.IntN(2) == 0
 	flight := tripFlights[r.rng.IntN(len(tripFlights))]
 	hotel := tripHotels[r.rng.IntN(len(tripHotels))]
 	station := tripStations[r.rng.IntN(len(tripStations))]
@@ -63,6 +66,10 @@ func (r *run) tripRequest(i int) (*tripv1.BookTripRequest, string) {
 		TripId: id, TravellerId: fmt.Sprintf("tr-%d", i%89), PassportNumber: fmt.Sprintf("P%07d", i),
 		Flight: flight, Hotel: hotel, Nights: int32(1 + i%7), CarStation: station, Insurance: insured,
 		CardToken: "tok_visa", PriceMinorUnits: int64(50000 + i), Currency: "EUR",
+		Departure: timestamppb.New(time.Now().Add(30 * 24 * time.Hour)),
+	}
+	if soon {
+		req.Departure = timestamppb.New(time.Now().Add(6 * time.Hour))
 	}
 	kind := kindOK
 	switch c := r.cfg; {
@@ -73,17 +80,7 @@ func (r *run) tripRequest(i int) (*tripv1.BookTripRequest, string) {
 	case roll < c.DeclinedShare+c.SoldOutShare+c.RejectedShare:
 		kind, req.PassportNumber = kindRejected, travelapp.ExpiredPassportPrefix+req.GetPassportNumber()
 	}
-	if insured {
-		kind += "+insured"
-	}
-	return req, kind
-}
-
-// tripKind splits an order kind of a trip into its outcome kind and whether
-// the trip asked for insurance.
-func tripKind(kind string) (string, bool) {
-	k, insured := strings.CutSuffix(kind, "+insured")
-	return k, insured
+	return req, &order{saga: sagaBookTrip, id: id, kind: kind, insured: insured, remind: soon}
 }
 
 // Travel ledger effects, as "service:effect".
@@ -97,6 +94,7 @@ const (
 	effChargeNo   = "payments:declined"
 	effConfirmed  = "trip:confirmed"
 	effItinerary  = "itinerary:sent"
+	effReminded   = "notifications:reminded"
 	reservedSufx  = ":reserved"
 	cancelledSufx = ":cancelled"
 )
@@ -106,7 +104,8 @@ var holdServices = []string{"hotels", "cars", "flights"}
 
 // checkTrips verifies the travel example's invariants: each trip's effects
 // (travel_ledger) once and in order, compensation exactly for what was
-// held, the itinerary sent exactly for booked trips, every unit of every
+// held, the itinerary sent exactly for booked trips and the check-in
+// reminder for those departing within a day, every unit of every
 // flight, hotel and station on the shelf or held by a trip that kept it.
 func (r *run) checkTrips(ctx context.Context, rep *Report, orders []*order, sagas map[string]sagaRow) error {
 	ledger := map[string][]string{}
@@ -168,7 +167,7 @@ UNION SELECT trip_id FROM insurance_policies WHERE cancelled_at IS NULL`)
 }
 
 func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
-	kind, insured := tripKind(o.kind)
+	kind, insured := o.kind, o.insured
 	count := map[string]int{}
 	pos := map[string]int{}
 	for i, e := range effects {
@@ -206,6 +205,7 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 	before(effBought, effVoided)
 	before(effCharged, effConfirmed)
 	before(effConfirmed, effItinerary)
+	before(effItinerary, effReminded)
 	if insured {
 		before(effBought, effCharged)
 	} else if count[effBought] > 0 {
@@ -218,6 +218,9 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 			want = append(want, effBought)
 		}
 		want = append(want, effCharged, effConfirmed, effItinerary)
+		if o.remind {
+			want = append(want, effReminded)
+		}
 		got := slices.Clone(effects)
 		slices.Sort(got)
 		slices.Sort(want)
@@ -266,7 +269,7 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 		// Any prefix of the path may have happened; the checks above
 		// (once, in order) hold, and an operator decides the rest.
 	default:
-		if count[effItinerary] > 0 {
+		if count[effItinerary]+count[effReminded] > 0 {
 			rep.violate("trip %s sent its itinerary and ended %s: %v", o.id, sg.state, effects)
 		}
 	}

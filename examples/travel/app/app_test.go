@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/protosaga/saga/examples/travel/app"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
@@ -16,6 +17,7 @@ import (
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/retry"
 )
 
@@ -144,7 +146,10 @@ func TestBookTrip(t *testing.T) {
 
 	t.Run("InsuredTripIsBookedAndItsItinerarySent", func(t *testing.T) {
 		t.Parallel()
-		id := b.book(t, request("t-insured", true))
+		r := request("t-insured", true)
+		departure := time.Now().Add(6 * time.Hour).UTC().Truncate(time.Minute) // the reminder is due at once
+		r.Departure = timestamppb.New(departure)
+		id := b.book(t, r)
 		st := b.wait(t, id, tripv1.BookTripStateCompleted)
 		require.Equal(t, append(append([]step{}, reserved...),
 			step{From: "RESERVE_FLIGHT", To: "BUY_INSURANCE", Trigger: "FlightReserved", Class: "new"},
@@ -153,13 +158,13 @@ func TestBookTrip(t *testing.T) {
 			step{From: "CONFIRM_TRIP", To: "COMPLETED", Trigger: "TripConfirmed", Class: "new"},
 		), audittest.Path(t, b.trips.Engine(), id))
 		require.Equal(t, []string{"travellers:valid", "hotels:reserved", "cars:reserved", "flights:reserved",
-			"insurance:bought", "payments:charged", "trip:confirmed", "itinerary:sent"}, b.ledger(t, "t-insured", 8))
+			"insurance:bought", "payments:charged", "trip:confirmed", "itinerary:sent", "notifications:reminded"}, b.ledger(t, "t-insured", 9))
 		require.NotEmpty(t, st.Data.GetPolicyId())
 		require.NotEmpty(t, st.Data.GetChargeId())
 		require.Equal(t, []string{"car", "flight", "hotel"}, b.held(t, "t-insured"), "a booked trip keeps its holds")
 		var body string
 		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT body FROM itinerary_sent WHERE trip_id = 't-insured'`).Scan(&body))
-		require.Equal(t, "flight AF1234, hotel Hotel du Parc, car at LYS, insured", body)
+		require.Equal(t, "flight AF1234 on "+departure.Format("2006-01-02 15:04 MST")+", hotel Hotel du Parc, car at LYS, insured", body)
 	})
 
 	t.Run("UninsuredTripSkipsInsurance", func(t *testing.T) {
@@ -178,6 +183,13 @@ func TestBookTrip(t *testing.T) {
 		require.Equal(t, []string{"travellers:valid", "hotels:reserved", "cars:reserved", "flights:reserved",
 			"payments:charged", "trip:confirmed", "itinerary:sent"}, b.ledger(t, "t-uninsured", 7))
 		require.Empty(t, st.Data.GetPolicyId())
+		// The trip departs in 30 days: its reminder waits in PostgreSQL,
+		// due the day before (the only booked trip of the test departing
+		// that late).
+		var due time.Time
+		require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT deliver_at FROM saga_outbox_scheduled
+WHERE message_type = $1`, tripv1.CheckInReminderInfo.FullName).Scan(&due))
+		require.WithinDuration(t, st.Data.GetDeparture().AsTime().Add(-app.ReminderLead), due, time.Second)
 	})
 
 	t.Run("SoldOutFlightCancelsCarAndHotel", func(t *testing.T) {
@@ -223,6 +235,28 @@ func TestBookTrip(t *testing.T) {
 		require.Equal(t, []string{"travellers:rejected"}, b.ledger(t, "t-expired", 1))
 		require.Equal(t, "travellers: passport expired", st.Data.GetFailureReason())
 	})
+}
+
+// TestLateReminderExpires: a check-in reminder that reaches the
+// notifications service past its time_to_be_received (here: one that was
+// to be received an hour ago, as after an outage of the service) is parked
+// as expired, and no reminder is sent.
+func TestLateReminderExpires(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	env, err := message.New(&tripv1.CheckInReminder{TripId: "t-late", TravellerId: "tr-1", Flight: "AF1234"}, message.Meta{})
+	require.NoError(t, err)
+	message.SetExpiry(&env, time.Now().Add(-time.Hour))
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { return outbox.Enqueue(ctx, tx, env) }))
+	var queue, reason string
+	require.Eventually(t, func() bool {
+		err := b.pool.QueryRow(ctx, `SELECT queue, reason FROM saga_parked WHERE message_id = $1`, env.MessageID).Scan(&queue, &reason)
+		return err == nil
+	}, waitFor, 20*time.Millisecond)
+	require.Equal(t, "notifications.events.trip.v1", queue)
+	require.Contains(t, reason, "expired: message "+env.MessageID)
+	require.Empty(t, b.ledger(t, "t-late", 0))
 }
 
 // TestInvalidRequestStartsNoSaga: Start refuses a request without a flight.

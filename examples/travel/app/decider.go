@@ -41,6 +41,9 @@ func (Decider) Start(_ context.Context, r *tripv1.BookTripRequest) (*tripv1.Book
 	if r.GetPriceMinorUnits() <= 0 {
 		errs = append(errs, errors.New("price_minor_units is not positive"))
 	}
+	if !r.GetDeparture().IsValid() {
+		errs = append(errs, errors.New("departure is missing or invalid"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, retry.Permanent(fmt.Errorf("book trip %q: %w", r.GetTripId(), err))
 	}
@@ -56,6 +59,7 @@ func (Decider) Start(_ context.Context, r *tripv1.BookTripRequest) (*tripv1.Book
 		CardToken:       r.GetCardToken(),
 		PriceMinorUnits: r.GetPriceMinorUnits(),
 		Currency:        r.GetCurrency(),
+		Departure:       r.GetDeparture(),
 	}, nil
 }
 
@@ -124,7 +128,7 @@ func (Decider) BuildChargeTrip(_ context.Context, d *tripv1.BookTripData) (*paym
 func (Decider) BuildConfirmTrip(_ context.Context, d *tripv1.BookTripData) (*tripv1.ConfirmTrip, error) {
 	return &tripv1.ConfirmTrip{
 		TripId: d.GetTripId(), TravellerId: d.GetTravellerId(), Flight: d.GetFlight(), Hotel: d.GetHotel(),
-		CarStation: d.GetCarStation(), Insured: d.GetPolicyId() != "",
+		CarStation: d.GetCarStation(), Insured: d.GetPolicyId() != "", Departure: d.GetDeparture(),
 	}, nil
 }
 

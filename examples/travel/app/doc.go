@@ -14,7 +14,11 @@
 //     voids a policy; payments charge the trip (the pivot); trip records
 //     the booked trip and publishes TripBooked in the same transaction.
 //   - Itinerary: the subscriber of TripBooked (choreography): it sends the
-//     traveller the itinerary, once per trip.
+//     traveller the itinerary, once per trip, and schedules the check-in
+//     reminder for the day before the flight (ScheduleCheckInReminder: the
+//     message waits in PostgreSQL until due).
+//   - Notifications: the subscriber of CheckInReminder: it sends the
+//     reminder; one handled after check-in closed is parked as expired.
 //   - Migrations: the services' own tables, and travel_ledger, the journal
 //     of every business effect.
 //

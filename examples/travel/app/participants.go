@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -304,7 +305,7 @@ func (Trip) ConfirmTrip(ctx context.Context, tx pgx.Tx, cmd *tripv1.ConfirmTrip)
 	}
 	if _, err := tripv1.PublishTripBooked(ctx, tx, &tripv1.TripBooked{
 		TripId: tripID, TravellerId: cmd.GetTravellerId(), Flight: cmd.GetFlight(), Hotel: cmd.GetHotel(),
-		CarStation: cmd.GetCarStation(), Insured: cmd.GetInsured(),
+		CarStation: cmd.GetCarStation(), Insured: cmd.GetInsured(), Departure: cmd.GetDeparture(),
 	}, message.Meta{}); err != nil {
 		return nil, fmt.Errorf("trip: publish TripBooked of trip %s: %w", tripID, err)
 	}
@@ -314,19 +315,31 @@ func (Trip) ConfirmTrip(ctx context.Context, tx pgx.Tx, cmd *tripv1.ConfirmTrip)
 	return &tripv1.TripConfirmed{TripId: tripID}, nil
 }
 
+// ReminderLead is how long before departure the check-in reminder is due.
+const ReminderLead = 24 * time.Hour
+
 // Itinerary is the itinerary service, a subscriber of TripBooked: it sends
-// the traveller the itinerary. The host's consumer dedupes each event by
-// message id, so a redelivered TripBooked sends nothing twice.
+// the traveller the itinerary and schedules the check-in reminder. The
+// host's consumer dedupes each event by message id, so a redelivered
+// TripBooked sends nothing twice.
 type Itinerary struct{}
 
 var _ tripv1.ItinerarySubscriber = Itinerary{}
 
-// TripBooked writes the itinerary and records that it was sent.
+// TripBooked writes the itinerary, records that it was sent, and schedules
+// the check-in reminder for ReminderLead before departure (published at
+// once when that is past), all in the event's transaction.
 func (Itinerary) TripBooked(ctx context.Context, tx pgx.Tx, e *tripv1.TripBooked) error {
 	tripID := e.GetTripId()
-	body := fmt.Sprintf("flight %s, hotel %s, car at %s", e.GetFlight(), e.GetHotel(), e.GetCarStation())
+	departure := e.GetDeparture().AsTime()
+	body := fmt.Sprintf("flight %s on %s, hotel %s, car at %s", e.GetFlight(), departure.UTC().Format("2006-01-02 15:04 MST"), e.GetHotel(), e.GetCarStation())
 	if e.GetInsured() {
 		body += ", insured"
+	}
+	if _, err := tripv1.ScheduleCheckInReminder(ctx, tx, &tripv1.CheckInReminder{
+		TripId: tripID, TravellerId: e.GetTravellerId(), Flight: e.GetFlight(), Departure: e.GetDeparture(),
+	}, message.Meta{}, departure.Add(-ReminderLead)); err != nil {
+		return fmt.Errorf("itinerary: schedule the check-in reminder of trip %s: %w", tripID, err)
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO itinerary_sent (trip_id, traveller_id, body) VALUES ($1, $2, $3)`,
 		tripID, e.GetTravellerId(), body); err != nil {
@@ -335,6 +348,28 @@ func (Itinerary) TripBooked(ctx context.Context, tx pgx.Tx, e *tripv1.TripBooked
 	if _, err := tx.Exec(ctx, `INSERT INTO travel_ledger (trip_id, service, effect, detail) VALUES ($1, 'itinerary', 'sent', $2)`,
 		tripID, body); err != nil {
 		return fmt.Errorf("itinerary: journal the itinerary of trip %s: %w", tripID, err)
+	}
+	return nil
+}
+
+// Notifications is the notifications service, a subscriber of
+// CheckInReminder: it reminds the traveller to check in, once per trip. A
+// reminder handled too late never gets here: the consumer parks it as
+// expired (the event's time_to_be_received).
+type Notifications struct{}
+
+var _ tripv1.NotificationsSubscriber = Notifications{}
+
+// CheckInReminder records the reminder as sent.
+func (Notifications) CheckInReminder(ctx context.Context, tx pgx.Tx, e *tripv1.CheckInReminder) error {
+	tripID := e.GetTripId()
+	if _, err := tx.Exec(ctx, `INSERT INTO checkin_reminders (trip_id, traveller_id, flight) VALUES ($1, $2, $3)`,
+		tripID, e.GetTravellerId(), e.GetFlight()); err != nil {
+		return fmt.Errorf("notifications: send the check-in reminder of trip %s: %w", tripID, err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO travel_ledger (trip_id, service, effect, detail) VALUES ($1, 'notifications', 'reminded', $2)`,
+		tripID, e.GetFlight()); err != nil {
+		return fmt.Errorf("notifications: journal the check-in reminder of trip %s: %w", tripID, err)
 	}
 	return nil
 }

@@ -22,15 +22,16 @@ import (
 var migrationsFS embed.FS
 
 // Migrations holds the travel services' own tables (profiles, inventory,
-// holds, policies, charges, bookings, itineraries and the travel_ledger
-// journal).
+// holds, policies, charges, bookings, itineraries, check-in reminders and
+// the travel_ledger journal).
 func Migrations() schema.Source {
 	sub, _ := fs.Sub(migrationsFS, "migrations") // a constant directory of the embedded tree
 	return schema.Source{Name: "travel", FS: sub}
 }
 
 // RegisterServices registers the travel services on h: their tables, the
-// participants and the itinerary subscriber, without the saga.
+// participants and the itinerary and notifications subscribers, without
+// the saga.
 func RegisterServices(h *host.Host) error {
 	return errors.Join(
 		h.AddMigrations(Migrations()),
@@ -42,6 +43,7 @@ func RegisterServices(h *host.Host) error {
 		paymentv1.RegisterPaymentsParticipant(h, Payments{}),
 		tripv1.RegisterTripParticipant(h, Trip{}),
 		tripv1.RegisterItinerarySubscriber(h, Itinerary{}),
+		tripv1.RegisterNotificationsSubscriber(h, Notifications{}),
 	)
 }
 

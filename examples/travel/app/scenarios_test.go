@@ -2,6 +2,9 @@ package app_test
 
 import (
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/protosaga/saga/examples/travel/app"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
@@ -19,11 +22,12 @@ func TestBookTripScenarios(t *testing.T) {
 	}
 }
 
-// request is a valid booking request for trip id.
+// request is a valid booking request for trip id, departing in 30 days.
 func request(id string, insured bool) *tripv1.BookTripRequest {
 	return &tripv1.BookTripRequest{
 		TripId: id, TravellerId: "tr-" + id, PassportNumber: "P" + id,
 		Flight: "AF1234", Hotel: "Hotel du Parc", Nights: 3, CarStation: "LYS",
 		Insurance: insured, CardToken: "tok_visa", PriceMinorUnits: 128000, Currency: "EUR",
+		Departure: timestamppb.New(time.Now().Add(30 * 24 * time.Hour)),
 	}
 }

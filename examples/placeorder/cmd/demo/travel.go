@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	travelapp "github.com/protosaga/saga/examples/travel/app"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
@@ -25,7 +27,10 @@ type tripScenario struct {
 const soldOutFlight = "XX0000"
 
 var tripScenarios = []tripScenario{
-	{"booked, insured", tripv1.BookTripStateCompleted, func(r *tripv1.BookTripRequest) { r.Insurance = true }},
+	{"booked, insured", tripv1.BookTripStateCompleted, func(r *tripv1.BookTripRequest) {
+		// Departs within a day: the check-in reminder is due at once.
+		r.Insurance, r.Departure = true, timestamppb.New(time.Now().Add(6*time.Hour))
+	}},
 	{"booked, insurance skipped", tripv1.BookTripStateCompleted, nil},
 	{"flight sold out", tripv1.BookTripStateFailed, func(r *tripv1.BookTripRequest) { r.Flight = soldOutFlight }},
 	{"card declined", tripv1.BookTripStateFailed, func(r *tripv1.BookTripRequest) {
@@ -72,6 +77,7 @@ func (d *demo) travel(ctx context.Context, n int) ([]string, error) {
 			TripId: t.id, TravellerId: fmt.Sprintf("tr-%d", i%7), PassportNumber: fmt.Sprintf("P%07d", i),
 			Flight: "AF1234", Hotel: "Hotel du Parc", Nights: 3, CarStation: "LYS",
 			CardToken: "tok_visa", PriceMinorUnits: 128000, Currency: "EUR",
+			Departure: timestamppb.New(time.Now().Add(30 * 24 * time.Hour)),
 		}
 		if sc.edit != nil {
 			sc.edit(req)
@@ -96,17 +102,22 @@ WHERE business_key = ANY($1) AND state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED
 	if err != nil && ctx.Err() != nil {
 		return nil, err
 	}
-	// The itinerary service handles TripBooked after the saga completed.
-	itineraries := 0
-	wantItineraries := 0
+	// The itinerary service handles TripBooked after the saga completed,
+	// and the notifications service the reminders due at once.
+	itineraries, reminders := 0, 0
+	wantItineraries, wantReminders := 0, 0
 	for _, t := range d.tripList {
 		if t.scenario.want == tripv1.BookTripStateCompleted {
 			wantItineraries++
 		}
+		if t.scenario.name == "booked, insured" {
+			wantReminders++
+		}
 	}
-	_ = d.until(ctx, "the itineraries", func() (bool, error) {
-		err := d.pool.QueryRow(ctx, `SELECT count(*) FROM itinerary_sent WHERE trip_id = ANY($1)`, ids).Scan(&itineraries)
-		return itineraries >= wantItineraries, err
+	_ = d.until(ctx, "the itineraries and reminders", func() (bool, error) {
+		err := d.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM itinerary_sent WHERE trip_id = ANY($1)),
+  (SELECT count(*) FROM checkin_reminders WHERE trip_id = ANY($1))`, ids).Scan(&itineraries, &reminders)
+		return itineraries >= wantItineraries && reminders >= wantReminders, err
 	})
 
 	rows, err := d.pool.Query(ctx, `SELECT business_key, state FROM saga_book_trip WHERE business_key = ANY($1)`, ids)
@@ -142,6 +153,9 @@ WHERE business_key = ANY($1) AND state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED
 	}
 	if itineraries != wantItineraries {
 		problems = append(problems, fmt.Sprintf("%d itineraries sent for %d booked trips", itineraries, wantItineraries))
+	}
+	if reminders != wantReminders {
+		problems = append(problems, fmt.Sprintf("%d check-in reminders sent for %d booked trips departing within a day", reminders, wantReminders))
 	}
 	var skipped int
 	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM saga_audit a JOIN saga_book_trip s ON s.id = a.saga_id
@@ -183,6 +197,9 @@ WHERE s.business_key = ANY($1) AND a.note LIKE '%skipped conditional step BuyIns
 	_ = tw.Flush()
 	fmt.Fprintf(d.out, "  insurance skipped by the decider: %d (audited: \"skipped conditional step BuyInsurance: travel insurance not requested\")\n", skipped)
 	fmt.Fprintf(d.out, "  itineraries sent: %d (the itinerary service's subscriber of TripBooked, once per booked trip)\n", itineraries)
+	fmt.Fprintf(d.out, "  check-in reminders sent: %d (the trips departing within a day; the itinerary service schedules each for the day\n"+
+		"    before the flight: the others wait in saga_outbox_scheduled, and one handled 23 h after it was due is parked as expired)\n",
+		reminders)
 	if t := example["card declined"]; t != nil {
 		fmt.Fprintf(d.out, `  Where to look (psql "%[3]s")
     SELECT state, count(*) FROM saga_book_trip WHERE business_key LIKE '%[1]s-t%%' GROUP BY 1;

@@ -67,7 +67,7 @@ func drive(ctx context.Context) int {
 	var tripShare float64
 	flag.IntVar(&cfg.Sagas, "sagas", 2000, "Place Order sagas per run")
 	flag.Float64Var(&tripShare, "trips", 0.5, "Book Trip sagas (the travel example) per run, started alongside, as a share of -sagas")
-	flag.Float64Var(&cfg.Rate, "rate", 40, "sagas started per second")
+	flag.Float64Var(&cfg.Rate, "rate", 40, "sagas started per second (Place Order and Book Trip together)")
 	flag.Uint64Var(&cfg.Seed, "seed", 0, "seed (0: from the clock; run i uses seed+i)")
 	flag.IntVar(&cfg.Relays, "relays", 2, "relay processes")
 	flag.IntVar(&cfg.Orchestrators, "orchestrators", 2, "orchestrator processes")

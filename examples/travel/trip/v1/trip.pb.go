@@ -3,8 +3,10 @@
 // insurance when the traveller asked for it (a conditional step the decider
 // skips otherwise), charge the trip (the pivot) and confirm it (a retriable
 // step). Confirming publishes TripBooked, an event the itinerary service
-// subscribes to: it sends the traveller the itinerary (choreography, no
-// step of the saga).
+// subscribes to: it sends the traveller the itinerary and schedules a
+// check-in reminder for the day before the flight (choreography, no step of
+// the saga; the reminder waits in PostgreSQL until it is due, and expires
+// unhandled once check-in has closed).
 //
 // A flight that is sold out compensates the car and the hotel; a declined
 // card compensates the insurance, the flight, the car and the hotel, in
@@ -27,6 +29,7 @@ import (
 	_ "github.com/protosaga/saga/options/saga/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -53,6 +56,7 @@ type BookTripRequest struct {
 	CardToken       string                 `protobuf:"bytes,9,opt,name=card_token,json=cardToken,proto3" json:"card_token,omitempty"`
 	PriceMinorUnits int64                  `protobuf:"varint,10,opt,name=price_minor_units,json=priceMinorUnits,proto3" json:"price_minor_units,omitempty"`
 	Currency        string                 `protobuf:"bytes,11,opt,name=currency,proto3" json:"currency,omitempty"`
+	Departure       *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=departure,proto3" json:"departure,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -164,6 +168,13 @@ func (x *BookTripRequest) GetCurrency() string {
 	return ""
 }
 
+func (x *BookTripRequest) GetDeparture() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Departure
+	}
+	return nil
+}
+
 // ConfirmTrip is the booking service's own step after the charge: it
 // records the booked trip and announces it (TripBooked).
 type ConfirmTrip struct {
@@ -174,6 +185,7 @@ type ConfirmTrip struct {
 	Hotel         string                 `protobuf:"bytes,4,opt,name=hotel,proto3" json:"hotel,omitempty"`
 	CarStation    string                 `protobuf:"bytes,5,opt,name=car_station,json=carStation,proto3" json:"car_station,omitempty"`
 	Insured       bool                   `protobuf:"varint,6,opt,name=insured,proto3" json:"insured,omitempty"`
+	Departure     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=departure,proto3" json:"departure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -250,6 +262,13 @@ func (x *ConfirmTrip) GetInsured() bool {
 	return false
 }
 
+func (x *ConfirmTrip) GetDeparture() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Departure
+	}
+	return nil
+}
+
 // TripConfirmed: the trip is booked.
 type TripConfirmed struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -305,6 +324,7 @@ type TripBooked struct {
 	Hotel         string                 `protobuf:"bytes,4,opt,name=hotel,proto3" json:"hotel,omitempty"`
 	CarStation    string                 `protobuf:"bytes,5,opt,name=car_station,json=carStation,proto3" json:"car_station,omitempty"`
 	Insured       bool                   `protobuf:"varint,6,opt,name=insured,proto3" json:"insured,omitempty"`
+	Departure     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=departure,proto3" json:"departure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -381,6 +401,86 @@ func (x *TripBooked) GetInsured() bool {
 	return false
 }
 
+func (x *TripBooked) GetDeparture() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Departure
+	}
+	return nil
+}
+
+// CheckInReminder reminds the traveller to check in. The itinerary service
+// schedules it (ScheduleCheckInReminder) for the day before the flight when
+// it sends the itinerary; the notifications service sends it. Check-in
+// closes before departure, so a reminder not handled within 23 hours of
+// being due is parked as expired instead of sent.
+type CheckInReminder struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TripId        string                 `protobuf:"bytes,1,opt,name=trip_id,json=tripId,proto3" json:"trip_id,omitempty"`
+	TravellerId   string                 `protobuf:"bytes,2,opt,name=traveller_id,json=travellerId,proto3" json:"traveller_id,omitempty"`
+	Flight        string                 `protobuf:"bytes,3,opt,name=flight,proto3" json:"flight,omitempty"`
+	Departure     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=departure,proto3" json:"departure,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckInReminder) Reset() {
+	*x = CheckInReminder{}
+	mi := &file_trip_v1_trip_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckInReminder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckInReminder) ProtoMessage() {}
+
+func (x *CheckInReminder) ProtoReflect() protoreflect.Message {
+	mi := &file_trip_v1_trip_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckInReminder.ProtoReflect.Descriptor instead.
+func (*CheckInReminder) Descriptor() ([]byte, []int) {
+	return file_trip_v1_trip_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CheckInReminder) GetTripId() string {
+	if x != nil {
+		return x.TripId
+	}
+	return ""
+}
+
+func (x *CheckInReminder) GetTravellerId() string {
+	if x != nil {
+		return x.TravellerId
+	}
+	return ""
+}
+
+func (x *CheckInReminder) GetFlight() string {
+	if x != nil {
+		return x.Flight
+	}
+	return ""
+}
+
+func (x *CheckInReminder) GetDeparture() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Departure
+	}
+	return nil
+}
+
 // BookTripData is the saga's instance data. The reservations' max_attempts
 // bound their compensations: a cancellation is resent (same idempotency
 // key) up to 5 times before the saga goes to manual review.
@@ -403,13 +503,14 @@ type BookTripData struct {
 	PolicyId        string                 `protobuf:"bytes,15,opt,name=policy_id,json=policyId,proto3" json:"policy_id,omitempty"`
 	ChargeId        string                 `protobuf:"bytes,16,opt,name=charge_id,json=chargeId,proto3" json:"charge_id,omitempty"`
 	FailureReason   string                 `protobuf:"bytes,17,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
+	Departure       *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=departure,proto3" json:"departure,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BookTripData) Reset() {
 	*x = BookTripData{}
-	mi := &file_trip_v1_trip_proto_msgTypes[4]
+	mi := &file_trip_v1_trip_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +522,7 @@ func (x *BookTripData) String() string {
 func (*BookTripData) ProtoMessage() {}
 
 func (x *BookTripData) ProtoReflect() protoreflect.Message {
-	mi := &file_trip_v1_trip_proto_msgTypes[4]
+	mi := &file_trip_v1_trip_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +535,7 @@ func (x *BookTripData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BookTripData.ProtoReflect.Descriptor instead.
 func (*BookTripData) Descriptor() ([]byte, []int) {
-	return file_trip_v1_trip_proto_rawDescGZIP(), []int{4}
+	return file_trip_v1_trip_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BookTripData) GetTripId() string {
@@ -556,11 +657,18 @@ func (x *BookTripData) GetFailureReason() string {
 	return ""
 }
 
+func (x *BookTripData) GetDeparture() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Departure
+	}
+	return nil
+}
+
 var File_trip_v1_trip_proto protoreflect.FileDescriptor
 
 const file_trip_v1_trip_proto_rawDesc = "" +
 	"\n" +
-	"\x12trip/v1/trip.proto\x12\atrip.v1\x1a\x12saga/v1/saga.proto\x1a\x1cinsurance/v1/insurance.proto\x1a\x18payment/v1/payment.proto\x1a reservation/v1/reservation.proto\x1a\x1ctraveller/v1/traveller.proto\"\x99\x03\n" +
+	"\x12trip/v1/trip.proto\x12\atrip.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x12saga/v1/saga.proto\x1a\x1cinsurance/v1/insurance.proto\x1a\x18payment/v1/payment.proto\x1a reservation/v1/reservation.proto\x1a\x1ctraveller/v1/traveller.proto\"\xd3\x03\n" +
 	"\x0fBookTripRequest\x12\x17\n" +
 	"\atrip_id\x18\x01 \x01(\tR\x06tripId\x12!\n" +
 	"\ftraveller_id\x18\x02 \x01(\tR\vtravellerId\x12'\n" +
@@ -575,8 +683,9 @@ const file_trip_v1_trip_proto_rawDesc = "" +
 	"card_token\x18\t \x01(\tR\tcardToken\x12*\n" +
 	"\x11price_minor_units\x18\n" +
 	" \x01(\x03R\x0fpriceMinorUnits\x12\x1a\n" +
-	"\bcurrency\x18\v \x01(\tR\bcurrency:5\xe2\xdd\x191\b\x01\"\atrip_id*\atrip_id2\x0fpassport_number2\n" +
-	"card_token\"\xd2\x01\n" +
+	"\bcurrency\x18\v \x01(\tR\bcurrency\x128\n" +
+	"\tdeparture\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:5\xe2\xdd\x191\b\x01\"\atrip_id*\atrip_id2\x0fpassport_number2\n" +
+	"card_token\"\x8c\x02\n" +
 	"\vConfirmTrip\x12\x17\n" +
 	"\atrip_id\x18\x01 \x01(\tR\x06tripId\x12!\n" +
 	"\ftraveller_id\x18\x02 \x01(\tR\vtravellerId\x12\x16\n" +
@@ -584,9 +693,10 @@ const file_trip_v1_trip_proto_rawDesc = "" +
 	"\x05hotel\x18\x04 \x01(\tR\x05hotel\x12\x1f\n" +
 	"\vcar_station\x18\x05 \x01(\tR\n" +
 	"carStation\x12\x18\n" +
-	"\ainsured\x18\x06 \x01(\bR\ainsured:\x1e\xe2\xdd\x19\x1a\b\x01\"\atrip_id*\atrip_idB\x04trip\"9\n" +
+	"\ainsured\x18\x06 \x01(\bR\ainsured\x128\n" +
+	"\tdeparture\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:\x1e\xe2\xdd\x19\x1a\b\x01\"\atrip_id*\atrip_idB\x04trip\"9\n" +
 	"\rTripConfirmed\x12\x17\n" +
-	"\atrip_id\x18\x01 \x01(\tR\x06tripId:\x0f\xe2\xdd\x19\v\b\x03*\atrip_id\"\xcd\x01\n" +
+	"\atrip_id\x18\x01 \x01(\tR\x06tripId:\x0f\xe2\xdd\x19\v\b\x03*\atrip_id\"\x87\x02\n" +
 	"\n" +
 	"TripBooked\x12\x17\n" +
 	"\atrip_id\x18\x01 \x01(\tR\x06tripId\x12!\n" +
@@ -595,7 +705,13 @@ const file_trip_v1_trip_proto_rawDesc = "" +
 	"\x05hotel\x18\x04 \x01(\tR\x05hotel\x12\x1f\n" +
 	"\vcar_station\x18\x05 \x01(\tR\n" +
 	"carStation\x12\x18\n" +
-	"\ainsured\x18\x06 \x01(\bR\ainsured:\x1a\xe2\xdd\x19\x16\b\x02*\atrip_idR\titinerary\"\x97\f\n" +
+	"\ainsured\x18\x06 \x01(\bR\ainsured\x128\n" +
+	"\tdeparture\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:\x1a\xe2\xdd\x19\x16\b\x02*\atrip_idR\titinerary\"\xc4\x01\n" +
+	"\x0fCheckInReminder\x12\x17\n" +
+	"\atrip_id\x18\x01 \x01(\tR\x06tripId\x12!\n" +
+	"\ftraveller_id\x18\x02 \x01(\tR\vtravellerId\x12\x16\n" +
+	"\x06flight\x18\x03 \x01(\tR\x06flight\x128\n" +
+	"\tdeparture\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:#\xe2\xdd\x19\x1f\b\x02*\atrip_idR\rnotificationsb\x0323h\"\xd1\f\n" +
 	"\fBookTripData\x12\x17\n" +
 	"\atrip_id\x18\x01 \x01(\tR\x06tripId\x12!\n" +
 	"\ftraveller_id\x18\x02 \x01(\tR\vtravellerId\x12'\n" +
@@ -618,7 +734,8 @@ const file_trip_v1_trip_proto_rawDesc = "" +
 	"\vcar_hold_id\x18\x0e \x01(\tR\tcarHoldId\x12\x1b\n" +
 	"\tpolicy_id\x18\x0f \x01(\tR\bpolicyId\x12\x1b\n" +
 	"\tcharge_id\x18\x10 \x01(\tR\bchargeId\x12%\n" +
-	"\x0efailure_reason\x18\x11 \x01(\tR\rfailureReason:\xf0\a\xea\xdd\x19\xeb\a\x12\x0fBookTripRequest\x1a\atrip_id\"\x021h2}\n" +
+	"\x0efailure_reason\x18\x11 \x01(\tR\rfailureReason\x128\n" +
+	"\tdeparture\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:\xf0\a\xea\xdd\x19\xeb\a\x12\x0fBookTripRequest\x1a\atrip_id\"\x021h2}\n" +
 	"\x11ValidateTraveller\x10\x04\x1a\x1etraveller.v1.ValidateTraveller\"\x1btraveller.v1.TravellerValid*\x1etraveller.v1.TravellerRejectedJ\x0330sP\x02X\x03`\x032\xb2\x01\n" +
 	"\fReserveHotel\x10\x01\x1a\x1breservation.v1.ReserveHotel\"\x1creservation.v1.HotelReserved*\x1freservation.v1.HotelUnavailable2\x1areservation.v1.CancelHotel:\x1dreservation.v1.HotelCancelledJ\x0330sP\x01X\x05`\x022\xa6\x01\n" +
 	"\n" +
@@ -641,20 +758,27 @@ func file_trip_v1_trip_proto_rawDescGZIP() []byte {
 	return file_trip_v1_trip_proto_rawDescData
 }
 
-var file_trip_v1_trip_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_trip_v1_trip_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_trip_v1_trip_proto_goTypes = []any{
-	(*BookTripRequest)(nil), // 0: trip.v1.BookTripRequest
-	(*ConfirmTrip)(nil),     // 1: trip.v1.ConfirmTrip
-	(*TripConfirmed)(nil),   // 2: trip.v1.TripConfirmed
-	(*TripBooked)(nil),      // 3: trip.v1.TripBooked
-	(*BookTripData)(nil),    // 4: trip.v1.BookTripData
+	(*BookTripRequest)(nil),       // 0: trip.v1.BookTripRequest
+	(*ConfirmTrip)(nil),           // 1: trip.v1.ConfirmTrip
+	(*TripConfirmed)(nil),         // 2: trip.v1.TripConfirmed
+	(*TripBooked)(nil),            // 3: trip.v1.TripBooked
+	(*CheckInReminder)(nil),       // 4: trip.v1.CheckInReminder
+	(*BookTripData)(nil),          // 5: trip.v1.BookTripData
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
 }
 var file_trip_v1_trip_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	6, // 0: trip.v1.BookTripRequest.departure:type_name -> google.protobuf.Timestamp
+	6, // 1: trip.v1.ConfirmTrip.departure:type_name -> google.protobuf.Timestamp
+	6, // 2: trip.v1.TripBooked.departure:type_name -> google.protobuf.Timestamp
+	6, // 3: trip.v1.CheckInReminder.departure:type_name -> google.protobuf.Timestamp
+	6, // 4: trip.v1.BookTripData.departure:type_name -> google.protobuf.Timestamp
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_trip_v1_trip_proto_init() }
@@ -668,7 +792,7 @@ func file_trip_v1_trip_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_trip_v1_trip_proto_rawDesc), len(file_trip_v1_trip_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

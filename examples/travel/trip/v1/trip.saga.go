@@ -63,6 +63,40 @@ func ScheduleBookTripRequest(ctx context.Context, tx pgx.Tx, m *BookTripRequest,
 	return service.Schedule(ctx, tx, m, meta, at)
 }
 
+// CheckInReminderInfo describes the event trip.v1.CheckInReminder.
+var CheckInReminderInfo = &message.Info{
+	FullName:         "trip.v1.CheckInReminder",
+	Kind:             message.KindEvent,
+	Exchange:         "trip.v1.events",
+	RoutingKey:       "event.trip.v1.check-in-reminder",
+	SchemaVersion:    1,
+	TimeToBeReceived: 23 * time.Hour,
+	New:              func() message.Message { return new(CheckInReminder) },
+}
+
+// SagaMessageInfo returns CheckInReminderInfo.
+func (*CheckInReminder) SagaMessageInfo() *message.Info { return CheckInReminderInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*CheckInReminder) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *CheckInReminder) CorrelationKey() string { return x.GetTripId() }
+
+// PublishCheckInReminder writes m to the outbox in the caller's transaction; the relay
+// publishes it to "trip.v1.events" with routing key "event.trip.v1.check-in-reminder" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishCheckInReminder(ctx context.Context, tx pgx.Tx, m *CheckInReminder, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleCheckInReminder writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishCheckInReminder would. It returns the message id.
+func ScheduleCheckInReminder(ctx context.Context, tx pgx.Tx, m *CheckInReminder, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // ConfirmTripInfo describes the command trip.v1.ConfirmTrip.
 var ConfirmTripInfo = &message.Info{
 	FullName:      "trip.v1.ConfirmTrip",
@@ -252,6 +286,47 @@ func RegisterItinerarySubscriber(h service.Registrar, impl ItinerarySubscriber) 
 	})
 }
 
+// NotificationsSubscriber handles the events service "notifications" subscribes to.
+// Each method runs in the consumer's transaction: write the service's own tables
+// and publish what the event causes with tx (Publish<Msg> with
+// subscriber.Meta(ctx) continues the event's conversation); all of it commits
+// together, once per event message id. An error rolls it back: the consumer
+// retries the event through its retry tiers, then parks it (at once for a
+// retry.Permanent error). Registered with RegisterNotificationsSubscriber.
+type NotificationsSubscriber interface {
+	// CheckInReminder handles the event trip.v1.CheckInReminder.
+	CheckInReminder(ctx context.Context, tx pgx.Tx, event *CheckInReminder) error
+}
+
+// NotificationsSubscriberFunc returns a service.SubscriberFunc that dispatches to impl each event
+// service "notifications" subscribes to, for wiring a consumer by hand
+// (subscriber.Handler); RegisterNotificationsSubscriber does that for a host.
+func NotificationsSubscriberFunc(impl NotificationsSubscriber) service.SubscriberFunc {
+	return func(ctx context.Context, tx pgx.Tx, event message.Message) error {
+		switch e := event.(type) {
+		case *CheckInReminder:
+			return impl.CheckInReminder(ctx, tx, e)
+		default:
+			return service.UnexpectedEvent("notifications", event)
+		}
+	}
+}
+
+// RegisterNotificationsSubscriber registers impl on h (a runtime/host Host) as the subscriber of service "notifications":
+// h consumes "notifications.events.trip.v1", bound to the events it subscribes to, and runs
+// each event once per message id in the consumer's transaction.
+func RegisterNotificationsSubscriber(h service.Registrar, impl NotificationsSubscriber) error {
+	if impl == nil {
+		return h.Fail(errors.New("service notifications: subscriber is nil"))
+	}
+	return h.AddSubscriber(service.Subscriber{
+		Service: "notifications",
+		Queue:   "notifications.events.trip.v1",
+		Package: SagaPackage(),
+		Func:    NotificationsSubscriberFunc(impl),
+	})
+}
+
 // Topology returns the RabbitMQ topology this package's contract needs:
 // its exchanges (direct, or topic where an event is published), the work
 // queues of its participants, subscribers and sagas (quorum
@@ -280,11 +355,13 @@ var TopologyPlan = broker.Plan{
 	},
 	WorkQueues: []string{
 		"itinerary.events.trip.v1",
+		"notifications.events.trip.v1",
 		"trip.commands",
 		"trip.saga.book_trip",
 	},
 	Bindings: []broker.Binding{
 		{Queue: "itinerary.events.trip.v1", Exchange: "trip.v1.events", RoutingKey: "event.trip.v1.trip-booked"},
+		{Queue: "notifications.events.trip.v1", Exchange: "trip.v1.events", RoutingKey: "event.trip.v1.check-in-reminder"},
 		{Queue: "trip.commands", Exchange: "trip.v1.commands", RoutingKey: "command.trip.v1.confirm-trip"},
 		{Queue: "trip.saga.book_trip", Exchange: "insurance.v1.replies", RoutingKey: "reply.insurance.v1.insurance-bought"},
 		{Queue: "trip.saga.book_trip", Exchange: "insurance.v1.replies", RoutingKey: "reply.insurance.v1.insurance-cancelled"},
@@ -311,7 +388,7 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/travel/trip/v1",
-		Messages: []*message.Info{BookTripRequestInfo, ConfirmTripInfo, TripBookedInfo, TripConfirmedInfo},
+		Messages: []*message.Info{BookTripRequestInfo, CheckInReminderInfo, ConfirmTripInfo, TripBookedInfo, TripConfirmedInfo},
 		Topology: TopologyPlan.Topology,
 	}
 }
