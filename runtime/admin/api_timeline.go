@@ -80,6 +80,10 @@ type Position struct {
 	LateReply        string     `json:"late_reply,omitempty"`
 	// Remaining lists the steps after the current one, in order.
 	Remaining []string `json:"remaining,omitempty"`
+	// Group is the parallel group the saga waits on, and Members its
+	// members still waiting, each with its pending command.
+	Group   string       `json:"group,omitempty"`
+	Members []MemberView `json:"members,omitempty"`
 	// Next lists the transitions the definition allows from this state.
 	Next []TransitionView `json:"next,omitempty"`
 }

@@ -274,6 +274,8 @@ func position(def *sagadef.Definition, st saga.Status, hist []saga.AuditRecord) 
 		if len(p.Remaining) > 0 {
 			p.Summary += "; then " + strings.Join(p.Remaining, ", ")
 		}
+	case sagadef.StateKindGroup:
+		groupPosition(def, &p, state.Group, st.Progress.Group, since)
 	case sagadef.StateKindCompensating:
 		p.WaitingFor = append([]string{step.CompensationReply}, step.CompensationFailureReplies...)
 		p.Summary = fmt.Sprintf("compensating %s: waits for %s since %s, attempt %d of %d", step.Name, short(step.CompensationReply), since, p.Attempt, p.MaxAttempts)

@@ -205,8 +205,8 @@ type Engine struct {
 	def      *sagadef.Definition
 	table    string // quoted identifier
 	terminal []string
-	// clocked are the states a timeout or the deadline acts on (step and
-	// compensating states) that this definition knows: the scanner claims
+	// clocked are the states a timeout or the deadline acts on (step,
+	// group and compensating states) that this definition knows: the scanner claims
 	// only those, so a state another release of the definition added is
 	// left to that release's scanners.
 	clocked   []string
@@ -243,7 +243,7 @@ func New(cfg Config) (*Engine, error) {
 		switch s.Kind {
 		case sagadef.StateKindTerminal:
 			e.terminal = append(e.terminal, s.Name)
-		case sagadef.StateKindStep, sagadef.StateKindCompensating:
+		case sagadef.StateKindStep, sagadef.StateKindGroup, sagadef.StateKindCompensating:
 			e.clocked = append(e.clocked, s.Name)
 		}
 	}

@@ -53,7 +53,7 @@ var (
 	msgNotifyCustomer     = newInfo("NotifyCustomer", message.KindCommand) // a step a later release adds
 	msgCustomerNotified   = newInfo("CustomerNotified", message.KindReply)
 	msgCancelOrder        = newCancelInfo()
-	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder}
+	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder, msgReserveCredit, msgCreditReserved, msgCreditRefused, msgReleaseCredit, msgCreditReleased}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour
@@ -192,6 +192,9 @@ type defOptions struct {
 	// conditionalReserve makes ReserveInventory conditional; the test
 	// hooks skip it for orders whose id starts with "skip-".
 	conditionalReserve bool
+	// group runs ReserveInventory and ReserveCredit as the parallel group
+	// ReserveStock (see groupReserve).
+	group bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -272,6 +275,9 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	}
 	if o.conditionalReserve {
 		def.Steps[0].Conditional = true
+	}
+	if o.group {
+		groupReserve(def)
 	}
 	if o.cancel {
 		def.Cancel = sagadef.Cancel{Message: msgCancelOrder.FullName, RequestedBy: "request_type_url", Reason: "response_type_url"}

@@ -38,12 +38,23 @@ type StuckRule struct {
 func NewStuckRule(def *sagadef.Definition, grace time.Duration) StuckRule {
 	r := StuckRule{grace: max(grace, 0)}
 	for _, s := range def.States {
-		if s.Kind != sagadef.StateKindStep && s.Kind != sagadef.StateKindCompensating {
+		var timeout time.Duration
+		switch s.Kind {
+		case sagadef.StateKindStep, sagadef.StateKindCompensating:
+			step, _ := def.LookupStep(s.Step) // Compile requires every step's timeout
+			timeout = step.Timeout
+		case sagadef.StateKindGroup:
+			// A group waits at most its own timeout (Compile requires one).
+			for _, g := range def.Groups {
+				if g.Name == s.Group {
+					timeout = g.Timeout
+				}
+			}
+		default:
 			continue
 		}
-		step, _ := def.LookupStep(s.Step) // Compile requires every step's timeout
 		r.states = append(r.states, s.Name)
-		r.limits = append(r.limits, step.Timeout+r.grace)
+		r.limits = append(r.limits, timeout+r.grace)
 	}
 	return r
 }

@@ -112,6 +112,9 @@ type mode struct {
 	// skips decides, in dry runs, which conditional steps are skipped:
 	// bit i skips step i.
 	skips uint64
+	// timer, in dry runs, names the one timer (a group's or a member's)
+	// a timeout in a group state finds due; "" leaves it to assumeDue.
+	timer string
 }
 
 // newCounter returns an id source yielding prefix1, prefix2, ...
@@ -295,6 +298,7 @@ func (p Progress) clone() Progress {
 		OperatorRetries:      maps.Clone(p.OperatorRetries),
 		Deferrals:            p.Deferrals,
 		Cancel:               cloneCancel(p.Cancel),
+		Group:                p.Group.clone(),
 	}
 }
 

@@ -78,7 +78,11 @@ func (w *work) onCancel() error {
 		w.noop(ClassLate, "%s not applied: the saga is in manual review; an operator decides (compensate, or resolve to %s)", who, StateCancelled)
 		return nil
 	}
-	if passed := w.pointOfNoReturn(w.stepIndex(st.Step)); passed != "" {
+	at, what := w.stepIndex(st.Step), "step "+st.Step
+	if st.Kind == StateKindGroup {
+		at, what = w.d.compiled.groups[st.Group].first, "group "+st.Group
+	}
+	if passed := w.pointOfNoReturn(at); passed != "" {
 		w.noop(ClassLate, "%s refused: %s, past the point of no return; the saga runs to completion", who, passed)
 		return nil
 	}
@@ -87,8 +91,12 @@ func (w *work) onCancel() error {
 		return err
 	}
 	w.progress().Cancel = &Cancellation{RequestedBy: by, Reason: why, MessageID: w.trig.MessageID}
-	w.note("%s while waiting on step %s; compensating", who, st.Step)
-	w.stop(st.Step)
+	w.note("%s while waiting on %s; compensating", who, what)
+	if st.Kind == StateKindGroup {
+		w.stopGroup()
+	} else {
+		w.stop(st.Step)
+	}
 	return w.compensate()
 }
 

@@ -83,8 +83,9 @@ type index struct {
 	messages  map[string]msgRef // every message full name the definition names
 	steps     map[string]int    // step name → position
 	states    map[string]State
-	stateRank map[string]int // position in Definition.States
-	trigRank  map[string]int // order of triggers in the table
+	stateRank map[string]int  // position in Definition.States
+	groups    map[string]span // group name → its members' positions
+	trigRank  map[string]int  // order of triggers in the table
 }
 
 // Compile validates the definition and fills States and Transitions. It
@@ -159,13 +160,19 @@ func (d *Definition) LookupStep(name string) (Step, bool) {
 	return Step{}, false
 }
 
-// states lists the states in a fixed order: step states in contract order,
-// compensating states in compensation (reverse) order, then MANUAL_REVIEW
-// and the terminal states.
+// states lists the states in a fixed order: step states (a group's one
+// state in place of its members') in contract order, compensating states
+// in compensation (reverse) order, then MANUAL_REVIEW and the terminal
+// states.
 func (d *Definition) states() []State {
 	var out []State
 	for _, s := range d.Steps {
-		out = append(out, State{Name: StateName(s.Name), Kind: StateKindStep, Step: s.Name})
+		switch {
+		case s.Group == "":
+			out = append(out, State{Name: StateName(s.Name), Kind: StateKindStep, Step: s.Name})
+		case !slices.ContainsFunc(out, func(st State) bool { return st.Group == s.Group }):
+			out = append(out, State{Name: StateName(s.Group), Kind: StateKindGroup, Group: s.Group})
+		}
 	}
 	for i := len(d.Steps) - 1; i >= 0; i-- {
 		if s := d.Steps[i]; s.Role == RoleCompensatable {
@@ -225,7 +232,7 @@ func (d *Definition) validate() (*index, []error) {
 	if err := validateCallback(d.Callback); err != nil {
 		fail("", "%s", err)
 	}
-	ix := &index{messages: map[string]msgRef{}, steps: map[string]int{}}
+	ix := &index{messages: map[string]msgRef{}, steps: map[string]int{}, groups: map[string]span{}}
 	// uses records every message name with where it was used, so a second
 	// use names the first.
 	type use struct {
@@ -316,7 +323,9 @@ func (d *Definition) validate() (*index, []error) {
 				fail(label, "name is used by two steps")
 			} else {
 				ix.steps[name] = i
-				claimState(label, StateName(name))
+				if s.Group == "" {
+					claimState(label, StateName(name))
+				}
 				if s.Role == RoleCompensatable {
 					claimState(label, CompensatingStateName(name))
 				}
@@ -425,6 +434,7 @@ func (d *Definition) validate() (*index, []error) {
 	if len(d.Steps) > 0 && !slices.ContainsFunc(d.Steps, func(s Step) bool { return !s.Conditional }) {
 		fail("", "every step is conditional; a saga runs at least one step")
 	}
+	d.validateGroups(ix, fail, claimState)
 	// Claimed after the steps' messages, so that a cancel message that is
 	// also a step's message is reported naming that step.
 	claim("", -1, d.Cancel.Message, UseCancel)

@@ -11,9 +11,38 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// groupSteps makes a random run of two or three consecutive steps that may
+// share a group (no pivot, External or Conditional step; all retriable or
+// none) a parallel group.
+func groupSteps(r *rand.Rand, d *Definition) {
+	fits := func(i int) bool {
+		s := d.Steps[i]
+		return s.Role != RolePivot && !s.External && !s.Conditional
+	}
+	var starts []int
+	for i := 0; i+1 < len(d.Steps); i++ {
+		if fits(i) && fits(i+1) && (d.Steps[i].Role == RoleRetriable) == (d.Steps[i+1].Role == RoleRetriable) {
+			starts = append(starts, i)
+		}
+	}
+	if len(starts) == 0 {
+		return
+	}
+	first := starts[r.IntN(len(starts))]
+	last := first + 1
+	if last+1 < len(d.Steps) && fits(last+1) && (d.Steps[last+1].Role == RoleRetriable) == (d.Steps[first].Role == RoleRetriable) && r.IntN(2) == 0 {
+		last++
+	}
+	d.Groups = []Group{{Name: "Together", Timeout: time.Hour}}
+	for i := first; i <= last; i++ {
+		d.Steps[i].Group = "Together"
+	}
+}
+
 // randomDefinition returns a valid definition with 1–maxSteps steps and
-// random roles, replies, timeouts, budgets and policies.
-func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
+// random roles, replies, timeouts, budgets and policies, with a parallel
+// group when withGroups is set and the steps allow one.
+func randomDefinition(r *rand.Rand, maxSteps int, withGroups bool) *Definition {
 	n := 1 + r.IntN(maxSteps)
 	d := &Definition{Name: "rand.Saga", StartMessage: "rand.Start"}
 	if r.IntN(2) == 0 {
@@ -69,6 +98,9 @@ func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
 	if !slices.ContainsFunc(d.Steps, func(s Step) bool { return !s.Conditional }) {
 		d.Steps[0].Conditional = false
 	}
+	if withGroups {
+		groupSteps(r, d)
+	}
 	if r.IntN(2) == 0 {
 		d.Cancel = Cancel{Message: "rand.Cancel", RequestedBy: "by", Reason: "why"}
 	}
@@ -77,9 +109,9 @@ func randomDefinition(r *rand.Rand, maxSteps int) *Definition {
 
 func describe(d *Definition) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "deadline=%s cancel=%q\n", d.Deadline, d.Cancel.Message)
+	fmt.Fprintf(&b, "deadline=%s cancel=%q groups=%v\n", d.Deadline, d.Cancel.Message, d.Groups)
 	for _, s := range d.Steps {
-		fmt.Fprintf(&b, "  %s role=%s ext=%t cond=%t ok=%v fail=%v cf=%v timeout=%s max=%d late=%s\n", s.Name, s.Role, s.External, s.Conditional,
+		fmt.Fprintf(&b, "  %s group=%q role=%s ext=%t cond=%t ok=%v fail=%v cf=%v timeout=%s max=%d late=%s\n", s.Name, s.Group, s.Role, s.External, s.Conditional,
 			s.SuccessReplies, s.FailureReplies, s.CompensationFailureReplies, s.OnTimeout, s.MaxAttempts, s.Late)
 	}
 	return b.String()
@@ -105,7 +137,7 @@ func TestDeriveMatchesExploration(t *testing.T) {
 		n = 10
 	}
 	for i := range n {
-		d := randomDefinition(r, 3+(i%4)/3) // every fourth has up to 4 steps
+		d := randomDefinition(r, 3+(i%4)/3, i%2 == 1) // every fourth has up to 4 steps; every second a group
 
 		require.NoError(t, d.Compile(), describe(d))
 		explored, err := d.explore()

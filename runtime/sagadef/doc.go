@@ -37,6 +37,41 @@
 // happened, and compensations are idempotent. Retriable steps must not
 // fail: a failure reply from one sends the saga to MANUAL_REVIEW.
 //
+// # Parallel groups
+//
+// A [Group] is consecutive steps that do not depend on one another. The
+// saga waits on all of them in one state named after the group
+// ("ReserveTrip" → RESERVE_TRIP); the members have no state of their own
+// (their compensating states remain). Entering the group sends every
+// member's command in one transition, so the engine writes them in one
+// transaction: all or none. Progress.Group records each waiting member's
+// pending command id, attempt and timeout, and classification works per
+// member: a reply answers its member's pending command (new), an earlier
+// attempt of it (late), or repeats or contradicts its member's recorded
+// outcome (duplicate, conflicting). The saga moves past the group when the
+// last member succeeds.
+//
+// A member's failure reply, a member's timeout that compensates, the
+// group's own timeout, a business cancel and an operator's compensate stop
+// the members still waiting; then the completed and the stopped
+// compensatable members, in reverse contract order (members ran together,
+// so their completion order does not matter), and the compensatable steps
+// before the group are compensated one at a time. A stopped member's late
+// reply follows its late-reply policy, like any step that stopped waiting.
+// A member's timeout that retries resends only its command; a member's
+// timeout that goes to manual review, or a spent retry budget, parks the
+// whole saga. TimeoutAt is the earliest of the group's and the waiting
+// members' timers; one timeout applies the first due member timer that
+// ends the wait (in contract order), else the group's, else resends the
+// first due member that retries. After the pivot (retriable members), a failure
+// or the group's timeout goes to manual review.
+//
+// In manual review entered from a group, replies are recorded per member;
+// an operator's retry counts recorded successes as completed and resends
+// the other members' commands (a fresh budget each), and compensate
+// compensates what ran. Members are never External or Conditional, and
+// the pivot is never a member.
+//
 // # Evolution
 //
 // An instance persisted under one release of a definition is continued by

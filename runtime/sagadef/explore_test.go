@@ -80,19 +80,35 @@ func (d *Definition) walk(operators bool, visit func(inst Instance, trig Trigger
 	type probe struct {
 		trig  Trigger
 		skips uint64
+		timer string
 	}
 	for len(queue) > 0 {
 		inst := queue[0]
 		queue = queue[1:]
 		var all []probe
+		// In a group state, a timeout is probed once per timer: the
+		// group's and each waiting member's.
+		timers := []string{""}
+		if st := d.compiled.states[inst.State]; st.Kind == StateKindGroup && inst.Progress.Group != nil {
+			timers = []string{st.Group}
+			for _, mp := range inst.Progress.Group.Members {
+				timers = append(timers, mp.Step)
+			}
+		}
 		for _, trig := range d.probes(inst, operators) {
 			for _, k := range skips {
-				all = append(all, probe{trig, k})
+				if trig.Kind != TriggerTimeout {
+					all = append(all, probe{trig, k, ""})
+					continue
+				}
+				for _, t := range timers {
+					all = append(all, probe{trig, k, t})
+				}
 			}
 		}
 		for _, pr := range all {
 			trig := pr.trig
-			m.skips = pr.skips
+			m.skips, m.timer = pr.skips, pr.timer
 			res, names, err := d.apply(ctx, env, inst, trig, m)
 			if err != nil {
 				if errors.Is(err, ErrInvalidTrigger) || errors.Is(err, ErrTerminal) {
@@ -206,15 +222,25 @@ func (d *Definition) canon(inst Instance) Instance {
 	// A command's id matters only as the pending one or not: the other
 	// ids of one step (earlier attempts) behave alike. A settled step's
 	// ids are kept: a reply that names none of them is misaddressed.
+	// A group member's pending command is "p:STEP".
+	memberPending := map[string]string{}
+	if g := inst.Progress.Group; g != nil {
+		for _, mp := range g.Members {
+			memberPending[mp.Pending] = "p:" + mp.Step
+		}
+	}
 	rename := func(m map[string]string, prefix string) map[string]string {
 		if len(m) == 0 {
 			return nil
 		}
 		out := make(map[string]string, len(m))
 		for id, step := range m {
-			if id == inst.PendingMessageID {
+			switch {
+			case id == inst.PendingMessageID:
 				out["p"] = step
-			} else {
+			case memberPending[id] != "":
+				out[memberPending[id]] = step
+			default:
 				out[prefix+step] = step
 			}
 		}
@@ -242,6 +268,21 @@ func (d *Definition) canon(inst Instance) Instance {
 	}
 	if p.Cancel != nil {
 		c.Progress.Cancel = &Cancellation{}
+	}
+	if g := p.Group; g != nil {
+		cg := &GroupProgress{Name: g.Name, TimeoutAt: exploreEpoch}
+		for _, mp := range g.Members {
+			max := d.Steps[d.compiled.steps[mp.Step]].maxAttempts()
+			a := mp.Attempt
+			switch {
+			case a >= max:
+				a = max
+			case a > 1:
+				a = max - 1
+			}
+			cg.Members = append(cg.Members, MemberProgress{Step: mp.Step, Pending: "p:" + mp.Step, Attempt: a, TimeoutAt: exploreEpoch})
+		}
+		c.Progress.Group = cg
 	}
 	if !inst.TimeoutAt.IsZero() {
 		c.TimeoutAt = exploreEpoch
@@ -279,5 +320,11 @@ func stateKey(inst Instance) string {
 	b.WriteByte('|')
 	b.WriteString(p.ReviewFrom)
 	fmt.Fprintf(&b, "|%t", p.Cancel != nil)
+	if g := p.Group; g != nil {
+		fmt.Fprintf(&b, "|%s", g.Name)
+		for _, mp := range g.Members {
+			fmt.Fprintf(&b, ",%s/%s/%d", mp.Step, mp.Pending, mp.Attempt)
+		}
+	}
 	return b.String()
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/sagadef"
 	"github.com/protosaga/saga/runtime/sagatest"
 )
@@ -18,7 +19,7 @@ import (
 // fuzzKinds are the trigger kinds a fuzz script picks from: every message of
 // the fixtures (commands, replies, events), every Trigger* constant, and
 // names no definition knows.
-var fuzzKinds = append(slices.Sorted(maps.Keys(types)),
+var fuzzKinds = append(append(slices.Sorted(maps.Keys(types)), slices.Sorted(maps.Keys(tripTypes))...),
 	sagadef.TriggerStart, sagadef.TriggerTimeout, sagadef.TriggerDeadline,
 	sagadef.TriggerOperatorRetry, sagadef.TriggerOperatorCompensate, sagadef.TriggerOperatorResolve, sagadef.TriggerOperatorCancel,
 	"", "shop.v1.Unknown", "operator.unknown")
@@ -33,12 +34,17 @@ func fuzzScript(d *sagadef.Definition, h *sagatest.Harness, script []byte, apply
 		op, msgSel, causeSel, extra := script[i], script[i+1], script[i+2], script[i+3]
 		kind := fuzzKinds[int(op)%len(fuzzKinds)]
 		trig := sagadef.Trigger{Kind: kind, Operator: "fuzz", Reason: "fuzz"}
-		if info, ok := types[kind]; ok {
+		info, ok := types[kind]
+		if !ok {
+			info, ok = tripTypes[kind]
+		}
+		if ok {
 			switch msgSel % 4 {
 			case 0, 1:
 				trig.Message = sagatest.NewMessage(info, "order-1")
 			case 2:
-				other := fuzzKinds[int(msgSel)%len(types)]
+				kinds := slices.Sorted(maps.Keys(types))
+				other := kinds[int(msgSel)%len(kinds)]
 				trig.Message = sagatest.NewMessage(types[other], "order-1")
 			case 3: // no message
 			}
@@ -66,23 +72,24 @@ func fuzzScript(d *sagadef.Definition, h *sagatest.Harness, script []byte, apply
 	}
 }
 
-// FuzzApply drives the Place Order and quote approval machines with random
-// trigger scripts. Apply never panics, never modifies the instance or the
+// FuzzApply drives the Place Order, quote approval and trip booking (a
+// parallel group) machines with random trigger scripts. Apply never panics, never modifies the instance or the
 // message it is given (the harness compares deep copies), every transition it
 // makes is a row of the derived table (the harness checks), and versions
 // only move by one.
 func FuzzApply(f *testing.F) {
 	f.Add([]byte{1, 0, 0, 0, 2, 0, 0, 10, 3, 1, 1, 20})
-	f.Add([]byte{byte(len(types) + 1), 0, 0, 60, byte(len(types) + 1), 0, 0, 60, byte(len(types) + 4), 0, 0, 0})
-	f.Add([]byte{byte(len(types) + 5), 0, 0, 3, byte(len(types) + 3), 0, 0, 0, 0, 2, 2, 0})
+	f.Add([]byte{byte(len(types) + len(tripTypes) + 1), 0, 0, 60, byte(len(types) + len(tripTypes) + 1), 0, 0, 60, byte(len(types) + len(tripTypes) + 4), 0, 0, 0})
+	f.Add([]byte{byte(len(types) + len(tripTypes) + 5), 0, 0, 3, byte(len(types) + len(tripTypes) + 3), 0, 0, 0, 0, 2, 2, 0})
 	defs := []*sagadef.Definition{compiled(f, placeOrder()), compiled(f, quoteApproval()), compiled(f, placeOrder(checked, cancellable)),
-		compiled(f, placeOrder(checked, cancellable, conditional("ValidateOrder", "ReserveInventory", "AwaitFraudClearance", "ApproveOrder")))}
-	starts := []string{pPlaceOrder, qRequestQuote, pPlaceOrder, pPlaceOrder}
-	hookSets := []sagadef.Hooks{hooks(), hooks(), hooks(), skipping("ReserveInventory", "ApproveOrder")}
+		compiled(f, placeOrder(checked, cancellable, conditional("ValidateOrder", "ReserveInventory", "AwaitFraudClearance", "ApproveOrder"))),
+		compiled(f, bookTrip(func(d *sagadef.Definition) { d.Cancel = sagadef.Cancel{Message: tCancelTrip} }))}
+	starts := []message.Message{msg(pPlaceOrder), msg(qRequestQuote), msg(pPlaceOrder), msg(pPlaceOrder), tripMsg(tBookTrip)}
+	hookSets := []sagadef.Hooks{hooks(), hooks(), hooks(), skipping("ReserveInventory", "ApproveOrder"), tripHooks()}
 	f.Fuzz(func(t *testing.T, script []byte) {
 		for i, d := range defs {
 			h := sagatest.New(t, d, hookSets[i])
-			h.Start(msg(starts[i]))
+			h.Start(starts[i])
 			fuzzScript(d, h, script, func(trig sagadef.Trigger) {
 				var before proto.Message
 				if trig.Message != nil {

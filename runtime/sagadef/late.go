@@ -216,6 +216,8 @@ func (w *work) lateState() string {
 		return "compensating step " + st.Step
 	case StateKindTerminal:
 		return st.Name
+	case StateKindGroup:
+		return "waiting on group " + st.Group
 	default:
 		return "waiting on step " + st.Step
 	}

@@ -106,6 +106,8 @@ func (k StateKind) String() string {
 		return "manual review"
 	case StateKindTerminal:
 		return "terminal"
+	case StateKindGroup:
+		return "group"
 	default:
 		return fmt.Sprintf("state_kind(%d)", int(k))
 	}

@@ -40,6 +40,8 @@ func (w *work) onOperator() error {
 		switch st.Kind {
 		case StateKindStep:
 			w.stop(st.Step)
+		case StateKindGroup:
+			w.stopGroup()
 		case StateKindManualReview:
 			w.stopReviewStep()
 		}
@@ -60,6 +62,7 @@ func (w *work) stopReviewStep() {
 	if rs, ok := w.reviewState(); ok && rs.Kind == StateKindStep {
 		w.stop(rs.Step)
 	}
+	w.stopGroup()
 }
 
 // isSuccess reports whether reply is a success reply of its step.
@@ -71,12 +74,16 @@ func (w *work) operatorRetry(st State) error {
 	switch st.Kind {
 	case StateKindStep:
 		return w.enterStep(w.stepIndex(st.Step), 1)
+	case StateKindGroup:
+		return w.enterGroup(st.Group)
 	case StateKindCompensating:
 		return w.enterCompensation(w.stepIndex(st.Step), 1)
 	}
 	rs, ok := w.reviewState()
 	p := w.progress()
 	switch {
+	case ok && rs.Kind == StateKindGroup:
+		return w.retryGroupFromReview(rs.Group)
 	case ok && rs.Kind == StateKindStep:
 		i := w.stepIndex(rs.Step)
 		if rec, settled := p.Outcomes[rs.Step]; settled {
@@ -137,9 +144,15 @@ func (w *work) operatorCompensate(st State) error {
 	case StateKindStep:
 		w.stop(st.Step)
 		return w.compensate()
+	case StateKindGroup:
+		w.stopGroup()
+		return w.compensate()
 	}
 	if rs, ok := w.reviewState(); ok {
 		switch rs.Kind {
+		case StateKindGroup:
+			w.completeRecorded(rs.Group)
+			w.stopGroup()
 		case StateKindStep:
 			if rec, settled := p.Outcomes[rs.Step]; settled {
 				if w.isSuccess(rec) && !slices.Contains(p.Completed, rs.Step) {

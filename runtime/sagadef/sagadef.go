@@ -107,6 +107,30 @@ type Step struct {
 	// Progress.Skipped with the decider's reason in the audit note, and is
 	// never compensated. The pivot is never conditional.
 	Conditional bool
+	// Group names the parallel group (Definition.Groups) the step belongs
+	// to; empty when it runs alone. A group's members are consecutive
+	// steps, sent together and joined when all succeed.
+	Group string
+}
+
+// Group is a parallel group: consecutive steps that do not depend on one
+// another, dispatched together in one transition and joined when every
+// member succeeded. The saga waits in one state named after the group
+// ([StateName] of its name) while members are outstanding; Progress.Group
+// holds each waiting member's pending command, attempt and timeout.
+//
+// A member's failure (a failure reply, or its timeout that compensates) or
+// the group's Timeout stops the members still waiting; the completed and
+// the stopped compensatable members, in reverse contract order, then the
+// compensatable steps before the group, are compensated one at a time. A
+// member's own timeout that retries resends only its command. Members are
+// neither External nor Conditional, and the pivot is never a member.
+type Group struct {
+	// Name is the group's stable name (CamelCase, unique among steps and
+	// groups); its state name derives from it and is stored.
+	Name string
+	// Timeout bounds the wait for all members, from entering the group.
+	Timeout time.Duration
 }
 
 // Skipper decides whether a conditional step (Step.Conditional) runs. The
@@ -137,6 +161,9 @@ type Definition struct {
 	Deadline time.Duration
 	// Steps in contract order.
 	Steps []Step
+	// Groups are the saga's parallel groups; steps name theirs in
+	// Step.Group.
+	Groups []Group
 	// Cancel is the saga's business cancellation; the zero value declares
 	// none.
 	Cancel Cancel
@@ -192,14 +219,18 @@ const (
 	StateKindCompensating           // waiting for a compensation's reply
 	StateKindManualReview
 	StateKindTerminal
+	StateKindGroup // waiting for the members of a parallel group
 )
 
 // State is one state of a saga type.
 type State struct {
 	Name string
 	Kind StateKind
-	// Step is the step this state belongs to (empty for terminal/manual review).
+	// Step is the step this state belongs to (empty for terminal/manual
+	// review and group states).
 	Step string
+	// Group is the parallel group a StateKindGroup state waits on.
+	Group string
 }
 
 // Trigger kinds for transitions. A transition's Trigger is either one of
@@ -314,6 +345,33 @@ type Progress struct {
 	// applied: the compensation it started ends CANCELLED rather than
 	// FAILED. An operator's retry that resumes the forward path clears it.
 	Cancel *Cancellation `json:"cancel,omitempty"`
+	// Group is the parallel group the saga waits on (in its group state),
+	// or waited on when it entered manual review: its members still
+	// waiting, each with its pending command. Nil elsewhere.
+	Group *GroupProgress `json:"group,omitempty"`
+}
+
+// GroupProgress is the wait on a parallel group.
+type GroupProgress struct {
+	// Name is the group's name.
+	Name string `json:"name"`
+	// TimeoutAt is when the group's own timeout fires.
+	TimeoutAt time.Time `json:"timeout_at"`
+	// Members lists the members still waiting, in contract order; a member
+	// leaves it when it succeeds.
+	Members []MemberProgress `json:"members,omitempty"`
+}
+
+// MemberProgress is one waiting member of a parallel group.
+type MemberProgress struct {
+	// Step is the member's step name.
+	Step string `json:"step"`
+	// Pending is the MessageID of the member's command the saga waits on.
+	Pending string `json:"pending"`
+	// Attempt is the number of times its command has been sent.
+	Attempt int `json:"attempt"`
+	// TimeoutAt is when the member's own timeout fires.
+	TimeoutAt time.Time `json:"timeout_at"`
 }
 
 // Cancellation is a business cancel the saga applied: who asked, why, and

@@ -122,6 +122,9 @@ func (w *work) advance(i int) error {
 		if slices.Contains(w.progress().Completed, s.Name) {
 			continue
 		}
+		if s.Group != "" {
+			return w.enterGroup(s.Group)
+		}
 		skip, err := w.skip(j)
 		if err != nil {
 			return err
@@ -193,6 +196,7 @@ func (w *work) compensate() error {
 			ran = append(ran, name)
 		}
 	}
+	ran = w.groupOrder(ran)
 	for k := len(ran) - 1; k >= 0; k-- {
 		i, known := w.d.compiled.steps[ran[k]]
 		if !known || w.step(i).Role != RoleCompensatable || slices.Contains(p.Compensated, ran[k]) {
@@ -349,6 +353,8 @@ func (w *work) onStepReply(i int, success bool) error {
 				return nil
 			}
 		}
+	} else if s.Group != "" {
+		waiting, pending = w.waitingMember(s, w.trig.CausationID)
 	} else {
 		pending = w.trig.CausationID == w.in.PendingMessageID
 	}
@@ -424,6 +430,9 @@ func (w *work) forwardStep() (int, bool) {
 		}
 		st = rs
 	}
+	if st.Kind == StateKindGroup {
+		return w.d.compiled.groups[st.Group].last, true
+	}
 	if st.Kind != StateKindStep {
 		return 0, false
 	}
@@ -442,6 +451,9 @@ func (w *work) settle(i int, success bool) error {
 // success or not), already recorded as its outcome.
 func (w *work) conclude(i int, success bool, reply string) error {
 	s := w.step(i)
+	if s.Group != "" {
+		return w.concludeMember(i, success, reply)
+	}
 	p := w.progress()
 	if success {
 		p.Completed = append(p.Completed, s.Name)

@@ -34,6 +34,14 @@ func (d *Definition) derive() []Transition {
 	// enter is where waiting for step i begins.
 	enter := func(i int) dest {
 		s := steps[i]
+		if s.Group != "" {
+			sp := d.compiled.groups[s.Group]
+			var cmds []string
+			for _, m := range steps[sp.first : sp.last+1] {
+				cmds = append(cmds, m.Command)
+			}
+			return dest{StateName(s.Group), cmds}
+		}
 		if s.External {
 			return dest{StateName(s.Name), nil}
 		}
@@ -217,10 +225,121 @@ func (d *Definition) derive() []Transition {
 		return []string{s.CompensationReply}
 	}
 
+	// Members of a parallel group: compensating member j, the members
+	// before it may have failed (or had a failure recorded in review), so
+	// none of them surely ran.
+	memberOf := func(j int, group string) bool { return group != "" && steps[j].Group == group }
+	compensateBelow := func(j int) []dest {
+		g := steps[j].Group
+		return compensateOver(j-1, always, func(k int) bool { return !steps[k].Conditional && !memberOf(k, g) })
+	}
+	// addEndBelow adds the rows of a compensation of step j that ends:
+	// compensateBelow, and, when a business cancel started it (from the
+	// group's state, where every member ran), where it then goes.
+	addEndBelow := func(from, trigger string, j int) {
+		add(from, trigger, compensateBelow(j)...)
+		if cancel != "" {
+			add(from, trigger, cancelled(compensateFrom(j-1))...)
+		}
+	}
+	// memberSubsets lists the commands of every non-empty subset of a
+	// group's members, in contract order: what an operator's retry
+	// resends to the members still waiting.
+	memberSubsets := func(sp span) [][]string {
+		var out [][]string
+		for m := sp.first; m <= sp.last; m++ {
+			n := len(out)
+			out = append(out, []string{steps[m].Command})
+			for _, c := range out[:n] {
+				out = append(out, append(slices.Clone(c), steps[m].Command))
+			}
+		}
+		return out
+	}
+	groupRows := func(g Group) {
+		sp := d.compiled.groups[g.Name]
+		st := StateName(g.Name)
+		retriable := steps[sp.first].Role == RoleRetriable
+		all := compensateFrom(sp.last)
+		cmds := memberSubsets(sp)
+		for m := sp.first; m <= sp.last; m++ {
+			s := steps[m]
+			for _, r := range s.SuccessReplies {
+				add(st, r, dest{st, nil})
+				addAll(st, r, advances(sp.last))
+			}
+			for _, r := range s.FailureReplies {
+				if retriable {
+					toReview(st, r)
+					continue
+				}
+				add(st, r, compensateOver(sp.last, func(j int) bool { return j != m },
+					func(j int) bool { return j != m && !steps[j].Conditional })...)
+			}
+			toReview(st, lateReview(s)...)           // a reply to an earlier attempt
+			toReview(st, conflictsWithSuccess(s)...) // a member that completed
+			switch s.OnTimeout {
+			case TimeoutCompensate:
+				add(st, TriggerTimeout, all...)
+			case TimeoutRetry:
+				if s.maxAttempts() > 1 {
+					add(st, TriggerTimeout, dest{st, []string{s.Command}})
+				}
+				toReview(st, TriggerTimeout)
+			default:
+				toReview(st, TriggerTimeout)
+			}
+		}
+		if retriable {
+			toReview(st, TriggerTimeout)
+		} else {
+			add(st, TriggerTimeout, all...)
+		}
+		for k := range steps[:sp.first] {
+			toReview(st, conflictsPassed(k)...)
+		}
+		for _, next := range steps[sp.last+1:] {
+			if next.External {
+				toReview(st, conflictsWithAny(next)...)
+			}
+		}
+		if d.Deadline > 0 {
+			toReview(st, TriggerDeadline)
+		}
+		toReview(st, TriggerStuck)
+		for _, c := range cmds {
+			add(st, TriggerOperatorRetry, dest{st, c})
+		}
+		add(st, TriggerOperatorCompensate, all...)
+		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
+		if cancel != "" && !retriable {
+			add(st, cancel, cancelled(all)...)
+		}
+	}
+	// groupReviewRows adds the operator's rows from a review entered from
+	// the group's state.
+	groupReviewRows := func(g Group, rev string) {
+		sp := d.compiled.groups[g.Name]
+		st := StateName(g.Name)
+		cmds := memberSubsets(sp)
+		for _, c := range cmds {
+			add(rev, TriggerOperatorRetry, dest{st, c})
+		}
+		addAll(rev, TriggerOperatorRetry, advances(sp.last))
+		add(rev, TriggerOperatorCompensate, compensateOver(sp.last, always,
+			func(k int) bool { return !steps[k].Conditional && !memberOf(k, g.Name) })...)
+	}
+
 	addAll("", TriggerStart, forward(-1, false))
+	for _, g := range d.Groups {
+		groupRows(g)
+	}
 	// Waiting for step i: steps before it succeeded, External steps after
 	// it may hold an event recorded in review, nothing else is settled.
 	for i, s := range steps {
+		if s.Group != "" {
+			continue // see groupRows
+		}
 		st := StateName(s.Name)
 		for _, r := range s.SuccessReplies {
 			addAll(st, r, advances(i))
@@ -271,13 +390,18 @@ func (d *Definition) derive() []Transition {
 		}
 		st := CompensatingStateName(s.Name)
 		resend := dest{st, []string{s.Compensation}}
-		addEnd(st, s.CompensationReply, compensateFrom(j-1)...)
+		addEndBelow(st, s.CompensationReply, j)
 		toReview(st, s.CompensationFailureReplies...)
 		// A compensation failure recorded before the saga was resolved and
 		// an operator compensated it again.
 		toReview(st, compensationConflicts(s)...)
 		for k, o := range steps {
-			if k < j {
+			if k < j && memberOf(k, s.Group) {
+				// A member before j may have stopped, and be
+				// compensated after j.
+				toReview(st, lateSuccessReview(o)...)
+			}
+			if k < j && !memberOf(k, s.Group) {
 				toReview(st, conflictsPassed(k)...)
 			} else {
 				toReview(st, conflictsWithAny(o)...)
@@ -373,16 +497,25 @@ func (d *Definition) derive() []Transition {
 			// before: its own row brings no deadline the review that
 			// recorded it did not.
 			from := d.compiled.states[r.From]
-			if r.To == rev && r.Trigger != TriggerDeadline && r.Trigger != TriggerStuck && from.Kind == StateKindStep &&
-				d.compiled.messages[r.Trigger].step <= d.compiled.steps[from.Step] {
+			at := d.compiled.steps[from.Step]
+			if from.Kind == StateKindGroup {
+				at = d.compiled.groups[from.Group].last
+			}
+			if r.To == rev && r.Trigger != TriggerDeadline && r.Trigger != TriggerStuck &&
+				(from.Kind == StateKindStep || from.Kind == StateKindGroup) && d.compiled.messages[r.Trigger].step <= at {
 				toReview(rev, TriggerDeadline)
 				break
 			}
 		}
 	}
 	terminalSource := false
+	for _, g := range d.Groups {
+		if sources[StateName(g.Name)] {
+			groupReviewRows(g, rev)
+		}
+	}
 	for i, s := range steps {
-		if st := StateName(s.Name); sources[st] {
+		if st := StateName(s.Name); sources[st] && s.Group == "" {
 			// Review entered from step i: a success of step i recorded in
 			// review lets a retry continue; a review entered without
 			// recording a success lets it resend, and lets a failure be
@@ -402,9 +535,9 @@ func (d *Definition) derive() []Transition {
 		if s.Role == RoleCompensatable && sources[CompensatingStateName(s.Name)] {
 			resend := dest{CompensatingStateName(s.Name), []string{s.Compensation}}
 			add(rev, TriggerOperatorRetry, resend)
-			addEnd(rev, TriggerOperatorRetry, compensateFrom(i-1)...)
+			addEndBelow(rev, TriggerOperatorRetry, i)
 			add(rev, TriggerOperatorCompensate, resend)
-			addEnd(rev, TriggerOperatorCompensate, compensateFrom(i-1)...)
+			addEndBelow(rev, TriggerOperatorCompensate, i)
 		}
 	}
 	for _, t := range []string{StateCompleted, StateFailed, StateCancelled} {

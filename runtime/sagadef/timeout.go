@@ -22,6 +22,9 @@ func (w *work) onTimeout() error {
 		return nil
 	}
 	st := w.state()
+	if st.Kind == StateKindGroup {
+		return w.onGroupTimeout(st.Group)
+	}
 	if st.Kind != StateKindStep && st.Kind != StateKindCompensating {
 		w.class = ClassLate
 		w.out.TimeoutAt = time.Time{}
@@ -73,7 +76,7 @@ func (w *work) onDeadline() {
 	}
 	w.out.DeadlineAt = time.Time{}
 	switch w.state().Kind {
-	case StateKindStep, StateKindManualReview:
+	case StateKindStep, StateKindGroup, StateKindManualReview:
 		w.class = ClassNew
 		w.out.LastError = fmt.Sprintf("deadline exceeded (%s)", w.d.Deadline)
 		w.review(w.out.LastError)
@@ -88,7 +91,7 @@ func (w *work) onDeadline() {
 // scanner has nothing left to do for it.
 func (w *work) onStuck() {
 	switch w.state().Kind {
-	case StateKindStep, StateKindCompensating:
+	case StateKindStep, StateKindGroup, StateKindCompensating:
 		w.class = ClassNew
 		reason := strings.TrimSpace(w.trig.Reason)
 		if reason == "" {

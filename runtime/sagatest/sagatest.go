@@ -109,6 +109,37 @@ func (h *Harness) Reply(msg message.Message) sagadef.Result {
 	return h.ReplyTo(h.inst.PendingMessageID, msg)
 }
 
+// PendingFor returns the id of the command the saga waits on for step: a
+// waiting member's pending command in a parallel group's state, the
+// pending command when the saga waits on step alone, "" otherwise.
+func (h *Harness) PendingFor(step string) string {
+	if g := h.inst.Progress.Group; g != nil && h.inst.State != sagadef.StateManualReview {
+		for _, m := range g.Members {
+			if m.Step == step {
+				return m.Pending
+			}
+		}
+		return ""
+	}
+	if st, ok := h.def.LookupState(h.inst.State); ok && st.Step == step && st.Kind == sagadef.StateKindStep {
+		return h.inst.PendingMessageID
+	}
+	return ""
+}
+
+// ReplyFor delivers msg as the answer to the command the saga waits on for
+// step (see PendingFor): in a parallel group, each member's reply names
+// its own command.
+func (h *Harness) ReplyFor(step string, msg message.Message) sagadef.Result {
+	h.t.Helper()
+	h.requireStarted()
+	id := h.PendingFor(step)
+	if id == "" {
+		h.t.Fatalf("sagatest: the saga (state %s) waits on no command of step %s", h.inst.State, step)
+	}
+	return h.ReplyTo(id, msg)
+}
+
 // ReplyTo delivers msg with the given CausationID (the MessageID of the
 // command it answers).
 func (h *Harness) ReplyTo(causationID string, msg message.Message) sagadef.Result {
@@ -400,6 +431,15 @@ func deepProgress(p sagadef.Progress) sagadef.Progress {
 		Outcomes: cp(p.Outcomes), Sent: cp(p.Sent),
 		SentCompensations: cp(p.SentCompensations), CompensationOutcomes: cp(p.CompensationOutcomes),
 		ReviewFrom: p.ReviewFrom, OperatorRetries: maps.Clone(p.OperatorRetries), Deferrals: p.Deferrals,
-		Cancel: cancellation(p.Cancel),
+		Cancel: cancellation(p.Cancel), Group: groupProgress(p.Group),
 	}
+}
+
+func groupProgress(g *sagadef.GroupProgress) *sagadef.GroupProgress {
+	if g == nil {
+		return nil
+	}
+	cp := *g
+	cp.Members = append([]sagadef.MemberProgress(nil), g.Members...)
+	return &cp
 }

@@ -45,7 +45,8 @@ const (
 	// MoveStart begins the instance from the start message.
 	MoveStart
 	// MoveReply answers the command the saga waits on (the event of an
-	// External step) with Move.Message.
+	// External step) with Move.Message; with Move.Step set, the command
+	// the saga waits on for that member of a parallel group.
 	MoveReply
 	// MoveEarlierReply answers the first command the saga sent for
 	// Move.Step with Move.Message, after the saga stopped waiting for it
@@ -72,7 +73,8 @@ func (k MoveKind) String() string {
 // A Move is one trigger of a scenario and what it must lead to.
 type Move struct {
 	Do MoveKind
-	// Step is the step a MoveEarlierReply answers.
+	// Step is the step a MoveEarlierReply answers, and the group member
+	// a MoveReply answers.
 	Step string
 	// Message is the full name of the reply or event delivered by
 	// MoveReply and MoveEarlierReply.
@@ -151,9 +153,12 @@ func RunScenario(tb testing.TB, def *sagadef.Definition, env ScenarioEnv, sc Sce
 			if err != nil {
 				tb.Fatalf("sagatest: %s: %v", where, err)
 			}
-			if mv.Do == MoveReply {
+			switch {
+			case mv.Do == MoveReply && mv.Step != "":
+				res = h.ReplyFor(mv.Step, msg)
+			case mv.Do == MoveReply:
 				res = h.Reply(msg)
-			} else {
+			default:
 				res = h.ReplyTo(h.firstSent(mv.Step), msg)
 			}
 		case MoveTimeout:

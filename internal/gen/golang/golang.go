@@ -343,6 +343,7 @@ var (
 	stateKindNames = map[sagadef.StateKind]string{
 		sagadef.StateKindStep: "StateKindStep", sagadef.StateKindCompensating: "StateKindCompensating",
 		sagadef.StateKindManualReview: "StateKindManualReview", sagadef.StateKindTerminal: "StateKindTerminal",
+		sagadef.StateKindGroup: "StateKindGroup",
 	}
 )
 

@@ -85,6 +85,9 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		if st.Conditional {
 			g.P("Conditional: true,")
 		}
+		if st.Group != "" {
+			g.P("Group: ", strconv.Quote(st.Group), ",")
+		}
 		g.P("SuccessReplies: ", stringSlice(st.SuccessReplies), ",")
 		if len(st.FailureReplies) > 0 {
 			g.P("FailureReplies: ", stringSlice(st.FailureReplies), ",")
@@ -103,6 +106,13 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		g.P("},")
 	}
 	g.P("},")
+	if len(d.Groups) > 0 {
+		g.P("Groups: []", sagadefPkg.Ident("Group"), "{")
+		for _, gr := range d.Groups {
+			g.P("{Name: ", strconv.Quote(gr.Name), ", Timeout: ", goDuration(g, gr.Timeout), "},")
+		}
+		g.P("},")
+	}
 	if c := d.Cancel; c.Message != "" {
 		g.P("Cancel: ", sagadefPkg.Ident("Cancel"), "{Message: ", strconv.Quote(c.Message), ", RequestedBy: ", strconv.Quote(c.RequestedBy),
 			", Reason: ", strconv.Quote(c.Reason), "},")
@@ -116,6 +126,9 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		step := ""
 		if st.Step != "" {
 			step = ", Step: " + strconv.Quote(st.Step)
+		}
+		if st.Group != "" {
+			step = ", Group: " + strconv.Quote(st.Group)
 		}
 		g.P("{Name: ", strconv.Quote(st.Name), ", Kind: ", sdIdent(g, stateKindNames, st.Kind), step, "},")
 	}

@@ -27,6 +27,14 @@ import (
 // compensated, and the saga waits on the next step), and when skipping it
 // changes what a later step's failure or timeout compensates (it is
 // compensatable), that step's scenarios are repeated with it skipped.
+//
+// A parallel group is entered with every member's command sent at once.
+// A member's failure scenarios fail it while the other members still wait
+// (they stop and are compensated, in reverse contract order with the
+// completed ones); its timeout and late-reply scenarios first answer the
+// other members, so that its own timer is the one that fires; its
+// duplicate scenario repeats its success while the others wait. Replies
+// to members name their step (sagatest answers that member's command).
 
 // scenario and move mirror sagatest.Scenario and sagatest.Move, which the
 // emitter writes them as (the generator does not link package testing).
@@ -128,10 +136,10 @@ func lateOn(p sagadef.LatePolicy, waiting, inReview bool) lateOutcome {
 type walk struct {
 	steps []sagadef.Step
 	sc    scenario
-	// completed and stopped are the steps that succeeded, and the step
+	// completed and stopped are the steps that succeeded, and the steps
 	// that stopped waiting without an answer, in order.
 	completed []string
-	stopped   string
+	stopped   []string
 	state     string
 	// skip lists the conditional steps the scenario skips; skipped those
 	// the saga passed over so far, and at the step it waits on.
@@ -164,6 +172,13 @@ func (w *walk) enter(i int) (string, []string) {
 	if i >= len(w.steps) {
 		return sagadef.StateCompleted, nil
 	}
+	if first, last, ok := groupSpan(w.steps, i); ok {
+		var sent []string
+		for m := first; m <= last; m++ {
+			sent = append(sent, w.send(m)...)
+		}
+		return sagadef.StateName(w.steps[i].Group), sent
+	}
 	return sagadef.StateName(w.steps[i].Name), w.send(i)
 }
 
@@ -173,8 +188,8 @@ func start(steps []sagadef.Step, skip []string, name string, i int) *walk {
 	w := &walk{steps: steps, sc: scenario{Name: name}, skip: skip}
 	st, sent := w.enter(0)
 	w.move(move{Do: moveStart, State: st, Sent: sent})
-	for w.at < i {
-		w.succeed(w.at, sagadef.ClassNew)
+	for w.at < i && !sameGroup(steps, w.at, i) {
+		w.succeedAll(w.at)
 	}
 	return w
 }
@@ -183,6 +198,14 @@ func start(steps []sagadef.Step, skip []string, name string, i int) *walk {
 func (w *walk) succeed(i int, class sagadef.Class) {
 	s := &w.steps[i]
 	w.completed = append(w.completed, s.Name)
+	if _, last, ok := groupSpan(w.steps, i); ok {
+		st, sent := w.state, []string(nil)
+		if w.groupDone(i) {
+			st, sent = w.enter(last + 1)
+		}
+		w.move(move{Do: moveReply, Step: s.Name, Message: s.SuccessReplies[0], State: st, Class: class, Sent: sent})
+		return
+	}
 	st, sent := w.enter(i + 1)
 	w.move(move{Do: moveReply, Message: s.SuccessReplies[0], State: st, Class: class, Sent: sent})
 }
@@ -191,9 +214,12 @@ func (w *walk) succeed(i int, class sagadef.Class) {
 // compensatable steps that completed or stopped waiting, latest first.
 func (w *walk) chain() []*sagadef.Step {
 	ran := slices.Clone(w.completed)
-	if w.stopped != "" {
-		ran = append(ran, w.stopped)
+	for _, s := range w.stopped {
+		if !slices.Contains(ran, s) {
+			ran = append(ran, s)
+		}
 	}
+	ran = groupOrder(w.steps, ran)
 	var out []*sagadef.Step
 	for k := len(ran) - 1; k >= 0; k-- {
 		for i := range w.steps {
@@ -250,12 +276,17 @@ func (w *walk) failCompensation() {
 // fail answers step i with its first failure reply.
 func (w *walk) fail(i int) {
 	s := &w.steps[i]
+	step := ""
+	if s.Group != "" {
+		step = s.Name
+	}
 	if kindOf(s).failureReviews {
-		w.move(move{Do: moveReply, Message: s.FailureReplies[0], State: sagadef.StateManualReview, Class: sagadef.ClassNew})
+		w.move(move{Do: moveReply, Step: step, Message: s.FailureReplies[0], State: sagadef.StateManualReview, Class: sagadef.ClassNew})
 		return
 	}
+	w.stopGroup(i)
 	st, sent := w.compensating()
-	w.move(move{Do: moveReply, Message: s.FailureReplies[0], State: st, Class: sagadef.ClassNew, Sent: sent})
+	w.move(move{Do: moveReply, Step: step, Message: s.FailureReplies[0], State: st, Class: sagadef.ClassNew, Sent: sent})
 }
 
 // timeout fires step i's timeout once.
@@ -263,7 +294,8 @@ func (w *walk) timeout(i int, attempt int) {
 	s := &w.steps[i]
 	switch s.OnTimeout {
 	case sagadef.TimeoutCompensate:
-		w.stopped = s.Name
+		w.stopped = append(w.stopped, s.Name)
+		w.stopGroup(i)
 		st, sent := w.compensating()
 		w.move(move{Do: moveTimeout, State: st, Class: sagadef.ClassNew, Sent: sent})
 	case sagadef.TimeoutRetry:
@@ -279,7 +311,7 @@ func (w *walk) timeout(i int, attempt int) {
 
 // timeouts fires step i's timeout until the step stops waiting.
 func (w *walk) timeouts(i int) {
-	waiting := sagadef.StateName(w.steps[i].Name)
+	waiting := stateOf(w.steps, i)
 	for a := 1; w.state == waiting; a++ {
 		w.timeout(i, a)
 	}
@@ -289,11 +321,17 @@ func (w *walk) timeouts(i int) {
 // once the saga stopped waiting for that command.
 func (w *walk) earlierSuccess(i int) {
 	s := &w.steps[i]
-	waiting := w.state == sagadef.StateName(s.Name)
+	waiting := w.state == stateOf(w.steps, i)
 	m := move{Do: moveEarlierReply, Step: s.Name, Message: s.SuccessReplies[0], State: w.state, Class: sagadef.ClassLate}
 	switch lateOn(s.Late, waiting, w.state == sagadef.StateManualReview) {
 	case lateApplied:
 		w.completed = append(w.completed, s.Name)
+		if _, last, ok := groupSpan(w.steps, i); ok {
+			if w.groupDone(i) {
+				m.State, m.Sent = w.enter(last + 1)
+			}
+			break
+		}
 		m.State, m.Sent = w.enter(i + 1)
 	case lateReviewed:
 		m.State = sagadef.StateManualReview
@@ -364,13 +402,15 @@ func stepScenarios(steps []sagadef.Step, skip []string, i int, suffix string) []
 		}
 	}
 	w := start(steps, skip, s.Name+"/timeout"+suffix, i)
+	w.answerOthers(i)
 	w.timeouts(i)
-	if w.stopped != "" && len(w.chain()) > 0 {
+	if len(w.stopped) > 0 && len(w.chain()) > 0 {
 		w.compensateAll()
 	}
 	out = append(out, w.done())
 
 	w = start(steps, skip, s.Name+"/late-reply"+suffix, i)
+	w.answerOthers(i)
 	if s.OnTimeout == sagadef.TimeoutRetry && kindOf(s).sends && attempts(s) > 1 {
 		// The answer to attempt 1 while the saga waits for attempt 2.
 		w.timeout(i, 1)
@@ -378,7 +418,7 @@ func stepScenarios(steps []sagadef.Step, skip []string, i int, suffix string) []
 		w.timeouts(i)
 	}
 	w.earlierSuccess(i)
-	if w.state == sagadef.StateName(s.Name) {
+	if w.state == stateOf(steps, i) {
 		// Audited while waiting: the awaited answer still settles it.
 		w.succeed(i, sagadef.ClassNew)
 	}

@@ -56,8 +56,24 @@ func shapeStep(name string, role sagadef.Role, external bool, onTimeout sagadef.
 	return s
 }
 
+// shapeDefinition returns a definition of steps, declaring the parallel
+// groups they name (with a timeout longer than any member's wait).
 func shapeDefinition(steps ...sagadef.Step) *sagadef.Definition {
-	return &sagadef.Definition{Name: "s.v1.Shape", StartMessage: "s.v1.Start", Steps: steps}
+	d := &sagadef.Definition{Name: "s.v1.Shape", StartMessage: "s.v1.Start", Steps: steps}
+	for _, s := range steps {
+		if s.Group != "" && !slices.ContainsFunc(d.Groups, func(g sagadef.Group) bool { return g.Name == s.Group }) {
+			d.Groups = append(d.Groups, sagadef.Group{Name: s.Group, Timeout: time.Hour})
+		}
+	}
+	return d
+}
+
+// grouped returns the steps as members of the named parallel group.
+func grouped(group string, steps ...sagadef.Step) []sagadef.Step {
+	for i := range steps {
+		steps[i].Group = group
+	}
+	return steps
 }
 
 func shapeEnv() sagatest.ScenarioEnv {
@@ -148,6 +164,33 @@ func shapes() map[string]*sagadef.Definition {
 		shapeStep("D", sagadef.RoleCheck, true, sagadef.TimeoutCompensate, 1, sagadef.LateManualReview, false),
 		shapeStep("E", sagadef.RolePivot, false, sagadef.TimeoutManualReview, 1, sagadef.LateIgnore, false),
 	)
+	// Parallel groups: compensatable and check members before the pivot,
+	// retriable members after it, with every timeout action, late policy
+	// and budget.
+	for an, a := range actions {
+		for pn, p := range policies {
+			for _, attempts := range []int{1, 3} {
+				name := fmt.Sprintf("group/timeout=%s/late=%s/attempts=%d", an, pn, attempts)
+				steps := []sagadef.Step{shapeStep("A", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false)}
+				steps = append(steps, grouped("Reserve",
+					shapeStep("B", sagadef.RoleCompensatable, false, a, attempts, p, true),
+					shapeStep("C", sagadef.RoleCheck, false, sagadef.TimeoutCompensate, 1, p, false),
+					shapeStep("D", sagadef.RoleCompensatable, false, sagadef.TimeoutRetry, 2, sagadef.LateManualReview, false))...)
+				steps = append(steps, shapeStep("E", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false))
+				out[name] = shapeDefinition(steps...)
+			}
+		}
+	}
+	retriableTimeout := sagadef.TimeoutManualReview
+	out["group-after-pivot"] = shapeDefinition(append([]sagadef.Step{
+		shapeStep("A", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 1, sagadef.LateManualReview, false)},
+		grouped("Notify",
+			shapeStep("B", sagadef.RoleRetriable, false, sagadef.TimeoutRetry, 3, sagadef.LateApplyIfWaiting, false),
+			shapeStep("C", sagadef.RoleRetriable, false, retriableTimeout, 1, sagadef.LateIgnore, false))...)...)
+	out["group-first"] = shapeDefinition(append(grouped("Reserve",
+		shapeStep("A", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, true),
+		shapeStep("B", sagadef.RoleCompensatable, false, sagadef.TimeoutRetry, 2, sagadef.LateApplyIfWaiting, false)),
+		shapeStep("C", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false))...)
 	// A retriable step that times out to review, and a pivot first.
 	out["pivot-first"] = shapeDefinition(
 		shapeStep("A", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 2, sagadef.LateManualReview, false),
@@ -340,4 +383,50 @@ func TestScenariosCatchWrongDefinitions(t *testing.T) {
 		}
 	}
 	require.Positive(t, failed, "a harness delivering the wrong replies fails no scenario")
+}
+
+// TestScenariosCatchWrongGroups: the scenarios of a saga with a parallel
+// group cover every member × failure, timeout, late reply and duplicate,
+// and fail on a definition that runs the members one after another, takes
+// a member out of the group, reorders the members, or changes a member's
+// role or timeout action.
+func TestScenariosCatchWrongGroups(t *testing.T) {
+	t.Parallel()
+	base := func() *sagadef.Definition {
+		steps := []sagadef.Step{shapeStep("A", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false)}
+		steps = append(steps, grouped("Reserve",
+			shapeStep("B", sagadef.RoleCompensatable, false, sagadef.TimeoutCompensate, 1, sagadef.LateManualReview, true),
+			shapeStep("C", sagadef.RoleCheck, false, sagadef.TimeoutRetry, 3, sagadef.LateApplyIfWaiting, false),
+			shapeStep("D", sagadef.RoleCompensatable, false, sagadef.TimeoutRetry, 2, sagadef.LateIgnore, false))...)
+		steps = append(steps, shapeStep("E", sagadef.RolePivot, false, sagadef.TimeoutCompensate, 1, sagadef.LateIgnore, false))
+		return shapeDefinition(steps...)
+	}
+	scenarios := toHarness(graphScenarios(base().Steps))
+	for _, sc := range scenarios {
+		require.Empty(t, run(base(), sc), "scenario %s on the definition it was computed from", sc.Name)
+	}
+	for _, member := range []string{"B", "C", "D"} {
+		for _, kind := range []string{"failure", "timeout", "late-reply", "duplicate-reply"} {
+			name := member + "/" + kind
+			require.True(t, slices.ContainsFunc(scenarios, func(sc sagatest.Scenario) bool { return sc.Name == name }), "no scenario %s", name)
+		}
+	}
+	// B fails while C and D wait: they stop; D, then B's earlier
+	// neighbours are compensated in reverse contract order (C is a check).
+	i := slices.IndexFunc(scenarios, func(sc sagatest.Scenario) bool { return sc.Name == "B/failure" })
+	require.Equal(t, []string{"D", "A"}, scenarios[i].Compensated)
+	requireMutantsFail(t, base, scenarios, map[string]func(d *sagadef.Definition){
+		"no group": func(d *sagadef.Definition) {
+			d.Groups = nil
+			for i := range d.Steps {
+				d.Steps[i].Group = ""
+			}
+		},
+		"D is not a member": func(d *sagadef.Definition) { d.Steps[3].Group = "" },
+		"C and D swapped":   func(d *sagadef.Definition) { d.Steps[2], d.Steps[3] = d.Steps[3], d.Steps[2] },
+		"C is compensatable": func(d *sagadef.Definition) {
+			d.Steps[2].Role, d.Steps[2].Compensation, d.Steps[2].CompensationReply = sagadef.RoleCompensatable, "s.v1.UndoC", "s.v1.CUndone"
+		},
+		"D compensates on timeout": func(d *sagadef.Definition) { d.Steps[3].OnTimeout = sagadef.TimeoutCompensate },
+	})
 }

@@ -159,6 +159,8 @@ type Saga struct {
 	BusinessKey *FieldPath
 	Deadline    time.Duration
 	Steps       []*Step
+	// Groups lists the saga's parallel groups in declaration order.
+	Groups []*Group
 	// Definition is the compiled runtime definition (states and the
 	// transition table included).
 	Definition *sagadef.Definition
@@ -215,6 +217,23 @@ type Step struct {
 	OnTimeout           sagav1.TimeoutAction
 	MaxAttempts         int
 	Late                sagav1.LateReply
+	// Group is the parallel group the step belongs to; nil when it runs
+	// alone.
+	Group *Group
+}
+
+// Group is a saga's parallel group: consecutive steps dispatched together
+// and joined when all complete.
+type Group struct {
+	Name string
+	// Timeout bounds the wait for every member's reply.
+	Timeout time.Duration
+	// Steps are the members in contract order.
+	Steps []*Step
+	// index is the group's position in the saga option's groups.
+	index int
+	// bad is set when the review found a problem with the group.
+	bad bool
 }
 
 // Options configure [Build].

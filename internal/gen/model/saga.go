@@ -118,6 +118,7 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 		s.Steps = append(s.Steps, b.step(f, path(base, sagaSteps, int32(i)), pkg, s, so))
 	}
 	b.stepOrder(f, base, s)
+	b.groups(f, base, s, o)
 	b.deadlinePath(f, base, s)
 	b.conversation(f, base, s, o)
 	if o.GetCancel() != nil {
@@ -516,13 +517,19 @@ func (b *builder) startOwner(f *protogen.File, p []int32, s *Saga, st *Message) 
 // other. The deadline bounds the forward path only (compensation clears
 // it), so a saga whose steps each answer within their own budget would
 // still be sent to manual review. A single step over the deadline is a
-// retry-budget finding instead.
+// retry-budget finding instead. The members of a parallel group wait at
+// the same time: a group counts as its longest member.
 func (b *builder) deadlinePath(f *protogen.File, base []int32, s *Saga) {
 	if s.Deadline <= 0 || len(s.Steps) == 0 {
 		return
 	}
 	var total time.Duration
 	var parts []string
+	// group is the parallel group the steps just counted belong to, its
+	// longest member's wait so far and the index of that member's part.
+	var group *Group
+	var groupWait time.Duration
+	groupPart := -1
 	for _, st := range s.Steps {
 		if st.Timeout <= 0 {
 			return // step-timeout or duration reports it
@@ -535,11 +542,25 @@ func (b *builder) deadlinePath(f *protogen.File, base []int32, s *Saga) {
 		if wait > s.Deadline {
 			return // retry-budget reports the step
 		}
-		total = saturatingAdd(total, wait)
 		part := st.Name + " " + st.Timeout.String()
 		if n > 1 {
 			part = fmt.Sprintf("%s %d × %s", st.Name, n, st.Timeout)
 		}
+		if st.Group != nil && st.Group == group {
+			// Another member: only the longest counts.
+			if wait > groupWait {
+				total = saturatingAdd(total-groupWait, wait)
+				groupWait = wait
+				parts[groupPart] = fmt.Sprintf("group %s: %s", group.Name, part)
+			}
+			continue
+		}
+		group, groupWait, groupPart = st.Group, 0, -1
+		if st.Group != nil {
+			groupWait, groupPart = wait, len(parts)
+			part = fmt.Sprintf("group %s: %s", st.Group.Name, part)
+		}
+		total = saturatingAdd(total, wait)
 		parts = append(parts, part)
 	}
 	if total <= s.Deadline {
@@ -1105,6 +1126,9 @@ func (s *Saga) definition() *sagadef.Definition {
 		if st.Command != nil {
 			ds.Command = st.Command.FullName
 		}
+		if st.Group != nil {
+			ds.Group = st.Group.Name
+		}
 		if st.Compensation != nil {
 			ds.Compensation = st.Compensation.FullName
 		}
@@ -1112,6 +1136,9 @@ func (s *Saga) definition() *sagadef.Definition {
 			ds.CompensationReply = st.CompensationReply.FullName
 		}
 		d.Steps = append(d.Steps, ds)
+	}
+	for _, g := range s.Groups {
+		d.Groups = append(d.Groups, sagadef.Group{Name: g.Name, Timeout: g.Timeout})
 	}
 	if c := s.Cancel; c != nil && c.Message != nil {
 		d.Cancel.Message = c.Message.FullName

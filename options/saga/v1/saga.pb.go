@@ -585,7 +585,10 @@ type Saga struct {
 	Cancel *Cancel `protobuf:"bytes,8,opt,name=cancel,proto3" json:"cancel,omitempty"`
 	// callback declares which of the saga's outcomes are delivered to the
 	// client as durable, signed HTTP callbacks, and where. Default: none.
-	Callback      *Callback `protobuf:"bytes,9,opt,name=callback,proto3" json:"callback,omitempty"`
+	Callback *Callback `protobuf:"bytes,9,opt,name=callback,proto3" json:"callback,omitempty"`
+	// groups declares the saga's parallel groups (a step names its group in
+	// Step.group). Every group a step names is declared here, once.
+	Groups        []*Group `protobuf:"bytes,10,rep,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -679,6 +682,13 @@ func (x *Saga) GetCancel() *Cancel {
 func (x *Saga) GetCallback() *Callback {
 	if x != nil {
 		return x.Callback
+	}
+	return nil
+}
+
+func (x *Saga) GetGroups() []*Group {
+	if x != nil {
+		return x.Groups
 	}
 	return nil
 }
@@ -879,7 +889,16 @@ type Step struct {
 	// nothing, is never compensated, and is recorded, with the decider's
 	// reason, in the audit trail. The pivot is never conditional (design
 	// rule step-conditional).
-	Conditional   bool `protobuf:"varint,14,opt,name=conditional,proto3" json:"conditional,omitempty"`
+	Conditional bool `protobuf:"varint,14,opt,name=conditional,proto3" json:"conditional,omitempty"`
+	// group names the parallel group (Saga.groups) the step belongs to.
+	// Consecutive steps naming the same group run together: their commands
+	// are sent at once and the saga moves on when every member succeeded.
+	// When one fails or times out, the members still waiting stop, and the
+	// completed compensatable members and the steps before the group are
+	// compensated in reverse order; a stopped member's late reply follows its
+	// late_reply policy. Default: none (the step runs alone). Design rules
+	// group-members and group-timeout.
+	Group         string `protobuf:"bytes,15,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1012,6 +1031,75 @@ func (x *Step) GetConditional() bool {
 	return false
 }
 
+func (x *Step) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+// Group declares one parallel group of a saga: consecutive steps that name
+// it in Step.group are dispatched together and joined when all complete.
+type Group struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the group's CamelCase name, unique within the saga among
+	// groups and steps. Its state name derives from it: renaming is a
+	// breaking change. Required.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// timeout bounds the wait for every member's reply (Go duration syntax).
+	// Each member keeps its own timeout too; the group's is at least the
+	// longest of them (design rule group-timeout). Past it, the members still
+	// waiting stop and the saga compensates as for a member's failure.
+	// Required.
+	Timeout       string `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Group) Reset() {
+	*x = Group{}
+	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Group) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Group) ProtoMessage() {}
+
+func (x *Group) ProtoReflect() protoreflect.Message {
+	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Group.ProtoReflect.Descriptor instead.
+func (*Group) Descriptor() ([]byte, []int) {
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Group) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Group) GetTimeout() string {
+	if x != nil {
+		return x.Timeout
+	}
+	return ""
+}
+
 // Retry is a queue's retry policy: how often a message whose handler
 // failed is delivered again, and after which waits, before it is parked.
 type Retry struct {
@@ -1030,7 +1118,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	mi := &file_saga_v1_saga_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1130,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	mi := &file_saga_v1_saga_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1143,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{5}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Retry) GetTiers() []string {
@@ -1123,7 +1211,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\vsubscribers\x18\n" +
 	" \x03(\tR\vsubscribers\x12$\n" +
 	"\x05retry\x18\v \x01(\v2\x0e.saga.v1.RetryR\x05retry\x12-\n" +
-	"\x13time_to_be_received\x18\f \x01(\tR\x10timeToBeReceived\"\xdc\x02\n" +
+	"\x13time_to_be_received\x18\f \x01(\tR\x10timeToBeReceived\"\x84\x03\n" +
 	"\x04Saga\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12!\n" +
@@ -1133,7 +1221,9 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x05steps\x18\x06 \x03(\v2\r.saga.v1.StepR\x05steps\x12\x18\n" +
 	"\aservice\x18\a \x01(\tR\aservice\x12'\n" +
 	"\x06cancel\x18\b \x01(\v2\x0f.saga.v1.CancelR\x06cancel\x12-\n" +
-	"\bcallback\x18\t \x01(\v2\x11.saga.v1.CallbackR\bcallback\"\x9b\x01\n" +
+	"\bcallback\x18\t \x01(\v2\x11.saga.v1.CallbackR\bcallback\x12&\n" +
+	"\x06groups\x18\n" +
+	" \x03(\v2\x0e.saga.v1.GroupR\x06groups\"\x9b\x01\n" +
 	"\bCallback\x12,\n" +
 	"\boutcomes\x18\x01 \x03(\x0e2\x10.saga.v1.OutcomeR\boutcomes\x12\x1b\n" +
 	"\turl_field\x18\x02 \x01(\tR\burlField\x12!\n" +
@@ -1142,7 +1232,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x06Cancel\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12!\n" +
 	"\frequested_by\x18\x02 \x01(\tR\vrequestedBy\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xf6\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8c\x04\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\x04role\x18\x02 \x01(\x0e2\r.saga.v1.RoleR\x04role\x12\x18\n" +
@@ -1160,7 +1250,11 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\n" +
 	"late_reply\x18\f \x01(\x0e2\x12.saga.v1.LateReplyR\tlateReply\x12\x1a\n" +
 	"\bexternal\x18\r \x01(\bR\bexternal\x12 \n" +
-	"\vconditional\x18\x0e \x01(\bR\vconditional\"@\n" +
+	"\vconditional\x18\x0e \x01(\bR\vconditional\x12\x14\n" +
+	"\x05group\x18\x0f \x01(\tR\x05group\"5\n" +
+	"\x05Group\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\atimeout\x18\x02 \x01(\tR\atimeout\"@\n" +
 	"\x05Retry\x12\x14\n" +
 	"\x05tiers\x18\x01 \x03(\tR\x05tiers\x12!\n" +
 	"\fmax_attempts\x18\x02 \x01(\x05R\vmaxAttempts*N\n" +
@@ -1214,7 +1308,7 @@ func file_saga_v1_saga_proto_rawDescGZIP() []byte {
 }
 
 var file_saga_v1_saga_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_saga_v1_saga_proto_goTypes = []any{
 	(Kind)(0),                           // 0: saga.v1.Kind
 	(Outcome)(0),                        // 1: saga.v1.Outcome
@@ -1227,29 +1321,31 @@ var file_saga_v1_saga_proto_goTypes = []any{
 	(*Callback)(nil),                    // 8: saga.v1.Callback
 	(*Cancel)(nil),                      // 9: saga.v1.Cancel
 	(*Step)(nil),                        // 10: saga.v1.Step
-	(*Retry)(nil),                       // 11: saga.v1.Retry
-	(*descriptorpb.MessageOptions)(nil), // 12: google.protobuf.MessageOptions
+	(*Group)(nil),                       // 11: saga.v1.Group
+	(*Retry)(nil),                       // 12: saga.v1.Retry
+	(*descriptorpb.MessageOptions)(nil), // 13: google.protobuf.MessageOptions
 }
 var file_saga_v1_saga_proto_depIdxs = []int32{
 	0,  // 0: saga.v1.Message.kind:type_name -> saga.v1.Kind
-	11, // 1: saga.v1.Message.retry:type_name -> saga.v1.Retry
+	12, // 1: saga.v1.Message.retry:type_name -> saga.v1.Retry
 	2,  // 2: saga.v1.Saga.on_compensation_failure:type_name -> saga.v1.CompensationFailure
 	10, // 3: saga.v1.Saga.steps:type_name -> saga.v1.Step
 	9,  // 4: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
 	8,  // 5: saga.v1.Saga.callback:type_name -> saga.v1.Callback
-	1,  // 6: saga.v1.Callback.outcomes:type_name -> saga.v1.Outcome
-	3,  // 7: saga.v1.Step.role:type_name -> saga.v1.Role
-	4,  // 8: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
-	5,  // 9: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
-	12, // 10: saga.v1.message:extendee -> google.protobuf.MessageOptions
-	12, // 11: saga.v1.saga:extendee -> google.protobuf.MessageOptions
-	6,  // 12: saga.v1.message:type_name -> saga.v1.Message
-	7,  // 13: saga.v1.saga:type_name -> saga.v1.Saga
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	12, // [12:14] is the sub-list for extension type_name
-	10, // [10:12] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	11, // 6: saga.v1.Saga.groups:type_name -> saga.v1.Group
+	1,  // 7: saga.v1.Callback.outcomes:type_name -> saga.v1.Outcome
+	3,  // 8: saga.v1.Step.role:type_name -> saga.v1.Role
+	4,  // 9: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
+	5,  // 10: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
+	13, // 11: saga.v1.message:extendee -> google.protobuf.MessageOptions
+	13, // 12: saga.v1.saga:extendee -> google.protobuf.MessageOptions
+	6,  // 13: saga.v1.message:type_name -> saga.v1.Message
+	7,  // 14: saga.v1.saga:type_name -> saga.v1.Saga
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	13, // [13:15] is the sub-list for extension type_name
+	11, // [11:13] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_saga_v1_saga_proto_init() }
@@ -1263,7 +1359,7 @@ func file_saga_v1_saga_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_saga_v1_saga_proto_rawDesc), len(file_saga_v1_saga_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 2,
 			NumServices:   0,
 		},

@@ -199,6 +199,8 @@ func subtitle(d *sagadef.Definition, s sagadef.State) string {
 			}
 			return sub
 		}
+	case sagadef.StateKindGroup:
+		return "parallel: " + strings.Join(d.Members(s.Group), ", ")
 	case sagadef.StateKindCompensating:
 		return "compensation"
 	case sagadef.StateKindManualReview:
@@ -212,13 +214,15 @@ func subtitle(d *sagadef.Definition, s sagadef.State) string {
 // placeOnGrid assigns lanes and columns.
 func (l *diagramLayout) placeOnGrid(d *sagadef.Definition) {
 	// Layers: distance from the start along forward rows.
-	forwardTarget := func(s sagadef.State) bool { return s.Kind == sagadef.StateKindStep || s.Name == sagadef.StateCompleted }
+	forwardTarget := func(s sagadef.State) bool {
+		return s.Kind == sagadef.StateKindStep || s.Kind == sagadef.StateKindGroup || s.Name == sagadef.StateCompleted
+	}
 	layer := map[string]int{"": 0}
 	queue := []string{""}
 	for len(queue) > 0 {
 		cur := queue[0]
 		queue = queue[1:]
-		if cur != "" && l.byName[cur].state.Kind != sagadef.StateKindStep {
+		if k := l.byName[cur]; cur != "" && k.state.Kind != sagadef.StateKindStep && k.state.Kind != sagadef.StateKindGroup {
 			continue
 		}
 		for _, t := range d.Transitions {
@@ -236,7 +240,7 @@ func (l *diagramLayout) placeOnGrid(d *sagadef.Definition) {
 	// order), then COMPLETED.
 	var happy []*diagramNode
 	for _, n := range l.nodes[1:] {
-		if n.state.Kind == sagadef.StateKindStep {
+		if n.state.Kind == sagadef.StateKindStep || n.state.Kind == sagadef.StateKindGroup {
 			happy = append(happy, n)
 		}
 	}

@@ -43,6 +43,8 @@ func stateStyle(s sagadef.State) (fill, stroke string) {
 	switch {
 	case s.Kind == sagadef.StateKindStep:
 		return "#ffffff", "#5d6677"
+	case s.Kind == sagadef.StateKindGroup:
+		return "#eef4ff", "#2f5fb3"
 	case s.Kind == sagadef.StateKindCompensating:
 		return "#fff4e5", "#a35a00"
 	case s.Kind == sagadef.StateKindManualReview:
