@@ -29,8 +29,9 @@
 // After the orders, trips of the travel example run on the same host
 // (-trips, default 20), each provoking one scenario in turn: booked with
 // insurance; booked with insurance skipped by the decider; a sold-out flight
-// (the car and hotel held before it are cancelled); a declined card (the
-// insurance, flight, car and hotel cancelled in reverse); an expired
+// (the hotel and car, held with it in a parallel group, are cancelled); a
+// declined card (the insurance, then the car, hotel and flight cancelled in
+// reverse); an expired
 // passport (the check step fails with nothing to undo). Each booked trip's
 // itinerary is sent by the itinerary service's subscriber of TripBooked.
 //
