@@ -1,6 +1,10 @@
 package admin
 
-import "time"
+import (
+	"time"
+
+	"github.com/protosaga/saga/runtime/sagadef"
+)
 
 // Timeline is one saga's story (GET /api/sagas/{id}): the instance, where it
 // stands in its definition, and every transition, message and parked message
@@ -48,6 +52,9 @@ type ProgressView struct {
 	Completed   []string `json:"completed,omitempty"`
 	Compensated []string `json:"compensated,omitempty"`
 	Stopped     []string `json:"stopped,omitempty"`
+	// Parent is the saga whose child step started the instance; nil when
+	// none did.
+	Parent *sagadef.Parent `json:"parent,omitempty"`
 }
 
 // TimelineCount counts what the timeline holds.

@@ -69,8 +69,9 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Pr
 		Data:      s.data(t, st.Data, st.DataError),
 		Steps:     stepViews(t.def),
 		Mermaid:   t.def.Mermaid(),
-		Progress:  ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped},
-		Actions:   s.actionViews(ctx, t, st, p),
+		Progress: ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped,
+			Parent: st.Progress.Parent},
+		Actions: s.actionViews(ctx, t, st, p),
 	}
 	visited := map[string]bool{}
 	for _, a := range hist {

@@ -185,7 +185,10 @@ func OnceKey(m Message, operatorRetry int) string {
 // (service.Schedule), and a type with a time to be received sets
 // Info.TimeToBeReceived; generated test packages hold each saga's scenarios
 // computed from its graph and a test running them (sagatest.Scenario, Move,
-// ScenarioEnv, RunScenarios, StubHooks).
+// ScenarioEnv, RunScenarios, StubHooks). Generated sagas may start child
+// sagas (sagadef.Step.Child) and declare the replies by which they answer a
+// parent (sagadef.Definition.Replies, sagadef.Replies), whose transition
+// table compensates a completed child on its cancel.
 const SupportPackageIsVersion7 = true
 
 // SupportPackageIsVersion6 is referenced by code generated for version 6,

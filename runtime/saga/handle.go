@@ -80,7 +80,8 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 			return retry.Permanent(fmt.Errorf("saga handle: message %s: unknown message type %s", env.MessageID, kind))
 		}
 	}
-	if env.SagaType != "" && env.SagaType != e.def.Name {
+	parent := e.fromParent(env, kind) // a child's start or cancel (child.go)
+	if env.SagaType != "" && env.SagaType != e.def.Name && parent == nil {
 		return retry.Permanent(fmt.Errorf("saga handle: message %s (%s) belongs to saga type %s, this engine runs %s",
 			env.MessageID, kind, env.SagaType, e.def.Name))
 	}
@@ -89,10 +90,14 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 	if err := txq.Sync(ctx, tx); err != nil {
 		return err
 	}
-	if kind == e.def.StartMessage && env.SagaID == "" {
-		return e.handleStart(ctx, tx, d)
+	sagaID := env.SagaID
+	if parent != nil {
+		sagaID = "" // the parent's: the instance is found by business key
 	}
-	w, err := e.lockFor(ctx, tx, env.SagaID, d)
+	if kind == e.def.StartMessage && sagaID == "" {
+		return e.handleStart(ctx, tx, d, parent)
+	}
+	w, err := e.lockFor(ctx, tx, sagaID, d)
 	if err != nil {
 		return err
 	}
@@ -109,7 +114,8 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		// The audit row names who asked for the cancel and why.
 		trig.Operator, trig.Reason = e.def.CancelRequest(d.Message)
 	}
-	out, err := e.transition(ctx, tx, w, trig, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt})
+	out, err := e.transition(ctx, tx, w, trig, origin{Traceparent: env.Traceparent, Tracestate: env.Tracestate, Attempt: d.Attempt, ReceivedAt: d.ReceivedAt,
+		Parent: parent != nil})
 	if ce := (*sagadef.CausationError)(nil); errors.As(err, &ce) {
 		return retry.Permanent(e.misaddressed(ctx, tx, env, w.ID, ce))
 	}
@@ -175,10 +181,10 @@ func shortName(full string) string {
 
 // handleStart starts a saga from a delivered start message. A redelivery
 // with a new message id finds the instance by business key and starts
-// nothing.
-func (e *Engine) handleStart(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+// nothing. A parent's start (a child step's) records the parent.
+func (e *Engine) handleStart(ctx context.Context, tx pgx.Tx, d *consumer.Delivery, parent *sagadef.Parent) error {
 	env := &d.Envelope
-	_, _, err := e.StartTx(ctx, tx, d.Message, message.Meta{
+	_, _, err := e.startTx(ctx, tx, d.Message, parent, message.Meta{
 		MessageID:   env.MessageID,
 		CausationID: env.CausationID,
 		Traceparent: env.Traceparent,

@@ -53,7 +53,10 @@ var (
 	msgNotifyCustomer     = newInfo("NotifyCustomer", message.KindCommand) // a step a later release adds
 	msgCustomerNotified   = newInfo("CustomerNotified", message.KindReply)
 	msgCancelOrder        = newCancelInfo()
-	allInfos              = []*message.Info{msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder, msgReserveCredit, msgCreditReserved, msgCreditRefused, msgReleaseCredit, msgCreditReleased}
+	msgChildCompleted     = newInfo("OrderCompleted", message.KindReply) // a child's outcome replies
+	msgChildFailed        = newInfo("OrderFailed", message.KindReply)
+	msgChildCancelled     = newInfo("OrderCancelled", message.KindReply)
+	allInfos              = []*message.Info{msgChildCompleted, msgChildFailed, msgChildCancelled, msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder, msgReserveCredit, msgCreditReserved, msgCreditRefused, msgReleaseCredit, msgCreditReleased}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour
@@ -195,6 +198,9 @@ type defOptions struct {
 	// group runs ReserveInventory and ReserveCredit as the parallel group
 	// ReserveStock (see groupReserve).
 	group bool
+	// child makes the saga a child (child_test.go): ReserveInventory its
+	// only step, the cancel declared, and outcome replies.
+	child bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -279,8 +285,12 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	if o.group {
 		groupReserve(def)
 	}
-	if o.cancel {
+	if o.cancel || o.child {
 		def.Cancel = sagadef.Cancel{Message: msgCancelOrder.FullName, RequestedBy: "request_type_url", Reason: "response_type_url"}
+	}
+	if o.child {
+		def.Steps = def.Steps[:1]
+		def.Replies = sagadef.Replies{Completed: msgChildCompleted.FullName, Failed: msgChildFailed.FullName, Cancelled: msgChildCancelled.FullName}
 	}
 	require.NoError(t, def.Compile())
 	return def

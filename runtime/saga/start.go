@@ -28,6 +28,12 @@ import (
 // causation id of the first commands, its trace context continues in them.
 // Its SagaID, SagaType and CorrelationID are ignored (the engine assigns them).
 func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, meta message.Meta) (sagaID string, created bool, err error) {
+	return e.startTx(ctx, tx, start, nil, meta)
+}
+
+// startTx is StartTx for a start message a parent saga sent from a child
+// step (parent non-nil), which the instance records.
+func (e *Engine) startTx(ctx context.Context, tx pgx.Tx, start message.Message, parent *sagadef.Parent, meta message.Meta) (sagaID string, created bool, err error) {
 	ctx, span := e.tel.startStart(ctx, messageMeta{messageID: meta.MessageID, causationID: meta.CausationID})
 	var state string
 	defer func() { e.tel.endStart(ctx, tx, span, sagaID, created, state, err) }()
@@ -49,6 +55,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	}
 	inst := res.Instance
 	inst.ID = id
+	inst.Progress.Parent = parent
 	if inst.BusinessKey == "" {
 		return "", false, retry.Permanent(fmt.Errorf("start saga %s: hooks returned an empty business key", e.def.Name))
 	}
@@ -63,7 +70,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 		inst.LastError, inst.ReviewReason, now).Scan(&got)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return e.startExisting(ctx, tx, inst.BusinessKey, meta)
+		return e.startExisting(ctx, tx, inst.BusinessKey, meta, parent)
 	case err != nil:
 		return "", false, fmt.Errorf("insert saga %s (business key %q): %w", e.def.Name, inst.BusinessKey, err)
 	}
@@ -83,6 +90,9 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 	}); err != nil {
 		return "", false, err
 	}
+	if err := e.replyToParent(ctx, tx, id, inst, from, to, sagadef.Trigger{}, origin{}); err != nil {
+		return "", false, err
+	}
 	if owned {
 		if err := scope.Flush(ctx); err != nil {
 			return "", false, err
@@ -94,7 +104,7 @@ func (e *Engine) StartTx(ctx context.Context, tx pgx.Tx, start message.Message, 
 }
 
 // startExisting handles a start whose business key is taken.
-func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta message.Meta) (string, bool, error) {
+func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta message.Meta, parent *sagadef.Parent) (string, bool, error) {
 	w, err := e.loadIn(ctx, tx, e.q.existingByKey, key)
 	if errors.Is(err, ErrNotFound) {
 		// The conflicting row exists but this transaction cannot see it:
@@ -111,6 +121,11 @@ func (e *Engine) startExisting(ctx context.Context, tx pgx.Tx, key string, meta 
 		Note: "start repeated for an existing business key; nothing sent", Version: w.Version,
 	}); err != nil {
 		return "", false, err
+	}
+	if parent != nil {
+		if err := e.answerRepeatedStart(ctx, tx, w, parent); err != nil {
+			return "", false, err
+		}
 	}
 	return w.ID, false, nil
 }

@@ -30,6 +30,9 @@ type origin struct {
 	// Link is a trace the transition's span links to: for a timeout, the
 	// trace of the command that went unanswered.
 	Link trace.SpanContext
+	// Parent is set when the trigger is a parent saga's start or cancel
+	// message (child.go).
+	Parent bool
 	// Flush sends the transition's queued writes before its span ends, so
 	// that a write that fails ends the span with the error. The timeout
 	// scanner sets it; a consumer's handler does not (its writes go out
@@ -87,6 +90,7 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Result, trig sagadef.Trigger, o origin) (outcome, error) {
 	after := res.Instance
 	after.ID = w.ID
+	markParentCancel(&after, trig, o)
 	enc, err := encode(after, w.Data)
 	if err != nil {
 		return outcome{}, err
@@ -139,6 +143,9 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 		return outcome{}, err
 	}
 	if err := e.queueCallback(ctx, tx, w, after, from, to); err != nil {
+		return outcome{}, err
+	}
+	if err := e.replyToParent(ctx, tx, w.ID, after, from, to, trig, o); err != nil {
 		return outcome{}, err
 	}
 	if owned {

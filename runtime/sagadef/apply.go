@@ -299,6 +299,7 @@ func (p Progress) clone() Progress {
 		Deferrals:            p.Deferrals,
 		Cancel:               cloneCancel(p.Cancel),
 		Group:                p.Group.clone(),
+		Parent:               cloneParent(p.Parent),
 	}
 }
 

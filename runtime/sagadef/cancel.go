@@ -69,6 +69,15 @@ func (w *work) onCancel() error {
 	st := w.state()
 	switch st.Kind {
 	case StateKindTerminal:
+		if st.Name == StateCompleted && w.d.CompensableAfterCompletion() {
+			w.class = ClassNew
+			if err := w.fold(); err != nil {
+				return err
+			}
+			w.progress().Cancel = &Cancellation{RequestedBy: by, Reason: why, MessageID: w.trig.MessageID}
+			w.note("%s after the saga completed; compensating its steps in reverse", who)
+			return w.compensate()
+		}
 		w.noop(ClassLate, "%s ignored: the saga already ended %s", who, st.Name)
 		return nil
 	case StateKindCompensating:

@@ -232,6 +232,9 @@ func (d *Definition) validate() (*index, []error) {
 	if err := validateCallback(d.Callback); err != nil {
 		fail("", "%s", err)
 	}
+	for _, problem := range d.validateReplies() {
+		fail("", "%s", problem)
+	}
 	ix := &index{messages: map[string]msgRef{}, steps: map[string]int{}, groups: map[string]span{}}
 	// uses records every message name with where it was used, so a second
 	// use names the first.

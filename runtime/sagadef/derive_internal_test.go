@@ -103,13 +103,18 @@ func randomDefinition(r *rand.Rand, maxSteps int, withGroups bool) *Definition {
 	}
 	if r.IntN(2) == 0 {
 		d.Cancel = Cancel{Message: "rand.Cancel", RequestedBy: "by", Reason: "why"}
+		if r.IntN(2) == 0 {
+			// A child saga: without a pivot or retriable steps, a cancel
+			// compensates it after it completed.
+			d.Replies = Replies{Completed: "rand.ChildDone", Failed: "rand.ChildFailed", Cancelled: "rand.ChildCancelled"}
+		}
 	}
 	return d
 }
 
 func describe(d *Definition) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "deadline=%s cancel=%q groups=%v\n", d.Deadline, d.Cancel.Message, d.Groups)
+	fmt.Fprintf(&b, "deadline=%s cancel=%q groups=%v child=%t\n", d.Deadline, d.Cancel.Message, d.Groups, d.CompensableAfterCompletion())
 	for _, s := range d.Steps {
 		fmt.Fprintf(&b, "  %s group=%q role=%s ext=%t cond=%t ok=%v fail=%v cf=%v timeout=%s max=%d late=%s\n", s.Name, s.Group, s.Role, s.External, s.Conditional,
 			s.SuccessReplies, s.FailureReplies, s.CompensationFailureReplies, s.OnTimeout, s.MaxAttempts, s.Late)

@@ -107,6 +107,11 @@ type Step struct {
 	// Progress.Skipped with the decider's reason in the audit note, and is
 	// never compensated. The pivot is never conditional.
 	Conditional bool
+	// Child is the full name of the saga the step starts (a child step):
+	// Command is the child's start message, the step's replies are the
+	// child's outcome replies (Definition.Replies of the child) and its
+	// compensation, if any, is the child's cancel. Empty for other steps.
+	Child string
 	// Group names the parallel group (Definition.Groups) the step belongs
 	// to; empty when it runs alone. A group's members are consecutive
 	// steps, sent together and joined when all succeed.
@@ -170,6 +175,9 @@ type Definition struct {
 	// Callback declares the outcomes delivered to clients as HTTP
 	// callbacks; the zero value declares none.
 	Callback Callback
+	// Replies names the replies the saga sends to a parent saga that
+	// started it from a child step; the zero value declares none.
+	Replies Replies
 	// States and Transitions are the complete state set and transition
 	// table; [Definition.Compile] fills them from Steps.
 	States      []State
@@ -345,6 +353,10 @@ type Progress struct {
 	// applied: the compensation it started ends CANCELLED rather than
 	// FAILED. An operator's retry that resumes the forward path clears it.
 	Cancel *Cancellation `json:"cancel,omitempty"`
+	// Parent is the saga whose child step started the instance; nil when
+	// none did. The engine addresses the outcome replies (Definition.Replies)
+	// to it.
+	Parent *Parent `json:"parent,omitempty"`
 	// Group is the parallel group the saga waits on (in its group state),
 	// or waited on when it entered manual review: its members still
 	// waiting, each with its pending command. Nil elsewhere.

@@ -424,6 +424,12 @@ func (d *Definition) derive() []Transition {
 		add(st, TriggerOperatorRetry, resend)
 		add(st, TriggerOperatorCancel, dest{StateCancelled, nil})
 	}
+	if d.CompensableAfterCompletion() {
+		// A child's parent compensates it after it completed: from any
+		// compensatable step that may have run (an operator's resolve
+		// reaches COMPLETED from anywhere), or straight to CANCELLED.
+		add(StateCompleted, cancel, cancelled(compensateOver(len(steps)-1, always, func(int) bool { return false }))...)
+	}
 	// Terminal states.
 	for k, s := range steps {
 		toReview(StateCompleted, conflictsPassed(k)...)

@@ -88,6 +88,9 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		if st.Group != "" {
 			g.P("Group: ", strconv.Quote(st.Group), ",")
 		}
+		if st.Child != "" {
+			g.P("Child: ", strconv.Quote(st.Child), ",")
+		}
 		g.P("SuccessReplies: ", stringSlice(st.SuccessReplies), ",")
 		if len(st.FailureReplies) > 0 {
 			g.P("FailureReplies: ", stringSlice(st.FailureReplies), ",")
@@ -120,6 +123,10 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 	if c := d.Callback; c.Declared() {
 		g.P("Callback: ", sagadefPkg.Ident("Callback"), "{States: ", stringSlice(c.States), ", URLField: ", strconv.Quote(c.URLField),
 			", ClientField: ", strconv.Quote(c.ClientField), ", IncludeData: ", c.IncludeData, "},")
+	}
+	if r := d.Replies; r.Declared() {
+		g.P("Replies: ", sagadefPkg.Ident("Replies"), "{Completed: ", strconv.Quote(r.Completed), ", Failed: ", strconv.Quote(r.Failed),
+			", Cancelled: ", strconv.Quote(r.Cancelled), "},")
 	}
 	g.P("States: []", sagadefPkg.Ident("State"), "{")
 	for _, st := range d.States {

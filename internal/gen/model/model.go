@@ -181,6 +181,10 @@ type Saga struct {
 	// Callback declares the saga's HTTP callbacks; nil when it declares
 	// none.
 	Callback *Callback
+	// Replies are the replies the saga sends to a parent saga that started
+	// it from a child step; nil when it declares none (it cannot be a
+	// child).
+	Replies  *Replies
 	Generate bool
 }
 
@@ -217,6 +221,8 @@ type Step struct {
 	OnTimeout           sagav1.TimeoutAction
 	MaxAttempts         int
 	Late                sagav1.LateReply
+	// Child is the saga the step starts (a child step); nil otherwise.
+	Child *Saga
 	// Group is the parallel group the step belongs to; nil when it runs
 	// alone.
 	Group *Group

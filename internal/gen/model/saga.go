@@ -16,10 +16,18 @@ import (
 )
 
 func (b *builder) resolveSagas() {
+	failed := map[*sagaDecl]bool{}
 	for _, d := range b.sagas {
 		before := len(b.diags)
 		d.saga = b.saga(d)
-		if b.errorsSince(before) || !d.file.Generate {
+		failed[d] = b.errorsSince(before)
+	}
+	// Child steps name other sagas: reviewed once every saga is built.
+	for d := range b.children() {
+		failed[d] = true
+	}
+	for _, d := range b.sagas {
+		if failed[d] || !d.file.Generate {
 			continue
 		}
 		// The runtime's own compiler is the last reviewer: the table it
@@ -126,6 +134,9 @@ func (b *builder) saga(d *sagaDecl) *Saga {
 	}
 	if o.GetCallback() != nil {
 		s.Callback = b.callback(f, path(base, sagaCallback), s, o.GetCallback())
+	}
+	if o.GetReplies() != nil {
+		s.Replies = b.replies(f, path(base, sagaReplies), pkg, s, o.GetReplies())
 	}
 	return s
 }
@@ -332,7 +343,11 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 		label = fmt.Sprintf("#%d", len(s.Steps)+1)
 	}
 	ctx = fmt.Sprintf("saga %s: step %s: ", s.FullName, label)
-	b.ownedCommand(f, path(base, stepCommand), s, st.Command, label, "sends")
+	if o.GetChild() == "" {
+		// A child step's command is the child's start message, which the
+		// child's queue consumes (rules child-*).
+		b.ownedCommand(f, path(base, stepCommand), s, st.Command, label, "sends")
+	}
 	for _, prev := range s.Steps {
 		if prev.Name == st.Name && st.Name != "" {
 			b.errorf(f, base, "step-name", "give each step a unique name (name: \"...\")",
@@ -360,7 +375,9 @@ func (b *builder) step(f *protogen.File, base []int32, pkg protoreflect.FullName
 	}
 	if o.GetCompensation() != "" {
 		st.Compensation = b.ref(f, path(base, stepCompensation), pkg, ctx, o.GetCompensation(), sagav1.Kind_KIND_COMMAND, "compensation")
-		b.ownedCommand(f, path(base, stepCompensation), s, st.Compensation, label, "compensates with")
+		if o.GetChild() == "" {
+			b.ownedCommand(f, path(base, stepCompensation), s, st.Compensation, label, "compensates with")
+		}
 		b.compensationOwner(f, path(base, stepCompensation), s, st, label)
 	}
 	if o.GetCompensationReply() != "" {
@@ -1135,6 +1152,9 @@ func (s *Saga) definition() *sagadef.Definition {
 		if st.CompensationReply != nil {
 			ds.CompensationReply = st.CompensationReply.FullName
 		}
+		if st.Child != nil {
+			ds.Child = st.Child.FullName
+		}
 		d.Steps = append(d.Steps, ds)
 	}
 	for _, g := range s.Groups {
@@ -1147,6 +1167,12 @@ func (s *Saga) definition() *sagadef.Definition {
 		}
 		if c.Reason != nil {
 			d.Cancel.Reason = c.Reason.Path
+		}
+	}
+	if r := s.Replies; r != nil && r.Completed != nil && r.Failed != nil {
+		d.Replies = sagadef.Replies{Completed: r.Completed.FullName, Failed: r.Failed.FullName}
+		if r.Cancelled != nil {
+			d.Replies.Cancelled = r.Cancelled.FullName
 		}
 	}
 	if c := s.Callback; c != nil && (c.URLField != nil || c.ClientField != nil) && len(c.States) > 0 {

@@ -64,6 +64,7 @@ func Targets() []Target {
 		{Name: "golden/choreo", Root: "testdata/golden/choreo", Saga: true, Files: []string{"signup/v1/signup.proto"}},
 		{Name: "golden/noopts", Root: "testdata/golden/noopts", Saga: true, Files: []string{"plain/v1/plain.proto"}},
 		{Name: "golden/shapes", Root: "testdata/golden/shapes", Saga: true, Files: []string{"activation/v1/activation.proto"}},
+		{Name: "golden/child", Root: "testdata/golden/child", Saga: true, Files: []string{"booking/v1/booking.proto", "payment/v1/payment.proto"}},
 	}
 }
 

@@ -588,7 +588,11 @@ type Saga struct {
 	Callback *Callback `protobuf:"bytes,9,opt,name=callback,proto3" json:"callback,omitempty"`
 	// groups declares the saga's parallel groups (a step names its group in
 	// Step.group). Every group a step names is declared here, once.
-	Groups        []*Group `protobuf:"bytes,10,rep,name=groups,proto3" json:"groups,omitempty"`
+	Groups []*Group `protobuf:"bytes,10,rep,name=groups,proto3" json:"groups,omitempty"`
+	// replies declares the replies by which the saga answers a parent saga
+	// that started it from one of its steps (a child step, Step.child).
+	// Default: none (the saga cannot be a child).
+	Replies       *Replies `protobuf:"bytes,11,opt,name=replies,proto3" json:"replies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -693,6 +697,88 @@ func (x *Saga) GetGroups() []*Group {
 	return nil
 }
 
+func (x *Saga) GetReplies() *Replies {
+	if x != nil {
+		return x.Replies
+	}
+	return nil
+}
+
+// Replies names the replies a saga sends, as a child, to the parent saga
+// whose step started it: each a reply (a message name in this package, or a
+// full name) with a correlation_field. When an instance started by a parent
+// reaches an outcome, the runtime writes the outcome's reply into its outbox
+// in the transaction of that transition, addressed to the parent as the
+// answer to its start command (to its cancel, for cancelled). Fields of the
+// reply that the saga data also has (same name and type) are copied from
+// the data (the review requires the correlation field among them).
+type Replies struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// completed answers the parent when the saga completes. Required.
+	Completed string `protobuf:"bytes,1,opt,name=completed,proto3" json:"completed,omitempty"`
+	// failed answers the parent when the saga fails (a business failure,
+	// compensations done). Required.
+	Failed string `protobuf:"bytes,2,opt,name=failed,proto3" json:"failed,omitempty"`
+	// cancelled answers the parent's cancel (the saga's cancel message, which
+	// the parent step sends as its compensation): sent when the saga ends
+	// CANCELLED, and again to a cancel that finds it ended FAILED or
+	// CANCELLED. Required when the saga declares a cancel.
+	Cancelled     string `protobuf:"bytes,3,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Replies) Reset() {
+	*x = Replies{}
+	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Replies) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Replies) ProtoMessage() {}
+
+func (x *Replies) ProtoReflect() protoreflect.Message {
+	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Replies.ProtoReflect.Descriptor instead.
+func (*Replies) Descriptor() ([]byte, []int) {
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Replies) GetCompleted() string {
+	if x != nil {
+		return x.Completed
+	}
+	return ""
+}
+
+func (x *Replies) GetFailed() string {
+	if x != nil {
+		return x.Failed
+	}
+	return ""
+}
+
+func (x *Replies) GetCancelled() string {
+	if x != nil {
+		return x.Cancelled
+	}
+	return ""
+}
+
 // Callback declares a saga's HTTP callbacks: when an instance reaches one of
 // the listed outcomes, the runtime writes a callback in the same transaction
 // and its dispatcher POSTs a signed JSON rendering of the outcome
@@ -718,7 +804,7 @@ type Callback struct {
 
 func (x *Callback) Reset() {
 	*x = Callback{}
-	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	mi := &file_saga_v1_saga_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +816,7 @@ func (x *Callback) String() string {
 func (*Callback) ProtoMessage() {}
 
 func (x *Callback) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[2]
+	mi := &file_saga_v1_saga_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +829,7 @@ func (x *Callback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Callback.ProtoReflect.Descriptor instead.
 func (*Callback) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{2}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Callback) GetOutcomes() []Outcome {
@@ -797,7 +883,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_saga_v1_saga_proto_msgTypes[3]
+	mi := &file_saga_v1_saga_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +895,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[3]
+	mi := &file_saga_v1_saga_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +908,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{3}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Cancel) GetMessage() string {
@@ -890,6 +976,13 @@ type Step struct {
 	// reason, in the audit trail. The pivot is never conditional (design
 	// rule step-conditional).
 	Conditional bool `protobuf:"varint,14,opt,name=conditional,proto3" json:"conditional,omitempty"`
+	// child makes the step start a saga of another type (a message name of a
+	// saga: its name in this package, or a full name "<package>.<name>"),
+	// possibly run by another service: command is the child's start message,
+	// success its completed reply, failure its failed reply, and, for a
+	// compensatable step, compensation its cancel message and
+	// compensation_reply its cancelled reply (rules child-*).
+	Child string `protobuf:"bytes,16,opt,name=child,proto3" json:"child,omitempty"`
 	// group names the parallel group (Saga.groups) the step belongs to.
 	// Consecutive steps naming the same group run together: their commands
 	// are sent at once and the saga moves on when every member succeeded.
@@ -905,7 +998,7 @@ type Step struct {
 
 func (x *Step) Reset() {
 	*x = Step{}
-	mi := &file_saga_v1_saga_proto_msgTypes[4]
+	mi := &file_saga_v1_saga_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1010,7 @@ func (x *Step) String() string {
 func (*Step) ProtoMessage() {}
 
 func (x *Step) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[4]
+	mi := &file_saga_v1_saga_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1023,7 @@ func (x *Step) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Step.ProtoReflect.Descriptor instead.
 func (*Step) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{4}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Step) GetName() string {
@@ -1031,6 +1124,13 @@ func (x *Step) GetConditional() bool {
 	return false
 }
 
+func (x *Step) GetChild() string {
+	if x != nil {
+		return x.Child
+	}
+	return ""
+}
+
 func (x *Step) GetGroup() string {
 	if x != nil {
 		return x.Group
@@ -1058,7 +1158,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	mi := &file_saga_v1_saga_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1170,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[5]
+	mi := &file_saga_v1_saga_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1183,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{5}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Group) GetName() string {
@@ -1118,7 +1218,7 @@ type Retry struct {
 
 func (x *Retry) Reset() {
 	*x = Retry{}
-	mi := &file_saga_v1_saga_proto_msgTypes[6]
+	mi := &file_saga_v1_saga_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1130,7 +1230,7 @@ func (x *Retry) String() string {
 func (*Retry) ProtoMessage() {}
 
 func (x *Retry) ProtoReflect() protoreflect.Message {
-	mi := &file_saga_v1_saga_proto_msgTypes[6]
+	mi := &file_saga_v1_saga_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1143,7 +1243,7 @@ func (x *Retry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Retry.ProtoReflect.Descriptor instead.
 func (*Retry) Descriptor() ([]byte, []int) {
-	return file_saga_v1_saga_proto_rawDescGZIP(), []int{6}
+	return file_saga_v1_saga_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Retry) GetTiers() []string {
@@ -1211,7 +1311,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\vsubscribers\x18\n" +
 	" \x03(\tR\vsubscribers\x12$\n" +
 	"\x05retry\x18\v \x01(\v2\x0e.saga.v1.RetryR\x05retry\x12-\n" +
-	"\x13time_to_be_received\x18\f \x01(\tR\x10timeToBeReceived\"\x84\x03\n" +
+	"\x13time_to_be_received\x18\f \x01(\tR\x10timeToBeReceived\"\xb0\x03\n" +
 	"\x04Saga\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05start\x18\x02 \x01(\tR\x05start\x12!\n" +
@@ -1223,7 +1323,12 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x06cancel\x18\b \x01(\v2\x0f.saga.v1.CancelR\x06cancel\x12-\n" +
 	"\bcallback\x18\t \x01(\v2\x11.saga.v1.CallbackR\bcallback\x12&\n" +
 	"\x06groups\x18\n" +
-	" \x03(\v2\x0e.saga.v1.GroupR\x06groups\"\x9b\x01\n" +
+	" \x03(\v2\x0e.saga.v1.GroupR\x06groups\x12*\n" +
+	"\areplies\x18\v \x01(\v2\x10.saga.v1.RepliesR\areplies\"]\n" +
+	"\aReplies\x12\x1c\n" +
+	"\tcompleted\x18\x01 \x01(\tR\tcompleted\x12\x16\n" +
+	"\x06failed\x18\x02 \x01(\tR\x06failed\x12\x1c\n" +
+	"\tcancelled\x18\x03 \x01(\tR\tcancelled\"\x9b\x01\n" +
 	"\bCallback\x12,\n" +
 	"\boutcomes\x18\x01 \x03(\x0e2\x10.saga.v1.OutcomeR\boutcomes\x12\x1b\n" +
 	"\turl_field\x18\x02 \x01(\tR\burlField\x12!\n" +
@@ -1232,7 +1337,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\x06Cancel\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12!\n" +
 	"\frequested_by\x18\x02 \x01(\tR\vrequestedBy\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x8c\x04\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xa2\x04\n" +
 	"\x04Step\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
 	"\x04role\x18\x02 \x01(\x0e2\r.saga.v1.RoleR\x04role\x12\x18\n" +
@@ -1251,6 +1356,7 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"late_reply\x18\f \x01(\x0e2\x12.saga.v1.LateReplyR\tlateReply\x12\x1a\n" +
 	"\bexternal\x18\r \x01(\bR\bexternal\x12 \n" +
 	"\vconditional\x18\x0e \x01(\bR\vconditional\x12\x14\n" +
+	"\x05child\x18\x10 \x01(\tR\x05child\x12\x14\n" +
 	"\x05group\x18\x0f \x01(\tR\x05group\"5\n" +
 	"\x05Group\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -1308,7 +1414,7 @@ func file_saga_v1_saga_proto_rawDescGZIP() []byte {
 }
 
 var file_saga_v1_saga_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_saga_v1_saga_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_saga_v1_saga_proto_goTypes = []any{
 	(Kind)(0),                           // 0: saga.v1.Kind
 	(Outcome)(0),                        // 1: saga.v1.Outcome
@@ -1318,34 +1424,36 @@ var file_saga_v1_saga_proto_goTypes = []any{
 	(LateReply)(0),                      // 5: saga.v1.LateReply
 	(*Message)(nil),                     // 6: saga.v1.Message
 	(*Saga)(nil),                        // 7: saga.v1.Saga
-	(*Callback)(nil),                    // 8: saga.v1.Callback
-	(*Cancel)(nil),                      // 9: saga.v1.Cancel
-	(*Step)(nil),                        // 10: saga.v1.Step
-	(*Group)(nil),                       // 11: saga.v1.Group
-	(*Retry)(nil),                       // 12: saga.v1.Retry
-	(*descriptorpb.MessageOptions)(nil), // 13: google.protobuf.MessageOptions
+	(*Replies)(nil),                     // 8: saga.v1.Replies
+	(*Callback)(nil),                    // 9: saga.v1.Callback
+	(*Cancel)(nil),                      // 10: saga.v1.Cancel
+	(*Step)(nil),                        // 11: saga.v1.Step
+	(*Group)(nil),                       // 12: saga.v1.Group
+	(*Retry)(nil),                       // 13: saga.v1.Retry
+	(*descriptorpb.MessageOptions)(nil), // 14: google.protobuf.MessageOptions
 }
 var file_saga_v1_saga_proto_depIdxs = []int32{
 	0,  // 0: saga.v1.Message.kind:type_name -> saga.v1.Kind
-	12, // 1: saga.v1.Message.retry:type_name -> saga.v1.Retry
+	13, // 1: saga.v1.Message.retry:type_name -> saga.v1.Retry
 	2,  // 2: saga.v1.Saga.on_compensation_failure:type_name -> saga.v1.CompensationFailure
-	10, // 3: saga.v1.Saga.steps:type_name -> saga.v1.Step
-	9,  // 4: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
-	8,  // 5: saga.v1.Saga.callback:type_name -> saga.v1.Callback
-	11, // 6: saga.v1.Saga.groups:type_name -> saga.v1.Group
-	1,  // 7: saga.v1.Callback.outcomes:type_name -> saga.v1.Outcome
-	3,  // 8: saga.v1.Step.role:type_name -> saga.v1.Role
-	4,  // 9: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
-	5,  // 10: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
-	13, // 11: saga.v1.message:extendee -> google.protobuf.MessageOptions
-	13, // 12: saga.v1.saga:extendee -> google.protobuf.MessageOptions
-	6,  // 13: saga.v1.message:type_name -> saga.v1.Message
-	7,  // 14: saga.v1.saga:type_name -> saga.v1.Saga
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	13, // [13:15] is the sub-list for extension type_name
-	11, // [11:13] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	11, // 3: saga.v1.Saga.steps:type_name -> saga.v1.Step
+	10, // 4: saga.v1.Saga.cancel:type_name -> saga.v1.Cancel
+	9,  // 5: saga.v1.Saga.callback:type_name -> saga.v1.Callback
+	12, // 6: saga.v1.Saga.groups:type_name -> saga.v1.Group
+	8,  // 7: saga.v1.Saga.replies:type_name -> saga.v1.Replies
+	1,  // 8: saga.v1.Callback.outcomes:type_name -> saga.v1.Outcome
+	3,  // 9: saga.v1.Step.role:type_name -> saga.v1.Role
+	4,  // 10: saga.v1.Step.on_timeout:type_name -> saga.v1.TimeoutAction
+	5,  // 11: saga.v1.Step.late_reply:type_name -> saga.v1.LateReply
+	14, // 12: saga.v1.message:extendee -> google.protobuf.MessageOptions
+	14, // 13: saga.v1.saga:extendee -> google.protobuf.MessageOptions
+	6,  // 14: saga.v1.message:type_name -> saga.v1.Message
+	7,  // 15: saga.v1.saga:type_name -> saga.v1.Saga
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	14, // [14:16] is the sub-list for extension type_name
+	12, // [12:14] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_saga_v1_saga_proto_init() }
@@ -1359,7 +1467,7 @@ func file_saga_v1_saga_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_saga_v1_saga_proto_rawDesc), len(file_saga_v1_saga_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 2,
 			NumServices:   0,
 		},
