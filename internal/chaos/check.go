@@ -97,7 +97,7 @@ func (rep *Report) double(t string, n int) {
 
 // sagaOfMessage names the saga type a message type belongs to: the Place
 // Order example's messages are in the shop.* packages, the rest are the
-// travel example's.
+// travel example's (its child Payment's counted with Book Trip).
 func sagaOfMessage(messageType string) string {
 	if strings.HasPrefix(messageType, "shop.") {
 		return sagaPlaceOrder
@@ -192,13 +192,34 @@ func (r *run) check(ctx context.Context) (*Report, error) {
 	if len(sagas) != len(orders) {
 		rep.violate("%d sagas in the table for %d orders started", len(sagas), len(orders))
 	}
+	// The Payment sagas Book Trip starts as children, keyed by their trip
+	// (their business key) in children, and in sagas as "payment:<trip>"
+	// for the checks every saga passes.
+	children := map[string]sagaRow{}
+	rows, err := r.pool.Query(ctx, `SELECT id::text, business_key, state, coalesce(review_reason, ''), version, created_at FROM saga_payment`)
+	if err != nil {
+		return nil, fmt.Errorf("check: sagas of saga_payment: %w", err)
+	}
+	child := sagaRow{typ: sagaPayment}
+	if _, err := pgx.ForEachRow(rows, []any{&child.id, &child.key, &child.state, &child.reason, &child.version, &child.created}, func() error {
+		children[child.key] = child
+		sagas["payment:"+child.key] = child
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("check: sagas of saga_payment: %w", err)
+	}
+	rep.typ(sagaPayment).Sagas = len(children)
 	for _, sg := range sagas {
-		rep.States[sg.state]++
+		if sg.typ != sagaPayment { // children are not started by the driver
+			rep.States[sg.state]++
+		}
 		rep.typ(sg.typ).States[sg.state]++
 		switch sg.state {
 		case "COMPLETED", "FAILED", "CANCELLED":
 		case "MANUAL_REVIEW":
-			rep.ManualReview++
+			if sg.typ != sagaPayment {
+				rep.ManualReview++
+			}
 			rep.typ(sg.typ).ManualReview++
 			if strings.TrimSpace(sg.reason) == "" {
 				rep.violate("saga %s (%s) is in manual review without a reason", sg.id, sg.key)
@@ -216,7 +237,7 @@ func (r *run) check(ctx context.Context) (*Report, error) {
 	// Every transition audited: the audit trail of each saga is an
 	// unbroken chain of versions ending in its current state.
 	audits := map[string][]auditRow{}
-	rows, err := r.pool.Query(ctx, `SELECT saga_id::text, from_state, to_state, trigger, class, version, at FROM saga_audit ORDER BY id`)
+	rows, err = r.pool.Query(ctx, `SELECT saga_id::text, from_state, to_state, trigger, class, version, at FROM saga_audit ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("check: audit: %w", err)
 	}
@@ -274,7 +295,7 @@ func (r *run) check(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	// The travel example's effects and inventory.
-	if err := r.checkTrips(ctx, rep, orders, sagas); err != nil {
+	if err := r.checkTrips(ctx, rep, orders, sagas, children); err != nil {
 		return nil, err
 	}
 

@@ -34,8 +34,8 @@ type Role string
 const (
 	// RoleRelay runs an outbox relay.
 	RoleRelay Role = "relay"
-	// RoleOrchestrator runs the sagas, Place Order and Book Trip: the
-	// consumers of their queues and their timeout scanners.
+	// RoleOrchestrator runs the sagas, Place Order, Book Trip and its child
+	// Payment: the consumers of their queues and their timeout scanners.
 	RoleOrchestrator Role = "orchestrator"
 	// RoleInventory, RolePayment, RoleShipping and RoleOrder run the
 	// consumer of one Place Order participant service's command queue.
@@ -44,7 +44,7 @@ const (
 	RoleShipping  Role = "shipping"
 	RoleOrder     Role = "order"
 	// RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance,
-	// RolePayments and RoleTrip run the consumer of one travel participant
+	// RoleCards, RoleFraud and RoleTrip run the consumer of one travel participant
 	// service's command queue; RoleItinerary the itinerary service's
 	// subscriber of TripBooked, RoleNotifications the notifications
 	// service's subscriber of CheckInReminder.
@@ -53,7 +53,8 @@ const (
 	RoleHotels        Role = "hotels"
 	RoleCars          Role = "cars"
 	RoleInsurance     Role = "insurance"
-	RolePayments      Role = "payments"
+	RoleCards         Role = "cards"
+	RoleFraud         Role = "fraud"
 	RoleTrip          Role = "trip"
 	RoleItinerary     Role = "itinerary"
 	RoleNotifications Role = "notifications"
@@ -68,7 +69,7 @@ func AllRoles() []Role {
 // examples and of the itinerary subscriber.
 func ParticipantRoles() []Role {
 	return []Role{RoleInventory, RolePayment, RoleShipping, RoleOrder,
-		RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance, RolePayments, RoleTrip, RoleItinerary, RoleNotifications}
+		RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance, RoleCards, RoleFraud, RoleTrip, RoleItinerary, RoleNotifications}
 }
 
 // ParseRoles parses a comma-separated list of roles ("relay,orchestrator");
@@ -121,6 +122,8 @@ func register(h *host.Host, roles []Role) error {
 			errs = append(errs, err)
 			_, err = tripv1.RegisterBookTrip(h, travelapp.Decider{})
 			errs = append(errs, err)
+			_, err = tpaymentv1.RegisterPayment(h, travelapp.PaymentDecider{})
+			errs = append(errs, err)
 		case RoleInventory:
 			errs = append(errs, inventoryv1.RegisterInventoryParticipant(h, app.Inventory{}))
 		case RolePayment:
@@ -139,8 +142,10 @@ func register(h *host.Host, roles []Role) error {
 			errs = append(errs, reservationv1.RegisterCarsParticipant(h, travelapp.Cars{}))
 		case RoleInsurance:
 			errs = append(errs, insurancev1.RegisterInsuranceParticipant(h, travelapp.Insurance{}))
-		case RolePayments:
-			errs = append(errs, tpaymentv1.RegisterPaymentsParticipant(h, travelapp.Payments{}))
+		case RoleCards:
+			errs = append(errs, tpaymentv1.RegisterCardsParticipant(h, travelapp.Cards{}))
+		case RoleFraud:
+			errs = append(errs, tpaymentv1.RegisterFraudParticipant(h, travelapp.Fraud{}))
 		case RoleTrip:
 			errs = append(errs, tripv1.RegisterTripParticipant(h, travelapp.Trip{}))
 		case RoleItinerary:

@@ -22,6 +22,7 @@ import (
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	travelapp "github.com/protosaga/saga/examples/travel/app"
+	paymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/message"
@@ -157,6 +158,7 @@ type order struct {
 const (
 	sagaPlaceOrder = "PlaceOrder"
 	sagaBookTrip   = "BookTrip"
+	sagaPayment    = "Payment" // Book Trip's child, started by its ChargeTrip step
 )
 
 // Order kinds.
@@ -340,7 +342,7 @@ func (r *run) setup(ctx context.Context) error {
 		return fmt.Errorf("soak: open pool: %w", err)
 	}
 	if err := schema.Migrate(ctx, r.pool, participant.Migrations, orderv1.PlaceOrderMigrations(), app.Migrations(),
-		tripv1.BookTripMigrations(), travelapp.Migrations()); err != nil {
+		tripv1.BookTripMigrations(), paymentv1.PaymentMigrations(), travelapp.Migrations()); err != nil {
 		return fmt.Errorf("soak: migrate: %w", err)
 	}
 	for _, p := range append(slices.Clone(products), soldOut) {
@@ -718,7 +720,8 @@ func (r *run) quiescent(ctx context.Context) (bool, string, error) {
 	var open, unpublished, callbacks int
 	if err := r.pool.QueryRow(ctx, `SELECT
   (SELECT count(*) FROM saga_place_order WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW'))
-  + (SELECT count(*) FROM saga_book_trip WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW')),
+  + (SELECT count(*) FROM saga_book_trip WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW'))
+  + (SELECT count(*) FROM saga_payment WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW')),
   (SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL),
   (SELECT count(*) FROM saga_callback WHERE delivered_at IS NULL AND parked_at IS NULL)`).Scan(&open, &unpublished, &callbacks); err != nil {
 		return false, "", err

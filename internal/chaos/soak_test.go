@@ -107,6 +107,10 @@ func TestSoakShort(t *testing.T) {
 		require.Positive(t, f.States["COMPLETED"], "no %s saga completed", typ)
 		require.Positive(t, f.States["FAILED"], "no %s saga failed", typ)
 	}
+	// Book Trip's pivot started a Payment saga as its child for each trip
+	// that reached it.
+	require.NotNil(t, rep.Types["Payment"], "no Payment saga was started")
+	require.Positive(t, rep.Types["Payment"].States["COMPLETED"], "no child Payment completed")
 	for _, p := range chaos.CrashPoints() {
 		require.Positive(t, rep.Kills["crash:"+string(p)], "no node was killed at %s", p)
 	}

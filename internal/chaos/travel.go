@@ -90,8 +90,13 @@ const (
 	effBought     = "insurance:bought"
 	effVoided     = "insurance:cancelled"
 	effVoidedNo   = "insurance:cancelled_nothing"
-	effCharged    = "payments:charged"
-	effChargeNo   = "payments:declined"
+	effCardAuth   = "cards:authorized"
+	effCardNo     = "cards:declined"
+	effCleared    = "fraud:cleared"
+	effFlagged    = "fraud:flagged"
+	effAuthVoided = "cards:voided"
+	effAuthVoidNo = "cards:voided_nothing"
+	effCharged    = "cards:captured"
 	effConfirmed  = "trip:confirmed"
 	effItinerary  = "itinerary:sent"
 	effReminded   = "notifications:reminded"
@@ -107,7 +112,7 @@ var holdServices = []string{"hotels", "cars", "flights"}
 // held, the itinerary sent exactly for booked trips and the check-in
 // reminder for those departing within a day, every unit of every
 // flight, hotel and station on the shelf or held by a trip that kept it.
-func (r *run) checkTrips(ctx context.Context, rep *Report, orders []*order, sagas map[string]sagaRow) error {
+func (r *run) checkTrips(ctx context.Context, rep *Report, orders []*order, sagas, children map[string]sagaRow) error {
 	ledger := map[string][]string{}
 	rows, err := r.pool.Query(ctx, `SELECT trip_id, service || ':' || effect FROM travel_ledger ORDER BY id`)
 	if err != nil {
@@ -121,8 +126,26 @@ func (r *run) checkTrips(ctx context.Context, rep *Report, orders []*order, saga
 		return fmt.Errorf("check: travel ledger: %w", err)
 	}
 	for _, o := range orders {
-		if sg, ok := sagas[o.id]; ok && o.saga == sagaBookTrip {
-			checkTripLedger(rep, o, sg, ledger[o.id])
+		sg, ok := sagas[o.id]
+		if !ok || o.saga != sagaBookTrip {
+			continue
+		}
+		checkTripLedger(rep, o, sg, ledger[o.id])
+		// The child Payment: started when the trip reached its charge,
+		// and ended as the trip's charge did.
+		effects := ledger[o.id]
+		child, started := children[o.id]
+		charged := slices.Contains(effects, effCardAuth) || slices.Contains(effects, effCardNo)
+		switch {
+		case charged && !started:
+			rep.lost(sagaBookTrip, 1)
+			rep.violate("trip %s charged its card without a Payment saga: %v", o.id, effects)
+		case started && sg.state == "COMPLETED" && child.state != "COMPLETED":
+			rep.violate("trip %s completed, its Payment %s is %s", o.id, child.id, child.state)
+		case started && child.state == "COMPLETED" && !slices.Contains(effects, effCharged):
+			rep.violate("Payment %s of trip %s completed without capturing: %v", child.id, o.id, effects)
+		case started && child.state == "FAILED" && sg.state == "COMPLETED":
+			rep.violate("trip %s completed, its Payment %s failed", o.id, child.id)
 		}
 	}
 
@@ -192,7 +215,10 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 		}
 	}
 	once(effValid, effRejected)
-	once(effCharged, effChargeNo)
+	once(effCardAuth, effCardNo)
+	once(effCleared, effFlagged)
+	once(effAuthVoided, effAuthVoidNo)
+	once(effCharged, effAuthVoided)
 	once(effVoided, effVoidedNo)
 	for _, svc := range holdServices {
 		once(svc+reservedSufx, svc+":unavailable")
@@ -202,6 +228,10 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 		before(svc+reservedSufx, svc+cancelledSufx)
 	}
 	before(effValid, effBought)
+	before(effCardAuth, effCleared)
+	before(effCardAuth, effFlagged)
+	before(effCleared, effCharged)
+	before(effCardAuth, effAuthVoided)
 	before(effBought, effVoided)
 	before(effCharged, effConfirmed)
 	before(effConfirmed, effItinerary)
@@ -217,7 +247,7 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 		if insured {
 			want = append(want, effBought)
 		}
-		want = append(want, effCharged, effConfirmed, effItinerary)
+		want = append(want, effCardAuth, effCleared, effCharged, effConfirmed, effItinerary)
 		if o.remind {
 			want = append(want, effReminded)
 		}
@@ -233,18 +263,28 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 				rep.violate("trip %s failed after %s (past the pivot): %v", o.id, e, effects)
 			}
 		}
-		// Every hold and the policy are given back exactly when they were
-		// taken, and after the declined charge that failed the trip.
+		// Every hold, the policy and the card authorization are given
+		// back exactly when they were taken, and after the refusal of the
+		// payment that failed the trip.
+		declined := -1
+		for _, e := range []string{effCardNo, effFlagged} {
+			if count[e] > 0 {
+				declined = pos[e]
+			}
+		}
 		for _, svc := range holdServices {
 			if count[svc+reservedSufx] > 0 && count[svc+cancelledSufx] == 0 {
 				rep.violate("trip %s failed with its %s hold never cancelled: %v", o.id, svc, effects)
 			}
-			if count[effChargeNo] > 0 && count[svc+cancelledSufx] > 0 && pos[svc+cancelledSufx] < pos[effChargeNo] {
-				rep.violate("trip %s: %s cancelled before the charge was declined: %v", o.id, svc, effects)
+			if declined >= 0 && count[svc+cancelledSufx] > 0 && pos[svc+cancelledSufx] < declined {
+				rep.violate("trip %s: %s cancelled before the payment was refused: %v", o.id, svc, effects)
 			}
 		}
 		if count[effBought] > 0 && count[effVoided] == 0 {
 			rep.violate("trip %s failed with its insurance never cancelled: %v", o.id, effects)
+		}
+		if count[effCardAuth] > 0 && count[effAuthVoided] == 0 {
+			rep.violate("trip %s failed with its card authorization never voided: %v", o.id, effects)
 		}
 		switch kind {
 		case kindSoldOut:
@@ -259,7 +299,7 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 			}
 		case kindOK:
 			// Fails only through a timeout before the pivot.
-			for _, e := range []string{effRejected, effChargeNo, "flights:unavailable"} {
+			for _, e := range []string{effRejected, effCardNo, effFlagged, "flights:unavailable"} {
 				if count[e] > 0 {
 					rep.violate("trip %s that should book met %s: %v", o.id, e, effects)
 				}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/protosaga/saga/examples/travel/app"
+	paymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/internal/audittest"
 	"github.com/protosaga/saga/internal/testenv"
@@ -26,8 +27,9 @@ import (
 const waitFor = 30 * time.Second
 
 type testBundle struct {
-	pool  *pgxpool.Pool
-	trips *tripv1.BookTrip
+	pool     *pgxpool.Pool
+	trips    *tripv1.BookTrip
+	payments *paymentv1.Payment // the engine of the child sagas, for reads
 }
 
 // setup runs the travel example on a started host, on a fresh schema and
@@ -49,7 +51,11 @@ func setup(t *testing.T) *testBundle {
 		Logger:              slog.New(slog.DiscardHandler),
 	})
 	require.NoError(t, err)
-	b.trips, err = app.Register(h)
+	// app.Register, keeping the child saga's handle too.
+	require.NoError(t, app.RegisterServices(h))
+	b.payments, err = paymentv1.RegisterPayment(h, app.PaymentDecider{})
+	require.NoError(t, err)
+	b.trips, err = tripv1.RegisterBookTrip(h, app.Decider{})
 	require.NoError(t, err)
 	require.NoError(t, h.Start(ctx))
 	t.Cleanup(func() {
@@ -91,6 +97,22 @@ func (b *testBundle) wait(t *testing.T, sagaID string, state tripv1.BookTripStat
 			t.Fatalf("saga %s (%s): waited %s for state %s; it is in %s (last error %q, review reason %q); audit:\n%s",
 				sagaID, st.BusinessKey, waitFor, state, st.State, st.LastError, st.ReviewReason,
 				audittest.AuditText(t, b.trips.Engine(), sagaID))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// payment returns the trip's child Payment once it is in state.
+func (b *testBundle) payment(t *testing.T, tripID string, state paymentv1.PaymentState) *paymentv1.PaymentSnapshot {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		st, err := b.payments.Get(context.Background(), tripID)
+		if err == nil && st.State == state {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("payment of trip %s: waited %s for state %s: %+v, %v", tripID, waitFor, state, st, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -188,9 +210,12 @@ func TestBookTrip(t *testing.T) {
 			{From: "CHARGE_TRIP", To: "CONFIRM_TRIP", Trigger: "TripCharged", Class: "new"},
 			{From: "CONFIRM_TRIP", To: "COMPLETED", Trigger: "TripConfirmed", Class: "new"},
 		}, path[len(validated)+3:])
-		requireEffects(t, b.ledger(t, "t-insured", 9), "travellers:valid", allHeld,
-			"insurance:bought", "payments:charged", "trip:confirmed", "itinerary:sent", "notifications:reminded")
+		requireEffects(t, b.ledger(t, "t-insured", 11), "travellers:valid", allHeld,
+			"insurance:bought", "cards:authorized", "fraud:cleared", "cards:captured", "trip:confirmed", "itinerary:sent", "notifications:reminded")
 		require.NotEmpty(t, st.Data.GetPolicyId())
+		// The charge is the child Payment's: its outcome reply carried it.
+		child := b.payment(t, "t-insured", paymentv1.PaymentStateCompleted)
+		require.Equal(t, child.Data.GetChargeId(), st.Data.GetChargeId())
 		require.NotEmpty(t, st.Data.GetChargeId())
 		require.Equal(t, []string{"car", "flight", "hotel"}, b.held(t, "t-insured"), "a booked trip keeps its holds")
 		var body string
@@ -210,8 +235,8 @@ func TestBookTrip(t *testing.T) {
 			}
 		}
 		require.Contains(t, skipNote, "skipped conditional step BuyInsurance: travel insurance not requested")
-		requireEffects(t, b.ledger(t, "t-uninsured", 7), "travellers:valid", allHeld,
-			"payments:charged", "trip:confirmed", "itinerary:sent")
+		requireEffects(t, b.ledger(t, "t-uninsured", 9), "travellers:valid", allHeld,
+			"cards:authorized", "fraud:cleared", "cards:captured", "trip:confirmed", "itinerary:sent")
 		require.Empty(t, st.Data.GetPolicyId())
 		// The trip departs in 30 days: its reminder waits in PostgreSQL,
 		// due the day before (the only booked trip of the test departing
@@ -271,9 +296,31 @@ WHERE message_type = $1`, tripv1.CheckInReminderInfo.FullName).Scan(&due))
 		// The insurance first, then the group's holds in reverse contract
 		// order.
 		requireEffects(t, b.ledger(t, "t-declined", 10), "travellers:valid", allHeld,
-			"insurance:bought", "payments:declined", "insurance:cancelled", "cars:cancelled", "hotels:cancelled", "flights:cancelled")
+			"insurance:bought", "cards:declined", "insurance:cancelled", "cars:cancelled", "hotels:cancelled", "flights:cancelled")
 		require.Empty(t, b.held(t, "t-declined"))
 		require.Equal(t, "payments: card declined", st.Data.GetFailureReason())
+		child := b.payment(t, "t-declined", paymentv1.PaymentStateFailed)
+		require.Equal(t, "card declined", child.Data.GetReason())
+	})
+
+	t.Run("FlaggedPaymentVoidsTheCardThenCancelsTheTrip", func(t *testing.T) {
+		t.Parallel()
+		r := request("t-flagged", false)
+		r.CardToken = app.FlaggedCard
+		id := b.book(t, r)
+		st := b.wait(t, id, tripv1.BookTripStateFailed)
+		// The child Payment compensates its own step (the authorization)
+		// before it answers PaymentDeclined; then the trip compensates.
+		requireEffects(t, b.ledger(t, "t-flagged", 10), "travellers:valid", allHeld,
+			"cards:authorized", "fraud:flagged", "cards:voided", "cars:cancelled", "hotels:cancelled", "flights:cancelled")
+		require.Equal(t, "payments: flagged by fraud screening", st.Data.GetFailureReason())
+		child := b.payment(t, "t-flagged", paymentv1.PaymentStateFailed)
+		require.Equal(t, []step{
+			{From: "", To: "AUTHORIZE_CARD", Trigger: "start", Class: "new"},
+			{From: "AUTHORIZE_CARD", To: "SCREEN_PAYMENT", Trigger: "CardAuthorized", Class: "new"},
+			{From: "SCREEN_PAYMENT", To: "COMPENSATING_AUTHORIZE_CARD", Trigger: "PaymentFlagged", Class: "new"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", To: "FAILED", Trigger: "AuthorizationVoided", Class: "new"},
+		}, audittest.Path(t, b.payments.Engine(), child.ID))
 	})
 
 	t.Run("ExpiredPassportFailsTheCheckWithNothingToUndo", func(t *testing.T) {

@@ -6,13 +6,18 @@
 //     booking request, each command built from it, whether travel insurance
 //     is bought (SkipBuyInsurance: only when the traveller asked for it),
 //     and what the replies add to the data.
-//   - Travellers, Flights, Hotels, Cars, Insurance, Payments and Trip: the
-//     participants, each implementing its generated <Service>Participant
+//   - PaymentDecider: the Payment saga's, the payments service's child
+//     saga that Book Trip starts as its pivot step (ChargeTrip): authorize
+//     the card, screen the payment, capture the funds; its outcome answers
+//     the parent (TripCharged or PaymentDeclined).
+//   - Travellers, Flights, Hotels, Cars, Insurance, Cards, Fraud and Trip:
+//     the participants, each implementing its generated <Service>Participant
 //     interface. Travellers validate (a check step, nothing to undo);
 //     flights, hotels and cars hold one unit of their inventory for a trip
 //     and give it back when the saga compensates; insurance issues and
-//     voids a policy; payments charge the trip (the pivot); trip records
-//     the booked trip and publishes TripBooked in the same transaction.
+//     voids a policy; cards authorize, void and capture, and fraud screens,
+//     for the Payment saga; trip records the booked trip and publishes
+//     TripBooked in the same transaction.
 //   - Itinerary: the subscriber of TripBooked (choreography): it sends the
 //     traveller the itinerary, once per trip, and schedules the check-in
 //     reminder for the day before the flight (ScheduleCheckInReminder: the

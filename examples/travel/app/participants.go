@@ -11,17 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	insurancev1 "github.com/protosaga/saga/examples/travel/insurance/v1"
-	paymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
 	reservationv1 "github.com/protosaga/saga/examples/travel/reservation/v1"
 	travellerv1 "github.com/protosaga/saga/examples/travel/traveller/v1"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
 )
-
-// DeclinedCard is the card token the example payments service declines,
-// like a payment provider's test card.
-const DeclinedCard = "tok_declined"
 
 // ExpiredPassportPrefix starts the passport numbers the travellers service
 // treats as expired.
@@ -253,40 +248,6 @@ func (Insurance) CancelInsurance(ctx context.Context, tx pgx.Tx, cmd *insurancev
 		return nil, err
 	}
 	return &insurancev1.InsuranceCancelled{TripId: tripID}, nil
-}
-
-// Payments is the payments service: it charges the trip. The saga's pivot:
-// a charge is never undone by the saga.
-type Payments struct{}
-
-var _ paymentv1.PaymentsParticipant = Payments{}
-
-// ChargeTrip charges the price, or declines DeclinedCard and prices that
-// are not positive.
-func (Payments) ChargeTrip(ctx context.Context, tx pgx.Tx, cmd *paymentv1.ChargeTrip) (paymentv1.ChargeTripResult, error) {
-	tripID := cmd.GetTripId()
-	decline := func(reason string) (paymentv1.ChargeTripResult, error) {
-		if err := journal(ctx, tx, tripID, "payments", "declined", reason); err != nil {
-			return nil, err
-		}
-		return &paymentv1.PaymentDeclined{TripId: tripID, Reason: reason}, nil
-	}
-	switch {
-	case cmd.GetCardToken() == DeclinedCard:
-		return decline("card declined")
-	case cmd.GetAmountMinorUnits() <= 0 || cmd.GetCurrency() == "":
-		return decline(fmt.Sprintf("invalid amount %d %q", cmd.GetAmountMinorUnits(), cmd.GetCurrency()))
-	}
-	charge := "ch_" + uuid.NewString()
-	if err := participant.Defer(ctx, tx, "payments: charge trip "+tripID,
-		`INSERT INTO payment_charges (trip_id, charge_id, currency, minor_units) VALUES ($1, $2, $3, $4)`,
-		tripID, charge, cmd.GetCurrency(), cmd.GetAmountMinorUnits()); err != nil {
-		return nil, err
-	}
-	if err := journal(ctx, tx, tripID, "payments", "charged", fmt.Sprintf("%d %s", cmd.GetAmountMinorUnits(), cmd.GetCurrency())); err != nil {
-		return nil, err
-	}
-	return &paymentv1.TripCharged{TripId: tripID, ChargeId: charge}, nil
 }
 
 // Trip is the booking service's own step: it records the booked trip and

@@ -40,18 +40,23 @@ func RegisterServices(h *host.Host) error {
 		reservationv1.RegisterHotelsParticipant(h, Hotels{}),
 		reservationv1.RegisterCarsParticipant(h, Cars{}),
 		insurancev1.RegisterInsuranceParticipant(h, Insurance{}),
-		paymentv1.RegisterPaymentsParticipant(h, Payments{}),
+		paymentv1.RegisterCardsParticipant(h, Cards{}),
+		paymentv1.RegisterFraudParticipant(h, Fraud{}),
 		tripv1.RegisterTripParticipant(h, Trip{}),
 		tripv1.RegisterItinerarySubscriber(h, Itinerary{}),
 		tripv1.RegisterNotificationsSubscriber(h, Notifications{}),
 	)
 }
 
-// Register registers the whole travel example on h: the services and the
+// Register registers the whole travel example on h: the services, the
+// Payment saga (the payments service's, a child of each Book Trip) and the
 // Book Trip saga. In production each service registers its own part on a
 // host of its own; any number of copies of each may run.
 func Register(h *host.Host) (*tripv1.BookTrip, error) {
 	if err := RegisterServices(h); err != nil {
+		return nil, err
+	}
+	if _, err := paymentv1.RegisterPayment(h, PaymentDecider{}); err != nil {
 		return nil, err
 	}
 	return tripv1.RegisterBookTrip(h, Decider{})

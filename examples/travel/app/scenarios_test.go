@@ -7,6 +7,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/protosaga/saga/examples/travel/app"
+	paymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
+	"github.com/protosaga/saga/examples/travel/payment/v1/paymentv1test"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/examples/travel/trip/v1/tripv1test"
 )
@@ -20,6 +22,14 @@ func TestBookTripScenarios(t *testing.T) {
 			tripv1test.RunBookTripScenarios(t, app.Decider{}, request("t-scenario", insured))
 		})
 	}
+}
+
+// TestPaymentScenarios runs the generated scenarios of the child Payment
+// saga with its decider.
+func TestPaymentScenarios(t *testing.T) {
+	paymentv1test.RunPaymentScenarios(t, app.PaymentDecider{}, &paymentv1.ChargeTrip{
+		TripId: "t-scenario", CardToken: "tok_visa", AmountMinorUnits: 128000, Currency: "EUR",
+	})
 }
 
 // request is a valid booking request for trip id, departing in 30 days.

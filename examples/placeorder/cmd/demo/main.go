@@ -27,11 +27,12 @@
 // saga started from outside times out when its contract says.
 //
 // After the orders, trips of the travel example run on the same host
-// (-trips, default 20), each provoking one scenario in turn: booked with
+// (-trips, default 24), each provoking one scenario in turn: booked with
 // insurance; booked with insurance skipped by the decider; a sold-out flight
 // (the hotel and car, held with it in a parallel group, are cancelled); a
-// declined card (the insurance, then the car, hotel and flight cancelled in
-// reverse); an expired
+// declined card (the child Payment saga fails, then the insurance, the car,
+// hotel and flight are cancelled in reverse); a payment the fraud screening
+// flags (the child voids the card authorization before it answers); an expired
 // passport (the check step fails with nothing to undo). Each booked trip's
 // itinerary is sent by the itinerary service's subscriber of TripBooked.
 //
@@ -181,7 +182,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 200, "number of sagas")
-	nTrips := fs.Int("trips", 20, "number of Book Trip sagas (the travel example), after the orders")
+	nTrips := fs.Int("trips", 24, "number of Book Trip sagas (the travel example), after the orders")
 	wait := fs.Duration("wait", 90*time.Second, "longest wait for the fleet to settle")
 	verbose := fs.Bool("v", false, "log the runtime's info messages to stderr")
 	addr := fs.String("addr", "127.0.0.1:8090", "where to serve the operator console, its API and /metrics (a free port if taken)")

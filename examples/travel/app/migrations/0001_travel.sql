@@ -35,15 +35,6 @@ CREATE TABLE insurance_policies (
   cancelled_at timestamptz
 );
 
--- payments: one charge per trip.
-CREATE TABLE payment_charges (
-  trip_id     text PRIMARY KEY,
-  charge_id   text NOT NULL,
-  currency    text NOT NULL,
-  minor_units bigint NOT NULL,
-  charged_at  timestamptz NOT NULL DEFAULT now()
-);
-
 -- trip: booked trips.
 CREATE TABLE trip_bookings (
   trip_id      text PRIMARY KEY,

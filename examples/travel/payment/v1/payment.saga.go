@@ -5,17 +5,187 @@ package paymentv1
 
 import (
 	context "context"
+	embed "embed"
 	errors "errors"
+	fmt "fmt"
 	pgx "github.com/jackc/pgx/v5"
 	broker "github.com/protosaga/saga/runtime/broker"
 	message "github.com/protosaga/saga/runtime/message"
 	participant "github.com/protosaga/saga/runtime/participant"
+	saga "github.com/protosaga/saga/runtime/saga"
+	sagadef "github.com/protosaga/saga/runtime/sagadef"
 	service "github.com/protosaga/saga/runtime/service"
+	proto "google.golang.org/protobuf/proto"
+	http "net/http"
 	time "time"
 )
 
 // This file needs a runtime that supports generated code version 7.
 const _ = message.SupportPackageIsVersion7
+
+// AuthorizationVoidedInfo describes the reply payment.v1.AuthorizationVoided.
+var AuthorizationVoidedInfo = &message.Info{
+	FullName:      "payment.v1.AuthorizationVoided",
+	Kind:          message.KindReply,
+	Exchange:      "payment.v1.replies",
+	RoutingKey:    "reply.payment.v1.authorization-voided",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(AuthorizationVoided) },
+}
+
+// SagaMessageInfo returns AuthorizationVoidedInfo.
+func (*AuthorizationVoided) SagaMessageInfo() *message.Info { return AuthorizationVoidedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*AuthorizationVoided) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *AuthorizationVoided) CorrelationKey() string { return x.GetTripId() }
+
+func (*AuthorizationVoided) isVoidAuthorizationResult() {}
+
+// AuthorizeCardInfo describes the command payment.v1.AuthorizeCard.
+var AuthorizeCardInfo = &message.Info{
+	FullName:        "payment.v1.AuthorizeCard",
+	Kind:            message.KindCommand,
+	Exchange:        "payment.v1.commands",
+	RoutingKey:      "command.payment.v1.authorize-card",
+	SchemaVersion:   1,
+	SensitiveFields: []string{"card_token"},
+	New:             func() message.Message { return new(AuthorizeCard) },
+}
+
+// SagaMessageInfo returns AuthorizeCardInfo.
+func (*AuthorizeCard) SagaMessageInfo() *message.Info { return AuthorizeCardInfo }
+
+// IdempotencyKey returns the business idempotency key built from trip_id.
+func (x *AuthorizeCard) IdempotencyKey() string {
+	return x.GetTripId()
+}
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *AuthorizeCard) CorrelationKey() string { return x.GetTripId() }
+
+// PublishAuthorizeCard writes m to the outbox in the caller's transaction; the relay
+// publishes it to "payment.v1.commands" with routing key "command.payment.v1.authorize-card" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishAuthorizeCard(ctx context.Context, tx pgx.Tx, m *AuthorizeCard, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleAuthorizeCard writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishAuthorizeCard would. It returns the message id.
+func ScheduleAuthorizeCard(ctx context.Context, tx pgx.Tx, m *AuthorizeCard, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// AuthorizeCardResult is a reply to AuthorizeCard.
+// It is implemented by *CardAuthorized, *CardDeclined.
+type AuthorizeCardResult interface {
+	message.Message
+	isAuthorizeCardResult()
+}
+
+// ReplyToAuthorizeCard answers command AuthorizeCard after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToAuthorizeCard(ctx context.Context, tx pgx.Tx, p participant.Pending, reply AuthorizeCardResult) error {
+	return participant.ReplyLater(ctx, tx, p, "payment.v1.AuthorizeCard", reply)
+}
+
+// CaptureFundsInfo describes the command payment.v1.CaptureFunds.
+var CaptureFundsInfo = &message.Info{
+	FullName:      "payment.v1.CaptureFunds",
+	Kind:          message.KindCommand,
+	Exchange:      "payment.v1.commands",
+	RoutingKey:    "command.payment.v1.capture-funds",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(CaptureFunds) },
+}
+
+// SagaMessageInfo returns CaptureFundsInfo.
+func (*CaptureFunds) SagaMessageInfo() *message.Info { return CaptureFundsInfo }
+
+// IdempotencyKey returns the business idempotency key built from trip_id.
+func (x *CaptureFunds) IdempotencyKey() string {
+	return x.GetTripId()
+}
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *CaptureFunds) CorrelationKey() string { return x.GetTripId() }
+
+// PublishCaptureFunds writes m to the outbox in the caller's transaction; the relay
+// publishes it to "payment.v1.commands" with routing key "command.payment.v1.capture-funds" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishCaptureFunds(ctx context.Context, tx pgx.Tx, m *CaptureFunds, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleCaptureFunds writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishCaptureFunds would. It returns the message id.
+func ScheduleCaptureFunds(ctx context.Context, tx pgx.Tx, m *CaptureFunds, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// CaptureFundsResult is a reply to CaptureFunds.
+// It is implemented by *FundsCaptured.
+type CaptureFundsResult interface {
+	message.Message
+	isCaptureFundsResult()
+}
+
+// ReplyToCaptureFunds answers command CaptureFunds after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToCaptureFunds(ctx context.Context, tx pgx.Tx, p participant.Pending, reply CaptureFundsResult) error {
+	return participant.ReplyLater(ctx, tx, p, "payment.v1.CaptureFunds", reply)
+}
+
+// CardAuthorizedInfo describes the reply payment.v1.CardAuthorized.
+var CardAuthorizedInfo = &message.Info{
+	FullName:      "payment.v1.CardAuthorized",
+	Kind:          message.KindReply,
+	Exchange:      "payment.v1.replies",
+	RoutingKey:    "reply.payment.v1.card-authorized",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(CardAuthorized) },
+}
+
+// SagaMessageInfo returns CardAuthorizedInfo.
+func (*CardAuthorized) SagaMessageInfo() *message.Info { return CardAuthorizedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*CardAuthorized) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *CardAuthorized) CorrelationKey() string { return x.GetTripId() }
+
+func (*CardAuthorized) isAuthorizeCardResult() {}
+
+// CardDeclinedInfo describes the reply payment.v1.CardDeclined.
+var CardDeclinedInfo = &message.Info{
+	FullName:      "payment.v1.CardDeclined",
+	Kind:          message.KindReply,
+	Exchange:      "payment.v1.replies",
+	RoutingKey:    "reply.payment.v1.card-declined",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(CardDeclined) },
+}
+
+// SagaMessageInfo returns CardDeclinedInfo.
+func (*CardDeclined) SagaMessageInfo() *message.Info { return CardDeclinedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*CardDeclined) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *CardDeclined) CorrelationKey() string { return x.GetTripId() }
+
+func (*CardDeclined) isAuthorizeCardResult() {}
 
 // ChargeTripInfo describes the command payment.v1.ChargeTrip.
 var ChargeTripInfo = &message.Info{
@@ -53,20 +223,47 @@ func ScheduleChargeTrip(ctx context.Context, tx pgx.Tx, m *ChargeTrip, meta mess
 	return service.Schedule(ctx, tx, m, meta, at)
 }
 
-// ChargeTripResult is a reply to ChargeTrip.
-// It is implemented by *PaymentDeclined, *TripCharged.
-type ChargeTripResult interface {
-	message.Message
-	isChargeTripResult()
+// FundsCapturedInfo describes the reply payment.v1.FundsCaptured.
+var FundsCapturedInfo = &message.Info{
+	FullName:      "payment.v1.FundsCaptured",
+	Kind:          message.KindReply,
+	Exchange:      "payment.v1.replies",
+	RoutingKey:    "reply.payment.v1.funds-captured",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(FundsCaptured) },
 }
 
-// ReplyToChargeTrip answers command ChargeTrip after its participant returned participant.ErrReplyLater,
-// from another transaction: p is what participant.Later returned while handling it.
-// The reply goes to the outbox in tx and continues the command's conversation
-// (causation = the command's message id), so the saga matches it to the attempt it answers.
-func ReplyToChargeTrip(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ChargeTripResult) error {
-	return participant.ReplyLater(ctx, tx, p, "payment.v1.ChargeTrip", reply)
+// SagaMessageInfo returns FundsCapturedInfo.
+func (*FundsCaptured) SagaMessageInfo() *message.Info { return FundsCapturedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*FundsCaptured) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *FundsCaptured) CorrelationKey() string { return x.GetTripId() }
+
+func (*FundsCaptured) isCaptureFundsResult() {}
+
+// PaymentClearedInfo describes the reply payment.v1.PaymentCleared.
+var PaymentClearedInfo = &message.Info{
+	FullName:      "payment.v1.PaymentCleared",
+	Kind:          message.KindReply,
+	Exchange:      "payment.v1.replies",
+	RoutingKey:    "reply.payment.v1.payment-cleared",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(PaymentCleared) },
 }
+
+// SagaMessageInfo returns PaymentClearedInfo.
+func (*PaymentCleared) SagaMessageInfo() *message.Info { return PaymentClearedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*PaymentCleared) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *PaymentCleared) CorrelationKey() string { return x.GetTripId() }
+
+func (*PaymentCleared) isScreenPaymentResult() {}
 
 // PaymentDeclinedInfo describes the reply payment.v1.PaymentDeclined.
 var PaymentDeclinedInfo = &message.Info{
@@ -87,7 +284,77 @@ func (*PaymentDeclined) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field trip_id.
 func (x *PaymentDeclined) CorrelationKey() string { return x.GetTripId() }
 
-func (*PaymentDeclined) isChargeTripResult() {}
+// PaymentFlaggedInfo describes the reply payment.v1.PaymentFlagged.
+var PaymentFlaggedInfo = &message.Info{
+	FullName:      "payment.v1.PaymentFlagged",
+	Kind:          message.KindReply,
+	Exchange:      "payment.v1.replies",
+	RoutingKey:    "reply.payment.v1.payment-flagged",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(PaymentFlagged) },
+}
+
+// SagaMessageInfo returns PaymentFlaggedInfo.
+func (*PaymentFlagged) SagaMessageInfo() *message.Info { return PaymentFlaggedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*PaymentFlagged) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *PaymentFlagged) CorrelationKey() string { return x.GetTripId() }
+
+func (*PaymentFlagged) isScreenPaymentResult() {}
+
+// ScreenPaymentInfo describes the command payment.v1.ScreenPayment.
+var ScreenPaymentInfo = &message.Info{
+	FullName:        "payment.v1.ScreenPayment",
+	Kind:            message.KindCommand,
+	Exchange:        "payment.v1.commands",
+	RoutingKey:      "command.payment.v1.screen-payment",
+	SchemaVersion:   1,
+	SensitiveFields: []string{"card_token"},
+	New:             func() message.Message { return new(ScreenPayment) },
+}
+
+// SagaMessageInfo returns ScreenPaymentInfo.
+func (*ScreenPayment) SagaMessageInfo() *message.Info { return ScreenPaymentInfo }
+
+// IdempotencyKey returns the business idempotency key built from trip_id.
+func (x *ScreenPayment) IdempotencyKey() string {
+	return x.GetTripId()
+}
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *ScreenPayment) CorrelationKey() string { return x.GetTripId() }
+
+// PublishScreenPayment writes m to the outbox in the caller's transaction; the relay
+// publishes it to "payment.v1.commands" with routing key "command.payment.v1.screen-payment" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishScreenPayment(ctx context.Context, tx pgx.Tx, m *ScreenPayment, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleScreenPayment writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishScreenPayment would. It returns the message id.
+func ScheduleScreenPayment(ctx context.Context, tx pgx.Tx, m *ScreenPayment, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// ScreenPaymentResult is a reply to ScreenPayment.
+// It is implemented by *PaymentCleared, *PaymentFlagged.
+type ScreenPaymentResult interface {
+	message.Message
+	isScreenPaymentResult()
+}
+
+// ReplyToScreenPayment answers command ScreenPayment after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToScreenPayment(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ScreenPaymentResult) error {
+	return participant.ReplyLater(ctx, tx, p, "payment.v1.ScreenPayment", reply)
+}
 
 // TripChargedInfo describes the reply payment.v1.TripCharged.
 var TripChargedInfo = &message.Info{
@@ -108,49 +375,149 @@ func (*TripCharged) IdempotencyKey() string { return "" }
 // CorrelationKey returns the correlation field trip_id.
 func (x *TripCharged) CorrelationKey() string { return x.GetTripId() }
 
-func (*TripCharged) isChargeTripResult() {}
+// VoidAuthorizationInfo describes the command payment.v1.VoidAuthorization.
+var VoidAuthorizationInfo = &message.Info{
+	FullName:      "payment.v1.VoidAuthorization",
+	Kind:          message.KindCommand,
+	Exchange:      "payment.v1.commands",
+	RoutingKey:    "command.payment.v1.void-authorization",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(VoidAuthorization) },
+}
 
-// PaymentsParticipant executes the commands owned by service "payments".
+// SagaMessageInfo returns VoidAuthorizationInfo.
+func (*VoidAuthorization) SagaMessageInfo() *message.Info { return VoidAuthorizationInfo }
+
+// IdempotencyKey returns the business idempotency key built from trip_id.
+func (x *VoidAuthorization) IdempotencyKey() string {
+	return x.GetTripId()
+}
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *VoidAuthorization) CorrelationKey() string { return x.GetTripId() }
+
+// PublishVoidAuthorization writes m to the outbox in the caller's transaction; the relay
+// publishes it to "payment.v1.commands" with routing key "command.payment.v1.void-authorization" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishVoidAuthorization(ctx context.Context, tx pgx.Tx, m *VoidAuthorization, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleVoidAuthorization writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishVoidAuthorization would. It returns the message id.
+func ScheduleVoidAuthorization(ctx context.Context, tx pgx.Tx, m *VoidAuthorization, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// VoidAuthorizationResult is a reply to VoidAuthorization.
+// It is implemented by *AuthorizationVoided.
+type VoidAuthorizationResult interface {
+	message.Message
+	isVoidAuthorizationResult()
+}
+
+// ReplyToVoidAuthorization answers command VoidAuthorization after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToVoidAuthorization(ctx context.Context, tx pgx.Tx, p participant.Pending, reply VoidAuthorizationResult) error {
+	return participant.ReplyLater(ctx, tx, p, "payment.v1.VoidAuthorization", reply)
+}
+
+// CardsParticipant executes the commands owned by service "cards".
 // Each method runs in the consumer's transaction: apply the effect with tx and
 // return the success reply or a business-failure reply (a reply, not an error).
 // An error means the command could not be processed now; the consumer retries
-// it through its retry tiers, then parks it. Registered with RegisterPaymentsParticipant,
+// it through its retry tiers, then parks it. Registered with RegisterCardsParticipant,
 // each command runs once per idempotency key: a resend gets the first reply.
 // To answer later, take participant.Later(ctx), return participant.ErrReplyLater
 // and reply with the command's ReplyTo function.
-type PaymentsParticipant interface {
-	// ChargeTrip handles the command payment.v1.ChargeTrip.
-	ChargeTrip(ctx context.Context, tx pgx.Tx, cmd *ChargeTrip) (ChargeTripResult, error)
+type CardsParticipant interface {
+	// AuthorizeCard handles the command payment.v1.AuthorizeCard.
+	AuthorizeCard(ctx context.Context, tx pgx.Tx, cmd *AuthorizeCard) (AuthorizeCardResult, error)
+	// CaptureFunds handles the command payment.v1.CaptureFunds.
+	CaptureFunds(ctx context.Context, tx pgx.Tx, cmd *CaptureFunds) (CaptureFundsResult, error)
+	// VoidAuthorization handles the command payment.v1.VoidAuthorization.
+	VoidAuthorization(ctx context.Context, tx pgx.Tx, cmd *VoidAuthorization) (VoidAuthorizationResult, error)
 }
 
-// PaymentsParticipantFunc returns a participant.Func that dispatches each command of service
-// "payments" to impl, for wiring a consumer by hand (participant.Handler,
-// participant.Idempotent); RegisterPaymentsParticipant does that for a host.
-func PaymentsParticipantFunc(impl PaymentsParticipant) participant.Func {
+// CardsParticipantFunc returns a participant.Func that dispatches each command of service
+// "cards" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterCardsParticipant does that for a host.
+func CardsParticipantFunc(impl CardsParticipant) participant.Func {
 	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
 		switch c := cmd.(type) {
-		case *ChargeTrip:
-			return participant.Reply(impl.ChargeTrip(ctx, tx, c))
+		case *AuthorizeCard:
+			return participant.Reply(impl.AuthorizeCard(ctx, tx, c))
+		case *CaptureFunds:
+			return participant.Reply(impl.CaptureFunds(ctx, tx, c))
+		case *VoidAuthorization:
+			return participant.Reply(impl.VoidAuthorization(ctx, tx, c))
 		default:
-			return nil, participant.UnexpectedCommand("payments", cmd)
+			return nil, participant.UnexpectedCommand("cards", cmd)
 		}
 	}
 }
 
-// RegisterPaymentsParticipant registers impl on h (a runtime/host Host) as the participant of service "payments":
-// h consumes "payments.commands", runs each command in the consumer's transaction and
+// RegisterCardsParticipant registers impl on h (a runtime/host Host) as the participant of service "cards":
+// h consumes "cards.commands", runs each command in the consumer's transaction and
 // writes its reply to the outbox in it. Each command runs once per type and
 // idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
 // new message id) gets the first reply again and has no second effect.
-func RegisterPaymentsParticipant(h service.Registrar, impl PaymentsParticipant) error {
+func RegisterCardsParticipant(h service.Registrar, impl CardsParticipant) error {
 	if impl == nil {
-		return h.Fail(errors.New("service payments: participant is nil"))
+		return h.Fail(errors.New("service cards: participant is nil"))
 	}
 	return h.AddParticipant(service.Participant{
-		Service: "payments",
-		Queue:   "payments.commands",
+		Service: "cards",
+		Queue:   "cards.commands",
 		Package: SagaPackage(),
-		Func:    PaymentsParticipantFunc(impl),
+		Func:    CardsParticipantFunc(impl),
+	})
+}
+
+// FraudParticipant executes the commands owned by service "fraud".
+// Each method runs in the consumer's transaction: apply the effect with tx and
+// return the success reply or a business-failure reply (a reply, not an error).
+// An error means the command could not be processed now; the consumer retries
+// it through its retry tiers, then parks it. Registered with RegisterFraudParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
+type FraudParticipant interface {
+	// ScreenPayment handles the command payment.v1.ScreenPayment.
+	ScreenPayment(ctx context.Context, tx pgx.Tx, cmd *ScreenPayment) (ScreenPaymentResult, error)
+}
+
+// FraudParticipantFunc returns a participant.Func that dispatches each command of service
+// "fraud" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterFraudParticipant does that for a host.
+func FraudParticipantFunc(impl FraudParticipant) participant.Func {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+		switch c := cmd.(type) {
+		case *ScreenPayment:
+			return participant.Reply(impl.ScreenPayment(ctx, tx, c))
+		default:
+			return nil, participant.UnexpectedCommand("fraud", cmd)
+		}
+	}
+}
+
+// RegisterFraudParticipant registers impl on h (a runtime/host Host) as the participant of service "fraud":
+// h consumes "fraud.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterFraudParticipant(h service.Registrar, impl FraudParticipant) error {
+	if impl == nil {
+		return h.Fail(errors.New("service fraud: participant is nil"))
+	}
+	return h.AddParticipant(service.Participant{
+		Service: "fraud",
+		Queue:   "fraud.commands",
+		Package: SagaPackage(),
+		Func:    FraudParticipantFunc(impl),
 	})
 }
 
@@ -172,10 +539,22 @@ var TopologyPlan = broker.Plan{
 		{Name: "payment.v1.replies", Kind: "direct"},
 	},
 	WorkQueues: []string{
-		"payments.commands",
+		"cards.commands",
+		"fraud.commands",
+		"payments.saga.payment",
 	},
 	Bindings: []broker.Binding{
-		{Queue: "payments.commands", Exchange: "payment.v1.commands", RoutingKey: "command.payment.v1.charge-trip"},
+		{Queue: "cards.commands", Exchange: "payment.v1.commands", RoutingKey: "command.payment.v1.authorize-card"},
+		{Queue: "cards.commands", Exchange: "payment.v1.commands", RoutingKey: "command.payment.v1.capture-funds"},
+		{Queue: "cards.commands", Exchange: "payment.v1.commands", RoutingKey: "command.payment.v1.void-authorization"},
+		{Queue: "fraud.commands", Exchange: "payment.v1.commands", RoutingKey: "command.payment.v1.screen-payment"},
+		{Queue: "payments.saga.payment", Exchange: "payment.v1.commands", RoutingKey: "command.payment.v1.charge-trip"},
+		{Queue: "payments.saga.payment", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.authorization-voided"},
+		{Queue: "payments.saga.payment", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.card-authorized"},
+		{Queue: "payments.saga.payment", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.card-declined"},
+		{Queue: "payments.saga.payment", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.funds-captured"},
+		{Queue: "payments.saga.payment", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.payment-cleared"},
+		{Queue: "payments.saga.payment", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.payment-flagged"},
 	},
 }
 
@@ -184,7 +563,472 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/travel/payment/v1",
-		Messages: []*message.Info{ChargeTripInfo, PaymentDeclinedInfo, TripChargedInfo},
+		Messages: []*message.Info{AuthorizationVoidedInfo, AuthorizeCardInfo, CaptureFundsInfo, CardAuthorizedInfo, CardDeclinedInfo, ChargeTripInfo, FundsCapturedInfo, PaymentClearedInfo, PaymentDeclinedInfo, PaymentFlaggedInfo, ScreenPaymentInfo, TripChargedInfo, VoidAuthorizationInfo},
 		Topology: TopologyPlan.Topology,
 	}
+}
+
+// PaymentState is a state of saga payment.v1.Payment, as stored in saga_payment.state.
+type PaymentState string
+
+// States of saga payment.v1.Payment.
+const (
+	PaymentStateAuthorizeCard             PaymentState = "AUTHORIZE_CARD"
+	PaymentStateScreenPayment             PaymentState = "SCREEN_PAYMENT"
+	PaymentStateCaptureFunds              PaymentState = "CAPTURE_FUNDS"
+	PaymentStateCompensatingAuthorizeCard PaymentState = "COMPENSATING_AUTHORIZE_CARD"
+	PaymentStateManualReview              PaymentState = "MANUAL_REVIEW"
+	PaymentStateCompleted                 PaymentState = "COMPLETED"
+	PaymentStateFailed                    PaymentState = "FAILED"
+	PaymentStateCancelled                 PaymentState = "CANCELLED"
+)
+
+// Terminal reports whether s is a terminal state: COMPLETED, FAILED or CANCELLED.
+func (s PaymentState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
+
+// Valid reports whether s is a state of saga payment.v1.Payment.
+func (s PaymentState) Valid() bool {
+	switch s {
+	case PaymentStateAuthorizeCard,
+		PaymentStateScreenPayment,
+		PaymentStateCaptureFunds,
+		PaymentStateCompensatingAuthorizeCard,
+		PaymentStateManualReview,
+		PaymentStateCompleted,
+		PaymentStateFailed,
+		PaymentStateCancelled:
+		return true
+	}
+	return false
+}
+
+// PaymentDefinition returns the definition of saga payment.v1.Payment.
+//
+// States and Transitions are the table sagadef.Compile computed when this
+// file was generated; NewPayment compiles the definition again and refuses
+// to run when the runtime computes a different table (regenerate then).
+func PaymentDefinition() *sagadef.Definition {
+	return &sagadef.Definition{
+		Name:         "payment.v1.Payment",
+		Table:        "saga_payment",
+		StartMessage: "payment.v1.ChargeTrip",
+		DataMessage:  "payment.v1.PaymentData",
+		Deadline:     1 * time.Hour,
+		Steps: []sagadef.Step{
+			{
+				Name:              "AuthorizeCard",
+				Role:              sagadef.RoleCompensatable,
+				Command:           "payment.v1.AuthorizeCard",
+				SuccessReplies:    []string{"payment.v1.CardAuthorized"},
+				FailureReplies:    []string{"payment.v1.CardDeclined"},
+				Compensation:      "payment.v1.VoidAuthorization",
+				CompensationReply: "payment.v1.AuthorizationVoided",
+				Timeout:           30 * time.Second,
+				OnTimeout:         sagadef.TimeoutCompensate,
+				MaxAttempts:       5,
+				Late:              sagadef.LateManualReview,
+			},
+			{
+				Name:           "ScreenPayment",
+				Role:           sagadef.RoleCheck,
+				Command:        "payment.v1.ScreenPayment",
+				SuccessReplies: []string{"payment.v1.PaymentCleared"},
+				FailureReplies: []string{"payment.v1.PaymentFlagged"},
+				Timeout:        30 * time.Second,
+				OnTimeout:      sagadef.TimeoutRetry,
+				MaxAttempts:    3,
+				Late:           sagadef.LateApplyIfWaiting,
+			},
+			{
+				Name:           "CaptureFunds",
+				Role:           sagadef.RolePivot,
+				Command:        "payment.v1.CaptureFunds",
+				SuccessReplies: []string{"payment.v1.FundsCaptured"},
+				Timeout:        1 * time.Minute,
+				OnTimeout:      sagadef.TimeoutRetry,
+				MaxAttempts:    3,
+				Late:           sagadef.LateApplyIfWaiting,
+			},
+		},
+		Replies: sagadef.Replies{Completed: "payment.v1.TripCharged", Failed: "payment.v1.PaymentDeclined", Cancelled: ""},
+		States: []sagadef.State{
+			{Name: "AUTHORIZE_CARD", Kind: sagadef.StateKindStep, Step: "AuthorizeCard"},
+			{Name: "SCREEN_PAYMENT", Kind: sagadef.StateKindStep, Step: "ScreenPayment"},
+			{Name: "CAPTURE_FUNDS", Kind: sagadef.StateKindStep, Step: "CaptureFunds"},
+			{Name: "COMPENSATING_AUTHORIZE_CARD", Kind: sagadef.StateKindCompensating, Step: "AuthorizeCard"},
+			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
+			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
+			{Name: "FAILED", Kind: sagadef.StateKindTerminal},
+			{Name: "CANCELLED", Kind: sagadef.StateKindTerminal},
+		},
+		Transitions: []sagadef.Transition{
+			{From: "", Trigger: "start", To: "AUTHORIZE_CARD", Emits: []string{"payment.v1.AuthorizeCard"}},
+			{From: "AUTHORIZE_CARD", Trigger: "payment.v1.CardAuthorized", To: "SCREEN_PAYMENT", Emits: []string{"payment.v1.ScreenPayment"}},
+			{From: "AUTHORIZE_CARD", Trigger: "payment.v1.CardAuthorized", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_CARD", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_CARD", Trigger: "payment.v1.CardDeclined", To: "FAILED"},
+			{From: "AUTHORIZE_CARD", Trigger: "timeout", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "AUTHORIZE_CARD", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_CARD", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "AUTHORIZE_CARD", Trigger: "operator.retry", To: "AUTHORIZE_CARD", Emits: []string{"payment.v1.AuthorizeCard"}},
+			{From: "AUTHORIZE_CARD", Trigger: "operator.compensate", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "AUTHORIZE_CARD", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "SCREEN_PAYMENT", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "SCREEN_PAYMENT", Trigger: "payment.v1.PaymentCleared", To: "CAPTURE_FUNDS", Emits: []string{"payment.v1.CaptureFunds"}},
+			{From: "SCREEN_PAYMENT", Trigger: "payment.v1.PaymentFlagged", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "SCREEN_PAYMENT", Trigger: "timeout", To: "SCREEN_PAYMENT", Emits: []string{"payment.v1.ScreenPayment"}},
+			{From: "SCREEN_PAYMENT", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "SCREEN_PAYMENT", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "SCREEN_PAYMENT", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "SCREEN_PAYMENT", Trigger: "operator.retry", To: "SCREEN_PAYMENT", Emits: []string{"payment.v1.ScreenPayment"}},
+			{From: "SCREEN_PAYMENT", Trigger: "operator.compensate", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "SCREEN_PAYMENT", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "CAPTURE_FUNDS", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "CAPTURE_FUNDS", Trigger: "payment.v1.PaymentFlagged", To: "MANUAL_REVIEW"},
+			{From: "CAPTURE_FUNDS", Trigger: "payment.v1.FundsCaptured", To: "COMPLETED"},
+			{From: "CAPTURE_FUNDS", Trigger: "timeout", To: "CAPTURE_FUNDS", Emits: []string{"payment.v1.CaptureFunds"}},
+			{From: "CAPTURE_FUNDS", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "CAPTURE_FUNDS", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "CAPTURE_FUNDS", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "CAPTURE_FUNDS", Trigger: "operator.retry", To: "CAPTURE_FUNDS", Emits: []string{"payment.v1.CaptureFunds"}},
+			{From: "CAPTURE_FUNDS", Trigger: "operator.compensate", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "CAPTURE_FUNDS", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "payment.v1.CardAuthorized", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "payment.v1.AuthorizationVoided", To: "FAILED"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "payment.v1.PaymentCleared", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "payment.v1.PaymentFlagged", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "timeout", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "operator.retry", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "COMPENSATING_AUTHORIZE_CARD", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "payment.v1.CardAuthorized", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "payment.v1.PaymentCleared", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "payment.v1.PaymentFlagged", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "AUTHORIZE_CARD", Emits: []string{"payment.v1.AuthorizeCard"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "SCREEN_PAYMENT", Emits: []string{"payment.v1.ScreenPayment"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "CAPTURE_FUNDS", Emits: []string{"payment.v1.CaptureFunds"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "COMPENSATING_AUTHORIZE_CARD", Emits: []string{"payment.v1.VoidAuthorization"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "CANCELLED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPLETED", Trigger: "payment.v1.CardAuthorized", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "payment.v1.AuthorizationVoided", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "payment.v1.PaymentCleared", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "payment.v1.PaymentFlagged", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "payment.v1.CardAuthorized", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "payment.v1.PaymentCleared", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "payment.v1.PaymentFlagged", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "payment.v1.CardAuthorized", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "payment.v1.CardDeclined", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "payment.v1.PaymentCleared", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "payment.v1.PaymentFlagged", To: "MANUAL_REVIEW"},
+		},
+	}
+}
+
+// PaymentDecider holds the business decisions of saga payment.v1.Payment:
+// the saga data a start message begins with, each command built from the
+// saga data, and (optionally) replies folded into the saga data. Sequencing,
+// timeouts, retries and compensation are the runtime's. Embed PaymentNoopFolds
+// to implement only the On methods you need.
+type PaymentDecider interface {
+	// Start returns the saga data for a new instance.
+	Start(ctx context.Context, start *ChargeTrip) (*PaymentData, error)
+	// BuildAuthorizeCard builds the command payment.v1.AuthorizeCard from the saga data.
+	BuildAuthorizeCard(ctx context.Context, data *PaymentData) (*AuthorizeCard, error)
+	// BuildCaptureFunds builds the command payment.v1.CaptureFunds from the saga data.
+	BuildCaptureFunds(ctx context.Context, data *PaymentData) (*CaptureFunds, error)
+	// BuildScreenPayment builds the command payment.v1.ScreenPayment from the saga data.
+	BuildScreenPayment(ctx context.Context, data *PaymentData) (*ScreenPayment, error)
+	// BuildVoidAuthorization builds the command payment.v1.VoidAuthorization from the saga data.
+	BuildVoidAuthorization(ctx context.Context, data *PaymentData) (*VoidAuthorization, error)
+	// OnAuthorizationVoided folds payment.v1.AuthorizationVoided into the saga data before the transition.
+	OnAuthorizationVoided(ctx context.Context, data *PaymentData, msg *AuthorizationVoided) error
+	// OnCardAuthorized folds payment.v1.CardAuthorized into the saga data before the transition.
+	OnCardAuthorized(ctx context.Context, data *PaymentData, msg *CardAuthorized) error
+	// OnCardDeclined folds payment.v1.CardDeclined into the saga data before the transition.
+	OnCardDeclined(ctx context.Context, data *PaymentData, msg *CardDeclined) error
+	// OnFundsCaptured folds payment.v1.FundsCaptured into the saga data before the transition.
+	OnFundsCaptured(ctx context.Context, data *PaymentData, msg *FundsCaptured) error
+	// OnPaymentCleared folds payment.v1.PaymentCleared into the saga data before the transition.
+	OnPaymentCleared(ctx context.Context, data *PaymentData, msg *PaymentCleared) error
+	// OnPaymentFlagged folds payment.v1.PaymentFlagged into the saga data before the transition.
+	OnPaymentFlagged(ctx context.Context, data *PaymentData, msg *PaymentFlagged) error
+}
+
+// PaymentNoopFolds implements every On method of PaymentDecider as a no-op.
+type PaymentNoopFolds struct{}
+
+// OnAuthorizationVoided does nothing.
+func (PaymentNoopFolds) OnAuthorizationVoided(context.Context, *PaymentData, *AuthorizationVoided) error {
+	return nil
+}
+
+// OnCardAuthorized does nothing.
+func (PaymentNoopFolds) OnCardAuthorized(context.Context, *PaymentData, *CardAuthorized) error {
+	return nil
+}
+
+// OnCardDeclined does nothing.
+func (PaymentNoopFolds) OnCardDeclined(context.Context, *PaymentData, *CardDeclined) error {
+	return nil
+}
+
+// OnFundsCaptured does nothing.
+func (PaymentNoopFolds) OnFundsCaptured(context.Context, *PaymentData, *FundsCaptured) error {
+	return nil
+}
+
+// OnPaymentCleared does nothing.
+func (PaymentNoopFolds) OnPaymentCleared(context.Context, *PaymentData, *PaymentCleared) error {
+	return nil
+}
+
+// OnPaymentFlagged does nothing.
+func (PaymentNoopFolds) OnPaymentFlagged(context.Context, *PaymentData, *PaymentFlagged) error {
+	return nil
+}
+
+// PaymentHooks adapts d to the runtime's sagadef.Hooks (NewPayment does this for
+// you; use it to drive the definition directly, e.g. with runtime/sagatest).
+func PaymentHooks(d PaymentDecider) sagadef.Hooks { return paymentHooks{d: d} }
+
+// paymentHooks adapts a PaymentDecider to sagadef.Hooks.
+type paymentHooks struct{ d PaymentDecider }
+
+func (h paymentHooks) Start(ctx context.Context, start message.Message) (proto.Message, string, error) {
+	m, ok := start.(*ChargeTrip)
+	if !ok {
+		return nil, "", fmt.Errorf("saga payment.v1.Payment: start message is %T, want *ChargeTrip", start)
+	}
+	data, err := h.d.Start(ctx, m)
+	if err != nil {
+		return nil, "", err
+	}
+	if data == nil {
+		return nil, "", fmt.Errorf("saga payment.v1.Payment: Start returned no saga data")
+	}
+	return data, m.GetTripId(), nil
+}
+
+func (h paymentHooks) Build(ctx context.Context, command string, data proto.Message) (message.Message, error) {
+	d, ok := data.(*PaymentData)
+	if !ok {
+		return nil, fmt.Errorf("saga payment.v1.Payment: saga data is %T, want *PaymentData", data)
+	}
+	switch command {
+	case "payment.v1.AuthorizeCard":
+		c, err := h.d.BuildAuthorizeCard(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("saga payment.v1.Payment: BuildAuthorizeCard returned no command")
+		}
+		return c, nil
+	case "payment.v1.CaptureFunds":
+		c, err := h.d.BuildCaptureFunds(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("saga payment.v1.Payment: BuildCaptureFunds returned no command")
+		}
+		return c, nil
+	case "payment.v1.ScreenPayment":
+		c, err := h.d.BuildScreenPayment(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("saga payment.v1.Payment: BuildScreenPayment returned no command")
+		}
+		return c, nil
+	case "payment.v1.VoidAuthorization":
+		c, err := h.d.BuildVoidAuthorization(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("saga payment.v1.Payment: BuildVoidAuthorization returned no command")
+		}
+		return c, nil
+	}
+	return nil, fmt.Errorf("saga payment.v1.Payment: no command %s in this saga", command)
+}
+
+func (h paymentHooks) Apply(ctx context.Context, data proto.Message, msg message.Message) error {
+	d, ok := data.(*PaymentData)
+	if !ok {
+		return fmt.Errorf("saga payment.v1.Payment: saga data is %T, want *PaymentData", data)
+	}
+	switch m := msg.(type) {
+	case *AuthorizationVoided:
+		return h.d.OnAuthorizationVoided(ctx, d, m)
+	case *CardAuthorized:
+		return h.d.OnCardAuthorized(ctx, d, m)
+	case *CardDeclined:
+		return h.d.OnCardDeclined(ctx, d, m)
+	case *FundsCaptured:
+		return h.d.OnFundsCaptured(ctx, d, m)
+	case *PaymentCleared:
+		return h.d.OnPaymentCleared(ctx, d, m)
+	case *PaymentFlagged:
+		return h.d.OnPaymentFlagged(ctx, d, m)
+	}
+	return nil
+}
+
+// Payment runs saga payment.v1.Payment on a *saga.Engine with typed methods.
+// Its queue is "payments.saga.payment"; RegisterPayment runs it on a host.
+type Payment struct {
+	engine *saga.Engine
+}
+
+// NewPayment returns the saga over cfg with decider d. It sets cfg.Definition
+// and cfg.Hooks, and cfg.Registry and cfg.NewData when they are nil.
+func NewPayment(cfg saga.Config, d PaymentDecider) (*Payment, error) {
+	if d == nil {
+		return nil, errors.New("saga payment.v1.Payment: decider is nil")
+	}
+	def := PaymentDefinition()
+	if err := def.CompileGenerated(); err != nil {
+		return nil, fmt.Errorf("saga payment.v1.Payment: %w", err)
+	}
+	cfg.Definition = def
+	cfg.Hooks = paymentHooks{d: d}
+	if cfg.Registry == nil {
+		reg, err := message.NewRegistry(ChargeTripInfo, AuthorizeCardInfo, CaptureFundsInfo, ScreenPaymentInfo, VoidAuthorizationInfo, AuthorizationVoidedInfo, CardAuthorizedInfo, CardDeclinedInfo, FundsCapturedInfo, PaymentClearedInfo, PaymentFlaggedInfo)
+		if err != nil {
+			return nil, fmt.Errorf("saga payment.v1.Payment: %w", err)
+		}
+		cfg.Registry = reg
+	}
+	if cfg.NewData == nil {
+		cfg.NewData = func() proto.Message { return new(PaymentData) }
+	}
+	e, err := saga.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Payment{engine: e}, nil
+}
+
+// Engine returns the underlying engine (timeouts, operator actions).
+func (s *Payment) Engine() *saga.Engine { return s.engine }
+
+// Queue returns the queue the saga consumes its replies and events from, and
+// its start message unless a participant owns it.
+func (s *Payment) Queue() string { return "payments.saga.payment" }
+
+// StartTx starts an instance in the caller's transaction. It is idempotent on
+// the business key trip_id: a second start returns the same saga id with created=false.
+func (s *Payment) StartTx(ctx context.Context, tx pgx.Tx, start *ChargeTrip, meta message.Meta) (sagaID string, created bool, err error) {
+	return s.engine.StartTx(ctx, tx, start, meta)
+}
+
+// Start is StartTx in a transaction of its own.
+func (s *Payment) Start(ctx context.Context, start *ChargeTrip, meta message.Meta) (sagaID string, created bool, err error) {
+	return s.engine.Start(ctx, start, meta)
+}
+
+// Status returns the runtime's view of instance sagaID (progress included);
+// Get and GetByID return the typed snapshot.
+func (s *Payment) Status(ctx context.Context, sagaID string) (saga.Status, error) {
+	return s.engine.Status(ctx, sagaID)
+}
+
+// PaymentSnapshot is one instance of saga payment.v1.Payment as Get, GetByID and List
+// return it: its typed state and saga data, version, timestamps and errors.
+type PaymentSnapshot = saga.Snapshot[PaymentState, *PaymentData]
+
+// PaymentFilter selects the instances List returns: by state, by the time
+// of their last change, a page at a time.
+type PaymentFilter = saga.Filter[PaymentState]
+
+// PaymentPage is one page of List, newest first; its NextCursor continues it.
+type PaymentPage = saga.Page[PaymentState, *PaymentData]
+
+// Get returns the instance with business key businessKey (trip_id of the start
+// message); an error matching saga.ErrNotFound when there is none.
+func (s *Payment) Get(ctx context.Context, businessKey string) (*PaymentSnapshot, error) {
+	return saga.Get[PaymentState, *PaymentData](ctx, s.engine, businessKey)
+}
+
+// GetByID returns the instance with saga id sagaID; an error matching
+// saga.ErrNotFound when there is none.
+func (s *Payment) GetByID(ctx context.Context, sagaID string) (*PaymentSnapshot, error) {
+	return saga.GetByID[PaymentState, *PaymentData](ctx, s.engine, sagaID)
+}
+
+// List returns a page of the instances f selects, newest first (see saga.Engine.List).
+func (s *Payment) List(ctx context.Context, f PaymentFilter) (PaymentPage, error) {
+	return saga.List[PaymentState, *PaymentData](ctx, s.engine, f)
+}
+
+// StartPattern is the http.ServeMux pattern HTTPHandler is mounted at.
+func (s *Payment) StartPattern() string { return "POST /sagas/payment" }
+
+// StatusPattern is the http.ServeMux pattern StatusHandler is mounted at.
+func (s *Payment) StatusPattern() string { return "GET /sagas/payment/{id}" }
+
+// StatusPath is the path StatusPattern matches for instance sagaID.
+func (s *Payment) StatusPath(sagaID string) string { return "/sagas/payment/" + sagaID }
+
+// HTTPHandler returns a handler that starts the saga from a POSTed JSON
+// (protojson) ChargeTrip and answers 202 Accepted with the saga id and
+// statusURL(sagaID) (StatusPath when statusURL is nil), without waiting for
+// any step. The W3C trace context of the request continues in the saga's
+// messages. Failures the client did not cause are answered with a reference
+// to the log line that records them, never with their text.
+func (s *Payment) HTTPHandler(statusURL func(sagaID string) string) http.Handler {
+	if statusURL == nil {
+		statusURL = s.StatusPath
+	}
+	return s.engine.StartHandler(func() message.Message { return new(ChargeTrip) }, statusURL)
+}
+
+// StatusHandler returns a handler that answers GET with the status of the
+// instance whose saga id is the path value "id" (mount it at StatusPattern):
+// ids, state, a coarse status (running, completed, failed, cancelled,
+// manual_review) and when it last changed; no saga data.
+func (s *Payment) StatusHandler() http.Handler { return s.engine.StatusHandler() }
+
+//go:embed migrations/saga_payment/0001_create_saga_payment.sql migrations/saga_payment/0002_states_e40e3ba7.sql migrations/saga_payment/0003_indexes.sql
+var paymentMigrationsFS embed.FS
+
+// PaymentMigrations returns the migrations of table saga_payment as a schema source
+// (schema.Migrate applies them in file-name order, each once).
+var PaymentMigrations = service.Migrations(paymentMigrationsFS, "migrations/saga_payment", "saga_payment")
+
+// RegisterPayment registers saga payment.v1.Payment with decider d on h (a runtime/host Host), which migrates its
+// table, consumes "payments.saga.payment", runs its timeout scanner and serves its status
+// at /sagas/payment/{id}. Use the returned saga to start and read instances.
+func RegisterPayment(h service.Registrar, d PaymentDecider) (*Payment, error) {
+	s, err := NewPayment(h.SagaConfig("payment.v1.Payment"), d)
+	if err != nil {
+		return nil, h.Fail(err)
+	}
+	if err := h.AddSaga(service.Saga{
+		Engine:     s.engine,
+		Queue:      "payments.saga.payment",
+		Snake:      "payment",
+		Package:    SagaPackage(),
+		Migrations: PaymentMigrations(),
+		NewStart:   func() message.Message { return new(ChargeTrip) },
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
 }

@@ -2,9 +2,10 @@
 // seat, a hotel room and a rental car at once (a parallel group of
 // compensatable steps, joined when all three are held), buy travel
 // insurance when the traveller asked for it (a conditional step the decider
-// skips otherwise), charge the trip (the pivot) and confirm it (a retriable
-// step). Confirming publishes TripBooked, an event the itinerary service
-// subscribes to: it sends the traveller the itinerary and schedules a
+// skips otherwise), charge the trip (the pivot: a child saga, Payment, run
+// by the payments service, whose outcome is the step's reply) and confirm
+// it (a retriable step). Confirming publishes TripBooked, an event the
+// itinerary service subscribes to: it sends the traveller the itinerary and schedules a
 // check-in reminder for the day before the flight (choreography, no step of
 // the saga; the reminder waits in PostgreSQL until it is due, and expires
 // unhandled once check-in has closed).
@@ -717,7 +718,7 @@ const file_trip_v1_trip_proto_rawDesc = "" +
 	"\atrip_id\x18\x01 \x01(\tR\x06tripId\x12!\n" +
 	"\ftraveller_id\x18\x02 \x01(\tR\vtravellerId\x12\x16\n" +
 	"\x06flight\x18\x03 \x01(\tR\x06flight\x128\n" +
-	"\tdeparture\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:#\xe2\xdd\x19\x1f\b\x02*\atrip_idR\rnotificationsb\x0323h\"\x89\r\n" +
+	"\tdeparture\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:#\xe2\xdd\x19\x1f\b\x02*\atrip_idR\rnotificationsb\x0323h\"\x9e\r\n" +
 	"\fBookTripData\x12\x17\n" +
 	"\atrip_id\x18\x01 \x01(\tR\x06tripId\x12!\n" +
 	"\ftraveller_id\x18\x02 \x01(\tR\vtravellerId\x12'\n" +
@@ -741,15 +742,15 @@ const file_trip_v1_trip_proto_rawDesc = "" +
 	"\tpolicy_id\x18\x0f \x01(\tR\bpolicyId\x12\x1b\n" +
 	"\tcharge_id\x18\x10 \x01(\tR\bchargeId\x12%\n" +
 	"\x0efailure_reason\x18\x11 \x01(\tR\rfailureReason\x128\n" +
-	"\tdeparture\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:\xa8\b\xea\xdd\x19\xa3\b\x12\x0fBookTripRequest\x1a\atrip_id\"\x021h2{\n" +
+	"\tdeparture\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\tdeparture:\xbd\b\xea\xdd\x19\xb8\b\x12\x0fBookTripRequest\x1a\atrip_id\"\x021h2{\n" +
 	"\x11ValidateTraveller\x10\x04\x1a\x1etraveller.v1.ValidateTraveller\"\x1btraveller.v1.TravellerValid*\x1etraveller.v1.TravellerRejectedJ\x0330sP\x01`\x012\xc1\x01\n" +
 	"\rReserveFlight\x10\x01\x1a\x1creservation.v1.ReserveFlight\"\x1dreservation.v1.FlightReserved*\x1creservation.v1.FlightSoldOut2\x1breservation.v1.CancelFlight:\x1ereservation.v1.FlightCancelledJ\x0330sP\x01X\x05`\x01z\vReserveTrip2\xbf\x01\n" +
 	"\fReserveHotel\x10\x01\x1a\x1breservation.v1.ReserveHotel\"\x1creservation.v1.HotelReserved*\x1freservation.v1.HotelUnavailable2\x1areservation.v1.CancelHotel:\x1dreservation.v1.HotelCancelledJ\x0330sP\x01X\x05`\x01z\vReserveTrip2\xb3\x01\n" +
 	"\n" +
 	"ReserveCar\x10\x01\x1a\x19reservation.v1.ReserveCar\"\x1areservation.v1.CarReserved*\x1dreservation.v1.CarUnavailable2\x18reservation.v1.CancelCar:\x1breservation.v1.CarCancelledJ\x0330sP\x01X\x05`\x01z\vReserveTrip2\x95\x01\n" +
-	"\fBuyInsurance\x10\x01\x1a\x19insurance.v1.BuyInsurance\"\x1cinsurance.v1.InsuranceBought2\x1cinsurance.v1.CancelInsurance:\x1finsurance.v1.InsuranceCancelledJ\x0330sP\x01X\x05`\x02p\x012c\n" +
+	"\fBuyInsurance\x10\x01\x1a\x19insurance.v1.BuyInsurance\"\x1cinsurance.v1.InsuranceBought2\x1cinsurance.v1.CancelInsurance:\x1finsurance.v1.InsuranceCancelledJ\x0330sP\x01X\x05`\x02p\x012x\n" +
 	"\n" +
-	"ChargeTrip\x10\x02\x1a\x15payment.v1.ChargeTrip\"\x16payment.v1.TripCharged*\x1apayment.v1.PaymentDeclinedJ\x021mP\x02X\x03`\x0324\n" +
+	"ChargeTrip\x10\x02\x1a\x15payment.v1.ChargeTrip\"\x16payment.v1.TripCharged*\x1apayment.v1.PaymentDeclinedJ\x025mP\x02X\x03`\x03\x82\x01\x12payment.v1.Payment24\n" +
 	"\vConfirmTrip\x10\x03\x1a\vConfirmTrip\"\rTripConfirmedJ\x0330sX\x05`\x01:\x04tripR\x11\n" +
 	"\vReserveTrip\x12\x021mB:Z8github.com/protosaga/saga/examples/travel/trip/v1;tripv1b\x06proto3"
 
