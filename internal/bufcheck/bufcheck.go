@@ -94,7 +94,7 @@ var lintPurposes = map[string]string{
 	"group-reference":           "Checks that every parallel group a step names is declared once, under a CamelCase name no step has.",
 	"group-members":             "Checks that a parallel group has at least two consecutive members and does not contain the pivot.",
 	"group-timeout":             "Checks that a parallel group declares a timeout no shorter than any member's wait.",
-	"group-execution":           "Checks that the contract declares no parallel group, which the saga runtime does not run.",
+	"group-execution":           "Checks that a parallel group's members can run together: none external or conditional, all before the point of no return or all after it.",
 	"non-retriable-after-pivot": "Checks that every step after the pivot is retriable.",
 	"cancel-reference":          "Checks that a saga's cancel names an annotated command or event.",
 	"cancel-correlation":        "Checks that a cancel message declares a correlation field.",

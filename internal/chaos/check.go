@@ -519,9 +519,11 @@ WHERE o.lease_owner = s.relay AND s.attempts = 1 AND o.lease_until = o.created_a
 		}
 	}
 	// A participant's queue claims nothing in the inbox for a command that
-	// ran: its once record names the message id instead.
+	// ran: its once record names the message id instead. Nor does a saga's
+	// queue for a message its engine applied: its audit row names it.
 	ran := map[string]bool{}
-	rows, err = r.pool.Query(ctx, `SELECT message_id FROM saga_participant_once WHERE message_id <> ''`)
+	rows, err = r.pool.Query(ctx, `SELECT message_id FROM saga_participant_once WHERE message_id <> ''
+UNION SELECT message_id FROM saga_audit WHERE message_id <> ''`)
 	if err != nil {
 		return fmt.Errorf("check: once records: %w", err)
 	}

@@ -197,7 +197,7 @@ func (t crashTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data p
 		return context.WithValue(ctx, stmtKey{}, stmtRollback)
 	case strings.Contains(sql, "INSERT INTO saga_outbox_sent"):
 		t.c.pass(CrashAfterPublish)
-	case strings.Contains(sql, "INTO saga_inbox"), strings.Contains(sql, "reply_body FROM saga_participant_once"):
+	case consumerBatchSQL(sql):
 		t.c.mu.Lock()
 		t.c.consumer[conn] = true
 		t.c.mu.Unlock()
@@ -208,6 +208,35 @@ func (t crashTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data p
 	}
 	return ctx
 }
+
+// consumerBatchSQL reports whether sql is one only a consumer's batch
+// transaction runs: an inbox claim, the saga engine's read of which
+// unclaimed deliveries the inbox names, or a participant's read of its once
+// records.
+func consumerBatchSQL(sql string) bool {
+	return strings.Contains(sql, "INTO saga_inbox") || strings.Contains(sql, "FROM saga_inbox WHERE consumer") ||
+		strings.Contains(sql, "reply_body FROM saga_participant_once")
+}
+
+// TraceBatchStart implements pgx.BatchTracer: statements sent in a batch
+// (the saga engine's batch lock with its inbox read) are noted like single
+// ones.
+func (t crashTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+// TraceBatchQuery notes a consumer's batch transaction by a statement it sent
+// in a batch.
+func (t crashTracer) TraceBatchQuery(_ context.Context, conn *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if consumerBatchSQL(data.SQL) {
+		t.c.mu.Lock()
+		t.c.consumer[conn] = true
+		t.c.mu.Unlock()
+	}
+}
+
+// TraceBatchEnd implements pgx.BatchTracer.
+func (t crashTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // TraceQueryEnd stops a consumer after its batch committed, before the
 // acknowledgement.

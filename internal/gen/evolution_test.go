@@ -108,6 +108,42 @@ func TestStatesMigrationOfARegeneratedContract(t *testing.T) {
 	require.ErrorContains(t, err, "saga_place_order_state_check")
 }
 
+// intoGroup makes the steps named members a parallel group named group.
+func intoGroup(group string, members ...string) func(string) string {
+	return func(s string) string {
+		for _, m := range members {
+			i := strings.Index(s, "name: \""+m+"\"")
+			s = s[:i] + "group: \"" + group + "\"\n      " + s[i:]
+		}
+		i := strings.Index(s, "callback: {")
+		return s[:i] + "groups: {name: \"" + group + "\", timeout: \"10m\"}\n    " + s[i:]
+	}
+}
+
+// TestStatesMigrationOfAGroupAdded: running two steps as a parallel group
+// replaces their states with the group's; the states migration is refused
+// while an instance waits in one of the members' old states, and applied
+// once none does, after which the group's state is accepted.
+func TestStatesMigrationOfAGroupAdded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	require.NoError(t, schema.Migrate(ctx, pool, orderv1.PlaceOrderMigrations()))
+	insertInstance(t, pool, "018f0000-0000-7000-8000-000000000001", "o-1", "SCHEDULE_SHIPPING")
+
+	next := nextPlaceOrderMigrations(t, intoGroup("Fulfil", "ScheduleShipping", "ApproveOrder"))
+	err := schema.Migrate(ctx, pool, next)
+	require.ErrorContains(t, err, "instances of saga_place_order are in states the new definition removes: SCHEDULE_SHIPPING")
+
+	_, err = pool.Exec(ctx, `UPDATE saga_place_order SET state = 'COMPLETED' WHERE business_key = 'o-1'`)
+	require.NoError(t, err)
+	require.NoError(t, schema.Migrate(ctx, pool, next))
+	_, err = pool.Exec(ctx, `UPDATE saga_place_order SET state = 'FULFIL' WHERE business_key = 'o-1'`)
+	require.NoError(t, err, "the group's state is a state of the new definition")
+	_, err = pool.Exec(ctx, `UPDATE saga_place_order SET state = 'APPROVE_ORDER' WHERE business_key = 'o-1'`)
+	require.ErrorContains(t, err, "saga_place_order_state_check", "a member has no state of its own")
+}
+
 // TestStatesMigrationRefusesAStateEnteredMeanwhile: an instance that enters
 // a removed state while the states migration runs (its check has passed, a
 // writer still holds the row) does not end up behind the new constraint:

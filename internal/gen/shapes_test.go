@@ -35,6 +35,14 @@ func (activation) BuildReleaseNumber(_ context.Context, d *activationv1.Activati
 	return &activationv1.ReleaseNumber{OrderId: d.GetOrderId()}, nil
 }
 
+func (activation) BuildShipSim(_ context.Context, d *activationv1.ActivationData) (*activationv1.ShipSim, error) {
+	return &activationv1.ShipSim{OrderId: d.GetOrderId()}, nil
+}
+
+func (activation) BuildRecallSim(_ context.Context, d *activationv1.ActivationData) (*activationv1.RecallSim, error) {
+	return &activationv1.RecallSim{OrderId: d.GetOrderId()}, nil
+}
+
 func (activation) BuildProvisionLine(_ context.Context, d *activationv1.ActivationData) (*activationv1.ProvisionLine, error) {
 	return &activationv1.ProvisionLine{OrderId: d.GetOrderId()}, nil
 }
@@ -75,7 +83,11 @@ func TestShapesGeneratedSaga(t *testing.T) {
 			h.Begin(&activationv1.ActivateLine{OrderId: id, Prepaid: true})
 			h.RequireState(activationv1.ActivationStateValidateAddress)
 			h.Reply(&activationv1.AddressValid{OrderId: id})
-			h.RequireState(activationv1.ActivationStateReserveNumber)
+			h.RequireState(activationv1.ActivationStatePrepare)
+			require.Equal(t, id, h.SentReserveNumber().GetOrderId())
+			require.Equal(t, id, h.SentShipSim().GetOrderId())
+			h.Reply(&activationv1.SimShipped{OrderId: id})
+			h.RequireState(activationv1.ActivationStatePrepare)
 			h.Reply(&activationv1.NumberReserved{OrderId: id})
 			h.RequireState(activationv1.ActivationStateProvisionLine)
 			require.Contains(t, h.Last().Note, "skipped conditional step CreditCheck: prepaid line: no credit risk")
@@ -88,6 +100,7 @@ func TestShapesGeneratedSaga(t *testing.T) {
 			h.Begin(&activationv1.ActivateLine{OrderId: id, NewCustomer: true})
 			h.Reply(&activationv1.AddressValid{OrderId: id})
 			h.Reply(&activationv1.NumberReserved{OrderId: id})
+			h.Reply(&activationv1.SimShipped{OrderId: id})
 			h.RequireState(activationv1.ActivationStateCreditCheck)
 			h.RequireSent()
 			h.Reply(&activationv1.CreditApproved{OrderId: id, Officer: "ana"})
@@ -99,17 +112,29 @@ func TestShapesGeneratedSaga(t *testing.T) {
 			h.RequireState(activationv1.ActivationStateCompleted)
 			require.Empty(t, h.Instance().Progress.Skipped)
 		}},
-		{"credit rejected: the number is released, the checks need no undo", func(t *testing.T, h *activationv1test.Activation) {
+		{"credit rejected: the group's members are recalled in reverse order, the checks need no undo", func(t *testing.T, h *activationv1test.Activation) {
 			h.Begin(&activationv1.ActivateLine{OrderId: id})
 			h.Reply(&activationv1.AddressValid{OrderId: id})
 			h.Reply(&activationv1.NumberReserved{OrderId: id})
+			h.Reply(&activationv1.SimShipped{OrderId: id})
 			h.Reply(&activationv1.CreditRejected{OrderId: id, Officer: "bo"})
-			h.RequireState(activationv1.ActivationStateCompensatingReserveNumber)
-			require.Equal(t, id, h.SentReleaseNumber().GetOrderId())
+			h.RequireState(activationv1.ActivationStateCompensatingShipSim)
+			require.Equal(t, id, h.SentRecallSim().GetOrderId())
 			require.Equal(t, "bo", h.Data().GetCreditOfficer())
+			h.Reply(&activationv1.SimRecalled{OrderId: id})
+			h.RequireState(activationv1.ActivationStateCompensatingReserveNumber)
 			h.Reply(&activationv1.NumberReleased{OrderId: id})
 			h.RequireState(activationv1.ActivationStateFailed)
-			require.Equal(t, []string{"ReserveNumber"}, h.Instance().Progress.Compensated)
+			require.Equal(t, []string{"ShipSim", "ReserveNumber"}, h.Instance().Progress.Compensated)
+		}},
+		{"the number is taken while the SIM ships: the SIM is recalled", func(t *testing.T, h *activationv1test.Activation) {
+			h.Begin(&activationv1.ActivateLine{OrderId: id})
+			h.Reply(&activationv1.AddressValid{OrderId: id})
+			h.Reply(&activationv1.NumberTaken{OrderId: id})
+			h.RequireState(activationv1.ActivationStateCompensatingShipSim)
+			require.Equal(t, []string{"ShipSim"}, h.Instance().Progress.Stopped)
+			h.Reply(&activationv1.SimRecalled{OrderId: id})
+			h.RequireState(activationv1.ActivationStateFailed)
 		}},
 		{"invalid address: nothing ran that needs undoing", func(t *testing.T, h *activationv1test.Activation) {
 			h.Begin(&activationv1.ActivateLine{OrderId: id})
@@ -135,5 +160,8 @@ func TestShapesDiagram(t *testing.T) {
 	md := string(b)
 	require.Contains(t, md, "| CreditCheck | check, conditional (the decider may skip it) | waits for an external event |")
 	require.Contains(t, md, "note right of CREDIT_CHECK : conditional, the decider may skip it")
-	require.Contains(t, md, "RESERVE_NUMBER --> PROVISION_LINE : NumberReserved / ProvisionLine")
+	require.Contains(t, md, "PREPARE --> PROVISION_LINE : NumberReserved / ProvisionLine<br/>SimShipped / ProvisionLine")
+	require.Contains(t, md, "| ShipSim | compensatable, in parallel group Prepare |")
+	require.Contains(t, md, "        PREPARE_fork --> PREPARE_SHIP_SIM\n")
+	require.Contains(t, md, "## Parallel groups")
 }

@@ -67,8 +67,12 @@ type Config struct {
 	// id, and a redelivery of that id finds the row and has no effect (a
 	// host's participant does: participant.Idempotent's once record).
 	// The consumer then claims nothing in the inbox (saga_inbox) for this
-	// queue, saving a row per delivery. Leave it false for any handler
-	// that can succeed without such a row.
+	// queue, saving a row per delivery, and names itself in each
+	// Delivery.Unclaimed. A handler may also drop a redelivery by a row of
+	// its own for some deliveries and claim the others in the inbox itself
+	// (a host's saga engine: what it applies as new is recorded in the saga
+	// instance, anything else is claimed). Leave it false for any handler
+	// that can succeed without either.
 	HandlerDedupes bool
 	// PruneDedupes, set with HandlerDedupes, deletes the handler's own
 	// dedupe rows older than the time given and returns how many it

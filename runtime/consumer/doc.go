@@ -16,9 +16,11 @@
 //     claimed is a duplicate: committed and acknowledged without calling
 //     the handler. Otherwise the batch handler (Config.Batch, or
 //     Config.Handler run as one) applies it in the same transaction. A
-//     handler that records the message id with its own row and drops a
-//     redelivery itself (Config.HandlerDedupes: a host's participants,
-//     whose once record does it) is handed every delivery unclaimed.
+//     handler that drops a redelivery itself by rows of its own
+//     (Config.HandlerDedupes: a host's participants, whose once record
+//     names the message id, and a host's saga engines, whose instances
+//     record what they applied and which claim the rest themselves) is
+//     handed every delivery unclaimed.
 //  3. Commit, then acknowledge. Between the two, the outbox rows the
 //     batch's successful handlers wrote go to the relay of this process
 //     when the consumer has one (Config.Relay), or the relays are woken by

@@ -229,7 +229,7 @@ func (h *Host) build(r *running) error {
 		}
 		r.callbacks = d
 	}
-	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.BatchHandler,
+	add := func(queue string, pkg service.Package, reg *message.Registry, handler consumer.BatchHandler, dedupes bool,
 		pruneDedupes func(context.Context, time.Time) (int64, error)) error {
 		t := h.cfg.tuning(queue)
 		pol := h.cfg.Retry
@@ -243,7 +243,7 @@ func (h *Host) build(r *running) error {
 			relay = r.relays[len(r.consumers)%n]
 		}
 		c, err := consumer.New(consumer.Config{
-			Name: queue, HandlerDedupes: pruneDedupes != nil, PruneDedupes: pruneDedupes, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
+			Name: queue, HandlerDedupes: dedupes, PruneDedupes: pruneDedupes, Queue: queue, Pool: h.pool, Conn: r.sub, PublishConn: r.pub, Registry: reg, Batch: handler, Relay: relay,
 			Prefetch: t.Prefetch, Concurrency: t.Concurrency, BatchSize: t.BatchSize, Retry: pol,
 			DrainTimeout: h.cfg.DrainTimeout, KeepClaims: h.cfg.KeepClaims,
 			Logger: h.log, Telemetry: h.cfg.Telemetry,
@@ -271,7 +271,7 @@ func (h *Host) build(r *running) error {
 		pruneOnce := func(ctx context.Context, olderThan time.Time) (int64, error) {
 			return participant.PruneOnce(ctx, h.pool, svc, olderThan)
 		}
-		if err := add(p.Queue, p.Package, reg, participant.BatchHandler(p.Service, fn), pruneOnce); err != nil {
+		if err := add(p.Queue, p.Package, reg, participant.BatchHandler(p.Service, fn), true, pruneOnce); err != nil {
 			return err
 		}
 	}
@@ -280,12 +280,15 @@ func (h *Host) build(r *running) error {
 		if err != nil {
 			return fmt.Errorf("subscriber %s: %w", s.Service, err)
 		}
-		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), nil); err != nil {
+		if err := add(s.Queue, s.Package, reg, subscriber.Handler(s.Service, s.Func), false, nil); err != nil {
 			return err
 		}
 	}
 	for _, s := range h.sagas {
-		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine, nil); err != nil {
+		// The engine drops a redelivery by the instance it moved, and
+		// claims in the inbox only what it did not apply as new
+		// (runtime/saga, Engine.Handle).
+		if err := add(s.Queue, s.Package, s.Engine.Registry(), s.Engine, true, nil); err != nil {
 			return err
 		}
 	}

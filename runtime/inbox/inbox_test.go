@@ -297,3 +297,35 @@ func TestClaimAll(t *testing.T) {
 		require.Empty(t, first)
 	})
 }
+
+// TestClaimed: Claimed and QueueClaimed name exactly the ids the consumer
+// has claimed, committed or earlier in the same transaction, and write
+// nothing.
+func TestClaimed(t *testing.T) {
+	t.Parallel()
+	ctx, b := setup(t)
+	require.True(t, claim(ctx, t, b.pool, "orders", "m1"))
+	require.True(t, claim(ctx, t, b.pool, "billing", "m2"))
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	first, err := inbox.Claim(ctx, tx, "orders", "m3")
+	require.NoError(t, err)
+	require.True(t, first)
+
+	got, err := inbox.Claimed(ctx, tx, "orders", []string{"m1", "m2", "m3", "m4"})
+	require.NoError(t, err)
+	require.Equal(t, map[string]bool{"m1": true, "m3": true}, got, "m2 is another consumer's; m4 nobody's")
+
+	queued := map[string]bool{}
+	var batch pgx.Batch
+	inbox.QueueClaimed(&batch, "billing", []string{"m1", "m2"}, queued)
+	require.NoError(t, tx.SendBatch(ctx, &batch).Close())
+	require.Equal(t, map[string]bool{"m2": true}, queued)
+
+	none, err := inbox.Claimed(ctx, tx, "orders", nil)
+	require.NoError(t, err)
+	require.Empty(t, none)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, 2, countClaims(ctx, t, b.pool), "reading claims wrote none; the rolled-back claim is gone")
+}

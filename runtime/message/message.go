@@ -168,12 +168,23 @@ func OnceKey(m Message, operatorRetry int) string {
 	return key
 }
 
-// SupportPackageIsVersion7 is referenced by generated code to assert at
+// SupportPackageIsVersion8 is referenced by generated code to assert at
 // compile time that the runtime it imports is new enough. A runtime that
 // breaks generated code drops the old constant and adds the next one, and
 // a generator whose code needs something older runtimes lack (an
 // identifier, or a transition table sagadef did not compute yet) refers to
 // the next one.
+//
+// Version 8: generated sagas may declare parallel groups
+// (sagadef.Definition.Groups, sagadef.Group, sagadef.Step.Group, group
+// states of kind sagadef.StateKindGroup, and the transition tables
+// sagadef derives for them); a generated scenario's MoveReply may name the
+// group member it answers (sagatest.Move.Step). Only the code generated
+// for a contract that declares a group refers to this constant.
+const SupportPackageIsVersion8 = true
+
+// SupportPackageIsVersion7 is referenced by code generated for version 7,
+// which this runtime still compiles (see [SupportPackageIsVersion8]).
 //
 // Version 7: generated sagas may declare check steps (sagadef.RoleCheck)
 // and conditional steps (sagadef.Step.Conditional, decided by the hooks'
@@ -192,7 +203,7 @@ func OnceKey(m Message, operatorRetry int) string {
 const SupportPackageIsVersion7 = true
 
 // SupportPackageIsVersion6 is referenced by code generated for version 6,
-// which this runtime still compiles (see [SupportPackageIsVersion7]).
+// which this runtime still compiles (see [SupportPackageIsVersion8]).
 //
 // Version 6: generated code imports six runtime packages (broker, message,
 // participant, saga, sagadef, service): it declares its topology as a
@@ -203,7 +214,7 @@ const SupportPackageIsVersion7 = true
 const SupportPackageIsVersion6 = true
 
 // SupportPackageIsVersion5 is referenced by code generated for version 5,
-// which this runtime still compiles (see [SupportPackageIsVersion7]).
+// which this runtime still compiles (see [SupportPackageIsVersion8]).
 //
 // Version 5: generated code marks a participant's undecodable command with
 // retry.Permanent and takes publishing metadata as message.Meta (the failure

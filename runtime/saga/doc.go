@@ -13,11 +13,16 @@
 //	outbox  outbox.Enqueue the commands the transition emits
 //	audit   INSERT INTO saga_audit: from, to, trigger, class, message and causation ids, operator, note
 //
-// For a reply, the consumer opens that transaction and has already claimed
-// the delivery in the inbox (the engine is the consumer's
-// consumer.BatchHandler, [Engine.HandleBatch], which locks the batch's
-// instances at once and applies each delivery with [Engine.Handle]); the
-// consumer acknowledges the delivery only after the commit. For a start it is
+// For a reply, the consumer opens that transaction (the engine is the
+// consumer's consumer.BatchHandler, [Engine.HandleBatch], which locks the
+// batch's instances at once and applies each delivery with [Engine.Handle])
+// and acknowledges the delivery only after the commit. A consumer that
+// claims every delivery in the inbox drops a redelivery before the engine
+// sees it; a host's saga queue claims nothing (consumer.Config.HandlerDedupes)
+// and the engine drops a redelivery itself: a message it applied as new is
+// recorded in the instance (a duplicate the second time), and one of any
+// other class is claimed in the inbox when it is handled (see
+// Engine.Handle). For a start it is
 // the caller's transaction ([Engine.StartTx]) or one of its own
 // ([Engine.Start]); timeouts and operator actions open their own.
 //
@@ -62,6 +67,19 @@
 // step it answers. Emitted envelopes carry CorrelationID = SagaID = the saga
 // id, SagaType = the definition's name, and CausationID = the message that
 // triggered the transition (empty for timeouts and operator actions).
+//
+// # Child sagas
+//
+// A saga that declares outcome replies (sagadef.Definition.Replies) can be
+// a parent's child: its start and cancel messages arrive with the parent's
+// saga id and type in the envelope. [Engine.Handle] starts the instance
+// from such a start (idempotently on the business key), finds it for such a
+// cancel by the message's correlation key, and records the parent in the
+// instance's progress (sagadef.Parent). The transition that ends the
+// instance writes the outcome reply into the outbox in its own
+// transaction, addressed to the parent (its saga id, type and correlation
+// id; causation = the start command's id, or the parent's cancel's for the
+// cancelled reply), so the parent's engine classifies it like any reply.
 //
 // # Application code: reads, HTTP and cancels
 //

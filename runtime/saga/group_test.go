@@ -2,14 +2,18 @@ package saga_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/message"
+	"github.com/protosaga/saga/runtime/outbox"
 	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
@@ -255,4 +259,61 @@ func TestGroupStuckRuleWatchesTheGroupState(t *testing.T) {
 	require.True(t, r.Waits(stGroup))
 	require.False(t, r.Waits("RESERVE_CREDIT"))
 	require.True(t, r.Waits(stCompCredit))
+}
+
+// TestGroupCommandsPublishedByTheNextRelay: the process that entered the
+// group dies after the commit and before its relay published anything; a
+// relay started afterwards publishes both members' commands, once each.
+func TestGroupCommandsPublishedByTheNextRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{group: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	id := b.start(t, "group-relay") // committed; no relay ran
+
+	quiet := slog.New(slog.DiscardHandler)
+	conn, err := broker.Dial(ctx, testenv.AMQP(t), broker.ConnConfig{Name: "publish", MinBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel(ctx)
+	require.NoError(t, err)
+	const sink = "test.group.sink"
+	top := broker.Topology{
+		Exchanges: []broker.Exchange{{Name: msgReserveInventory.Exchange, Kind: "direct"}},
+		Queues:    []broker.Queue{{Name: sink}},
+	}
+	for _, in := range []*message.Info{msgReserveInventory, msgReserveCredit} {
+		top.Bindings = append(top.Bindings, broker.Binding{Queue: sink, Exchange: in.Exchange, RoutingKey: in.RoutingKey})
+	}
+	require.NoError(t, broker.Declare(ctx, ch, top))
+
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Pool: b.pool, Conn: conn, PollInterval: 50 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var published []string
+	deadline := time.Now().Add(30 * time.Second)
+	for len(published) < 2 && time.Now().Before(deadline) {
+		d, ok, err := ch.Get(sink, true)
+		require.NoError(t, err)
+		if !ok {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		require.Equal(t, id, d.Headers[message.HeaderSagaID])
+		published = append(published, d.Type)
+	}
+	require.ElementsMatch(t, []string{msgReserveInventory.FullName, msgReserveCredit.FullName}, published)
+	// Nothing is published twice: every row is marked once confirmed.
+	require.Eventually(t, func() bool {
+		var pending int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM saga_outbox o JOIN saga_outbox_pending p ON p.id = o.id WHERE o.saga_id = $1`, id).Scan(&pending))
+		return pending == 0
+	}, 30*time.Second, 20*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	_, more, err := ch.Get(sink, true)
+	require.NoError(t, err)
+	require.False(t, more, "a member's command was published twice")
 }

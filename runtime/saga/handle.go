@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
@@ -97,6 +98,17 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 	if kind == e.def.StartMessage && sagaID == "" {
 		return e.handleStart(ctx, tx, d, parent)
 	}
+	if d.Unclaimed != "" {
+		before, err := e.handledBefore(ctx, tx, d)
+		if err != nil {
+			return err
+		}
+		if before {
+			e.cfg.Logger.DebugContext(ctx, "saga message handled before (inbox): no effect", "saga_type", e.def.Name,
+				"saga_id", sagaID, "message_id", env.MessageID, "message_type", kind)
+			return nil
+		}
+	}
 	w, err := e.lockFor(ctx, tx, sagaID, d)
 	if err != nil {
 		return err
@@ -123,6 +135,11 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 		return err
 	}
 	res := out.Result
+	if d.Unclaimed != "" && res.Class != sagadef.ClassNew {
+		if err := e.claimRepeatable(ctx, tx, d); err != nil {
+			return err
+		}
+	}
 	level := e.cfg.Logger.DebugContext
 	if res.Class != sagadef.ClassNew {
 		level = e.cfg.Logger.InfoContext
@@ -130,6 +147,60 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 	level(ctx, "saga message handled", "saga_type", e.def.Name, "saga_id", w.ID,
 		"message_id", env.MessageID, "message_type", kind, "correlation_id", env.CorrelationID, "causation_id", env.CausationID,
 		"class", res.Class.String(), "from", w.State, "to", res.Instance.State, "version", out.Version)
+	return nil
+}
+
+// handledBefore reports whether the inbox names d, a delivery its consumer
+// claimed nothing for (consumer.Delivery.Unclaimed): from the read
+// HandleBatch made for the batch, or by a read of its own.
+//
+// A saga queue's consumer claims nothing in the inbox when its handler is
+// the engine run by a host: the engine's own record of a saga drops a
+// redelivered message. A message it applies as new (class new) is recorded
+// in the instance it moved — a step's or compensation's outcome, the step
+// it settled, the pending command it answered — and a redelivery, which
+// locks the same instance after that transition committed, is classified
+// as a duplicate. Any other class (duplicate, late, invalid, conflicting)
+// may have effects a second classification would repeat (an audit row, a
+// review reason appended again), so such a delivery is claimed in the
+// inbox (claimRepeatable) and a redelivery of it is dropped here, with no
+// effect and no audit row, as a claimed message is dropped by a consumer
+// that claims.
+func (e *Engine) handledBefore(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) (bool, error) {
+	id := d.Envelope.MessageID
+	if id == "" {
+		return false, nil
+	}
+	if p, ok := txq.PartIf(tx, prefetchKey{e.table}); ok {
+		if p := p.(*prefetched); p.consumer == d.Unclaimed && p.claimed != nil {
+			return p.claimed[id], nil
+		}
+	}
+	claimed, err := inbox.Claimed(ctx, tx, d.Unclaimed, []string{id})
+	if err != nil {
+		return false, fmt.Errorf("saga %s: message %s: %w", e.def.Name, id, err)
+	}
+	return claimed[id], nil
+}
+
+// claimRepeatable claims d in the inbox after a transition of a class other
+// than new (see handledBefore). A claim already there — another
+// transaction committed it meanwhile, or a copy of the same message earlier
+// in this batch took it — means the message was handled: the delivery
+// fails as transient, its effects roll back, and its retry finds the claim.
+func (e *Engine) claimRepeatable(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
+	id := d.Envelope.MessageID
+	if id == "" {
+		return nil
+	}
+	first, err := inbox.Claim(ctx, tx, d.Unclaimed, id)
+	if err != nil {
+		return fmt.Errorf("saga %s: message %s (%s): %w", e.def.Name, id, d.Envelope.MessageType, err)
+	}
+	if !first {
+		return retry.Transient(fmt.Errorf("saga %s: message %s (%s) was handled by another transaction meanwhile: not applied twice",
+			e.def.Name, id, d.Envelope.MessageType))
+	}
 	return nil
 }
 

@@ -195,12 +195,12 @@ type defOptions struct {
 	// conditionalReserve makes ReserveInventory conditional; the test
 	// hooks skip it for orders whose id starts with "skip-".
 	conditionalReserve bool
-	// group runs ReserveInventory and ReserveCredit as the parallel group
-	// ReserveStock (see groupReserve).
-	group bool
 	// child makes the saga a child (child_test.go): ReserveInventory its
 	// only step, the cancel declared, and outcome replies.
 	child bool
+	// group runs ReserveInventory and ReserveCredit as the parallel group
+	// ReserveStock (see groupReserve).
+	group bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory

@@ -223,7 +223,7 @@ func TestBatchLockedAhead(t *testing.T) {
 }
 
 // lockCounter is a pgx tracer counting the instance locks a connection
-// sends: one by id, or many at once.
+// sends, alone or in a batch: one by id, or many at once.
 type lockCounter struct {
 	mu sync.Mutex
 	n  lockCount
@@ -232,18 +232,32 @@ type lockCounter struct {
 type lockCount struct{ one, many int }
 
 func (c *lockCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case strings.Contains(d.SQL, "WHERE id = $1::uuid FOR UPDATE"):
-		c.n.one++
-	case strings.Contains(d.SQL, "t WHERE t.id = ks.k FOR UPDATE) AS x"):
-		c.n.many++
-	}
+	c.note(d.SQL)
 	return ctx
 }
 
+func (c *lockCounter) note(sql string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case strings.Contains(sql, "WHERE id = $1::uuid FOR UPDATE"):
+		c.n.one++
+	case strings.Contains(sql, "t WHERE t.id = ks.k FOR UPDATE) AS x"):
+		c.n.many++
+	}
+}
+
 func (*lockCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (*lockCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *lockCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.note(d.SQL)
+}
+
+func (*lockCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (c *lockCounter) count() lockCount {
 	c.mu.Lock()

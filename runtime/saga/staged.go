@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/protosaga/saga/runtime/consumer"
+	"github.com/protosaga/saga/runtime/inbox"
 	"github.com/protosaga/saga/runtime/internal/txq"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/sagadef"
@@ -145,8 +146,14 @@ func (s *stagedUpdates) Discard(err error) { _ = txq.Results(s.results)(pgconn.C
 type prefetchKey struct{ table string }
 
 // prefetched is the instances of one table locked for a batch in one
-// statement, by id, as stored. It writes nothing.
-type prefetched struct{ rows map[string]row }
+// statement, by id, as stored, and which of the batch's unclaimed
+// deliveries the inbox already names (see Engine.handledBefore). It writes
+// nothing.
+type prefetched struct {
+	rows     map[string]row
+	consumer string          // the consumer claimed is read for ("": not read)
+	claimed  map[string]bool // message ids consumer has claimed
+}
 
 func (*prefetched) Queue(context.Context, pgx.Tx) {}
 func (*prefetched) Discard(error)                 {}
@@ -160,8 +167,10 @@ func (*prefetched) Discard(error)                 {}
 // the instance update, the outbox rows and the audit row, which the consumer
 // writes with the whole batch's, one statement per kind. With fewer than two
 // instances to lock, or on a transaction that is not a consumer batch's, it
-// locks nothing ahead. A failed lock statement fails the batch as a whole
-// ([consumer.FailBatch]).
+// locks nothing ahead. When the consumer claimed nothing in the inbox
+// (consumer.Delivery.Unclaimed), the read of which deliveries the inbox
+// names goes in the same round trip. A failed lock statement fails the
+// batch as a whole ([consumer.FailBatch]).
 func (e *Engine) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) []error {
 	if err := e.lockBatch(ctx, tx, ds); err != nil {
 		return consumer.FailBatch(ds, err)
@@ -169,10 +178,16 @@ func (e *Engine) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Deli
 	return consumer.HandlerFunc(e.Handle).HandleBatch(ctx, tx, ds)
 }
 
-// lockBatch locks the instances ds name for HandleBatch.
+// lockBatch locks the instances ds name for HandleBatch, and reads which
+// unclaimed deliveries the inbox names.
 func (e *Engine) lockBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) error {
-	var ids []string
+	var ids, unclaimed []string
+	name := ""
 	for _, d := range ds {
+		if d.Unclaimed != "" && d.Envelope.MessageID != "" {
+			name = d.Unclaimed // one consumer hands over the batch
+			unclaimed = append(unclaimed, d.Envelope.MessageID)
+		}
 		if d.Envelope.SagaType != e.def.Name {
 			continue
 		}
@@ -180,22 +195,39 @@ func (e *Engine) lockBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delive
 			ids = append(ids, id.String())
 		}
 	}
-	if len(ids) < 2 {
+	if len(ids) < 2 && len(unclaimed) < 2 {
 		return nil
 	}
 	part, ok := txq.PartFor(tx, prefetchKey{e.table}, func() txq.Part { return &prefetched{} })
 	if !ok {
 		return nil
 	}
-	rows, err := tx.Query(ctx, e.q.lockMany, ids)
-	var ws []row
-	if err == nil {
-		ws, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) { return scanRow(r) })
-	}
-	if err != nil {
-		return fmt.Errorf("lock the batch's %d saga %s instances: %w", len(ids), e.def.Name, err)
-	}
 	p := part.(*prefetched)
+	var (
+		b  pgx.Batch
+		ws []row
+	)
+	if len(ids) >= 2 {
+		b.Queue(e.q.lockMany, ids).Query(func(rows pgx.Rows) error {
+			var err error
+			ws, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) { return scanRow(r) })
+			if err != nil {
+				return fmt.Errorf("lock the batch's %d saga %s instances: %w", len(ids), e.def.Name, err)
+			}
+			return nil
+		})
+	}
+	if len(unclaimed) > 0 {
+		p.consumer, p.claimed = name, map[string]bool{}
+		inbox.QueueClaimed(&b, name, unclaimed, p.claimed)
+	}
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		p.consumer, p.claimed = "", nil
+		if len(ids) >= 2 {
+			return fmt.Errorf("lock the batch's %d saga %s instances: %w", len(ids), e.def.Name, err)
+		}
+		return err
+	}
 	p.rows = make(map[string]row, len(ws))
 	for _, w := range ws {
 		p.rows[w.ID] = w

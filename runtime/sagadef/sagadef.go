@@ -301,9 +301,11 @@ type Instance struct {
 	// Data is the decoded saga data message.
 	Data proto.Message
 	// Attempt is the number of times the current step's command (or
-	// compensation) has been sent.
+	// compensation) has been sent; 0 in a group state, where
+	// Progress.Group holds each member's.
 	Attempt int
-	// PendingMessageID is the MessageID of the command the saga waits on.
+	// PendingMessageID is the MessageID of the command the saga waits on;
+	// empty in a group state, where Progress.Group holds each member's.
 	PendingMessageID string
 	// Progress records per-step outcomes; it is persisted as JSON.
 	Progress   Progress

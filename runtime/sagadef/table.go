@@ -636,6 +636,24 @@ func (d *Definition) Mermaid() string {
 		if s.Conditional {
 			fmt.Fprintf(&b, "    note right of %s : conditional, the decider may skip it\n", StateName(s.Name))
 		}
+		if s.Child != "" {
+			fmt.Fprintf(&b, "    note right of %s : starts child saga %s\n", StateName(s.Name), shortName(s.Child))
+		}
+	}
+	// A parallel group is a composite state: a fork sends every member,
+	// a join waits for them all.
+	for _, g := range d.Groups {
+		st := StateName(g.Name)
+		fmt.Fprintf(&b, "    state %s {\n", st)
+		fmt.Fprintf(&b, "        state %s_fork <<fork>>\n", st)
+		fmt.Fprintf(&b, "        state %s_join <<join>>\n", st)
+		fmt.Fprintf(&b, "        [*] --> %s_fork\n", st)
+		for _, m := range d.Members(g.Name) {
+			fmt.Fprintf(&b, "        %s_fork --> %s_%s\n", st, st, StateName(m))
+			fmt.Fprintf(&b, "        %s_%s --> %s_join\n", st, StateName(m), st)
+		}
+		fmt.Fprintf(&b, "        %s_join --> [*]\n", st)
+		b.WriteString("    }\n")
 	}
 	return b.String()
 }

@@ -102,11 +102,21 @@ func (h *Harness) Start(msg message.Message) sagadef.Result {
 
 // Reply delivers msg as the answer to the command the saga waits on: its
 // CausationID is the pending message id (empty while an External step
-// waits, which needs none).
+// waits, which needs none). While the saga waits on a parallel group, it
+// is the pending command of the member whose reply msg is (see
+// PendingFor).
 func (h *Harness) Reply(msg message.Message) sagadef.Result {
 	h.t.Helper()
 	h.requireStarted()
-	return h.ReplyTo(h.inst.PendingMessageID, msg)
+	id := h.inst.PendingMessageID
+	if h.inst.Progress.Group != nil && msg != nil && msg.SagaMessageInfo() != nil {
+		if ref, ok := h.def.Lookup(msg.SagaMessageInfo().FullName); ok && ref.Step != "" {
+			if p := h.PendingFor(ref.Step); p != "" {
+				id = p
+			}
+		}
+	}
+	return h.ReplyTo(id, msg)
 }
 
 // PendingFor returns the id of the command the saga waits on for step: a

@@ -105,8 +105,12 @@ func newOurs(ctx context.Context, env *benv.Env, c oursConfig, logger *slog.Logg
 	return s, nil
 }
 
+// StartBatch starts reqs in one transaction of the engine's (saga.Engine.InTx),
+// as a service that starts sagas in the host's process does: their first
+// commands are handed to the host's relay after the commit, born leased to
+// it, instead of notifying every relay to claim them.
 func (s *oursSystem) StartBatch(ctx context.Context, reqs []*orderv1.PlaceOrderRequest) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return s.placeOrder.Engine().InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		for _, r := range reqs {
 			if _, _, err := s.placeOrder.StartTx(ctx, tx, r, message.Meta{}); err != nil {
 				return fmt.Errorf("start order %s: %w", r.GetOrderId(), err)

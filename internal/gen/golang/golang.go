@@ -57,8 +57,9 @@ func File(gen *protogen.Plugin, f *model.File, migrations map[*model.Saga][]stri
 	g.P()
 	g.P("package ", f.Proto.GoPackageName)
 	g.P()
-	g.P("// This file needs a runtime that supports generated code version ", supportVersion, ".")
-	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion"+strconv.Itoa(supportVersion)))
+	v := fileSupportVersion(f)
+	g.P("// This file needs a runtime that supports generated code version ", v, ".")
+	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion"+strconv.Itoa(v)))
 	g.P()
 	for _, m := range f.Messages {
 		genMessage(g, m)
@@ -328,6 +329,22 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 // test TestGeneratedRuntimeAPI lists those generated code uses) or a
 // transition table their sagadef does not compute.
 const supportVersion = 7
+
+// groupsSupportVersion is the generated-code version of a file whose sagas
+// declare parallel groups (sagadef.Group, Step.Group, StateKindGroup; a
+// scenario's MoveReply naming the member it answers). Files without groups
+// keep asserting supportVersion, which older runtimes still compile.
+const groupsSupportVersion = 8
+
+// fileSupportVersion is the generated-code version f's generated code needs.
+func fileSupportVersion(f *model.File) int {
+	for _, s := range f.Sagas {
+		if len(s.Groups) > 0 {
+			return groupsSupportVersion
+		}
+	}
+	return supportVersion
+}
 
 var (
 	roleNames = map[sagadef.Role]string{

@@ -40,8 +40,9 @@ func TestHelpers(gen *protogen.Plugin, f *model.File) {
 	g.P("// a database or a broker, through scripted replies, timeouts and duplicates.")
 	g.P("package ", name)
 	g.P()
-	g.P("// This file needs a runtime that supports generated code version ", supportVersion, ".")
-	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion"+strconv.Itoa(supportVersion)))
+	v := fileSupportVersion(f)
+	g.P("// This file needs a runtime that supports generated code version ", v, ".")
+	g.P("const _ = ", messagePkg.Ident("SupportPackageIsVersion"+strconv.Itoa(v)))
 	g.P()
 	for _, s := range f.Sagas {
 		genTestHelper(g, s)

@@ -22,6 +22,11 @@ import (
 // cancel throw a compensation event, which in BPMN runs the handlers of the
 // completed activities in reverse order: the saga's own compensation rule.
 //
+// A parallel group is a parallel gateway that forks to its members and one
+// that joins them; a conditional step sits between an exclusive gateway,
+// whose other branch passes it by ("skipped"), and the exclusive gateway
+// that merges the two.
+//
 // The process is documentation (isExecutable="false"): the runtime runs the
 // saga from its transition table, not from this file. Its diagram
 // interchange is laid out on a grid: the steps in one row, compensation
@@ -67,6 +72,7 @@ type bpmnNode struct {
 	ID, Kind, Name, Doc string
 	Event               string
 	MessageRef          string
+	CalledElement       string // a callActivity's called process (a child saga's)
 	ErrorRef            string
 	Timer               string // ISO 8601 duration
 	AttachedTo          string
@@ -139,8 +145,9 @@ func bpmnFor(s *model.Saga) (*bpmnData, error) {
 		}
 	}
 	col := max(bpmnCol, taskW+100)
-	cx := func(i int) int { return bpmnStartX + (i+1)*col } // step i's center x
-	endX := cx(len(steps))
+	lay := bpmnColumns(steps)
+	cx := func(c int) int { return bpmnStartX + (c+1)*col } // column c's center x
+	endX := cx(len(lay.slots))
 
 	// The happy path.
 	start := b.node("StartEvent", "startEvent", spaced(shortName(s.Start.FullName)))
@@ -150,13 +157,7 @@ func bpmnFor(s *model.Saga) (*bpmnData, error) {
 	b.shape(start, bpmnStartX, bpmnMainY, bpmnEvent, bpmnEvent)
 	prev := start.ID
 	prevRight := bpmnStartX + bpmnEvent/2
-	for i, st := range steps {
-		x := cx(i)
-		task := b.stepTask(st, owners, def)
-		b.shape(task, x, bpmnMainY, taskW, bpmnTaskH)
-		b.flow(prev, task.ID, "", [2]int{prevRight, bpmnMainY}, [2]int{x - taskW/2, bpmnMainY})
-		prev, prevRight = task.ID, x+taskW/2
-	}
+	prev, prevRight = b.happyPath(def, lay, owners, cx, taskW, prev, prevRight)
 	done := b.node("EndCompleted", "endEvent", sagadef.StateCompleted)
 	done.Doc = "Every step succeeded."
 	b.shape(done, endX, bpmnMainY, bpmnEvent, bpmnEvent)
@@ -231,7 +232,7 @@ func bpmnFor(s *model.Saga) (*bpmnData, error) {
 		b.flow(ev.ID, target.ID, name, [2]int{bx, by + bpmnEvent/2}, [2]int{bx, y}, [2]int{targetLeft, y})
 	}
 	for i, st := range steps {
-		x := cx(i)
+		x := cx(lay.step[i])
 		taskID := stepID(st)
 		for k, e := range boundaryEvents(st, def) {
 			ev := b.node(e.id, "boundaryEvent", e.name)
@@ -369,6 +370,15 @@ func (b *bpmnBuilder) stepTask(st sagadef.Step, owners map[string]string, def *s
 		for _, m := range st.SuccessReplies[1:] {
 			b.message(m)
 		}
+	} else if st.Child != "" {
+		// A child saga: a call activity of the child's process (its own
+		// BPMN file, process id "Process_<snake_case name>").
+		t = b.node(stepID(st), "callActivity", spaced(st.Name))
+		t.CalledElement = "Process_" + model.Snake(shortName(st.Child))
+		doc = append(doc, fmt.Sprintf("Starts child saga %s with %s; its outcome: %s on success.", st.Child, st.Command, strings.Join(st.SuccessReplies, ", ")))
+		if len(st.FailureReplies) > 0 {
+			doc = append(doc, "Failure: "+strings.Join(st.FailureReplies, ", ")+".")
+		}
 	} else {
 		t = b.node(stepID(st), "serviceTask", spaced(st.Name))
 		doc = append(doc, fmt.Sprintf("Sends %s to service %s; success: %s.", st.Command, owners[st.Command], strings.Join(st.SuccessReplies, ", ")))
@@ -379,6 +389,9 @@ func (b *bpmnBuilder) stepTask(st sagadef.Step, owners map[string]string, def *s
 	switch st.Role {
 	case sagadef.RoleCompensatable:
 		doc = append(doc, "Compensatable: undone by "+st.Compensation+" when a later step fails.")
+		if st.Child != "" {
+			doc[len(doc)-1] = "Compensatable: the child is cancelled by " + st.Compensation + " (and compensates itself) when a later step fails."
+		}
 	case sagadef.RolePivot:
 		doc = append(doc, "Pivot: the point of no return.")
 	case sagadef.RoleRetriable:

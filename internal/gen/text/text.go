@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"path"
 	"strings"
 	"text/template"
 
@@ -151,6 +152,45 @@ type docData struct {
 	States                                                                      []sagadef.State
 	Transitions                                                                 []sagadef.Transition
 	Diagram                                                                     string
+	// Groups describes the saga's parallel groups.
+	Groups []docGroup
+	// Children are the child steps; Replies the outcome replies by which
+	// the saga answers a parent (nil when it declares none).
+	Children []docChild
+	Replies  *docReplies
+}
+
+// docGroup is a parallel group for the saga page.
+type docGroup struct {
+	Name, State, Timeout, Members string
+}
+
+// docChild is a child step: the saga it starts and where that saga's page is.
+type docChild struct {
+	Step, Saga, Page, Start, Cancel string
+}
+
+// docReplies are a child saga's outcome replies.
+type docReplies struct {
+	Completed, Failed, Cancelled string
+}
+
+// relPage returns the path of the Markdown page of saga c relative to the
+// directory of saga s's page.
+func relPage(s, c *model.Saga) string {
+	from := strings.Split(path.Dir(s.File.GeneratedFilenamePrefix), "/")
+	to := strings.Split(path.Dir(c.File.GeneratedFilenamePrefix), "/")
+	i := 0
+	for i < len(from) && i < len(to) && from[i] == to[i] {
+		i++
+	}
+	var parts []string
+	for range from[i:] {
+		parts = append(parts, "..")
+	}
+	parts = append(parts, to[i:]...)
+	parts = append(parts, c.Snake+".saga.md")
+	return path.Join(parts...)
 }
 
 // delivery describes a message's declared subscribers, retry policy and
@@ -227,6 +267,12 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 		if st.Conditional {
 			role += ", conditional (the decider may skip it)"
 		}
+		if st.Group != "" {
+			role += ", in parallel group " + st.Group
+		}
+		if st.Child != "" {
+			role += ", starts a [child saga](#child-sagas)"
+		}
 		ds := docStep{
 			Name: st.Name, Role: role, Command: st.Command, External: st.External,
 			Success: st.SuccessReplies, Failure: st.FailureReplies, Compensation: st.Compensation,
@@ -238,6 +284,10 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 			ds.CompensationReplies = []string{st.CompensationReply}
 		}
 		d.Steps = append(d.Steps, ds)
+	}
+	for _, g := range s.Definition.Groups {
+		d.Groups = append(d.Groups, docGroup{Name: g.Name, State: sagadef.StateName(g.Name), Timeout: g.Timeout.String(),
+			Members: strings.Join(s.Definition.Members(g.Name), ", ")})
 	}
 	msgs := []*model.Message{s.Start}
 	for _, m := range append(append([]*model.Message(nil), s.Commands...), s.Handles...) {
@@ -260,6 +310,21 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 		}
 		dm.Delivery = delivery(m)
 		d.Messages = append(d.Messages, dm)
+	}
+	for _, st := range s.Steps {
+		if c := st.Child; c != nil {
+			dc := docChild{Step: st.Name, Saga: c.FullName, Page: relPage(s, c), Start: c.Start.FullName}
+			if st.Compensation != nil {
+				dc.Cancel = st.Compensation.FullName
+			}
+			d.Children = append(d.Children, dc)
+		}
+	}
+	if r := s.Replies; r != nil && r.Completed != nil && r.Failed != nil {
+		d.Replies = &docReplies{Completed: r.Completed.FullName, Failed: r.Failed.FullName}
+		if r.Cancelled != nil {
+			d.Replies.Cancelled = r.Cancelled.FullName
+		}
 	}
 	d.Diagram = strings.TrimRight(s.Definition.Mermaid(), "\n")
 	return r.exec("saga.md.tmpl", d)

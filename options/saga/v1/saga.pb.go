@@ -987,10 +987,13 @@ type Step struct {
 	// Consecutive steps naming the same group run together: their commands
 	// are sent at once and the saga moves on when every member succeeded.
 	// When one fails or times out, the members still waiting stop, and the
-	// completed compensatable members and the steps before the group are
-	// compensated in reverse order; a stopped member's late reply follows its
-	// late_reply policy. Default: none (the step runs alone). Design rules
-	// group-members and group-timeout.
+	// completed and stopped compensatable members, then the steps before the
+	// group, are compensated in reverse order; a stopped member's late reply
+	// follows its late_reply policy. The saga waits in one state named after
+	// the group. Default: none (the step runs alone). Design rules
+	// group-members, group-timeout and group-execution (no external or
+	// conditional member; all members before the point of no return or all
+	// after it).
 	Group         string `protobuf:"bytes,15,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -395,6 +395,9 @@ func TestSVGShapes(t *testing.T) {
 	require.Contains(t, sub("VALIDATE_ADDRESS"), "check")
 	require.Contains(t, sub("CREDIT_CHECK"), "check, external, conditional")
 	require.Contains(t, sub("SEND_WELCOME_PACK"), "retriable, conditional")
+	require.Contains(t, sub("PREPARE"), "parallel: ReserveNumber, ShipSim", "a group's state names its members")
+	_, member := d.states["RESERVE_NUMBER"]
+	require.False(t, member, "a group's members have no state of their own")
 }
 
 // TestSVGGolden compares the Place Order example's diagram with the

@@ -1,6 +1,7 @@
 // Golden case: the saga shapes beyond a straight line of compensatable
 // steps — a line activation with a check step (address validation), a
-// compensatable step, an external check step that is conditional (a credit
+// parallel group (reserving the number while the SIM card ships, both
+// compensatable), an external check step that is conditional (a credit
 // officer's decision, skipped for prepaid lines), the pivot, and a
 // conditional retriable step (a welcome pack, only for new customers).
 
@@ -464,6 +465,226 @@ func (x *NumberReleased) GetOrderId() string {
 	return ""
 }
 
+type ShipSim struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShipSim) Reset() {
+	*x = ShipSim{}
+	mi := &file_activation_v1_activation_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShipSim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShipSim) ProtoMessage() {}
+
+func (x *ShipSim) ProtoReflect() protoreflect.Message {
+	mi := &file_activation_v1_activation_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShipSim.ProtoReflect.Descriptor instead.
+func (*ShipSim) Descriptor() ([]byte, []int) {
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ShipSim) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+type SimShipped struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SimShipped) Reset() {
+	*x = SimShipped{}
+	mi := &file_activation_v1_activation_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SimShipped) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SimShipped) ProtoMessage() {}
+
+func (x *SimShipped) ProtoReflect() protoreflect.Message {
+	mi := &file_activation_v1_activation_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SimShipped.ProtoReflect.Descriptor instead.
+func (*SimShipped) Descriptor() ([]byte, []int) {
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SimShipped) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+type SimOutOfStock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SimOutOfStock) Reset() {
+	*x = SimOutOfStock{}
+	mi := &file_activation_v1_activation_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SimOutOfStock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SimOutOfStock) ProtoMessage() {}
+
+func (x *SimOutOfStock) ProtoReflect() protoreflect.Message {
+	mi := &file_activation_v1_activation_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SimOutOfStock.ProtoReflect.Descriptor instead.
+func (*SimOutOfStock) Descriptor() ([]byte, []int) {
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SimOutOfStock) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+type RecallSim struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecallSim) Reset() {
+	*x = RecallSim{}
+	mi := &file_activation_v1_activation_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecallSim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecallSim) ProtoMessage() {}
+
+func (x *RecallSim) ProtoReflect() protoreflect.Message {
+	mi := &file_activation_v1_activation_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecallSim.ProtoReflect.Descriptor instead.
+func (*RecallSim) Descriptor() ([]byte, []int) {
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RecallSim) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+type SimRecalled struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SimRecalled) Reset() {
+	*x = SimRecalled{}
+	mi := &file_activation_v1_activation_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SimRecalled) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SimRecalled) ProtoMessage() {}
+
+func (x *SimRecalled) ProtoReflect() protoreflect.Message {
+	mi := &file_activation_v1_activation_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SimRecalled.ProtoReflect.Descriptor instead.
+func (*SimRecalled) Descriptor() ([]byte, []int) {
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SimRecalled) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
 type CreditApproved struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	OrderId       string                 `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
@@ -474,7 +695,7 @@ type CreditApproved struct {
 
 func (x *CreditApproved) Reset() {
 	*x = CreditApproved{}
-	mi := &file_activation_v1_activation_proto_msgTypes[9]
+	mi := &file_activation_v1_activation_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +707,7 @@ func (x *CreditApproved) String() string {
 func (*CreditApproved) ProtoMessage() {}
 
 func (x *CreditApproved) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[9]
+	mi := &file_activation_v1_activation_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +720,7 @@ func (x *CreditApproved) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreditApproved.ProtoReflect.Descriptor instead.
 func (*CreditApproved) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{9}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreditApproved) GetOrderId() string {
@@ -526,7 +747,7 @@ type CreditRejected struct {
 
 func (x *CreditRejected) Reset() {
 	*x = CreditRejected{}
-	mi := &file_activation_v1_activation_proto_msgTypes[10]
+	mi := &file_activation_v1_activation_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -538,7 +759,7 @@ func (x *CreditRejected) String() string {
 func (*CreditRejected) ProtoMessage() {}
 
 func (x *CreditRejected) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[10]
+	mi := &file_activation_v1_activation_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -551,7 +772,7 @@ func (x *CreditRejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreditRejected.ProtoReflect.Descriptor instead.
 func (*CreditRejected) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{10}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreditRejected) GetOrderId() string {
@@ -577,7 +798,7 @@ type ProvisionLine struct {
 
 func (x *ProvisionLine) Reset() {
 	*x = ProvisionLine{}
-	mi := &file_activation_v1_activation_proto_msgTypes[11]
+	mi := &file_activation_v1_activation_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +810,7 @@ func (x *ProvisionLine) String() string {
 func (*ProvisionLine) ProtoMessage() {}
 
 func (x *ProvisionLine) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[11]
+	mi := &file_activation_v1_activation_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +823,7 @@ func (x *ProvisionLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvisionLine.ProtoReflect.Descriptor instead.
 func (*ProvisionLine) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{11}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ProvisionLine) GetOrderId() string {
@@ -621,7 +842,7 @@ type LineProvisioned struct {
 
 func (x *LineProvisioned) Reset() {
 	*x = LineProvisioned{}
-	mi := &file_activation_v1_activation_proto_msgTypes[12]
+	mi := &file_activation_v1_activation_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +854,7 @@ func (x *LineProvisioned) String() string {
 func (*LineProvisioned) ProtoMessage() {}
 
 func (x *LineProvisioned) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[12]
+	mi := &file_activation_v1_activation_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +867,7 @@ func (x *LineProvisioned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineProvisioned.ProtoReflect.Descriptor instead.
 func (*LineProvisioned) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{12}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LineProvisioned) GetOrderId() string {
@@ -665,7 +886,7 @@ type ProvisioningFailed struct {
 
 func (x *ProvisioningFailed) Reset() {
 	*x = ProvisioningFailed{}
-	mi := &file_activation_v1_activation_proto_msgTypes[13]
+	mi := &file_activation_v1_activation_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +898,7 @@ func (x *ProvisioningFailed) String() string {
 func (*ProvisioningFailed) ProtoMessage() {}
 
 func (x *ProvisioningFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[13]
+	mi := &file_activation_v1_activation_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +911,7 @@ func (x *ProvisioningFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProvisioningFailed.ProtoReflect.Descriptor instead.
 func (*ProvisioningFailed) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{13}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ProvisioningFailed) GetOrderId() string {
@@ -709,7 +930,7 @@ type SendWelcomePack struct {
 
 func (x *SendWelcomePack) Reset() {
 	*x = SendWelcomePack{}
-	mi := &file_activation_v1_activation_proto_msgTypes[14]
+	mi := &file_activation_v1_activation_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +942,7 @@ func (x *SendWelcomePack) String() string {
 func (*SendWelcomePack) ProtoMessage() {}
 
 func (x *SendWelcomePack) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[14]
+	mi := &file_activation_v1_activation_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +955,7 @@ func (x *SendWelcomePack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendWelcomePack.ProtoReflect.Descriptor instead.
 func (*SendWelcomePack) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{14}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SendWelcomePack) GetOrderId() string {
@@ -753,7 +974,7 @@ type WelcomePackSent struct {
 
 func (x *WelcomePackSent) Reset() {
 	*x = WelcomePackSent{}
-	mi := &file_activation_v1_activation_proto_msgTypes[15]
+	mi := &file_activation_v1_activation_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +986,7 @@ func (x *WelcomePackSent) String() string {
 func (*WelcomePackSent) ProtoMessage() {}
 
 func (x *WelcomePackSent) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[15]
+	mi := &file_activation_v1_activation_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +999,7 @@ func (x *WelcomePackSent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WelcomePackSent.ProtoReflect.Descriptor instead.
 func (*WelcomePackSent) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{15}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WelcomePackSent) GetOrderId() string {
@@ -801,7 +1022,7 @@ type ActivationData struct {
 
 func (x *ActivationData) Reset() {
 	*x = ActivationData{}
-	mi := &file_activation_v1_activation_proto_msgTypes[16]
+	mi := &file_activation_v1_activation_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +1034,7 @@ func (x *ActivationData) String() string {
 func (*ActivationData) ProtoMessage() {}
 
 func (x *ActivationData) ProtoReflect() protoreflect.Message {
-	mi := &file_activation_v1_activation_proto_msgTypes[16]
+	mi := &file_activation_v1_activation_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +1047,7 @@ func (x *ActivationData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActivationData.ProtoReflect.Descriptor instead.
 func (*ActivationData) Descriptor() ([]byte, []int) {
-	return file_activation_v1_activation_proto_rawDescGZIP(), []int{16}
+	return file_activation_v1_activation_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ActivationData) GetOrderId() string {
@@ -891,6 +1112,17 @@ const file_activation_v1_activation_proto_rawDesc = "" +
 	"\rReleaseNumber\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId:\x19\xe2\xdd\x19\x15\b\x01\"\border_idB\anumbers\"=\n" +
 	"\x0eNumberReleased\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"A\n" +
+	"\aShipSim\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x1b\xe2\xdd\x19\x17\b\x01\"\border_idB\tlogistics\"9\n" +
+	"\n" +
+	"SimShipped\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"<\n" +
+	"\rSimOutOfStock\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"C\n" +
+	"\tRecallSim\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x1b\xe2\xdd\x19\x17\b\x01\"\border_idB\tlogistics\":\n" +
+	"\vSimRecalled\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"W\n" +
 	"\x0eCreditApproved\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x18\n" +
@@ -907,19 +1139,22 @@ const file_activation_v1_activation_proto_rawDesc = "" +
 	"\x0fSendWelcomePack\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId:\x16\xe2\xdd\x19\x12\b\x01\"\border_idB\x04mail\">\n" +
 	"\x0fWelcomePackSent\x12\x19\n" +
-	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"\xd9\x04\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId:\x10\xe2\xdd\x19\f\b\x03*\border_id\"\xcd\x05\n" +
 	"\x0eActivationData\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x16\n" +
 	"\x06msisdn\x18\x02 \x01(\tR\x06msisdn\x12\x18\n" +
 	"\aprepaid\x18\x03 \x01(\bR\aprepaid\x12!\n" +
 	"\fnew_customer\x18\x04 \x01(\bR\vnewCustomer\x12%\n" +
-	"\x0ecredit_officer\x18\x05 \x01(\tR\rcreditOfficer:\xaf\x03\xea\xdd\x19\xaa\x03\x12\fActivateLine\x1a\border_id\"\x0396h2M\n" +
-	"\x0fValidateAddress\x10\x04\x1a\x0fValidateAddress\"\fAddressValid*\x0eAddressInvalidJ\x0330sP\x02X\x03`\x032c\n" +
-	"\rReserveNumber\x10\x01\x1a\rReserveNumber\"\x0eNumberReserved*\vNumberTaken2\rReleaseNumber:\x0eNumberReleasedJ\x0330s`\x012:\n" +
+	"\x0ecredit_officer\x18\x05 \x01(\tR\rcreditOfficer:\xa3\x04\xea\xdd\x19\x9e\x04\x12\fActivateLine\x1a\border_id\"\x0396h2M\n" +
+	"\x0fValidateAddress\x10\x04\x1a\x0fValidateAddress\"\fAddressValid*\x0eAddressInvalidJ\x0330sP\x02X\x03`\x032l\n" +
+	"\rReserveNumber\x10\x01\x1a\rReserveNumber\"\x0eNumberReserved*\vNumberTaken2\rReleaseNumber:\x0eNumberReleasedJ\x0330s`\x01z\aPrepare2Z\n" +
+	"\aShipSim\x10\x01\x1a\aShipSim\"\n" +
+	"SimShipped*\rSimOutOfStock2\tRecallSim:\vSimRecalledJ\x021mP\x02X\x03`\x02z\aPrepare2:\n" +
 	"\vCreditCheck\x10\x04\"\x0eCreditApproved*\x0eCreditRejectedJ\x0372h`\x01h\x01p\x012N\n" +
 	"\rProvisionLine\x10\x02\x1a\rProvisionLine\"\x0fLineProvisioned*\x12ProvisioningFailedJ\x0310mP\x03`\x022?\n" +
 	"\x0fSendWelcomePack\x10\x03\x1a\x0fSendWelcomePack\"\x0fWelcomePackSentJ\x021mX\x05`\x01p\x01:\n" +
-	"activationBMZKgithub.com/protosaga/saga/testdata/golden/shapes/activation/v1;activationv1b\x06proto3"
+	"activationR\r\n" +
+	"\aPrepare\x12\x025mBMZKgithub.com/protosaga/saga/testdata/golden/shapes/activation/v1;activationv1b\x06proto3"
 
 var (
 	file_activation_v1_activation_proto_rawDescOnce sync.Once
@@ -933,7 +1168,7 @@ func file_activation_v1_activation_proto_rawDescGZIP() []byte {
 	return file_activation_v1_activation_proto_rawDescData
 }
 
-var file_activation_v1_activation_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_activation_v1_activation_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_activation_v1_activation_proto_goTypes = []any{
 	(*ActivateLine)(nil),       // 0: shapes.activation.v1.ActivateLine
 	(*ValidateAddress)(nil),    // 1: shapes.activation.v1.ValidateAddress
@@ -944,14 +1179,19 @@ var file_activation_v1_activation_proto_goTypes = []any{
 	(*NumberTaken)(nil),        // 6: shapes.activation.v1.NumberTaken
 	(*ReleaseNumber)(nil),      // 7: shapes.activation.v1.ReleaseNumber
 	(*NumberReleased)(nil),     // 8: shapes.activation.v1.NumberReleased
-	(*CreditApproved)(nil),     // 9: shapes.activation.v1.CreditApproved
-	(*CreditRejected)(nil),     // 10: shapes.activation.v1.CreditRejected
-	(*ProvisionLine)(nil),      // 11: shapes.activation.v1.ProvisionLine
-	(*LineProvisioned)(nil),    // 12: shapes.activation.v1.LineProvisioned
-	(*ProvisioningFailed)(nil), // 13: shapes.activation.v1.ProvisioningFailed
-	(*SendWelcomePack)(nil),    // 14: shapes.activation.v1.SendWelcomePack
-	(*WelcomePackSent)(nil),    // 15: shapes.activation.v1.WelcomePackSent
-	(*ActivationData)(nil),     // 16: shapes.activation.v1.ActivationData
+	(*ShipSim)(nil),            // 9: shapes.activation.v1.ShipSim
+	(*SimShipped)(nil),         // 10: shapes.activation.v1.SimShipped
+	(*SimOutOfStock)(nil),      // 11: shapes.activation.v1.SimOutOfStock
+	(*RecallSim)(nil),          // 12: shapes.activation.v1.RecallSim
+	(*SimRecalled)(nil),        // 13: shapes.activation.v1.SimRecalled
+	(*CreditApproved)(nil),     // 14: shapes.activation.v1.CreditApproved
+	(*CreditRejected)(nil),     // 15: shapes.activation.v1.CreditRejected
+	(*ProvisionLine)(nil),      // 16: shapes.activation.v1.ProvisionLine
+	(*LineProvisioned)(nil),    // 17: shapes.activation.v1.LineProvisioned
+	(*ProvisioningFailed)(nil), // 18: shapes.activation.v1.ProvisioningFailed
+	(*SendWelcomePack)(nil),    // 19: shapes.activation.v1.SendWelcomePack
+	(*WelcomePackSent)(nil),    // 20: shapes.activation.v1.WelcomePackSent
+	(*ActivationData)(nil),     // 21: shapes.activation.v1.ActivationData
 }
 var file_activation_v1_activation_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -972,7 +1212,7 @@ func file_activation_v1_activation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_activation_v1_activation_proto_rawDesc), len(file_activation_v1_activation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

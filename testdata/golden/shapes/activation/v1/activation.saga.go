@@ -20,8 +20,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // ActivateLineInfo describes the command shapes.activation.v1.ActivateLine.
 var ActivateLineInfo = &message.Info{
@@ -321,6 +321,56 @@ func (x *ProvisioningFailed) CorrelationKey() string { return x.GetOrderId() }
 
 func (*ProvisioningFailed) isProvisionLineResult() {}
 
+// RecallSimInfo describes the command shapes.activation.v1.RecallSim.
+var RecallSimInfo = &message.Info{
+	FullName:      "shapes.activation.v1.RecallSim",
+	Kind:          message.KindCommand,
+	Exchange:      "shapes.activation.v1.commands",
+	RoutingKey:    "command.shapes.activation.v1.recall-sim",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(RecallSim) },
+}
+
+// SagaMessageInfo returns RecallSimInfo.
+func (*RecallSim) SagaMessageInfo() *message.Info { return RecallSimInfo }
+
+// IdempotencyKey returns the business idempotency key built from order_id.
+func (x *RecallSim) IdempotencyKey() string {
+	return x.GetOrderId()
+}
+
+// CorrelationKey returns "": the contract names no correlation field.
+func (*RecallSim) CorrelationKey() string { return "" }
+
+// PublishRecallSim writes m to the outbox in the caller's transaction; the relay
+// publishes it to "shapes.activation.v1.commands" with routing key "command.shapes.activation.v1.recall-sim" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishRecallSim(ctx context.Context, tx pgx.Tx, m *RecallSim, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleRecallSim writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishRecallSim would. It returns the message id.
+func ScheduleRecallSim(ctx context.Context, tx pgx.Tx, m *RecallSim, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// RecallSimResult is a reply to RecallSim.
+// It is implemented by *SimRecalled.
+type RecallSimResult interface {
+	message.Message
+	isRecallSimResult()
+}
+
+// ReplyToRecallSim answers command RecallSim after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToRecallSim(ctx context.Context, tx pgx.Tx, p participant.Pending, reply RecallSimResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shapes.activation.v1.RecallSim", reply)
+}
+
 // ReleaseNumberInfo describes the command shapes.activation.v1.ReleaseNumber.
 var ReleaseNumberInfo = &message.Info{
 	FullName:      "shapes.activation.v1.ReleaseNumber",
@@ -471,6 +521,119 @@ func ReplyToSendWelcomePack(ctx context.Context, tx pgx.Tx, p participant.Pendin
 	return participant.ReplyLater(ctx, tx, p, "shapes.activation.v1.SendWelcomePack", reply)
 }
 
+// ShipSimInfo describes the command shapes.activation.v1.ShipSim.
+var ShipSimInfo = &message.Info{
+	FullName:      "shapes.activation.v1.ShipSim",
+	Kind:          message.KindCommand,
+	Exchange:      "shapes.activation.v1.commands",
+	RoutingKey:    "command.shapes.activation.v1.ship-sim",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(ShipSim) },
+}
+
+// SagaMessageInfo returns ShipSimInfo.
+func (*ShipSim) SagaMessageInfo() *message.Info { return ShipSimInfo }
+
+// IdempotencyKey returns the business idempotency key built from order_id.
+func (x *ShipSim) IdempotencyKey() string {
+	return x.GetOrderId()
+}
+
+// CorrelationKey returns "": the contract names no correlation field.
+func (*ShipSim) CorrelationKey() string { return "" }
+
+// PublishShipSim writes m to the outbox in the caller's transaction; the relay
+// publishes it to "shapes.activation.v1.commands" with routing key "command.shapes.activation.v1.ship-sim" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishShipSim(ctx context.Context, tx pgx.Tx, m *ShipSim, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleShipSim writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishShipSim would. It returns the message id.
+func ScheduleShipSim(ctx context.Context, tx pgx.Tx, m *ShipSim, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// ShipSimResult is a reply to ShipSim.
+// It is implemented by *SimOutOfStock, *SimShipped.
+type ShipSimResult interface {
+	message.Message
+	isShipSimResult()
+}
+
+// ReplyToShipSim answers command ShipSim after its participant returned participant.ErrReplyLater,
+// from another transaction: p is what participant.Later returned while handling it.
+// The reply goes to the outbox in tx and continues the command's conversation
+// (causation = the command's message id), so the saga matches it to the attempt it answers.
+func ReplyToShipSim(ctx context.Context, tx pgx.Tx, p participant.Pending, reply ShipSimResult) error {
+	return participant.ReplyLater(ctx, tx, p, "shapes.activation.v1.ShipSim", reply)
+}
+
+// SimOutOfStockInfo describes the reply shapes.activation.v1.SimOutOfStock.
+var SimOutOfStockInfo = &message.Info{
+	FullName:      "shapes.activation.v1.SimOutOfStock",
+	Kind:          message.KindReply,
+	Exchange:      "shapes.activation.v1.replies",
+	RoutingKey:    "reply.shapes.activation.v1.sim-out-of-stock",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(SimOutOfStock) },
+}
+
+// SagaMessageInfo returns SimOutOfStockInfo.
+func (*SimOutOfStock) SagaMessageInfo() *message.Info { return SimOutOfStockInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*SimOutOfStock) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field order_id.
+func (x *SimOutOfStock) CorrelationKey() string { return x.GetOrderId() }
+
+func (*SimOutOfStock) isShipSimResult() {}
+
+// SimRecalledInfo describes the reply shapes.activation.v1.SimRecalled.
+var SimRecalledInfo = &message.Info{
+	FullName:      "shapes.activation.v1.SimRecalled",
+	Kind:          message.KindReply,
+	Exchange:      "shapes.activation.v1.replies",
+	RoutingKey:    "reply.shapes.activation.v1.sim-recalled",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(SimRecalled) },
+}
+
+// SagaMessageInfo returns SimRecalledInfo.
+func (*SimRecalled) SagaMessageInfo() *message.Info { return SimRecalledInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*SimRecalled) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field order_id.
+func (x *SimRecalled) CorrelationKey() string { return x.GetOrderId() }
+
+func (*SimRecalled) isRecallSimResult() {}
+
+// SimShippedInfo describes the reply shapes.activation.v1.SimShipped.
+var SimShippedInfo = &message.Info{
+	FullName:      "shapes.activation.v1.SimShipped",
+	Kind:          message.KindReply,
+	Exchange:      "shapes.activation.v1.replies",
+	RoutingKey:    "reply.shapes.activation.v1.sim-shipped",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(SimShipped) },
+}
+
+// SagaMessageInfo returns SimShippedInfo.
+func (*SimShipped) SagaMessageInfo() *message.Info { return SimShippedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*SimShipped) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field order_id.
+func (x *SimShipped) CorrelationKey() string { return x.GetOrderId() }
+
+func (*SimShipped) isShipSimResult() {}
+
 // ValidateAddressInfo describes the command shapes.activation.v1.ValidateAddress.
 var ValidateAddressInfo = &message.Info{
 	FullName:      "shapes.activation.v1.ValidateAddress",
@@ -583,6 +746,54 @@ func RegisterAddressParticipant(h service.Registrar, impl AddressParticipant) er
 		Queue:   "address.commands",
 		Package: SagaPackage(),
 		Func:    AddressParticipantFunc(impl),
+	})
+}
+
+// LogisticsParticipant executes the commands owned by service "logistics".
+// Each method runs in the consumer's transaction: apply the effect with tx and
+// return the success reply or a business-failure reply (a reply, not an error).
+// An error means the command could not be processed now; the consumer retries
+// it through its retry tiers, then parks it. Registered with RegisterLogisticsParticipant,
+// each command runs once per idempotency key: a resend gets the first reply.
+// To answer later, take participant.Later(ctx), return participant.ErrReplyLater
+// and reply with the command's ReplyTo function.
+type LogisticsParticipant interface {
+	// RecallSim handles the command shapes.activation.v1.RecallSim.
+	RecallSim(ctx context.Context, tx pgx.Tx, cmd *RecallSim) (RecallSimResult, error)
+	// ShipSim handles the command shapes.activation.v1.ShipSim.
+	ShipSim(ctx context.Context, tx pgx.Tx, cmd *ShipSim) (ShipSimResult, error)
+}
+
+// LogisticsParticipantFunc returns a participant.Func that dispatches each command of service
+// "logistics" to impl, for wiring a consumer by hand (participant.Handler,
+// participant.Idempotent); RegisterLogisticsParticipant does that for a host.
+func LogisticsParticipantFunc(impl LogisticsParticipant) participant.Func {
+	return func(ctx context.Context, tx pgx.Tx, cmd message.Message) (message.Message, error) {
+		switch c := cmd.(type) {
+		case *RecallSim:
+			return participant.Reply(impl.RecallSim(ctx, tx, c))
+		case *ShipSim:
+			return participant.Reply(impl.ShipSim(ctx, tx, c))
+		default:
+			return nil, participant.UnexpectedCommand("logistics", cmd)
+		}
+	}
+}
+
+// RegisterLogisticsParticipant registers impl on h (a runtime/host Host) as the participant of service "logistics":
+// h consumes "logistics.commands", runs each command in the consumer's transaction and
+// writes its reply to the outbox in it. Each command runs once per type and
+// idempotency key: a resend (a saga's retry after a timeout, a duplicate with a
+// new message id) gets the first reply again and has no second effect.
+func RegisterLogisticsParticipant(h service.Registrar, impl LogisticsParticipant) error {
+	if impl == nil {
+		return h.Fail(errors.New("service logistics: participant is nil"))
+	}
+	return h.AddParticipant(service.Participant{
+		Service: "logistics",
+		Queue:   "logistics.commands",
+		Package: SagaPackage(),
+		Func:    LogisticsParticipantFunc(impl),
 	})
 }
 
@@ -743,6 +954,7 @@ var TopologyPlan = broker.Plan{
 	WorkQueues: []string{
 		"activation.saga.activation",
 		"address.commands",
+		"logistics.commands",
 		"mail.commands",
 		"network.commands",
 		"numbers.commands",
@@ -758,8 +970,13 @@ var TopologyPlan = broker.Plan{
 		{Queue: "activation.saga.activation", Exchange: "shapes.activation.v1.replies", RoutingKey: "reply.shapes.activation.v1.number-reserved"},
 		{Queue: "activation.saga.activation", Exchange: "shapes.activation.v1.replies", RoutingKey: "reply.shapes.activation.v1.number-taken"},
 		{Queue: "activation.saga.activation", Exchange: "shapes.activation.v1.replies", RoutingKey: "reply.shapes.activation.v1.provisioning-failed"},
+		{Queue: "activation.saga.activation", Exchange: "shapes.activation.v1.replies", RoutingKey: "reply.shapes.activation.v1.sim-out-of-stock"},
+		{Queue: "activation.saga.activation", Exchange: "shapes.activation.v1.replies", RoutingKey: "reply.shapes.activation.v1.sim-recalled"},
+		{Queue: "activation.saga.activation", Exchange: "shapes.activation.v1.replies", RoutingKey: "reply.shapes.activation.v1.sim-shipped"},
 		{Queue: "activation.saga.activation", Exchange: "shapes.activation.v1.replies", RoutingKey: "reply.shapes.activation.v1.welcome-pack-sent"},
 		{Queue: "address.commands", Exchange: "shapes.activation.v1.commands", RoutingKey: "command.shapes.activation.v1.validate-address"},
+		{Queue: "logistics.commands", Exchange: "shapes.activation.v1.commands", RoutingKey: "command.shapes.activation.v1.recall-sim"},
+		{Queue: "logistics.commands", Exchange: "shapes.activation.v1.commands", RoutingKey: "command.shapes.activation.v1.ship-sim"},
 		{Queue: "mail.commands", Exchange: "shapes.activation.v1.commands", RoutingKey: "command.shapes.activation.v1.send-welcome-pack"},
 		{Queue: "network.commands", Exchange: "shapes.activation.v1.commands", RoutingKey: "command.shapes.activation.v1.provision-line"},
 		{Queue: "numbers.commands", Exchange: "shapes.activation.v1.commands", RoutingKey: "command.shapes.activation.v1.release-number"},
@@ -772,7 +989,7 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/shapes/activation/v1",
-		Messages: []*message.Info{ActivateLineInfo, AddressInvalidInfo, AddressValidInfo, CreditApprovedInfo, CreditRejectedInfo, LineProvisionedInfo, NumberReleasedInfo, NumberReservedInfo, NumberTakenInfo, ProvisionLineInfo, ProvisioningFailedInfo, ReleaseNumberInfo, ReserveNumberInfo, SendWelcomePackInfo, ValidateAddressInfo, WelcomePackSentInfo},
+		Messages: []*message.Info{ActivateLineInfo, AddressInvalidInfo, AddressValidInfo, CreditApprovedInfo, CreditRejectedInfo, LineProvisionedInfo, NumberReleasedInfo, NumberReservedInfo, NumberTakenInfo, ProvisionLineInfo, ProvisioningFailedInfo, RecallSimInfo, ReleaseNumberInfo, ReserveNumberInfo, SendWelcomePackInfo, ShipSimInfo, SimOutOfStockInfo, SimRecalledInfo, SimShippedInfo, ValidateAddressInfo, WelcomePackSentInfo},
 		Topology: TopologyPlan.Topology,
 	}
 }
@@ -783,10 +1000,11 @@ type ActivationState string
 // States of saga shapes.activation.v1.Activation.
 const (
 	ActivationStateValidateAddress           ActivationState = "VALIDATE_ADDRESS"
-	ActivationStateReserveNumber             ActivationState = "RESERVE_NUMBER"
+	ActivationStatePrepare                   ActivationState = "PREPARE"
 	ActivationStateCreditCheck               ActivationState = "CREDIT_CHECK"
 	ActivationStateProvisionLine             ActivationState = "PROVISION_LINE"
 	ActivationStateSendWelcomePack           ActivationState = "SEND_WELCOME_PACK"
+	ActivationStateCompensatingShipSim       ActivationState = "COMPENSATING_SHIP_SIM"
 	ActivationStateCompensatingReserveNumber ActivationState = "COMPENSATING_RESERVE_NUMBER"
 	ActivationStateManualReview              ActivationState = "MANUAL_REVIEW"
 	ActivationStateCompleted                 ActivationState = "COMPLETED"
@@ -801,10 +1019,11 @@ func (s ActivationState) Terminal() bool { return sagadef.IsTerminal(string(s)) 
 func (s ActivationState) Valid() bool {
 	switch s {
 	case ActivationStateValidateAddress,
-		ActivationStateReserveNumber,
+		ActivationStatePrepare,
 		ActivationStateCreditCheck,
 		ActivationStateProvisionLine,
 		ActivationStateSendWelcomePack,
+		ActivationStateCompensatingShipSim,
 		ActivationStateCompensatingReserveNumber,
 		ActivationStateManualReview,
 		ActivationStateCompleted,
@@ -843,6 +1062,7 @@ func ActivationDefinition() *sagadef.Definition {
 				Name:              "ReserveNumber",
 				Role:              sagadef.RoleCompensatable,
 				Command:           "shapes.activation.v1.ReserveNumber",
+				Group:             "Prepare",
 				SuccessReplies:    []string{"shapes.activation.v1.NumberReserved"},
 				FailureReplies:    []string{"shapes.activation.v1.NumberTaken"},
 				Compensation:      "shapes.activation.v1.ReleaseNumber",
@@ -851,6 +1071,20 @@ func ActivationDefinition() *sagadef.Definition {
 				OnTimeout:         sagadef.TimeoutCompensate,
 				MaxAttempts:       1,
 				Late:              sagadef.LateIgnore,
+			},
+			{
+				Name:              "ShipSim",
+				Role:              sagadef.RoleCompensatable,
+				Command:           "shapes.activation.v1.ShipSim",
+				Group:             "Prepare",
+				SuccessReplies:    []string{"shapes.activation.v1.SimShipped"},
+				FailureReplies:    []string{"shapes.activation.v1.SimOutOfStock"},
+				Compensation:      "shapes.activation.v1.RecallSim",
+				CompensationReply: "shapes.activation.v1.SimRecalled",
+				Timeout:           1 * time.Minute,
+				OnTimeout:         sagadef.TimeoutRetry,
+				MaxAttempts:       3,
+				Late:              sagadef.LateManualReview,
 			},
 			{
 				Name:           "CreditCheck",
@@ -887,12 +1121,16 @@ func ActivationDefinition() *sagadef.Definition {
 				Late:           sagadef.LateIgnore,
 			},
 		},
+		Groups: []sagadef.Group{
+			{Name: "Prepare", Timeout: 5 * time.Minute},
+		},
 		States: []sagadef.State{
 			{Name: "VALIDATE_ADDRESS", Kind: sagadef.StateKindStep, Step: "ValidateAddress"},
-			{Name: "RESERVE_NUMBER", Kind: sagadef.StateKindStep, Step: "ReserveNumber"},
+			{Name: "PREPARE", Kind: sagadef.StateKindGroup, Group: "Prepare"},
 			{Name: "CREDIT_CHECK", Kind: sagadef.StateKindStep, Step: "CreditCheck"},
 			{Name: "PROVISION_LINE", Kind: sagadef.StateKindStep, Step: "ProvisionLine"},
 			{Name: "SEND_WELCOME_PACK", Kind: sagadef.StateKindStep, Step: "SendWelcomePack"},
+			{Name: "COMPENSATING_SHIP_SIM", Kind: sagadef.StateKindCompensating, Step: "ShipSim"},
 			{Name: "COMPENSATING_RESERVE_NUMBER", Kind: sagadef.StateKindCompensating, Step: "ReserveNumber"},
 			{Name: "MANUAL_REVIEW", Kind: sagadef.StateKindManualReview},
 			{Name: "COMPLETED", Kind: sagadef.StateKindTerminal},
@@ -901,7 +1139,7 @@ func ActivationDefinition() *sagadef.Definition {
 		},
 		Transitions: []sagadef.Transition{
 			{From: "", Trigger: "start", To: "VALIDATE_ADDRESS", Emits: []string{"shapes.activation.v1.ValidateAddress"}},
-			{From: "VALIDATE_ADDRESS", Trigger: "shapes.activation.v1.AddressValid", To: "RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReserveNumber"}},
+			{From: "VALIDATE_ADDRESS", Trigger: "shapes.activation.v1.AddressValid", To: "PREPARE", Emits: []string{"shapes.activation.v1.ReserveNumber", "shapes.activation.v1.ShipSim"}},
 			{From: "VALIDATE_ADDRESS", Trigger: "shapes.activation.v1.AddressInvalid", To: "FAILED"},
 			{From: "VALIDATE_ADDRESS", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "VALIDATE_ADDRESS", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
@@ -912,46 +1150,62 @@ func ActivationDefinition() *sagadef.Definition {
 			{From: "VALIDATE_ADDRESS", Trigger: "operator.retry", To: "VALIDATE_ADDRESS", Emits: []string{"shapes.activation.v1.ValidateAddress"}},
 			{From: "VALIDATE_ADDRESS", Trigger: "operator.compensate", To: "FAILED"},
 			{From: "VALIDATE_ADDRESS", Trigger: "operator.cancel", To: "CANCELLED"},
-			{From: "RESERVE_NUMBER", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
-			{From: "RESERVE_NUMBER", Trigger: "shapes.activation.v1.NumberReserved", To: "CREDIT_CHECK"},
-			{From: "RESERVE_NUMBER", Trigger: "shapes.activation.v1.NumberReserved", To: "PROVISION_LINE", Emits: []string{"shapes.activation.v1.ProvisionLine"}},
-			{From: "RESERVE_NUMBER", Trigger: "shapes.activation.v1.NumberReserved", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
-			{From: "RESERVE_NUMBER", Trigger: "shapes.activation.v1.NumberTaken", To: "FAILED"},
-			{From: "RESERVE_NUMBER", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
-			{From: "RESERVE_NUMBER", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
-			{From: "RESERVE_NUMBER", Trigger: "timeout", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
-			{From: "RESERVE_NUMBER", Trigger: "deadline", To: "MANUAL_REVIEW"},
-			{From: "RESERVE_NUMBER", Trigger: "stuck", To: "MANUAL_REVIEW"},
-			{From: "RESERVE_NUMBER", Trigger: "operator.retry", To: "RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReserveNumber"}},
-			{From: "RESERVE_NUMBER", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
-			{From: "RESERVE_NUMBER", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.NumberReserved", To: "PREPARE"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.NumberReserved", To: "CREDIT_CHECK"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.NumberReserved", To: "PROVISION_LINE", Emits: []string{"shapes.activation.v1.ProvisionLine"}},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.NumberReserved", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.NumberTaken", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.SimShipped", To: "PREPARE"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.SimShipped", To: "CREDIT_CHECK"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.SimShipped", To: "PROVISION_LINE", Emits: []string{"shapes.activation.v1.ProvisionLine"}},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.SimShipped", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.SimShipped", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.SimOutOfStock", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "timeout", To: "PREPARE", Emits: []string{"shapes.activation.v1.ShipSim"}},
+			{From: "PREPARE", Trigger: "timeout", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "PREPARE", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "PREPARE", Trigger: "operator.retry", To: "PREPARE", Emits: []string{"shapes.activation.v1.ReserveNumber"}},
+			{From: "PREPARE", Trigger: "operator.retry", To: "PREPARE", Emits: []string{"shapes.activation.v1.ReserveNumber", "shapes.activation.v1.ShipSim"}},
+			{From: "PREPARE", Trigger: "operator.retry", To: "PREPARE", Emits: []string{"shapes.activation.v1.ShipSim"}},
+			{From: "PREPARE", Trigger: "operator.compensate", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "PREPARE", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "CREDIT_CHECK", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "CREDIT_CHECK", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "CREDIT_CHECK", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
 			{From: "CREDIT_CHECK", Trigger: "shapes.activation.v1.CreditApproved", To: "PROVISION_LINE", Emits: []string{"shapes.activation.v1.ProvisionLine"}},
-			{From: "CREDIT_CHECK", Trigger: "shapes.activation.v1.CreditRejected", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
-			{From: "CREDIT_CHECK", Trigger: "timeout", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
+			{From: "CREDIT_CHECK", Trigger: "shapes.activation.v1.CreditRejected", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "CREDIT_CHECK", Trigger: "timeout", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
 			{From: "CREDIT_CHECK", Trigger: "deadline", To: "MANUAL_REVIEW"},
 			{From: "CREDIT_CHECK", Trigger: "stuck", To: "MANUAL_REVIEW"},
 			{From: "CREDIT_CHECK", Trigger: "operator.retry", To: "CREDIT_CHECK"},
-			{From: "CREDIT_CHECK", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
+			{From: "CREDIT_CHECK", Trigger: "operator.compensate", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
 			{From: "CREDIT_CHECK", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.LineProvisioned", To: "SEND_WELCOME_PACK", Emits: []string{"shapes.activation.v1.SendWelcomePack"}},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.LineProvisioned", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.LineProvisioned", To: "COMPLETED"},
-			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.ProvisioningFailed", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
+			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.ProvisioningFailed", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
 			{From: "PROVISION_LINE", Trigger: "shapes.activation.v1.ProvisioningFailed", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "timeout", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "deadline", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "stuck", To: "MANUAL_REVIEW"},
 			{From: "PROVISION_LINE", Trigger: "operator.retry", To: "PROVISION_LINE", Emits: []string{"shapes.activation.v1.ProvisionLine"}},
-			{From: "PROVISION_LINE", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
+			{From: "PROVISION_LINE", Trigger: "operator.compensate", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
 			{From: "PROVISION_LINE", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "SEND_WELCOME_PACK", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "SEND_WELCOME_PACK", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "SEND_WELCOME_PACK", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
 			{From: "SEND_WELCOME_PACK", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "SEND_WELCOME_PACK", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
 			{From: "SEND_WELCOME_PACK", Trigger: "shapes.activation.v1.ProvisioningFailed", To: "MANUAL_REVIEW"},
@@ -961,12 +1215,30 @@ func ActivationDefinition() *sagadef.Definition {
 			{From: "SEND_WELCOME_PACK", Trigger: "deadline", To: "MANUAL_REVIEW"},
 			{From: "SEND_WELCOME_PACK", Trigger: "stuck", To: "MANUAL_REVIEW"},
 			{From: "SEND_WELCOME_PACK", Trigger: "operator.retry", To: "SEND_WELCOME_PACK", Emits: []string{"shapes.activation.v1.SendWelcomePack"}},
-			{From: "SEND_WELCOME_PACK", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
+			{From: "SEND_WELCOME_PACK", Trigger: "operator.compensate", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
 			{From: "SEND_WELCOME_PACK", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.NumberReserved", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.SimShipped", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.SimRecalled", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.SimRecalled", To: "FAILED"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.LineProvisioned", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "shapes.activation.v1.ProvisioningFailed", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "timeout", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "timeout", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "operator.retry", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
+			{From: "COMPENSATING_SHIP_SIM", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.NumberReserved", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.NumberReleased", To: "FAILED"},
+			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.SimShipped", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_NUMBER", Trigger: "shapes.activation.v1.LineProvisioned", To: "MANUAL_REVIEW"},
@@ -979,19 +1251,25 @@ func ActivationDefinition() *sagadef.Definition {
 			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.NumberReserved", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.SimShipped", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.LineProvisioned", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "shapes.activation.v1.ProvisioningFailed", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "deadline", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "VALIDATE_ADDRESS", Emits: []string{"shapes.activation.v1.ValidateAddress"}},
-			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReserveNumber"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "PREPARE", Emits: []string{"shapes.activation.v1.ReserveNumber"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "PREPARE", Emits: []string{"shapes.activation.v1.ReserveNumber", "shapes.activation.v1.ShipSim"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "PREPARE", Emits: []string{"shapes.activation.v1.ShipSim"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "CREDIT_CHECK"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "PROVISION_LINE", Emits: []string{"shapes.activation.v1.ProvisionLine"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "SEND_WELCOME_PACK", Emits: []string{"shapes.activation.v1.SendWelcomePack"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "COMPLETED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "FAILED"},
+			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "COMPENSATING_SHIP_SIM", Emits: []string{"shapes.activation.v1.RecallSim"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_NUMBER", Emits: []string{"shapes.activation.v1.ReleaseNumber"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.compensate", To: "FAILED"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.resolve", To: "COMPLETED"},
@@ -1002,6 +1280,9 @@ func ActivationDefinition() *sagadef.Definition {
 			{From: "COMPLETED", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "shapes.activation.v1.NumberReserved", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "shapes.activation.v1.SimShipped", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "shapes.activation.v1.SimRecalled", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "shapes.activation.v1.LineProvisioned", To: "MANUAL_REVIEW"},
@@ -1010,6 +1291,8 @@ func ActivationDefinition() *sagadef.Definition {
 			{From: "FAILED", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shapes.activation.v1.NumberReserved", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shapes.activation.v1.SimShipped", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "shapes.activation.v1.LineProvisioned", To: "MANUAL_REVIEW"},
@@ -1018,6 +1301,8 @@ func ActivationDefinition() *sagadef.Definition {
 			{From: "CANCELLED", Trigger: "shapes.activation.v1.AddressInvalid", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shapes.activation.v1.NumberReserved", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shapes.activation.v1.NumberTaken", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shapes.activation.v1.SimShipped", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "shapes.activation.v1.SimOutOfStock", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shapes.activation.v1.CreditApproved", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shapes.activation.v1.CreditRejected", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "shapes.activation.v1.LineProvisioned", To: "MANUAL_REVIEW"},
@@ -1036,12 +1321,16 @@ type ActivationDecider interface {
 	Start(ctx context.Context, start *ActivateLine) (*ActivationData, error)
 	// BuildProvisionLine builds the command shapes.activation.v1.ProvisionLine from the saga data.
 	BuildProvisionLine(ctx context.Context, data *ActivationData) (*ProvisionLine, error)
+	// BuildRecallSim builds the command shapes.activation.v1.RecallSim from the saga data.
+	BuildRecallSim(ctx context.Context, data *ActivationData) (*RecallSim, error)
 	// BuildReleaseNumber builds the command shapes.activation.v1.ReleaseNumber from the saga data.
 	BuildReleaseNumber(ctx context.Context, data *ActivationData) (*ReleaseNumber, error)
 	// BuildReserveNumber builds the command shapes.activation.v1.ReserveNumber from the saga data.
 	BuildReserveNumber(ctx context.Context, data *ActivationData) (*ReserveNumber, error)
 	// BuildSendWelcomePack builds the command shapes.activation.v1.SendWelcomePack from the saga data.
 	BuildSendWelcomePack(ctx context.Context, data *ActivationData) (*SendWelcomePack, error)
+	// BuildShipSim builds the command shapes.activation.v1.ShipSim from the saga data.
+	BuildShipSim(ctx context.Context, data *ActivationData) (*ShipSim, error)
 	// BuildValidateAddress builds the command shapes.activation.v1.ValidateAddress from the saga data.
 	BuildValidateAddress(ctx context.Context, data *ActivationData) (*ValidateAddress, error)
 	// SkipCreditCheck decides, from the saga data, whether conditional step CreditCheck
@@ -1068,6 +1357,12 @@ type ActivationDecider interface {
 	OnNumberTaken(ctx context.Context, data *ActivationData, msg *NumberTaken) error
 	// OnProvisioningFailed folds shapes.activation.v1.ProvisioningFailed into the saga data before the transition.
 	OnProvisioningFailed(ctx context.Context, data *ActivationData, msg *ProvisioningFailed) error
+	// OnSimOutOfStock folds shapes.activation.v1.SimOutOfStock into the saga data before the transition.
+	OnSimOutOfStock(ctx context.Context, data *ActivationData, msg *SimOutOfStock) error
+	// OnSimRecalled folds shapes.activation.v1.SimRecalled into the saga data before the transition.
+	OnSimRecalled(ctx context.Context, data *ActivationData, msg *SimRecalled) error
+	// OnSimShipped folds shapes.activation.v1.SimShipped into the saga data before the transition.
+	OnSimShipped(ctx context.Context, data *ActivationData, msg *SimShipped) error
 	// OnWelcomePackSent folds shapes.activation.v1.WelcomePackSent into the saga data before the transition.
 	OnWelcomePackSent(ctx context.Context, data *ActivationData, msg *WelcomePackSent) error
 }
@@ -1120,6 +1415,21 @@ func (ActivationNoopFolds) OnProvisioningFailed(context.Context, *ActivationData
 	return nil
 }
 
+// OnSimOutOfStock does nothing.
+func (ActivationNoopFolds) OnSimOutOfStock(context.Context, *ActivationData, *SimOutOfStock) error {
+	return nil
+}
+
+// OnSimRecalled does nothing.
+func (ActivationNoopFolds) OnSimRecalled(context.Context, *ActivationData, *SimRecalled) error {
+	return nil
+}
+
+// OnSimShipped does nothing.
+func (ActivationNoopFolds) OnSimShipped(context.Context, *ActivationData, *SimShipped) error {
+	return nil
+}
+
 // OnWelcomePackSent does nothing.
 func (ActivationNoopFolds) OnWelcomePackSent(context.Context, *ActivationData, *WelcomePackSent) error {
 	return nil
@@ -1162,6 +1472,15 @@ func (h activationHooks) Build(ctx context.Context, command string, data proto.M
 			return nil, fmt.Errorf("saga shapes.activation.v1.Activation: BuildProvisionLine returned no command")
 		}
 		return c, nil
+	case "shapes.activation.v1.RecallSim":
+		c, err := h.d.BuildRecallSim(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("saga shapes.activation.v1.Activation: BuildRecallSim returned no command")
+		}
+		return c, nil
 	case "shapes.activation.v1.ReleaseNumber":
 		c, err := h.d.BuildReleaseNumber(ctx, d)
 		if err != nil {
@@ -1187,6 +1506,15 @@ func (h activationHooks) Build(ctx context.Context, command string, data proto.M
 		}
 		if c == nil {
 			return nil, fmt.Errorf("saga shapes.activation.v1.Activation: BuildSendWelcomePack returned no command")
+		}
+		return c, nil
+	case "shapes.activation.v1.ShipSim":
+		c, err := h.d.BuildShipSim(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("saga shapes.activation.v1.Activation: BuildShipSim returned no command")
 		}
 		return c, nil
 	case "shapes.activation.v1.ValidateAddress":
@@ -1226,6 +1554,12 @@ func (h activationHooks) Apply(ctx context.Context, data proto.Message, msg mess
 		return h.d.OnNumberTaken(ctx, d, m)
 	case *ProvisioningFailed:
 		return h.d.OnProvisioningFailed(ctx, d, m)
+	case *SimOutOfStock:
+		return h.d.OnSimOutOfStock(ctx, d, m)
+	case *SimRecalled:
+		return h.d.OnSimRecalled(ctx, d, m)
+	case *SimShipped:
+		return h.d.OnSimShipped(ctx, d, m)
 	case *WelcomePackSent:
 		return h.d.OnWelcomePackSent(ctx, d, m)
 	}
@@ -1265,7 +1599,7 @@ func NewActivation(cfg saga.Config, d ActivationDecider) (*Activation, error) {
 	cfg.Definition = def
 	cfg.Hooks = activationHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(ActivateLineInfo, ProvisionLineInfo, ReleaseNumberInfo, ReserveNumberInfo, SendWelcomePackInfo, ValidateAddressInfo, AddressInvalidInfo, AddressValidInfo, CreditApprovedInfo, CreditRejectedInfo, LineProvisionedInfo, NumberReleasedInfo, NumberReservedInfo, NumberTakenInfo, ProvisioningFailedInfo, WelcomePackSentInfo)
+		reg, err := message.NewRegistry(ActivateLineInfo, ProvisionLineInfo, RecallSimInfo, ReleaseNumberInfo, ReserveNumberInfo, SendWelcomePackInfo, ShipSimInfo, ValidateAddressInfo, AddressInvalidInfo, AddressValidInfo, CreditApprovedInfo, CreditRejectedInfo, LineProvisionedInfo, NumberReleasedInfo, NumberReservedInfo, NumberTakenInfo, ProvisioningFailedInfo, SimOutOfStockInfo, SimRecalledInfo, SimShippedInfo, WelcomePackSentInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga shapes.activation.v1.Activation: %w", err)
 		}
@@ -1361,7 +1695,7 @@ func (s *Activation) HTTPHandler(statusURL func(sagaID string) string) http.Hand
 // manual_review) and when it last changed; no saga data.
 func (s *Activation) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
-//go:embed migrations/saga_activation/0001_create_saga_activation.sql migrations/saga_activation/0002_states_6786f5e9.sql migrations/saga_activation/0003_indexes.sql
+//go:embed migrations/saga_activation/0001_create_saga_activation.sql migrations/saga_activation/0002_states_e2ec9d44.sql migrations/saga_activation/0003_indexes.sql
 var activationMigrationsFS embed.FS
 
 // ActivationMigrations returns the migrations of table saga_activation as a schema source

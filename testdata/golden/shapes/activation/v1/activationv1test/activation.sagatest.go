@@ -13,8 +13,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // Activation drives one instance of saga shapes.activation.v1.Activation in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
@@ -65,6 +65,12 @@ func (h *Activation) SentProvisionLine() *activationv1.ProvisionLine {
 	return m
 }
 
+// SentRecallSim returns the last shapes.activation.v1.RecallSim the saga sent; it fails the test when none was sent.
+func (h *Activation) SentRecallSim() *activationv1.RecallSim {
+	m, _ := h.LastSent("shapes.activation.v1.RecallSim").Message.(*activationv1.RecallSim)
+	return m
+}
+
 // SentReleaseNumber returns the last shapes.activation.v1.ReleaseNumber the saga sent; it fails the test when none was sent.
 func (h *Activation) SentReleaseNumber() *activationv1.ReleaseNumber {
 	m, _ := h.LastSent("shapes.activation.v1.ReleaseNumber").Message.(*activationv1.ReleaseNumber)
@@ -80,6 +86,12 @@ func (h *Activation) SentReserveNumber() *activationv1.ReserveNumber {
 // SentSendWelcomePack returns the last shapes.activation.v1.SendWelcomePack the saga sent; it fails the test when none was sent.
 func (h *Activation) SentSendWelcomePack() *activationv1.SendWelcomePack {
 	m, _ := h.LastSent("shapes.activation.v1.SendWelcomePack").Message.(*activationv1.SendWelcomePack)
+	return m
+}
+
+// SentShipSim returns the last shapes.activation.v1.ShipSim the saga sent; it fails the test when none was sent.
+func (h *Activation) SentShipSim() *activationv1.ShipSim {
+	m, _ := h.LastSent("shapes.activation.v1.ShipSim").Message.(*activationv1.ShipSim)
 	return m
 }
 
