@@ -24,8 +24,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // BookTripRequestInfo describes the command trip.v1.BookTripRequest.
 var BookTripRequestInfo = &message.Info{

@@ -17,8 +17,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // BookTrip drives one instance of saga trip.v1.BookTrip in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
