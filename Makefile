@@ -90,7 +90,7 @@ test-matrix:
 test-unit:
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
-## demo: build the plugin, regenerate the examples, start the services, run the Place Order fleet.
+## demo: build the plugin, regenerate the examples, start the services, run the Place Order and Book Trip fleets.
 demo: plugin generate
 	scripts/with-services.sh $(GO) run ./examples/placeorder/cmd/demo
 
