@@ -55,6 +55,9 @@ type ProgressView struct {
 	// Parent is the saga whose child step started the instance; nil when
 	// none did.
 	Parent *sagadef.Parent `json:"parent,omitempty"`
+	// ChildReview is set while the saga waits on a child step whose child
+	// said it is in manual review: the step and the child's account.
+	ChildReview *sagadef.ChildReview `json:"child_review,omitempty"`
 }
 
 // TimelineCount counts what the timeline holds.

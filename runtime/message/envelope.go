@@ -34,6 +34,9 @@ const (
 	// was sent had its effect in place before the compensation ran, which
 	// undid it.
 	HeaderOnce = "x-saga-once"
+	// HeaderChildReview, on a child saga's manual-review reply to its
+	// parent, names the child instance and why it is in review.
+	HeaderChildReview = "x-saga-child-review"
 	// Parking-lot headers: why a message was parked and where it came from.
 	HeaderParkReason     = "x-park-reason"
 	HeaderParkClass      = "x-park-class"

@@ -198,7 +198,8 @@ const SupportPackageIsVersion8 = true
 // computed from its graph and a test running them (sagatest.Scenario, Move,
 // ScenarioEnv, RunScenarios, StubHooks). Generated sagas may start child
 // sagas (sagadef.Step.Child) and declare the replies by which they answer a
-// parent (sagadef.Definition.Replies, sagadef.Replies), whose transition
+// parent (sagadef.Definition.Replies, sagadef.Replies, a manual-review reply
+// included, sagadef.Step.ChildReview), whose transition
 // table compensates a completed child on its cancel.
 const SupportPackageIsVersion7 = true
 

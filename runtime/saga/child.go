@@ -24,7 +24,9 @@ import (
 // outbox, addressed to the parent as the answer to its start command (to
 // its cancel, for cancelled): the parent's engine classifies it like any
 // participant's reply, so duplicates, late replies and timeouts need
-// nothing of their own.
+// nothing of their own. Entering manual review, the instance sends the
+// parent its manual-review reply (when it declares one) with its id and
+// reason in HeaderChildReview; the parent records it and keeps waiting.
 
 // fromParent returns the parent a delivered message comes from: the saga
 // that sent this saga's start or cancel message from a child step (its
@@ -74,6 +76,8 @@ func (e *Engine) replyToParent(ctx context.Context, tx pgx.Tx, sagaID string, af
 		reply, causation = r.Cancelled, p.CancelMessageID
 	case from != to && to == sagadef.StateCancelled:
 		reply = r.Failed
+	case from != to && to == sagadef.StateManualReview:
+		reply = r.ManualReview
 	case from != to:
 		reply = r.For(to)
 	case o.Parent && trig.Kind == e.def.Cancel.Message && (to == sagadef.StateFailed || to == sagadef.StateCancelled):
@@ -99,10 +103,34 @@ func (e *Engine) replyToParent(ctx context.Context, tx pgx.Tx, sagaID string, af
 	if err != nil {
 		return fmt.Errorf("saga %s %s: envelope of reply %s to parent %s %s: %w", e.def.Name, sagaID, reply, p.SagaType, p.SagaID, err)
 	}
+	if to == sagadef.StateManualReview && from != to {
+		env.Headers = map[string]any{message.HeaderChildReview: fmt.Sprintf("%s %s (business key %s): %s",
+			e.def.Name, sagaID, businessKey(after), after.ReviewReason)}
+	}
 	if err := outbox.Enqueue(ctx, tx, env); err != nil {
 		return fmt.Errorf("saga %s %s: enqueue reply %s to parent %s %s: %w", e.def.Name, sagaID, reply, p.SagaType, p.SagaID, err)
 	}
 	return nil
+}
+
+// businessKey returns the instance's business key, or "?" when unknown.
+func businessKey(in sagadef.Instance) string {
+	if in.BusinessKey == "" {
+		return "?"
+	}
+	return in.BusinessKey
+}
+
+// childReviewReason returns, for a child's manual-review reply delivered
+// to its parent, the child's account of why (HeaderChildReview); "" for
+// any other message.
+func (e *Engine) childReviewReason(env *message.Envelope, kind string) string {
+	ref, ok := e.def.Lookup(kind)
+	if !ok || ref.Use != sagadef.UseChildReview {
+		return ""
+	}
+	reason, _, _ := message.HeaderString(env.Headers, message.HeaderChildReview)
+	return reason
 }
 
 // outcomeReply builds the reply of the given full name (from the engine's

@@ -216,3 +216,60 @@ func TestChildOutcomeSurvivesRelayCrash(t *testing.T) {
 	stop()
 	<-done
 }
+
+// TestChildInReviewTellsParent: a child whose step times out into manual
+// review sends its parent the manual-review reply, in the transaction of
+// that transition, naming the child and the reason; an operator's resolve
+// of the child then sends the outcome the parent waits for.
+func TestChildInReviewTellsParent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{child: true, reserveTimeout: sagadef.TimeoutManualReview})
+	parentID := newID()
+	start := msg(msgPlaceOrder, "pay-4")
+	startEnv := parentEnvelope(t, start, parentID)
+	require.NoError(t, b.deliver(t, startEnv, start))
+	id := b.childID(t, "pay-4")
+	b.clock.Advance(stepTimeout + time.Second)
+	n, err := b.engine.FireTimeouts(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	st := b.status(t, id)
+	require.Equal(t, sagadef.StateManualReview, st.State)
+
+	var typ, causation, note string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT message_type, causation_id, headers->>$2
+	FROM saga_outbox WHERE saga_id = $1`, parentID, message.HeaderChildReview).Scan(&typ, &causation, &note))
+	require.Equal(t, msgChildInReview.FullName, typ)
+	require.Equal(t, startEnv.MessageID, causation)
+	require.Equal(t, sagaTypeName+" "+id+" (business key pay-4): "+st.ReviewReason, note)
+
+	_, err = b.engine.Resolve(context.Background(), id, st.Version, sagadef.StateCompleted, "ops", "reserved by phone")
+	require.NoError(t, err)
+	replies := b.outbox(t, parentID)
+	require.Len(t, replies, 2)
+	require.Equal(t, msgChildCompleted.FullName, replies[1].MessageType)
+	require.Equal(t, startEnv.MessageID, replies[1].CausationID)
+}
+
+// TestParentRecordsChildInReview: the parent's engine takes the child's
+// account from HeaderChildReview, records it on the waiting step (status
+// progress, audit note) and keeps waiting; the child's outcome then moves
+// the step on and clears the record.
+func TestParentRecordsChildInReview(t *testing.T) {
+	t.Parallel()
+	b := setup(t, defOptions{parent: true})
+	id := b.start(t, "trip-1")
+	st := b.status(t, id)
+	const why = "test.pay.v1.Payment 9 (business key pay-9): step timed out"
+	_, err := b.replyWith(t, id, msg(msgChildInReview, "trip-1"), st.PendingMessageID, map[string]any{message.HeaderChildReview: why})
+	require.NoError(t, err)
+	st = b.status(t, id)
+	require.Equal(t, stReserve, st.State, "the step keeps waiting")
+	require.Equal(t, &sagadef.ChildReview{Step: "ReserveInventory", Reason: why}, st.Progress.ChildReview)
+	h := b.history(t, id)
+	require.Contains(t, h[len(h)-1].Note, "child Payment of step ReserveInventory in manual review: "+why)
+
+	st = b.mustReply(t, id, msgInventoryReserved)
+	require.Equal(t, stPayment, st.State)
+	require.Nil(t, st.Progress.ChildReview)
+}

@@ -122,6 +122,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 	if service, ok, err := message.HeaderString(env.Headers, message.HeaderOnce); ok && err == nil && service != "" {
 		trig.Once = true
 	}
+	trig.Reason = e.childReviewReason(env, kind) // a child in manual review (child.go)
 	if kind == e.def.Cancel.Message {
 		// The audit row names who asked for the cancel and why.
 		trig.Operator, trig.Reason = e.def.CancelRequest(d.Message)

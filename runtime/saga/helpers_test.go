@@ -56,7 +56,8 @@ var (
 	msgChildCompleted     = newInfo("OrderCompleted", message.KindReply) // a child's outcome replies
 	msgChildFailed        = newInfo("OrderFailed", message.KindReply)
 	msgChildCancelled     = newInfo("OrderCancelled", message.KindReply)
-	allInfos              = []*message.Info{msgChildCompleted, msgChildFailed, msgChildCancelled, msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder, msgReserveCredit, msgCreditReserved, msgCreditRefused, msgReleaseCredit, msgCreditReleased}
+	msgChildInReview      = newInfo("OrderInReview", message.KindReply)
+	allInfos              = []*message.Info{msgChildCompleted, msgChildFailed, msgChildCancelled, msgChildInReview, msgPlaceOrder, msgReserveInventory, msgInventoryReserved, msgInventoryFailed, msgReleaseInventory, msgInventoryReleased, msgAuthorizePayment, msgPaymentAuthorized, msgPaymentDeclined, msgScheduleShipping, msgShippingScheduled, msgShippingFailed, msgUnrelatedEvent, msgPaymentApproved, msgNotifyCustomer, msgCustomerNotified, msgCancelOrder, msgReserveCredit, msgCreditReserved, msgCreditRefused, msgReleaseCredit, msgCreditReleased}
 	testRegistry, errReg  = message.NewRegistry(allInfos...)
 	stepTimeout           = 10 * time.Second
 	sagaDeadline          = time.Hour
@@ -201,6 +202,9 @@ type defOptions struct {
 	// group runs ReserveInventory and ReserveCredit as the parallel group
 	// ReserveStock (see groupReserve).
 	group bool
+	// parent makes ReserveInventory a child step whose child tells of its
+	// manual review with OrderInReview (child_test.go).
+	parent bool
 }
 
 // placeOrder returns the compiled test definition: reserve inventory
@@ -288,9 +292,13 @@ func placeOrder(t *testing.T, table string, o defOptions) *sagadef.Definition {
 	if o.cancel || o.child {
 		def.Cancel = sagadef.Cancel{Message: msgCancelOrder.FullName, RequestedBy: "request_type_url", Reason: "response_type_url"}
 	}
+	if o.parent {
+		def.Steps[0].Child, def.Steps[0].ChildReview = "test.pay.v1.Payment", msgChildInReview.FullName
+	}
 	if o.child {
 		def.Steps = def.Steps[:1]
-		def.Replies = sagadef.Replies{Completed: msgChildCompleted.FullName, Failed: msgChildFailed.FullName, Cancelled: msgChildCancelled.FullName}
+		def.Replies = sagadef.Replies{Completed: msgChildCompleted.FullName, Failed: msgChildFailed.FullName, Cancelled: msgChildCancelled.FullName,
+			ManualReview: msgChildInReview.FullName}
 	}
 	require.NoError(t, def.Compile())
 	return def

@@ -259,6 +259,9 @@ func (w *work) result() (Result, []string, error) {
 	if w.in.Progress.Deferrals != 0 {
 		w.progress().Deferrals = 0 // the instance moved on
 	}
+	if r := w.out.Progress.ChildReview; r != nil && w.out.State != StateName(r.Step) {
+		w.progress().ChildReview = nil // the saga left the step
+	}
 	w.out.Version = w.in.Version + 1
 	res.To, res.Instance, res.Emit = w.out.State, w.out, w.emit
 	return res, w.emitNames, nil
@@ -300,6 +303,7 @@ func (p Progress) clone() Progress {
 		Cancel:               cloneCancel(p.Cancel),
 		Group:                p.Group.clone(),
 		Parent:               cloneParent(p.Parent),
+		ChildReview:          cloneChildReview(p.ChildReview),
 	}
 }
 

@@ -23,6 +23,9 @@ type Replies struct {
 	Completed string
 	Failed    string
 	Cancelled string
+	// ManualReview is the full name of the reply that tells the parent the
+	// instance entered manual review. Empty: the parent is not told.
+	ManualReview string
 }
 
 // Declared reports whether r declares the replies of a child saga.
@@ -37,6 +40,8 @@ func (r Replies) For(state string) string {
 		return r.Failed
 	case StateCancelled:
 		return r.Cancelled
+	case StateManualReview:
+		return r.ManualReview
 	}
 	return ""
 }
@@ -67,7 +72,7 @@ func (d *Definition) validateReplies() []string {
 	r := d.Replies
 	var problems []string
 	if !r.Declared() {
-		if r.Failed != "" || r.Cancelled != "" {
+		if r.Failed != "" || r.Cancelled != "" || r.ManualReview != "" {
 			problems = append(problems, "replies name no completed reply")
 		}
 		return problems
@@ -82,7 +87,7 @@ func (d *Definition) validateReplies() []string {
 		problems = append(problems, "replies name a cancelled reply, but the saga declares no cancel")
 	}
 	var seen []string
-	for _, n := range []string{r.Completed, r.Failed, r.Cancelled} {
+	for _, n := range []string{r.Completed, r.Failed, r.Cancelled, r.ManualReview} {
 		if n == "" {
 			continue
 		}
@@ -114,5 +119,45 @@ func cloneParent(p *Parent) *Parent {
 		return nil
 	}
 	cp := *p
+	return &cp
+}
+
+// ChildReview is what a parent recorded of its child in manual review
+// (Progress.ChildReview): the step that waits on the child and the child's
+// own account (its type, id and review reason). The step keeps waiting; the
+// record goes when the saga leaves the step.
+type ChildReview struct {
+	Step   string `json:"step"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// onChildReview records the child's manual-review reply of step i: while
+// the saga waits on the step for the child the reply names (its causation
+// is a start the step sent), it folds the reply into the saga data and
+// records it with the child's reason, the state unchanged; otherwise it
+// only audits it.
+func (w *work) onChildReview(i int) error {
+	s := w.step(i)
+	st := w.state()
+	child := shortName(s.Child)
+	why := orUnknown(w.trig.Reason)
+	if st.Kind != StateKindStep || st.Step != s.Name || w.in.Progress.Sent[w.trig.CausationID] != s.Name {
+		w.noop(ClassLate, "child %s of step %s in manual review (%s); the saga does not wait on it", child, s.Name, why)
+		return nil
+	}
+	w.class = ClassLate
+	if err := w.fold(); err != nil {
+		return err
+	}
+	w.progress().ChildReview = &ChildReview{Step: s.Name, Reason: w.trig.Reason}
+	w.note("child %s of step %s in manual review: %s; the step keeps waiting", child, s.Name, why)
+	return nil
+}
+
+func cloneChildReview(r *ChildReview) *ChildReview {
+	if r == nil {
+		return nil
+	}
+	cp := *r
 	return &cp
 }

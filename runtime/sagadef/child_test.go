@@ -160,3 +160,46 @@ func TestChildParentKept(t *testing.T) {
 	require.Equal(t, parent, res.Instance.Progress.Parent)
 	require.NotSame(t, parent, res.Instance.Progress.Parent)
 }
+
+// TestChildReviewRecorded: a child's manual-review reply, while the parent
+// waits on the child step, is recorded with the child's reason, the state
+// unchanged (class late: no transition); the record goes when the step
+// settles. For a step the saga no longer waits on it is only audited.
+func TestChildReviewRecorded(t *testing.T) {
+	t.Parallel()
+	review := unknownMessage // a reply no other step uses
+	d := placeOrder(func(d *sagadef.Definition) {
+		d.Steps[0].Child, d.Steps[0].ChildReview = "pay.v1.Payment", review
+	})
+	h := sagatest.New(t, d, hooks())
+	h.Start(msg(pPlaceOrder))
+	in := h.Instance()
+	res, err := d.Apply(context.Background(), h.Env(), in, sagadef.Trigger{
+		Kind: review, Message: msg(review), MessageID: "r-1", CausationID: in.PendingMessageID,
+		Reason: "pay.v1.Payment 42 (business key order-1): card issuer unreachable",
+	})
+	require.NoError(t, err)
+	require.Equal(t, sagadef.ClassLate, res.Class)
+	require.False(t, res.IsTransition())
+	require.Equal(t, in.State, res.Instance.State)
+	require.Equal(t, &sagadef.ChildReview{Step: "ReserveInventory", Reason: "pay.v1.Payment 42 (business key order-1): card issuer unreachable"},
+		res.Instance.Progress.ChildReview)
+	require.Contains(t, res.Note, "child Payment of step ReserveInventory in manual review: pay.v1.Payment 42")
+
+	in = res.Instance
+	res, err = d.Apply(context.Background(), h.Env(), in, sagadef.Trigger{
+		Kind: pInventoryReserved, Message: msg(pInventoryReserved), MessageID: "r-2", CausationID: in.PendingMessageID,
+	})
+	require.NoError(t, err)
+	require.Equal(t, "AUTHORIZE_PAYMENT", res.Instance.State)
+	require.Nil(t, res.Instance.Progress.ChildReview, "the step settled: the record goes")
+
+	in = res.Instance
+	res, err = d.Apply(context.Background(), h.Env(), in, sagadef.Trigger{
+		Kind: review, Message: msg(review), MessageID: "r-3", CausationID: "somewhere", Reason: "again",
+	})
+	require.NoError(t, err)
+	require.Equal(t, sagadef.ClassLate, res.Class)
+	require.Nil(t, res.Instance.Progress.ChildReview)
+	require.Contains(t, res.Note, "the saga does not wait on it")
+}

@@ -29,6 +29,9 @@ const (
 	UseCompensationFailure
 	// UseCancel: the saga's business cancel message (Definition.Cancel).
 	UseCancel
+	// UseChildReview: a child step's child saying it is in manual review
+	// (Step.ChildReview).
+	UseChildReview
 )
 
 // String returns the lower-case name of the use.
@@ -50,6 +53,8 @@ func (u MessageUse) String() string {
 		return "compensation failure reply"
 	case UseCancel:
 		return "cancel message"
+	case UseChildReview:
+		return "child review reply"
 	default:
 		return fmt.Sprintf("use(%d)", int(u))
 	}
@@ -58,7 +63,7 @@ func (u MessageUse) String() string {
 // incoming reports whether messages of this use are received by the saga.
 func (u MessageUse) incoming() bool {
 	switch u {
-	case UseStart, UseSuccess, UseFailure, UseCompensationReply, UseCompensationFailure, UseCancel:
+	case UseStart, UseSuccess, UseFailure, UseCompensationReply, UseCompensationFailure, UseCancel, UseChildReview:
 		return true
 	}
 	return false
@@ -399,6 +404,10 @@ func (d *Definition) validate() (*index, []error) {
 		}
 		claim(label, i, s.Compensation, UseCompensation)
 		claim(label, i, s.CompensationReply, UseCompensationReply)
+		if s.ChildReview != "" && s.Child == "" {
+			fail(label, "names a child review reply %s but no child", s.ChildReview)
+		}
+		claim(label, i, s.ChildReview, UseChildReview)
 		for _, r := range s.CompensationFailureReplies {
 			if r == "" {
 				fail(label, "has an empty compensation failure reply name")

@@ -107,6 +107,9 @@ type Step struct {
 	// Progress.Skipped with the decider's reason in the audit note, and is
 	// never compensated. The pivot is never conditional.
 	Conditional bool
+	// ChildReview is the full name of the child's manual-review reply
+	// (Replies.ManualReview of the child); empty when it declares none.
+	ChildReview string
 	// Child is the full name of the saga the step starts (a child step):
 	// Command is the child's start message, the step's replies are the
 	// child's outcome replies (Definition.Replies of the child) and its
@@ -359,6 +362,9 @@ type Progress struct {
 	// none did. The engine addresses the outcome replies (Definition.Replies)
 	// to it.
 	Parent *Parent `json:"parent,omitempty"`
+	// ChildReview is set while the saga waits on a child step whose child
+	// said it is in manual review.
+	ChildReview *ChildReview `json:"child_review,omitempty"`
 	// Group is the parallel group the saga waits on (in its group state),
 	// or waited on when it entered manual review: its members still
 	// waiting, each with its pending command. Nil elsewhere.

@@ -300,6 +300,8 @@ func (w *work) onMessage(ref msgRef) error {
 		return w.onStepReply(ref.step, ref.use == UseSuccess)
 	case UseCancel:
 		return w.onCancel()
+	case UseChildReview:
+		return w.onChildReview(ref.step)
 	default:
 		return w.onCompensationReply(ref.step, ref.use == UseCompensationReply)
 	}

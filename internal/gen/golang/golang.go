@@ -330,17 +330,24 @@ func goDuration(g *protogen.GeneratedFile, d time.Duration) string {
 // transition table their sagadef does not compute.
 const supportVersion = 7
 
-// groupsSupportVersion is the generated-code version of a file whose sagas
+// shapesSupportVersion is the generated-code version of a file whose sagas
 // declare parallel groups (sagadef.Group, Step.Group, StateKindGroup; a
-// scenario's MoveReply naming the member it answers). Files without groups
-// keep asserting supportVersion, which older runtimes still compile.
-const groupsSupportVersion = 8
+// scenario's MoveReply naming the member it answers), child steps
+// (Step.Child) or outcome replies to a parent (Definition.Replies). Files
+// without them keep asserting supportVersion, which older runtimes still
+// compile.
+const shapesSupportVersion = 8
 
 // fileSupportVersion is the generated-code version f's generated code needs.
 func fileSupportVersion(f *model.File) int {
 	for _, s := range f.Sagas {
-		if len(s.Groups) > 0 {
-			return groupsSupportVersion
+		if len(s.Groups) > 0 || s.Replies != nil {
+			return shapesSupportVersion
+		}
+		for _, st := range s.Steps {
+			if st.Child != nil {
+				return shapesSupportVersion
+			}
 		}
 	}
 	return supportVersion

@@ -91,6 +91,9 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 		if st.Child != "" {
 			g.P("Child: ", strconv.Quote(st.Child), ",")
 		}
+		if st.ChildReview != "" {
+			g.P("ChildReview: ", strconv.Quote(st.ChildReview), ",")
+		}
 		g.P("SuccessReplies: ", stringSlice(st.SuccessReplies), ",")
 		if len(st.FailureReplies) > 0 {
 			g.P("FailureReplies: ", stringSlice(st.FailureReplies), ",")
@@ -125,8 +128,14 @@ func genDefinition(g *protogen.GeneratedFile, s *model.Saga, l locals) {
 			", ClientField: ", strconv.Quote(c.ClientField), ", IncludeData: ", c.IncludeData, "},")
 	}
 	if r := d.Replies; r.Declared() {
-		g.P("Replies: ", sagadefPkg.Ident("Replies"), "{Completed: ", strconv.Quote(r.Completed), ", Failed: ", strconv.Quote(r.Failed),
-			", Cancelled: ", strconv.Quote(r.Cancelled), "},")
+		more := ""
+		if r.Cancelled != "" {
+			more += ", Cancelled: " + strconv.Quote(r.Cancelled)
+		}
+		if r.ManualReview != "" {
+			more += ", ManualReview: " + strconv.Quote(r.ManualReview)
+		}
+		g.P("Replies: ", sagadefPkg.Ident("Replies"), "{Completed: ", strconv.Quote(r.Completed), ", Failed: ", strconv.Quote(r.Failed), more, "},")
 	}
 	g.P("States: []", sagadefPkg.Ident("State"), "{")
 	for _, st := range d.States {

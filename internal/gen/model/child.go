@@ -16,9 +16,10 @@ const (
 	sagaReplies = 11
 	stepChild   = 16
 
-	repliesCompleted = 1
-	repliesFailed    = 2
-	repliesCancelled = 3
+	repliesCompleted    = 1
+	repliesFailed       = 2
+	repliesCancelled    = 3
+	repliesManualReview = 4
 )
 
 // Replies are the replies a saga sends, as a child, to the parent saga
@@ -28,6 +29,8 @@ type Replies struct {
 	Failed    *Message
 	// Cancelled is nil when the saga declares no cancel.
 	Cancelled *Message
+	// ManualReview is nil when the saga does not tell its parent.
+	ManualReview *Message
 }
 
 // replies reviews a saga's replies declaration (rule saga-replies): each
@@ -45,13 +48,14 @@ func (b *builder) replies(f *protogen.File, base []int32, pkg protoreflect.FullN
 		{repliesCompleted, "completed", o.GetCompleted(), func(m *Message) { r.Completed = m }},
 		{repliesFailed, "failed", o.GetFailed(), func(m *Message) { r.Failed = m }},
 		{repliesCancelled, "cancelled", o.GetCancelled(), func(m *Message) { r.Cancelled = m }},
+		{repliesManualReview, "manual_review", o.GetManualReview(), func(m *Message) { r.ManualReview = m }},
 	} {
 		p := path(base, x.field)
 		switch {
 		case x.value == "" && x.name == "cancelled" && s.Cancel != nil:
 			b.errorf(f, base, "saga-replies", "add cancelled: \"<reply>\"; a parent that compensates the saga cancels it and waits for this reply",
 				"saga %s: replies name no cancelled reply, but the saga declares a cancel", s.FullName)
-		case x.value == "" && x.name == "cancelled":
+		case x.value == "" && (x.name == "cancelled" || x.name == "manual_review"):
 		case x.value == "":
 			b.errorf(f, base, "saga-replies", "add "+x.name+": \"<reply>\"; a parent waits for every outcome of its child",
 				"saga %s: replies name no %s reply", s.FullName, x.name)
@@ -75,7 +79,13 @@ func (b *builder) replies(f *protogen.File, base []int32, pkg protoreflect.FullN
 			x.set(m)
 		}
 	}
-	if r.Completed != nil && (r.Completed == r.Failed || r.Completed == r.Cancelled) || r.Failed != nil && r.Failed == r.Cancelled {
+	seen := map[*Message]bool{}
+	twice := false
+	for _, m := range []*Message{r.Completed, r.Failed, r.Cancelled, r.ManualReview} {
+		twice = twice || m != nil && seen[m]
+		seen[m] = true
+	}
+	if twice {
 		b.errorf(f, base, "saga-replies", "give each outcome its own reply",
 			"saga %s: replies name one message for two outcomes; the parent could not tell them apart", s.FullName)
 		return nil

@@ -768,6 +768,7 @@ func (b *builder) crossChecks() {
 			}{
 				{stepSuccess, st.Success}, {stepFailure, st.Failure},
 				{stepCompensationReply, []*Message{st.CompensationReply}}, {stepCompensationFailure, st.CompensationFailure},
+				{stepChild, childReview(st)},
 			} {
 				for j, r := range l.ms {
 					if r == nil {
@@ -1100,6 +1101,9 @@ func (s *Saga) finish() {
 		if st.CompensationReply != nil {
 			handles = append(handles, st.CompensationReply)
 		}
+		if st.Child != nil && st.Child.Replies != nil && st.Child.Replies.ManualReview != nil {
+			handles = append(handles, st.Child.Replies.ManualReview)
+		}
 		if st.Command != nil {
 			commands = append(commands, st.Command)
 		}
@@ -1154,6 +1158,9 @@ func (s *Saga) definition() *sagadef.Definition {
 		}
 		if st.Child != nil {
 			ds.Child = st.Child.FullName
+			if r := st.Child.Replies; r != nil && r.ManualReview != nil {
+				ds.ChildReview = r.ManualReview.FullName
+			}
 		}
 		d.Steps = append(d.Steps, ds)
 	}
@@ -1174,6 +1181,9 @@ func (s *Saga) definition() *sagadef.Definition {
 		if r.Cancelled != nil {
 			d.Replies.Cancelled = r.Cancelled.FullName
 		}
+		if r.ManualReview != nil {
+			d.Replies.ManualReview = r.ManualReview.FullName
+		}
 	}
 	if c := s.Callback; c != nil && (c.URLField != nil || c.ClientField != nil) && len(c.States) > 0 {
 		d.Callback = sagadef.Callback{States: c.States, IncludeData: c.IncludeData}
@@ -1185,4 +1195,13 @@ func (s *Saga) definition() *sagadef.Definition {
 		}
 	}
 	return d
+}
+
+// childReview lists the manual-review reply of a child step's child, which
+// the parent's queue receives like the step's replies.
+func childReview(st *Step) []*Message {
+	if st.Child == nil || st.Child.Replies == nil || st.Child.Replies.ManualReview == nil {
+		return nil
+	}
+	return []*Message{st.Child.Replies.ManualReview}
 }

@@ -172,7 +172,7 @@ type docChild struct {
 
 // docReplies are a child saga's outcome replies.
 type docReplies struct {
-	Completed, Failed, Cancelled string
+	Completed, Failed, Cancelled, ManualReview string
 }
 
 // relPage returns the path of the Markdown page of saga c relative to the
@@ -324,6 +324,9 @@ func (r *Renderer) Doc(s *model.Saga) ([]byte, error) {
 		d.Replies = &docReplies{Completed: r.Completed.FullName, Failed: r.Failed.FullName}
 		if r.Cancelled != nil {
 			d.Replies.Cancelled = r.Cancelled.FullName
+		}
+		if r.ManualReview != nil {
+			d.Replies.ManualReview = r.ManualReview.FullName
 		}
 	}
 	d.Diagram = strings.TrimRight(s.Definition.Mermaid(), "\n")

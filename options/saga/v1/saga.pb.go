@@ -723,7 +723,12 @@ type Replies struct {
 	// the parent step sends as its compensation): sent when the saga ends
 	// CANCELLED, and again to a cancel that finds it ended FAILED or
 	// CANCELLED. Required when the saga declares a cancel.
-	Cancelled     string `protobuf:"bytes,3,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	Cancelled string `protobuf:"bytes,3,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	// manual_review tells the parent that the saga entered manual review:
+	// the parent records it (audited, and shown on the step it waits on) and
+	// keeps waiting, per the step's timeout, for the outcome an operator's
+	// repair of the child leads to. Optional.
+	ManualReview  string `protobuf:"bytes,4,opt,name=manual_review,json=manualReview,proto3" json:"manual_review,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -775,6 +780,13 @@ func (x *Replies) GetFailed() string {
 func (x *Replies) GetCancelled() string {
 	if x != nil {
 		return x.Cancelled
+	}
+	return ""
+}
+
+func (x *Replies) GetManualReview() string {
+	if x != nil {
+		return x.ManualReview
 	}
 	return ""
 }
@@ -1327,11 +1339,12 @@ const file_saga_v1_saga_proto_rawDesc = "" +
 	"\bcallback\x18\t \x01(\v2\x11.saga.v1.CallbackR\bcallback\x12&\n" +
 	"\x06groups\x18\n" +
 	" \x03(\v2\x0e.saga.v1.GroupR\x06groups\x12*\n" +
-	"\areplies\x18\v \x01(\v2\x10.saga.v1.RepliesR\areplies\"]\n" +
+	"\areplies\x18\v \x01(\v2\x10.saga.v1.RepliesR\areplies\"\x82\x01\n" +
 	"\aReplies\x12\x1c\n" +
 	"\tcompleted\x18\x01 \x01(\tR\tcompleted\x12\x16\n" +
 	"\x06failed\x18\x02 \x01(\tR\x06failed\x12\x1c\n" +
-	"\tcancelled\x18\x03 \x01(\tR\tcancelled\"\x9b\x01\n" +
+	"\tcancelled\x18\x03 \x01(\tR\tcancelled\x12#\n" +
+	"\rmanual_review\x18\x04 \x01(\tR\fmanualReview\"\x9b\x01\n" +
 	"\bCallback\x12,\n" +
 	"\boutcomes\x18\x01 \x03(\x0e2\x10.saga.v1.OutcomeR\boutcomes\x12\x1b\n" +
 	"\turl_field\x18\x02 \x01(\tR\burlField\x12!\n" +

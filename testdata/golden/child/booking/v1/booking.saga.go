@@ -21,8 +21,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // BookTripInfo describes the command child.booking.v1.BookTrip.
 var BookTripInfo = &message.Info{
@@ -440,6 +440,7 @@ var TopologyPlan = broker.Plan{
 		{Queue: "booking.saga.booking", Exchange: "child.payment.v1.replies", RoutingKey: "reply.child.payment.v1.payment-cancelled"},
 		{Queue: "booking.saga.booking", Exchange: "child.payment.v1.replies", RoutingKey: "reply.child.payment.v1.payment-completed"},
 		{Queue: "booking.saga.booking", Exchange: "child.payment.v1.replies", RoutingKey: "reply.child.payment.v1.payment-failed"},
+		{Queue: "booking.saga.booking", Exchange: "child.payment.v1.replies", RoutingKey: "reply.child.payment.v1.payment-in-review"},
 		{Queue: "seats.commands", Exchange: "child.booking.v1.commands", RoutingKey: "command.child.booking.v1.hold-seat"},
 		{Queue: "seats.commands", Exchange: "child.booking.v1.commands", RoutingKey: "command.child.booking.v1.release-seat"},
 		{Queue: "tickets.commands", Exchange: "child.booking.v1.commands", RoutingKey: "command.child.booking.v1.issue-ticket"},
@@ -522,6 +523,7 @@ func BookingDefinition() *sagadef.Definition {
 				Role:              sagadef.RoleCompensatable,
 				Command:           "child.payment.v1.StartPayment",
 				Child:             "child.payment.v1.Payment",
+				ChildReview:       "child.payment.v1.PaymentInReview",
 				SuccessReplies:    []string{"child.payment.v1.PaymentCompleted"},
 				FailureReplies:    []string{"child.payment.v1.PaymentFailed"},
 				Compensation:      "child.payment.v1.CancelPayment",
@@ -682,6 +684,8 @@ type BookingDecider interface {
 	OnPaymentCompleted(ctx context.Context, data *BookingData, msg *paymentv1.PaymentCompleted) error
 	// OnPaymentFailed folds child.payment.v1.PaymentFailed into the saga data before the transition.
 	OnPaymentFailed(ctx context.Context, data *BookingData, msg *paymentv1.PaymentFailed) error
+	// OnPaymentInReview folds child.payment.v1.PaymentInReview into the saga data before the transition.
+	OnPaymentInReview(ctx context.Context, data *BookingData, msg *paymentv1.PaymentInReview) error
 }
 
 // BookingNoopFolds implements every On method of BookingDecider as a no-op.
@@ -722,6 +726,11 @@ func (BookingNoopFolds) OnPaymentCompleted(context.Context, *BookingData, *payme
 
 // OnPaymentFailed does nothing.
 func (BookingNoopFolds) OnPaymentFailed(context.Context, *BookingData, *paymentv1.PaymentFailed) error {
+	return nil
+}
+
+// OnPaymentInReview does nothing.
+func (BookingNoopFolds) OnPaymentInReview(context.Context, *BookingData, *paymentv1.PaymentInReview) error {
 	return nil
 }
 
@@ -824,6 +833,8 @@ func (h bookingHooks) Apply(ctx context.Context, data proto.Message, msg message
 		return h.d.OnPaymentCompleted(ctx, d, m)
 	case *paymentv1.PaymentFailed:
 		return h.d.OnPaymentFailed(ctx, d, m)
+	case *paymentv1.PaymentInReview:
+		return h.d.OnPaymentInReview(ctx, d, m)
 	}
 	return nil
 }
@@ -847,7 +858,7 @@ func NewBooking(cfg saga.Config, d BookingDecider) (*Booking, error) {
 	cfg.Definition = def
 	cfg.Hooks = bookingHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(BookTripInfo, HoldSeatInfo, IssueTicketInfo, ReleaseSeatInfo, paymentv1.CancelPaymentInfo, paymentv1.StartPaymentInfo, SeatHeldInfo, SeatReleasedInfo, SeatUnavailableInfo, TicketIssuedInfo, TicketRefusedInfo, paymentv1.PaymentCancelledInfo, paymentv1.PaymentCompletedInfo, paymentv1.PaymentFailedInfo)
+		reg, err := message.NewRegistry(BookTripInfo, HoldSeatInfo, IssueTicketInfo, ReleaseSeatInfo, paymentv1.CancelPaymentInfo, paymentv1.StartPaymentInfo, SeatHeldInfo, SeatReleasedInfo, SeatUnavailableInfo, TicketIssuedInfo, TicketRefusedInfo, paymentv1.PaymentCancelledInfo, paymentv1.PaymentCompletedInfo, paymentv1.PaymentFailedInfo, paymentv1.PaymentInReviewInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga child.booking.v1.Booking: %w", err)
 		}

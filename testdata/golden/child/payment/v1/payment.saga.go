@@ -20,8 +20,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // AuthorizeCardInfo describes the command child.payment.v1.AuthorizeCard.
 var AuthorizeCardInfo = &message.Info{
@@ -269,6 +269,25 @@ func (*PaymentFlagged) IdempotencyKey() string { return "" }
 func (x *PaymentFlagged) CorrelationKey() string { return x.GetPaymentId() }
 
 func (*PaymentFlagged) isScreenPaymentResult() {}
+
+// PaymentInReviewInfo describes the reply child.payment.v1.PaymentInReview.
+var PaymentInReviewInfo = &message.Info{
+	FullName:      "child.payment.v1.PaymentInReview",
+	Kind:          message.KindReply,
+	Exchange:      "child.payment.v1.replies",
+	RoutingKey:    "reply.child.payment.v1.payment-in-review",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(PaymentInReview) },
+}
+
+// SagaMessageInfo returns PaymentInReviewInfo.
+func (*PaymentInReview) SagaMessageInfo() *message.Info { return PaymentInReviewInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*PaymentInReview) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field payment_id.
+func (x *PaymentInReview) CorrelationKey() string { return x.GetPaymentId() }
 
 // ScreenPaymentInfo describes the command child.payment.v1.ScreenPayment.
 var ScreenPaymentInfo = &message.Info{
@@ -538,7 +557,7 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/testdata/golden/child/payment/v1",
-		Messages: []*message.Info{AuthorizeCardInfo, CancelPaymentInfo, CardAuthorizedInfo, CardDeclinedInfo, CardVoidedInfo, PaymentCancelledInfo, PaymentClearedInfo, PaymentCompletedInfo, PaymentFailedInfo, PaymentFlaggedInfo, ScreenPaymentInfo, StartPaymentInfo, VoidCardInfo},
+		Messages: []*message.Info{AuthorizeCardInfo, CancelPaymentInfo, CardAuthorizedInfo, CardDeclinedInfo, CardVoidedInfo, PaymentCancelledInfo, PaymentClearedInfo, PaymentCompletedInfo, PaymentFailedInfo, PaymentFlaggedInfo, PaymentInReviewInfo, ScreenPaymentInfo, StartPaymentInfo, VoidCardInfo},
 		Topology: TopologyPlan.Topology,
 	}
 }
@@ -613,7 +632,7 @@ func PaymentDefinition() *sagadef.Definition {
 			},
 		},
 		Cancel:  sagadef.Cancel{Message: "child.payment.v1.CancelPayment", RequestedBy: "requested_by", Reason: "reason"},
-		Replies: sagadef.Replies{Completed: "child.payment.v1.PaymentCompleted", Failed: "child.payment.v1.PaymentFailed", Cancelled: "child.payment.v1.PaymentCancelled"},
+		Replies: sagadef.Replies{Completed: "child.payment.v1.PaymentCompleted", Failed: "child.payment.v1.PaymentFailed", Cancelled: "child.payment.v1.PaymentCancelled", ManualReview: "child.payment.v1.PaymentInReview"},
 		States: []sagadef.State{
 			{Name: "AUTHORIZE_CARD", Kind: sagadef.StateKindStep, Step: "AuthorizeCard"},
 			{Name: "SCREEN_PAYMENT", Kind: sagadef.StateKindStep, Step: "ScreenPayment"},

@@ -14,8 +14,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // Booking drives one instance of saga child.booking.v1.Booking in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
