@@ -20,8 +20,8 @@ import (
 	time "time"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // AuthorizationVoidedInfo describes the reply payment.v1.AuthorizationVoided.
 var AuthorizationVoidedInfo = &message.Info{
@@ -305,6 +305,25 @@ func (x *PaymentFlagged) CorrelationKey() string { return x.GetTripId() }
 
 func (*PaymentFlagged) isScreenPaymentResult() {}
 
+// PaymentInReviewInfo describes the reply payment.v1.PaymentInReview.
+var PaymentInReviewInfo = &message.Info{
+	FullName:      "payment.v1.PaymentInReview",
+	Kind:          message.KindReply,
+	Exchange:      "payment.v1.replies",
+	RoutingKey:    "reply.payment.v1.payment-in-review",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(PaymentInReview) },
+}
+
+// SagaMessageInfo returns PaymentInReviewInfo.
+func (*PaymentInReview) SagaMessageInfo() *message.Info { return PaymentInReviewInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*PaymentInReview) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *PaymentInReview) CorrelationKey() string { return x.GetTripId() }
+
 // ScreenPaymentInfo describes the command payment.v1.ScreenPayment.
 var ScreenPaymentInfo = &message.Info{
 	FullName:        "payment.v1.ScreenPayment",
@@ -563,7 +582,7 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/travel/payment/v1",
-		Messages: []*message.Info{AuthorizationVoidedInfo, AuthorizeCardInfo, CaptureFundsInfo, CardAuthorizedInfo, CardDeclinedInfo, ChargeTripInfo, FundsCapturedInfo, PaymentClearedInfo, PaymentDeclinedInfo, PaymentFlaggedInfo, ScreenPaymentInfo, TripChargedInfo, VoidAuthorizationInfo},
+		Messages: []*message.Info{AuthorizationVoidedInfo, AuthorizeCardInfo, CaptureFundsInfo, CardAuthorizedInfo, CardDeclinedInfo, ChargeTripInfo, FundsCapturedInfo, PaymentClearedInfo, PaymentDeclinedInfo, PaymentFlaggedInfo, PaymentInReviewInfo, ScreenPaymentInfo, TripChargedInfo, VoidAuthorizationInfo},
 		Topology: TopologyPlan.Topology,
 	}
 }
@@ -650,7 +669,7 @@ func PaymentDefinition() *sagadef.Definition {
 				Late:           sagadef.LateApplyIfWaiting,
 			},
 		},
-		Replies: sagadef.Replies{Completed: "payment.v1.TripCharged", Failed: "payment.v1.PaymentDeclined", Cancelled: ""},
+		Replies: sagadef.Replies{Completed: "payment.v1.TripCharged", Failed: "payment.v1.PaymentDeclined", ManualReview: "payment.v1.PaymentInReview"},
 		States: []sagadef.State{
 			{Name: "AUTHORIZE_CARD", Kind: sagadef.StateKindStep, Step: "AuthorizeCard"},
 			{Name: "SCREEN_PAYMENT", Kind: sagadef.StateKindStep, Step: "ScreenPayment"},

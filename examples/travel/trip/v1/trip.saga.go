@@ -366,6 +366,7 @@ var TopologyPlan = broker.Plan{
 		{Queue: "trip.saga.book_trip", Exchange: "insurance.v1.replies", RoutingKey: "reply.insurance.v1.insurance-bought"},
 		{Queue: "trip.saga.book_trip", Exchange: "insurance.v1.replies", RoutingKey: "reply.insurance.v1.insurance-cancelled"},
 		{Queue: "trip.saga.book_trip", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.payment-declined"},
+		{Queue: "trip.saga.book_trip", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.payment-in-review"},
 		{Queue: "trip.saga.book_trip", Exchange: "payment.v1.replies", RoutingKey: "reply.payment.v1.trip-charged"},
 		{Queue: "trip.saga.book_trip", Exchange: "reservation.v1.replies", RoutingKey: "reply.reservation.v1.car-cancelled"},
 		{Queue: "trip.saga.book_trip", Exchange: "reservation.v1.replies", RoutingKey: "reply.reservation.v1.car-reserved"},
@@ -521,6 +522,7 @@ func BookTripDefinition() *sagadef.Definition {
 				Role:           sagadef.RolePivot,
 				Command:        "payment.v1.ChargeTrip",
 				Child:          "payment.v1.Payment",
+				ChildReview:    "payment.v1.PaymentInReview",
 				SuccessReplies: []string{"payment.v1.TripCharged"},
 				FailureReplies: []string{"payment.v1.PaymentDeclined"},
 				Timeout:        5 * time.Minute,
@@ -813,6 +815,8 @@ type BookTripDecider interface {
 	OnInsuranceCancelled(ctx context.Context, data *BookTripData, msg *insurancev1.InsuranceCancelled) error
 	// OnPaymentDeclined folds payment.v1.PaymentDeclined into the saga data before the transition.
 	OnPaymentDeclined(ctx context.Context, data *BookTripData, msg *paymentv1.PaymentDeclined) error
+	// OnPaymentInReview folds payment.v1.PaymentInReview into the saga data before the transition.
+	OnPaymentInReview(ctx context.Context, data *BookTripData, msg *paymentv1.PaymentInReview) error
 	// OnTripCharged folds payment.v1.TripCharged into the saga data before the transition.
 	OnTripCharged(ctx context.Context, data *BookTripData, msg *paymentv1.TripCharged) error
 	// OnCarCancelled folds reservation.v1.CarCancelled into the saga data before the transition.
@@ -856,6 +860,11 @@ func (BookTripNoopFolds) OnInsuranceCancelled(context.Context, *BookTripData, *i
 
 // OnPaymentDeclined does nothing.
 func (BookTripNoopFolds) OnPaymentDeclined(context.Context, *BookTripData, *paymentv1.PaymentDeclined) error {
+	return nil
+}
+
+// OnPaymentInReview does nothing.
+func (BookTripNoopFolds) OnPaymentInReview(context.Context, *BookTripData, *paymentv1.PaymentInReview) error {
 	return nil
 }
 
@@ -1067,6 +1076,8 @@ func (h bookTripHooks) Apply(ctx context.Context, data proto.Message, msg messag
 		return h.d.OnInsuranceCancelled(ctx, d, m)
 	case *paymentv1.PaymentDeclined:
 		return h.d.OnPaymentDeclined(ctx, d, m)
+	case *paymentv1.PaymentInReview:
+		return h.d.OnPaymentInReview(ctx, d, m)
 	case *paymentv1.TripCharged:
 		return h.d.OnTripCharged(ctx, d, m)
 	case *reservationv1.CarCancelled:
@@ -1128,7 +1139,7 @@ func NewBookTrip(cfg saga.Config, d BookTripDecider) (*BookTrip, error) {
 	cfg.Definition = def
 	cfg.Hooks = bookTripHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(BookTripRequestInfo, insurancev1.BuyInsuranceInfo, insurancev1.CancelInsuranceInfo, paymentv1.ChargeTripInfo, reservationv1.CancelCarInfo, reservationv1.CancelFlightInfo, reservationv1.CancelHotelInfo, reservationv1.ReserveCarInfo, reservationv1.ReserveFlightInfo, reservationv1.ReserveHotelInfo, travellerv1.ValidateTravellerInfo, ConfirmTripInfo, insurancev1.InsuranceBoughtInfo, insurancev1.InsuranceCancelledInfo, paymentv1.PaymentDeclinedInfo, paymentv1.TripChargedInfo, reservationv1.CarCancelledInfo, reservationv1.CarReservedInfo, reservationv1.CarUnavailableInfo, reservationv1.FlightCancelledInfo, reservationv1.FlightReservedInfo, reservationv1.FlightSoldOutInfo, reservationv1.HotelCancelledInfo, reservationv1.HotelReservedInfo, reservationv1.HotelUnavailableInfo, travellerv1.TravellerRejectedInfo, travellerv1.TravellerValidInfo, TripConfirmedInfo)
+		reg, err := message.NewRegistry(BookTripRequestInfo, insurancev1.BuyInsuranceInfo, insurancev1.CancelInsuranceInfo, paymentv1.ChargeTripInfo, reservationv1.CancelCarInfo, reservationv1.CancelFlightInfo, reservationv1.CancelHotelInfo, reservationv1.ReserveCarInfo, reservationv1.ReserveFlightInfo, reservationv1.ReserveHotelInfo, travellerv1.ValidateTravellerInfo, ConfirmTripInfo, insurancev1.InsuranceBoughtInfo, insurancev1.InsuranceCancelledInfo, paymentv1.PaymentDeclinedInfo, paymentv1.PaymentInReviewInfo, paymentv1.TripChargedInfo, reservationv1.CarCancelledInfo, reservationv1.CarReservedInfo, reservationv1.CarUnavailableInfo, reservationv1.FlightCancelledInfo, reservationv1.FlightReservedInfo, reservationv1.FlightSoldOutInfo, reservationv1.HotelCancelledInfo, reservationv1.HotelReservedInfo, reservationv1.HotelUnavailableInfo, travellerv1.TravellerRejectedInfo, travellerv1.TravellerValidInfo, TripConfirmedInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga trip.v1.BookTrip: %w", err)
 		}

@@ -13,8 +13,8 @@ import (
 	testing "testing"
 )
 
-// This file needs a runtime that supports generated code version 7.
-const _ = message.SupportPackageIsVersion7
+// This file needs a runtime that supports generated code version 8.
+const _ = message.SupportPackageIsVersion8
 
 // Payment drives one instance of saga payment.v1.Payment in memory. The
 // embedded harness delivers replies (Reply, ReplyTo, Duplicate), fires
