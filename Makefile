@@ -90,7 +90,7 @@ test-matrix:
 test-unit:
 	$(GO) test $(TESTFLAGS) $(PKGS)
 
-## demo: build the plugin, regenerate the examples, start the services, run the Place Order fleet.
+## demo: build the plugin, regenerate the examples, start the services, run the Place Order and Book Trip fleets.
 demo: plugin generate
 	scripts/with-services.sh $(GO) run ./examples/placeorder/cmd/demo
 
@@ -127,7 +127,7 @@ bench-slowdisk:
 	mkdir -p $(CACHE)
 	bench/slowdisk/run.sh $(SLOWSYNC_US) -only pg,watermill,ours -workers 2 -out $(CACHE)/bench-slowdisk.md
 
-## soak: long chaos soak (3 runs x 2000 sagas; SIGKILLs at every crash point and at random; 2 RabbitMQ
+## soak: long chaos soak (3 runs x 2000 Place Order and 1000 Book Trip sagas; SIGKILLs at every crash point and at random; 2 RabbitMQ
 ## and 2 PostgreSQL restarts per run), a run on a 3-node RabbitMQ cluster whose node leading the queues is
 ## SIGKILLed twice, a run on a PostgreSQL whose primary crashes and whose synchronous replica is promoted,
 ## then a 12,000-saga load run with memory watched. Private servers; ~30 min.

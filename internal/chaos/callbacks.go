@@ -139,7 +139,7 @@ func (r *run) checkCallbacks(ctx context.Context, rep *Report, sagas map[string]
 			got := r.receiver.byOrder[key]
 			if len(got) == 0 || got[len(got)-1] != sg.state {
 				rep.violate("saga %s (%s) ended %s; its client was told %v", sg.id, key, sg.state, got)
-				rep.Lost++
+				rep.lost(sagaPlaceOrder, 1)
 			}
 		}
 	}

@@ -47,8 +47,11 @@ type Report struct {
 	// processed already (deduplicated); CallbackRequests every request.
 	Callbacks, CallbackDuplicates, CallbackRequests int
 
-	Lost          int // started orders without a saga, messages neither consumed nor parked, outcomes not called back
+	Lost          int // started sagas without a row, messages neither consumed nor parked, outcomes not called back
 	DoubleEffects int // business effects applied more than once
+
+	// Types are the figures of each saga type (PlaceOrder, BookTrip).
+	Types map[string]*SagaFigures
 
 	Throughput  float64 // sagas ended per second of the run
 	SagaLatency Latency // start → end of each saga that ended without manual review
@@ -56,6 +59,50 @@ type Report struct {
 	RSS         []ProcRSS
 
 	Violations []string
+}
+
+// SagaFigures are one saga type's share of a Report.
+type SagaFigures struct {
+	Sagas         int            // started by the driver
+	States        map[string]int // final state → sagas
+	ManualReview  int
+	Lost          int
+	DoubleEffects int
+}
+
+// typ returns the figures of saga type t, created on first use.
+func (rep *Report) typ(t string) *SagaFigures {
+	if rep.Types == nil {
+		rep.Types = map[string]*SagaFigures{}
+	}
+	f := rep.Types[t]
+	if f == nil {
+		f = &SagaFigures{States: map[string]int{}}
+		rep.Types[t] = f
+	}
+	return f
+}
+
+// lost counts n lost things of saga type t.
+func (rep *Report) lost(t string, n int) {
+	rep.Lost += n
+	rep.typ(t).Lost += n
+}
+
+// double counts n business effects of saga type t applied once too often.
+func (rep *Report) double(t string, n int) {
+	rep.DoubleEffects += n
+	rep.typ(t).DoubleEffects += n
+}
+
+// sagaOfMessage names the saga type a message type belongs to: the Place
+// Order example's messages are in the shop.* packages, the rest are the
+// travel example's (its child Payment's counted with Book Trip).
+func sagaOfMessage(messageType string) string {
+	if strings.HasPrefix(messageType, "shop.") {
+		return sagaPlaceOrder
+	}
+	return sagaBookTrip
 }
 
 // Latency summarizes a latency distribution.
@@ -87,6 +134,7 @@ func (rep *Report) violate(format string, args ...any) {
 }
 
 type sagaRow struct {
+	typ                    string // sagaPlaceOrder or sagaBookTrip
 	id, key, state, reason string
 	version                int64
 	created                time.Time
@@ -110,25 +158,31 @@ func (r *run) check(ctx context.Context) (*Report, error) {
 	orders := slices.Clone(r.orders)
 	r.mu.Unlock()
 	rep.Sagas = len(orders)
+	rep.typ(sagaPlaceOrder)
+	for _, o := range orders {
+		rep.typ(o.saga).Sagas++
+	}
 
 	// Sagas: none lost, each ended with a reason.
 	sagas := map[string]sagaRow{}
-	rows, err := r.pool.Query(ctx, `SELECT id::text, business_key, state, coalesce(review_reason, ''), version, created_at FROM saga_place_order`)
-	if err != nil {
-		return nil, fmt.Errorf("check: sagas: %w", err)
-	}
-	var s sagaRow
-	if _, err := pgx.ForEachRow(rows, []any{&s.id, &s.key, &s.state, &s.reason, &s.version, &s.created}, func() error {
-		sagas[s.key] = s
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("check: sagas: %w", err)
+	for _, table := range []struct{ typ, name string }{{sagaPlaceOrder, "saga_place_order"}, {sagaBookTrip, "saga_book_trip"}} {
+		rows, err := r.pool.Query(ctx, `SELECT id::text, business_key, state, coalesce(review_reason, ''), version, created_at FROM `+table.name)
+		if err != nil {
+			return nil, fmt.Errorf("check: sagas of %s: %w", table.name, err)
+		}
+		s := sagaRow{typ: table.typ}
+		if _, err := pgx.ForEachRow(rows, []any{&s.id, &s.key, &s.state, &s.reason, &s.version, &s.created}, func() error {
+			sagas[s.key] = s
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("check: sagas of %s: %w", table.name, err)
+		}
 	}
 	for _, o := range orders {
 		row, ok := sagas[o.id]
 		if !ok {
-			rep.Lost++
-			rep.violate("order %s (%s): no saga", o.id, o.kind)
+			rep.lost(o.saga, 1)
+			rep.violate("%s %s (%s): no saga", o.saga, o.id, o.kind)
 			continue
 		}
 		if row.id != o.sagaID {
@@ -138,12 +192,35 @@ func (r *run) check(ctx context.Context) (*Report, error) {
 	if len(sagas) != len(orders) {
 		rep.violate("%d sagas in the table for %d orders started", len(sagas), len(orders))
 	}
+	// The Payment sagas Book Trip starts as children, keyed by their trip
+	// (their business key) in children, and in sagas as "payment:<trip>"
+	// for the checks every saga passes.
+	children := map[string]sagaRow{}
+	rows, err := r.pool.Query(ctx, `SELECT id::text, business_key, state, coalesce(review_reason, ''), version, created_at FROM saga_payment`)
+	if err != nil {
+		return nil, fmt.Errorf("check: sagas of saga_payment: %w", err)
+	}
+	child := sagaRow{typ: sagaPayment}
+	if _, err := pgx.ForEachRow(rows, []any{&child.id, &child.key, &child.state, &child.reason, &child.version, &child.created}, func() error {
+		children[child.key] = child
+		sagas["payment:"+child.key] = child
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("check: sagas of saga_payment: %w", err)
+	}
+	rep.typ(sagaPayment).Sagas = len(children)
 	for _, sg := range sagas {
-		rep.States[sg.state]++
+		if sg.typ != sagaPayment { // children are not started by the driver
+			rep.States[sg.state]++
+		}
+		rep.typ(sg.typ).States[sg.state]++
 		switch sg.state {
 		case "COMPLETED", "FAILED", "CANCELLED":
 		case "MANUAL_REVIEW":
-			rep.ManualReview++
+			if sg.typ != sagaPayment {
+				rep.ManualReview++
+			}
+			rep.typ(sg.typ).ManualReview++
 			if strings.TrimSpace(sg.reason) == "" {
 				rep.violate("saga %s (%s) is in manual review without a reason", sg.id, sg.key)
 			}
@@ -201,14 +278,24 @@ func (r *run) check(ctx context.Context) (*Report, error) {
 		return nil, fmt.Errorf("check: ledger: %w", err)
 	}
 	for _, o := range orders {
-		if sg, ok := sagas[o.id]; ok {
+		if sg, ok := sagas[o.id]; ok && o.saga == sagaPlaceOrder {
 			checkLedger(rep, o, sg, ledger[o.id])
 		}
 	}
 	if err := r.checkStock(ctx, rep, sagas); err != nil {
 		return nil, err
 	}
-	if err := r.checkCallbacks(ctx, rep, sagas); err != nil {
+	placed := map[string]sagaRow{} // only Place Order registers callbacks
+	for key, sg := range sagas {
+		if sg.typ == sagaPlaceOrder {
+			placed[key] = sg
+		}
+	}
+	if err := r.checkCallbacks(ctx, rep, placed); err != nil {
+		return nil, err
+	}
+	// The travel example's effects and inventory.
+	if err := r.checkTrips(ctx, rep, orders, sagas, children); err != nil {
 		return nil, err
 	}
 
@@ -277,13 +364,13 @@ func checkLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 	}
 	for e, n := range count {
 		if n > 1 {
-			rep.DoubleEffects += n - 1
+			rep.double(sagaPlaceOrder, n-1)
 			rep.violate("order %s: %s applied %d times: %v", o.id, e, n, effects)
 		}
 	}
 	once := func(a, b string) {
 		if count[a] > 0 && count[b] > 0 {
-			rep.DoubleEffects++
+			rep.double(sagaPlaceOrder, 1)
 			rep.violate("order %s: both %s and %s: %v", o.id, a, b, effects)
 		}
 	}
@@ -452,7 +539,7 @@ UNION SELECT message_id FROM saga_audit WHERE message_id <> ''`)
 			rep.Redelivered++
 		}
 		if !o.published {
-			rep.Lost++
+			rep.lost(sagaOfMessage(o.typ), 1)
 			rep.violate("outbox row %s (%s) committed and never published", o.id, o.typ)
 			continue
 		}
@@ -462,7 +549,7 @@ UNION SELECT message_id FROM saga_audit WHERE message_id <> ''`)
 		}
 		for _, q := range queues {
 			if !seen[[2]string{q, o.id}] && !ran[o.id] {
-				rep.Lost++
+				rep.lost(sagaOfMessage(o.typ), 1)
 				rep.violate("message %s (%s) published to %s was neither consumed nor parked there", o.id, o.typ, q)
 			}
 		}

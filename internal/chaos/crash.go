@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	travelapp "github.com/protosaga/saga/examples/travel/app"
+
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
 )
@@ -139,12 +141,13 @@ func (c *Crashes) pass(p CrashPoint) {
 }
 
 // returnStockSQL is in the statement by which the inventory's release gives
-// stock back: the compensation's effect.
+// stock back: the compensation's effect. The travel example's cancellations
+// give a unit back by a statement holding travelapp.ReleaseHoldSQL.
 const returnStockSQL = "SET available = s.available + x.q"
 
 // Middleware stops a participant that has just applied a compensation —
-// given stock back — in its uncommitted transaction
-// (CrashMidCompensation), and marks the transaction for
+// given stock, a seat, a room or a car back — in its uncommitted
+// transaction (CrashMidCompensation), and marks the transaction for
 // CrashCompensationCommitted. A compensation that found nothing to undo,
 // or was answered from its stored reply, passes neither.
 func (c *Crashes) Middleware(_ string, next participant.Func) participant.Func {
@@ -198,7 +201,7 @@ func (t crashTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data p
 		t.c.mu.Lock()
 		t.c.consumer[conn] = true
 		t.c.mu.Unlock()
-	case strings.Contains(sql, returnStockSQL):
+	case strings.Contains(sql, returnStockSQL), strings.Contains(sql, travelapp.ReleaseHoldSQL):
 		t.c.mu.Lock()
 		t.c.returned[conn] = true
 		t.c.mu.Unlock()

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	paymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
+	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/runtime/callback"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/participant"
@@ -70,6 +72,34 @@ type NodeConfig struct {
 
 // Steps are the Place Order saga's steps, for StepTimeout.
 var Steps = []string{"ReserveInventory", "AuthorizePayment", "ScheduleShipping", "ApproveOrder"}
+
+// TripSteps are the Book Trip saga's steps, and PaymentSteps its child
+// Payment's, for StepTimeout.
+var (
+	TripSteps    = []string{"ValidateTraveller", "ReserveFlight", "ReserveHotel", "ReserveCar", "BuyInsurance", "ChargeTrip", "ConfirmTrip"}
+	PaymentSteps = []string{"AuthorizeCard", "ScreenPayment", "CaptureFunds"}
+)
+
+// childStep is Book Trip's step that waits for the child Payment; it
+// waits as long as the child's three steps may take, resends included.
+const childStep = "ChargeTrip"
+
+// stepTimeouts maps every step of the sagas to d, by saga name, and the
+// child step to what its child may take.
+func stepTimeouts(d time.Duration) map[string]map[string]time.Duration {
+	out := map[string]map[string]time.Duration{}
+	for name, steps := range map[string][]string{
+		orderv1.PlaceOrderDefinition().Name: Steps, tripv1.BookTripDefinition().Name: TripSteps,
+		paymentv1.PaymentDefinition().Name: PaymentSteps,
+	} {
+		out[name] = map[string]time.Duration{}
+		for _, s := range steps {
+			out[name][s] = d
+		}
+	}
+	out[tripv1.BookTripDefinition().Name][childStep] = 6 * d
+	return out
+}
 
 // lineWriter serializes protocol lines from concurrent goroutines.
 type lineWriter struct {
@@ -152,11 +182,7 @@ func RunNode(ctx context.Context, cfg NodeConfig, out, logw io.Writer) error {
 		}
 	}
 	if cfg.StepTimeout > 0 {
-		timeouts := map[string]time.Duration{}
-		for _, s := range Steps {
-			timeouts[s] = cfg.StepTimeout
-		}
-		hcfg.StepTimeouts = map[string]map[string]time.Duration{orderv1.PlaceOrderDefinition().Name: timeouts}
+		hcfg.StepTimeouts = stepTimeouts(cfg.StepTimeout)
 	}
 	var h *host.Host
 	deadline := time.Now().Add(2 * time.Minute)
@@ -252,7 +278,7 @@ func ParseNodeArgs(args []string) (NodeConfig, error) {
 	fs.StringVar(&cfg.Name, "name", "node", "node name")
 	fs.StringVar(&cfg.PostgresURL, "pg", "", "PostgreSQL URL (with search_path)")
 	fs.StringVar(&cfg.AMQPURL, "amqp", "", "AMQP URL (with vhost)")
-	fs.StringVar(&roles, "roles", "all", "roles: relay, orchestrator, inventory, payment, shipping, order, participants, all")
+	fs.StringVar(&roles, "roles", "all", "roles: relay, orchestrator, a participant service (inventory, payment, shipping, order, travellers, flights, hotels, cars, insurance, cards, fraud, trip, itinerary, notifications), participants, all")
 	fs.StringVar(&crash, "crash", "", "armed crash points, point:n,...")
 	fs.Uint64Var(&cfg.Faults.Seed, "seed", 1, "fault seed")
 	fs.Float64Var(&cfg.Faults.Transient, "transient", 0, "probability of a transient failure per delivery")

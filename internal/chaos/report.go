@@ -157,6 +157,11 @@ func (rep *Report) String() string {
 		rep.OutboxRows, rep.HandedOff, rep.Redelivered, rep.Parked, sortedMap(rep.ParkedBy))
 	p("callbacks: %d verified and processed, %d redelivered copies deduplicated by id, %d requests", rep.Callbacks, rep.CallbackDuplicates, rep.CallbackRequests)
 	p("lost: %d; double effects: %d", rep.Lost, rep.DoubleEffects)
+	for _, t := range slices.Sorted(maps.Keys(rep.Types)) {
+		f := rep.Types[t]
+		p("saga %s: %d started; final states %v; manual review %d; lost %d; double effects %d",
+			t, f.Sagas, sortedMap(f.States), f.ManualReview, f.Lost, f.DoubleEffects)
+	}
 	p("throughput: %.1f sagas ended/s; saga latency (no manual review) %s", rep.Throughput, rep.SagaLatency)
 	for _, step := range slices.Sorted(maps.Keys(rep.StepLatency)) {
 		p("step round trip %-32s %s", step, rep.StepLatency[step])

@@ -11,13 +11,19 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	travelapp "github.com/protosaga/saga/examples/travel/app"
+	insurancev1 "github.com/protosaga/saga/examples/travel/insurance/v1"
+	tpaymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
+	reservationv1 "github.com/protosaga/saga/examples/travel/reservation/v1"
+	travellerv1 "github.com/protosaga/saga/examples/travel/traveller/v1"
+	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/retry"
 	"github.com/protosaga/saga/runtime/service"
 )
 
-// Role is a part of the Place Order example that one node runs. The fleet is
+// Role is a part of the Place Order or the travel example that one node runs. The fleet is
 // any set of nodes whose roles together cover AllRoles, and every role may
 // run in several nodes at once (relays lease outbox rows with SKIP LOCKED,
 // consumers share their queue, timeout scanners claim due instances with
@@ -28,25 +34,42 @@ type Role string
 const (
 	// RoleRelay runs an outbox relay.
 	RoleRelay Role = "relay"
-	// RoleOrchestrator runs the saga: the consumer of its queue and its
-	// timeout scanner.
+	// RoleOrchestrator runs the sagas, Place Order, Book Trip and its child
+	// Payment: the consumers of their queues and their timeout scanners.
 	RoleOrchestrator Role = "orchestrator"
 	// RoleInventory, RolePayment, RoleShipping and RoleOrder run the
-	// consumer of one participant service's command queue.
+	// consumer of one Place Order participant service's command queue.
 	RoleInventory Role = "inventory"
 	RolePayment   Role = "payment"
 	RoleShipping  Role = "shipping"
 	RoleOrder     Role = "order"
+	// RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance,
+	// RoleCards, RoleFraud and RoleTrip run the consumer of one travel participant
+	// service's command queue; RoleItinerary the itinerary service's
+	// subscriber of TripBooked, RoleNotifications the notifications
+	// service's subscriber of CheckInReminder.
+	RoleTravellers    Role = "travellers"
+	RoleFlights       Role = "flights"
+	RoleHotels        Role = "hotels"
+	RoleCars          Role = "cars"
+	RoleInsurance     Role = "insurance"
+	RoleCards         Role = "cards"
+	RoleFraud         Role = "fraud"
+	RoleTrip          Role = "trip"
+	RoleItinerary     Role = "itinerary"
+	RoleNotifications Role = "notifications"
 )
 
 // AllRoles returns every role, in a fixed order.
 func AllRoles() []Role {
-	return []Role{RoleRelay, RoleOrchestrator, RoleInventory, RolePayment, RoleShipping, RoleOrder}
+	return append([]Role{RoleRelay, RoleOrchestrator}, ParticipantRoles()...)
 }
 
-// ParticipantRoles returns the roles of the four participant services.
+// ParticipantRoles returns the roles of the participant services of both
+// examples and of the itinerary subscriber.
 func ParticipantRoles() []Role {
-	return []Role{RoleInventory, RolePayment, RoleShipping, RoleOrder}
+	return []Role{RoleInventory, RolePayment, RoleShipping, RoleOrder,
+		RoleTravellers, RoleFlights, RoleHotels, RoleCars, RoleInsurance, RoleCards, RoleFraud, RoleTrip, RoleItinerary, RoleNotifications}
 }
 
 // ParseRoles parses a comma-separated list of roles ("relay,orchestrator");
@@ -91,11 +114,15 @@ func ParseRoles(s string) ([]Role, error) {
 // services' tables. RoleRelay is the host's Config.Relays, not a
 // registration.
 func register(h *host.Host, roles []Role) error {
-	errs := []error{h.AddMigrations(app.Migrations())}
+	errs := []error{h.AddMigrations(app.Migrations()), h.AddMigrations(travelapp.Migrations())}
 	for _, r := range roles {
 		switch r {
 		case RoleOrchestrator:
 			_, err := orderv1.RegisterPlaceOrder(h, app.Decider{})
+			errs = append(errs, err)
+			_, err = tripv1.RegisterBookTrip(h, travelapp.Decider{})
+			errs = append(errs, err)
+			_, err = tpaymentv1.RegisterPayment(h, travelapp.PaymentDecider{})
 			errs = append(errs, err)
 		case RoleInventory:
 			errs = append(errs, inventoryv1.RegisterInventoryParticipant(h, app.Inventory{}))
@@ -105,16 +132,39 @@ func register(h *host.Host, roles []Role) error {
 			errs = append(errs, shippingv1.RegisterShippingParticipant(h, app.Shipping{}))
 		case RoleOrder:
 			errs = append(errs, orderv1.RegisterOrderParticipant(h, app.Approval{}))
+		case RoleTravellers:
+			errs = append(errs, travellerv1.RegisterTravellersParticipant(h, travelapp.Travellers{}))
+		case RoleFlights:
+			errs = append(errs, reservationv1.RegisterFlightsParticipant(h, travelapp.Flights{}))
+		case RoleHotels:
+			errs = append(errs, reservationv1.RegisterHotelsParticipant(h, travelapp.Hotels{}))
+		case RoleCars:
+			errs = append(errs, reservationv1.RegisterCarsParticipant(h, travelapp.Cars{}))
+		case RoleInsurance:
+			errs = append(errs, insurancev1.RegisterInsuranceParticipant(h, travelapp.Insurance{}))
+		case RoleCards:
+			errs = append(errs, tpaymentv1.RegisterCardsParticipant(h, travelapp.Cards{}))
+		case RoleFraud:
+			errs = append(errs, tpaymentv1.RegisterFraudParticipant(h, travelapp.Fraud{}))
+		case RoleTrip:
+			errs = append(errs, tripv1.RegisterTripParticipant(h, travelapp.Trip{}))
+		case RoleItinerary:
+			errs = append(errs, tripv1.RegisterItinerarySubscriber(h, travelapp.Itinerary{}))
+		case RoleNotifications:
+			errs = append(errs, tripv1.RegisterNotificationsSubscriber(h, travelapp.Notifications{}))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// Topology is the example's merged topology with work queues of type qt and
+// Topology is the examples' merged topology with work queues of type qt and
 // retry tiers for policy p: what the fleet declares.
 func Topology(qt broker.QueueType, p retry.Policy) broker.Topology {
 	var t broker.Topology
-	for _, pkg := range []service.Package{inventoryv1.SagaPackage(), paymentv1.SagaPackage(), shippingv1.SagaPackage(), orderv1.SagaPackage()} {
+	for _, pkg := range []service.Package{
+		inventoryv1.SagaPackage(), paymentv1.SagaPackage(), shippingv1.SagaPackage(), orderv1.SagaPackage(),
+		travellerv1.SagaPackage(), reservationv1.SagaPackage(), insurancev1.SagaPackage(), tpaymentv1.SagaPackage(), tripv1.SagaPackage(),
+	} {
 		t = t.Merge(pkg.Topology(qt, p))
 	}
 	return t

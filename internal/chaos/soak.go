@@ -21,6 +21,9 @@ import (
 	"github.com/protosaga/saga/examples/placeorder/app"
 	commonv1 "github.com/protosaga/saga/examples/placeorder/shop/common/v1"
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
+	travelapp "github.com/protosaga/saga/examples/travel/app"
+	paymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
+	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
@@ -44,9 +47,12 @@ type Config struct {
 
 	// Seed drives every random choice of the run (orders, faults, kills).
 	Seed uint64
-	// Sagas is how many Place Order sagas to start, at Rate per second.
-	Sagas int
-	Rate  float64
+	// Sagas is how many Place Order sagas to start, and Trips how many
+	// Book Trip sagas (the travel example) alongside them; Rate is how many
+	// of both are started per second, each kind spread evenly over the
+	// load phase.
+	Sagas, Trips int
+	Rate         float64
 
 	// Relays, Orchestrators and Participants are how many node processes
 	// run each kind of role (participants run all four services).
@@ -78,9 +84,11 @@ type Config struct {
 	Transient, Slow, Duplicate float64
 	SlowDelay                  time.Duration
 	StepTimeout                time.Duration
-	// DeclinedShare and SoldOutShare are the shares of orders that fail for
-	// business reasons (a declined card; a product without stock).
-	DeclinedShare, SoldOutShare float64
+	// DeclinedShare and SoldOutShare are the shares of orders and of trips
+	// that fail for business reasons (a declined card; a product without
+	// stock, a flight without a seat); RejectedShare the share of trips
+	// whose traveller's passport is expired (the check step fails).
+	DeclinedShare, SoldOutShare, RejectedShare float64
 
 	// SettleTimeout bounds the wait, after the load phase, for every saga to
 	// end (terminal or manual review) and every queue to drain.
@@ -134,19 +142,31 @@ var retryPolicy = retry.Policy{Tiers: []time.Duration{200 * time.Millisecond, ti
 // relayLease bounds how long a killed relay's claimed rows wait.
 const relayLease = 3 * time.Second
 
-// order is one saga the driver started.
+// order is one saga the driver started: a Place Order or a Book Trip.
 type order struct {
-	id      string
-	kind    string // "ok", "declined" or "sold-out"
+	saga    string // sagaPlaceOrder or sagaBookTrip
+	id      string // the business key
+	kind    string // "ok", "declined", "sold-out" or "rejected"
 	sagaID  string
 	started time.Time
+	// insured and remind, for a trip: it asked for insurance; it departs
+	// within a day, so its check-in reminder is due at once.
+	insured, remind bool
 }
+
+// The soak's saga types, as reported.
+const (
+	sagaPlaceOrder = "PlaceOrder"
+	sagaBookTrip   = "BookTrip"
+	sagaPayment    = "Payment" // Book Trip's child, started by its ChargeTrip step
+)
 
 // Order kinds.
 const (
 	kindOK       = "ok"
 	kindDeclined = "declined"
 	kindSoldOut  = "sold-out"
+	kindRejected = "rejected" // trips only
 )
 
 // products hold plenty of stock; soldOut holds none.
@@ -166,6 +186,7 @@ type run struct {
 	vhost string
 	pool  *pgxpool.Pool
 	po    *orderv1.PlaceOrder
+	bt    *tripv1.BookTrip
 	fleet *Fleet
 	rng   *mrand.Rand
 	// receiver is the client the orders' outcomes are called back to;
@@ -183,9 +204,10 @@ func (r *run) logf(format string, args ...any) {
 	fmt.Fprintf(r.cfg.Log, "%s soak %s: %s\n", time.Now().Format("15:04:05.000"), r.id, fmt.Sprintf(format, args...))
 }
 
-// Run runs one soak: it starts the node fleet, starts cfg.Sagas sagas while
-// faults, kills and restarts happen, waits for everything to settle, stops
-// the fleet and checks the invariants. A returned error means the run could
+// Run runs one soak: it starts the node fleet, starts cfg.Sagas Place Order
+// and cfg.Trips Book Trip sagas while faults, kills and restarts happen,
+// waits for everything to settle, stops the fleet and checks the
+// invariants. A returned error means the run could
 // not be carried out; broken invariants are Report.Violations.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.setDefaults()
@@ -319,7 +341,8 @@ func (r *run) setup(ctx context.Context) error {
 	if r.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		return fmt.Errorf("soak: open pool: %w", err)
 	}
-	if err := schema.Migrate(ctx, r.pool, participant.Migrations, orderv1.PlaceOrderMigrations(), app.Migrations()); err != nil {
+	if err := schema.Migrate(ctx, r.pool, participant.Migrations, orderv1.PlaceOrderMigrations(), app.Migrations(),
+		tripv1.BookTripMigrations(), paymentv1.PaymentMigrations(), travelapp.Migrations()); err != nil {
 		return fmt.Errorf("soak: migrate: %w", err)
 	}
 	for _, p := range append(slices.Clone(products), soldOut) {
@@ -331,13 +354,19 @@ func (r *run) setup(ctx context.Context) error {
 			return fmt.Errorf("soak: stock %s: %w", p, err)
 		}
 	}
-	timeouts := map[string]time.Duration{}
-	for _, st := range Steps {
-		timeouts[st] = r.cfg.StepTimeout
+	if err := r.stockTravel(ctx); err != nil {
+		return err
 	}
+	timeouts := stepTimeouts(r.cfg.StepTimeout)
 	r.po, err = orderv1.NewPlaceOrder(saga.Config{
-		Pool: r.pool, StepTimeouts: timeouts, Logger: slog.New(slog.DiscardHandler),
+		Pool: r.pool, StepTimeouts: timeouts[orderv1.PlaceOrderDefinition().Name], Logger: slog.New(slog.DiscardHandler),
 	}, app.Decider{})
+	if err != nil {
+		return fmt.Errorf("soak: %w", err)
+	}
+	r.bt, err = tripv1.NewBookTrip(saga.Config{
+		Pool: r.pool, StepTimeouts: timeouts[tripv1.BookTripDefinition().Name], Logger: slog.New(slog.DiscardHandler),
+	}, travelapp.Decider{})
 	if err != nil {
 		return fmt.Errorf("soak: %w", err)
 	}
@@ -475,20 +504,52 @@ func (r *run) request(i int) (*orderv1.PlaceOrderRequest, string) {
 	}, kind
 }
 
-// load starts the sagas at the configured rate. A start that fails (the
-// database restarting) is retried: starting is idempotent on the order id.
+// load starts the Place Order sagas and the Book Trip sagas alongside, at
+// the configured rate of both together, each kind over the same time.
 func (r *run) load(ctx context.Context) {
+	total := float64(r.cfg.Sagas + r.cfg.Trips)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		r.startAt(ctx, r.cfg.Sagas, r.cfg.Rate*float64(r.cfg.Sagas)/total, func(i int) (*order, startFunc) {
+			req, kind := r.request(i)
+			return &order{saga: sagaPlaceOrder, id: req.GetOrderId(), kind: kind}, func(ctx context.Context) (string, error) {
+				id, _, err := r.po.Start(ctx, req, message.Meta{})
+				return id, err
+			}
+		})
+	})
+	if r.cfg.Trips > 0 {
+		wg.Go(func() {
+			r.startAt(ctx, r.cfg.Trips, r.cfg.Rate*float64(r.cfg.Trips)/total, func(i int) (*order, startFunc) {
+				req, o := r.tripRequest(i)
+				return o, func(ctx context.Context) (string, error) {
+					id, _, err := r.bt.Start(ctx, req, message.Meta{})
+					return id, err
+				}
+			})
+		})
+	}
+	wg.Wait()
+}
+
+// startFunc starts one saga and returns its id.
+type startFunc func(context.Context) (string, error)
+
+// startAt starts n sagas at rate per second, saga i built by next. A start
+// that fails (the database restarting) is retried: starting is idempotent
+// on the business key.
+func (r *run) startAt(ctx context.Context, n int, rate float64, next func(i int) (*order, startFunc)) {
 	t0 := time.Now()
-	every := time.Duration(float64(time.Second) / r.cfg.Rate)
-	for i := range r.cfg.Sagas {
+	every := time.Duration(float64(time.Second) / rate)
+	for i := range n {
 		if !sleep(ctx, time.Until(t0.Add(time.Duration(i)*every))) && ctx.Err() != nil {
 			return
 		}
-		req, kind := r.request(i)
-		o := &order{id: req.GetOrderId(), kind: kind, started: time.Now()}
+		o, start := next(i)
+		o.started = time.Now()
 		for attempt := 0; ; attempt++ {
 			sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			id, _, err := r.po.Start(sctx, req, message.Meta{})
+			id, err := start(sctx)
 			cancel()
 			if err == nil {
 				o.sagaID = id
@@ -511,7 +572,7 @@ func (r *run) load(ctx context.Context) {
 // chaos kills nodes at random and restarts the servers until the load is
 // done (and the restarts it scheduled are done).
 func (r *run) chaos(ctx context.Context, loadDone <-chan struct{}) {
-	loadTime := time.Duration(float64(r.cfg.Sagas) / r.cfg.Rate * float64(time.Second))
+	loadTime := time.Duration(float64(r.cfg.Sagas+r.cfg.Trips) / r.cfg.Rate * float64(time.Second))
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	type restart struct {
@@ -658,7 +719,9 @@ func (r *run) settle(ctx context.Context) error {
 func (r *run) quiescent(ctx context.Context) (bool, string, error) {
 	var open, unpublished, callbacks int
 	if err := r.pool.QueryRow(ctx, `SELECT
-  (SELECT count(*) FROM saga_place_order WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW')),
+  (SELECT count(*) FROM saga_place_order WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW'))
+  + (SELECT count(*) FROM saga_book_trip WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW'))
+  + (SELECT count(*) FROM saga_payment WHERE state NOT IN ('COMPLETED', 'FAILED', 'CANCELLED', 'MANUAL_REVIEW')),
   (SELECT count(*) FROM saga_outbox_state WHERE published_at IS NULL),
   (SELECT count(*) FROM saga_callback WHERE delivered_at IS NULL AND parked_at IS NULL)`).Scan(&open, &unpublished, &callbacks); err != nil {
 		return false, "", err

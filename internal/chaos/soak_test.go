@@ -57,9 +57,9 @@ func soakBinary(t *testing.T) string {
 }
 
 // TestSoakShort is the short chaos soak that runs in `make test`: 200 Place
-// Order sagas on two relays, two orchestrators and two participant
-// processes, with random participant faults, a SIGKILL at every named crash
-// point, random SIGKILLs, one RabbitMQ restart and one PostgreSQL restart,
+// Order sagas and 100 Book Trip sagas (the travel example), 10 per second,
+// on two relays, two orchestrators and two participant processes, with
+// random participant faults, a SIGKILL at every named crash point, random SIGKILLs, one RabbitMQ restart and one PostgreSQL restart,
 // then every invariant of the package documentation checked. It runs on
 // servers of its own (testenv.PrivateServices): restarting the shared ones
 // would break the tests of every other package running in parallel.
@@ -75,6 +75,7 @@ func TestSoakShort(t *testing.T) {
 		Log:              testWriter{t},
 		Seed:             uint64(time.Now().UnixNano()),
 		Sagas:            200,
+		Trips:            100,
 		Rate:             10,
 		Relays:           2,
 		Orchestrators:    2,
@@ -88,14 +89,28 @@ func TestSoakShort(t *testing.T) {
 		Duplicate:        0.05,
 		DeclinedShare:    0.1,
 		SoldOutShare:     0.08,
+		RejectedShare:    0.05,
 		SettleTimeout:    2 * time.Minute,
 	})
 	require.NoError(t, err)
 	t.Logf("report:\n%s", rep)
 	require.Empty(t, rep.Violations)
-	require.Equal(t, 200, rep.Sagas)
+	require.Equal(t, 300, rep.Sagas)
 	require.Zero(t, rep.Lost)
 	require.Zero(t, rep.DoubleEffects)
+	for typ, n := range map[string]int{"PlaceOrder": 200, "BookTrip": 100} {
+		f := rep.Types[typ]
+		require.NotNil(t, f, "no figures for %s", typ)
+		require.Equal(t, n, f.Sagas, typ)
+		require.Zero(t, f.Lost, typ)
+		require.Zero(t, f.DoubleEffects, typ)
+		require.Positive(t, f.States["COMPLETED"], "no %s saga completed", typ)
+		require.Positive(t, f.States["FAILED"], "no %s saga failed", typ)
+	}
+	// Book Trip's pivot started a Payment saga as its child for each trip
+	// that reached it.
+	require.NotNil(t, rep.Types["Payment"], "no Payment saga was started")
+	require.Positive(t, rep.Types["Payment"].States["COMPLETED"], "no child Payment completed")
 	for _, p := range chaos.CrashPoints() {
 		require.Positive(t, rep.Kills["crash:"+string(p)], "no node was killed at %s", p)
 	}
@@ -109,7 +124,8 @@ func TestSoakShort(t *testing.T) {
 	require.Positive(t, rep.HandedOff, "no consumer handed its rows to its node's relay")
 	require.Positive(t, rep.States["COMPLETED"], "no saga completed")
 	require.Positive(t, rep.States["FAILED"], "no saga failed (declined cards and sold-out products must)")
-	require.GreaterOrEqual(t, rep.Callbacks, rep.States["COMPLETED"]+rep.States["FAILED"]+rep.States["MANUAL_REVIEW"],
+	po := rep.Types["PlaceOrder"] // only Place Order registers callbacks
+	require.GreaterOrEqual(t, rep.Callbacks, po.States["COMPLETED"]+po.States["FAILED"]+po.States["MANUAL_REVIEW"],
 		"every outcome called back (a saga may report FAILED, then MANUAL_REVIEW)")
 	require.Greater(t, rep.CallbackRequests, rep.Callbacks, "the receiver's 503s made the dispatchers retry")
 }

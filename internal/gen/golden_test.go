@@ -99,7 +99,9 @@ func TestGeneratedCodeCompiles(t *testing.T) {
 	// Only the generated packages: the examples' business code is vetted
 	// with the rest of the module.
 	cmd := exec.Command("go", "vet", "./examples/placeorder/shop/...", "./examples/quoteapproval/approval/...",
-		"./examples/quoteapproval/pricing/...", "./examples/quoteapproval/quote/...", "./testdata/golden/...")
+		"./examples/quoteapproval/pricing/...", "./examples/quoteapproval/quote/...", "./examples/travel/insurance/...",
+		"./examples/travel/payment/...", "./examples/travel/reservation/...", "./examples/travel/traveller/...",
+		"./examples/travel/trip/...", "./testdata/golden/...")
 	cmd.Dir = repoRoot
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "go vet of generated code:\n%s", out)

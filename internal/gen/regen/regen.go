@@ -46,6 +46,13 @@ func Targets() []Target {
 			"pricing/v1/pricing.proto",
 			"quote/v1/quote.proto",
 		}},
+		{Name: "travel", Root: "examples/travel", Saga: true, Files: []string{
+			"insurance/v1/insurance.proto",
+			"payment/v1/payment.proto",
+			"reservation/v1/reservation.proto",
+			"traveller/v1/traveller.proto",
+			"trip/v1/trip.proto",
+		}},
 		// Golden cases of the generator's tests (testdata/golden/<case>).
 		{Name: "golden/proto2", Root: "testdata/golden/proto2", Saga: true, Files: []string{"legacy/v1/legacy.proto"}},
 		{Name: "golden/editions", Root: "testdata/golden/editions", Saga: true, Files: []string{"ed/v1/ed.proto"}},

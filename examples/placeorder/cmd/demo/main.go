@@ -1,6 +1,7 @@
-// Command demo runs a fleet of Place Order sagas through the real runtime, on
-// PostgreSQL and RabbitMQ, prints what happened, and serves the operator
-// console with a repair to make.
+// Command demo runs a fleet of Place Order sagas and a fleet of Book Trip
+// sagas (examples/travel) through the real runtime, on PostgreSQL and
+// RabbitMQ, prints what happened, and serves the operator console with a
+// repair to make.
 //
 //	go run ./examples/placeorder/cmd/demo [-n 200] [-wait 90s] [-v] [-serve=false]
 //
@@ -24,6 +25,16 @@
 // to now; the timeout scanner does the rest); the summary says when it did.
 // The saga clock is the real one throughout, so every timestamp is true and a
 // saga started from outside times out when its contract says.
+//
+// After the orders, trips of the travel example run on the same host
+// (-trips, default 24), each provoking one scenario in turn: booked with
+// insurance; booked with insurance skipped by the decider; a sold-out flight
+// (the hotel and car, held with it in a parallel group, are cancelled); a
+// declined card (the child Payment saga fails, then the insurance, the car,
+// hotel and flight are cancelled in reverse); a payment the fraud screening
+// flags (the child voids the card authorization before it answers); an expired
+// passport (the check step fails with nothing to undo). Each booked trip's
+// itinerary is sent by the itinerary service's subscriber of TripBooked.
 //
 // Last, one order ships to a country no carrier serves: its shipping command
 // is parked at once (retrying cannot help) and the saga waits for an operator.
@@ -78,6 +89,8 @@ import (
 	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	shippingv1 "github.com/protosaga/saga/examples/placeorder/shop/shipping/v1"
+	travelapp "github.com/protosaga/saga/examples/travel/app"
+	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/runtime/broker"
 	"github.com/protosaga/saga/runtime/callback"
 	"github.com/protosaga/saga/runtime/callback/signature"
@@ -161,12 +174,15 @@ type demo struct {
 	wait                   time.Duration
 	events                 []string  // what the demo did, in order
 	receiver               *receiver // the client the orders' outcomes are called back to
+	trips                  *tripv1.BookTrip
+	tripList               []*trip
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 200, "number of sagas")
+	nTrips := fs.Int("trips", 24, "number of Book Trip sagas (the travel example), after the orders")
 	wait := fs.Duration("wait", 90*time.Second, "longest wait for the fleet to settle")
 	verbose := fs.Bool("v", false, "log the runtime's info messages to stderr")
 	addr := fs.String("addr", "127.0.0.1:8090", "where to serve the operator console, its API and /metrics (a free port if taken)")
@@ -267,6 +283,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		d.host.Close()
 		return err
 	}
+	if d.trips, err = travelapp.Register(d.host); err != nil {
+		d.host.Close()
+		return err
+	}
 	if err := d.host.Start(ctx); err != nil {
 		return err
 	}
@@ -282,6 +302,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		}
 	}
 	if err := app.Restock(ctx, pool, "sold-out", 0); err != nil {
+		_ = stopHost()
+		return err
+	}
+	if err := d.stockTravel(ctx); err != nil {
 		_ = stopHost()
 		return err
 	}
@@ -301,6 +325,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	res.elapsed = time.Since(began)
 	problems, err := d.summarize(ctx, res)
+	if err == nil && *nTrips > 0 {
+		var tripProblems []string
+		tripProblems, err = d.travel(ctx, *nTrips)
+		problems = append(problems, tripProblems...)
+	}
 	if err == nil {
 		err = d.repairHelp(ctx, c, *serve)
 	}

@@ -1,12 +1,13 @@
-// Command soak is the Place Order chaos soak (internal/chaos).
+// Command soak is the chaos soak of the Place Order and travel examples
+// (internal/chaos).
 //
 //	soak [flags]        drive a run: start a fleet of node processes (this
 //	                    binary, in node mode), start sagas while participants
 //	                    fail at random, kill nodes at crash points and at
 //	                    random, restart RabbitMQ and PostgreSQL, then check
 //	                    every invariant and print the report
-//	soak node [flags]   run one node: the Place Order application with some
-//	                    roles (the driver starts these)
+//	soak node [flags]   run one node: the examples' services and sagas, some
+//	                    roles of them (the driver starts these)
 //
 // The driver starts private servers with scripts/services.sh unless
 // -services names a directory of running ones (which it restarts: share
@@ -63,12 +64,14 @@ func drive(ctx context.Context) int {
 	flag.IntVar(&runs, "runs", 1, "soak runs, one after another (fresh schema and vhost each)")
 	flag.StringVar(&services, "services", "", "directory of running services (scripts/services.sh); empty: start private ones")
 	flag.BoolVar(&load, "load", false, "sustained-load run: no kills or restarts, RSS sampled and checked for growth")
-	flag.IntVar(&cfg.Sagas, "sagas", 2000, "sagas per run")
-	flag.Float64Var(&cfg.Rate, "rate", 40, "sagas started per second")
+	var tripShare float64
+	flag.IntVar(&cfg.Sagas, "sagas", 2000, "Place Order sagas per run")
+	flag.Float64Var(&tripShare, "trips", 0.5, "Book Trip sagas (the travel example) per run, started alongside, as a share of -sagas")
+	flag.Float64Var(&cfg.Rate, "rate", 40, "sagas started per second (Place Order and Book Trip together)")
 	flag.Uint64Var(&cfg.Seed, "seed", 0, "seed (0: from the clock; run i uses seed+i)")
 	flag.IntVar(&cfg.Relays, "relays", 2, "relay processes")
 	flag.IntVar(&cfg.Orchestrators, "orchestrators", 2, "orchestrator processes")
-	flag.IntVar(&cfg.Participants, "participants", 3, "participant processes (all four services each)")
+	flag.IntVar(&cfg.Participants, "participants", 3, "participant processes (every participant service of both examples each)")
 	flag.DurationVar(&cfg.KillEvery, "kill-every", 6*time.Second, "mean interval between random SIGKILLs (0: none)")
 	flag.Float64Var(&cfg.Rearm, "rearm", 0.3, "probability that a restarted node is armed at a crash point again")
 	flag.IntVar(&cfg.BrokerRestarts, "broker-restarts", 2, "RabbitMQ restarts per run")
@@ -81,14 +84,16 @@ func drive(ctx context.Context) int {
 	flag.Float64Var(&cfg.Transient, "transient", 0.08, "probability of a transient failure per delivery")
 	flag.Float64Var(&cfg.Slow, "slow", 0.03, "probability of a reply held back past the step timeout")
 	flag.Float64Var(&cfg.Duplicate, "duplicate", 0.05, "probability of a duplicate reply")
-	flag.Float64Var(&cfg.DeclinedShare, "declined", 0.08, "share of orders paid with a declined card")
-	flag.Float64Var(&cfg.SoldOutShare, "sold-out", 0.08, "share of orders with a product out of stock")
+	flag.Float64Var(&cfg.DeclinedShare, "declined", 0.08, "share of orders and trips paid with a declined card")
+	flag.Float64Var(&cfg.SoldOutShare, "sold-out", 0.08, "share of orders with a product out of stock, and of trips on a sold-out flight")
+	flag.Float64Var(&cfg.RejectedShare, "rejected", 0.05, "share of trips whose traveller's passport is expired")
 	flag.DurationVar(&cfg.StepTimeout, "step-timeout", 15*time.Second, "every step's timeout (one shorter than a broker restart sends most sagas in flight to manual review)")
 	flag.DurationVar(&cfg.SettleTimeout, "settle", 4*time.Minute, "bound on the wait for the fleet to settle")
 	flag.DurationVar(&cfg.SampleRSS, "sample-rss", 2*time.Second, "RSS sampling interval (0: none)")
 	flag.Float64Var(&cfg.MaxRSSGrowth, "max-rss-growth", 0, "fail when a long-lived node's RSS grows by more than this factor (0: report only; -load defaults to 1.5)")
 	flag.StringVar(&cfg.LogDir, "logs", "", "node log directory (default: a temporary one, removed when the run passes)")
 	flag.Parse()
+	cfg.Trips = int(float64(cfg.Sagas) * tripShare)
 	cfg.CrashPoints = true
 	cfg.Log = os.Stderr
 	if load {
