@@ -47,3 +47,26 @@ func TestChildInReviewIsStuck(t *testing.T) {
 	require.Contains(t, c.text("#facts"), want)
 	require.Contains(t, c.attr("#saga-state", "class"), "stuck")
 }
+
+// TestCancelRecordedInReview: a business cancel a saga in manual review
+// recorded (progress.cancel; the engine's side is tested in
+// runtime/sagadef and runtime/host) is in its timeline, and the console's
+// saga page says who asked, why, and what compensating now does.
+func TestCancelRecordedInReview(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.manualReview(t, "cancel-review-1")
+	cancel := &sagadef.Cancellation{RequestedBy: "booking", Reason: "booking b-7 compensates", MessageID: "0b6c3f9e-7a51-4c1e-9d2a-3f1e5b8c9d01"}
+	progress, err := json.Marshal(cancel)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(t.Context(), `UPDATE saga_place_order SET progress = jsonb_set(progress, '{cancel}', $2::jsonb) WHERE id = $1`, id, string(progress))
+	require.NoError(t, err)
+
+	tl := getJSON[admin.Timeline](t, b, "/api/sagas/"+id)
+	require.Equal(t, cancel, tl.Progress.Cancel)
+
+	c := openConsole(t, b, readToken)
+	c.open("#/saga/"+id, "#facts")
+	containsAll(t, c.text("#facts"), "Cancel requested", "by booking: booking b-7 compensates",
+		"compensate and the saga ends CANCELLED")
+}

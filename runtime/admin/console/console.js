@@ -837,7 +837,8 @@
       [["Type", el("a", { href: "#/types/" + encodeURIComponent(s.type) }, s.type)], ["Business key", s.business_key], ["State", s.state], ["Version", s.version],
         ["Attempt", s.attempt], ["Created", when(s.created_at)], ["Updated", when(s.updated_at)],
         ["Timeout at", when(s.timeout_at)], ["Deadline at", when(s.deadline_at)],
-        ["Last error", s.last_error], ["Review reason", s.review_reason], ["Stuck", s.stuck_reason]]
+        ["Last error", s.last_error], ["Review reason", s.review_reason], ["Stuck", s.stuck_reason],
+        ["Cancel requested", tl.progress.cancel ? cancelText(tl.progress.cancel, s.state) : ""]]
         .filter(([, v]) => v !== undefined && v !== "")
         .map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     const states = el("ol", { class: "states", id: "states" },
@@ -874,6 +875,13 @@
     fill(view, el("h2", {}, "Saga ", el("span", { class: "mono", id: "saga-id" }, s.id), " ",
       el("span", { class: "badge" + (s.state === "MANUAL_REVIEW" ? " review" : s.stuck ? " stuck" : ""), id: "saga-state" }, s.state)), layout);
     return () => centerDiagram(d.box);
+  }
+
+  // cancelText says who asked to cancel the saga and why, and, in manual
+  // review, what the request changes for the operator.
+  function cancelText(c, state) {
+    const text = "by " + (c.requested_by || "an unnamed requester") + (c.reason ? ": " + c.reason : "");
+    return state === "MANUAL_REVIEW" ? text + " (recorded in review: compensate and the saga ends CANCELLED, answering a parent that asked)" : text;
   }
 
   // membersList lists the members of the parallel group the saga waits
