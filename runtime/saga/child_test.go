@@ -276,6 +276,11 @@ func TestParentRecordsChildInReview(t *testing.T) {
 	require.Equal(t, []string{id}, idsOf(stuck.Items), "stuck at once, long before any timeout")
 	require.Equal(t, "step ReserveInventory waits on a child in manual review: "+why,
 		rule.Reason(st.State, st.Progress.ChildReview, &st.TimeoutAt, nil, st.UpdatedAt, time.Now()))
+	states, limits, grace := rule.Args()
+	var stuckInState int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT stuck FROM (`+saga.SagaGaugeSQLForTest(b.def.Table, []string{stReserve})+`) AS g(state, n, stuck)`,
+		states, limits, grace).Scan(&stuckInState))
+	require.Equal(t, int64(1), stuckInState, "the saga.instances.stuck gauge counts it")
 
 	st = b.mustReply(t, id, msgInventoryReserved)
 	require.Equal(t, stPayment, st.State)
