@@ -58,6 +58,11 @@ type ProgressView struct {
 	// ChildReview is set while the saga waits on a child step whose child
 	// said it is in manual review: the step and the child's account.
 	ChildReview *sagadef.ChildReview `json:"child_review,omitempty"`
+	// Cancel is the business cancel the saga holds: the one that started
+	// its compensation, or one that came while it was in manual review
+	// (recorded for the operator: a compensation then ends CANCELLED and
+	// answers a parent that asked).
+	Cancel *sagadef.Cancellation `json:"cancel,omitempty"`
 }
 
 // TimelineCount counts what the timeline holds.

@@ -26,6 +26,7 @@ type sagaRow struct {
 	TimeoutAt, DeadlineAt   *time.Time
 	LastError, ReviewReason string
 	ReviewFrom              string
+	ChildReview             *sagadef.ChildReview
 	CreatedAt, UpdatedAt    time.Time
 }
 
@@ -60,7 +61,7 @@ func (t *sagaType) view(w sagaRow, now time.Time) Saga {
 // saga.StuckRule, the rule of the stuck filter of listSQL and of the
 // saga.instances.stuck gauge.
 func (t *sagaType) stuckReason(w sagaRow, now time.Time) string {
-	return t.stuck.Reason(w.State, w.TimeoutAt, w.DeadlineAt, w.UpdatedAt, now)
+	return t.stuck.Reason(w.State, w.ChildReview, w.TimeoutAt, w.DeadlineAt, w.UpdatedAt, now)
 }
 
 func utcPtr(t *time.Time) *time.Time {
@@ -76,7 +77,7 @@ func rowOf(st saga.Status) sagaRow {
 	w := sagaRow{
 		ID: st.ID, BusinessKey: st.BusinessKey, State: st.State, Version: st.Version, Attempt: st.Attempt,
 		PendingID: st.PendingMessageID, LastError: st.LastError, ReviewReason: st.ReviewReason,
-		ReviewFrom: st.Progress.ReviewFrom, CreatedAt: st.CreatedAt, UpdatedAt: st.UpdatedAt,
+		ReviewFrom: st.Progress.ReviewFrom, ChildReview: st.Progress.ChildReview, CreatedAt: st.CreatedAt, UpdatedAt: st.UpdatedAt,
 	}
 	if !st.TimeoutAt.IsZero() {
 		w.TimeoutAt = &st.TimeoutAt

@@ -70,7 +70,7 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Pr
 		Steps:     stepViews(t.def),
 		Mermaid:   t.def.Mermaid(),
 		Progress: ProgressView{Completed: st.Progress.Completed, Compensated: st.Progress.Compensated, Stopped: st.Progress.Stopped,
-			Parent: st.Progress.Parent, ChildReview: st.Progress.ChildReview},
+			Parent: st.Progress.Parent, ChildReview: st.Progress.ChildReview, Cancel: st.Progress.Cancel},
 		Actions: s.actionViews(ctx, t, st, p),
 	}
 	visited := map[string]bool{}

@@ -14,6 +14,7 @@ import (
 	"github.com/protosaga/saga/runtime/consumer"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/saga"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
@@ -253,8 +254,9 @@ func TestChildInReviewTellsParent(t *testing.T) {
 
 // TestParentRecordsChildInReview: the parent's engine takes the child's
 // account from HeaderChildReview, records it on the waiting step (status
-// progress, audit note) and keeps waiting; the child's outcome then moves
-// the step on and clears the record.
+// progress, audit note) and keeps waiting, stuck by saga.StuckRule with
+// the child named in the reason; the child's outcome then moves the step
+// on and clears the record.
 func TestParentRecordsChildInReview(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{parent: true})
@@ -268,8 +270,22 @@ func TestParentRecordsChildInReview(t *testing.T) {
 	require.Equal(t, &sagadef.ChildReview{Step: "ReserveInventory", Reason: why}, st.Progress.ChildReview)
 	h := b.history(t, id)
 	require.Contains(t, h[len(h)-1].Note, "child Payment of step ReserveInventory in manual review: "+why)
+	rule := saga.NewStuckRule(b.def, time.Hour)
+	stuck, err := b.engine.List(context.Background(), saga.ListFilter{Stuck: &rule})
+	require.NoError(t, err)
+	require.Equal(t, []string{id}, idsOf(stuck.Items), "stuck at once, long before any timeout")
+	require.Equal(t, "step ReserveInventory waits on a child in manual review: "+why,
+		rule.Reason(st.State, st.Progress.ChildReview, &st.TimeoutAt, nil, st.UpdatedAt, time.Now()))
+	states, limits, grace := rule.Args()
+	var stuckInState int64
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT stuck FROM (`+saga.SagaGaugeSQLForTest(b.def.Table, []string{stReserve})+`) AS g(state, n, stuck)`,
+		states, limits, grace).Scan(&stuckInState))
+	require.Equal(t, int64(1), stuckInState, "the saga.instances.stuck gauge counts it")
 
 	st = b.mustReply(t, id, msgInventoryReserved)
 	require.Equal(t, stPayment, st.State)
 	require.Nil(t, st.Progress.ChildReview)
+	stuck, err = b.engine.List(context.Background(), saga.ListFilter{Stuck: &rule})
+	require.NoError(t, err)
+	require.Empty(t, stuck.Items, "the step moved on")
 }

@@ -17,12 +17,15 @@ const DefaultStuckGrace = time.Minute
 // StuckRule is the one definition of a stuck saga instance, behind the
 // saga.instances.stuck gauge and the admin server's stuck filter and
 // verdict. An instance is stuck when it waits on a step or a compensation
-// and, by more than the grace,
+// and
 //
-//   - its step timeout (timeout_at) or the saga's deadline (deadline_at) is
+//   - the child saga it waits on is in manual review (the parent recorded
+//     the child's manual-review reply, sagadef.Progress.ChildReview): the
+//     step cannot finish until an operator resolves the child, or
+//   - by more than the grace, its step timeout (timeout_at) or the saga's deadline (deadline_at) is
 //     past due without having been applied (no timeout scanner runs, or
 //     its transition keeps failing), or
-//   - it has not changed (updated_at) for longer than the step's timeout
+//   - by more than the grace, it has not changed (updated_at) for longer than the step's timeout
 //     (a deferred timeout moves timeout_at on, but not updated_at).
 //
 // Instances in manual review or a terminal state are never stuck: they
@@ -91,7 +94,8 @@ func StatesSQL(states ...string) string {
 func StuckSQL(now, states, limits, grace string) string {
 	now = "(" + now + ")::timestamptz"
 	return `coalesce(t.state = ANY(` + states + `::text[]) AND (
-    t.timeout_at < ` + now + ` - ` + grace + `::bigint * interval '1 microsecond'
+    t.progress->'child_review' IS NOT NULL
+    OR t.timeout_at < ` + now + ` - ` + grace + `::bigint * interval '1 microsecond'
     OR t.deadline_at < ` + now + ` - ` + grace + `::bigint * interval '1 microsecond'
     OR t.updated_at < ` + now + ` - (` + limits + `::bigint[])[array_position(` + states + `::text[], t.state)] * interval '1 microsecond'), false)`
 }
@@ -105,16 +109,20 @@ func (r StuckRule) Args() (states []string, limitsMicros []int64, graceMicros in
 	return r.states, limits, r.grace.Microseconds()
 }
 
-// Reason says why an instance in state, with its timeout, deadline (nil:
-// none) and last change, is stuck at now, or "" when it is not: the same
-// verdict as StuckSQL.
-func (r StuckRule) Reason(state string, timeoutAt, deadlineAt *time.Time, updatedAt, now time.Time) string {
+// Reason says why an instance in state, with the record of its child in
+// manual review (nil: none), its timeout, deadline (nil: none) and last
+// change, is stuck at now, or "" when it is not: the same verdict as
+// StuckSQL. A child in manual review comes first: it is what an operator
+// must act on, and the step's timeout only ends the wait.
+func (r StuckRule) Reason(state string, review *sagadef.ChildReview, timeoutAt, deadlineAt *time.Time, updatedAt, now time.Time) string {
 	i := slices.Index(r.states, state)
 	if i < 0 {
 		return ""
 	}
 	due := now.Add(-r.grace)
 	switch {
+	case review != nil:
+		return fmt.Sprintf("step %s waits on a child in manual review: %s", review.Step, orUnknownReason(review.Reason))
 	case timeoutAt != nil && timeoutAt.Before(due):
 		return fmt.Sprintf("timeout due %s ago and not fired (is a timeout scanner running?)", age(now.Sub(*timeoutAt)))
 	case deadlineAt != nil && deadlineAt.Before(due):
@@ -123,6 +131,14 @@ func (r StuckRule) Reason(state string, timeoutAt, deadlineAt *time.Time, update
 		return fmt.Sprintf("no progress for %s; the step's timeout is %s", age(now.Sub(updatedAt)), r.limits[i]-r.grace)
 	}
 	return ""
+}
+
+// orUnknownReason returns reason, or a placeholder when the child gave none.
+func orUnknownReason(reason string) string {
+	if reason == "" {
+		return "(the child gave no reason)"
+	}
+	return reason
 }
 
 // age formats a duration for people: whole seconds (or milliseconds below

@@ -84,7 +84,22 @@ func (w *work) onCancel() error {
 		w.noop(ClassLate, "%s ignored: the saga is already compensating (step %s)", who, st.Step)
 		return nil
 	case StateKindManualReview:
-		w.noop(ClassLate, "%s not applied: the saga is in manual review; an operator decides (compensate, or resolve to %s)", who, StateCancelled)
+		if c := w.in.Progress.Cancel; c != nil {
+			w.noop(ClassLate, "%s ignored: the saga in manual review already holds the cancel requested by %s (%s)",
+				who, orUnknown(c.RequestedBy), orUnknown(c.Reason))
+			return nil
+		}
+		// The state stays: an operator decides. The request is recorded
+		// for that operator (Progress.Cancel, the timeline), and a
+		// compensation the operator starts then ends CANCELLED, answering
+		// a parent that asked with its cancelled reply.
+		w.class = ClassLate
+		if err := w.fold(); err != nil {
+			return err
+		}
+		w.progress().Cancel = &Cancellation{RequestedBy: by, Reason: why, MessageID: w.trig.MessageID}
+		w.note("%s while the saga is in manual review: recorded, the state unchanged; an operator decides "+
+			"(compensate: the saga then ends %s; retry drops the request; or resolve)", who, StateCancelled)
 		return nil
 	}
 	at, what := w.stepIndex(st.Step), "step "+st.Step

@@ -106,8 +106,7 @@ func TestCancelCompensates(t *testing.T) {
 }
 
 // TestCancelRefusedOrIgnored: past the point of no return the cancel is
-// refused; while compensating, after the end and in manual review it
-// changes nothing. Each is classified late, keeps the version, and says
+// refused; while compensating and after the end it changes nothing. Each is classified late, keeps the version, and says
 // why in the note.
 func TestCancelRefusedOrIgnored(t *testing.T) {
 	t.Parallel()
@@ -128,10 +127,6 @@ func TestCancelRefusedOrIgnored(t *testing.T) {
 			h.Start(msg(pPlaceOrder))
 			h.Reply(msg(pInventoryFailed))
 		}, sagadef.StateFailed, "ignored: the saga already ended FAILED"},
-		{"in manual review", func(h *sagatest.Harness) {
-			toShipping(h)
-			h.Reply(msg(pShippingRejected))
-		}, sagadef.StateManualReview, "not applied: the saga is in manual review; an operator decides (compensate, or resolve to CANCELLED)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -149,6 +144,50 @@ func TestCancelRefusedOrIgnored(t *testing.T) {
 			require.False(t, res.IsTransition())
 		})
 	}
+}
+
+// TestCancelInReviewIsRecorded: in manual review a cancel changes no
+// state but is recorded for the operator (a late class, a new version, no
+// command sent); a second one is ignored; a compensation the operator then
+// starts ends CANCELLED. An operator's retry drops the request.
+func TestCancelInReviewIsRecorded(t *testing.T) {
+	t.Parallel()
+	toReview := func(h *sagatest.Harness) {
+		h.Start(msg(pPlaceOrder))
+		h.Reply(msg(pInventoryReserved))
+		h.Reply(msg(pPaymentAuthorized))
+		h.Reply(msg(pShippingRejected))
+		h.RequireState(sagadef.StateManualReview)
+	}
+	h := sagatest.New(t, placeOrder(cancellable), hooks())
+	toReview(h)
+	before := h.Instance()
+	res := h.Cancel(cancelMsg(pCancelOrder, "frank"))
+	h.RequireClass(sagadef.ClassLate)
+	h.RequireState(sagadef.StateManualReview)
+	h.RequireSent()
+	require.False(t, res.IsTransition())
+	require.Equal(t, before.Version+1, res.Instance.Version, "the record is a write")
+	require.NotNil(t, res.Instance.Progress.Cancel)
+	require.Equal(t, "frank", res.Instance.Progress.Cancel.RequestedBy)
+	require.NotEmpty(t, res.Instance.Progress.Cancel.MessageID)
+	require.Contains(t, res.Note, "cancel requested by frank (frank) while the saga is in manual review: recorded, the state unchanged")
+
+	res = h.Cancel(cancelMsg(pCancelOrder, "grace"))
+	h.RequireClass(sagadef.ClassLate)
+	require.Contains(t, res.Note, "ignored: the saga in manual review already holds the cancel requested by frank (frank)")
+	require.Equal(t, "frank", res.Instance.Progress.Cancel.RequestedBy)
+
+	h.OperatorCompensate("customer asked to cancel")
+	h.RequireState(sCompReserve)
+	h.Reply(msg(pInventoryReleased))
+	h.RequireState(sagadef.StateCancelled)
+
+	h = sagatest.New(t, placeOrder(cancellable), hooks())
+	toReview(h)
+	h.Cancel(cancelMsg(pCancelOrder, "frank"))
+	h.OperatorRetry("the carrier takes it after all")
+	require.Nil(t, h.Instance().Progress.Cancel, "going forward drops the request")
 }
 
 // TestCancelRequester: who and why come from the message's fields, unless

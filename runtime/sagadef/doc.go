@@ -175,10 +175,13 @@
 // until the end). A pivot it stopped may still answer: its late-reply
 // policy applies. Past the point of no return (a pivot or retriable step
 // completed, or the saga waits on a retriable step) the cancel is refused;
-// while the saga compensates, after it ended and in manual review (where an
-// operator decides) it changes nothing. These are classified late, keep
-// the version, and say why in the note; the cancel message is folded into
-// the saga data only when it applies. Who and why come from the trigger's
+// while the saga compensates and after it ended it changes nothing. These
+// are classified late, keep the version, and say why in the note. In
+// manual review, where an operator decides, the first cancel is recorded
+// (Progress.Cancel, classified late, the state unchanged): a compensation
+// the operator starts then ends CANCELLED (and answers a parent that
+// asked), an operator's retry drops the request. The cancel message is
+// folded into the saga data only when it applies or is recorded. Who and why come from the trigger's
 // Operator and Reason, or else from the message's fields
 // ([Definition.CancelRequest]).
 //

@@ -235,13 +235,20 @@ func (d *Definition) derive() []Transition {
 	}
 	// addEndBelow adds the rows of a compensation of step j that ends:
 	// compensateBelow, and, when a business cancel started it (from the
-	// group's state, where every member ran), where it then goes.
+	// group's state, where every member ran) or was recorded in manual
+	// review before an operator started it (compensateBelow), where it
+	// then goes.
 	addEndBelow := func(from, trigger string, j int) {
 		add(from, trigger, compensateBelow(j)...)
 		if cancel != "" {
 			add(from, trigger, cancelled(compensateFrom(j-1))...)
+			add(from, trigger, cancelled(compensateBelow(j))...)
 		}
 	}
+	// compensateReview adds the rows of an operator's compensation from
+	// manual review: a business cancel recorded in review (Progress.Cancel)
+	// ends it CANCELLED where it would end FAILED.
+	compensateReview := func(rev string, to ...dest) { addEnd(rev, TriggerOperatorCompensate, to...) }
 	// memberSubsets lists the commands of every non-empty subset of a
 	// group's members, in contract order: what an operator's retry
 	// resends to the members still waiting.
@@ -326,7 +333,7 @@ func (d *Definition) derive() []Transition {
 			add(rev, TriggerOperatorRetry, dest{st, c})
 		}
 		addAll(rev, TriggerOperatorRetry, advances(sp.last))
-		add(rev, TriggerOperatorCompensate, compensateOver(sp.last, always,
+		compensateReview(rev, compensateOver(sp.last, always,
 			func(k int) bool { return !steps[k].Conditional && !memberOf(k, g.Name) })...)
 	}
 
@@ -527,12 +534,12 @@ func (d *Definition) derive() []Transition {
 			// recording a success lets it resend, and lets a failure be
 			// recorded, which leaves step i out of the compensation.
 			addAll(rev, TriggerOperatorRetry, advances(i))
-			add(rev, TriggerOperatorCompensate, compensateAt(i)...)
+			compensateReview(rev, compensateAt(i)...)
 			for _, r := range rows {
 				if r.From == st && r.To == rev && !slices.Contains(s.SuccessReplies, r.Trigger) {
 					add(rev, TriggerOperatorRetry, enter(i))
 					if len(s.FailureReplies) > 0 {
-						add(rev, TriggerOperatorCompensate, compensateFrom(i-1)...)
+						compensateReview(rev, compensateFrom(i-1)...)
 					}
 					break
 				}
@@ -542,7 +549,7 @@ func (d *Definition) derive() []Transition {
 			resend := dest{CompensatingStateName(s.Name), []string{s.Compensation}}
 			add(rev, TriggerOperatorRetry, resend)
 			addEndBelow(rev, TriggerOperatorRetry, i)
-			add(rev, TriggerOperatorCompensate, resend)
+			compensateReview(rev, resend)
 			addEndBelow(rev, TriggerOperatorCompensate, i)
 		}
 	}

@@ -837,7 +837,8 @@
       [["Type", el("a", { href: "#/types/" + encodeURIComponent(s.type) }, s.type)], ["Business key", s.business_key], ["State", s.state], ["Version", s.version],
         ["Attempt", s.attempt], ["Created", when(s.created_at)], ["Updated", when(s.updated_at)],
         ["Timeout at", when(s.timeout_at)], ["Deadline at", when(s.deadline_at)],
-        ["Last error", s.last_error], ["Review reason", s.review_reason], ["Stuck", s.stuck_reason]]
+        ["Last error", s.last_error], ["Review reason", s.review_reason], ["Stuck", s.stuck_reason],
+        ["Cancel requested", tl.progress.cancel ? cancelText(tl.progress.cancel, s.state) : ""]]
         .filter(([, v]) => v !== undefined && v !== "")
         .map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     const states = el("ol", { class: "states", id: "states" },
@@ -851,7 +852,8 @@
     const open = tl.events.filter((e) => e.kind === "parked" && !e.replayed_at && !e.dismissed_at);
     fill(layout,
       el("div", { id: "story" },
-        el("div", { class: "card", id: "position" }, el("h3", {}, "Where it is"), el("p", { id: "position-summary" }, pos.summary), facts),
+        el("div", { class: "card", id: "position" }, el("h3", {}, "Where it is"), el("p", { id: "position-summary" }, pos.summary),
+          pos.members && pos.members.length ? membersList(pos) : "", facts),
         canRepair() ? actions(s, tl.actions) : "",
         open.length ? parkedCard(s, open) : "",
         cbs.callbacks.length ? callbacksCard(cbs.callbacks) : "",
@@ -873,6 +875,23 @@
     fill(view, el("h2", {}, "Saga ", el("span", { class: "mono", id: "saga-id" }, s.id), " ",
       el("span", { class: "badge" + (s.state === "MANUAL_REVIEW" ? " review" : s.stuck ? " stuck" : ""), id: "saga-state" }, s.state)), layout);
     return () => centerDiagram(d.box);
+  }
+
+  // cancelText says who asked to cancel the saga and why, and, in manual
+  // review, what the request changes for the operator.
+  function cancelText(c, state) {
+    const text = "by " + (c.requested_by || "an unnamed requester") + (c.reason ? ": " + c.reason : "");
+    return state === "MANUAL_REVIEW" ? text + " (recorded in review: compensate and the saga ends CANCELLED, answering a parent that asked)" : text;
+  }
+
+  // membersList lists the members of the parallel group the saga waits
+  // on that have not answered yet: each one's attempt, timeout and pending
+  // command.
+  function membersList(pos) {
+    return el("ul", { id: "group-members", class: "members" }, pos.members.map((m) =>
+      el("li", { class: "group-member", "data-step": m.step },
+        el("b", {}, m.step), ` (group ${pos.group}): attempt ${m.attempt} of ${m.max_attempts}, times out `, when(m.timeout_at),
+        ` (then ${m.on_timeout}); waiting for the answer to `, el("span", { class: "mono" }, m.pending_message_id))));
   }
 
   // callbacksCard lists a saga's HTTP callbacks (its outcomes told to the
