@@ -103,6 +103,7 @@ var lintPurposes = map[string]string{
 	"callback-outcomes":         "Checks that a saga's callbacks name outcomes it can reach, each once.",
 	"callback-target":           "Checks that a saga's callbacks name one target: a string field of the saga data holding a URL or a client id.",
 	"saga-replies":              "Checks that a child saga names a reply per outcome, each correlating on a field of its data.",
+	"reply-fields":              "Warns about a child saga's reply field that its saga data lacks or holds with another type: it always goes out empty.",
 	"child-reference":           "Checks that a child step names a saga of the request that declares its replies and starts from a command.",
 	"child-replies":             "Checks that a child step sends the child's start message and waits for the child's outcome replies.",
 	"child-compensation":        "Checks that a compensatable child step cancels the child and waits for its cancelled reply, and that a check step starts no child with effects.",

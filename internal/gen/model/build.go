@@ -411,7 +411,12 @@ func (b *builder) refAs(rule string, f *protogen.File, p []int32, pkg protorefle
 			return nil
 		}
 	}
-	b.errorf(f, p, rule, "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\"; a message of another file must be in the same generation request (buf: strategy: all; protoc: one call for all files)",
+	known := make([]string, 0, len(b.messages))
+	for n := range b.messages {
+		known = append(known, n)
+	}
+	slices.Sort(known)
+	b.errorf(f, p, rule, didYouMean(name, nameChoices(name, string(pkg), known), "use a message name of this package or a full name, e.g. \"shop.inventory.v1.ReserveInventory\"; a message of another file must be in the same generation request (buf: strategy: all; protoc: one call for all files)"),
 		"%s%s %q: unknown message", ctx, what, name)
 	return nil
 }

@@ -148,7 +148,14 @@ func (b *builder) children() map[*sagaDecl]bool {
 			cd := b.findSaga(pkg, name)
 			switch {
 			case cd == nil:
-				errorf(d, p, "child-reference", "name a saga of this package or its full name (\"<package>.<Name>\"); its file must be in the same generation request",
+				var sagas []string
+				for _, o := range b.sagas {
+					if o.saga != nil {
+						sagas = append(sagas, o.saga.FullName)
+					}
+				}
+				errorf(d, p, "child-reference", didYouMean(name, nameChoices(name, string(pkg), sagas),
+					"name a saga of this package or its full name (\"<package>.<Name>\"); its file must be in the same generation request"),
 					"saga %s: step %s: child %q: unknown saga", s.FullName, st.Name, name)
 				continue
 			case st.External:
@@ -301,7 +308,7 @@ func (b *builder) childCycles(bad map[*sagaDecl]bool) {
 	}
 }
 
-// replyFieldsFilled warns (rule saga-replies) about each field of reply m,
+// replyFieldsFilled warns (rule reply-fields) about each field of reply m,
 // other than its correlation field, that the saga data has no field of the
 // same name and type for: the runtime copies the reply's fields from the
 // data by name and type, so that field always goes out empty.
@@ -324,7 +331,7 @@ func (b *builder) replyFieldsFilled(f *protogen.File, p []int32, s *Saga, outcom
 		if df != nil {
 			why = fmt.Sprintf("has %s as %s, the reply as %s", fd.Name(), fieldTypeName(df), fieldTypeName(fd))
 		}
-		b.report(f, p, true, "saga-replies", fmt.Sprintf("give %s a field %s of the reply's type, or remove it from the reply", s.Data.Desc.FullName(), fd.Name()),
+		b.report(f, p, true, "reply-fields", fmt.Sprintf("give %s a field %s of the reply's type, or remove it from the reply", s.Data.Desc.FullName(), fd.Name()),
 			"saga %s: replies %s %s: field %s always goes out empty: the runtime copies the reply's fields from the saga data by name and type, and %s %s",
 			s.FullName, outcome, m.FullName, fd.Name(), s.Data.Desc.FullName(), why)
 	}

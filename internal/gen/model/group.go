@@ -75,7 +75,11 @@ func (b *builder) groups(f *protogen.File, base []int32, s *Saga, o *sagav1.Saga
 		}
 		g := byName[name]
 		if g == nil {
-			b.errorf(f, p, "group-reference", fmt.Sprintf("declare it in the saga's groups: {name: %q, timeout: \"5m\"}", name),
+			declared := make([]string, 0, len(s.Groups))
+			for _, g := range s.Groups {
+				declared = append(declared, g.Name)
+			}
+			b.errorf(f, p, "group-reference", didYouMean(name, declared, fmt.Sprintf("declare it in the saga's groups: {name: %q, timeout: \"5m\"}", name)),
 				"saga %s: step %s names group %q, which the saga does not declare", s.FullName, st.Name, name)
 			prev = nil
 			continue

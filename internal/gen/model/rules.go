@@ -66,6 +66,7 @@ var Rules = []Rule{
 	{ID: "callback-outcomes"},
 	{ID: "callback-target"},
 	{ID: "saga-replies"},
+	{ID: "reply-fields", Warning: true},
 	{ID: "child-reference"},
 	{ID: "child-replies"},
 	{ID: "child-compensation"},
