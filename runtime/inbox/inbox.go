@@ -36,6 +36,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/runtime/internal/retain"
 )
 
 // pruneBatch bounds how many rows one DELETE statement of [Prune] removes, so
@@ -170,7 +172,7 @@ RETURNING message_id`, consumer, sorted)
 // prunes its own claims on its own; Prune is for a retention of your own,
 // as sagactl prune runs it.)
 func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Time) (int64, error) {
-	return prune(ctx, pool, "prune inbox claims before "+olderThan.Format(time.RFC3339), pruneAllSQL, olderThan)
+	return retain.Batches(ctx, pool, "prune inbox claims before "+olderThan.Format(time.RFC3339), pruneAllSQL, olderThan, pruneBatch)
 }
 
 // PruneConsumer is [Prune] for the claims of one consumer only, read
@@ -178,7 +180,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, olderThan time.Time) (int64,
 // what it deletes, so pruning often is cheap.
 func PruneConsumer(ctx context.Context, pool *pgxpool.Pool, consumer string, olderThan time.Time) (int64, error) {
 	what := fmt.Sprintf("prune inbox claims of consumer %q before %s", consumer, olderThan.Format(time.RFC3339))
-	return prune(ctx, pool, what, pruneConsumerSQL, olderThan, consumer)
+	return retain.Batches(ctx, pool, what, pruneConsumerSQL, olderThan, pruneBatch, consumer)
 }
 
 // pruneAllSQL and pruneConsumerSQL delete up to $2 claims received before
@@ -207,20 +209,3 @@ WHERE consumer = $3 AND message_id = ANY(ARRAY(
   LIMIT $2
   FOR UPDATE SKIP LOCKED
 ))`
-
-// prune runs sql with olderThan, pruneBatch and extra until a statement
-// deletes fewer than pruneBatch claims; what names the work in its error.
-func prune(ctx context.Context, pool *pgxpool.Pool, what, sql string, olderThan time.Time, extra ...any) (int64, error) {
-	args := append([]any{olderThan, pruneBatch}, extra...)
-	var total int64
-	for {
-		tag, err := pool.Exec(ctx, sql, args...)
-		if err != nil {
-			return total, fmt.Errorf("%s: %w", what, err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < pruneBatch {
-			return total, nil
-		}
-	}
-}

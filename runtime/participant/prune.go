@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protosaga/saga/runtime/internal/retain"
 )
 
 // pruneBatch bounds the once records one prune statement deletes.
@@ -42,28 +44,11 @@ WHERE service = $3 AND idempotency_key = ANY(ARRAY(
 // under host.Config.KeepClaims (default 30 days).
 func PruneOnce(ctx context.Context, pool *pgxpool.Pool, service string, olderThan time.Time) (int64, error) {
 	what := fmt.Sprintf("prune once records of service %q before %s", service, olderThan.Format(time.RFC3339))
-	return prune(ctx, pool, what, pruneOnceSQL, olderThan, service)
+	return retain.Batches(ctx, pool, what, pruneOnceSQL, olderThan, pruneBatch, service)
 }
 
 // PruneAllOnce is [PruneOnce] for every service's records, as sagactl prune
 // runs it.
 func PruneAllOnce(ctx context.Context, pool *pgxpool.Pool, olderThan time.Time) (int64, error) {
-	return prune(ctx, pool, "prune once records before "+olderThan.Format(time.RFC3339), pruneAllOnceSQL, olderThan)
-}
-
-// prune runs sql with olderThan, pruneBatch and extra until a statement
-// deletes fewer than pruneBatch records; what names the work in its error.
-func prune(ctx context.Context, pool *pgxpool.Pool, what, sql string, olderThan time.Time, extra ...any) (int64, error) {
-	args := append([]any{olderThan, pruneBatch}, extra...)
-	var total int64
-	for {
-		tag, err := pool.Exec(ctx, sql, args...)
-		if err != nil {
-			return total, fmt.Errorf("%s: %w", what, err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < pruneBatch {
-			return total, nil
-		}
-	}
+	return retain.Batches(ctx, pool, "prune once records before "+olderThan.Format(time.RFC3339), pruneAllOnceSQL, olderThan, pruneBatch)
 }

@@ -111,3 +111,22 @@ func DatabaseClock(pool *pgxpool.Pool) func(ctx context.Context) (time.Time, err
 		return now, err
 	}
 }
+
+// Batches runs sql with olderThan, batch and extra as its arguments ($1,
+// $2, $3...) until a statement deletes fewer than batch rows, and returns
+// how many it deleted in all; what names the work in its error, which
+// reports the count deleted before it.
+func Batches(ctx context.Context, pool *pgxpool.Pool, what, sql string, olderThan time.Time, batch int, extra ...any) (int64, error) {
+	args := append([]any{olderThan, batch}, extra...)
+	var total int64
+	for {
+		tag, err := pool.Exec(ctx, sql, args...)
+		if err != nil {
+			return total, fmt.Errorf("%s: %w", what, err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			return total, nil
+		}
+	}
+}

@@ -113,3 +113,29 @@ func TestJob(t *testing.T) {
 		}
 	})
 }
+
+// TestBatches deletes in statements of at most batch rows until one deletes
+// fewer: 2,500 old rows go in three statements of 1,000, the new rows stay;
+// a failing statement names the work and reports what went before it.
+func TestBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	if _, err := pool.Exec(ctx, `CREATE TABLE rows (id int PRIMARY KEY, at timestamptz NOT NULL);
+INSERT INTO rows SELECT i, CASE WHEN i <= 2500 THEN now() - interval '2 hours' ELSE now() END FROM generate_series(1, 2600) i`); err != nil {
+		t.Fatal(err)
+	}
+	const sql = `DELETE FROM rows WHERE id = ANY(ARRAY(SELECT id FROM rows WHERE at < $1 AND id > $3 ORDER BY id LIMIT $2))`
+	n, err := Batches(ctx, pool, "prune test rows", sql, time.Now().Add(-time.Hour), 1000, 0)
+	if err != nil || n != 2500 {
+		t.Fatalf("Batches = %d, %v; want 2500, nil", n, err)
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM rows`).Scan(&left); err != nil || left != 100 {
+		t.Fatalf("%d rows left (%v), want the 100 new ones", left, err)
+	}
+	_, err = Batches(ctx, pool, "prune test rows", `DELETE FROM nowhere WHERE at < $1 LIMIT $2`, time.Now(), 10)
+	if err == nil || !strings.HasPrefix(err.Error(), "prune test rows: ") {
+		t.Fatalf("error %v, want it to start with the work's name", err)
+	}
+}
