@@ -471,6 +471,17 @@ func TestPrintTimelineSaysWhenCut(t *testing.T) {
 	}
 }
 
+func TestPrintTimelineEndedSagaHasNoNext(t *testing.T) {
+	t.Parallel()
+	next := []admin.TransitionView{{Trigger: "shop.inventory.v1.InventoryReserved", To: "MANUAL_REVIEW"}}
+	for kind, label := range map[string]string{"terminal": "if late", "step": "next"} {
+		var out bytes.Buffer
+		tl := admin.Timeline{Saga: admin.Saga{State: "X", StateKind: kind}, Position: admin.Position{Next: next}}
+		require.NoError(t, printTimeline(&out, tl))
+		require.Regexp(t, `(?m)^`+label+` +InventoryReserved → MANUAL_REVIEW$`, out.String())
+	}
+}
+
 func TestCallbacksCommands(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

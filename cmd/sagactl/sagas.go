@@ -15,6 +15,7 @@ import (
 
 	"github.com/protosaga/saga/internal/termtext"
 	"github.com/protosaga/saga/runtime/admin"
+	"github.com/protosaga/saga/runtime/sagadef"
 )
 
 // sagaFilterFlags are the filter flags of sagas list and bulk repairs.
@@ -225,8 +226,14 @@ func printTimeline(w io.Writer, tl admin.Timeline) error {
 		}
 	}
 	printf(w, "states    %s   ([current], *visited)\n", strings.Join(states, " "))
+	// An ended saga has no next step: what the table lists from a terminal
+	// state is what a late or conflicting message would do to it.
+	first := "next"
+	if s.StateKind == sagadef.StateKindTerminal.String() {
+		first = "if late"
+	}
 	for i, n := range p.Next {
-		label := "next"
+		label := first
 		if i > 0 {
 			label = ""
 		}

@@ -94,6 +94,24 @@ func TestRepairsAreAuditedAndIdempotent(t *testing.T) {
 	var releases int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM saga_outbox WHERE saga_id = $1 AND message_type = 'shop.inventory.v1.ReleaseInventory'`, cp).Scan(&releases))
 	require.Equal(t, 1, releases, "compensation sent through the outbox")
+
+	// The position says what the compensation's timeout will do: resend it
+	// while attempts are left, manual review on the last one.
+	for attempt := 1; attempt <= 5; attempt++ {
+		tl := getJSON[admin.Timeline](t, b, "/api/sagas/"+cp)
+		require.Equal(t, "COMPENSATING_RESERVE_INVENTORY", tl.Position.State)
+		require.Equal(t, attempt, tl.Position.Attempt)
+		want := "; resent on timeout at "
+		if attempt == 5 {
+			want = "; manual review on timeout at "
+		}
+		require.Contains(t, tl.Position.Summary, want, "attempt %d", attempt)
+		b.clock.Advance(31 * time.Second)
+		n, err := b.engine.FireTimeouts(t.Context(), 10)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	require.Equal(t, "MANUAL_REVIEW", b.status(t, cp).State)
 }
 
 // An operator decides on a version while a live reply for the same saga is

@@ -281,7 +281,11 @@ func position(def *sagadef.Definition, st saga.Status, hist []saga.AuditRecord) 
 		p.WaitingFor = append([]string{step.CompensationReply}, step.CompensationFailureReplies...)
 		p.Summary = fmt.Sprintf("compensating %s: waits for %s since %s, attempt %d of %d", step.Name, short(step.CompensationReply), since, p.Attempt, p.MaxAttempts)
 		if p.TimeoutAt != nil {
-			p.Summary += fmt.Sprintf("; resent on timeout at %s", p.TimeoutAt.Format(time.RFC3339))
+			then := "resent"
+			if p.Attempt >= p.MaxAttempts {
+				then = "manual review"
+			}
+			p.Summary += fmt.Sprintf("; %s on timeout at %s", then, p.TimeoutAt.Format(time.RFC3339))
 		}
 	case sagadef.StateKindManualReview:
 		p.WaitingFor = []string{"operator"}
