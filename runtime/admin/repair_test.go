@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +92,7 @@ func TestRepairsAreAuditedAndIdempotent(t *testing.T) {
 	a = b.lastAudit(t, cp)
 	require.Equal(t, "operator.compensate", a.Trigger)
 	require.Equal(t, "alice", a.Operator)
+	require.Equal(t, 1, strings.Count(a.Note, "fraud suspected"), "the reason is noted once: %s", a.Note)
 	var releases int
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM saga_outbox WHERE saga_id = $1 AND message_type = 'shop.inventory.v1.ReleaseInventory'`, cp).Scan(&releases))
 	require.Equal(t, 1, releases, "compensation sent through the outbox")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -275,9 +276,11 @@ func (r *auditRows) Queue(ctx context.Context, tx pgx.Tx) {
 
 func (r *auditRows) Discard(err error) { _ = txq.Results(r.results)(pgconn.CommandTag{}, err) }
 
+// note is an audit row's note: the trigger's reason, unless the machine's
+// note already says it (an operator's repair does), then the machine's.
 func note(reason, machine string) string {
 	switch {
-	case reason == "":
+	case reason == "" || strings.Contains(machine, reason):
 		return machine
 	case machine == "":
 		return "reason: " + reason
