@@ -175,4 +175,53 @@ func TestStatementCounterCountsBatchesAndPipelines(t *testing.T) {
 		require.EqualValues(t, 1, counter.Total())
 		require.EqualValues(t, 1, counter.Failed())
 	})
+
+	t.Run("round trips", func(t *testing.T) {
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		tx := func() error {
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				var b pgx.Batch
+				for i := range n {
+					b.Queue(`SELECT $1::int`, i)
+				}
+				return tx.SendBatch(ctx, &b).Close()
+			})
+		}
+		require.NoError(t, tx()) // prepares the statement
+		counter.Reset()
+		for range n {
+			_, err := conn.Exec(ctx, `SELECT 1`)
+			require.NoError(t, err)
+		}
+		require.EqualValues(t, n, counter.RoundTrips(), "one statement at a time")
+		counter.Reset()
+		require.NoError(t, tx())
+		require.EqualValues(t, 3, counter.RoundTrips(), "BEGIN, a batch of prepared statements, COMMIT")
+		require.EqualValues(t, n+2, counter.Total())
+		counter.Reset()
+		_, err = conn.Conn().PgConn().Exec(ctx, `SELECT 1; SELECT 2; SELECT 3`).ReadAll()
+		require.NoError(t, err)
+		require.EqualValues(t, 1, counter.RoundTrips(), "a simple query of several statements")
+		counter.Reset()
+		pl := conn.Conn().PgConn().StartPipeline(ctx)
+		pl.SendQueryParams(`SELECT 1`, nil, nil, nil, nil)
+		require.NoError(t, pl.Flush()) // written, answer not read
+		pl.SendQueryParams(`SELECT 2`, nil, nil, nil, nil)
+		require.NoError(t, pl.Sync())
+		for {
+			res, err := pl.GetResults()
+			require.NoError(t, err)
+			if res == nil {
+				break
+			}
+			if rr, ok := res.(*pgconn.ResultReader); ok {
+				_, err = rr.Close()
+				require.NoError(t, err)
+			}
+		}
+		require.NoError(t, pl.Close())
+		require.EqualValues(t, 1, counter.RoundTrips(), "two writes of a pipeline before any answer is read")
+	})
 }
