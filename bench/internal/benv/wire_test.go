@@ -134,21 +134,7 @@ func TestStatementCounterCountsBatchesAndPipelines(t *testing.T) {
 			pl.SendQueryParams(`UPDATE t SET id = id WHERE id = $1`, [][]byte{{byte('0' + i)}}, nil, nil, nil)
 		}
 		require.NoError(t, pl.Sync())
-		results := 0
-		for {
-			res, err := pl.GetResults()
-			require.NoError(t, err)
-			if res == nil {
-				break
-			}
-			if rr, ok := res.(*pgconn.ResultReader); ok {
-				_, err = rr.Close()
-				require.NoError(t, err)
-				results++
-			}
-		}
-		require.NoError(t, pl.Close())
-		require.Equal(t, n, results)
+		require.Equal(t, n, closePipeline(t, pl))
 		require.EqualValues(t, n, counter.Total())
 		require.EqualValues(t, n, count("UPDATE"))
 	})
@@ -210,18 +196,28 @@ func TestStatementCounterCountsBatchesAndPipelines(t *testing.T) {
 		require.NoError(t, pl.Flush()) // written, answer not read
 		pl.SendQueryParams(`SELECT 2`, nil, nil, nil, nil)
 		require.NoError(t, pl.Sync())
-		for {
-			res, err := pl.GetResults()
-			require.NoError(t, err)
-			if res == nil {
-				break
-			}
-			if rr, ok := res.(*pgconn.ResultReader); ok {
-				_, err = rr.Close()
-				require.NoError(t, err)
-			}
-		}
-		require.NoError(t, pl.Close())
+		require.Equal(t, 2, closePipeline(t, pl))
 		require.EqualValues(t, 1, counter.RoundTrips(), "two writes of a pipeline before any answer is read")
 	})
+}
+
+// closePipeline reads every result of a synced pipeline, closes it and
+// returns how many statement results it read.
+func closePipeline(t *testing.T, pl *pgconn.Pipeline) int {
+	t.Helper()
+	results := 0
+	for {
+		res, err := pl.GetResults()
+		require.NoError(t, err)
+		if res == nil {
+			break
+		}
+		if rr, ok := res.(*pgconn.ResultReader); ok {
+			_, err = rr.Close()
+			require.NoError(t, err)
+			results++
+		}
+	}
+	require.NoError(t, pl.Close())
+	return results
 }
