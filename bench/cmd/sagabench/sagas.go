@@ -95,6 +95,7 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 	go func() { runErr <- sys.Run(runCtx) }()
 	done, _, polls, elapsed, err := drive(ctx, sys, label, n, inflight, limit, runErr)
 	statements := sys.Statements().Total() - int64(polls)
+	roundTrips := sys.Statements().RoundTrips() - int64(polls)
 	cpu, sampleErr := env.Sample(ctx)
 	stop()
 	if rerr := <-runErr; rerr != nil && !errors.Is(rerr, context.Canceled) && err == nil {
@@ -141,6 +142,7 @@ func throughput(ctx context.Context, env *benv.Env, sys system, label string, n,
 		out = append(out, report.Metric{Name: "statements/saga (executed for this process; not the peer server's)", Value: float64(statements) / work})
 	} else {
 		out = append(out, report.Metric{Name: "statements/saga (executed)", Value: float64(statements) / work})
+		out = append(out, report.Metric{Name: "PostgreSQL round trips/saga", Value: float64(roundTrips) / work})
 	}
 	rowOps := after.RowsSince(before)
 	var rowTotal int64

@@ -25,6 +25,11 @@ type StatementCounter struct {
 // Total is how many statements the server executed.
 func (c *StatementCounter) Total() int64 { return c.wire.total() }
 
+// RoundTrips is how many times the pool's connections wrote to the server
+// after reading an answer: round trips, however many statements each
+// carried.
+func (c *StatementCounter) RoundTrips() int64 { return c.wire.roundTrips.Load() }
+
 // Failed is how many statements the server answered with an error.
 func (c *StatementCounter) Failed() int64 { return c.wire.errors.Load() }
 

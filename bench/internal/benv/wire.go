@@ -20,9 +20,17 @@ var Commands = []string{"BEGIN", "COMMIT", "ROLLBACK", "SELECT", "INSERT", "UPDA
 // or a pgconn pipeline — and one ErrorResponse per statement that failed.
 // Reading the server's answers rather than the client's calls counts what
 // the server did, so no client path can be missed.
+//
+// It also counts round trips: the times a connection's client wrote after
+// having read an answer since its last write (a connection's first write
+// counts too). Writes with no answer read between them go out in one turn,
+// however many statements they carry, so a pipeline or batch is one round
+// trip and each wait for the server's answer before sending more is
+// another: what a network's latency is paid for.
 type wireCounts struct {
-	byCommand [8]atomic.Int64 // indexed like Commands
-	errors    atomic.Int64
+	byCommand  [8]atomic.Int64 // indexed like Commands
+	errors     atomic.Int64
+	roundTrips atomic.Int64
 }
 
 func (w *wireCounts) total() int64 {
@@ -38,6 +46,7 @@ func (w *wireCounts) reset() {
 		w.byCommand[i].Store(0)
 	}
 	w.errors.Store(0)
+	w.roundTrips.Store(0)
 }
 
 // complete counts one CommandComplete whose tag starts with tag.
@@ -60,7 +69,9 @@ func (w *wireCounts) dialFunc(dial pgconn.DialFunc) pgconn.DialFunc {
 		if err != nil {
 			return nil, err
 		}
-		return &countedConn{Conn: c, counts: w}, nil
+		cc := &countedConn{Conn: c, counts: w}
+		cc.answered.Store(true)
+		return cc, nil
 	}
 }
 
@@ -68,17 +79,29 @@ func (w *wireCounts) dialFunc(dial pgconn.DialFunc) pgconn.DialFunc {
 // the startup request is a type byte, a big-endian int32 length that counts
 // itself, and a body; the connection is plaintext (Pool refuses TLS), so
 // the stream parses from its first byte. pgconn reads a connection from one
-// goroutine at a time, so the parser needs no lock.
+// goroutine at a time, so the parser needs no lock; answered is shared
+// between the reading and the writing goroutine.
 type countedConn struct {
 	net.Conn
-	counts *wireCounts
-	p      backendParser
+	counts   *wireCounts
+	p        backendParser
+	answered atomic.Bool // the server answered since the client last wrote
 }
 
 func (c *countedConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.p.feed(b[:n], c.counts)
+	if n > 0 {
+		c.answered.Store(true)
+	}
 	return n, err
+}
+
+func (c *countedConn) Write(b []byte) (int, error) {
+	if len(b) > 0 && c.answered.Swap(false) {
+		c.counts.roundTrips.Add(1)
+	}
+	return c.Conn.Write(b)
 }
 
 // backendParser is a streaming parser of backend messages that keeps only

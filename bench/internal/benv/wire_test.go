@@ -134,21 +134,7 @@ func TestStatementCounterCountsBatchesAndPipelines(t *testing.T) {
 			pl.SendQueryParams(`UPDATE t SET id = id WHERE id = $1`, [][]byte{{byte('0' + i)}}, nil, nil, nil)
 		}
 		require.NoError(t, pl.Sync())
-		results := 0
-		for {
-			res, err := pl.GetResults()
-			require.NoError(t, err)
-			if res == nil {
-				break
-			}
-			if rr, ok := res.(*pgconn.ResultReader); ok {
-				_, err = rr.Close()
-				require.NoError(t, err)
-				results++
-			}
-		}
-		require.NoError(t, pl.Close())
-		require.Equal(t, n, results)
+		require.Equal(t, n, closePipeline(t, pl))
 		require.EqualValues(t, n, counter.Total())
 		require.EqualValues(t, n, count("UPDATE"))
 	})
@@ -175,4 +161,63 @@ func TestStatementCounterCountsBatchesAndPipelines(t *testing.T) {
 		require.EqualValues(t, 1, counter.Total())
 		require.EqualValues(t, 1, counter.Failed())
 	})
+
+	t.Run("round trips", func(t *testing.T) {
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		tx := func() error {
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				var b pgx.Batch
+				for i := range n {
+					b.Queue(`SELECT $1::int`, i)
+				}
+				return tx.SendBatch(ctx, &b).Close()
+			})
+		}
+		require.NoError(t, tx()) // prepares the statement
+		counter.Reset()
+		for range n {
+			_, err := conn.Exec(ctx, `SELECT 1`)
+			require.NoError(t, err)
+		}
+		require.EqualValues(t, n, counter.RoundTrips(), "one statement at a time")
+		counter.Reset()
+		require.NoError(t, tx())
+		require.EqualValues(t, 3, counter.RoundTrips(), "BEGIN, a batch of prepared statements, COMMIT")
+		require.EqualValues(t, n+2, counter.Total())
+		counter.Reset()
+		_, err = conn.Conn().PgConn().Exec(ctx, `SELECT 1; SELECT 2; SELECT 3`).ReadAll()
+		require.NoError(t, err)
+		require.EqualValues(t, 1, counter.RoundTrips(), "a simple query of several statements")
+		counter.Reset()
+		pl := conn.Conn().PgConn().StartPipeline(ctx)
+		pl.SendQueryParams(`SELECT 1`, nil, nil, nil, nil)
+		require.NoError(t, pl.Flush()) // written, answer not read
+		pl.SendQueryParams(`SELECT 2`, nil, nil, nil, nil)
+		require.NoError(t, pl.Sync())
+		require.Equal(t, 2, closePipeline(t, pl))
+		require.EqualValues(t, 1, counter.RoundTrips(), "two writes of a pipeline before any answer is read")
+	})
+}
+
+// closePipeline reads every result of a synced pipeline, closes it and
+// returns how many statement results it read.
+func closePipeline(t *testing.T, pl *pgconn.Pipeline) int {
+	t.Helper()
+	results := 0
+	for {
+		res, err := pl.GetResults()
+		require.NoError(t, err)
+		if res == nil {
+			break
+		}
+		if rr, ok := res.(*pgconn.ResultReader); ok {
+			_, err = rr.Close()
+			require.NoError(t, err)
+			results++
+		}
+	}
+	require.NoError(t, pl.Close())
+	return results
 }
