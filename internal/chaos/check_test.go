@@ -82,7 +82,7 @@ func TestTripLedgerCheckCatchesBrokenHistories(t *testing.T) {
 		hotelX, carX, fliX = "hotels:cancelled", "cars:cancelled", "flights:cancelled"
 	)
 	paid := []string{effCardAuth, effCleared, effCharged}
-	booked := slices.Concat([]string{effValid, hotel, car, flight}, paid, []string{effConfirmed, effItinerary})
+	booked := slices.Concat([]string{effValid, effPermit, hotel, car, flight}, paid, []string{effConfirmed, effItinerary})
 	for _, c := range []struct {
 		name    string
 		kind    string
@@ -91,34 +91,39 @@ func TestTripLedgerCheckCatchesBrokenHistories(t *testing.T) {
 		broken  bool
 	}{
 		{"booked", kindOK, "COMPLETED", booked, false},
-		{"booked, insured", kindOK + "+insured", "COMPLETED", slices.Concat([]string{effValid, hotel, car, flight, effBought}, paid, []string{effConfirmed, effItinerary}), false},
+		{"booked, insured", kindOK + "+insured", "COMPLETED", slices.Concat([]string{effValid, effPermit, hotel, car, flight, effBought}, paid, []string{effConfirmed, effItinerary}), false},
 		{"booked, reminded", kindOK + "+remind", "COMPLETED", append(slices.Clone(booked), effReminded), false},
 		{"departs within a day, not reminded", kindOK + "+remind", "COMPLETED", booked, true},
 		{"departs in a month, reminded", kindOK, "COMPLETED", append(slices.Clone(booked), effReminded), true},
 		{"reminded twice", kindOK + "+remind", "COMPLETED", append(slices.Clone(booked), effReminded, effReminded), true},
-		{"sold-out flight cancels car and hotel", kindSoldOut, "FAILED", []string{effValid, hotel, car, "flights:unavailable", carX, hotelX}, false},
-		{"sold-out flight, car cancelled before its hold", kindSoldOut, "FAILED", []string{effValid, "flights:unavailable", hotel, "cars:cancelled_nothing", hotelX}, false},
-		{"declined cancels everything", kindDeclined + "+insured", "FAILED", []string{effValid, flight, car, hotel, effBought, effCardNo, effVoided, carX, hotelX, fliX}, false},
-		{"flagged voids the card, then cancels everything", kindDeclined, "FAILED", []string{effValid, flight, car, hotel, effCardAuth, effFlagged, effAuthVoided, carX, hotelX, fliX}, false},
-		{"flagged, card never voided", kindDeclined, "FAILED", []string{effValid, flight, car, hotel, effCardAuth, effFlagged, carX, hotelX, fliX}, true},
-		{"captured and voided", kindOK, "MANUAL_REVIEW", []string{effValid, flight, car, hotel, effCardAuth, effCleared, effCharged, effAuthVoided}, true},
-		{"captured without screening", kindOK, "MANUAL_REVIEW", []string{effValid, flight, car, hotel, effCardAuth, effCharged}, true},
+		{"sold-out flight cancels car and hotel", kindSoldOut, "FAILED", []string{effValid, effPermit, hotel, car, "flights:unavailable", carX, hotelX}, false},
+		{"sold-out flight, car cancelled before its hold", kindSoldOut, "FAILED", []string{effValid, effPermit, "flights:unavailable", hotel, "cars:cancelled_nothing", hotelX}, false},
+		{"declined cancels everything", kindDeclined + "+insured", "FAILED", []string{effValid, effPermit, flight, car, hotel, effBought, effCardNo, effVoided, carX, hotelX, fliX}, false},
+		{"flagged voids the card, then cancels everything", kindDeclined, "FAILED", []string{effValid, effPermit, flight, car, hotel, effCardAuth, effFlagged, effAuthVoided, carX, hotelX, fliX}, false},
+		{"flagged, card never voided", kindDeclined, "FAILED", []string{effValid, effPermit, flight, car, hotel, effCardAuth, effFlagged, carX, hotelX, fliX}, true},
+		{"captured and voided", kindOK, "MANUAL_REVIEW", []string{effValid, effPermit, flight, car, hotel, effCardAuth, effCleared, effCharged, effAuthVoided}, true},
+		{"captured without screening", kindOK, "MANUAL_REVIEW", []string{effValid, effPermit, flight, car, hotel, effCardAuth, effCharged}, true},
 		{"rejected traveller", kindRejected, "FAILED", []string{effRejected}, false},
-		{"hotel timed out, cancelled first", kindOK, "FAILED", []string{effValid, "hotels:cancelled_nothing"}, false},
-		{"in review after the charge", kindOK, "MANUAL_REVIEW", slices.Concat([]string{effValid, hotel, car, flight}, paid), false},
-		{"charged twice", kindOK, "COMPLETED", slices.Concat([]string{effValid, hotel, car, flight}, paid, []string{effCharged, effConfirmed, effItinerary}), true},
+		{"entry permit denied", kindNoPermit, "FAILED", []string{effValid, effPermitNo}, false},
+		{"entry permit denied, then reserved", kindNoPermit, "FAILED", []string{effValid, effPermitNo, hotel, hotelX}, true},
+		{"reserved without an entry permit", kindOK, "MANUAL_REVIEW", []string{effValid, hotel}, true},
+		{"permit granted and denied", kindOK, "MANUAL_REVIEW", []string{effValid, effPermit, effPermitNo}, true},
+		{"valid without a permit decision", kindOK, "FAILED", []string{effValid}, true},
+		{"hotel timed out, cancelled first", kindOK, "FAILED", []string{effValid, effPermit, "hotels:cancelled_nothing"}, false},
+		{"in review after the charge", kindOK, "MANUAL_REVIEW", slices.Concat([]string{effValid, effPermit, hotel, car, flight}, paid), false},
+		{"charged twice", kindOK, "COMPLETED", slices.Concat([]string{effValid, effPermit, hotel, car, flight}, paid, []string{effCharged, effConfirmed, effItinerary}), true},
 		{"itinerary sent twice", kindOK, "COMPLETED", append(slices.Clone(booked), effItinerary), true},
 		{"booked without itinerary", kindOK, "COMPLETED", booked[:len(booked)-1], true},
-		{"insured without asking", kindOK, "COMPLETED", slices.Concat([]string{effValid, hotel, car, flight, effBought}, paid, []string{effConfirmed, effItinerary}), true},
+		{"insured without asking", kindOK, "COMPLETED", slices.Concat([]string{effValid, effPermit, hotel, car, flight, effBought}, paid, []string{effConfirmed, effItinerary}), true},
 		{"asked for insurance, booked without it", kindOK + "+insured", "COMPLETED", booked, true},
-		{"failed, car kept", kindSoldOut, "FAILED", []string{effValid, hotel, car, "flights:unavailable", hotelX}, true},
-		{"failed, policy kept", kindDeclined + "+insured", "FAILED", []string{effValid, hotel, car, flight, effBought, effCardNo, fliX, carX, hotelX}, true},
-		{"cancelled before the decline", kindDeclined, "FAILED", []string{effValid, hotel, car, flight, hotelX, effCardNo, fliX, carX}, true},
-		{"failed past the pivot", kindOK, "FAILED", slices.Concat([]string{effValid, hotel, car, flight}, paid, []string{fliX, carX, hotelX}), true},
+		{"failed, car kept", kindSoldOut, "FAILED", []string{effValid, effPermit, hotel, car, "flights:unavailable", hotelX}, true},
+		{"failed, policy kept", kindDeclined + "+insured", "FAILED", []string{effValid, effPermit, hotel, car, flight, effBought, effCardNo, fliX, carX, hotelX}, true},
+		{"cancelled before the decline", kindDeclined, "FAILED", []string{effValid, effPermit, hotel, car, flight, hotelX, effCardNo, fliX, carX}, true},
+		{"failed past the pivot", kindOK, "FAILED", slices.Concat([]string{effValid, effPermit, hotel, car, flight}, paid, []string{fliX, carX, hotelX}), true},
 		{"reserved before validation", kindOK, "MANUAL_REVIEW", []string{hotel, effValid}, true},
 		{"rejected and reserved", kindRejected, "FAILED", []string{effRejected, hotel, hotelX}, true},
-		{"seat on the sold-out flight", kindSoldOut, "FAILED", []string{effValid, hotel, car, flight, effCardNo, fliX, carX, hotelX}, true},
-		{"cancelled twice", kindSoldOut, "FAILED", []string{effValid, hotel, "cars:unavailable", hotelX, hotelX}, true},
+		{"seat on the sold-out flight", kindSoldOut, "FAILED", []string{effValid, effPermit, hotel, car, flight, effCardNo, fliX, carX, hotelX}, true},
+		{"cancelled twice", kindSoldOut, "FAILED", []string{effValid, effPermit, hotel, "cars:unavailable", hotelX, hotelX}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()

@@ -87,8 +87,10 @@ type Config struct {
 	// DeclinedShare and SoldOutShare are the shares of orders and of trips
 	// that fail for business reasons (a declined card; a product without
 	// stock, a flight without a seat); RejectedShare the share of trips
-	// whose traveller's passport is expired (the check step fails).
-	DeclinedShare, SoldOutShare, RejectedShare float64
+	// whose traveller's passport is expired (the check step fails),
+	// NoPermitShare of those whose traveller is refused an entry permit
+	// (the external check step fails).
+	DeclinedShare, SoldOutShare, RejectedShare, NoPermitShare float64
 
 	// SettleTimeout bounds the wait, after the load phase, for every saga to
 	// end (terminal or manual review) and every queue to drain.
@@ -166,7 +168,8 @@ const (
 	kindOK       = "ok"
 	kindDeclined = "declined"
 	kindSoldOut  = "sold-out"
-	kindRejected = "rejected" // trips only
+	kindRejected = "rejected"  // trips only
+	kindNoPermit = "no-permit" // trips only
 )
 
 // products hold plenty of stock; soldOut holds none.

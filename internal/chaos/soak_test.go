@@ -90,6 +90,7 @@ func TestSoakShort(t *testing.T) {
 		DeclinedShare:    0.1,
 		SoldOutShare:     0.08,
 		RejectedShare:    0.05,
+		NoPermitShare:    0.05,
 		SettleTimeout:    2 * time.Minute,
 	})
 	require.NoError(t, err)

@@ -79,6 +79,8 @@ func (r *run) tripRequest(i int) (*tripv1.BookTripRequest, *order) {
 		kind, req.Flight = kindSoldOut, soldOutFlight
 	case roll < c.DeclinedShare+c.SoldOutShare+c.RejectedShare:
 		kind, req.PassportNumber = kindRejected, travelapp.ExpiredPassportPrefix+req.GetPassportNumber()
+	case roll < c.DeclinedShare+c.SoldOutShare+c.RejectedShare+c.NoPermitShare:
+		kind, req.PassportNumber = kindNoPermit, travelapp.NoPermitPassportPrefix+req.GetPassportNumber()
 	}
 	return req, &order{saga: sagaBookTrip, id: id, kind: kind, insured: insured, remind: soon}
 }
@@ -87,6 +89,8 @@ func (r *run) tripRequest(i int) (*tripv1.BookTripRequest, *order) {
 const (
 	effValid      = "travellers:valid"
 	effRejected   = "travellers:rejected"
+	effPermit     = "travellers:permit_granted"
+	effPermitNo   = "travellers:permit_denied"
 	effBought     = "insurance:bought"
 	effVoided     = "insurance:cancelled"
 	effVoidedNo   = "insurance:cancelled_nothing"
@@ -215,6 +219,13 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 		}
 	}
 	once(effValid, effRejected)
+	once(effPermit, effPermitNo)
+	if count[effValid] > 0 && count[effPermit]+count[effPermitNo] == 0 {
+		// The travellers service publishes the decision with its reply.
+		rep.violate("trip %s: traveller valid without an entry permit decision: %v", o.id, effects)
+	}
+	before(effValid, effPermit)
+	before(effValid, effPermitNo)
 	once(effCardAuth, effCardNo)
 	once(effCleared, effFlagged)
 	once(effAuthVoided, effAuthVoidNo)
@@ -223,11 +234,11 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 	for _, svc := range holdServices {
 		once(svc+reservedSufx, svc+":unavailable")
 		once(svc+cancelledSufx, svc+":cancelled_nothing")
-		before(effValid, svc+reservedSufx)
+		before(effPermit, svc+reservedSufx)
 		before(svc+reservedSufx, effCharged)
 		before(svc+reservedSufx, svc+cancelledSufx)
 	}
-	before(effValid, effBought)
+	before(effPermit, effBought)
 	before(effCardAuth, effCleared)
 	before(effCardAuth, effFlagged)
 	before(effCleared, effCharged)
@@ -243,7 +254,7 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 	}
 	switch sg.state {
 	case "COMPLETED":
-		want := []string{effValid, "hotels" + reservedSufx, "cars" + reservedSufx, "flights" + reservedSufx}
+		want := []string{effValid, effPermit, "hotels" + reservedSufx, "cars" + reservedSufx, "flights" + reservedSufx}
 		if insured {
 			want = append(want, effBought)
 		}
@@ -291,15 +302,15 @@ func checkTripLedger(rep *Report, o *order, sg sagaRow, effects []string) {
 			if count["flights"+reservedSufx] > 0 {
 				rep.violate("trip %s holds a seat on a sold-out flight: %v", o.id, effects)
 			}
-		case kindRejected:
+		case kindRejected, kindNoPermit:
 			for _, svc := range holdServices {
 				if count[svc+reservedSufx] > 0 {
-					rep.violate("trip %s of a rejected traveller holds a %s unit: %v", o.id, svc, effects)
+					rep.violate("trip %s of a traveller who may not travel holds a %s unit: %v", o.id, svc, effects)
 				}
 			}
 		case kindOK:
 			// Fails only through a timeout before the pivot.
-			for _, e := range []string{effRejected, effCardNo, effFlagged, "flights:unavailable"} {
+			for _, e := range []string{effRejected, effPermitNo, effCardNo, effFlagged, "flights:unavailable"} {
 				if count[e] > 0 {
 					rep.violate("trip %s that should book met %s: %v", o.id, e, effects)
 				}

@@ -397,6 +397,9 @@ func (s *Server) check(ctx context.Context, tx pgx.Tx, row parkedRow, dryRun boo
 	case sagadef.ClassLate:
 		c.Allowed = true
 		c.Explanation = fmt.Sprintf("it is late for %s (saga in %s): the step's late-reply policy %q applies", ref.Step, st.State, step.Late)
+	case sagadef.ClassEarly:
+		c.Allowed = true
+		c.Explanation = fmt.Sprintf("the saga has not reached %s yet (saga in %s): it will be recorded early and settle the step when the saga gets there", ref.Step, st.State)
 	case sagadef.ClassConflicting:
 		c.Allowed = true
 		c.Explanation = "it contradicts the outcome recorded for its step: the saga will go to manual review"

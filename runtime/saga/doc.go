@@ -8,7 +8,7 @@
 // transaction, in this order:
 //
 //	load    SELECT ... FOR UPDATE the instance row (by saga id, or by business key)
-//	classify/transition   sagadef.Definition.Apply: new, duplicate, late, conflicting, invalid
+//	classify/transition   sagadef.Definition.Apply: new, duplicate, late, conflicting, invalid, early
 //	persist UPDATE ... WHERE id = $1 AND version = $2 (only if something changed)
 //	outbox  outbox.Enqueue the commands the transition emits
 //	audit   INSERT INTO saga_audit: from, to, trigger, class, message and causation ids, operator, note
@@ -36,7 +36,7 @@
 //   - The version increases by exactly one per persisted change; a
 //     duplicate, an ignored late reply or an invalid message changes nothing
 //     and keeps the version, but is still audited.
-//   - Every outcome — transitions, duplicates, late, conflicting and invalid
+//   - Every outcome — transitions, duplicates, late, conflicting, invalid and early
 //     messages, timeouts, repeated starts and operator actions — writes one
 //     audit row naming its cause (message id and causation id, or operator
 //     and reason).

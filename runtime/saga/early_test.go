@@ -2,7 +2,6 @@ package saga_test
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"testing"
@@ -20,34 +19,36 @@ import (
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
-// TestEarlyEventWaitsForItsStep delivers the event an external step waits
-// for (a human approval, say) before the saga has reached that step: it was
-// published after the saga started, but the reply that moves the saga to the
-// step is still on its way (queued behind it, or in a retry tier). Messages
-// published in order are not handled in order; the event must not be lost.
+// TestEarlyEventIsRecordedForItsStep delivers the event an external step
+// waits for (a human approval, say) before the saga has reached that step:
+// it was published after the saga started, but the reply that moves the
+// saga to the step is still on its way (queued behind it, or published in
+// the same transaction as the event). Messages published in order are not
+// handled in order; the event must not be lost, nor wait in retry tiers.
+// Directly, the event is recorded early on the instance and acknowledged.
 // Through a real consumer and queue, the event comes first and the reply
-// second: the event is retried through the TTL tiers, applied once the saga
-// waits for it, and nothing is parked.
-func TestEarlyEventWaitsForItsStep(t *testing.T) {
+// second: each is handled once (nothing goes through a retry tier), the
+// reply leads the saga to the step, which the recorded event settles at
+// once, and nothing is parked.
+func TestEarlyEventIsRecordedForItsStep(t *testing.T) {
 	t.Parallel()
 	b := setup(t, defOptions{externalPayment: true})
 	id := b.start(t, "o-early")
 	st := b.status(t, id)
 	require.Equal(t, stReserve, st.State)
 
-	// Directly: the event is refused as not yet expected — a transient
-	// failure the consumer retries, not an acknowledged no-op.
-	early := msg(msgPaymentApproved, "o-early")
-	_, err := b.reply(t, "", early, "")
-	require.Error(t, err, "an event for a step not reached yet is not acknowledged as handled")
-	require.Equal(t, retry.ClassTransient, retry.ClassOf(err))
-	require.True(t, errors.Is(err, sagadef.ErrNotReached), "%v", err)
-	require.True(t, retry.IsEarly(err), "an early message is an expected wait, logged at INFO: %v", err)
-	require.Equal(t, stReserve, b.status(t, id).State)
-	require.Len(t, b.history(t, id), 1, "nothing audited: the event will come again")
+	// Directly: recorded early, the state unchanged.
+	_, err := b.reply(t, "", msg(msgPaymentApproved, "o-early"), "")
+	require.NoError(t, err)
+	h := b.history(t, id)
+	require.Equal(t, []string{"start:new:>RESERVE_INVENTORY", "PaymentApproved:early:RESERVE_INVENTORY>RESERVE_INVENTORY"}, trail(h))
+	require.Contains(t, h[1].Note, "recorded early")
+	require.Equal(t, st.Version+1, b.status(t, id).Version, "recorded on the instance")
 
-	// Through the broker: the event first, the reply that reaches the
-	// step second, one at a time.
+	// Through the broker, another saga: the event first, the reply that
+	// reaches the step second, one at a time.
+	id = b.start(t, "o-early-queued")
+	st = b.status(t, id)
 	var mu sync.Mutex
 	var handled []string
 	send := runQueue(t, b, "test.saga.early", func(hctx context.Context, tx pgx.Tx, d *consumer.Delivery) error {
@@ -56,23 +57,25 @@ func TestEarlyEventWaitsForItsStep(t *testing.T) {
 		mu.Unlock()
 		return b.engine.Handle(hctx, tx, d)
 	})
-	event, err := message.New(early, message.Meta{})
+	event, err := message.New(msg(msgPaymentApproved, "o-early-queued"), message.Meta{})
 	require.NoError(t, err)
-	reply, err := message.New(msg(msgInventoryReserved, "o-early"), message.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
+	reply, err := message.New(msg(msgInventoryReserved, "o-early-queued"), message.Meta{SagaID: id, SagaType: b.def.Name, CausationID: st.PendingMessageID})
 	require.NoError(t, err)
 	send(event)
 	send(reply)
 
 	require.Eventually(t, func() bool {
 		return b.status(t, id).State == stShipping
-	}, 30*time.Second, 20*time.Millisecond, "the early event is applied once the saga waits for it")
+	}, 30*time.Second, 20*time.Millisecond, "the recorded event settles the step once the saga enters it")
 	mu.Lock()
-	require.Equal(t, msgPaymentApproved.FullName, handled[0], "the event was handled before the reply")
+	require.Equal(t, []string{msgPaymentApproved.FullName, msgInventoryReserved.FullName}, handled,
+		"each message handled once, the event first: no retry")
 	mu.Unlock()
-	h := b.history(t, id)
-	require.Equal(t, []string{"start:new:>RESERVE_INVENTORY", "InventoryReserved:new:RESERVE_INVENTORY>AUTHORIZE_PAYMENT",
-		"PaymentApproved:new:AUTHORIZE_PAYMENT>SCHEDULE_SHIPPING"}, trail(h))
-	require.Equal(t, event.MessageID, h[2].MessageID)
+	h = b.history(t, id)
+	require.Equal(t, []string{"start:new:>RESERVE_INVENTORY", "PaymentApproved:early:RESERVE_INVENTORY>RESERVE_INVENTORY",
+		"InventoryReserved:new:RESERVE_INVENTORY>SCHEDULE_SHIPPING"}, trail(h))
+	require.Equal(t, event.MessageID, h[1].MessageID)
+	require.Contains(t, h[2].Note, "PaymentApproved, recorded early for step AuthorizePayment, settles it")
 	var parked int
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT count(*) FROM saga_parked`).Scan(&parked))
 	require.Zero(t, parked)
@@ -178,7 +181,7 @@ func runQueue(t *testing.T, b *testBundle, queue string, handler consumer.Handle
 // operator moves the saga on, so retrying the event through the consumer's
 // tiers would end in the parking lot while the resumed saga waits for it.
 // Through a real consumer and queue: the event is recorded in the saga on
-// its first delivery (audited late, nothing parked); after the operator's
+// its first delivery (audited early, nothing parked); after the operator's
 // retry and the reservation's reply, the recorded approval settles the
 // payment step at once and the saga goes on to shipping.
 func TestEventInReviewWaitsForTheRetry(t *testing.T) {
@@ -201,10 +204,10 @@ func TestEventInReviewWaitsForTheRetry(t *testing.T) {
 		return h[len(h)-1].MessageID == event.MessageID
 	}, 30*time.Second, 20*time.Millisecond, "the event is handled")
 	recorded := h[len(h)-1]
-	require.Equal(t, sagadef.ClassLate.String(), recorded.Class)
+	require.Equal(t, sagadef.ClassEarly.String(), recorded.Class)
 	require.Equal(t, stManualReview, recorded.From)
 	require.Equal(t, stManualReview, recorded.To)
-	require.Contains(t, recorded.Note, "before the saga reached the step")
+	require.Contains(t, recorded.Note, "recorded early")
 	st := b.status(t, id)
 	require.Equal(t, stManualReview, st.State)
 	require.Equal(t, inReview.Version+1, st.Version, "recorded in the saga")
@@ -217,7 +220,7 @@ func TestEventInReviewWaitsForTheRetry(t *testing.T) {
 	require.Equal(t, []string{"ReserveInventory", "ReserveInventory", "ScheduleShipping"}, outboxTypes(b.outbox(t, id)))
 	h = b.history(t, id)
 	require.Equal(t, []string{"start:new:>" + stReserve, "timeout:new:" + stReserve + ">" + stManualReview,
-		"PaymentApproved:late:" + stManualReview + ">" + stManualReview,
+		"PaymentApproved:early:" + stManualReview + ">" + stManualReview,
 		"operator.retry:new:" + stManualReview + ">" + stReserve,
 		"InventoryReserved:new:" + stReserve + ">" + stShipping}, trail(h))
 

@@ -49,12 +49,11 @@ import (
 // ([sagadef.ErrMisaddressed]): the reason, "misaddressed reply: ...", names
 // the header that is wrong (x-causation-id, or x-saga-id when the causation
 // id is another saga's command). An event whose business key names no
-// saga yet, or that an external step the saga has not reached waits for
-// ([sagadef.ErrNotReached]), is marked [retry.Transient]: the saga may get
-// there, so the consumer retries it through its tiers before parking it (about
-// two minutes with retry.Default). While the saga is in manual review at an
-// earlier step, the event is recorded in the saga instead and acknowledged:
-// it settles its step when an operator's retry leads the saga there. Hook errors and database errors are
+// saga yet is marked [retry.Early]: the saga may start, so the consumer
+// retries it through its tiers before parking it (about two minutes with
+// retry.Default). An external step's event that arrives while the saga is
+// still on its way to the step is recorded in the saga and acknowledged
+// (class early): it settles the step when the saga gets there. Hook errors and database errors are
 // returned as they are, classified by the consumer. Run by a consumer, the
 // instance update, the audit row and the outbox rows are not written by
 // Handle: on the consumer's fast path they are staged and written with those
@@ -161,7 +160,7 @@ func (e *Engine) Handle(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) er
 // in the instance it moved — a step's or compensation's outcome, the step
 // it settled, the pending command it answered — and a redelivery, which
 // locks the same instance after that transition committed, is classified
-// as a duplicate. Any other class (duplicate, late, invalid, conflicting)
+// as a duplicate. Any other class (duplicate, late, invalid, conflicting, early)
 // may have effects a second classification would repeat (an audit row, a
 // review reason appended again), so such a delivery is claimed in the
 // inbox (claimRepeatable) and a redelivery of it is dropped here, with no

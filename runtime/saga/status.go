@@ -115,7 +115,7 @@ type AuditRecord struct {
 	From      string
 	To        string
 	Trigger   string // message full name or a sagadef.Trigger* constant
-	Class     string // sagadef.Class.String(): new, duplicate, late, conflicting or invalid
+	Class     string // sagadef.Class.String(): new, duplicate, late, conflicting, invalid or early
 	MessageID string
 	// CausationID is the trigger message's causation id (for a reply: the
 	// command it answers).

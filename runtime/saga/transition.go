@@ -73,9 +73,6 @@ func (e *Engine) transition(ctx context.Context, tx pgx.Tx, w row, trig sagadef.
 			errors.Is(err, sagadef.ErrNotCompiled) || errors.Is(err, sagadef.ErrMisaddressed) {
 			// No retry can change the outcome: park the message.
 			err = retry.Permanent(err)
-		} else if errors.Is(err, sagadef.ErrNotReached) {
-			// The saga may get there: retry it, park it if it does not.
-			err = retry.Early(err)
 		}
 		return outcome{}, err
 	}

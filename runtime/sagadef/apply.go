@@ -78,9 +78,7 @@ func (d *Definition) Begin(ctx context.Context, env Env, id string, start messag
 // actions the state does not allow; [ErrTerminal] for operator actions on a
 // terminal instance; a [*CausationError] (matching [ErrMisaddressed]) for a
 // reply whose causation id names no command the saga sent for the step or
-// compensation its type answers; [ErrNotReached] for an external step's
-// event that arrives before the saga waits for it; and errors of the hooks,
-// wrapped.
+// compensation its type answers; and errors of the hooks, wrapped.
 func (d *Definition) Apply(ctx context.Context, env Env, inst Instance, trig Trigger) (Result, error) {
 	if err := env.check(); err != nil {
 		return Result{}, fmt.Errorf("saga %s %s: %w", d.Name, inst.ID, err)

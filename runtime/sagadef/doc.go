@@ -114,6 +114,17 @@
 //   - invalid: the message is not part of this saga's conversation — a type
 //     the saga does not receive, or an External step's event for a step the
 //     saga will not reach (it compensates or ended). No effect.
+//   - early: an External step's event that arrives while the saga is still
+//     on its way to that step — waiting on an earlier step or group, or in
+//     manual review from one. Messages published in order are not always
+//     handled in order: the reply that leads to the step can come after
+//     the event. The event is recorded (folded into the data and recorded
+//     as the step's outcome, the state unchanged), and when the saga
+//     enters the step it settles it at once. When the saga compensates,
+//     the decider skips the step, or the saga ends before reaching it, the
+//     recorded event is discarded with a note in the audit trail. A second
+//     event for the step while one is recorded is a duplicate (same type)
+//     or conflicting (another type: manual review).
 //
 // A reply whose CausationID names no command this instance sent for the
 // step (or compensation) its type answers — none at all, another saga's,
@@ -122,17 +133,6 @@
 // [ErrMisaddressed]) and changes nothing, whatever the step's outcome. The
 // engine marks it permanent, so the consumer parks it with a reason that
 // names the header.
-//
-// An External step's event that arrives while the saga is still on its way
-// to that step, waiting on an earlier step, is none of these: Apply returns
-// [ErrNotReached] and changes nothing, and the engine has the consumer retry
-// it through its TTL tiers, so an approval handled before the reply that
-// leads to it is applied once the saga waits for it (or parked with the
-// reason when the saga does not get there within the retry budget). While
-// the saga is in manual review at an earlier step, where only an operator
-// moves it on, the event is recorded instead (late): when the saga reaches
-// the step after the operator's retry, the recorded event settles it at
-// once. For a saga that compensates or ended, it is invalid.
 //
 // # Timeouts and the deadline
 //

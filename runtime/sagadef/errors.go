@@ -20,14 +20,6 @@ var (
 	// ErrTerminal is returned for an operator trigger on an instance in a
 	// terminal state.
 	ErrTerminal = errors.New("saga is in a terminal state")
-	// ErrNotReached is returned for an external step's event that arrives
-	// while the saga is still on its way to that step, waiting on an
-	// earlier step: messages published in order are not always handled in
-	// order, and the saga may still come to wait for it. (In manual review
-	// at an earlier step, the event is recorded in the saga instead.) The engine marks it transient, so the consumer
-	// retries it through its TTL tiers and parks it, with the reason, when
-	// the saga does not get there within the retry budget.
-	ErrNotReached = errors.New("event for a step the saga has not reached yet")
 	// ErrMisaddressed is matched by the [CausationError] Apply returns for
 	// a reply whose causation id names no command this saga sent for the
 	// step (or compensation) its type answers: a participant that answers

@@ -114,9 +114,6 @@ func (d *Definition) walk(operators bool, visit func(inst Instance, trig Trigger
 				if errors.Is(err, ErrInvalidTrigger) || errors.Is(err, ErrTerminal) {
 					continue // an operator action the state refuses
 				}
-				if errors.Is(err, ErrNotReached) {
-					continue // an event retried until the saga reaches its step
-				}
 				if errors.Is(err, ErrMisaddressed) && trig.CausationID == "explore-unknown" {
 					continue // a reply naming no command sent for it: parked
 				}

@@ -83,9 +83,6 @@ const (
 	lateWaiting lateWhen = iota + 1
 	// lateInReview: the saga is in MANUAL_REVIEW.
 	lateInReview
-	// lateBeforeStep: the saga is in MANUAL_REVIEW from a step before the
-	// External step whose event this is: it has not reached the step yet.
-	lateBeforeStep
 	// lateUndone: the step (or compensation) stopped waiting, and the saga
 	// compensates or ended FAILED or CANCELLED: it counts on the step's
 	// effect not being in place.
@@ -97,7 +94,7 @@ const (
 )
 
 // lateSituations lists the situations in table order.
-var lateSituations = []lateWhen{lateWaiting, lateInReview, lateBeforeStep, lateUndone, lateDone}
+var lateSituations = []lateWhen{lateWaiting, lateInReview, lateUndone, lateDone}
 
 // lateAction is what a late message does.
 type lateAction int
@@ -122,10 +119,9 @@ const (
 //
 //   - In manual review everything is recorded for the operator, whatever
 //     the policy: the operator holds the saga, and a retry continues from
-//     what was recorded. An External step's event that comes while the
-//     saga is in review before reaching that step is recorded too, and
-//     applied when the saga gets there, rather than retried until it is
-//     parked.
+//     what was recorded. (An External step's event that comes before the
+//     saga reached its step, in review or not, is early, not late: see
+//     recordEarly.)
 //   - The answer to an earlier attempt of a compensation is applied:
 //     every attempt sends the same compensating command (same idempotency
 //     key), so any attempt's answer is the compensation's.
@@ -143,7 +139,7 @@ const (
 //     policy.
 func lateRule(m lateMessage, when lateWhen, p LatePolicy) lateAction {
 	switch when {
-	case lateInReview, lateBeforeStep:
+	case lateInReview:
 		return lateRecord
 	case lateWaiting:
 		switch {
@@ -202,8 +198,6 @@ func (w *work) lateWhat(subject string, when lateWhen) string {
 		return fmt.Sprintf("late %s answers an earlier attempt of %s", name, subject)
 	case lateInReview:
 		return fmt.Sprintf("late %s for %s while in manual review", name, subject)
-	case lateBeforeStep:
-		return fmt.Sprintf("%s for %s while in manual review before the saga reached the step; it settles the step when the saga gets there", name, subject)
 	default:
 		return fmt.Sprintf("late %s for %s, which stopped waiting; the saga is %s", name, subject, w.lateState())
 	}

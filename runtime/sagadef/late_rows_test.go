@@ -161,17 +161,17 @@ func TestLateReplyRows(t *testing.T) {
 			h.RequireState(sagadef.StateManualReview)
 			require.Contains(t, h.Instance().ReviewReason, "the step is undone though the saga completed")
 		}},
-		{"approval in review before the saga reached the step: recorded, settles the step after the retry", quoteApproval, func(t *testing.T, h *sagatest.Harness) {
+		{"approval in review before the saga reached the step: recorded early, settles the step after the retry", quoteApproval, func(t *testing.T, h *sagatest.Harness) {
 			h.Start(msg(qRequestQuote))
 			h.Timeout()
 			h.Timeout()
 			h.RequireState(sagadef.StateManualReview)
 			require.Equal(t, sPrepare, h.Instance().Progress.ReviewFrom)
 			h.Reply(msg(qQuoteApproved))
-			h.RequireClass(sagadef.ClassLate)
+			h.RequireClass(sagadef.ClassEarly)
 			h.RequireState(sagadef.StateManualReview)
 			require.Equal(t, qQuoteApproved, h.Instance().Progress.Outcomes["AwaitApproval"])
-			require.Contains(t, h.Last().Note, "before the saga reached the step")
+			require.Contains(t, h.Last().Note, "recorded early")
 			h.Duplicate()
 			h.RequireClass(sagadef.ClassDuplicate)
 			h.OperatorRetry("pricing is back")
@@ -182,7 +182,7 @@ func TestLateReplyRows(t *testing.T) {
 			h.RequireState(sContract)
 			h.RequireSent(qSendContract)
 			require.Equal(t, []string{"PrepareQuote", "AwaitApproval"}, h.Instance().Progress.Completed)
-			require.Contains(t, h.Last().Note, "QuoteApproved, recorded before the saga reached step AwaitApproval, settles it")
+			require.Contains(t, h.Last().Note, "QuoteApproved, recorded early for step AwaitApproval, settles it")
 		}},
 		{"rejection in review before the saga reached the step: the quote is withdrawn after the retry", quoteApproval, func(t *testing.T, h *sagatest.Harness) {
 			h.Start(msg(qRequestQuote))

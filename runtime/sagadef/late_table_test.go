@@ -169,11 +169,6 @@ func (d *Definition) observedSituation(inst Instance, m lateMessage) lateWhen {
 	case inst.State == own:
 		return lateWaiting
 	case st.Kind == StateKindManualReview:
-		from, ok := d.compiled.states[inst.Progress.ReviewFrom]
-		if (m == lateSuccessEvent || m == lateFailureEvent) && ok && from.Kind == StateKindStep &&
-			d.compiled.steps[from.Step] < d.compiled.steps[lateTarget] && !slices.Contains(inst.Progress.Stopped, lateTarget) {
-			return lateBeforeStep
-		}
 		return lateInReview
 	case st.Kind == StateKindCompensating, inst.State == StateFailed, inst.State == StateCancelled:
 		return lateUndone
@@ -270,8 +265,8 @@ func TestLateReplyTable(t *testing.T) {
 	for _, m := range lateMessages {
 		for _, w := range lateSituations {
 			event := m == lateSuccessEvent || m == lateFailureEvent
-			if (event && w == lateWaiting) || (!event && w == lateBeforeStep) {
-				continue // an event has no attempts; only an event settles a step not reached
+			if event && w == lateWaiting {
+				continue // an event has no attempts
 			}
 			want = append(want, lateKey{m, w})
 			if lt.cells[lateKey{m, w}] != nil {
@@ -308,14 +303,13 @@ var (
 	// lateSituationLabels names the situations; %s is "step" or
 	// "compensation".
 	lateSituationLabels = map[lateWhen]string{
-		lateWaiting:    "the %s still waits, for a later attempt: the message answers an earlier one",
-		lateInReview:   "the saga is in manual review",
-		lateBeforeStep: "the saga is in manual review before reaching the step",
-		lateUndone:     "the %s stopped waiting; the saga compensates, or ended `FAILED` or `CANCELLED`",
-		lateDone:       "the %s stopped waiting; the saga ended `COMPLETED`",
+		lateWaiting:  "the %s still waits, for a later attempt: the message answers an earlier one",
+		lateInReview: "the saga is in manual review",
+		lateUndone:   "the %s stopped waiting; the saga compensates, or ended `FAILED` or `CANCELLED`",
+		lateDone:     "the %s stopped waiting; the saga ended `COMPLETED`",
 	}
 	lateShortSituations = map[lateWhen]string{
-		lateWaiting: "earlier attempt", lateInReview: "in review", lateBeforeStep: "before the step",
+		lateWaiting: "earlier attempt", lateInReview: "in review",
 		lateUndone: "after it stopped", lateDone: "after `COMPLETED`",
 	}
 	lateActionLabels = map[lateAction]string{

@@ -114,7 +114,7 @@ func (k StateKind) String() string {
 }
 
 // String returns the class as stored in the audit trail's class column:
-// new, duplicate, late, conflicting or invalid.
+// new, duplicate, late, conflicting, invalid or early.
 func (c Class) String() string {
 	switch c {
 	case ClassNew:
@@ -127,6 +127,8 @@ func (c Class) String() string {
 		return "conflicting"
 	case ClassInvalid:
 		return "invalid"
+	case ClassEarly:
+		return "early"
 	default:
 		return fmt.Sprintf("class(%d)", int(c))
 	}

@@ -292,6 +292,11 @@ const (
 	// ClassInvalid is not part of this saga's conversation in any state it
 	// has been in; audited, no effect.
 	ClassInvalid
+	// ClassEarly is an External step's event that arrives while the saga
+	// is still on its way to the step: recorded (the state unchanged), it
+	// settles the step when the saga enters it, and is discarded when the
+	// saga compensates, skips the step or ends first.
+	ClassEarly
 )
 
 // Instance is the persisted state of one saga instance, as the machine sees it.

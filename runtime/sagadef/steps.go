@@ -130,15 +130,16 @@ func (w *work) advance(i int) error {
 			return err
 		}
 		if skip {
+			w.dropEarly(j, "the decider skipped the step")
 			continue
 		}
 		if err := w.enterStep(j, 1); err != nil {
 			return err
 		}
-		// An External step's event recorded in manual review before the
-		// saga reached the step settles it now.
+		// An External step's event recorded before the saga reached the
+		// step settles it now.
 		if rec, ok := w.out.Progress.Outcomes[s.Name]; ok && s.External {
-			w.note("%s, recorded before the saga reached step %s, settles it", shortName(rec), s.Name)
+			w.note("%s, recorded early for step %s, settles it", shortName(rec), s.Name)
 			return w.conclude(j, w.isSuccess(rec), rec)
 		}
 		return nil
@@ -186,6 +187,7 @@ func (w *work) skip(i int) (bool, error) {
 // completed (or stopped waiting, so may have taken effect) and is not yet
 // compensated; with none left, the saga has FAILED.
 func (w *work) compensate() error {
+	w.dropUnreached("the saga compensates")
 	p := w.progress()
 	// In reverse of the order the steps ran, not of the definition's: an
 	// earlier release may have ordered them otherwise. A step the saga
@@ -237,6 +239,7 @@ func (w *work) resumeForward() {
 
 // finish ends the saga in a terminal state.
 func (w *work) finish(state string) {
+	w.dropUnreached("the saga ended " + state)
 	w.leaveReview()
 	w.out.State = state
 	w.out.TimeoutAt, w.out.DeadlineAt = time.Time{}, time.Time{}
@@ -331,22 +334,17 @@ func (w *work) onStepReply(i int, success bool) error {
 	stepState := StateName(s.Name)
 	waiting := w.in.State == stepState
 	pending := true
-	var when lateWhen
 	if s.External {
 		reached := waiting || slices.Contains(in.Stopped, s.Name) ||
 			(w.in.State == StateManualReview && in.ReviewFrom == stepState)
 		if !reached {
 			at, ok := w.forwardStep()
 			switch {
-			case ok && at < i && w.in.State == StateManualReview:
-				// The operator's retry may lead the saga to the step:
-				// kept in the saga until it gets there.
-				when = lateBeforeStep
 			case ok && at < i:
-				// It may be early rather than stray: the message that
-				// moves the saga on can be queued behind it.
-				return fmt.Errorf("%s for step %s while the saga is at step %s: %w",
-					shortName(w.kind), s.Name, w.step(at).Name, ErrNotReached)
+				// Early rather than stray: the message that moves the
+				// saga on (or an operator's retry from review) can come
+				// after it.
+				return w.recordEarly(s, at)
 			case slices.Contains(in.Skipped, s.Name):
 				w.noop(ClassInvalid, "%s for step %s, which the saga skipped", shortName(w.kind), s.Name)
 				return nil
@@ -364,9 +362,7 @@ func (w *work) onStepReply(i int, success bool) error {
 		w.class = ClassNew
 		return w.settle(i, success)
 	}
-	if when == 0 {
-		when = w.lateSituation(waiting)
-	}
+	when := w.lateSituation(waiting)
 	w.class = ClassLate
 	m := lateForward(s, success)
 	what := w.lateWhat("step "+s.Name, when)
@@ -481,6 +477,49 @@ func (w *work) record(step string) error {
 	}
 	w.progress().Outcomes[step] = w.kind
 	return nil
+}
+
+// recordEarly records an External step's event that arrives while the saga
+// is still on its way to the step, waiting on step at (or in manual review
+// from it): folded into the data and recorded as the step's outcome, the
+// state unchanged. Entering the step settles it at once (advance); the
+// saga compensating, skipping the step or ending first discards it
+// (dropUnreached, dropEarly).
+func (w *work) recordEarly(s *Step, at int) error {
+	w.class = ClassEarly
+	w.note("%s for step %s recorded early, while the saga is at step %s; it settles the step when the saga gets there",
+		shortName(w.kind), s.Name, w.step(at).Name)
+	return w.record(s.Name)
+}
+
+// dropUnreached discards the events recorded early for the External steps
+// after the one the saga was on when the trigger came (it will not reach
+// them), saying why; the step this trigger led the saga to (an event
+// recorded early that settled it with a failure) is not among them.
+// Nothing is discarded once the saga left its forward path: it did so when
+// it left.
+func (w *work) dropUnreached(why string) {
+	at, ok := w.forwardStep()
+	if !ok {
+		return
+	}
+	for j := at + 1; j < len(w.d.Steps); j++ {
+		if StateName(w.step(j).Name) != w.out.State {
+			w.dropEarly(j, why)
+		}
+	}
+}
+
+// dropEarly discards the event recorded early for step j, if it is an
+// External step the saga has not completed, with an audit note.
+func (w *work) dropEarly(j int, why string) {
+	s := w.step(j)
+	rec, ok := w.out.Progress.Outcomes[s.Name]
+	if !ok || !s.External || slices.Contains(w.out.Progress.Completed, s.Name) {
+		return
+	}
+	delete(w.progress().Outcomes, s.Name)
+	w.note("%s, recorded early for step %s, discarded: %s", shortName(rec), s.Name, why)
 }
 
 func (w *work) onCompensationReply(i int, success bool) error {

@@ -505,17 +505,12 @@ func (d *Definition) derive() []Transition {
 	if d.Deadline > 0 {
 		for _, r := range rows {
 			// The deadline fires once, and stuck clears it: review
-			// entered by either has no deadline armed. An event of a
-			// later step conflicts only with one recorded in a review
-			// before: its own row brings no deadline the review that
-			// recorded it did not.
+			// entered by either has no deadline armed; any other way
+			// from the forward path keeps it (an event of a later step
+			// conflicting with one recorded early included).
 			from := d.compiled.states[r.From]
-			at := d.compiled.steps[from.Step]
-			if from.Kind == StateKindGroup {
-				at = d.compiled.groups[from.Group].last
-			}
 			if r.To == rev && r.Trigger != TriggerDeadline && r.Trigger != TriggerStuck &&
-				(from.Kind == StateKindStep || from.Kind == StateKindGroup) && d.compiled.messages[r.Trigger].step <= at {
+				(from.Kind == StateKindStep || from.Kind == StateKindGroup) {
 				toReview(rev, TriggerDeadline)
 				break
 			}

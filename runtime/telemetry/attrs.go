@@ -27,10 +27,10 @@ const (
 	// KeySagaState is a state in gauges.
 	KeySagaState = attribute.Key("saga.state")
 	// KeySagaClass is the classification of a trigger: new, duplicate,
-	// late, conflicting, invalid (spans; the saga_audit class).
+	// late, conflicting, invalid, early (spans; the saga_audit class).
 	KeySagaClass = attribute.Key("saga.class")
 	// KeySagaResult is a transition's result in metrics: applied,
-	// duplicate, late, conflicting, invalid.
+	// duplicate, late, conflicting, invalid, early.
 	KeySagaResult = attribute.Key("saga.result")
 	// KeySagaTrigger is the trigger of a transition: a message full name or
 	// a sagadef.Trigger* constant (spans only).

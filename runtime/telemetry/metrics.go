@@ -86,7 +86,7 @@ func NewMetrics(p Providers) (*Metrics, error) {
 	}
 	out := &Metrics{
 		enabled:       true,
-		transitions:   counter(MetricTransitions, "{transition}", "Triggers applied to saga instances, by result (applied, duplicate, late, conflicting, invalid)."),
+		transitions:   counter(MetricTransitions, "{transition}", "Triggers applied to saga instances, by result (applied, duplicate, late, conflicting, invalid, early)."),
 		timeouts:      counter(MetricTimeouts, "{timeout}", "Step timeouts and saga deadlines fired."),
 		compensations: counter(MetricCompensations, "{command}", "Compensating commands sent."),
 		manualReviews: counter(MetricManualReviews, "{saga}", "Saga instances sent to manual review."),

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/protosaga/saga/examples/travel/app"
+	insurancev1 "github.com/protosaga/saga/examples/travel/insurance/v1"
 	paymentv1 "github.com/protosaga/saga/examples/travel/payment/v1"
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/internal/audittest"
@@ -20,6 +22,7 @@ import (
 	"github.com/protosaga/saga/runtime/host"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/outbox"
+	"github.com/protosaga/saga/runtime/participant"
 	"github.com/protosaga/saga/runtime/retry"
 )
 
@@ -149,20 +152,38 @@ func (b *testBundle) held(t *testing.T, tripID string) []string {
 
 type step = audittest.Step
 
-var validated = []step{
-	{From: "", To: "VALIDATE_TRAVELLER", Trigger: "start", Class: "new"},
-	{From: "VALIDATE_TRAVELLER", To: "RESERVE_TRIP", Trigger: "TravellerValid", Class: "new"},
+// requireValidated checks that path starts with the traveller's
+// validation and the entry permit (decision, as granted or not), in either
+// order the two messages came: the travellers service publishes them in one
+// transaction. The reply first: the saga waits for the permit, which
+// settles the step. The permit first: it is recorded early, and the reply
+// leads the saga into the step, which it settles at once. It returns how
+// many entries of path the two take, and the state they lead to.
+func requireValidated(t *testing.T, path []step, decision, to string) int {
+	t.Helper()
+	start := step{From: "", To: "VALIDATE_TRAVELLER", Trigger: "start", Class: "new"}
+	want := []step{start,
+		{From: "VALIDATE_TRAVELLER", To: "AWAIT_ENTRY_PERMIT", Trigger: "TravellerValid", Class: "new"},
+		{From: "AWAIT_ENTRY_PERMIT", To: to, Trigger: decision, Class: "new"}}
+	if len(path) > 1 && path[1].Trigger == decision {
+		want = []step{start,
+			{From: "VALIDATE_TRAVELLER", To: "VALIDATE_TRAVELLER", Trigger: decision, Class: "early"},
+			{From: "VALIDATE_TRAVELLER", To: to, Trigger: "TravellerValid", Class: "new"}}
+	}
+	require.GreaterOrEqual(t, len(path), len(want), "%v", path)
+	require.Equal(t, want, path[:len(want)], "%v", path)
+	return len(want)
 }
 
-// requireJoined checks that path, from index 2, holds the three holds'
+// requireJoined checks that path, after the validation, holds the three holds'
 // replies of the ReserveTrip group in whichever order they came: the first
 // two keep the saga in RESERVE_TRIP, the last moves it to next.
 func requireJoined(t *testing.T, path []step, next string) {
 	t.Helper()
-	require.GreaterOrEqual(t, len(path), len(validated)+3)
-	require.Equal(t, validated, path[:len(validated)])
+	n := requireValidated(t, path, "EntryPermitGranted", "RESERVE_TRIP")
+	require.GreaterOrEqual(t, len(path), n+3)
 	var triggers []string
-	for i, s := range path[len(validated) : len(validated)+3] {
+	for i, s := range path[n : n+3] {
 		to := "RESERVE_TRIP"
 		if i == 2 {
 			to = next
@@ -175,13 +196,18 @@ func requireJoined(t *testing.T, path []step, next string) {
 
 // requireEffects checks a trip's ledger: first, then the effects of the
 // three holds in any order, then rest in order.
-func requireEffects(t *testing.T, got []string, first string, holds []string, rest ...string) {
+func requireEffects(t *testing.T, got []string, first []string, holds []string, rest ...string) {
 	t.Helper()
-	require.Len(t, got, 1+len(holds)+len(rest), "%v", got)
-	require.Equal(t, first, got[0], "%v", got)
-	require.ElementsMatch(t, holds, got[1:1+len(holds)], "%v", got)
-	require.Equal(t, rest, got[1+len(holds):], "%v", got)
+	n := len(first)
+	require.Len(t, got, n+len(holds)+len(rest), "%v", got)
+	require.Equal(t, first, got[:n], "%v", got)
+	require.ElementsMatch(t, holds, got[n:n+len(holds)], "%v", got)
+	require.Equal(t, rest, got[n+len(holds):], "%v", got)
 }
+
+// validEffects are a valid traveller's effects: validated, and the entry
+// permit granted in the same transaction.
+var validEffects = []string{"travellers:valid", "travellers:permit_granted"}
 
 var allHeld = []string{"flights:reserved", "hotels:reserved", "cars:reserved"}
 
@@ -209,10 +235,11 @@ func TestBookTrip(t *testing.T) {
 			{From: "BUY_INSURANCE", To: "CHARGE_TRIP", Trigger: "InsuranceBought", Class: "new"},
 			{From: "CHARGE_TRIP", To: "CONFIRM_TRIP", Trigger: "TripCharged", Class: "new"},
 			{From: "CONFIRM_TRIP", To: "COMPLETED", Trigger: "TripConfirmed", Class: "new"},
-		}, path[len(validated)+3:])
-		requireEffects(t, b.ledger(t, "t-insured", 11), "travellers:valid", allHeld,
+		}, path[len(path)-3:])
+		requireEffects(t, b.ledger(t, "t-insured", 12), validEffects, allHeld,
 			"insurance:bought", "cards:authorized", "fraud:cleared", "cards:captured", "trip:confirmed", "itinerary:sent", "notifications:reminded")
-		require.NotEmpty(t, st.Data.GetPolicyId())
+		require.NotEmpty(t, st.Data.GetPolicyId(), "bought through the insurer's failures")
+		require.Equal(t, "permit_t-insured", st.Data.GetPermitId())
 		// The charge is the child Payment's: its outcome reply carried it.
 		child := b.payment(t, "t-insured", paymentv1.PaymentStateCompleted)
 		require.Equal(t, child.Data.GetChargeId(), st.Data.GetChargeId())
@@ -235,7 +262,7 @@ func TestBookTrip(t *testing.T) {
 			}
 		}
 		require.Contains(t, skipNote, "skipped conditional step BuyInsurance: travel insurance not requested")
-		requireEffects(t, b.ledger(t, "t-uninsured", 9), "travellers:valid", allHeld,
+		requireEffects(t, b.ledger(t, "t-uninsured", 10), validEffects, allHeld,
 			"cards:authorized", "fraud:cleared", "cards:captured", "trip:confirmed", "itinerary:sent")
 		require.Empty(t, st.Data.GetPolicyId())
 		// The trip departs in 30 days: its reminder waits in PostgreSQL,
@@ -258,23 +285,22 @@ WHERE message_type = $1`, tripv1.CheckInReminderInfo.FullName).Scan(&due))
 		// (reverse contract order). A hold that comes back after the group
 		// stopped is a late reply, ignored and audited: its cancellation
 		// undoes it.
-		var applied []step
-		for _, s := range audittest.Path(t, b.trips.Engine(), id) {
+		path := audittest.Path(t, b.trips.Engine(), id)
+		var tail []step
+		for _, s := range path[requireValidated(t, path, "EntryPermitGranted", "RESERVE_TRIP"):] {
 			if s.Class == "new" {
-				applied = append(applied, s)
+				tail = append(tail, s)
 			} else {
 				require.Equal(t, "late", s.Class, "%v", s)
 			}
 		}
-		require.Equal(t, validated, applied[:len(validated)])
-		tail := applied[len(validated):]
 		require.Equal(t, []step{
 			{From: "RESERVE_TRIP", To: "COMPENSATING_RESERVE_CAR", Trigger: "FlightSoldOut", Class: "new"},
 			{From: "COMPENSATING_RESERVE_CAR", To: "COMPENSATING_RESERVE_HOTEL", Trigger: "CarCancelled", Class: "new"},
 			{From: "COMPENSATING_RESERVE_HOTEL", To: "FAILED", Trigger: "HotelCancelled", Class: "new"},
 		}, tail[len(tail)-3:], "%v", tail)
-		effects := b.ledger(t, "t-sold-out", 4)
-		require.Equal(t, "travellers:valid", effects[0])
+		effects := b.ledger(t, "t-sold-out", 5)
+		require.Equal(t, validEffects, effects[:2])
 		require.Contains(t, effects, "flights:unavailable")
 		for _, svc := range []string{"hotels", "cars"} {
 			// Held then cancelled, or cancelled before the hold ran (the
@@ -295,7 +321,7 @@ WHERE message_type = $1`, tripv1.CheckInReminderInfo.FullName).Scan(&due))
 		st := b.wait(t, id, tripv1.BookTripStateFailed)
 		// The insurance first, then the group's holds in reverse contract
 		// order.
-		requireEffects(t, b.ledger(t, "t-declined", 10), "travellers:valid", allHeld,
+		requireEffects(t, b.ledger(t, "t-declined", 11), validEffects, allHeld,
 			"insurance:bought", "cards:declined", "insurance:cancelled", "cars:cancelled", "hotels:cancelled", "flights:cancelled")
 		require.Empty(t, b.held(t, "t-declined"))
 		require.Equal(t, "payments: card declined", st.Data.GetFailureReason())
@@ -311,7 +337,7 @@ WHERE message_type = $1`, tripv1.CheckInReminderInfo.FullName).Scan(&due))
 		st := b.wait(t, id, tripv1.BookTripStateFailed)
 		// The child Payment compensates its own step (the authorization)
 		// before it answers PaymentDeclined; then the trip compensates.
-		requireEffects(t, b.ledger(t, "t-flagged", 10), "travellers:valid", allHeld,
+		requireEffects(t, b.ledger(t, "t-flagged", 11), validEffects, allHeld,
 			"cards:authorized", "fraud:flagged", "cards:voided", "cars:cancelled", "hotels:cancelled", "flights:cancelled")
 		require.Equal(t, "payments: flagged by fraud screening", st.Data.GetFailureReason())
 		child := b.payment(t, "t-flagged", paymentv1.PaymentStateFailed)
@@ -321,6 +347,22 @@ WHERE message_type = $1`, tripv1.CheckInReminderInfo.FullName).Scan(&due))
 			{From: "SCREEN_PAYMENT", To: "COMPENSATING_AUTHORIZE_CARD", Trigger: "PaymentFlagged", Class: "new"},
 			{From: "COMPENSATING_AUTHORIZE_CARD", To: "FAILED", Trigger: "AuthorizationVoided", Class: "new"},
 		}, audittest.Path(t, b.payments.Engine(), child.ID))
+	})
+
+	t.Run("EntryPermitDeniedFailsWithNothingToUndo", func(t *testing.T) {
+		t.Parallel()
+		r := request("t-no-permit", true)
+		r.PassportNumber = app.NoPermitPassportPrefix + "123"
+		id := b.book(t, r)
+		st := b.wait(t, id, tripv1.BookTripStateFailed)
+		// An external check step: nothing before it to undo, no command
+		// sent for it, no compensation.
+		path := audittest.Path(t, b.trips.Engine(), id)
+		require.Equal(t, 3, requireValidated(t, path, "EntryPermitDenied", "FAILED"))
+		require.Len(t, path, 3, "%v", path)
+		require.Equal(t, []string{"travellers:valid", "travellers:permit_denied"}, b.ledger(t, "t-no-permit", 2))
+		require.Equal(t, "travellers: entry permit denied: entry refused for this passport", st.Data.GetFailureReason())
+		require.Empty(t, st.Data.GetPermitId())
 	})
 
 	t.Run("ExpiredPassportFailsTheCheckWithNothingToUndo", func(t *testing.T) {
@@ -366,4 +408,48 @@ func TestInvalidRequestStartsNoSaga(t *testing.T) {
 	_, err := app.Decider{}.Start(context.Background(), &tripv1.BookTripRequest{TripId: "t-bad"})
 	require.ErrorContains(t, err, "flight is empty")
 	require.ErrorContains(t, err, "nights is not positive")
+}
+
+// TestFlakyInsurerRidesItsOwnRetryTiers: the insurer fails each purchase
+// InsurerFlakiness times (a transient failure, before any effect), and the
+// insurance commands' own retry policy (insurance.proto) delivers it again
+// until it succeeds within the BuyInsurance step's timeout, which the
+// host's default policy would not. TestBookTrip's insured trips buy their
+// policy through these failures.
+func TestFlakyInsurerRidesItsOwnRetryTiers(t *testing.T) {
+	t.Parallel()
+	insurer := app.Insurance{Flaky: app.InsurerFlakiness}
+	for n := 1; n <= app.InsurerFlakiness; n++ {
+		env := message.Envelope{MessageID: fmt.Sprint("m", n), Headers: map[string]any{message.HeaderAttempt: int32(n)}}
+		if n == 1 {
+			env.Headers = nil // a first delivery carries no attempt header
+		}
+		ctx := participant.WithCommand(context.Background(), &env)
+		_, err := insurer.BuyInsurance(ctx, nil, &insurancev1.BuyInsurance{TripId: "t-flaky"})
+		require.ErrorIs(t, err, app.ErrInsurerUnavailable, "delivery %d", n)
+		require.Equal(t, retry.ClassTransient, retry.ClassOf(err), "delivery %d", n)
+		require.ErrorContains(t, err, "trip t-flaky")
+	}
+
+	step, ok := tripv1.BookTripDefinition().LookupStep("BuyInsurance")
+	require.True(t, ok)
+	// answeredAfter is how long after the first delivery the one that
+	// succeeds comes under p, and whether p allows it at all.
+	answeredAfter := func(p retry.Policy) (time.Duration, bool) {
+		var wait time.Duration
+		for n := 1; n <= app.InsurerFlakiness; n++ {
+			d, ok := p.TierFor(n)
+			if !ok {
+				return wait, false
+			}
+			wait += d
+		}
+		return wait, true
+	}
+	own := insurancev1.TopologyPlan.Retry["insurance.commands"]
+	wait, ok := answeredAfter(own)
+	require.True(t, ok, "the insurance commands' policy %+v allows delivery %d", own, app.InsurerFlakiness+1)
+	require.Less(t, wait, step.Timeout, "within the step's timeout")
+	wait, ok = answeredAfter(retry.Default())
+	require.False(t, ok && wait < step.Timeout, "the default policy would not do (after %s, allowed %t)", wait, ok)
 }

@@ -138,6 +138,18 @@ func (Decider) OnTravellerRejected(_ context.Context, d *tripv1.BookTripData, m 
 	return nil
 }
 
+// OnEntryPermitGranted keeps the entry permit.
+func (Decider) OnEntryPermitGranted(_ context.Context, d *tripv1.BookTripData, m *travellerv1.EntryPermitGranted) error {
+	d.PermitId = m.GetPermitId()
+	return nil
+}
+
+// OnEntryPermitDenied keeps why the traveller may not travel.
+func (Decider) OnEntryPermitDenied(_ context.Context, d *tripv1.BookTripData, m *travellerv1.EntryPermitDenied) error {
+	d.FailureReason = "travellers: entry permit denied: " + m.GetReason()
+	return nil
+}
+
 // OnHotelReserved keeps the room hold.
 func (Decider) OnHotelReserved(_ context.Context, d *tripv1.BookTripData, m *reservationv1.HotelReserved) error {
 	d.RoomHoldId = m.GetRoomHoldId()

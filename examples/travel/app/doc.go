@@ -12,10 +12,13 @@
 //     the parent (TripCharged or PaymentDeclined).
 //   - Travellers, Flights, Hotels, Cars, Insurance, Cards, Fraud and Trip:
 //     the participants, each implementing its generated <Service>Participant
-//     interface. Travellers validate (a check step, nothing to undo);
+//     interface. Travellers validate (a check step, nothing to undo) and
+//     publish the destination's entry permit decision with their reply
+//     (the event an external check step waits for);
 //     flights, hotels and cars hold one unit of their inventory for a trip
 //     and give it back when the saga compensates; insurance issues and
-//     voids a policy; cards authorize, void and capture, and fraud screens,
+//     voids a policy (its insurer fails each purchase a few times: the
+//     insurance commands declare retry tiers of their own); cards authorize, void and capture, and fraud screens,
 //     for the Payment saga; trip records the booked trip and publishes
 //     TripBooked in the same transaction.
 //   - Itinerary: the subscriber of TripBooked (choreography): it sends the

@@ -16,11 +16,16 @@ import (
 	tripv1 "github.com/protosaga/saga/examples/travel/trip/v1"
 	"github.com/protosaga/saga/runtime/message"
 	"github.com/protosaga/saga/runtime/participant"
+	"github.com/protosaga/saga/runtime/retry"
 )
 
 // ExpiredPassportPrefix starts the passport numbers the travellers service
 // treats as expired.
 const ExpiredPassportPrefix = "EXPIRED-"
+
+// NoPermitPassportPrefix starts the passport numbers of travellers the
+// destination refuses an entry permit.
+const NoPermitPassportPrefix = "NOPERMIT-"
 
 // journal records one business effect in travel_ledger, in the effect's
 // transaction, sent with the reply in one round trip.
@@ -31,13 +36,17 @@ func journal(ctx context.Context, tx pgx.Tx, tripID, service, effect, detail str
 }
 
 // Travellers is the travellers service: it says whether a traveller may
-// book. A check step: nothing to undo.
+// book, and publishes the destination's entry permit decision for a valid
+// one. Two check steps: nothing to undo.
 type Travellers struct{}
 
 var _ travellerv1.TravellersParticipant = Travellers{}
 
 // ValidateTraveller refuses a blocked traveller and a missing or expired
-// passport.
+// passport. For a valid traveller it also publishes the entry permit
+// decision (EntryPermitGranted, or EntryPermitDenied for a passport starting
+// with NoPermitPassportPrefix) through the outbox, in the transaction of its
+// reply: both go out when the validation commits, in no promised order.
 func (Travellers) ValidateTraveller(ctx context.Context, tx pgx.Tx, cmd *travellerv1.ValidateTraveller) (travellerv1.ValidateTravellerResult, error) {
 	tripID := cmd.GetTripId()
 	var blocked bool
@@ -63,7 +72,28 @@ func (Travellers) ValidateTraveller(ctx context.Context, tx pgx.Tx, cmd *travell
 	if err := journal(ctx, tx, tripID, "travellers", "valid", ""); err != nil {
 		return nil, err
 	}
+	if err := permit(ctx, tx, tripID, cmd.GetPassportNumber()); err != nil {
+		return nil, err
+	}
 	return &travellerv1.TravellerValid{TripId: tripID}, nil
+}
+
+// permit publishes the destination's entry permit decision for the trip
+// and journals it. The permit id derives from the trip, so a redelivered
+// validation that runs again decides the same.
+func permit(ctx context.Context, tx pgx.Tx, tripID, passport string) error {
+	var err error
+	effect, detail := "permit_granted", "permit_"+tripID
+	if strings.HasPrefix(passport, NoPermitPassportPrefix) {
+		effect, detail = "permit_denied", "entry refused for this passport"
+		_, err = travellerv1.PublishEntryPermitDenied(ctx, tx, &travellerv1.EntryPermitDenied{TripId: tripID, Reason: detail}, message.Meta{})
+	} else {
+		_, err = travellerv1.PublishEntryPermitGranted(ctx, tx, &travellerv1.EntryPermitGranted{TripId: tripID, PermitId: detail}, message.Meta{})
+	}
+	if err != nil {
+		return fmt.Errorf("travellers: publish the entry permit decision of trip %s: %w", tripID, err)
+	}
+	return journal(ctx, tx, tripID, "travellers", effect, detail)
 }
 
 // Inventory kinds: a flight's seats, a hotel's rooms, a station's cars.
@@ -214,13 +244,32 @@ func (Cars) CancelCar(ctx context.Context, tx pgx.Tx, cmd *reservationv1.CancelC
 
 // Insurance is the insurance service: it issues a travel insurance policy
 // and voids it when the saga compensates.
-type Insurance struct{}
+type Insurance struct {
+	// Flaky is how many deliveries of each BuyInsurance fail before the
+	// insurer's API answers: a transient failure, which the consumer
+	// retries through the insurance commands' own retry tiers
+	// (insurance.proto).
+	Flaky int
+}
 
 var _ insurancev1.InsuranceParticipant = Insurance{}
 
+// InsurerFlakiness is Insurance.Flaky in the example's services
+// (RegisterServices): every purchase fails four times before it succeeds,
+// on its fifth delivery. Under the host's default retry policy that comes
+// 2m11s after the first, past the step's timeout; the insurance commands'
+// own tiers (insurance.proto) bring it 5.2s after.
+const InsurerFlakiness = 4
+
+// ErrInsurerUnavailable is the insurer's transient failure.
+var ErrInsurerUnavailable = errors.New("insurer unavailable")
+
 // BuyInsurance issues the trip's policy.
-func (Insurance) BuyInsurance(ctx context.Context, tx pgx.Tx, cmd *insurancev1.BuyInsurance) (insurancev1.BuyInsuranceResult, error) {
+func (i Insurance) BuyInsurance(ctx context.Context, tx pgx.Tx, cmd *insurancev1.BuyInsurance) (insurancev1.BuyInsuranceResult, error) {
 	tripID := cmd.GetTripId()
+	if n := delivery(ctx); n <= i.Flaky {
+		return nil, retry.Transient(fmt.Errorf("insurance: buy the policy of trip %s (delivery %d): %w", tripID, n, ErrInsurerUnavailable))
+	}
 	policy := "pol_" + uuid.NewString()
 	if err := participant.Defer(ctx, tx, "insurance: issue the policy of trip "+tripID,
 		`INSERT INTO insurance_policies (trip_id, policy_id) VALUES ($1, $2)`, tripID, policy); err != nil {
@@ -230,6 +279,17 @@ func (Insurance) BuyInsurance(ctx context.Context, tx pgx.Tx, cmd *insurancev1.B
 		return nil, err
 	}
 	return &insurancev1.InsuranceBought{TripId: tripID, PolicyId: policy}, nil
+}
+
+// delivery returns which delivery of the command being handled this is (1
+// for the first, then one more per pass through a retry tier).
+func delivery(ctx context.Context) int {
+	if env, ok := participant.Command(ctx); ok {
+		if n, ok, err := message.HeaderInt(env.Headers, message.HeaderAttempt); ok && err == nil {
+			return int(n)
+		}
+	}
+	return 1
 }
 
 // CancelInsurance voids the trip's policy; a trip without one has nothing

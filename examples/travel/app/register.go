@@ -39,7 +39,7 @@ func RegisterServices(h *host.Host) error {
 		reservationv1.RegisterFlightsParticipant(h, Flights{}),
 		reservationv1.RegisterHotelsParticipant(h, Hotels{}),
 		reservationv1.RegisterCarsParticipant(h, Cars{}),
-		insurancev1.RegisterInsuranceParticipant(h, Insurance{}),
+		insurancev1.RegisterInsuranceParticipant(h, Insurance{Flaky: InsurerFlakiness}),
 		paymentv1.RegisterCardsParticipant(h, Cards{}),
 		paymentv1.RegisterFraudParticipant(h, Fraud{}),
 		tripv1.RegisterTripParticipant(h, Trip{}),

@@ -44,7 +44,7 @@ func ScenarioTests(gen *protogen.Plugin, f *model.File) {
 
 var classIdents = map[sagadef.Class]string{
 	sagadef.ClassNew: "ClassNew", sagadef.ClassDuplicate: "ClassDuplicate", sagadef.ClassLate: "ClassLate",
-	sagadef.ClassConflicting: "ClassConflicting", sagadef.ClassInvalid: "ClassInvalid",
+	sagadef.ClassConflicting: "ClassConflicting", sagadef.ClassInvalid: "ClassInvalid", sagadef.ClassEarly: "ClassEarly",
 }
 
 func genScenarios(g *protogen.GeneratedFile, s *model.Saga) {

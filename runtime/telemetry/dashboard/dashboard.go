@@ -89,7 +89,7 @@ func Build(defs []*sagadef.Definition, opts Options) ([]byte, error) {
 			target{"sum by (saga_state) (saga_instances{" + sel + "})", "{{saga_state}}"})
 		b.panel("Stuck instances", "Instances without progress beyond their step's timeout plus grace.", "short",
 			target{"sum by (saga_state) (saga_instances_stuck{" + sel + "})", "{{saga_state}}"})
-		b.panel("Transitions by result", "Triggers per second: applied, duplicate, late, conflicting, invalid.", "ops",
+		b.panel("Transitions by result", "Triggers per second: applied, duplicate, late, conflicting, invalid, early.", "ops",
 			target{"sum by (saga_result) (rate(saga_transitions_total{" + sel + "}[$__rate_interval]))", "{{saga_result}}"})
 		var latency []target
 		for _, s := range d.Steps {

@@ -191,12 +191,14 @@ func TestWalkthroughFollowedSlowly(t *testing.T) {
 	// (the demo fails otherwise): one line per scenario, with one trip's
 	// effects in order (the three holds of the parallel group in the order
 	// they were made; their cancellations in reverse contract order).
-	require.Regexp(t, `card declined\s+FAILED: 4\s+travellers:valid (\w+:reserved ){3}insurance:bought `+
+	require.Regexp(t, `card declined\s+FAILED: 4\s+travellers:valid travellers:permit_granted (\w+:reserved ){3}insurance:bought `+
 		`cards:declined insurance:cancelled cars:cancelled hotels:cancelled flights:cancelled\n`, out.String())
-	require.Regexp(t, `payment flagged\s+FAILED: 4\s+travellers:valid (\w+:reserved ){3}`+
+	require.Regexp(t, `payment flagged\s+FAILED: 4\s+travellers:valid travellers:permit_granted (\w+:reserved ){3}`+
 		`cards:authorized fraud:flagged cards:voided cars:cancelled hotels:cancelled flights:cancelled\n`, out.String())
 	require.Contains(t, out.String(), "starts, run by the payments service): COMPLETED: 8, FAILED: 8\n")
-	require.Regexp(t, `flight sold out\s+FAILED: 4\s+travellers:valid .*flights:unavailable`, out.String())
+	require.Regexp(t, `flight sold out\s+FAILED: 4\s+travellers:valid travellers:permit_granted .*flights:unavailable`, out.String())
+	require.Regexp(t, `entry permit denied\s+FAILED: 4\s+travellers:valid travellers:permit_denied\n`, out.String())
+	require.Regexp(t, `entry permit decisions recorded early: \d+ `, out.String())
 	require.Contains(t, out.String(), "insurance skipped by the decider: 8 ")
 	require.Contains(t, out.String(), "itineraries sent: 8 ")
 	pool, err := pgxpool.New(context.Background(), pgURL)

@@ -27,14 +27,19 @@
 // saga started from outside times out when its contract says.
 //
 // After the orders, trips of the travel example run on the same host
-// (-trips, default 24), each provoking one scenario in turn: booked with
+// (-trips, default 28), each provoking one scenario in turn: booked with
 // insurance; booked with insurance skipped by the decider; a sold-out flight
 // (the hotel and car, held with it in a parallel group, are cancelled); a
 // declined card (the child Payment saga fails, then the insurance, the car,
 // hotel and flight are cancelled in reverse); a payment the fraud screening
-// flags (the child voids the card authorization before it answers); an expired
-// passport (the check step fails with nothing to undo). Each booked trip's
-// itinerary is sent by the itinerary service's subscriber of TripBooked.
+// flags (the child voids the card authorization before it answers); an entry
+// permit the destination denies (the external check step fails with nothing
+// to undo; its event, published with the traveller's validation, may be
+// recorded early); an expired passport (the check step fails with nothing to
+// undo). The insurer fails each purchase twice before it answers: the
+// insurance commands' own retry tiers (200ms, 1s) retry it within seconds.
+// Each booked trip's itinerary is sent by the itinerary service's subscriber
+// of TripBooked.
 //
 // Last, one order ships to a country no carrier serves: its shipping command
 // is parked at once (retrying cannot help) and the saga waits for an operator.
@@ -182,7 +187,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	n := fs.Int("n", 200, "number of sagas")
-	nTrips := fs.Int("trips", 24, "number of Book Trip sagas (the travel example), after the orders")
+	nTrips := fs.Int("trips", 28, "number of Book Trip sagas (the travel example), after the orders")
 	wait := fs.Duration("wait", 90*time.Second, "longest wait for the fleet to settle")
 	verbose := fs.Bool("v", false, "log the runtime's info messages to stderr")
 	addr := fs.String("addr", "127.0.0.1:8090", "where to serve the operator console, its API and /metrics (a free port if taken)")

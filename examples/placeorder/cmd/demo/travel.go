@@ -37,6 +37,9 @@ var tripScenarios = []tripScenario{
 		r.Insurance, r.CardToken = true, travelapp.DeclinedCard
 	}},
 	{"payment flagged", tripv1.BookTripStateFailed, func(r *tripv1.BookTripRequest) { r.CardToken = travelapp.FlaggedCard }},
+	{"entry permit denied", tripv1.BookTripStateFailed, func(r *tripv1.BookTripRequest) {
+		r.PassportNumber = travelapp.NoPermitPassportPrefix + r.GetPassportNumber()
+	}},
 	{"passport expired", tripv1.BookTripStateFailed, func(r *tripv1.BookTripRequest) {
 		r.PassportNumber = travelapp.ExpiredPassportPrefix + r.GetPassportNumber()
 	}},
@@ -199,6 +202,13 @@ WHERE s.business_key = ANY($1) AND a.note LIKE '%skipped conditional step BuyIns
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(d.out, "  insurance skipped by the decider: %d (audited: \"skipped conditional step BuyInsurance: travel insurance not requested\")\n", skipped)
+	var early int
+	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM saga_audit a JOIN saga_book_trip s ON s.id = a.saga_id
+WHERE s.business_key = ANY($1) AND a.class = 'early'`, ids).Scan(&early); err != nil {
+		return nil, fmt.Errorf("read early events: %w", err)
+	}
+	fmt.Fprintf(d.out, "  entry permit decisions recorded early: %d (published with the traveller's validation, handled before it; each\n"+
+		"    settled its step when the saga got there, none retried)\n", early)
 	fmt.Fprintf(d.out, "  itineraries sent: %d (the itinerary service's subscriber of TripBooked, once per booked trip)\n", itineraries)
 	var children []string
 	crow, err := d.pool.Query(ctx, `SELECT state || ': ' || count(*) FROM saga_payment WHERE business_key = ANY($1) GROUP BY state ORDER BY state`, ids)

@@ -87,6 +87,7 @@ func drive(ctx context.Context) int {
 	flag.Float64Var(&cfg.DeclinedShare, "declined", 0.08, "share of orders and trips paid with a declined card")
 	flag.Float64Var(&cfg.SoldOutShare, "sold-out", 0.08, "share of orders with a product out of stock, and of trips on a sold-out flight")
 	flag.Float64Var(&cfg.RejectedShare, "rejected", 0.05, "share of trips whose traveller's passport is expired")
+	flag.Float64Var(&cfg.NoPermitShare, "no-permit", 0.05, "share of trips whose traveller is refused an entry permit")
 	flag.DurationVar(&cfg.StepTimeout, "step-timeout", 15*time.Second, "every step's timeout (one shorter than a broker restart sends most sagas in flight to manual review)")
 	flag.DurationVar(&cfg.SettleTimeout, "settle", 4*time.Minute, "bound on the wait for the fleet to settle")
 	flag.DurationVar(&cfg.SampleRSS, "sample-rss", 2*time.Second, "RSS sampling interval (0: none)")

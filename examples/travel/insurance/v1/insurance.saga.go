@@ -231,6 +231,9 @@ var TopologyPlan = broker.Plan{
 		{Queue: "insurance.commands", Exchange: "insurance.v1.commands", RoutingKey: "command.insurance.v1.buy-insurance"},
 		{Queue: "insurance.commands", Exchange: "insurance.v1.commands", RoutingKey: "command.insurance.v1.cancel-insurance"},
 	},
+	Retry: map[string]broker.RetryPolicy{
+		"insurance.commands": {Tiers: []time.Duration{200 * time.Millisecond, 1 * time.Second, 2 * time.Second}, MaxAttempts: 8},
+	},
 }
 
 // SagaPackage describes this package's contract for a registrar (runtime/host): its
@@ -240,5 +243,6 @@ func SagaPackage() service.Package {
 		Path:     "github.com/protosaga/saga/examples/travel/insurance/v1",
 		Messages: []*message.Info{BuyInsuranceInfo, CancelInsuranceInfo, InsuranceBoughtInfo, InsuranceCancelledInfo},
 		Topology: TopologyPlan.Topology,
+		Retry:    TopologyPlan.Retry,
 	}
 }

@@ -17,6 +17,72 @@ import (
 // This file needs a runtime that supports generated code version 7.
 const _ = message.SupportPackageIsVersion7
 
+// EntryPermitDeniedInfo describes the event traveller.v1.EntryPermitDenied.
+var EntryPermitDeniedInfo = &message.Info{
+	FullName:      "traveller.v1.EntryPermitDenied",
+	Kind:          message.KindEvent,
+	Exchange:      "traveller.v1.events",
+	RoutingKey:    "event.traveller.v1.entry-permit-denied",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(EntryPermitDenied) },
+}
+
+// SagaMessageInfo returns EntryPermitDeniedInfo.
+func (*EntryPermitDenied) SagaMessageInfo() *message.Info { return EntryPermitDeniedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*EntryPermitDenied) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *EntryPermitDenied) CorrelationKey() string { return x.GetTripId() }
+
+// PublishEntryPermitDenied writes m to the outbox in the caller's transaction; the relay
+// publishes it to "traveller.v1.events" with routing key "event.traveller.v1.entry-permit-denied" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishEntryPermitDenied(ctx context.Context, tx pgx.Tx, m *EntryPermitDenied, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleEntryPermitDenied writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishEntryPermitDenied would. It returns the message id.
+func ScheduleEntryPermitDenied(ctx context.Context, tx pgx.Tx, m *EntryPermitDenied, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
+// EntryPermitGrantedInfo describes the event traveller.v1.EntryPermitGranted.
+var EntryPermitGrantedInfo = &message.Info{
+	FullName:      "traveller.v1.EntryPermitGranted",
+	Kind:          message.KindEvent,
+	Exchange:      "traveller.v1.events",
+	RoutingKey:    "event.traveller.v1.entry-permit-granted",
+	SchemaVersion: 1,
+	New:           func() message.Message { return new(EntryPermitGranted) },
+}
+
+// SagaMessageInfo returns EntryPermitGrantedInfo.
+func (*EntryPermitGranted) SagaMessageInfo() *message.Info { return EntryPermitGrantedInfo }
+
+// IdempotencyKey returns "": the contract names no idempotency key.
+func (*EntryPermitGranted) IdempotencyKey() string { return "" }
+
+// CorrelationKey returns the correlation field trip_id.
+func (x *EntryPermitGranted) CorrelationKey() string { return x.GetTripId() }
+
+// PublishEntryPermitGranted writes m to the outbox in the caller's transaction; the relay
+// publishes it to "traveller.v1.events" with routing key "event.traveller.v1.entry-permit-granted" after commit.
+// It returns the message id (meta.MessageID, or a new UUID when empty).
+func PublishEntryPermitGranted(ctx context.Context, tx pgx.Tx, m *EntryPermitGranted, meta message.Meta) (string, error) {
+	return service.Publish(ctx, tx, m, meta)
+}
+
+// ScheduleEntryPermitGranted writes m in the caller's transaction to be published at or after at:
+// it waits in PostgreSQL (saga_outbox_scheduled) until due, then the outbox
+// relay publishes it like PublishEntryPermitGranted would. It returns the message id.
+func ScheduleEntryPermitGranted(ctx context.Context, tx pgx.Tx, m *EntryPermitGranted, meta message.Meta, at time.Time) (string, error) {
+	return service.Schedule(ctx, tx, m, meta, at)
+}
+
 // TravellerRejectedInfo describes the reply traveller.v1.TravellerRejected.
 var TravellerRejectedInfo = &message.Info{
 	FullName:      "traveller.v1.TravellerRejected",
@@ -169,6 +235,7 @@ func Topology() broker.Topology { return TopologyPlan.Default() }
 var TopologyPlan = broker.Plan{
 	Exchanges: []broker.Exchange{
 		{Name: "traveller.v1.commands", Kind: "direct"},
+		{Name: "traveller.v1.events", Kind: "topic"},
 		{Name: "traveller.v1.replies", Kind: "direct"},
 	},
 	WorkQueues: []string{
@@ -184,7 +251,7 @@ var TopologyPlan = broker.Plan{
 func SagaPackage() service.Package {
 	return service.Package{
 		Path:     "github.com/protosaga/saga/examples/travel/traveller/v1",
-		Messages: []*message.Info{TravellerRejectedInfo, TravellerValidInfo, ValidateTravellerInfo},
+		Messages: []*message.Info{EntryPermitDeniedInfo, EntryPermitGrantedInfo, TravellerRejectedInfo, TravellerValidInfo, ValidateTravellerInfo},
 		Topology: TopologyPlan.Topology,
 	}
 }

@@ -348,6 +348,7 @@ var TopologyPlan = broker.Plan{
 		{Name: "reservation.v1.commands", Kind: "direct"},
 		{Name: "reservation.v1.replies", Kind: "direct"},
 		{Name: "traveller.v1.commands", Kind: "direct"},
+		{Name: "traveller.v1.events", Kind: "topic"},
 		{Name: "traveller.v1.replies", Kind: "direct"},
 		{Name: "trip.v1.commands", Kind: "direct"},
 		{Name: "trip.v1.events", Kind: "topic"},
@@ -377,6 +378,8 @@ var TopologyPlan = broker.Plan{
 		{Queue: "trip.saga.book_trip", Exchange: "reservation.v1.replies", RoutingKey: "reply.reservation.v1.hotel-cancelled"},
 		{Queue: "trip.saga.book_trip", Exchange: "reservation.v1.replies", RoutingKey: "reply.reservation.v1.hotel-reserved"},
 		{Queue: "trip.saga.book_trip", Exchange: "reservation.v1.replies", RoutingKey: "reply.reservation.v1.hotel-unavailable"},
+		{Queue: "trip.saga.book_trip", Exchange: "traveller.v1.events", RoutingKey: "event.traveller.v1.entry-permit-denied"},
+		{Queue: "trip.saga.book_trip", Exchange: "traveller.v1.events", RoutingKey: "event.traveller.v1.entry-permit-granted"},
 		{Queue: "trip.saga.book_trip", Exchange: "traveller.v1.replies", RoutingKey: "reply.traveller.v1.traveller-rejected"},
 		{Queue: "trip.saga.book_trip", Exchange: "traveller.v1.replies", RoutingKey: "reply.traveller.v1.traveller-valid"},
 		{Queue: "trip.saga.book_trip", Exchange: "trip.v1.commands", RoutingKey: "command.trip.v1.book-trip-request"},
@@ -400,6 +403,7 @@ type BookTripState string
 // States of saga trip.v1.BookTrip.
 const (
 	BookTripStateValidateTraveller         BookTripState = "VALIDATE_TRAVELLER"
+	BookTripStateAwaitEntryPermit          BookTripState = "AWAIT_ENTRY_PERMIT"
 	BookTripStateReserveTrip               BookTripState = "RESERVE_TRIP"
 	BookTripStateBuyInsurance              BookTripState = "BUY_INSURANCE"
 	BookTripStateChargeTrip                BookTripState = "CHARGE_TRIP"
@@ -421,6 +425,7 @@ func (s BookTripState) Terminal() bool { return sagadef.IsTerminal(string(s)) }
 func (s BookTripState) Valid() bool {
 	switch s {
 	case BookTripStateValidateTraveller,
+		BookTripStateAwaitEntryPermit,
 		BookTripStateReserveTrip,
 		BookTripStateBuyInsurance,
 		BookTripStateChargeTrip,
@@ -457,6 +462,17 @@ func BookTripDefinition() *sagadef.Definition {
 				Command:        "traveller.v1.ValidateTraveller",
 				SuccessReplies: []string{"traveller.v1.TravellerValid"},
 				FailureReplies: []string{"traveller.v1.TravellerRejected"},
+				Timeout:        30 * time.Second,
+				OnTimeout:      sagadef.TimeoutCompensate,
+				MaxAttempts:    1,
+				Late:           sagadef.LateIgnore,
+			},
+			{
+				Name:           "AwaitEntryPermit",
+				Role:           sagadef.RoleCheck,
+				External:       true,
+				SuccessReplies: []string{"traveller.v1.EntryPermitGranted"},
+				FailureReplies: []string{"traveller.v1.EntryPermitDenied"},
 				Timeout:        30 * time.Second,
 				OnTimeout:      sagadef.TimeoutCompensate,
 				MaxAttempts:    1,
@@ -546,6 +562,7 @@ func BookTripDefinition() *sagadef.Definition {
 		},
 		States: []sagadef.State{
 			{Name: "VALIDATE_TRAVELLER", Kind: sagadef.StateKindStep, Step: "ValidateTraveller"},
+			{Name: "AWAIT_ENTRY_PERMIT", Kind: sagadef.StateKindStep, Step: "AwaitEntryPermit"},
 			{Name: "RESERVE_TRIP", Kind: sagadef.StateKindGroup, Group: "ReserveTrip"},
 			{Name: "BUY_INSURANCE", Kind: sagadef.StateKindStep, Step: "BuyInsurance"},
 			{Name: "CHARGE_TRIP", Kind: sagadef.StateKindStep, Step: "ChargeTrip"},
@@ -561,15 +578,29 @@ func BookTripDefinition() *sagadef.Definition {
 		},
 		Transitions: []sagadef.Transition{
 			{From: "", Trigger: "start", To: "VALIDATE_TRAVELLER", Emits: []string{"traveller.v1.ValidateTraveller"}},
+			{From: "VALIDATE_TRAVELLER", Trigger: "traveller.v1.TravellerValid", To: "AWAIT_ENTRY_PERMIT"},
 			{From: "VALIDATE_TRAVELLER", Trigger: "traveller.v1.TravellerValid", To: "RESERVE_TRIP", Emits: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+			{From: "VALIDATE_TRAVELLER", Trigger: "traveller.v1.TravellerValid", To: "FAILED"},
 			{From: "VALIDATE_TRAVELLER", Trigger: "traveller.v1.TravellerRejected", To: "FAILED"},
+			{From: "VALIDATE_TRAVELLER", Trigger: "traveller.v1.EntryPermitGranted", To: "MANUAL_REVIEW"},
+			{From: "VALIDATE_TRAVELLER", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "VALIDATE_TRAVELLER", Trigger: "timeout", To: "FAILED"},
 			{From: "VALIDATE_TRAVELLER", Trigger: "deadline", To: "MANUAL_REVIEW"},
 			{From: "VALIDATE_TRAVELLER", Trigger: "stuck", To: "MANUAL_REVIEW"},
 			{From: "VALIDATE_TRAVELLER", Trigger: "operator.retry", To: "VALIDATE_TRAVELLER", Emits: []string{"traveller.v1.ValidateTraveller"}},
 			{From: "VALIDATE_TRAVELLER", Trigger: "operator.compensate", To: "FAILED"},
 			{From: "VALIDATE_TRAVELLER", Trigger: "operator.cancel", To: "CANCELLED"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "traveller.v1.EntryPermitGranted", To: "RESERVE_TRIP", Emits: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "traveller.v1.EntryPermitDenied", To: "FAILED"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "timeout", To: "FAILED"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "deadline", To: "MANUAL_REVIEW"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "stuck", To: "MANUAL_REVIEW"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "operator.retry", To: "AWAIT_ENTRY_PERMIT"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "operator.compensate", To: "FAILED"},
+			{From: "AWAIT_ENTRY_PERMIT", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "RESERVE_TRIP", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "RESERVE_TRIP", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "RESERVE_TRIP", Trigger: "reservation.v1.FlightReserved", To: "RESERVE_TRIP"},
 			{From: "RESERVE_TRIP", Trigger: "reservation.v1.FlightReserved", To: "BUY_INSURANCE", Emits: []string{"insurance.v1.BuyInsurance"}},
 			{From: "RESERVE_TRIP", Trigger: "reservation.v1.FlightReserved", To: "CHARGE_TRIP", Emits: []string{"payment.v1.ChargeTrip"}},
@@ -598,6 +629,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "RESERVE_TRIP", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_CAR", Emits: []string{"reservation.v1.CancelCar"}},
 			{From: "RESERVE_TRIP", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "BUY_INSURANCE", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "BUY_INSURANCE", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "BUY_INSURANCE", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "BUY_INSURANCE", Trigger: "reservation.v1.HotelUnavailable", To: "MANUAL_REVIEW"},
 			{From: "BUY_INSURANCE", Trigger: "reservation.v1.CarUnavailable", To: "MANUAL_REVIEW"},
@@ -610,6 +642,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "BUY_INSURANCE", Trigger: "operator.compensate", To: "COMPENSATING_BUY_INSURANCE", Emits: []string{"insurance.v1.CancelInsurance"}},
 			{From: "BUY_INSURANCE", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "CHARGE_TRIP", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "CHARGE_TRIP", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "CHARGE_TRIP", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "CHARGE_TRIP", Trigger: "reservation.v1.HotelUnavailable", To: "MANUAL_REVIEW"},
 			{From: "CHARGE_TRIP", Trigger: "reservation.v1.CarUnavailable", To: "MANUAL_REVIEW"},
@@ -625,6 +658,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "CHARGE_TRIP", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_CAR", Emits: []string{"reservation.v1.CancelCar"}},
 			{From: "CHARGE_TRIP", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "CONFIRM_TRIP", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "CONFIRM_TRIP", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "CONFIRM_TRIP", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "CONFIRM_TRIP", Trigger: "reservation.v1.HotelUnavailable", To: "MANUAL_REVIEW"},
 			{From: "CONFIRM_TRIP", Trigger: "reservation.v1.CarUnavailable", To: "MANUAL_REVIEW"},
@@ -639,6 +673,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "CONFIRM_TRIP", Trigger: "operator.compensate", To: "COMPENSATING_RESERVE_CAR", Emits: []string{"reservation.v1.CancelCar"}},
 			{From: "CONFIRM_TRIP", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "COMPENSATING_BUY_INSURANCE", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_BUY_INSURANCE", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_BUY_INSURANCE", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_BUY_INSURANCE", Trigger: "reservation.v1.HotelUnavailable", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_BUY_INSURANCE", Trigger: "reservation.v1.CarUnavailable", To: "MANUAL_REVIEW"},
@@ -652,6 +687,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "COMPENSATING_BUY_INSURANCE", Trigger: "operator.retry", To: "COMPENSATING_BUY_INSURANCE", Emits: []string{"insurance.v1.CancelInsurance"}},
 			{From: "COMPENSATING_BUY_INSURANCE", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "COMPENSATING_RESERVE_CAR", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_CAR", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_CAR", Trigger: "reservation.v1.FlightReserved", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_CAR", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_CAR", Trigger: "reservation.v1.HotelReserved", To: "MANUAL_REVIEW"},
@@ -670,6 +706,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "COMPENSATING_RESERVE_CAR", Trigger: "operator.retry", To: "COMPENSATING_RESERVE_CAR", Emits: []string{"reservation.v1.CancelCar"}},
 			{From: "COMPENSATING_RESERVE_CAR", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "COMPENSATING_RESERVE_HOTEL", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_HOTEL", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_HOTEL", Trigger: "reservation.v1.FlightReserved", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_HOTEL", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_HOTEL", Trigger: "reservation.v1.HotelReserved", To: "MANUAL_REVIEW"},
@@ -687,6 +724,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "COMPENSATING_RESERVE_HOTEL", Trigger: "operator.retry", To: "COMPENSATING_RESERVE_HOTEL", Emits: []string{"reservation.v1.CancelHotel"}},
 			{From: "COMPENSATING_RESERVE_HOTEL", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "COMPENSATING_RESERVE_FLIGHT", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "COMPENSATING_RESERVE_FLIGHT", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_FLIGHT", Trigger: "reservation.v1.FlightReserved", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_FLIGHT", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "COMPENSATING_RESERVE_FLIGHT", Trigger: "reservation.v1.FlightCancelled", To: "FAILED"},
@@ -704,6 +742,8 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "COMPENSATING_RESERVE_FLIGHT", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "MANUAL_REVIEW", Trigger: "traveller.v1.TravellerValid", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "traveller.v1.EntryPermitGranted", To: "MANUAL_REVIEW"},
+			{From: "MANUAL_REVIEW", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "reservation.v1.FlightReserved", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "reservation.v1.HotelReserved", To: "MANUAL_REVIEW"},
@@ -714,6 +754,7 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "MANUAL_REVIEW", Trigger: "payment.v1.PaymentDeclined", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "deadline", To: "MANUAL_REVIEW"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "VALIDATE_TRAVELLER", Emits: []string{"traveller.v1.ValidateTraveller"}},
+			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "AWAIT_ENTRY_PERMIT"},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "RESERVE_TRIP", Emits: []string{"reservation.v1.ReserveCar"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "RESERVE_TRIP", Emits: []string{"reservation.v1.ReserveFlight"}},
 			{From: "MANUAL_REVIEW", Trigger: "operator.retry", To: "RESERVE_TRIP", Emits: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveCar"}},
@@ -741,6 +782,8 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "MANUAL_REVIEW", Trigger: "operator.cancel", To: "CANCELLED"},
 			{From: "COMPLETED", Trigger: "traveller.v1.TravellerValid", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "traveller.v1.EntryPermitGranted", To: "MANUAL_REVIEW"},
+			{From: "COMPLETED", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "reservation.v1.FlightReserved", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "COMPLETED", Trigger: "reservation.v1.HotelReserved", To: "MANUAL_REVIEW"},
@@ -752,6 +795,8 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "COMPLETED", Trigger: "payment.v1.PaymentDeclined", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "traveller.v1.TravellerValid", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "traveller.v1.EntryPermitGranted", To: "MANUAL_REVIEW"},
+			{From: "FAILED", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "reservation.v1.FlightReserved", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "FAILED", Trigger: "reservation.v1.HotelReserved", To: "MANUAL_REVIEW"},
@@ -763,6 +808,8 @@ func BookTripDefinition() *sagadef.Definition {
 			{From: "FAILED", Trigger: "payment.v1.PaymentDeclined", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "traveller.v1.TravellerValid", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "traveller.v1.TravellerRejected", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "traveller.v1.EntryPermitGranted", To: "MANUAL_REVIEW"},
+			{From: "CANCELLED", Trigger: "traveller.v1.EntryPermitDenied", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "reservation.v1.FlightReserved", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "reservation.v1.FlightSoldOut", To: "MANUAL_REVIEW"},
 			{From: "CANCELLED", Trigger: "reservation.v1.HotelReserved", To: "MANUAL_REVIEW"},
@@ -837,6 +884,10 @@ type BookTripDecider interface {
 	OnHotelReserved(ctx context.Context, data *BookTripData, msg *reservationv1.HotelReserved) error
 	// OnHotelUnavailable folds reservation.v1.HotelUnavailable into the saga data before the transition.
 	OnHotelUnavailable(ctx context.Context, data *BookTripData, msg *reservationv1.HotelUnavailable) error
+	// OnEntryPermitDenied folds traveller.v1.EntryPermitDenied into the saga data before the transition.
+	OnEntryPermitDenied(ctx context.Context, data *BookTripData, msg *travellerv1.EntryPermitDenied) error
+	// OnEntryPermitGranted folds traveller.v1.EntryPermitGranted into the saga data before the transition.
+	OnEntryPermitGranted(ctx context.Context, data *BookTripData, msg *travellerv1.EntryPermitGranted) error
 	// OnTravellerRejected folds traveller.v1.TravellerRejected into the saga data before the transition.
 	OnTravellerRejected(ctx context.Context, data *BookTripData, msg *travellerv1.TravellerRejected) error
 	// OnTravellerValid folds traveller.v1.TravellerValid into the saga data before the transition.
@@ -915,6 +966,16 @@ func (BookTripNoopFolds) OnHotelReserved(context.Context, *BookTripData, *reserv
 
 // OnHotelUnavailable does nothing.
 func (BookTripNoopFolds) OnHotelUnavailable(context.Context, *BookTripData, *reservationv1.HotelUnavailable) error {
+	return nil
+}
+
+// OnEntryPermitDenied does nothing.
+func (BookTripNoopFolds) OnEntryPermitDenied(context.Context, *BookTripData, *travellerv1.EntryPermitDenied) error {
+	return nil
+}
+
+// OnEntryPermitGranted does nothing.
+func (BookTripNoopFolds) OnEntryPermitGranted(context.Context, *BookTripData, *travellerv1.EntryPermitGranted) error {
 	return nil
 }
 
@@ -1098,6 +1159,10 @@ func (h bookTripHooks) Apply(ctx context.Context, data proto.Message, msg messag
 		return h.d.OnHotelReserved(ctx, d, m)
 	case *reservationv1.HotelUnavailable:
 		return h.d.OnHotelUnavailable(ctx, d, m)
+	case *travellerv1.EntryPermitDenied:
+		return h.d.OnEntryPermitDenied(ctx, d, m)
+	case *travellerv1.EntryPermitGranted:
+		return h.d.OnEntryPermitGranted(ctx, d, m)
 	case *travellerv1.TravellerRejected:
 		return h.d.OnTravellerRejected(ctx, d, m)
 	case *travellerv1.TravellerValid:
@@ -1139,7 +1204,7 @@ func NewBookTrip(cfg saga.Config, d BookTripDecider) (*BookTrip, error) {
 	cfg.Definition = def
 	cfg.Hooks = bookTripHooks{d: d}
 	if cfg.Registry == nil {
-		reg, err := message.NewRegistry(BookTripRequestInfo, insurancev1.BuyInsuranceInfo, insurancev1.CancelInsuranceInfo, paymentv1.ChargeTripInfo, reservationv1.CancelCarInfo, reservationv1.CancelFlightInfo, reservationv1.CancelHotelInfo, reservationv1.ReserveCarInfo, reservationv1.ReserveFlightInfo, reservationv1.ReserveHotelInfo, travellerv1.ValidateTravellerInfo, ConfirmTripInfo, insurancev1.InsuranceBoughtInfo, insurancev1.InsuranceCancelledInfo, paymentv1.PaymentDeclinedInfo, paymentv1.PaymentInReviewInfo, paymentv1.TripChargedInfo, reservationv1.CarCancelledInfo, reservationv1.CarReservedInfo, reservationv1.CarUnavailableInfo, reservationv1.FlightCancelledInfo, reservationv1.FlightReservedInfo, reservationv1.FlightSoldOutInfo, reservationv1.HotelCancelledInfo, reservationv1.HotelReservedInfo, reservationv1.HotelUnavailableInfo, travellerv1.TravellerRejectedInfo, travellerv1.TravellerValidInfo, TripConfirmedInfo)
+		reg, err := message.NewRegistry(BookTripRequestInfo, insurancev1.BuyInsuranceInfo, insurancev1.CancelInsuranceInfo, paymentv1.ChargeTripInfo, reservationv1.CancelCarInfo, reservationv1.CancelFlightInfo, reservationv1.CancelHotelInfo, reservationv1.ReserveCarInfo, reservationv1.ReserveFlightInfo, reservationv1.ReserveHotelInfo, travellerv1.ValidateTravellerInfo, ConfirmTripInfo, insurancev1.InsuranceBoughtInfo, insurancev1.InsuranceCancelledInfo, paymentv1.PaymentDeclinedInfo, paymentv1.PaymentInReviewInfo, paymentv1.TripChargedInfo, reservationv1.CarCancelledInfo, reservationv1.CarReservedInfo, reservationv1.CarUnavailableInfo, reservationv1.FlightCancelledInfo, reservationv1.FlightReservedInfo, reservationv1.FlightSoldOutInfo, reservationv1.HotelCancelledInfo, reservationv1.HotelReservedInfo, reservationv1.HotelUnavailableInfo, travellerv1.EntryPermitDeniedInfo, travellerv1.EntryPermitGrantedInfo, travellerv1.TravellerRejectedInfo, travellerv1.TravellerValidInfo, TripConfirmedInfo)
 		if err != nil {
 			return nil, fmt.Errorf("saga trip.v1.BookTrip: %w", err)
 		}
@@ -1235,7 +1300,7 @@ func (s *BookTrip) HTTPHandler(statusURL func(sagaID string) string) http.Handle
 // manual_review) and when it last changed; no saga data.
 func (s *BookTrip) StatusHandler() http.Handler { return s.engine.StatusHandler() }
 
-//go:embed migrations/saga_book_trip/0001_create_saga_book_trip.sql migrations/saga_book_trip/0002_states_7a8cec39.sql migrations/saga_book_trip/0003_indexes.sql
+//go:embed migrations/saga_book_trip/0001_create_saga_book_trip.sql migrations/saga_book_trip/0002_states_e851afb8.sql migrations/saga_book_trip/0003_indexes.sql
 var bookTripMigrationsFS embed.FS
 
 // BookTripMigrations returns the migrations of table saga_book_trip as a schema source

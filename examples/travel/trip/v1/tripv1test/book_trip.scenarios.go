@@ -22,7 +22,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "complete",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -61,7 +62,45 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ValidateTraveller/duplicate-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveDuplicate, State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassDuplicate},
+			},
+			Final: "AWAIT_ENTRY_PERMIT",
+		},
+		{
+			Name: "AwaitEntryPermit/failure",
+			Moves: []sagatest.Move{
+				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitDenied", State: "FAILED", Class: sagadef.ClassNew},
+			},
+			Final: "FAILED",
+		},
+		{
+			Name: "AwaitEntryPermit/timeout",
+			Moves: []sagatest.Move{
+				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveTimeout, State: "FAILED", Class: sagadef.ClassNew},
+			},
+			Final: "FAILED",
+		},
+		{
+			Name: "AwaitEntryPermit/late-reply",
+			Moves: []sagatest.Move{
+				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveTimeout, State: "FAILED", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveEarlierReply, Step: "AwaitEntryPermit", Message: "traveller.v1.EntryPermitGranted", State: "FAILED", Class: sagadef.ClassLate},
+			},
+			Final: "FAILED",
+		},
+		{
+			Name: "AwaitEntryPermit/duplicate-reply",
+			Moves: []sagatest.Move{
+				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveDuplicate, State: "RESERVE_TRIP", Class: sagadef.ClassDuplicate},
 			},
 			Final: "RESERVE_TRIP",
@@ -70,7 +109,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveFlight/failure",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightSoldOut", State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
 				{Do: sagatest.MoveReply, Message: "reservation.v1.CarCancelled", State: "COMPENSATING_RESERVE_HOTEL", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelHotel"}},
 				{Do: sagatest.MoveReply, Message: "reservation.v1.HotelCancelled", State: "FAILED", Class: sagadef.ClassNew},
@@ -82,7 +122,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveFlight/failure/compensation-fails",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightSoldOut", State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -96,7 +137,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveFlight/timeout",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -111,7 +153,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveFlight/late-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -123,7 +166,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveFlight/duplicate-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveDuplicate, State: "RESERVE_TRIP", Class: sagadef.ClassDuplicate},
 			},
@@ -133,7 +177,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveHotel/failure",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelUnavailable", State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
 				{Do: sagatest.MoveReply, Message: "reservation.v1.CarCancelled", State: "COMPENSATING_RESERVE_FLIGHT", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelFlight"}},
 				{Do: sagatest.MoveReply, Message: "reservation.v1.FlightCancelled", State: "FAILED", Class: sagadef.ClassNew},
@@ -145,7 +190,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveHotel/failure/compensation-fails",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelUnavailable", State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -159,7 +205,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveHotel/timeout",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -174,7 +221,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveHotel/late-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -186,7 +234,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveHotel/duplicate-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveDuplicate, State: "RESERVE_TRIP", Class: sagadef.ClassDuplicate},
 			},
@@ -196,7 +245,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveCar/failure",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarUnavailable", State: "COMPENSATING_RESERVE_HOTEL", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelHotel"}},
 				{Do: sagatest.MoveReply, Message: "reservation.v1.HotelCancelled", State: "COMPENSATING_RESERVE_FLIGHT", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelFlight"}},
 				{Do: sagatest.MoveReply, Message: "reservation.v1.FlightCancelled", State: "FAILED", Class: sagadef.ClassNew},
@@ -208,7 +258,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveCar/failure/compensation-fails",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarUnavailable", State: "COMPENSATING_RESERVE_HOTEL", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelHotel"}},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_HOTEL", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelHotel"}},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_HOTEL", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelHotel"}},
@@ -222,7 +273,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveCar/timeout",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -237,7 +289,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveCar/late-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveTimeout, State: "COMPENSATING_RESERVE_CAR", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.CancelCar"}},
@@ -249,7 +302,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ReserveCar/duplicate-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveDuplicate, State: "RESERVE_TRIP", Class: sagadef.ClassDuplicate},
 			},
@@ -259,7 +313,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "BuyInsurance/timeout",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -276,7 +331,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "BuyInsurance/late-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -289,7 +345,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "BuyInsurance/duplicate-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -302,7 +359,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ChargeTrip/failure",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -320,7 +378,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ChargeTrip/failure/compensation-fails",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -338,7 +397,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ChargeTrip/timeout",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -353,7 +413,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ChargeTrip/late-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -367,7 +428,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ChargeTrip/duplicate-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -381,7 +443,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ConfirmTrip/timeout",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -399,7 +462,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ConfirmTrip/late-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -415,7 +479,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ConfirmTrip/duplicate-reply",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "BUY_INSURANCE", Class: sagadef.ClassNew, Sent: []string{"insurance.v1.BuyInsurance"}},
@@ -430,7 +495,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "BuyInsurance/skipped",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "CHARGE_TRIP", Class: sagadef.ClassNew, Sent: []string{"payment.v1.ChargeTrip"}},
@@ -444,7 +510,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ChargeTrip/failure/BuyInsurance-skipped",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "CHARGE_TRIP", Class: sagadef.ClassNew, Sent: []string{"payment.v1.ChargeTrip"}},
@@ -461,7 +528,8 @@ func BookTripScenarios() []sagatest.Scenario {
 			Name: "ChargeTrip/failure/compensation-fails/BuyInsurance-skipped",
 			Moves: []sagatest.Move{
 				{Do: sagatest.MoveStart, State: "VALIDATE_TRAVELLER", Sent: []string{"traveller.v1.ValidateTraveller"}},
-				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.TravellerValid", State: "AWAIT_ENTRY_PERMIT", Class: sagadef.ClassNew},
+				{Do: sagatest.MoveReply, Message: "traveller.v1.EntryPermitGranted", State: "RESERVE_TRIP", Class: sagadef.ClassNew, Sent: []string{"reservation.v1.ReserveFlight", "reservation.v1.ReserveHotel", "reservation.v1.ReserveCar"}},
 				{Do: sagatest.MoveReply, Step: "ReserveFlight", Message: "reservation.v1.FlightReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveHotel", Message: "reservation.v1.HotelReserved", State: "RESERVE_TRIP", Class: sagadef.ClassNew},
 				{Do: sagatest.MoveReply, Step: "ReserveCar", Message: "reservation.v1.CarReserved", State: "CHARGE_TRIP", Class: sagadef.ClassNew, Sent: []string{"payment.v1.ChargeTrip"}},
