@@ -2,12 +2,15 @@ package saga_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/internal/testenv"
+	"github.com/protosaga/saga/runtime/saga"
 )
 
 // TestBatchStatementsOnANewTable builds the generic plan (the one a
@@ -25,6 +28,10 @@ func TestBatchStatementsOnANewTable(t *testing.T) {
 	plan := testenv.GenericPlan(t, b.pool, b.engine.LockManySQLForTest(), testenv.ArrayLiteral(ids[2], ids[0]))
 	require.NotContains(t, plan, "Seq Scan on saga_place_order", "the batch lock's generic plan on a new table:\n%s", plan)
 	require.Contains(t, plan, "saga_place_order_pkey", "the batch lock's generic plan on a new table:\n%s", plan)
+	plan = testenv.GenericPlan(t, b.pool, b.engine.UpdateSQLForTest(), "'"+ids[0]+"'", "7", "'"+stPayment+"'", "8", `'\x00'`, "1",
+		"''", "'{}'", "NULL", "NULL", "''", "''", "now()")
+	require.NotContains(t, plan, "Seq Scan on saga_place_order", "a batch of one's update, generic plan on a new table:\n%s", plan)
+	updateManyPlans(t, b, ids)
 
 	// The ids in another order than the rows; o-1's stored version is
 	// not 7, so it keeps its row.
@@ -84,4 +91,48 @@ func utc(s stored) stored {
 	}
 	s.updated = s.updated.UTC()
 	return s
+}
+
+// updateManyPlans builds the generic plan of the update of many instances
+// on the new table as a batch sends it — after noSeqScanSQL, in the same
+// transaction — and checks that it finds its rows through the primary key,
+// not a scan of the whole table, and that the statement after it puts
+// enable_seqscan back as it was, a SET LOCAL of the transaction's own
+// included. Without the first statement the plan is a hash join over a
+// sequential scan.
+func updateManyPlans(t *testing.T, b *testBundle, ids []string) {
+	t.Helper()
+	ctx := context.Background()
+	args := []string{testenv.ArrayLiteral(ids...), "'{7,7,7}'::int8[]", "'{" + stPayment + "," + stPayment + "," + stPayment + "}'::text[]",
+		"'{8,8,8}'::int8[]", `'{"\\x00","\\x00","\\x00"}'::bytea[]`, "'{1,1,1}'::int4[]", `'{"","",""}'::text[]`, `'{"{}","{}","{}"}'::text[]`,
+		"'{NULL,NULL,NULL}'::timestamptz[]", "'{NULL,NULL,NULL}'::timestamptz[]", `'{"","",""}'::text[]`, `'{"","",""}'::text[]`,
+		"'{2030-01-01,2030-01-01,2030-01-01}'::timestamptz[]"}
+	conn, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	for _, before := range []string{"on", "off"} {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // ended below; this is for a failed check
+		for _, sql := range []string{"SET LOCAL plan_cache_mode = force_generic_plan", "SET LOCAL enable_seqscan = " + before,
+			saga.NoSeqScanSQLForTest, "PREPARE update_many AS " + b.engine.UpdateManySQLForTest()} {
+			_, err = tx.Exec(ctx, sql)
+			require.NoError(t, err, sql)
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN ANALYZE EXECUTE update_many("+strings.Join(args, ", ")+")")
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		plan := strings.Join(lines, "\n")
+		require.NotContains(t, plan, "Seq Scan on saga_place_order", "the batch's update, generic plan on a new table:\n%s", plan)
+		require.Contains(t, plan, "saga_place_order_pkey", "the batch's update, generic plan on a new table:\n%s", plan)
+		_, err = tx.Exec(ctx, saga.RestoreSeqScanSQLForTest)
+		require.NoError(t, err)
+		var after string
+		require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('enable_seqscan')").Scan(&after))
+		require.Equal(t, before, after, "enable_seqscan as the transaction had it")
+		require.NoError(t, tx.Rollback(ctx))
+		_, err = conn.Exec(ctx, "DEALLOCATE update_many") // PREPARE outlives the transaction
+		require.NoError(t, err)
+	}
 }

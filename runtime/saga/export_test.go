@@ -37,6 +37,16 @@ func (e *Engine) LockManySQLForTest() string { return e.q.lockMany }
 // and update times.
 func (e *Engine) UpdateManySQLForTest() string { return e.q.updateMany }
 
+// UpdateSQLForTest writes one staged instance (a batch of one).
+func (e *Engine) UpdateSQLForTest() string { return e.q.update }
+
+// NoSeqScanSQLForTest and RestoreSeqScanSQLForTest surround the update of
+// many instances.
+const (
+	NoSeqScanSQLForTest      = noSeqScanSQL
+	RestoreSeqScanSQLForTest = restoreSeqScanSQL
+)
+
 // ListSQLForTest is List's statement for f, and its arguments.
 func (e *Engine) ListSQLForTest(f ListFilter) (string, []any, error) {
 	sql, args, _, err := e.listSQL(f)

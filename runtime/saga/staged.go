@@ -32,7 +32,8 @@ type updatesKey struct{ table string }
 // transaction: per saga, the row as it will be, and the version the
 // database holds (the guard).
 type stagedUpdates struct {
-	sql     string
+	sql     string // updateMany
+	one     string // update, for a batch of one
 	rows    map[string]*stagedRow
 	order   []string
 	results []txq.Result
@@ -47,7 +48,7 @@ type stagedRow struct {
 // when there is none.
 func (e *Engine) stagedUpdatesFor(ctx context.Context, tx pgx.Tx) *stagedUpdates {
 	p, ok := txq.PartFor(tx, updatesKey{e.table}, func() txq.Part {
-		return &stagedUpdates{sql: e.q.updateMany, rows: map[string]*stagedRow{}}
+		return &stagedUpdates{sql: e.q.updateMany, one: e.q.update, rows: map[string]*stagedRow{}}
 	})
 	if !ok {
 		return nil
@@ -128,7 +129,7 @@ func (s *stagedUpdates) Queue(ctx context.Context, tx pgx.Tx) {
 		lastErrors[i], reviews[i], updated[i] = w.LastError, w.ReviewReason, w.UpdatedAt
 	}
 	results := txq.Results(s.results)
-	_ = txq.Exec(ctx, tx, func(tag pgconn.CommandTag, err error) error {
+	check := func(tag pgconn.CommandTag, err error) error {
 		if err == nil && tag.RowsAffected() != int64(n) {
 			// Only possible when a caller wrote a row it staged without
 			// the engine: the guard refuses to overwrite it.
@@ -136,8 +137,46 @@ func (s *stagedUpdates) Queue(ctx context.Context, tx pgx.Tx) {
 				n, tag.RowsAffected(), ids[0]))
 		}
 		return results(tag, err)
-	}, s.sql, ids, stored, states, versions, data, attempts, pendings, progress, timeouts, deadlines,
+	}
+	if n == 1 {
+		// One row by its primary key: planned as an index lookup whatever
+		// the table's statistics.
+		_ = txq.Exec(ctx, tx, check, s.one, ids[0], stored[0], states[0], versions[0], data[0], attempts[0],
+			pendings[0], progress[0], timeouts[0], deadlines[0], lastErrors[0], reviews[0], updated[0])
+		return
+	}
+	// Many rows: the join's plan is kept from a sequential scan (see
+	// noSeqScanSQL), in the same round trip.
+	_ = txq.Exec(ctx, tx, noResult("plan the batch's instance update"), noSeqScanSQL)
+	_ = txq.Exec(ctx, tx, check, s.sql, ids, stored, states, versions, data, attempts, pendings, progress, timeouts, deadlines,
 		lastErrors, reviews, updated)
+	_ = txq.Exec(ctx, tx, noResult("restore enable_seqscan after the batch's instance update"), restoreSeqScanSQL)
+}
+
+// noSeqScanSQL and restoreSeqScanSQL surround the update of many instances.
+// Its join of the table with the batch's arrays is planned as a hash join
+// over a sequential scan of the whole table while the table has never been
+// analyzed (the planner takes it for 10 pages), and a prepared statement
+// keeps that generic plan as the table grows, until autovacuum analyzes it.
+// With sequential scans disabled while it is planned, the table's side is
+// the primary key's bitmap scan on "t.id = ANY($1)", whatever the
+// statistics (TestBatchStatementsOnANewTable). The setting is local to the
+// transaction, and the second statement puts back the value it had before
+// (a handler's own SET LOCAL included).
+const (
+	noSeqScanSQL = `SELECT set_config('saga.enable_seqscan', current_setting('enable_seqscan'), true),
+  set_config('enable_seqscan', 'off', true)`
+	restoreSeqScanSQL = `SELECT set_config('enable_seqscan', current_setting('saga.enable_seqscan'), true)`
+)
+
+// noResult is the result check of a statement whose rows nobody reads.
+func noResult(what string) txq.Result {
+	return func(_ pgconn.CommandTag, err error) error {
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
 }
 
 func (s *stagedUpdates) Discard(err error) { _ = txq.Results(s.results)(pgconn.CommandTag{}, err) }
