@@ -174,14 +174,9 @@ func (t *Lazy) CopyFrom(ctx context.Context, table pgx.Identifier, columns []str
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
 
-// errNoLargeObjects is the panic of LargeObjects on a Lazy transaction or
-// its savepoints (pgx gives no way to make a pgx.LargeObjects for a
-// transaction of another type); a consumer recovers a handler's panic and
-// fails the delivery with it.
-const errNoLargeObjects = "txq: large objects are not supported in a consumer's batch transaction; use them in a transaction of your own"
-
-// LargeObjects panics with errNoLargeObjects: the runtime uses none.
-func (t *Lazy) LargeObjects() pgx.LargeObjects { panic(errNoLargeObjects) }
+// LargeObjects is not supported on a Lazy transaction: the runtime uses
+// none. Its methods fail.
+func (t *Lazy) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 
 // Prepare prepares sql on the transaction's connection.
 func (t *Lazy) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
@@ -275,7 +270,7 @@ func (s *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns 
 func (s *savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	return s.parent.conn.SendBatch(ctx, b)
 }
-func (s *savepoint) LargeObjects() pgx.LargeObjects { panic(errNoLargeObjects) }
+func (s *savepoint) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
 func (s *savepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	return s.parent.Prepare(ctx, name, sql)
 }
