@@ -252,16 +252,20 @@ type savepoint struct {
 }
 
 func (s *savepoint) Begin(ctx context.Context) (pgx.Tx, error) { return s.parent.Begin(ctx) }
-func (s *savepoint) Commit(ctx context.Context) error          { return s.end(ctx, "RELEASE SAVEPOINT ") }
-func (s *savepoint) Rollback(ctx context.Context) error        { return s.end(ctx, "ROLLBACK TO SAVEPOINT ") }
-
-// end ends the savepoint with the statement that starts with verb.
-func (s *savepoint) end(ctx context.Context, verb string) error {
+func (s *savepoint) Commit(ctx context.Context) error {
 	if s.closed {
 		return pgx.ErrTxClosed
 	}
 	s.closed = true
-	_, err := s.parent.conn.Exec(ctx, verb+s.name)
+	_, err := s.parent.conn.Exec(ctx, "RELEASE SAVEPOINT "+s.name)
+	return err
+}
+func (s *savepoint) Rollback(ctx context.Context) error {
+	if s.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	_, err := s.parent.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+s.name)
 	return err
 }
 func (s *savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {

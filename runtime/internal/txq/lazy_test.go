@@ -1,11 +1,9 @@
 package txq_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/protosaga/saga/runtime/internal/txq"
@@ -16,12 +14,15 @@ func TestLazy(t *testing.T) {
 
 	t.Run("BeginsWithTheFirstStatementAndCommitsWithTheLastBatch", func(t *testing.T) {
 		t.Parallel()
-		ctx, pool, tx := beginLazy(t)
+		ctx, pool := setup(t)
+		tx, err := txq.BeginLazy(ctx, pool)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
 		require.EqualValues(t, 'I', tx.Conn().PgConn().TxStatus(), "nothing sent before the first statement")
 		var one int
 		require.NoError(t, tx.QueryRow(ctx, `SELECT 1`).Scan(&one))
 		require.EqualValues(t, 'T', tx.Conn().PgConn().TxStatus(), "BEGIN went with the first statement")
-		_, err := tx.Exec(ctx, `INSERT INTO notes VALUES (1)`)
+		_, err = tx.Exec(ctx, `INSERT INTO notes VALUES (1)`)
 		require.NoError(t, err)
 		require.Zero(t, count(ctx, t, pool), "not visible before the commit")
 		tx.CommitWithNextBatch()
@@ -35,7 +36,10 @@ func TestLazy(t *testing.T) {
 
 	t.Run("AFailedLastBatchCommitsNothing", func(t *testing.T) {
 		t.Parallel()
-		ctx, pool, tx := beginLazy(t)
+		ctx, pool := setup(t)
+		tx, err := txq.BeginLazy(ctx, pool)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
 		tx.CommitWithNextBatch()
 		var b pgx.Batch
 		b.Queue(`INSERT INTO notes VALUES (1)`)
@@ -47,9 +51,12 @@ func TestLazy(t *testing.T) {
 
 	t.Run("ARejectedCommitIsTheBatchsError", func(t *testing.T) {
 		t.Parallel()
-		ctx, pool, tx := beginLazy(t)
+		ctx, pool := setup(t)
 		_, err := pool.Exec(ctx, `CREATE TABLE once (k int UNIQUE DEFERRABLE INITIALLY DEFERRED); INSERT INTO once VALUES (1)`)
 		require.NoError(t, err)
+		tx, err := txq.BeginLazy(ctx, pool)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
 		_, err = tx.Exec(ctx, `INSERT INTO notes VALUES (1)`)
 		require.NoError(t, err)
 		tx.CommitWithNextBatch()
@@ -62,7 +69,10 @@ func TestLazy(t *testing.T) {
 
 	t.Run("SavepointsRollBackTheirOwnWork", func(t *testing.T) {
 		t.Parallel()
-		ctx, pool, tx := beginLazy(t)
+		ctx, pool := setup(t)
+		tx, err := txq.BeginLazy(ctx, pool)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
 		sp, err := tx.Begin(ctx)
 		require.NoError(t, err)
 		_, err = sp.Exec(ctx, `INSERT INTO notes VALUES (1)`)
@@ -73,15 +83,4 @@ func TestLazy(t *testing.T) {
 		require.NoError(t, tx.Commit(ctx))
 		require.Equal(t, 1, count(ctx, t, pool))
 	})
-}
-
-// beginLazy makes a Lazy transaction on a fresh schema, rolled back at
-// cleanup.
-func beginLazy(t *testing.T) (context.Context, *pgxpool.Pool, *txq.Lazy) {
-	t.Helper()
-	ctx, pool := setup(t)
-	tx, err := txq.BeginLazy(ctx, pool)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	return ctx, pool, tx
 }
