@@ -42,9 +42,7 @@
 // returns, and
 // the saga instance updates, outbox rows and audit rows of all of them
 // written by one statement per kind before the commit (a row inserted with
-// 63 others costs PostgreSQL a fraction of one inserted alone). The
-// batch's transaction (txq.Lazy) sends BEGIN with the claim and, when no
-// delivery is to be parked, COMMIT with those last statements. Until
+// 63 others costs PostgreSQL a fraction of one inserted alone). Until
 // then those tables do not hold the batch's rows: a handler's own SQL that
 // reads them in tx sees them as they were before the batch (the runtime's
 // reads see the staged rows; a savepoint a handler begins writes them

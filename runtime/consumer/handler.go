@@ -123,9 +123,6 @@ type guardedTx struct {
 	stageErr error
 }
 
-// Unwrap returns the transaction g guards.
-func (g *guardedTx) Unwrap() pgx.Tx { return g.Tx }
-
 // Begin writes the batch's staged rows, then begins a savepoint.
 func (g *guardedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := g.stage.Flush(ctx); err != nil {

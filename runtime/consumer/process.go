@@ -244,10 +244,6 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 	guard := &guardedTx{Tx: tx}
 	stage := txq.NewStage(guard, wakes)
 	guard.stage = stage
-	if c.beforeCommit == nil && !slices.ContainsFunc(items, func(it *item) bool { return it.outcome == outcomePark || it.suspect }) {
-		// Nothing but the commit follows the stage's last flush.
-		stage.CommitWithLastFlush()
-	}
 	btx := txq.New(guard, wakes, stage)
 	// chargeNone sends the whole batch, rolled back, down the savepoint
 	// path with no attempt charged: the failure was the batch's, not one
@@ -361,7 +357,7 @@ func (c *Consumer) applyFast(ctx context.Context, tx pgx.Tx, wakes *txq.Wakes, i
 			it.outcome = outcomeDone
 		}
 	}
-	if err := stage.FlushLast(ctx); err != nil {
+	if err := stage.Flush(ctx); err != nil {
 		return stagedFailed(err) // a duplicate message id, say
 	}
 	return nil
@@ -400,7 +396,7 @@ func (c *Consumer) transactEach(ctx context.Context, items []*item) error {
 // commits, and then sends the wake-ups the handlers deferred. An error means
 // nothing committed.
 func (c *Consumer) inTransaction(ctx context.Context, items []*item, apply func(pgx.Tx, *txq.Wakes) error) error {
-	tx, err := txq.BeginLazy(ctx, c.cfg.Pool)
+	tx, err := c.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}

@@ -337,32 +337,3 @@ CREATE FUNCTION fail_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN IF NEW.message_id = 'poison' THEN RAISE EXCEPTION 'out of shared memory, every time' USING ERRCODE = '53200'; END IF; RETURN NULL; END $$;
 CREATE CONSTRAINT TRIGGER fail_commit AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
   FOR EACH ROW EXECUTE FUNCTION fail_commit();`
-
-// TestCommitLostWithTheBatchIsRedelivered: the connection drops while the
-// batch's last flush and its COMMIT are under way (a deferred trigger ends
-// the backend at commit, once). The consumer must not ack: the message
-// comes back and is applied again, and its effect and outbox row exist
-// once.
-func TestCommitLostWithTheBatchIsRedelivered(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `
-CREATE SEQUENCE kill_once;
-CREATE FUNCTION kill_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN IF NEW.message_id = 'ck' AND nextval('kill_once') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NULL; END $$;
-CREATE CONSTRAINT TRIGGER kill_at_commit AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
-  FOR EACH ROW EXECUTE FUNCTION kill_at_commit();`)
-	require.NoError(t, err)
-	b.send("ck", doEnqueue, nil)
-	r := b.start(nil, nil)
-	b.waitSettled("ck", "done")
-	b.stop(r)
-	require.Len(t, b.callsOf("ck"), 2, "handled once more after the lost commit")
-	require.Equal(t, []int{1}, b.effects("ck"))
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM saga_outbox WHERE message_id = 'ck-out'`).Scan(&n))
-	require.Equal(t, 1, n)
-	var killed int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_value FROM kill_once`).Scan(&killed))
-	require.EqualValues(t, 2, killed, "the trigger ran at both commits")
-}

@@ -29,15 +29,7 @@ type Stage struct {
 	tx    pgx.Tx
 	wakes *Wakes
 	parts []keyed[Part]
-	// commit: the last flush ([FlushStage], [Stage.FlushLast]) sends
-	// COMMIT with its statements (tx is a [Lazy] and nothing follows it).
-	commit bool
 }
-
-// CommitWithLastFlush makes the stage's last flush carry the transaction's
-// COMMIT, when its transaction is a [Lazy]: the owner says so when nothing
-// but the commit follows that flush.
-func (st *Stage) CommitWithLastFlush() { st.commit = LazyOf(st.tx) != nil }
 
 // Part is one kind of staged write: the rows handlers added, sent as one
 // statement (or a few) when the stage is flushed.
@@ -89,13 +81,7 @@ func PartIf(tx pgx.Tx, key any) (Part, bool) {
 // Flush sends every part's statements as one pipeline, in the order the
 // parts were first used, and keeps their after-commit work. The stage is
 // empty afterwards; an error means the transaction is unusable.
-func (st *Stage) Flush(ctx context.Context) error { return st.flush(ctx, false) }
-
-// FlushLast is Flush for the stage's last flush, the one before the commit:
-// it carries COMMIT when the owner asked for it ([Stage.CommitWithLastFlush]).
-func (st *Stage) FlushLast(ctx context.Context) error { return st.flush(ctx, true) }
-
-func (st *Stage) flush(ctx context.Context, last bool) error {
+func (st *Stage) Flush(ctx context.Context) error {
 	parts := st.parts
 	st.parts = nil
 	if len(parts) == 0 {
@@ -106,9 +92,6 @@ func (st *Stage) flush(ctx context.Context, last bool) error {
 	tx, s := WithScope(New(st.tx, st.wakes, nil))
 	for _, kp := range parts {
 		kp.v.Queue(ctx, tx)
-	}
-	if last && st.commit {
-		LazyOf(st.tx).CommitWithNextBatch()
 	}
 	if err := s.Flush(ctx); err != nil {
 		s.Discard(err)
@@ -123,7 +106,7 @@ func (st *Stage) flush(ctx context.Context, last bool) error {
 // applied every delivery.
 func FlushStage(ctx context.Context, tx pgx.Tx) error {
 	if st := stageOf(tx); st != nil {
-		return st.FlushLast(ctx)
+		return st.Flush(ctx)
 	}
 	return nil
 }

@@ -20,12 +20,6 @@
 //     to the same table (saga instance updates, outbox and audit rows) to
 //     the end of the batch, where each kind goes out as one multi-row
 //     statement.
-//   - A [Lazy] transaction (the consumer's batches) sends BEGIN with its
-//     first statement and, when its owner says nothing but the commit
-//     follows ([Stage.CommitWithLastFlush]), COMMIT with the stage's last
-//     flush: two round trips fewer than pgx's own transaction. A failure
-//     of that flush or of its COMMIT is the flush's error, so the owner
-//     knows before it acknowledges anything whether the batch committed.
 //
 // Every path that opens a transaction makes a [Tx] for it ([BeginFunc],
 // the consumer's batches, the timeout scanner) and hands it to the code
