@@ -95,7 +95,7 @@ type Config struct {
 	AdminTokens admin.Tokens
 	// AdminTokensFile names a file of admin tokens in admin.ParseTokens'
 	// form, instead of AdminTokens: read at New, and read again while the
-	// host runs when its modification time or size changes (checked every
+	// host runs when its content changes (checked every
 	// AdminTokensCheck, default 5 s) and on [Host.ReloadAdminTokens]
 	// ([Main] calls it on SIGHUP), so tokens rotate without a restart. A
 	// file that no longer parses is logged and the tokens in use are kept.
@@ -333,18 +333,19 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// readTokens reads an admin tokens file (admin.ParseTokens' form). Errors
-// name the file, never a token.
-func readTokens(path string) (admin.Tokens, error) {
+// readTokens reads an admin tokens file (admin.ParseTokens' form) and
+// returns its tokens and the bytes it read (nil when it could not read).
+// Errors name the file, never a token.
+func readTokens(path string) (admin.Tokens, []byte, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("admin tokens file: %w", err)
+		return nil, nil, fmt.Errorf("admin tokens file: %w", err)
 	}
 	t, err := admin.ParseTokens(string(raw))
 	if err != nil {
-		return nil, fmt.Errorf("admin tokens file %s: %w", path, err)
+		return nil, raw, fmt.Errorf("admin tokens file %s: %w", path, err)
 	}
-	return t, nil
+	return t, raw, nil
 }
 
 // Validate reports every problem with c, after defaults.

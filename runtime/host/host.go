@@ -51,6 +51,7 @@ type Host struct {
 	regErrs      []error
 	state        state
 	run          *running // set by Start
+	tokensRead   []byte   // the admin tokens file as last read, for the watcher
 }
 
 type state int
@@ -71,15 +72,16 @@ func New(ctx context.Context, cfg Config) (*Host, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("host %s: %w", cfg.Service, err)
 	}
+	var tokensRead []byte
 	if cfg.AdminTokensFile != "" {
-		t, err := readTokens(cfg.AdminTokensFile)
+		t, raw, err := readTokens(cfg.AdminTokensFile)
 		if err != nil {
 			return nil, fmt.Errorf("host %s: %w", cfg.Service, err)
 		}
-		cfg.AdminTokens = t
+		cfg.AdminTokens, tokensRead = t, raw
 	}
 	h := &Host{cfg: cfg, log: cfg.Logger.With("service", cfg.Service), mux: http.NewServeMux(), queues: map[string]string{},
-		migrations: slices.Clone(cfg.Migrations)}
+		migrations: slices.Clone(cfg.Migrations), tokensRead: tokensRead}
 	if cfg.Telemetry.Meter == nil && cfg.HTTPAddr != HTTPOff {
 		res, err := promexport.ServiceResource(cfg.Service)
 		if err != nil {

@@ -389,12 +389,23 @@ func TestAdminTokensReload(t *testing.T) {
 	require.Eventually(t, func() bool { return whoami(second) == http.StatusOK }, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, http.StatusUnauthorized, whoami(first))
 
+	// Rotated again to a token of the same length, with the modification
+	// time put back: the content differs, so the host still sees it.
+	fi, err := os.Stat(file)
+	require.NoError(t, err)
+	const third = "third-token-0123456789abcdefg"
+	require.Len(t, third, len(second))
+	require.NoError(t, os.WriteFile(file, []byte("ops:repair:"+third+"\n"), 0o600))
+	require.NoError(t, os.Chtimes(file, fi.ModTime(), fi.ModTime()))
+	require.Eventually(t, func() bool { return whoami(third) == http.StatusOK }, 30*time.Second, 20*time.Millisecond)
+	require.Equal(t, http.StatusUnauthorized, whoami(second))
+
 	// A broken file: refused, logged, the tokens in use stay.
 	require.NoError(t, os.WriteFile(file, []byte("ops:repair:short\n"), 0o600))
 	require.Error(t, h.ReloadAdminTokens())
-	require.Equal(t, http.StatusOK, whoami(second))
+	require.Equal(t, http.StatusOK, whoami(third))
 	require.NotEmpty(t, logs.Records(t, "admin tokens not reloaded; the tokens in use stay"))
-	require.NotContains(t, logs.String(), second, "tokens are never logged")
+	require.NotContains(t, logs.String(), third, "tokens are never logged")
 
 	_, err = host.FromEnv(env(map[string]string{host.EnvAdminTokens: "ops:read:0123456789abcdef0123", host.EnvAdminTokensFile: file}))
 	require.ErrorContains(t, err, "not both")

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -173,7 +174,10 @@ func (h *Host) ReloadAdminTokens() error {
 	case srv == nil:
 		return fmt.Errorf("host %s: the admin server does not run", h.cfg.Service)
 	}
-	t, err := readTokens(h.cfg.AdminTokensFile)
+	t, raw, err := readTokens(h.cfg.AdminTokensFile)
+	h.mu.Lock()
+	h.tokensRead = raw
+	h.mu.Unlock()
 	if err == nil {
 		err = srv.SetTokens(t)
 	}
@@ -185,17 +189,11 @@ func (h *Host) ReloadAdminTokens() error {
 	return nil
 }
 
-// watchTokens reloads the admin tokens file whenever its modification time
-// or size changes, until ctx ends.
+// watchTokens reloads the admin tokens file whenever its content differs
+// from what was last read, until ctx ends. Comparing content, not the
+// modification time, sees a rewrite within the file system's timestamp
+// granularity and one made before the watcher started.
 func (h *Host) watchTokens(ctx context.Context) error {
-	stamp := func() (time.Time, int64) {
-		fi, err := os.Stat(h.cfg.AdminTokensFile)
-		if err != nil {
-			return time.Time{}, -1
-		}
-		return fi.ModTime(), fi.Size()
-	}
-	mod, size := stamp()
 	t := time.NewTicker(h.cfg.AdminTokensCheck)
 	defer t.Stop()
 	for {
@@ -204,11 +202,14 @@ func (h *Host) watchTokens(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		m, n := stamp()
-		if m.Equal(mod) && n == size {
+		raw, err := os.ReadFile(h.cfg.AdminTokensFile)
+		h.mu.Lock()
+		// An unreadable file is reloaded (and logged) once, not every tick.
+		same := (err == nil && bytes.Equal(raw, h.tokensRead)) || (err != nil && h.tokensRead == nil)
+		h.mu.Unlock()
+		if same {
 			continue
 		}
-		mod, size = m, n
 		_ = h.ReloadAdminTokens() // logged; the tokens in use stay
 	}
 }
