@@ -33,10 +33,10 @@ generate:
 
 ## check-generated: fail when committed generated files differ from a fresh generation.
 check-generated: generate
-	@git diff --exit-code --stat -- options examples testdata runtime/internal/progresspb || \
+	@git diff --exit-code --stat -- options examples testdata bench/internal/progresspb || \
 		{ echo "generated files are stale: run 'make generate' and commit the result" >&2; exit 1; }
-	@test -z "$$(git status --porcelain -- options examples testdata runtime/internal/progresspb)" || \
-		{ git status --porcelain -- options examples testdata runtime/internal/progresspb; echo "untracked generated files: run 'make generate' and commit them" >&2; exit 1; }
+	@test -z "$$(git status --porcelain -- options examples testdata bench/internal/progresspb)" || \
+		{ git status --porcelain -- options examples testdata bench/internal/progresspb; echo "untracked generated files: run 'make generate' and commit them" >&2; exit 1; }
 
 $(BUF): tools/go.mod tools/go.sum
 	cd tools && GOBIN=$(dir $(BUF)) $(GO) install github.com/bufbuild/buf/cmd/buf

@@ -94,7 +94,7 @@ func (e *Engine) NoteTx(ctx context.Context, tx pgx.Tx, n Note) (Status, error) 
 		}
 		return Status{}, fmt.Errorf("%s: lock saga %s: %w", n.Trigger, n.SagaID, err)
 	}
-	text := note(n.Reason, n.Detail)
+	text := withReason(strings.TrimSpace(n.Reason), n.Detail)
 	if err := e.audit(ctx, tx, auditEntry{
 		SagaID: w.ID, From: w.State, To: w.State, Trigger: n.Trigger, Class: sagadef.ClassNew.String(),
 		MessageID: n.MessageID, Operator: n.Operator, Note: text, Version: w.Version,

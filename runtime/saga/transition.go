@@ -136,7 +136,7 @@ func (e *Engine) persist(ctx context.Context, tx pgx.Tx, w row, res sagadef.Resu
 	if err := e.audit(ctx, tx, auditEntry{
 		SagaID: w.ID, From: from, To: to, Trigger: trig.Kind, Class: res.Class.String(),
 		MessageID: trig.MessageID, CausationID: trig.CausationID, Operator: trig.Operator,
-		Note: note(trig.Reason, res.Note), Version: out.Version,
+		Note: note(trig.Reason, res), Version: out.Version,
 	}); err != nil {
 		return outcome{}, err
 	}
@@ -275,13 +275,17 @@ func (r *auditRows) Discard(err error) { _ = txq.Results(r.results)(pgconn.Comma
 
 // note is an audit row's note: the trigger's reason, unless the machine's
 // note already says it (an operator's repair does), then the machine's.
-func note(reason, machine string) string {
-	switch {
-	case reason == "" || strings.Contains(machine, reason):
-		return machine
-	case machine == "":
-		return "reason: " + reason
-	default:
-		return "reason: " + reason + "; " + machine
+func note(reason string, res sagadef.Result) string {
+	if reason = strings.TrimSpace(reason); reason == "" || res.ReasonNoted {
+		return res.Note
 	}
+	return withReason(reason, res.Note)
+}
+
+// withReason is a note saying reason and then detail.
+func withReason(reason, detail string) string {
+	if detail == "" {
+		return "reason: " + reason
+	}
+	return "reason: " + reason + "; " + detail
 }

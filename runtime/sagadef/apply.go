@@ -226,11 +226,14 @@ type work struct {
 	trig Trigger
 	kind string // trigger kind (message full name or Trigger* constant)
 
-	class     Class
-	noChange  bool
-	notes     []string
-	emit      []Outgoing
-	emitNames []string
+	class    Class
+	noChange bool
+	notes    []string
+	// reasonNoted is set once a note says the trigger's reason (read with
+	// reason), so the engine does not repeat it (Result.ReasonNoted).
+	reasonNoted bool
+	emit        []Outgoing
+	emitNames   []string
 	// dataOwned is set once out.Data is a copy Apply may modify;
 	// progressOwned once out.Progress is (see progress).
 	dataOwned     bool
@@ -249,7 +252,7 @@ func (w *work) progress() *Progress {
 }
 
 func (w *work) result() (Result, []string, error) {
-	res := Result{Class: w.class, From: w.in.State, Note: strings.Join(w.notes, "; ")}
+	res := Result{Class: w.class, From: w.in.State, Note: strings.Join(w.notes, "; "), ReasonNoted: w.reasonNoted}
 	if w.noChange {
 		res.To, res.Instance = w.in.State, w.in
 		return res, nil, nil
@@ -270,6 +273,13 @@ func (w *work) note(format string, args ...any) {
 		return // nobody reads notes of dry runs
 	}
 	w.notes = append(w.notes, fmt.Sprintf(format, args...))
+}
+
+// reason returns the trigger's reason for a note that says it, and records
+// that the note does.
+func (w *work) reason() string {
+	w.reasonNoted = true
+	return strings.TrimSpace(w.trig.Reason)
 }
 
 // noop ends the work without any change to the instance.

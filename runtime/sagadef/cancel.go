@@ -142,7 +142,7 @@ func (w *work) pointOfNoReturn(i int) string {
 // cancelRequest returns who asked for the cancel and why: the trigger's
 // Operator and Reason when set, otherwise the cancel message's fields.
 func (w *work) cancelRequest() (by, why string) {
-	by, why = strings.TrimSpace(w.trig.Operator), strings.TrimSpace(w.trig.Reason)
+	by, why = strings.TrimSpace(w.trig.Operator), w.reason() // every cancel note says why
 	if by == "" || why == "" {
 		mb, mw := w.d.CancelRequest(w.trig.Message)
 		if by == "" {

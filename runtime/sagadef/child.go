@@ -140,7 +140,7 @@ func (w *work) onChildReview(i int) error {
 	s := w.step(i)
 	st := w.state()
 	child := shortName(s.Child)
-	why := orUnknown(w.trig.Reason)
+	why := orUnknown(w.reason())
 	if st.Kind != StateKindStep || st.Step != s.Name || w.in.Progress.Sent[w.trig.CausationID] != s.Name {
 		w.noop(ClassLate, "child %s of step %s in manual review (%s); the saga does not wait on it", child, s.Name, why)
 		return nil

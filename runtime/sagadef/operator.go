@@ -19,7 +19,7 @@ func (w *work) onOperator() error {
 		return fmt.Errorf("%s: %w", st.Name, ErrTerminal)
 	}
 	w.class = ClassNew
-	w.note("%s by %s: %s", w.kind, t.Operator, t.Reason)
+	w.note("%s by %s: %s", w.kind, t.Operator, w.reason())
 	switch w.kind {
 	case TriggerOperatorRetry:
 		return w.operatorRetry(st)

@@ -455,6 +455,10 @@ type Result struct {
 	Emit []Outgoing
 	// Note is a one-line human explanation for the audit trail.
 	Note string
+	// ReasonNoted says Note already says the trigger's reason (an
+	// operator's action, a cancel, a child's review), so whoever records
+	// it need not add Trigger.Reason again.
+	ReasonNoted bool
 }
 
 // Outgoing is one message a transition sends.

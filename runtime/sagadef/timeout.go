@@ -2,7 +2,6 @@ package sagadef
 
 import (
 	"fmt"
-	"strings"
 	"time"
 )
 
@@ -93,7 +92,7 @@ func (w *work) onStuck() {
 	switch w.state().Kind {
 	case StateKindStep, StateKindGroup, StateKindCompensating:
 		w.class = ClassNew
-		reason := strings.TrimSpace(w.trig.Reason)
+		reason := w.reason()
 		if reason == "" {
 			reason = "its due timeout or deadline could not be applied"
 		}

@@ -34,9 +34,9 @@ type Target struct {
 func Targets() []Target {
 	return []Target{
 		{Name: "options", Root: "options", Files: []string{"saga/v1/saga.proto"}},
-		// The progress record in protobuf, for the benchmark that compares
-		// it with the JSON the instance tables store.
-		{Name: "progress", Root: "runtime/internal", Files: []string{"progresspb/progress.proto"}},
+		// The progress record in protobuf, for bench's comparison with the
+		// JSON the instance tables store.
+		{Name: "progress", Root: "bench/internal", Files: []string{"progresspb/progress.proto"}},
 		{Name: "placeorder", Root: "examples/placeorder", Saga: true, Files: []string{
 			"shop/common/v1/common.proto",
 			"shop/inventory/v1/inventory.proto",

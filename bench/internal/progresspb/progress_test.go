@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/protosaga/saga/runtime/internal/progresspb"
+	"github.com/protosaga/saga/bench/internal/progresspb"
 	"github.com/protosaga/saga/runtime/sagadef"
 )
 
