@@ -15,6 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	inventoryv1 "github.com/protosaga/saga/examples/placeorder/shop/inventory/v1"
+	orderv1 "github.com/protosaga/saga/examples/placeorder/shop/order/v1"
 	paymentv1 "github.com/protosaga/saga/examples/placeorder/shop/payment/v1"
 	"github.com/protosaga/saga/internal/testenv"
 	"github.com/protosaga/saga/runtime/admin"
@@ -608,4 +609,36 @@ func TestRequestsAreTraced(t *testing.T) {
 	require.Len(t, recs, 1)
 	require.Equal(t, traceID, recs[0]["trace_id"], "the caller's trace continues")
 	require.Equal(t, id, recs[0]["saga_id"])
+}
+
+// TestTimelineOfAnEndedSaga: from an ended state the definition's table
+// lists what every step's late replies would do; the timeline lists only
+// those the instance can still get — replies to the commands it sent and
+// events of External steps.
+func TestTimelineOfAnEndedSaga(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-ended")
+	b.reply(t, id, &inventoryv1.InventoryReservationFailed{OrderId: "order-ended"})
+	require.Equal(t, "FAILED", b.status(t, id).State)
+
+	def := orderv1.PlaceOrderDefinition()
+	var table []string
+	for _, tr := range def.Transitions {
+		if tr.From == "FAILED" {
+			table = append(table, tr.Trigger)
+		}
+	}
+	require.Contains(t, table, "shop.payment.v1.PaymentAuthorized", "the table lists the later steps' replies")
+
+	tl := getJSON[admin.Timeline](t, b, "/api/sagas/"+id)
+	var next []string
+	for _, n := range tl.Position.Next {
+		next = append(next, n.Trigger)
+	}
+	require.Contains(t, next, "shop.inventory.v1.InventoryReserved", "a late reply to the command it sent")
+	for _, never := range []string{"shop.payment.v1.PaymentAuthorized", "shop.payment.v1.PaymentAuthorizationFailed",
+		"shop.shipping.v1.ShippingScheduled", "shop.order.v1.OrderApproved", "shop.inventory.v1.InventoryReleased"} {
+		require.NotContains(t, next, never, "a reply to a command this saga never sent")
+	}
 }

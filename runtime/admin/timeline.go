@@ -215,6 +215,38 @@ func transitionSummary(a saga.AuditRecord) string {
 	return s
 }
 
+// canArrive reports whether a message of the given trigger can still reach
+// an instance with progress p: a reply to a command or compensation it
+// sent, an event of an External step (which needs no command), or a
+// message that belongs to no step. The table lists, from an ended state,
+// what every step's late messages would do; an instance can only get
+// those of the commands it sent.
+func canArrive(def *sagadef.Definition, p sagadef.Progress, trigger string) bool {
+	ref, ok := def.Lookup(trigger)
+	if !ok || ref.Step == "" {
+		return true
+	}
+	step, ok := def.LookupStep(ref.Step)
+	if !ok {
+		return true
+	}
+	sent := func(m map[string]string) bool {
+		for _, s := range m {
+			if s == ref.Step {
+				return true
+			}
+		}
+		return false
+	}
+	switch ref.Use {
+	case sagadef.UseCompensationReply, sagadef.UseCompensationFailure:
+		return sent(p.SentCompensations)
+	case sagadef.UseSuccess, sagadef.UseFailure, sagadef.UseChildReview:
+		return step.External || sent(p.Sent)
+	}
+	return true
+}
+
 // position says where the instance is in its definition.
 func position(def *sagadef.Definition, st saga.Status, hist []saga.AuditRecord) Position {
 	state, _ := def.LookupState(st.State)
@@ -234,6 +266,9 @@ func position(def *sagadef.Definition, st saga.Status, hist []saga.AuditRecord) 
 		if tr.From == st.State {
 			p.Next = append(p.Next, TransitionView{Trigger: tr.Trigger, To: tr.To, Emits: tr.Emits})
 		}
+	}
+	if state.Kind == sagadef.StateKindTerminal {
+		p.Next = slices.DeleteFunc(p.Next, func(n TransitionView) bool { return !canArrive(def, st.Progress, n.Trigger) })
 	}
 	// In manual review the table lists a retry to every state a saga can be
 	// reviewed from; this instance resumes the one it came from.
