@@ -154,3 +154,45 @@ func TestGroupPosition(t *testing.T) {
 	c.open("#/saga/"+id, "#position-summary")
 	require.Zero(t, c.count("#group-members"))
 }
+
+// TestTimelineMarksAStepSettledEarly: the External CreditCheck's event,
+// recorded while the saga waits on the group before it, settles the step
+// in the transition that leaves the group, so no transition ends in
+// CREDIT_CHECK; the timeline still marks the state visited.
+func TestTimelineMarksAStepSettledEarly(t *testing.T) {
+	t.Parallel()
+	b := setupActivation(t)
+	ctx := context.Background()
+	id, _, err := b.engine.Start(ctx, &activationv1.ActivateLine{OrderId: "act-early", Msisdn: "+491700000002"}, message.Meta{})
+	require.NoError(t, err)
+	b.answer(t, id, b.status(t, id).PendingMessageID, &activationv1.AddressValid{OrderId: "act-early"})
+	tl := getJSON[admin.Timeline](t, b, "/api/sagas/"+id)
+	require.Equal(t, "PREPARE", tl.Position.State)
+	members := tl.Position.Members
+	require.Len(t, members, 2)
+
+	b.answer(t, id, "", &activationv1.CreditApproved{OrderId: "act-early"})
+	require.Equal(t, "PREPARE", b.status(t, id).State, "recorded early, the state unchanged")
+	for _, m := range members {
+		var reply message.Message = &activationv1.NumberReserved{OrderId: "act-early"}
+		if m.Step == "ShipSim" {
+			reply = &activationv1.SimShipped{OrderId: "act-early"}
+		}
+		b.answer(t, id, m.PendingMessageID, reply)
+	}
+	require.Equal(t, "PROVISION_LINE", b.status(t, id).State, "the early event settled CreditCheck on the way")
+
+	tl = getJSON[admin.Timeline](t, b, "/api/sagas/"+id)
+	for _, e := range tl.Events {
+		if e.Kind == admin.EventTransition {
+			require.NotEqual(t, "CREDIT_CHECK", e.To, "no transition ends in the check's state")
+		}
+	}
+	visited := map[string]bool{}
+	for _, st := range tl.States {
+		visited[st.Name] = st.Visited
+	}
+	require.True(t, visited["CREDIT_CHECK"], "the step settled early is marked visited")
+	require.True(t, visited["PREPARE"])
+	require.False(t, visited["SEND_WELCOME_PACK"], "a step not reached is not")
+}

@@ -86,6 +86,12 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Pr
 		tl.Counts.Transitions++
 	}
 	delete(visited, "")
+	// A step settled in the transition that entered it (an External step
+	// whose event was recorded early) was never a transition's end: its
+	// completion marks it.
+	for _, step := range st.Progress.Completed {
+		visited[sagadef.StateName(step)] = true
+	}
 	tl.States = stateViews(t.def, st.State, visited)
 	tl.Position = position(t.def, st, hist)
 
