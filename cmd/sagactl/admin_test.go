@@ -199,7 +199,8 @@ func TestSagasCommands(t *testing.T) {
 	require.NotContains(t, out, "operator.retry → RESERVE_INVENTORY", "retry resumes the state it came from")
 	require.Contains(t, out, `"card_token":"[REDACTED]"`)
 	require.NotContains(t, out, "tok_secret_4242")
-	require.Regexp(t, `timeline: \d+ transitions, 4 sent, 0 received, 2 retries, 0 parked`, out)
+	require.Regexp(t, `timeline: \d+ transitions, 4 sent, 1 received, 2 retries, 0 parked`, out)
+	require.Regexp(t, `(?m)^\S+\s+message in\s+received InventoryReserved \(sent from outside this database\)\s+message \S+, applied \S+$`, out)
 	require.Regexp(t, `(?m)^\S+\s+transition\s+RESERVE_INVENTORY → AUTHORIZE_PAYMENT: InventoryReserved \S+ \[new\] — step ReserveInventory succeeded.*\s+message \S+, causation \S+$`, out)
 
 	code, out, errOut = f.sagactl(t, readTok, "sagas", "show", rv, "--json")

@@ -302,6 +302,9 @@ func cause(e admin.Event) string {
 		}
 	case admin.EventMessage:
 		parts = append(parts, "message "+e.MessageID)
+		if e.ReceivedAt != nil {
+			parts = append(parts, "applied "+stamp(*e.ReceivedAt))
+		}
 		if e.Body != nil && len(e.Body.JSON) > 0 {
 			parts = append(parts, compact(e.Body.JSON))
 		}

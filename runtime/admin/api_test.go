@@ -369,7 +369,7 @@ func TestTimeline(t *testing.T) {
 	require.Contains(t, tl.Mermaid, "stateDiagram-v2")
 
 	// Every transition with its cause; messages in and out; retries; parked.
-	var reply *admin.Event
+	var reply, received *admin.Event
 	var sent []string
 	var parked *admin.Event
 	for i, e := range tl.Events {
@@ -377,8 +377,16 @@ func TestTimeline(t *testing.T) {
 		case admin.EventTransition:
 			if e.Trigger == "shop.inventory.v1.InventoryReserved" {
 				reply = &tl.Events[i]
+				require.NotNil(t, received, "the message is listed before the transition it caused")
 			}
 		case admin.EventMessage:
+			if e.Direction == "in" {
+				// Delivered with no outbox row in this database: listed
+				// from its transition.
+				require.Nil(t, received, "listed once")
+				received = &tl.Events[i]
+				continue
+			}
 			require.Equal(t, "out", e.Direction)
 			sent = append(sent, e.MessageType)
 			if e.MessageID == first {
@@ -395,6 +403,13 @@ func TestTimeline(t *testing.T) {
 	}
 	require.NotNil(t, reply)
 	require.Equal(t, reserved.MessageID, reply.MessageID)
+	require.Equal(t, reserved.MessageID, received.MessageID)
+	require.Equal(t, "shop.inventory.v1.InventoryReserved", received.MessageType)
+	require.Equal(t, "received InventoryReserved (sent from outside this database)", received.Summary)
+	require.NotNil(t, received.ReceivedAt)
+	require.True(t, received.Outside)
+	require.True(t, received.ReceivedAt.Equal(reply.At), "received when its transition applied it")
+	require.Equal(t, 1, tl.Counts.MessagesIn)
 	require.Equal(t, first, reply.CausationID, "the reply's cause is the command it answers")
 	require.Equal(t, "RESERVE_INVENTORY", reply.From)
 	require.Equal(t, []string{"shop.inventory.v1.ReserveInventory", "shop.payment.v1.AuthorizePayment",
@@ -641,4 +656,41 @@ func TestTimelineOfAnEndedSaga(t *testing.T) {
 		"shop.shipping.v1.ShippingScheduled", "shop.order.v1.OrderApproved", "shop.inventory.v1.InventoryReleased"} {
 		require.NotContains(t, next, never, "a reply to a command this saga never sent")
 	}
+}
+
+// TestTimelineReceivedAt: a reply whose outbox row is in the saga's
+// database is listed from that row once written, without ReceivedAt until
+// the saga applies it, and once only after that.
+func TestTimelineReceivedAt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.start(t, "order-recv")
+	m := &inventoryv1.InventoryReserved{OrderId: "order-recv"}
+	env := b.replyEnvelope(t, id, m)
+	b.publishReply(t, env)
+
+	in := func() []admin.Event {
+		tl := getJSON[admin.Timeline](t, b, "/api/sagas/"+id)
+		var out []admin.Event
+		for _, e := range tl.Events {
+			if e.Kind == admin.EventMessage && e.Direction == "in" {
+				out = append(out, e)
+			}
+		}
+		require.Equal(t, len(out), tl.Counts.MessagesIn)
+		return out
+	}
+	got := in()
+	require.Len(t, got, 1)
+	require.Equal(t, env.MessageID, got[0].MessageID)
+	require.Nil(t, got[0].ReceivedAt, "written, not yet applied")
+	require.False(t, got[0].Outside)
+
+	b.clock.Advance(3 * time.Second)
+	require.NoError(t, b.deliver(t, env, m))
+	got = in()
+	require.Len(t, got, 1, "listed from its outbox row only")
+	require.NotNil(t, got[0].ReceivedAt)
+	require.True(t, got[0].ReceivedAt.After(got[0].At), "applied after it was written")
+	require.Contains(t, got[0].Summary, "received reply InventoryReserved")
 }

@@ -143,7 +143,14 @@ type Event struct {
 	RoutingKey      string     `json:"routing_key,omitempty"`
 	PublishedAt     *time.Time `json:"published_at,omitempty"`
 	PublishAttempts int        `json:"publish_attempts,omitempty"`
-	Body            *Body      `json:"body,omitempty"`
+	// ReceivedAt, for a message to the saga: when the saga applied it (the
+	// first transition that names it); nil while it has not.
+	ReceivedAt *time.Time `json:"received_at,omitempty"`
+	// Outside: a message to the saga listed from the transition that
+	// applied it, its outbox row not being in this database (no
+	// publication, exchange or body to show).
+	Outside bool  `json:"outside,omitempty"`
+	Body    *Body `json:"body,omitempty"`
 
 	// Parked messages.
 	ParkedID     int64      `json:"parked_id,omitempty"`

@@ -73,9 +73,39 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Pr
 			Parent: st.Progress.Parent, ChildReview: st.Progress.ChildReview, Cancel: st.Progress.Cancel},
 		Actions: s.actionViews(ctx, t, st, p),
 	}
+	// When the saga applied each message it got (its first transition
+	// naming it), and which of them have an outbox row in this database.
+	applied := map[string]saga.AuditRecord{}
+	for _, a := range hist {
+		if _, seen := applied[a.MessageID]; a.MessageID != "" && !seen {
+			applied[a.MessageID] = a
+		}
+	}
+	inOutbox := map[string]bool{}
+	for _, o := range out {
+		inOutbox[o.MessageID] = true
+	}
+	// With the outbox rows cut to the newest, an older message's row may
+	// be among those cut: only transitions after the oldest row listed
+	// can tell.
+	var outFrom time.Time
+	if outCut && len(out) > 0 {
+		outFrom = out[0].OccurredAt
+	}
 	visited := map[string]bool{}
 	for _, a := range hist {
 		visited[a.From], visited[a.To] = true, true
+		// A message the saga applied whose outbox row is not in this
+		// database (a service with a database of its own, or a publisher
+		// without an outbox): listed from the transition that applied it,
+		// just before it.
+		if a.MessageID != "" && !inOutbox[a.MessageID] && applied[a.MessageID].ID == a.ID && a.At.After(outFrom) &&
+			direction(t.def, a.Trigger) == "in" {
+			tl.Events = append(tl.Events, Event{At: a.At.UTC(), Kind: EventMessage, Direction: "in", MessageID: a.MessageID,
+				MessageType: a.Trigger, CausationID: a.CausationID, ReceivedAt: utcPtr(&a.At), Outside: true,
+				Summary: fmt.Sprintf("received %s (sent from outside this database)", short(a.Trigger))})
+			tl.Counts.MessagesIn++
+		}
 		e := Event{
 			At: a.At.UTC(), Kind: EventTransition, AuditID: a.ID, From: a.From, To: a.To, Trigger: a.Trigger,
 			Class: a.Class, MessageID: a.MessageID, CausationID: a.CausationID, Operator: a.Operator,
@@ -121,6 +151,9 @@ func (s *Server) timeline(ctx context.Context, t *sagaType, st saga.Status, p Pr
 			}
 		case "in":
 			tl.Counts.MessagesIn++
+			if a, ok := applied[o.MessageID]; ok {
+				e.ReceivedAt = utcPtr(&a.At)
+			}
 		}
 		if o.PublishedAt == nil {
 			notes = append(notes, "not yet published")

@@ -952,7 +952,8 @@
     if (e.kind === "transition") {
       detail = [e.message_id ? "message " + e.message_id : "", e.causation_id ? " caused by " + e.causation_id : "", e.operator ? "operator " + e.operator : "", e.note ? el("div", { class: "muted" }, e.note) : ""];
     } else if (e.kind === "message") {
-      detail = [el("span", { class: "mono small" }, e.message_id), e.published_at ? [" published ", when(e.published_at)] : " not yet published", e.body ? bodyView(e.body) : ""];
+      const published = e.outside ? "" : e.published_at ? [" published ", when(e.published_at)] : " not yet published";
+      detail = [el("span", { class: "mono small" }, e.message_id), published, e.received_at ? [", applied ", when(e.received_at)] : "", e.body ? bodyView(e.body) : ""];
     } else if (e.kind === "parked") {
       detail = [e.queue + ": " + e.reason, e.standing ? el("div", {}, el("span", { class: "badge " + e.standing }, e.standing)) : "", e.body ? bodyView(e.body) : ""];
     }
