@@ -310,6 +310,28 @@ func KillAMQPConnections(t testing.TB, amqpURL string) int {
 	return n
 }
 
+// KillAMQPConnectionsUntil kills the vhost's client connections until closed
+// yields, and fails the test if it has not after 30 s. The management API's
+// list lags: right after a reconnect it can still name only the connection
+// killed before, so a single kill may miss the one a test waits on.
+func KillAMQPConnectionsUntil[T any](t testing.TB, amqpURL string, closed <-chan T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		KillAMQPConnections(t, amqpURL)
+		wait := time.NewTimer(2 * time.Second)
+		select {
+		case <-closed:
+			wait.Stop()
+			return
+		case <-wait.C:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: the connection was not closed after killing the connections of %s for 30s", redact(amqpURL))
+		}
+	}
+}
+
 // AMQPConnections returns how many client connections the management API
 // lists on the vhost of amqpURL (its view lags by up to a few seconds).
 func AMQPConnections(t testing.TB, amqpURL string) int {

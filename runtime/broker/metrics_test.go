@@ -51,21 +51,7 @@ func TestConnCountsReconnects(t *testing.T) {
 		ch, err := conn.Channel(ctx)
 		require.NoError(t, err)
 		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-		// The management API's list lags: it may still name the connection
-		// killed before and not yet the new one, so kill until this
-		// channel's connection is gone.
-		for deadline := time.Now().Add(30 * time.Second); ; {
-			require.GreaterOrEqual(t, testenv.KillAMQPConnections(t, url), 1)
-			wait := time.NewTimer(2 * time.Second)
-			select {
-			case <-closed:
-			case <-wait.C:
-				require.True(t, time.Now().Before(deadline), "the channel's connection was never closed")
-				continue
-			}
-			wait.Stop()
-			break
-		}
+		testenv.KillAMQPConnectionsUntil(t, url, closed)
 		_, err = conn.Channel(ctx) // waits for the reconnect
 		require.NoError(t, err)
 		require.Eventually(t, func() bool { return reconnects() == want }, 20*time.Second, 20*time.Millisecond)
