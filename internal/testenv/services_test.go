@@ -62,6 +62,16 @@ func TestServicesScript(t *testing.T) {
 		require.Equal(t, 1, queueDepth(t, s.AMQPURL, queue), "the persistent message after %s", after)
 	}
 
+	// The broker starts with the dead-letter worker's confirm timeout the
+	// operators' guide recommends, whichever helper started it.
+	confirmTimeout := func(after string) {
+		t.Helper()
+		out, err := s.RabbitCtl(ctx, "eval", "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).")
+		require.NoError(t, err)
+		require.Equal(t, "{ok,5000}", strings.TrimSpace(out), "dead_letter_worker_publisher_confirm_timeout after %s", after)
+	}
+	confirmTimeout("start")
+
 	pg0, rabbit0 := pgPID(t, s.Dir), rabbitPID(t, s.Dir)
 	restart("pg")
 	pg1, rabbit1 := pgPID(t, s.Dir), rabbitPID(t, s.Dir)
@@ -74,6 +84,10 @@ func TestServicesScript(t *testing.T) {
 	require.Equal(t, pg1, pg2, "restart rabbit must leave PostgreSQL running")
 	require.NotEqual(t, rabbit1, rabbit2, "restart rabbit must start a new node")
 	checkData("restart rabbit")
+	confirmTimeout("restart rabbit")
+	require.NoError(t, s.RestartRabbitMQ(ctx))
+	confirmTimeout("testenv's RestartRabbitMQ")
+	checkData("testenv's RestartRabbitMQ")
 
 	out, err := exec.CommandContext(ctx, script("services.sh"), "restart", s.Dir).CombinedOutput()
 	require.NoError(t, err, "services.sh restart %s:\n%s", s.Dir, out)
