@@ -137,11 +137,8 @@ rmq_env() {
 	export RABBITMQ_ENABLED_PLUGINS_FILE="$dir/rabbit/enabled_plugins"
 	export RABBITMQ_CONF_ENV_FILE="$dir/rabbit/empty-env"
 	export ERL_EPMD_ADDRESS=127.0.0.1
-	# A quorum queue dead-letters at-least-once through a worker that waits
-	# this long for the target queue's confirm before it republishes; the
-	# default (180 s) holds retry-tier messages that expire while the work
-	# queue recovers from a restart for three minutes (docs/operators.md).
-	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} -rabbit dead_letter_worker_publisher_confirm_timeout 5000"
+	export RABBITMQ_ADVANCED_CONFIG_FILE="$dir/rabbit/advanced.config"
+	export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
 }
 
 # make_tls DIR: a throwaway CA and a server certificate for localhost and 127.0.0.1.
@@ -276,6 +273,11 @@ loopback_users = none
 log.console = false
 log.file.level = warning
 EOF
+	# A quorum queue dead-letters at-least-once through a worker that waits
+	# this long for the target queue's confirm before it republishes; the
+	# default (180 s) holds retry-tier messages that expire while the work
+	# queue recovers from a restart for three minutes (docs/operators.md).
+	echo '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 5000}]}].' >"$dir/rabbit/advanced.config"
 	launch_rabbit "$dir"
 	log "RabbitMQ on 127.0.0.1:$port (TLS :$tport, management :$mport)"
 }

@@ -410,7 +410,8 @@ func (s *Services) rabbitEnv() ([]string, error) {
 		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
 		"RABBITMQ_CONF_ENV_FILE="+filepath.Join(dir, "empty-env"),
 		"ERL_EPMD_ADDRESS=127.0.0.1",
-		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1} -rabbit dead_letter_worker_publisher_confirm_timeout 5000",
+		"RABBITMQ_ADVANCED_CONFIG_FILE="+filepath.Join(dir, "advanced.config"),
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
 	), nil
 }
 
